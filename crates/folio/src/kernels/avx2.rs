@@ -1,0 +1,287 @@
+//! AVX2 + FMA + F16C kernels, chosen at run time when the CPU has them (see `mod.rs`).
+//!
+//! Each public function is the twin of one in `scalar.rs` and is compared with it on
+//! random data in the tests. Integer parts are exact; float accumulation runs in 8
+//! lanes, so results differ from the scalar twin only by summation order.
+//!
+//! Every function here is `unsafe` only because it is compiled for CPU features the
+//! caller must have checked; slices are indexed with bounds checks.
+#![allow(unsafe_code)]
+
+use super::quant::*;
+use std::arch::x86_64::*;
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn h2f(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// 16 bytes of packed nibbles -> 32 bytes: low nibbles then high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: `qs` is 16 readable bytes; loadu has no alignment requirement.
+    let x = unsafe { _mm_loadu_si128(qs.as_ptr() as *const __m128i) };
+    let v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load32(p: &[i8; 32]) -> __m256i {
+    // SAFETY: `p` is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load32u(p: &[u8]) -> __m256i {
+    assert!(p.len() >= 32);
+    // SAFETY: the assert above guarantees 32 readable bytes.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+/// Generates an R×C register-tiled dot-product kernel for a 32-element weight format
+/// against 8-bit activations: `out[r][c] = dot(w[r], a[c])`. Each (r, c) pair runs
+/// the same instruction sequence whatever R and C are, so a result never depends on
+/// how rows were tiled (the batch-invariance that determinism rests on).
+macro_rules! tile_kernel {
+    ($name:ident, $blk:ty, signed = $signed:expr, |$b:ident| ($q:expr, $d:expr, $m:expr)) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name<const R: usize, const C: usize>(
+            w: [&[$blk]; R],
+            a: [&[BlockQ8]; C],
+            out: &mut [[f32; C]; R],
+        ) {
+            let nb = a[0].len();
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            let mut macc = [[0f32; C]; R];
+            for i in 0..nb {
+                let mut wq = [_mm256_setzero_si256(); R];
+                let mut wd = [0f32; R];
+                let mut wm = [0f32; R];
+                for r in 0..R {
+                    let $b = &w[r][i];
+                    // SAFETY: same CPU features as this function.
+                    unsafe {
+                        wq[r] = $q;
+                        wd[r] = $d;
+                        wm[r] = $m;
+                    }
+                }
+                for c in 0..C {
+                    let x = &a[c][i];
+                    // SAFETY: same CPU features as this function.
+                    let av = unsafe { load32(&x.qs) };
+                    for r in 0..R {
+                        let (u, s) = if $signed {
+                            (_mm256_sign_epi8(wq[r], wq[r]), _mm256_sign_epi8(av, wq[r]))
+                        } else {
+                            (wq[r], av)
+                        };
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
+                        acc[r][c] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(wd[r] * x.d),
+                            _mm256_cvtepi32_ps(p),
+                            acc[r][c],
+                        );
+                        macc[r][c] += wm[r] * x.s;
+                    }
+                }
+            }
+            for r in 0..R {
+                for c in 0..C {
+                    // SAFETY: same CPU features as this function.
+                    out[r][c] = unsafe { hsum(acc[r][c]) } + macc[r][c];
+                }
+            }
+        }
+    };
+}
+
+tile_kernel!(tile_q4_0, BlockQ4_0, signed = false, |b| (
+    nibbles(&b.qs),
+    h2f(b.d),
+    -8.0 * h2f(b.d)
+));
+tile_kernel!(tile_q4_1, BlockQ4_1, signed = false, |b| (
+    nibbles(&b.qs),
+    h2f(b.d),
+    h2f(b.m)
+));
+tile_kernel!(tile_q8_0, BlockQ8_0, signed = true, |b| (
+    load32(&b.qs),
+    h2f(b.d),
+    0.0
+));
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let mut sumi = _mm256_setzero_si256();
+        let mut summ = 0i32;
+        for c in 0..4 {
+            let (sc1, m1) = q4k_scale_min(2 * c, &b.scales);
+            let (sc2, m2) = q4k_scale_min(2 * c + 1, &b.scales);
+            // SAFETY: same CPU features as this function; slices are 32 bytes long.
+            let (q, a1, a2) = unsafe {
+                (
+                    load32u(&b.qs[c * 32..]),
+                    load32u(bytemuck::cast_slice(&x.qs[c * 64..c * 64 + 32])),
+                    load32u(bytemuck::cast_slice(&x.qs[c * 64 + 32..c * 64 + 64])),
+                )
+            };
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a1), _mm256_set1_epi16(sc1 as i16));
+            let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a2), _mm256_set1_epi16(sc2 as i16));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
+            let bs = &x.bsums[c * 4..c * 4 + 4];
+            summ += m1 as i32 * (bs[0] as i32 + bs[1] as i32) + m2 as i32 * (bs[2] as i32 + bs[3] as i32);
+        }
+        // SAFETY: same CPU features as this function.
+        let (d, dmin) = unsafe { (h2f(b.d), h2f(b.dmin)) };
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), acc);
+        accm += dmin * x.d * summ as f32;
+    }
+    // SAFETY: same CPU features as this function.
+    unsafe { hsum(acc) - accm }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            // SAFETY: same CPU features as this function; slices are 32 bytes long.
+            let (ql0, ql1, qh) = unsafe {
+                (
+                    load32u(&b.ql[n * 64..]),
+                    load32u(&b.ql[n * 64 + 32..]),
+                    load32u(&b.qh[n * 32..]),
+                )
+            };
+            let hbits = |shift: i32| -> __m256i {
+                let h = match shift {
+                    0 => qh,
+                    2 => _mm256_srli_epi16(qh, 2),
+                    4 => _mm256_srli_epi16(qh, 4),
+                    _ => _mm256_srli_epi16(qh, 6),
+                };
+                _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)
+            };
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), hbits(0)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), hbits(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hbits(4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hbits(6)),
+            ];
+            for (k, &qk) in q.iter().enumerate() {
+                let off = n * 128 + k * 32;
+                let s = n * 8 + k * 2;
+                // SAFETY: same CPU features as this function; the slice is 32 bytes.
+                let av = unsafe { load32u(bytemuck::cast_slice(&x.qs[off..off + 32])) };
+                let scv = _mm256_set_m128i(
+                    _mm_set1_epi16(b.scales[s + 1] as i16),
+                    _mm_set1_epi16(b.scales[s] as i16),
+                );
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qk, av), scv);
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+        }
+        let summ: i32 = (0..16).map(|s| b.scales[s] as i32 * x.bsums[s] as i32).sum();
+        // SAFETY: same CPU features as this function.
+        let d = unsafe { h2f(b.d) } * x.d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        accm += d * 32.0 * summ as f32;
+    }
+    // SAFETY: same CPU features as this function.
+    unsafe { hsum(acc) - accm }
+}
+
+/// Generates an f32-activation dot product for a 16/32-bit float weight format.
+macro_rules! float_dot {
+    ($name:ident, $wt:ty, |$p:ident| $load8:expr, |$v:ident| $scalar:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name(w: &[$wt], x: &[f32]) -> f32 {
+            let n = w.len().min(x.len());
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= n {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    let $p = &w[i + 8 * k..i + 8 * k + 8];
+                    // SAFETY: both slices hold 8 elements at this offset.
+                    unsafe {
+                        let wv = $load8;
+                        let xv = _mm256_loadu_ps(x[i + 8 * k..i + 8 * k + 8].as_ptr());
+                        *a = _mm256_fmadd_ps(wv, xv, *a);
+                    }
+                }
+                i += 32;
+            }
+            let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            // SAFETY: same CPU features as this function.
+            let mut sum = unsafe { hsum(s) };
+            for j in i..n {
+                let $v = w[j];
+                sum += $scalar * x[j];
+            }
+            sum
+        }
+    };
+}
+
+float_dot!(dot_f32, f32, |p| _mm256_loadu_ps(p.as_ptr()), |v| v);
+float_dot!(
+    dot_f16,
+    u16,
+    |p| _mm256_cvtph_ps(_mm_loadu_si128(p.as_ptr() as *const __m128i)),
+    |v| f16_to_f32(v)
+);
+float_dot!(
+    dot_bf16,
+    u16,
+    |p| _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(p.as_ptr() as *const __m128i)),
+        16
+    )),
+    |v| bf16_to_f32(v)
+);
+
+/// y += alpha * x, with x stored as f16 (the attention value update).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_f16(y: &mut [f32], alpha: f32, x: &[u16]) {
+    let n = y.len().min(x.len());
+    let av = _mm256_set1_ps(alpha);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: both slices hold 8 elements at offset i.
+        unsafe {
+            let xv = _mm256_cvtph_ps(_mm_loadu_si128(x[i..i + 8].as_ptr() as *const __m128i));
+            let yp = y[i..i + 8].as_mut_ptr();
+            _mm256_storeu_ps(yp, _mm256_fmadd_ps(av, xv, _mm256_loadu_ps(yp)));
+        }
+        i += 8;
+    }
+    for j in i..n {
+        y[j] += alpha * f16_to_f32(x[j]);
+    }
+}

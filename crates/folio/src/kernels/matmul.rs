@@ -1,0 +1,357 @@
+//! Weight matrices laid out for the kernels, and the threaded matmul
+//! `out[t][r] = dot(W[r], x[t])` over a batch of activation rows.
+//!
+//! Activations are quantized once per input to the format the weights' dot product
+//! wants (8-bit blocks for Q4_0/Q4_1/Q8_0, Q8_K for the K-quants, f32 for float
+//! weights), and several matrices that read the same input (Q, K, V; gate, up) run in
+//! one parallel region, split by row tiles across threads. Every output element is
+//! computed by exactly one thread with a fixed reduction order, so results do not depend
+//! on the thread count or on how many activation rows share the call.
+
+use super::pool::{share, ThreadPool};
+use super::quant::*;
+use super::{scalar, Isa};
+use crate::gguf::GgmlType;
+
+/// A weight matrix of `rows` × `cols` in one of the supported formats, copied out of the
+/// file into 8-byte-aligned memory at load time.
+pub struct QMatrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+    data: Vec<u64>,
+}
+
+/// Which activation format a weight type's dot product consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActKind {
+    F32,
+    Q8,
+    Q8K,
+}
+
+impl QMatrix {
+    /// Whether folio can compute with weights of type `ty`.
+    pub fn supports(ty: GgmlType) -> bool {
+        use GgmlType::*;
+        matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q8_0 | Q4_K | Q6_K)
+    }
+
+    /// Copies `bytes` (rows × row_bytes) into a matrix. `None` if the type is not
+    /// supported or the sizes disagree.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        if !Self::supports(ty) {
+            return None;
+        }
+        let row_bytes = ty.row_bytes(cols as u64)? as usize;
+        if bytes.len() != row_bytes.checked_mul(rows)? {
+            return None;
+        }
+        let mut data = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
+        Some(Self {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data,
+        })
+    }
+
+    /// Builds a matrix from f32 values, stored as `ty` (F32, F16 or BF16 only): used by
+    /// tests and tiny models.
+    pub fn from_f32(ty: GgmlType, rows: usize, cols: usize, values: &[f32]) -> Option<Self> {
+        let bytes: Vec<u8> = match ty {
+            GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            GgmlType::F16 => values
+                .iter()
+                .flat_map(|v| f32_to_f16(*v).to_le_bytes())
+                .collect(),
+            GgmlType::BF16 => values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+                .collect(),
+            _ => return None,
+        };
+        Self::new(ty, rows, cols, &bytes)
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let all: &[u8] = bytemuck::cast_slice(&self.data);
+        &all[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    pub fn act_kind(&self) -> ActKind {
+        match self.ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => ActKind::Q8,
+            GgmlType::Q4_K | GgmlType::Q6_K => ActKind::Q8K,
+            _ => ActKind::F32,
+        }
+    }
+
+    /// Bytes of weights (what one full pass over the matrix reads).
+    pub fn size_bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
+    /// Writes row `r` as f32 into `out` (`cols` long): embedding lookups.
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        let b = self.row(r);
+        let out = &mut out[..self.cols];
+        match self.ty {
+            GgmlType::F32 => {
+                for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                    *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+                }
+            }
+            GgmlType::F16 => scalar::dequant_f16(bytemuck::cast_slice(b), out),
+            GgmlType::BF16 => scalar::dequant_bf16(bytemuck::cast_slice(b), out),
+            GgmlType::Q4_0 => scalar::dequant_q4_0(bytemuck::cast_slice(b), out),
+            GgmlType::Q4_1 => scalar::dequant_q4_1(bytemuck::cast_slice(b), out),
+            GgmlType::Q8_0 => scalar::dequant_q8_0(bytemuck::cast_slice(b), out),
+            GgmlType::Q4_K => scalar::dequant_q4k(bytemuck::cast_slice(b), out),
+            GgmlType::Q6_K => scalar::dequant_q6k(bytemuck::cast_slice(b), out),
+            _ => unreachable!("QMatrix::new admits supported types only"),
+        }
+    }
+
+    /// dot(row r, activation row t) through the per-pair kernels.
+    fn dot(&self, isa: Isa, r: usize, act: &Activations, t: usize) -> f32 {
+        let b = self.row(r);
+        let c = self.cols;
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx2 {
+            // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
+            unsafe {
+                use super::avx2;
+                return match self.ty {
+                    GgmlType::F32 => avx2::dot_f32(bytemuck::cast_slice(b), act.f32_row(t, c)),
+                    GgmlType::F16 => avx2::dot_f16(bytemuck::cast_slice(b), act.f32_row(t, c)),
+                    GgmlType::BF16 => avx2::dot_bf16(bytemuck::cast_slice(b), act.f32_row(t, c)),
+                    GgmlType::Q4_K => avx2::dot_q4k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
+                    GgmlType::Q6_K => avx2::dot_q6k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
+                    GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+                        let mut o = [[0f32; 1]; 1];
+                        self.tile_avx2::<1, 1>(r, act, t, &mut o);
+                        o[0][0]
+                    }
+                    _ => unreachable!("QMatrix::new admits supported types only"),
+                };
+            }
+        }
+        let _ = isa;
+        match self.ty {
+            GgmlType::F32 => scalar::dot_f32(bytemuck::cast_slice(b), act.f32_row(t, c)),
+            GgmlType::F16 => scalar::dot_f16(bytemuck::cast_slice(b), act.f32_row(t, c)),
+            GgmlType::BF16 => scalar::dot_bf16(bytemuck::cast_slice(b), act.f32_row(t, c)),
+            GgmlType::Q4_0 => scalar::dot_q4_0(bytemuck::cast_slice(b), act.q8_row(t, c)),
+            GgmlType::Q4_1 => scalar::dot_q4_1(bytemuck::cast_slice(b), act.q8_row(t, c)),
+            GgmlType::Q8_0 => scalar::dot_q8_0(bytemuck::cast_slice(b), act.q8_row(t, c)),
+            GgmlType::Q4_K => scalar::dot_q4k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
+            GgmlType::Q6_K => scalar::dot_q6k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
+            _ => unreachable!("QMatrix::new admits supported types only"),
+        }
+    }
+
+    /// R rows from `r0` × C activation rows from `t0` through an AVX2 register tile.
+    ///
+    /// # Safety
+    /// The CPU must support avx2, fma and f16c.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn tile_avx2<const R: usize, const C: usize>(
+        &self,
+        r0: usize,
+        act: &Activations,
+        t0: usize,
+        out: &mut [[f32; C]; R],
+    ) {
+        use super::avx2;
+        let a: [&[BlockQ8]; C] = std::array::from_fn(|c| act.q8_row(t0 + c, self.cols));
+        macro_rules! go {
+            ($k:ident, $blk:ty) => {{
+                let w: [&[$blk]; R] = std::array::from_fn(|r| bytemuck::cast_slice(self.row(r0 + r)));
+                // SAFETY: the caller guarantees the CPU features.
+                unsafe { avx2::$k::<R, C>(w, a, out) }
+            }};
+        }
+        match self.ty {
+            GgmlType::Q4_0 => go!(tile_q4_0, BlockQ4_0),
+            GgmlType::Q4_1 => go!(tile_q4_1, BlockQ4_1),
+            GgmlType::Q8_0 => go!(tile_q8_0, BlockQ8_0),
+            _ => unreachable!("tiles exist for the 32-element formats only"),
+        }
+    }
+}
+
+/// One input batch (`n` rows of `cols`), kept as f32 and quantized on demand.
+#[derive(Default)]
+pub struct Activations {
+    n: usize,
+    cols: usize,
+    f32: Vec<f32>,
+    q8: Vec<BlockQ8>,
+    q8k: Vec<BlockQ8K>,
+    have_q8: bool,
+    have_q8k: bool,
+}
+
+impl Activations {
+    /// Takes `n` rows of `cols` values from `x`.
+    pub fn set(&mut self, x: &[f32], n: usize, cols: usize) {
+        self.n = n;
+        self.cols = cols;
+        self.f32.clear();
+        self.f32.extend_from_slice(&x[..n * cols]);
+        self.have_q8 = false;
+        self.have_q8k = false;
+    }
+
+    /// Makes sure the `kind` representation exists.
+    pub fn ensure(&mut self, kind: ActKind) {
+        match kind {
+            ActKind::F32 => {}
+            ActKind::Q8 if !self.have_q8 => {
+                self.q8.resize(self.n * self.cols / QK, BlockQ8::zeroed());
+                scalar::quantize_q8(&self.f32, &mut self.q8);
+                self.have_q8 = true;
+            }
+            ActKind::Q8K if !self.have_q8k => {
+                self.q8k.resize(self.n * self.cols / QK_K, BlockQ8K::zeroed());
+                scalar::quantize_q8k(&self.f32, &mut self.q8k);
+                self.have_q8k = true;
+            }
+            _ => {}
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    fn f32_row(&self, t: usize, cols: usize) -> &[f32] {
+        &self.f32[t * cols..(t + 1) * cols]
+    }
+    fn q8_row(&self, t: usize, cols: usize) -> &[BlockQ8] {
+        let nb = cols / QK;
+        &self.q8[t * nb..(t + 1) * nb]
+    }
+    fn q8k_row(&self, t: usize, cols: usize) -> &[BlockQ8K] {
+        let nb = cols / QK_K;
+        &self.q8k[t * nb..(t + 1) * nb]
+    }
+}
+
+use bytemuck::Zeroable;
+
+/// A shared view of one output buffer that threads write at disjoint indices.
+struct OutView {
+    ptr: *mut f32,
+    len: usize,
+}
+// SAFETY: threads write through the view only at disjoint (row, token) indices, each
+// bounds-checked against `len`, while the buffer is exclusively borrowed by `matmul`.
+unsafe impl Sync for OutView {}
+
+impl OutView {
+    fn write(&self, i: usize, v: f32) {
+        assert!(i < self.len);
+        // SAFETY: in bounds (checked above); no two threads write the same index, and
+        // nothing reads the buffer until the parallel region ends.
+        unsafe {
+            *self.ptr.add(i) = v
+        };
+    }
+}
+
+const ROW_TILE: usize = 4;
+
+/// For each `(w, out)`: `out[t * w.rows + r] = dot(w row r, x row t)` for every
+/// activation row t of `act`. Matrices must have `cols` equal to the activations'.
+pub fn matmul(
+    pool: &ThreadPool,
+    isa: Isa,
+    act: &mut Activations,
+    jobs: &mut [(&QMatrix, &mut [f32])],
+) {
+    for (w, out) in jobs.iter() {
+        assert_eq!(w.cols, act.cols, "matmul: weight and activation widths differ");
+        assert!(out.len() >= act.n * w.rows, "matmul: output too small");
+    }
+    for (w, _) in jobs.iter() {
+        act.ensure(w.act_kind());
+    }
+    let act = &*act;
+    let views: Vec<(&QMatrix, OutView)> = jobs
+        .iter_mut()
+        .map(|(w, o)| {
+            (
+                *w,
+                OutView {
+                    ptr: o.as_mut_ptr(),
+                    len: o.len(),
+                },
+            )
+        })
+        .collect();
+    let tiles: Vec<usize> = views.iter().map(|(w, _)| w.rows.div_ceil(ROW_TILE)).collect();
+    let total: usize = tiles.iter().sum();
+    let n_threads = pool.threads().min(total.max(1));
+    pool.run(&|i| {
+        if i >= n_threads {
+            return;
+        }
+        let (start, end) = share(total, i, n_threads);
+        let mut base = 0;
+        for ((w, out), &nt) in views.iter().zip(&tiles) {
+            let lo = start.max(base);
+            let hi = end.min(base + nt);
+            for tile in lo..hi {
+                let r0 = (tile - base) * ROW_TILE;
+                let r1 = (r0 + ROW_TILE).min(w.rows);
+                run_tile(isa, w, act, r0, r1, out);
+            }
+            base += nt;
+        }
+    });
+}
+
+fn run_tile(isa: Isa, w: &QMatrix, act: &Activations, r0: usize, r1: usize, out: &OutView) {
+    let n = act.n;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2
+        && r1 - r0 == ROW_TILE
+        && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    {
+        let mut t = 0;
+        while t + 2 <= n {
+            let mut o = [[0f32; 2]; ROW_TILE];
+            // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
+            unsafe {
+                w.tile_avx2::<ROW_TILE, 2>(r0, act, t, &mut o)
+            };
+            for (r, row) in o.iter().enumerate() {
+                for (c, &v) in row.iter().enumerate() {
+                    out.write((t + c) * w.rows + r0 + r, v);
+                }
+            }
+            t += 2;
+        }
+        if t < n {
+            let mut o = [[0f32; 1]; ROW_TILE];
+            // SAFETY: as above.
+            unsafe {
+                w.tile_avx2::<ROW_TILE, 1>(r0, act, t, &mut o)
+            };
+            for (r, row) in o.iter().enumerate() {
+                out.write(t * w.rows + r0 + r, row[0]);
+            }
+        }
+        return;
+    }
+    for r in r0..r1 {
+        for t in 0..n {
+            out.write(t * w.rows + r, w.dot(isa, r, act, t));
+        }
+    }
+}

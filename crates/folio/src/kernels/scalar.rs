@@ -1,0 +1,234 @@
+//! The scalar reference twin of every kernel: quantization of activations,
+//! dequantization of weights, and dot products. No `unsafe`, no SIMD; the SIMD paths are
+//! tested against these on random data.
+//!
+//! Port notes: block formats and the Q8_K activation rounding follow ggml's reference
+//! C (`ggml-quants.c`, `quantize_row_q8_K_ref`, `dequantize_row_q4_K`, …).
+
+use super::quant::*;
+
+/// Quantizes `x` (a multiple of 32 long) into 8-bit blocks. Rounds half to even, like
+/// the SIMD paths, so every path produces the same bytes.
+pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
+    for (blk, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in blk.qs.iter_mut().zip(xs) {
+            let r = (v * id).round_ties_even() as i32;
+            *q = r as i8;
+            sum += r;
+        }
+        // Stored with f16 precision, as ggml stores Q8_0/Q8_1 scales.
+        blk.d = f16_to_f32(f32_to_f16(d));
+        blk.s = blk.d * sum as f32;
+    }
+}
+
+/// Quantizes `x` (a multiple of 256 long) into Q8_K blocks.
+pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    for (blk, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
+        let (mut max, mut amax) = (0f32, 0f32);
+        for &v in xs {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            *blk = BlockQ8K {
+                d: 0.0,
+                qs: [0; QK_K],
+                bsums: [0; 16],
+            };
+            continue;
+        }
+        let iscale = -128.0 / max;
+        for (q, &v) in blk.qs.iter_mut().zip(xs) {
+            *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+        }
+        for (j, s) in blk.bsums.iter_mut().enumerate() {
+            *s = blk.qs[j * 16..j * 16 + 16]
+                .iter()
+                .map(|&q| q as i16)
+                .sum();
+        }
+        blk.d = 1.0 / iscale;
+    }
+}
+
+pub fn dequant_q4_0(w: &[BlockQ4_0], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        for j in 0..16 {
+            y[j] = d * ((b.qs[j] & 0xF) as i32 - 8) as f32;
+            y[j + 16] = d * ((b.qs[j] >> 4) as i32 - 8) as f32;
+        }
+    }
+}
+
+pub fn dequant_q4_1(w: &[BlockQ4_1], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK)) {
+        let (d, m) = (f16_to_f32(b.d), f16_to_f32(b.m));
+        for j in 0..16 {
+            y[j] = d * (b.qs[j] & 0xF) as f32 + m;
+            y[j + 16] = d * (b.qs[j] >> 4) as f32 + m;
+        }
+    }
+}
+
+pub fn dequant_q8_0(w: &[BlockQ8_0], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        for (o, &q) in y.iter_mut().zip(&b.qs) {
+            *o = d * q as f32;
+        }
+    }
+}
+
+pub fn dequant_q4k(w: &[BlockQ4K], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
+        for c in 0..4 {
+            let q = &b.qs[c * 32..c * 32 + 32];
+            let (sc1, m1) = q4k_scale_min(2 * c, &b.scales);
+            let (sc2, m2) = q4k_scale_min(2 * c + 1, &b.scales);
+            let (d1, mm1) = (d * sc1 as f32, dmin * m1 as f32);
+            let (d2, mm2) = (d * sc2 as f32, dmin * m2 as f32);
+            for l in 0..32 {
+                y[c * 64 + l] = d1 * (q[l] & 0xF) as f32 - mm1;
+                y[c * 64 + 32 + l] = d2 * (q[l] >> 4) as f32 - mm2;
+            }
+        }
+    }
+}
+
+/// The 256 signed 6-bit values of a Q6_K block, each minus 32, in element order.
+pub fn q6k_values(b: &BlockQ6K) -> [i8; QK_K] {
+    let mut v = [0i8; QK_K];
+    for n in 0..2 {
+        let (ql, qh) = (&b.ql[n * 64..], &b.qh[n * 32..]);
+        for l in 0..32 {
+            let y = &mut v[n * 128..];
+            y[l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32;
+            y[l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+            y[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+            y[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+        }
+    }
+    v
+}
+
+pub fn dequant_q6k(w: &[BlockQ6K], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = f16_to_f32(b.d);
+        let v = q6k_values(b);
+        for (i, o) in y.iter_mut().enumerate() {
+            *o = d * b.scales[i / 16] as f32 * v[i] as f32;
+        }
+    }
+}
+
+pub fn dequant_f16(w: &[u16], out: &mut [f32]) {
+    for (o, &h) in out.iter_mut().zip(w) {
+        *o = f16_to_f32(h);
+    }
+}
+
+pub fn dequant_bf16(w: &[u16], out: &mut [f32]) {
+    for (o, &h) in out.iter_mut().zip(w) {
+        *o = bf16_to_f32(h);
+    }
+}
+
+/// Σ (q - 8) · a over one row, per block scaled by d_w · d_a.
+pub fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let mut isum = 0i32;
+        for j in 0..16 {
+            isum += ((b.qs[j] & 0xF) as i32 - 8) * x.qs[j] as i32;
+            isum += ((b.qs[j] >> 4) as i32 - 8) * x.qs[j + 16] as i32;
+        }
+        acc += f16_to_f32(b.d) * x.d * isum as f32;
+    }
+    acc
+}
+
+pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let mut isum = 0i32;
+        for j in 0..16 {
+            isum += (b.qs[j] & 0xF) as i32 * x.qs[j] as i32;
+            isum += (b.qs[j] >> 4) as i32 * x.qs[j + 16] as i32;
+        }
+        acc += f16_to_f32(b.d) * x.d * isum as f32 + f16_to_f32(b.m) * x.s;
+    }
+    acc
+}
+
+pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let isum: i32 = b.qs.iter().zip(&x.qs).map(|(&p, &q)| p as i32 * q as i32).sum();
+        acc += f16_to_f32(b.d) * x.d * isum as f32;
+    }
+    acc
+}
+
+pub fn dot_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for j in 0..8 {
+            let (sc, m) = q4k_scale_min(j, &b.scales);
+            let q = &b.qs[(j / 2) * 32..(j / 2) * 32 + 32];
+            let mut isum = 0i32;
+            for l in 0..32 {
+                let v = if j % 2 == 0 { q[l] & 0xF } else { q[l] >> 4 };
+                isum += v as i32 * x.qs[j * 32 + l] as i32;
+            }
+            sumi += sc as i32 * isum;
+            summ += m as i32 * (x.bsums[2 * j] as i32 + x.bsums[2 * j + 1] as i32);
+        }
+        acc += x.d * (f16_to_f32(b.d) * sumi as f32 - f16_to_f32(b.dmin) * summ as f32);
+    }
+    acc
+}
+
+pub fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let v = q6k_values(b);
+        let mut sumi = 0i32;
+        for s in 0..16 {
+            let isum: i32 = (0..16)
+                .map(|l| v[s * 16 + l] as i32 * x.qs[s * 16 + l] as i32)
+                .sum();
+            sumi += b.scales[s] as i32 * isum;
+        }
+        acc += x.d * f16_to_f32(b.d) * sumi as f32;
+    }
+    acc
+}
+
+pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    w.iter().zip(x).map(|(a, b)| a * b).sum()
+}
+
+pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
+    w.iter().zip(x).map(|(&a, b)| f16_to_f32(a) * b).sum()
+}
+
+pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    w.iter().zip(x).map(|(&a, b)| bf16_to_f32(a) * b).sum()
+}
+
+/// y += alpha * x, with x stored as f16.
+pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[u16]) {
+    for (o, &h) in y.iter_mut().zip(x) {
+        *o += alpha * f16_to_f32(h);
+    }
+}

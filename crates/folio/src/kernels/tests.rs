@@ -1,0 +1,182 @@
+//! SIMD kernels against their scalar twins on random data, and the batch-invariance of
+//! the matmul.
+
+use super::matmul::{matmul, Activations, QMatrix};
+use super::quant::*;
+use super::{detect, scalar, Isa, ThreadPool};
+use crate::gguf::GgmlType;
+
+/// A tiny deterministic generator (splitmix64) so tests need no rand crate.
+pub(crate) struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Random but well-formed weight bytes: random quants, finite modest scales.
+pub(crate) fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = rows * cols;
+    let h = |rng: &mut Rng, s: f32| f32_to_f16(rng.f() * s).to_le_bytes();
+    match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| rng.f().to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n).flat_map(|_| h(rng, 1.0)).collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| half::bf16::from_f32(rng.f()).to_bits().to_le_bytes())
+            .collect(),
+        _ => {
+            let (be, bb) = ty.block_layout();
+            let mut out = Vec::new();
+            for _ in 0..n / be as usize {
+                let mut b = rng.bytes(bb as usize);
+                let scales: &[usize] = match ty {
+                    GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
+                    GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
+                    GgmlType::Q6_K => &[208],
+                    _ => unreachable!(),
+                };
+                for &o in scales {
+                    b[o..o + 2].copy_from_slice(&h(rng, 0.05));
+                }
+                out.extend(b);
+            }
+            out
+        }
+    }
+}
+
+const TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+fn run(isa: Isa, w: &QMatrix, x: &[f32], n: usize, threads: usize) -> Vec<f32> {
+    let pool = ThreadPool::new(threads);
+    let mut act = Activations::default();
+    act.set(x, n, w.cols);
+    let mut out = vec![0f32; n * w.rows];
+    matmul(&pool, isa, &mut act, &mut [(w, &mut out)]);
+    out
+}
+
+#[test]
+fn simd_matches_scalar_on_random_data() {
+    if detect() == Isa::Scalar {
+        eprintln!("no SIMD on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = Rng(7);
+    let (rows, cols, n) = (13, 512, 5);
+    for ty in TYPES {
+        let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+        let a = run(Isa::Scalar, &w, &x, n, 1);
+        let b = run(detect(), &w, &x, n, 2);
+        // Magnitude of the terms, for a tolerance relative to what was summed.
+        let mut deq = vec![0f32; cols];
+        for r in 0..rows {
+            w.dequant_row(r, &mut deq);
+            for t in 0..n {
+                let mag: f32 = deq.iter().zip(&x[t * cols..]).map(|(p, q)| (p * q).abs()).sum();
+                let (s, v) = (a[t * rows + r], b[t * rows + r]);
+                assert!(
+                    (s - v).abs() <= 1e-5 * mag + 1e-6,
+                    "{ty}: row {r} token {t}: scalar {s} simd {v} (magnitude {mag})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_dot_is_close_to_the_dequantized_dot() {
+    let mut rng = Rng(11);
+    let (rows, cols) = (4, 512);
+    for ty in TYPES {
+        let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
+        let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+        let got = run(Isa::Scalar, &w, &x, 1, 1);
+        let mut deq = vec![0f32; cols];
+        for r in 0..rows {
+            w.dequant_row(r, &mut deq);
+            let exact: f32 = deq.iter().zip(&x).map(|(p, q)| p * q).sum();
+            let mag: f32 = deq.iter().zip(&x).map(|(p, q)| (p * q).abs()).sum();
+            // 8-bit activations: relative error of order 1/127 of the magnitude.
+            assert!(
+                (got[r] - exact).abs() <= 0.02 * mag + 1e-6,
+                "{ty}: row {r}: quantized {} exact {exact}",
+                got[r]
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_results_do_not_depend_on_batch_or_threads() {
+    let mut rng = Rng(3);
+    let (rows, cols, n) = (22, 256, 7);
+    for ty in TYPES {
+        let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+        let all = run(detect(), &w, &x, n, 2);
+        for t in 0..n {
+            let alone = run(detect(), &w, &x[t * cols..(t + 1) * cols], 1, 1);
+            assert_eq!(&all[t * rows..(t + 1) * rows], &alone[..], "{ty}: token {t}");
+        }
+    }
+}
+
+#[test]
+fn f16_helpers_match_scalar() {
+    let mut rng = Rng(5);
+    for n in [1, 7, 8, 64, 100] {
+        let w: Vec<u16> = (0..n).map(|_| f32_to_f16(rng.f())).collect();
+        let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+        let a = scalar::dot_f16(&w, &x);
+        let b = super::dot_f16(detect(), &w, &x);
+        assert!((a - b).abs() < 1e-4, "dot_f16 n={n}: {a} vs {b}");
+        let mut y1: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+        let mut y2 = y1.clone();
+        scalar::axpy_f16(&mut y1, 0.37, &w);
+        super::axpy_f16(detect(), &mut y2, 0.37, &w);
+        // One fused multiply-add against a multiply then add: within an ulp or two.
+        for (p, q) in y1.iter().zip(&y2) {
+            assert!((p - q).abs() < 1e-6, "axpy_f16 n={n}");
+        }
+    }
+}
+
+#[test]
+fn q8_quantization_round_trips() {
+    let mut rng = Rng(9);
+    let x: Vec<f32> = (0..256).map(|_| rng.f() * 4.0).collect();
+    let mut q = vec![BlockQ8 { d: 0.0, s: 0.0, qs: [0; 32] }; 8];
+    scalar::quantize_q8(&x, &mut q);
+    for (b, xs) in q.iter().zip(x.chunks(32)) {
+        for (&qi, &v) in b.qs.iter().zip(xs) {
+            assert!((qi as f32 * b.d - v).abs() <= b.d * 0.51 + 1e-3);
+        }
+    }
+    let mut k = vec![BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] }; 1];
+    scalar::quantize_q8k(&x, &mut k);
+    for (&qi, &v) in k[0].qs.iter().zip(&x) {
+        assert!((qi as f32 * k[0].d - v).abs() <= k[0].d.abs() * 0.51 + 1e-6);
+    }
+}
