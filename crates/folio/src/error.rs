@@ -24,7 +24,11 @@ pub enum GgufError {
         len: u64,
     },
     #[error("{what} is {value}, above the limit of {limit}")]
-    TooLarge { what: String, value: u64, limit: u64 },
+    TooLarge {
+        what: String,
+        value: u64,
+        limit: u64,
+    },
     #[error("metadata key {key:?}: unknown value type {ty}")]
     BadValueType { key: String, ty: u32 },
     #[error("{0} is not valid UTF-8")]

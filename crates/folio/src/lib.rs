@@ -12,3 +12,5 @@
 pub mod error;
 pub mod gguf;
 pub mod kernels;
+pub mod model;
+pub mod tokenizer;

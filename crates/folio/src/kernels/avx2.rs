@@ -20,6 +20,15 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The horizontal sum ggml's float dot products use: halves added, then two hadds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_hadd(v: __m256) -> f32 {
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let t1 = _mm_hadd_ps(t0, t0);
+    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn h2f(h: u16) -> f32 {
@@ -96,7 +105,7 @@ macro_rules! tile_kernel {
                             _mm256_cvtepi32_ps(p),
                             acc[r][c],
                         );
-                        macc[r][c] += wm[r] * x.s;
+                        macc[r][c] = wm[r].mul_add(x.s, macc[r][c]);
                     }
                 }
             }
@@ -110,10 +119,10 @@ macro_rules! tile_kernel {
     };
 }
 
-tile_kernel!(tile_q4_0, BlockQ4_0, signed = false, |b| (
-    nibbles(&b.qs),
+tile_kernel!(tile_q4_0, BlockQ4_0, signed = true, |b| (
+    _mm256_sub_epi8(nibbles(&b.qs), _mm256_set1_epi8(8)),
     h2f(b.d),
-    -8.0 * h2f(b.d)
+    0.0
 ));
 tile_kernel!(tile_q4_1, BlockQ4_1, signed = false, |b| (
     nibbles(&b.qs),
@@ -151,7 +160,8 @@ pub unsafe fn dot_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
             let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a2), _mm256_set1_epi16(sc2 as i16));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
             let bs = &x.bsums[c * 4..c * 4 + 4];
-            summ += m1 as i32 * (bs[0] as i32 + bs[1] as i32) + m2 as i32 * (bs[2] as i32 + bs[3] as i32);
+            summ += m1 as i32 * (bs[0] as i32 + bs[1] as i32)
+                + m2 as i32 * (bs[2] as i32 + bs[3] as i32);
         }
         // SAFETY: same CPU features as this function.
         let (d, dmin) = unsafe { (h2f(b.d), h2f(b.dmin)) };
@@ -207,7 +217,9 @@ pub unsafe fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
                 sumi = _mm256_add_epi32(sumi, p);
             }
         }
-        let summ: i32 = (0..16).map(|s| b.scales[s] as i32 * x.bsums[s] as i32).sum();
+        let summ: i32 = (0..16)
+            .map(|s| b.scales[s] as i32 * x.bsums[s] as i32)
+            .sum();
         // SAFETY: same CPU features as this function.
         let d = unsafe { h2f(b.d) } * x.d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -237,9 +249,9 @@ macro_rules! float_dot {
                 }
                 i += 32;
             }
-            let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
             // SAFETY: same CPU features as this function.
-            let mut sum = unsafe { hsum(s) };
+            let mut sum = unsafe { hsum_hadd(s) };
             for j in i..n {
                 let $v = w[j];
                 sum += $scalar * x[j];
@@ -266,22 +278,106 @@ float_dot!(
     |v| bf16_to_f32(v)
 );
 
-/// y += alpha * x, with x stored as f16 (the attention value update).
+/// y = f16(y + x * v), all of y and x stored as f16.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy_f16(y: &mut [f32], alpha: f32, x: &[u16]) {
+pub unsafe fn mad_f16(y: &mut [u16], x: &[u16], v: f32) {
     let n = y.len().min(x.len());
-    let av = _mm256_set1_ps(alpha);
+    let vv = _mm256_set1_ps(v);
     let mut i = 0;
     while i + 8 <= n {
         // SAFETY: both slices hold 8 elements at offset i.
         unsafe {
             let xv = _mm256_cvtph_ps(_mm_loadu_si128(x[i..i + 8].as_ptr() as *const __m128i));
-            let yp = y[i..i + 8].as_mut_ptr();
-            _mm256_storeu_ps(yp, _mm256_fmadd_ps(av, xv, _mm256_loadu_ps(yp)));
+            let yp = y[i..i + 8].as_mut_ptr() as *mut __m128i;
+            let yv = _mm256_cvtph_ps(_mm_loadu_si128(yp));
+            let r = _mm256_fmadd_ps(xv, vv, yv);
+            _mm_storeu_si128(yp, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
         }
         i += 8;
     }
-    for j in i..n {
-        y[j] += alpha * f16_to_f32(x[j]);
+    super::scalar::mad_f16(&mut y[i..n], &x[i..n], v);
+}
+
+/// y = f16(y * v), y stored as f16.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn scale_f16(y: &mut [u16], v: f32) {
+    let n = y.len();
+    let vv = _mm256_set1_ps(v);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: the slice holds 8 elements at offset i.
+        unsafe {
+            let yp = y[i..i + 8].as_mut_ptr() as *mut __m128i;
+            let r = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(yp)), vv);
+            _mm_storeu_si128(yp, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
+        }
+        i += 8;
     }
+    super::scalar::scale_f16(&mut y[i..n], v);
+}
+
+/// exp(x) on 8 lanes: the twin of `scalar::exp_poly`, same steps, same roundings.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn exp_poly(x: __m256) -> __m256 {
+    use super::scalar::exp_consts::*;
+    let bits = |b: u32| _mm256_castsi256_ps(_mm256_set1_epi32(b as i32));
+    let shift = _mm256_set1_ps(SHIFT);
+    let z = _mm256_fmadd_ps(x, bits(INV_LN2), shift);
+    let n = _mm256_sub_ps(z, shift);
+    let b = _mm256_fnmadd_ps(n, bits(LN2_LO), _mm256_fnmadd_ps(n, bits(LN2_HI), x));
+    let e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(
+        e,
+        _mm256_castps_si256(_mm256_set1_ps(1.0)),
+    ));
+    let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let big = _mm256_cmp_ps(abs_n, _mm256_set1_ps(126.0), _CMP_GT_OQ);
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(bits(C[4]), b, bits(C[3])),
+            u,
+            _mm256_fmadd_ps(bits(C[2]), b, bits(C[1])),
+        ),
+        u,
+        _mm256_mul_ps(bits(C[0]), b),
+    );
+    if _mm256_movemask_ps(big) == 0 {
+        return _mm256_fmadd_ps(j, k, k);
+    }
+    let g = _mm256_and_si256(
+        _mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+        _mm256_set1_epi32(0x8200_0000u32 as i32),
+    );
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let huge = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0), _CMP_GT_OQ);
+    let scaled = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+    let normal = _mm256_fmadd_ps(k, j, k);
+    let mid = _mm256_blendv_ps(normal, scaled, big);
+    _mm256_blendv_ps(mid, _mm256_mul_ps(s1, s1), huge)
+}
+
+/// gate = silu(gate) · up, 8 lanes at a time; the tail goes through the scalar twin.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let one = _mm256_set1_ps(1.0);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: both slices hold 8 elements at offset i.
+        unsafe {
+            let gp = gate[i..i + 8].as_mut_ptr();
+            let x = _mm256_loadu_ps(gp);
+            let e = exp_poly(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(
+                gp,
+                _mm256_mul_ps(silu, _mm256_loadu_ps(up[i..i + 8].as_ptr())),
+            );
+        }
+        i += 8;
+    }
+    super::scalar::swiglu(&mut gate[i..n], &up[i..n]);
 }

@@ -170,7 +170,8 @@ impl QMatrix {
         let a: [&[BlockQ8]; C] = std::array::from_fn(|c| act.q8_row(t0 + c, self.cols));
         macro_rules! go {
             ($k:ident, $blk:ty) => {{
-                let w: [&[$blk]; R] = std::array::from_fn(|r| bytemuck::cast_slice(self.row(r0 + r)));
+                let w: [&[$blk]; R] =
+                    std::array::from_fn(|r| bytemuck::cast_slice(self.row(r0 + r)));
                 // SAFETY: the caller guarantees the CPU features.
                 unsafe { avx2::$k::<R, C>(w, a, out) }
             }};
@@ -217,7 +218,8 @@ impl Activations {
                 self.have_q8 = true;
             }
             ActKind::Q8K if !self.have_q8k => {
-                self.q8k.resize(self.n * self.cols / QK_K, BlockQ8K::zeroed());
+                self.q8k
+                    .resize(self.n * self.cols / QK_K, BlockQ8K::zeroed());
                 scalar::quantize_q8k(&self.f32, &mut self.q8k);
                 self.have_q8k = true;
             }
@@ -258,9 +260,7 @@ impl OutView {
         assert!(i < self.len);
         // SAFETY: in bounds (checked above); no two threads write the same index, and
         // nothing reads the buffer until the parallel region ends.
-        unsafe {
-            *self.ptr.add(i) = v
-        };
+        unsafe { *self.ptr.add(i) = v };
     }
 }
 
@@ -275,7 +275,10 @@ pub fn matmul(
     jobs: &mut [(&QMatrix, &mut [f32])],
 ) {
     for (w, out) in jobs.iter() {
-        assert_eq!(w.cols, act.cols, "matmul: weight and activation widths differ");
+        assert_eq!(
+            w.cols, act.cols,
+            "matmul: weight and activation widths differ"
+        );
         assert!(out.len() >= act.n * w.rows, "matmul: output too small");
     }
     for (w, _) in jobs.iter() {
@@ -294,7 +297,10 @@ pub fn matmul(
             )
         })
         .collect();
-    let tiles: Vec<usize> = views.iter().map(|(w, _)| w.rows.div_ceil(ROW_TILE)).collect();
+    let tiles: Vec<usize> = views
+        .iter()
+        .map(|(w, _)| w.rows.div_ceil(ROW_TILE))
+        .collect();
     let total: usize = tiles.iter().sum();
     let n_threads = pool.threads().min(total.max(1));
     pool.run(&|i| {
@@ -327,9 +333,7 @@ fn run_tile(isa: Isa, w: &QMatrix, act: &Activations, r0: usize, r1: usize, out:
         while t + 2 <= n {
             let mut o = [[0f32; 2]; ROW_TILE];
             // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
-            unsafe {
-                w.tile_avx2::<ROW_TILE, 2>(r0, act, t, &mut o)
-            };
+            unsafe { w.tile_avx2::<ROW_TILE, 2>(r0, act, t, &mut o) };
             for (r, row) in o.iter().enumerate() {
                 for (c, &v) in row.iter().enumerate() {
                     out.write((t + c) * w.rows + r0 + r, v);
@@ -340,9 +344,7 @@ fn run_tile(isa: Isa, w: &QMatrix, act: &Activations, r0: usize, r1: usize, out:
         if t < n {
             let mut o = [[0f32; 1]; ROW_TILE];
             // SAFETY: as above.
-            unsafe {
-                w.tile_avx2::<ROW_TILE, 1>(r0, act, t, &mut o)
-            };
+            unsafe { w.tile_avx2::<ROW_TILE, 1>(r0, act, t, &mut o) };
             for (r, row) in o.iter().enumerate() {
                 out.write(t * w.rows + r0 + r, row[0]);
             }

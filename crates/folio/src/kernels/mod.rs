@@ -77,13 +77,33 @@ pub fn dot_f16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
     }
 }
 
-/// y += alpha * x for f16 x.
-pub fn axpy_f16(isa: Isa, y: &mut [f32], alpha: f32, x: &[u16]) {
+/// y = f16(y + x * v) for f16 y and x.
+pub fn mad_f16(isa: Isa, y: &mut [u16], x: &[u16], v: f32) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
-        Isa::Avx2 => unsafe { avx2::axpy_f16(y, alpha, x) },
-        _ => scalar::axpy_f16(y, alpha, x),
+        Isa::Avx2 => unsafe { avx2::mad_f16(y, x, v) },
+        _ => scalar::mad_f16(y, x, v),
+    }
+}
+
+/// gate = silu(gate) · up (SwiGLU), with ggml's vectorised exp.
+pub fn swiglu(isa: Isa, gate: &mut [f32], up: &[f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
+        Isa::Avx2 => unsafe { avx2::swiglu(gate, up) },
+        _ => scalar::swiglu(gate, up),
+    }
+}
+
+/// y = f16(y * v) for f16 y.
+pub fn scale_f16(isa: Isa, y: &mut [u16], v: f32) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
+        Isa::Avx2 => unsafe { avx2::scale_f16(y, v) },
+        _ => scalar::scale_f16(y, v),
     }
 }
 

@@ -7,22 +7,24 @@
 
 use super::quant::*;
 
-/// Quantizes `x` (a multiple of 32 long) into 8-bit blocks. Rounds half to even, like
-/// the SIMD paths, so every path produces the same bytes.
+/// Quantizes `x` (a multiple of 32 long) into 8-bit blocks. Rounds half to even, and
+/// rounds the stored scale and sum to f16, exactly as ggml's x86 `quantize_row_q8_1`
+/// does: matching its rounding is what keeps folio's log-probabilities within llama.cpp's
+/// own noise on models with large activation outliers (where the f16 rounding of the sum
+/// times the Q4_1 minimum is not negligible).
 pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
     for (blk, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for (q, &v) in blk.qs.iter_mut().zip(xs) {
             let r = (v * id).round_ties_even() as i32;
             *q = r as i8;
             sum += r;
         }
-        // Stored with f16 precision, as ggml stores Q8_0/Q8_1 scales.
         blk.d = f16_to_f32(f32_to_f16(d));
-        blk.s = blk.d * sum as f32;
+        blk.s = f16_to_f32(f32_to_f16(d * sum as f32));
     }
 }
 
@@ -49,10 +51,7 @@ pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
             *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
         }
         for (j, s) in blk.bsums.iter_mut().enumerate() {
-            *s = blk.qs[j * 16..j * 16 + 16]
-                .iter()
-                .map(|&q| q as i16)
-                .sum();
+            *s = blk.qs[j * 16..j * 16 + 16].iter().map(|&q| q as i16).sum();
         }
         blk.d = 1.0 / iscale;
     }
@@ -172,7 +171,11 @@ pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8]) -> f32 {
 pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, x) in w.iter().zip(a) {
-        let isum: i32 = b.qs.iter().zip(&x.qs).map(|(&p, &q)| p as i32 * q as i32).sum();
+        let isum: i32 =
+            b.qs.iter()
+                .zip(&x.qs)
+                .map(|(&p, &q)| p as i32 * q as i32)
+                .sum();
         acc += f16_to_f32(b.d) * x.d * isum as f32;
     }
     acc
@@ -226,9 +229,76 @@ pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     w.iter().zip(x).map(|(&a, b)| bf16_to_f32(a) * b).sum()
 }
 
-/// y += alpha * x, with x stored as f16.
-pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[u16]) {
+/// y = f16(y + x * v) element-wise, y and x stored as f16 (fused multiply-add, then
+/// rounded to f16: the attention value accumulator of llama.cpp's flash attention).
+pub fn mad_f16(y: &mut [u16], x: &[u16], v: f32) {
     for (o, &h) in y.iter_mut().zip(x) {
-        *o += alpha * f16_to_f32(h);
+        *o = f32_to_f16(f16_to_f32(h).mul_add(v, f16_to_f32(*o)));
+    }
+}
+
+/// y = f16(y * v) element-wise.
+pub fn scale_f16(y: &mut [u16], v: f32) {
+    for o in y.iter_mut() {
+        *o = f32_to_f16(f16_to_f32(*o) * v);
+    }
+}
+
+/// Constants of the vectorised exp used by SwiGLU: exp(x) = 2^n · (1 + p(b)) with
+/// n = round(x / ln 2), b = x − n·ln 2 (ln 2 split in two parts), p a degree-5
+/// polynomial. This is the single-precision scheme of ARM's optimized-routines that
+/// ggml's SIMD `expf` uses; folio computes it the same way so that SwiGLU rounds like
+/// llama.cpp's (plain libm `expf` differs by an ulp now and then, and 8-bit activation
+/// quantization turns such ulps into visible differences).
+pub mod exp_consts {
+    pub const SHIFT: f32 = 12_582_912.0; // 1.5 · 2^23
+    pub const INV_LN2: u32 = 0x3fb8_aa3b;
+    pub const LN2_HI: u32 = 0x3f31_7200;
+    pub const LN2_LO: u32 = 0x35bf_be8e;
+    /// p(b) = C0·b + (C1 + C2·b)·b² + (C3 + C4·b)·b⁴
+    pub const C: [u32; 5] = [
+        0x3f7f_fff6,
+        0x3eff_fedb,
+        0x3e2a_af33,
+        0x3d2b_9f17,
+        0x3c07_2010,
+    ];
+}
+
+/// exp(x) by the scheme above, with every fused step fused.
+pub fn exp_poly(x: f32) -> f32 {
+    use exp_consts::*;
+    let c = |i: usize| f32::from_bits(C[i]);
+    let z = x.mul_add(f32::from_bits(INV_LN2), SHIFT);
+    let n = z - SHIFT;
+    let b = (-n).mul_add(
+        f32::from_bits(LN2_LO),
+        (-n).mul_add(f32::from_bits(LN2_HI), x),
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = c(4)
+        .mul_add(b, c(3))
+        .mul_add(u, c(2).mul_add(b, c(1)))
+        .mul_add(u, c(0) * b);
+    if !(n.abs() > 126.0) {
+        return j.mul_add(k, k);
+    }
+    // Scale in two steps when 2^n alone would overflow or underflow.
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// gate = silu(gate) · up, silu(x) = x / (1 + exp(−x)).
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + exp_poly(0.0 - *g)) * u;
     }
 }

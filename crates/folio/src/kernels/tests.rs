@@ -94,7 +94,11 @@ fn simd_matches_scalar_on_random_data() {
         for r in 0..rows {
             w.dequant_row(r, &mut deq);
             for t in 0..n {
-                let mag: f32 = deq.iter().zip(&x[t * cols..]).map(|(p, q)| (p * q).abs()).sum();
+                let mag: f32 = deq
+                    .iter()
+                    .zip(&x[t * cols..])
+                    .map(|(p, q)| (p * q).abs())
+                    .sum();
                 let (s, v) = (a[t * rows + r], b[t * rows + r]);
                 assert!(
                     (s - v).abs() <= 1e-5 * mag + 1e-6,
@@ -138,7 +142,11 @@ fn matmul_results_do_not_depend_on_batch_or_threads() {
         let all = run(detect(), &w, &x, n, 2);
         for t in 0..n {
             let alone = run(detect(), &w, &x[t * cols..(t + 1) * cols], 1, 1);
-            assert_eq!(&all[t * rows..(t + 1) * rows], &alone[..], "{ty}: token {t}");
+            assert_eq!(
+                &all[t * rows..(t + 1) * rows],
+                &alone[..],
+                "{ty}: token {t}"
+            );
         }
     }
 }
@@ -152,14 +160,15 @@ fn f16_helpers_match_scalar() {
         let a = scalar::dot_f16(&w, &x);
         let b = super::dot_f16(detect(), &w, &x);
         assert!((a - b).abs() < 1e-4, "dot_f16 n={n}: {a} vs {b}");
-        let mut y1: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+        // Both paths fuse the multiply-add and round once to f16: bit-identical.
+        let mut y1: Vec<u16> = (0..n).map(|_| f32_to_f16(rng.f())).collect();
         let mut y2 = y1.clone();
-        scalar::axpy_f16(&mut y1, 0.37, &w);
-        super::axpy_f16(detect(), &mut y2, 0.37, &w);
-        // One fused multiply-add against a multiply then add: within an ulp or two.
-        for (p, q) in y1.iter().zip(&y2) {
-            assert!((p - q).abs() < 1e-6, "axpy_f16 n={n}");
-        }
+        scalar::mad_f16(&mut y1, &w, 0.37);
+        super::mad_f16(detect(), &mut y2, &w, 0.37);
+        assert_eq!(y1, y2, "mad_f16 n={n}");
+        scalar::scale_f16(&mut y1, 0.61);
+        super::scale_f16(detect(), &mut y2, 0.61);
+        assert_eq!(y1, y2, "scale_f16 n={n}");
     }
 }
 
@@ -167,16 +176,56 @@ fn f16_helpers_match_scalar() {
 fn q8_quantization_round_trips() {
     let mut rng = Rng(9);
     let x: Vec<f32> = (0..256).map(|_| rng.f() * 4.0).collect();
-    let mut q = vec![BlockQ8 { d: 0.0, s: 0.0, qs: [0; 32] }; 8];
+    let mut q = vec![
+        BlockQ8 {
+            d: 0.0,
+            s: 0.0,
+            qs: [0; 32]
+        };
+        8
+    ];
     scalar::quantize_q8(&x, &mut q);
     for (b, xs) in q.iter().zip(x.chunks(32)) {
         for (&qi, &v) in b.qs.iter().zip(xs) {
             assert!((qi as f32 * b.d - v).abs() <= b.d * 0.51 + 1e-3);
         }
     }
-    let mut k = vec![BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] }; 1];
+    let mut k = vec![
+        BlockQ8K {
+            d: 0.0,
+            qs: [0; 256],
+            bsums: [0; 16]
+        };
+        1
+    ];
     scalar::quantize_q8k(&x, &mut k);
     for (&qi, &v) in k[0].qs.iter().zip(&x) {
         assert!((qi as f32 * k[0].d - v).abs() <= k[0].d.abs() * 0.51 + 1e-6);
+    }
+}
+
+#[test]
+fn swiglu_simd_is_bit_identical_and_exp_is_accurate() {
+    let mut rng = Rng(13);
+    let mut xs: Vec<f32> = (0..4000).map(|_| rng.f() * 30.0).collect();
+    xs.extend([
+        0.0, -0.0, 88.0, -87.0, 100.0, -100.0, 150.0, -150.0, 200.0, -200.0,
+    ]);
+    xs.extend((0..6).map(|i| i as f32 * 0.5));
+    let up: Vec<f32> = (0..xs.len()).map(|_| rng.f()).collect();
+    let (mut a, mut b) = (xs.clone(), xs.clone());
+    scalar::swiglu(&mut a, &up);
+    super::swiglu(detect(), &mut b, &up);
+    for i in 0..xs.len() {
+        assert_eq!(a[i].to_bits(), b[i].to_bits(), "x = {}", xs[i]);
+    }
+    for &x in &xs {
+        let (got, want) = (scalar::exp_poly(x) as f64, (x as f64).exp());
+        if want.is_finite() && want > 1e-30 && want < 1e30 {
+            assert!(
+                (got - want).abs() <= want * 4e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+        }
     }
 }
