@@ -1,1 +1,60 @@
-fn main() {}
+//! `folio`: the command line. Only this crate prints, parses flags or knows JSON.
+
+mod bench;
+mod chat;
+mod generate;
+mod opts;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "folio",
+    version,
+    about = "LLM inference built around a paged KV cache"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// One completion of a prompt (from the argument or standard input).
+    Generate(generate::Args),
+    /// A multi-turn chat in the terminal, using the model's chat template.
+    Chat(chat::Args),
+    /// Prefill and decode speed, with llama.cpp's figures from the same run when
+    /// llama-cpp-python is installed.
+    Bench(bench::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FOLIO_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Generate(a) => generate::run(a),
+        Cmd::Chat(a) => chat::run(a),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed pipe (`folio generate … | head`) is not an error.
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -10,6 +10,7 @@
 #![allow(missing_docs)]
 
 pub mod error;
+pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod model;

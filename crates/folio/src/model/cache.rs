@@ -10,6 +10,8 @@ pub struct BasicCache {
     capacity: usize,
     kv_dim: usize,
     len: usize,
+    /// The token at each filled position, for prefix reuse.
+    tokens: Vec<u32>,
     k: Vec<Vec<u16>>,
     v: Vec<Vec<u16>>,
 }
@@ -20,6 +22,7 @@ impl BasicCache {
             capacity,
             kv_dim,
             len: 0,
+            tokens: Vec::new(),
             k: (0..n_layers).map(|_| vec![0; capacity * kv_dim]).collect(),
             v: (0..n_layers).map(|_| vec![0; capacity * kv_dim]).collect(),
         }
@@ -42,11 +45,18 @@ impl BasicCache {
     /// Forgets everything from position `len` on.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        self.tokens.truncate(self.len);
     }
 
-    /// Marks positions below `len` as filled (after every layer wrote them).
-    pub(crate) fn set_len(&mut self, len: usize) {
-        self.len = len;
+    /// The tokens whose K/V the cache holds, in order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Records `tokens` as filled after every layer wrote their K/V.
+    pub(crate) fn push_tokens(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
+        self.len = self.tokens.len();
     }
 
     /// Checks that `n` more tokens fit.

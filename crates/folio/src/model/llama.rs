@@ -153,7 +153,7 @@ impl Model {
             matmul(&self.pool, self.isa, &mut act, &mut [(&l.w_down, &mut o)]);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         }
-        cache.set_len(pos0 + n);
+        cache.push_tokens(tokens);
 
         let rows = match want {
             Logits::Last => &x[(n - 1) * d..],

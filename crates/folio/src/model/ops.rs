@@ -45,17 +45,3 @@ pub fn rope(c: &Config, table: &[(f32, f32)], row: &mut [f32]) {
         }
     }
 }
-
-/// In-place softmax; returns nothing, normalizes to sum 1.
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    let inv = 1.0 / sum;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
-}

@@ -1,0 +1,177 @@
+//! `folio bench`: prefill (ppN) and decode (tgN) speed on one sequence, the machine's
+//! read bandwidth as the decode ceiling, and llama.cpp's figures measured in the same
+//! run (through llama-cpp-python, when installed) with the ratios.
+
+use crate::opts::ModelArgs;
+use anyhow::{Context, Result};
+use folio::kernels::ThreadPool;
+use folio::model::{sampler::argmax, Logits, Model};
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt length of the prefill test.
+    #[arg(long, default_value_t = 512)]
+    pub pp: usize,
+    /// Tokens generated in the decode test.
+    #[arg(long, default_value_t = 128)]
+    pub tg: usize,
+    /// Repetitions of each test (the mean is reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Skip the llama.cpp baseline.
+    #[arg(long)]
+    pub no_llama: bool,
+    /// Python interpreter with llama-cpp-python [default: $FOLIO_LLAMA_PYTHON, else python3].
+    #[arg(long)]
+    pub llama_python: Option<String>,
+}
+
+const TEXT: &str = "The history of the printing press begins long before Gutenberg, with movable type made of baked clay and later cast in bronze. ";
+const LLAMA_BENCH: &str = include_str!("../../../scripts/llama_bench.py");
+
+pub fn run(a: Args) -> Result<()> {
+    let model = a.model.load()?;
+    let threads = model.threads();
+    let reps = a.reps.max(1);
+    println!(
+        "folio bench: {} | {} threads | kernels {}",
+        a.model.path()?.display(),
+        threads,
+        folio::kernels::isa()
+    );
+
+    let base = model.tokenizer.encode(TEXT, false);
+    let prompt: Vec<u32> = base.iter().cycle().take(a.pp).copied().collect();
+    let mut cache = model.new_cache(a.pp.max(a.tg + 1) + 1);
+    let mut pp = 0.0;
+    for _ in 0..reps {
+        cache.truncate(0);
+        let t = Instant::now();
+        model.forward(&mut cache, &prompt, Logits::Last)?;
+        pp += a.pp as f64 / t.elapsed().as_secs_f64();
+    }
+    pp /= reps as f64;
+    let tg = decode_speed(&model, &mut cache, prompt[0], a.tg, reps)?;
+    let bw = read_bandwidth(threads);
+    let limit = bw / model.bytes_per_token() as f64;
+
+    println!();
+    println!("| test   | folio tok/s | llama.cpp tok/s | folio / llama.cpp |");
+    println!("|--------|-------------|-----------------|-------------------|");
+    let llama = if a.no_llama {
+        None
+    } else {
+        llama_cpp(&a, threads)?
+    };
+    let row = |name: String, ours: f64, theirs: Option<f64>| {
+        let (t, r) = match theirs {
+            Some(v) => (format!("{v:.1}"), format!("{:.2}x", ours / v)),
+            None => ("-".into(), "-".into()),
+        };
+        println!("| {name:<6} | {ours:>11.1} | {t:>15} | {r:>17} |");
+    };
+    row(format!("pp{}", a.pp), pp, llama.as_ref().map(|l| l.0));
+    row(format!("tg{}", a.tg), tg, llama.as_ref().map(|l| l.1));
+    println!();
+    println!(
+        "read bandwidth {:.1} GB/s; weights read per token {:.1} MB -> decode ceiling {:.0} tok/s; folio reaches {:.0}% of it{}",
+        bw / 1e9,
+        model.bytes_per_token() as f64 / 1e6,
+        limit,
+        100.0 * tg / limit,
+        llama
+            .as_ref()
+            .map(|l| format!(", llama.cpp {:.0}%", 100.0 * l.1 / limit))
+            .unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// Mean tokens/s of `n` single-token decode steps after one token of context.
+fn decode_speed(
+    model: &Model,
+    cache: &mut folio::model::BasicCache,
+    first: u32,
+    n: usize,
+    reps: usize,
+) -> Result<f64> {
+    let mut sum = 0.0;
+    for _ in 0..reps {
+        cache.truncate(0);
+        let mut logits = model.forward(cache, &[first], Logits::Last)?;
+        let t = Instant::now();
+        for _ in 0..n {
+            let next = argmax(&logits);
+            logits = model.forward(cache, &[next], Logits::Last)?;
+        }
+        sum += n as f64 / t.elapsed().as_secs_f64();
+    }
+    Ok(sum / reps as f64)
+}
+
+/// Bytes per second that `threads` threads read from memory (256 MiB, best of 3).
+fn read_bandwidth(threads: usize) -> f64 {
+    let data: Vec<u64> = (0..32 << 20).map(|i| i as u64).collect();
+    let pool = ThreadPool::new(threads);
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let sums: Vec<std::sync::atomic::AtomicU64> =
+            (0..threads).map(|_| Default::default()).collect();
+        let t = Instant::now();
+        pool.run(&|i| {
+            let (a, b) = folio::kernels::pool::share(data.len(), i, threads);
+            let s = data[a..b].iter().fold(0u64, |s, &v| s.wrapping_add(v));
+            sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(&sums);
+        best = best.max((data.len() * 8) as f64 / secs);
+    }
+    best
+}
+
+/// llama.cpp's (pp, tg) tok/s, or None when llama-cpp-python is not installed.
+fn llama_cpp(a: &Args, threads: usize) -> Result<Option<(f64, f64)>> {
+    let python = a
+        .llama_python
+        .clone()
+        .or_else(|| std::env::var("FOLIO_LLAMA_PYTHON").ok())
+        .unwrap_or_else(|| "python3".into());
+    let has = std::process::Command::new(&python)
+        .args(["-c", "import llama_cpp"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        println!("(llama.cpp baseline skipped: `{python}` has no llama_cpp module; set FOLIO_LLAMA_PYTHON)");
+        return Ok(None);
+    }
+    let script = std::env::temp_dir().join(format!("folio_llama_bench_{}.py", std::process::id()));
+    std::fs::write(&script, LLAMA_BENCH)?;
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(a.model.path()?)
+        .args([threads, a.pp, a.tg, a.reps.max(1)].map(|v| v.to_string()))
+        .output()
+        .context("running the llama.cpp baseline")?;
+    let _ = std::fs::remove_file(&script);
+    anyhow::ensure!(
+        out.status.success(),
+        "llama.cpp baseline failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or(""))
+        .context("parsing the llama.cpp baseline's output")?;
+    println!(
+        "(llama.cpp via llama-cpp-python {}, flash attention on, same threads)",
+        v["version"].as_str().unwrap_or("?")
+    );
+    Ok(Some((
+        v["pp_tok_s"].as_f64().unwrap_or(0.0),
+        v["tg_tok_s"].as_f64().unwrap_or(0.0),
+    )))
+}

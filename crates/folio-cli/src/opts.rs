@@ -1,0 +1,103 @@
+//! Flags shared by every command: the model, threads, context, sampling.
+
+use anyhow::{Context, Result};
+use folio::generate::GenerateParams;
+use folio::model::{Model, SamplingParams};
+use std::path::PathBuf;
+
+/// The default model's file name, as `scripts/setup.sh` fetches it.
+pub const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file [default: $FOLIO_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf]
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    /// Threads for the forward pass (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Context size in tokens (capped at the model's).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+}
+
+impl ModelArgs {
+    pub fn path(&self) -> Result<PathBuf> {
+        if let Some(p) = &self.model {
+            return Ok(p.clone());
+        }
+        if let Some(p) = std::env::var_os("FOLIO_MODEL") {
+            return Ok(PathBuf::from(p));
+        }
+        // ./models, then the models folder of the checkout the binary was built in.
+        let mut candidates = vec![PathBuf::from("models").join(DEFAULT_MODEL)];
+        if let Ok(exe) = std::env::current_exe() {
+            for dir in exe.ancestors().skip(1) {
+                candidates.push(dir.join("models").join(DEFAULT_MODEL));
+            }
+        }
+        candidates.into_iter().find(|p| p.exists()).with_context(|| {
+            format!("the default model {DEFAULT_MODEL} is not here: run scripts/setup.sh, or pass --model")
+        })
+    }
+
+    pub fn load(&self) -> Result<Model> {
+        let path = self.path()?;
+        Model::load(&path, self.threads).with_context(|| format!("loading {}", path.display()))
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Maximum tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p.
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely one.
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for repeating recent tokens (1 = none).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Random seed [default: from the clock].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long = "stop", value_name = "STR")]
+    pub stop: Vec<String>,
+    /// Keep going past the end-of-generation token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> GenerateParams {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        GenerateParams {
+            max_tokens: self.max_tokens,
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                seed,
+                ..SamplingParams::default()
+            },
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+        }
+    }
+}

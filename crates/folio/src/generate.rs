@@ -1,0 +1,231 @@
+//! One completion on one sequence: prefill (reusing whatever prefix the cache already
+//! holds), then sample token by token until EOS, a stop string, `max_tokens` or a full
+//! context. Text is streamed through a callback; a stop string is never emitted, not
+//! even in part.
+
+use crate::error::RunError;
+use crate::model::{BasicCache, Logits, Model, Sampler, SamplingParams};
+use crate::tokenizer::StreamDecoder;
+use std::time::{Duration, Instant};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 128,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-generation token.
+    Eos,
+    /// A stop string appeared.
+    Stop,
+    /// `max_tokens` were generated or the context is full.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// Timings and counts of one generation.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose K/V were already in the cache (not recomputed).
+    pub prefix_hit_tokens: usize,
+    /// Prompt tokens that were computed.
+    pub prefilled_tokens: usize,
+    pub generated_tokens: usize,
+    /// From the call to the first sampled token.
+    pub ttft: Duration,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+}
+
+impl Stats {
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.prefilled_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+    /// Tokens per second after the first (each needs one decode step).
+    pub fn decode_tok_s(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// The result of a generation.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub finish: FinishReason,
+    pub stats: Stats,
+}
+
+/// Generates a continuation of `prompt` into `cache`. Tokens the cache already holds
+/// as a prefix of `prompt` are reused; the rest of the cache is dropped first. Every
+/// piece of text is passed to `on_text` as soon as it is final.
+pub fn generate(
+    model: &Model,
+    cache: &mut BasicCache,
+    prompt: &[u32],
+    params: &GenerateParams,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Output, RunError> {
+    let start = Instant::now();
+    if prompt.is_empty() {
+        return Err(RunError::EmptyPrompt);
+    }
+    if prompt.len() >= cache.capacity() {
+        return Err(RunError::PromptTooLong {
+            len: prompt.len(),
+            capacity: cache.capacity(),
+        });
+    }
+    // Reuse the longest common prefix, but always compute the last prompt token so
+    // there are logits to sample from.
+    let common = cache
+        .tokens()
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(prompt.len() - 1);
+    cache.truncate(common);
+    let mut stats = Stats {
+        prompt_tokens: prompt.len(),
+        prefix_hit_tokens: common,
+        prefilled_tokens: prompt.len() - common,
+        ..Default::default()
+    };
+    let mut logits = model.forward(cache, &prompt[common..], Logits::Last)?;
+    stats.prefill_time = start.elapsed();
+
+    let mut sampler = Sampler::new(params.sampling.clone());
+    let mut history = prompt.to_vec();
+    let mut ids = Vec::new();
+    let mut text = String::new();
+    let mut emitted = 0;
+    let mut decoder = StreamDecoder::default();
+    let tok = &model.tokenizer;
+    let decode_start = Instant::now();
+    let finish = loop {
+        if ids.len() >= params.max_tokens {
+            break FinishReason::Length;
+        }
+        let id = sampler.sample(&logits, &history);
+        if ids.is_empty() {
+            stats.ttft = start.elapsed();
+        }
+        ids.push(id);
+        history.push(id);
+        if tok.is_eog(id) && !params.ignore_eos {
+            break FinishReason::Eos;
+        }
+        text.push_str(&decoder.push(tok, id));
+        if let Some(at) = find_stop(&text, &params.stop, emitted) {
+            text.truncate(at);
+            if at > emitted {
+                on_text(&text[emitted..]);
+            }
+            emitted = at;
+            break FinishReason::Stop;
+        }
+        let safe = text.len() - held_back(&text, &params.stop);
+        if safe > emitted {
+            on_text(&text[emitted..safe]);
+            emitted = safe;
+        }
+        if ids.len() >= params.max_tokens || cache.len() + 1 > cache.capacity() {
+            break FinishReason::Length;
+        }
+        logits = model.forward(cache, &[id], Logits::Last)?;
+    };
+    if finish != FinishReason::Stop {
+        text.push_str(&decoder.finish());
+        if text.len() > emitted {
+            on_text(&text[emitted..]);
+        }
+    }
+    stats.generated_tokens = ids.len();
+    stats.decode_time = decode_start.elapsed();
+    Ok(Output {
+        ids,
+        text,
+        finish,
+        stats,
+    })
+}
+
+/// The byte offset of the first stop string that ends after `from`.
+fn find_stop(text: &str, stops: &[String], from: usize) -> Option<usize> {
+    stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| {
+            let start = floor_char(text, from.saturating_sub(s.len()));
+            text[start..].find(s.as_str()).map(|i| start + i)
+        })
+        .min()
+}
+
+/// How many bytes at the end of `text` could be the start of a stop string.
+fn held_back(text: &str, stops: &[String]) -> usize {
+    let mut keep = 0;
+    for s in stops {
+        for n in (1..s.len().min(text.len() + 1)).rev() {
+            if n > keep
+                && text.is_char_boundary(text.len() - n)
+                && s.starts_with(&text[text.len() - n..])
+            {
+                keep = n;
+                break;
+            }
+        }
+    }
+    keep
+}
+
+fn floor_char(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_are_found_and_held_back() {
+        let stops = vec!["END".to_string(), "\n\n".to_string()];
+        assert_eq!(find_stop("abc EN", &stops, 0), None);
+        assert_eq!(held_back("abc EN", &stops), 2);
+        assert_eq!(find_stop("abc END", &stops, 4), Some(4));
+        assert_eq!(held_back("abc\n", &stops), 1);
+        assert_eq!(held_back("abc", &stops), 0);
+        assert_eq!(find_stop("é\n\n", &stops, 2), Some(2));
+    }
+}
