@@ -60,6 +60,9 @@ unsafe fn load32u(p: &[u8]) -> __m256i {
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
 }
 
+/// How far ahead (in blocks) the tile kernels prefetch weights.
+const PREFETCH_BLOCKS: usize = 8;
+
 /// Generates an R×C register-tiled dot-product kernel for a 32-element weight format
 /// against 8-bit activations: `out[r][c] = dot(w[r], a[c])`. Each (r, c) pair runs
 /// the same instruction sequence whatever R and C are, so a result never depends on
@@ -77,6 +80,13 @@ macro_rules! tile_kernel {
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             let mut macc = [[0f32; C]; R];
             for i in 0..nb {
+                for row in &w {
+                    // Prefetch a few blocks ahead: decode streams each weight row once,
+                    // and the hardware prefetcher alone leaves the loads waiting.
+                    let ahead = row.as_ptr().wrapping_add(i + PREFETCH_BLOCKS) as *const i8;
+                    // SAFETY: prefetching never faults, whatever the address.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
+                }
                 let mut wq = [_mm256_setzero_si256(); R];
                 let mut wd = [0f32; R];
                 let mut wm = [0f32; R];
@@ -380,4 +390,46 @@ pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
         i += 8;
     }
     super::scalar::swiglu(&mut gate[i..n], &up[i..n]);
+}
+
+/// Quantizes `x` into 8-bit blocks: the twin of `scalar::quantize_q8`, bit for bit.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
+    let sign = _mm256_set1_ps(-0.0);
+    for (blk, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        // SAFETY: `xs` holds 32 floats.
+        let v: [__m256; 4] =
+            std::array::from_fn(|k| unsafe { _mm256_loadu_ps(xs[8 * k..].as_ptr()) });
+        let m = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+        );
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let q: [__m256i; 4] = std::array::from_fn(|k| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<
+                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+            >(_mm256_mul_ps(v[k], id)))
+        });
+        let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let t = _mm_add_epi32(
+            _mm256_castsi256_si128(total),
+            _mm256_extracti128_si256(total, 1),
+        );
+        let t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0b01_00_11_10));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0b10_11_00_01)));
+        // Pack 32 i32 to i8 (saturation cannot trigger: |q| <= 127), then undo the
+        // lane interleaving of the packs.
+        let p16a = _mm256_packs_epi32(q[0], q[1]);
+        let p16b = _mm256_packs_epi32(q[2], q[3]);
+        let p8 = _mm256_packs_epi16(p16a, p16b);
+        let p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: `blk.qs` is 32 writable bytes.
+        unsafe { _mm256_storeu_si256(blk.qs.as_mut_ptr() as *mut __m256i, p8) };
+        blk.d = f16_to_f32(f32_to_f16(d));
+        blk.s = f16_to_f32(f32_to_f16(d * sum as f32));
+    }
 }

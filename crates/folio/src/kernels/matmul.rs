@@ -214,7 +214,7 @@ impl Activations {
             ActKind::F32 => {}
             ActKind::Q8 if !self.have_q8 => {
                 self.q8.resize(self.n * self.cols / QK, BlockQ8::zeroed());
-                scalar::quantize_q8(&self.f32, &mut self.q8);
+                super::quantize_q8(super::isa(), &self.f32, &mut self.q8);
                 self.have_q8 = true;
             }
             ActKind::Q8K if !self.have_q8k => {

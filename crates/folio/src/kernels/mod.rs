@@ -87,6 +87,16 @@ pub fn mad_f16(isa: Isa, y: &mut [u16], x: &[u16], v: f32) {
     }
 }
 
+/// Quantizes activations into 8-bit blocks (identical bytes on every path).
+pub fn quantize_q8(isa: Isa, x: &[f32], out: &mut [quant::BlockQ8]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
+        Isa::Avx2 => unsafe { avx2::quantize_q8(x, out) },
+        _ => scalar::quantize_q8(x, out),
+    }
+}
+
 /// gate = silu(gate) · up (SwiGLU), with ggml's vectorised exp.
 pub fn swiglu(isa: Isa, gate: &mut [f32], up: &[f32]) {
     match isa {

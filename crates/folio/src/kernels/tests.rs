@@ -229,3 +229,25 @@ fn swiglu_simd_is_bit_identical_and_exp_is_accurate() {
         }
     }
 }
+
+#[test]
+fn q8_quantization_is_identical_on_every_path() {
+    let mut rng = Rng(17);
+    let mut x: Vec<f32> = (0..32 * 64).map(|_| rng.f() * 10.0).collect();
+    x[40] = 0.5; // exact ties round to even on both paths
+    x[64..96].fill(0.0);
+    let zero = BlockQ8 {
+        d: 0.0,
+        s: 0.0,
+        qs: [0; 32],
+    };
+    let (mut a, mut b) = (vec![zero; 64], vec![zero; 64]);
+    scalar::quantize_q8(&x, &mut a);
+    super::quantize_q8(detect(), &x, &mut b);
+    for (p, q) in a.iter().zip(&b) {
+        assert_eq!(
+            (p.d.to_bits(), p.s.to_bits(), p.qs),
+            (q.d.to_bits(), q.s.to_bits(), q.qs)
+        );
+    }
+}
