@@ -5,6 +5,8 @@
 //! - [`kernels`]: quantized formats, SIMD dot products with scalar twins, matmul, threads.
 //! - [`tokenizer`]: BPE tokenizer and chat template from GGUF metadata.
 //! - [`model`]: the llama-family forward pass, its KV cache and the sampler.
+//! - [`generate`]: one completion on one sequence (prefix reuse, stop strings, stats).
+//! - [`tiny`]: a tiny random model as a real GGUF file, for tests.
 //! - [`error`]: typed errors of every module.
 #![deny(missing_docs)]
 #![allow(missing_docs)]
@@ -14,4 +16,5 @@ pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
+pub mod tiny;
 pub mod tokenizer;

@@ -9,9 +9,11 @@
 
 mod mmap;
 mod types;
+mod writer;
 
 pub use mmap::MappedFile;
 pub use types::GgmlType;
+pub use writer::GgufWriter;
 
 use crate::error::GgufError;
 use std::collections::HashMap;

@@ -84,8 +84,8 @@ macro_rules! tile_kernel {
                     // Prefetch a few blocks ahead: decode streams each weight row once,
                     // and the hardware prefetcher alone leaves the loads waiting.
                     let ahead = row.as_ptr().wrapping_add(i + PREFETCH_BLOCKS) as *const i8;
-                    // SAFETY: prefetching never faults, whatever the address.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
+                    // Prefetching never faults, whatever the address.
+                    _mm_prefetch::<_MM_HINT_T0>(ahead);
                 }
                 let mut wq = [_mm256_setzero_si256(); R];
                 let mut wd = [0f32; R];

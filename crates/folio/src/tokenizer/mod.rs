@@ -10,6 +10,7 @@ mod pretok;
 mod spm;
 mod template;
 
+pub use bpe::byte_to_char;
 pub use template::{ChatTemplate, Message, CHATML};
 
 use crate::error::TokenizerError;
