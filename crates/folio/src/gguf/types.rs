@@ -85,7 +85,7 @@ impl GgmlType {
     /// blocks or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let (be, bb) = self.block_layout();
-        if n % be != 0 {
+        if !n.is_multiple_of(be) {
             return None;
         }
         (n / be).checked_mul(bb)

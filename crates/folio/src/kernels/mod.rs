@@ -19,7 +19,7 @@ pub mod quant;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
-pub mod avx2;
+pub(crate) mod avx2;
 
 pub use matmul::{matmul, Activations, QMatrix};
 pub use pool::ThreadPool;

@@ -189,9 +189,9 @@ pub fn dot_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
             let (sc, m) = q4k_scale_min(j, &b.scales);
             let q = &b.qs[(j / 2) * 32..(j / 2) * 32 + 32];
             let mut isum = 0i32;
-            for l in 0..32 {
-                let v = if j % 2 == 0 { q[l] & 0xF } else { q[l] >> 4 };
-                isum += v as i32 * x.qs[j * 32 + l] as i32;
+            for (&qb, &xq) in q.iter().zip(&x.qs[j * 32..j * 32 + 32]) {
+                let v = if j % 2 == 0 { qb & 0xF } else { qb >> 4 };
+                isum += v as i32 * xq as i32;
             }
             sumi += sc as i32 * isum;
             summ += m as i32 * (x.bsums[2 * j] as i32 + x.bsums[2 * j + 1] as i32);
@@ -282,7 +282,8 @@ pub fn exp_poly(x: f32) -> f32 {
         .mul_add(b, c(3))
         .mul_add(u, c(2).mul_add(b, c(1)))
         .mul_add(u, c(0) * b);
-    if !(n.abs() > 126.0) {
+    // (NaN falls through to the normal path, as in the SIMD twin's ordered compare.)
+    if n.abs() <= 126.0 || n.is_nan() {
         return j.mul_add(k, k);
     }
     // Scale in two steps when 2^n alone would overflow or underflow.

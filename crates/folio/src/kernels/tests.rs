@@ -118,15 +118,14 @@ fn quantized_dot_is_close_to_the_dequantized_dot() {
         let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
         let got = run(Isa::Scalar, &w, &x, 1, 1);
         let mut deq = vec![0f32; cols];
-        for r in 0..rows {
+        for (r, &g) in got.iter().enumerate() {
             w.dequant_row(r, &mut deq);
             let exact: f32 = deq.iter().zip(&x).map(|(p, q)| p * q).sum();
             let mag: f32 = deq.iter().zip(&x).map(|(p, q)| (p * q).abs()).sum();
             // 8-bit activations: relative error of order 1/127 of the magnitude.
             assert!(
-                (got[r] - exact).abs() <= 0.02 * mag + 1e-6,
-                "{ty}: row {r}: quantized {} exact {exact}",
-                got[r]
+                (g - exact).abs() <= 0.02 * mag + 1e-6,
+                "{ty}: row {r}: quantized {g} exact {exact}"
             );
         }
     }

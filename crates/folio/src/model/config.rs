@@ -78,13 +78,13 @@ impl Config {
             key: key(k),
             reason,
         };
-        if dim % n_heads != 0 {
+        if !dim.is_multiple_of(n_heads) {
             return Err(bad(
                 "attention.head_count",
                 format!("{n_heads} does not divide {dim}"),
             ));
         }
-        if n_heads % n_kv_heads != 0 {
+        if !n_heads.is_multiple_of(n_kv_heads) {
             return Err(bad(
                 "attention.head_count_kv",
                 format!("{n_kv_heads} does not divide {n_heads} heads"),
@@ -96,7 +96,7 @@ impl Config {
             .and_then(Value::as_u64)
             .map(|v| v as usize)
             .unwrap_or(head_dim);
-        if rope_dims > head_dim || rope_dims % 2 != 0 {
+        if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
             return Err(bad(
                 "rope.dimension_count",
                 format!("{rope_dims} for head size {head_dim}"),

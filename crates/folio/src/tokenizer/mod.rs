@@ -27,7 +27,7 @@ enum Kind {
     Bpe {
         pre: pretok::PreTokenizer,
         merges: bpe::Merges,
-        byte_char: [char; 256],
+        byte_char: Box<[char; 256]>,
         char_byte: HashMap<char, u8>,
     },
     Spm {
@@ -126,7 +126,7 @@ impl Tokenizer {
                     .get("tokenizer.ggml.pre")
                     .and_then(Value::as_str)
                     .unwrap_or("default");
-                let byte_char = bpe::byte_to_char();
+                let byte_char = Box::new(bpe::byte_to_char());
                 let char_byte = byte_char
                     .iter()
                     .enumerate()

@@ -1,0 +1,245 @@
+//! The `folio` binary as a user runs it: real model, real processes, real pipes.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn model() -> PathBuf {
+    let p = std::env::var_os("FOLIO_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/setup.sh",
+        p.display()
+    );
+    p
+}
+
+fn folio(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_folio"))
+        .args(args)
+        .env("FOLIO_MODEL", model())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn folio");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn greedy_generate_json_matches_llama_cpp() {
+    // llama.cpp's greedy continuation of this prompt starts with these ids
+    // (crates/folio/tests/fixtures/llama_cpp.json, case "short").
+    let v = json(&folio(
+        &[
+            "generate",
+            "The capital of France is",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "8",
+            "--json",
+        ],
+        None,
+    ));
+    assert_eq!(
+        v["prompt_ids"],
+        serde_json::json!([504, 3575, 282, 4649, 314])
+    );
+    assert_eq!(
+        v["generated_ids"],
+        serde_json::json!([7042, 30, 198, 198, 504, 1797, 1918, 553])
+    );
+    assert!(v["text"].as_str().unwrap().starts_with(" Paris."));
+    assert_eq!(v["finish_reason"], "length");
+    for k in [
+        "ttft_ms",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "prefix_hit_tokens",
+        "prompt_tokens",
+    ] {
+        assert!(v["stats"][k].is_number(), "stats.{k}");
+    }
+}
+
+#[test]
+fn stop_strings_end_generation_and_are_not_printed() {
+    let v = json(&folio(
+        &[
+            "generate",
+            "The capital of France is",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "20",
+            "--stop",
+            ".",
+            "--json",
+        ],
+        None,
+    ));
+    assert_eq!(v["text"], " Paris");
+    assert_eq!(v["finish_reason"], "stop");
+    // Streaming text mode prints the same text.
+    let out = folio(
+        &[
+            "generate",
+            "The capital of France is",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "20",
+            "--stop",
+            ".",
+        ],
+        None,
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), " Paris\n");
+}
+
+#[test]
+fn prompt_from_stdin_chat_mode_and_stats() {
+    let out = folio(
+        &[
+            "generate",
+            "--chat",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "12",
+            "--stats",
+        ],
+        Some("What is 2 + 2?"),
+    );
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TTFT") && err.contains("decode"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let run = |seed: &str| {
+        json(&folio(
+            &[
+                "generate",
+                "Once upon a time",
+                "--temperature",
+                "0.9",
+                "--seed",
+                seed,
+                "--max-tokens",
+                "16",
+                "--json",
+            ],
+            None,
+        ))["generated_ids"]
+            .clone()
+    };
+    assert_eq!(run("7"), run("7"));
+}
+
+#[test]
+fn the_second_chat_turn_prefills_only_its_new_tokens() {
+    let out = folio(
+        &[
+            "chat",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "16",
+            "--stats",
+        ],
+        Some("Hi, who are you?\nWhat can you do?\n"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let stats: Vec<&str> = err.lines().filter(|l| l.contains("TTFT")).collect();
+    assert_eq!(stats.len(), 2, "{err}");
+    let cached = |line: &str| -> usize {
+        let at = line.find(" from cache").unwrap();
+        line[..at].rsplit('(').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(cached(stats[0]), 0);
+    assert!(
+        cached(stats[1]) > 20,
+        "second turn reused {} tokens: {}",
+        cached(stats[1]),
+        stats[1]
+    );
+}
+
+#[test]
+fn bad_input_gives_a_clear_error_and_no_panic() {
+    let out = folio(
+        &["generate", "hi", "--model", "/nonexistent/model.gguf"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("error: ") && err.contains("/nonexistent/model.gguf"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"GGUF\x03\0\0\0\xff\xff").unwrap();
+    let out = folio(&["generate", "hi", "--model", junk.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("truncated"));
+
+    // A prompt longer than the context.
+    let long = "word ".repeat(300);
+    let out = folio(&["generate", &long, "--ctx", "64"], None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the context holds 64"), "{err}");
+}
+
+#[test]
+fn a_closed_pipe_is_not_an_error() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_folio"))
+        .args([
+            "generate",
+            "Count:",
+            "--max-tokens",
+            "64",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+        ])
+        .env("FOLIO_MODEL", model())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}
