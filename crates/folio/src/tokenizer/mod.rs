@@ -407,3 +407,90 @@ impl StreamDecoder {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufWriter;
+
+    /// A small SentencePiece vocabulary: specials, 256 byte tokens, a few pieces.
+    fn spm() -> Tokenizer {
+        let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+        let mut types = vec![2, 3, 3];
+        let mut scores = vec![0.0f32; 3];
+        for b in 0..=255u8 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(6);
+            scores.push(0.0);
+        }
+        for (piece, score) in [
+            ("▁", -1.0),
+            ("h", -2.0),
+            ("e", -2.0),
+            ("l", -2.0),
+            ("o", -2.0),
+            ("▁h", -3.0),
+            ("he", -1.5),
+            ("ll", -1.2),
+            ("llo", -1.1),
+            ("hello", -0.5),
+            ("▁hello", -0.1),
+        ] {
+            tokens.push(piece.into());
+            types.push(1);
+            scores.push(score);
+        }
+        let s = |v: &str| Value::String(v.into());
+        let mut w = GgufWriter::new();
+        w.meta("tokenizer.ggml.model", s("llama"))
+            .meta(
+                "tokenizer.ggml.tokens",
+                Value::Array(tokens.iter().map(|t| s(t)).collect()),
+            )
+            .meta(
+                "tokenizer.ggml.token_type",
+                Value::Array(types.into_iter().map(Value::I32).collect()),
+            )
+            .meta(
+                "tokenizer.ggml.scores",
+                Value::Array(scores.into_iter().map(Value::F32).collect()),
+            )
+            .meta("tokenizer.ggml.bos_token_id", Value::U32(1))
+            .meta("tokenizer.ggml.eos_token_id", Value::U32(2));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("spm.gguf");
+        std::fs::write(&p, w.to_bytes()).unwrap();
+        Tokenizer::from_gguf(&Gguf::open(&p).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn sentencepiece_merges_by_score_and_falls_back_to_bytes() {
+        let t = spm();
+        let id = |s: &str| t.token_id(s).unwrap();
+        // BOS by default for SentencePiece, a space prefix, the best-scoring merges.
+        assert_eq!(t.encode("hello", true), vec![1, id("▁hello")]);
+        assert_eq!(
+            t.encode("hello hello", false),
+            vec![id("▁hello"), id("▁hello")]
+        );
+        // No piece for "é": its UTF-8 bytes.
+        assert_eq!(
+            t.encode("é", false),
+            vec![id("▁"), id("<0xC3>"), id("<0xA9>")]
+        );
+        assert_eq!(t.decode(&t.encode("hello é", false)), " hello é");
+        // Special text is the special token; no space prefix right after it... but the
+        // text after a special starts a new fragment.
+        assert_eq!(t.encode("<s>hello", false), vec![1, id("▁hello")]);
+    }
+
+    #[test]
+    fn stream_decoder_holds_back_partial_characters() {
+        let t = spm();
+        let mut d = StreamDecoder::default();
+        assert_eq!(d.push(&t, t.token_id("<0xC3>").unwrap()), "");
+        assert_eq!(d.push(&t, t.token_id("<0xA9>").unwrap()), "é");
+        assert_eq!(d.push(&t, t.token_id("<0xC3>").unwrap()), "");
+        assert_eq!(d.finish(), "\u{FFFD}");
+    }
+}
