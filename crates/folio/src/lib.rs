@@ -13,6 +13,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod kernels;
+pub mod kv;
 pub mod model;
 pub mod tiny;
 pub mod tokenizer;
