@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
-cargo test --workspace --release 2>&1
+cargo test --workspace --release --lib --bins --tests 2>&1
