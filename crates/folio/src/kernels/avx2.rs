@@ -433,3 +433,74 @@ pub unsafe fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
         blk.s = f16_to_f32(f32_to_f16(d * sum as f32));
     }
 }
+
+/// Rounds 8 floats to f16 precision (what storing them as f16 and loading them back does).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round_f16(v: __m256) -> __m256 {
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+}
+
+/// The twin of `scalar::attend_f16` for head size 64, with the accumulator kept in
+/// registers (rounded to f16 after every step, so the bits are the same).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn attend_f16_64<'a>(
+    q: &[f32],
+    n: usize,
+    kv: &dyn Fn(usize) -> (&'a [u16], &'a [u16]),
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(q.len() == 64 && out.len() == 64);
+    // SAFETY: q holds 64 floats.
+    let qv: [__m256; 8] =
+        std::array::from_fn(|i| unsafe { round_f16(_mm256_loadu_ps(q[8 * i..].as_ptr())) });
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for p in 0..n {
+        let (k, v) = kv(p);
+        assert!(k.len() >= 64 && v.len() >= 64);
+        // SAFETY: k and v hold 64 halves each (asserted above).
+        let kf = |i: usize| unsafe {
+            _mm256_cvtph_ps(_mm_loadu_si128(k[8 * i..].as_ptr() as *const __m128i))
+        };
+        let mut d = [_mm256_setzero_ps(); 4];
+        for i in 0..8 {
+            d[i % 4] = _mm256_fmadd_ps(kf(i), qv[i], d[i % 4]);
+        }
+        // ggml's reduction order, then its horizontal sum.
+        // SAFETY: same CPU features as this function.
+        let s = unsafe {
+            hsum_hadd(_mm256_add_ps(
+                _mm256_add_ps(d[0], d[2]),
+                _mm256_add_ps(d[1], d[3]),
+            ))
+        } * scale;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if s > m {
+            ms = (m - s).exp();
+            m = s;
+            let msv = _mm256_set1_ps(ms);
+            for a in acc.iter_mut() {
+                // SAFETY: same CPU features as this function.
+                *a = unsafe { round_f16(_mm256_mul_ps(*a, msv)) };
+            }
+        } else {
+            vs = (s - m).exp();
+        }
+        let vsv = _mm256_set1_ps(vs);
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: v holds 64 halves; same CPU features as this function.
+            unsafe {
+                let vv = _mm256_cvtph_ps(_mm_loadu_si128(v[8 * i..].as_ptr() as *const __m128i));
+                *a = round_f16(_mm256_fmadd_ps(vv, vsv, *a));
+            }
+        }
+        sum = sum.mul_add(ms, vs);
+    }
+    let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
+    for (i, a) in acc.iter().enumerate() {
+        // SAFETY: out holds 64 floats.
+        unsafe { _mm256_storeu_ps(out[8 * i..].as_mut_ptr(), _mm256_mul_ps(*a, inv)) };
+    }
+}

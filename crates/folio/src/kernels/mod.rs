@@ -87,6 +87,23 @@ pub fn mad_f16(isa: Isa, y: &mut [u16], x: &[u16], v: f32) {
     }
 }
 
+/// One query's attention over `n` cached positions (see `scalar::attend_f16`).
+pub fn attend_f16<'a>(
+    isa: Isa,
+    q: &[f32],
+    n: usize,
+    kv: &dyn Fn(usize) -> (&'a [u16], &'a [u16]),
+    scale: f32,
+    out: &mut [f32],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
+        Isa::Avx2 if q.len() == 64 => unsafe { avx2::attend_f16_64(q, n, kv, scale, out) },
+        _ => scalar::attend_f16(q, n, kv, scale, out),
+    }
+}
+
 /// Quantizes activations into 8-bit blocks (identical bytes on every path).
 pub fn quantize_q8(isa: Isa, x: &[f32], out: &mut [quant::BlockQ8]) {
     match isa {

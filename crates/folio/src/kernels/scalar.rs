@@ -221,8 +221,28 @@ pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     w.iter().zip(x).map(|(a, b)| a * b).sum()
 }
 
+/// dot(w, x) for f16 w, in the order of the 8-lane SIMD twin (and of ggml's
+/// `ggml_vec_dot_f16`): four 8-lane fused accumulators over each 32 elements, reduced
+/// (0+2)+(1+3), then the halves and pairs of the last vector; the tail sequentially.
 pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-    w.iter().zip(x).map(|(&a, b)| f16_to_f32(a) * b).sum()
+    let n = w.len().min(x.len());
+    let np = n - n % 32;
+    let mut acc = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, lane) in a.iter_mut().enumerate() {
+                let k = i + 8 * j + l;
+                *lane = f16_to_f32(w[k]).mul_add(x[k], *lane);
+            }
+        }
+    }
+    let v: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let t: [f32; 4] = std::array::from_fn(|l| v[l] + v[l + 4]);
+    let mut sum = (t[0] + t[1]) + (t[2] + t[3]);
+    for k in np..n {
+        sum += f16_to_f32(w[k]) * x[k];
+    }
+    sum
 }
 
 pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
@@ -301,5 +321,39 @@ pub fn exp_poly(x: f32) -> f32 {
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + exp_poly(0.0 - *g)) * u;
+    }
+}
+
+/// One query's attention over `n` keys/values read through `kv(p) -> (k_row, v_row)`
+/// (f16, `q.len()` wide), as ggml's CPU flash attention computes it: the query rounded
+/// to f16, an online softmax over the keys in order, the value accumulator rounded to
+/// f16 after every step. Writes the normalised result to `out`.
+pub fn attend_f16<'a>(
+    q: &[f32],
+    n: usize,
+    kv: &dyn Fn(usize) -> (&'a [u16], &'a [u16]),
+    scale: f32,
+    out: &mut [f32],
+) {
+    let q16: Vec<f32> = q.iter().map(|&v| f16_to_f32(f32_to_f16(v))).collect();
+    let mut acc = vec![0u16; q.len()];
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for p in 0..n {
+        let (k, v) = kv(p);
+        let s = dot_f16(k, &q16) * scale;
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if s > m {
+            ms = (m - s).exp();
+            m = s;
+            scale_f16(&mut acc, ms);
+        } else {
+            vs = (s - m).exp();
+        }
+        mad_f16(&mut acc, v, vs);
+        sum = sum.mul_add(ms, vs);
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, &a) in out.iter_mut().zip(&acc) {
+        *o = f16_to_f32(a) * inv;
     }
 }

@@ -153,12 +153,12 @@ fn matmul_results_do_not_depend_on_batch_or_threads() {
 #[test]
 fn f16_helpers_match_scalar() {
     let mut rng = Rng(5);
-    for n in [1, 7, 8, 64, 100] {
+    for n in [1, 7, 8, 64, 100, 131] {
         let w: Vec<u16> = (0..n).map(|_| f32_to_f16(rng.f())).collect();
         let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
         let a = scalar::dot_f16(&w, &x);
         let b = super::dot_f16(detect(), &w, &x);
-        assert!((a - b).abs() < 1e-4, "dot_f16 n={n}: {a} vs {b}");
+        assert_eq!(a.to_bits(), b.to_bits(), "dot_f16 n={n}: {a} vs {b}");
         // Both paths fuse the multiply-add and round once to f16: bit-identical.
         let mut y1: Vec<u16> = (0..n).map(|_| f32_to_f16(rng.f())).collect();
         let mut y2 = y1.clone();
@@ -248,5 +248,43 @@ fn q8_quantization_is_identical_on_every_path() {
             (p.d.to_bits(), p.s.to_bits(), p.qs),
             (q.d.to_bits(), q.s.to_bits(), q.qs)
         );
+    }
+}
+
+#[test]
+fn attention_simd_is_bit_identical_to_scalar() {
+    let mut rng = Rng(21);
+    let n = 300;
+    let k: Vec<u16> = (0..n * 64).map(|_| f32_to_f16(rng.f() * 2.0)).collect();
+    let v: Vec<u16> = (0..n * 64).map(|_| f32_to_f16(rng.f() * 3.0)).collect();
+    let kv = |p: usize| (&k[p * 64..(p + 1) * 64], &v[p * 64..(p + 1) * 64]);
+    for len in [1, 2, 17, 300] {
+        let q: Vec<f32> = (0..64).map(|_| rng.f() * 4.0).collect();
+        let (mut a, mut b) = (vec![0f32; 64], vec![0f32; 64]);
+        scalar::attend_f16(&q, len, &kv, 0.125, &mut a);
+        super::attend_f16(detect(), &q, len, &kv, 0.125, &mut b);
+        assert_eq!(a, b, "{len} keys");
+        // And it is attention: close to an f64 softmax-weighted sum.
+        let s: Vec<f64> = (0..len)
+            .map(|p| {
+                (0..64)
+                    .map(|d| f16_to_f32(k[p * 64 + d]) as f64 * q[d] as f64)
+                    .sum::<f64>()
+                    * 0.125
+            })
+            .collect();
+        let mx = s.iter().cloned().fold(f64::MIN, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+        let z: f64 = w.iter().sum();
+        for d in 0..64 {
+            let want: f64 = (0..len)
+                .map(|p| w[p] / z * f16_to_f32(v[p * 64 + d]) as f64)
+                .sum();
+            assert!(
+                (a[d] as f64 - want).abs() < 0.02,
+                "{len} keys, dim {d}: {} vs {want}",
+                a[d]
+            );
+        }
     }
 }

@@ -7,8 +7,7 @@ use super::ops;
 use super::weights::Weights;
 use crate::error::{ModelError, RunError};
 use crate::gguf::Gguf;
-use crate::kernels::quant::{f16_to_f32, f32_to_f16};
-use crate::kernels::{self, matmul, pool::share, Activations, Isa, ThreadPool};
+use crate::kernels::{self, matmul, Activations, Isa, ThreadPool};
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Mutex;
@@ -187,11 +186,26 @@ impl Model {
         let units = q.len() / hd;
         let threads = self.pool.threads().min(units);
         let scale = 1.0 / (hd as f32).sqrt();
+        // Contiguous runs of units with about equal work each (a query at position p
+        // reads p + 1 keys), so causal prefill does not leave one thread waiting.
+        let work = |u: usize| (pos0 + u / nh + 1) as u64;
+        let total: u64 = (0..units).map(work).sum();
+        let mut bounds = vec![0usize];
+        let mut acc = 0u64;
+        for u in 0..units {
+            acc += work(u);
+            if bounds.len() < threads && acc * threads as u64 >= total * bounds.len() as u64 {
+                bounds.push(u + 1);
+            }
+        }
+        while bounds.len() <= threads {
+            bounds.push(units);
+        }
         // Each thread gets the contiguous slice of `out` its units write.
         let mut parts: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(threads);
         let mut rest = out;
         for t in 0..threads {
-            let (a, b) = share(units, t, threads);
+            let (a, b) = (bounds[t], bounds[t + 1]);
             let (mine, tail) = rest.split_at_mut((b - a) * hd);
             parts.push(Mutex::new(mine));
             rest = tail;
@@ -201,43 +215,20 @@ impl Model {
             if t >= threads {
                 return;
             }
-            let (a, b) = share(units, t, threads);
+            let (a, b) = (bounds[t], bounds[t + 1]);
             let mut guard = parts[t].lock().unwrap_or_else(|e| e.into_inner());
             let mine: &mut [f32] = &mut guard;
-            let mut q16 = vec![0f32; hd];
-            let mut acc = vec![0u16; hd];
             for u in a..b {
                 let (i, h) = (u / nh, u % nh);
                 let g = h / group;
-                for (d, &s) in q16.iter_mut().zip(&q[u * hd..(u + 1) * hd]) {
-                    *d = f16_to_f32(f32_to_f16(s));
-                }
-                acc.fill(0);
-                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-                for p in 0..=pos0 + i {
-                    let kr = &cache.k_row(layer, p)[g * hd..(g + 1) * hd];
-                    let s = kernels::dot_f16(isa, kr, &q16) * scale;
-                    let (mut ms, mut vs) = (1f32, 1f32);
-                    if s > m {
-                        ms = (m - s).exp();
-                        m = s;
-                        kernels::scale_f16(isa, &mut acc, ms);
-                    } else {
-                        vs = (s - m).exp();
-                    }
-                    kernels::mad_f16(
-                        isa,
-                        &mut acc,
+                let kv = |p: usize| {
+                    (
+                        &cache.k_row(layer, p)[g * hd..(g + 1) * hd],
                         &cache.v_row(layer, p)[g * hd..(g + 1) * hd],
-                        vs,
-                    );
-                    sum = sum.mul_add(ms, vs);
-                }
-                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                    )
+                };
                 let o = &mut mine[(u - a) * hd..(u - a + 1) * hd];
-                for (d, &v) in o.iter_mut().zip(&acc) {
-                    *d = f16_to_f32(v) * inv;
-                }
+                kernels::attend_f16(isa, &q[u * hd..(u + 1) * hd], pos0 + i + 1, &kv, scale, o);
             }
         });
     }
