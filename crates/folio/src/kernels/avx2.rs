@@ -504,3 +504,58 @@ pub unsafe fn attend_f16_64<'a>(
         unsafe { _mm256_storeu_ps(out[8 * i..].as_mut_ptr(), _mm256_mul_ps(*a, inv)) };
     }
 }
+
+/// Four packed Q4_1 rows × C activation rows: the same arithmetic per (row, column) as
+/// `tile_q4_1` (so the same bits), with the scales of four rows converted at once.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_q4_1x4<const C: usize>(
+    w: &[BlockQ4_1x4],
+    a: [&[BlockQ8]; C],
+    out: &mut [[f32; C]; 4],
+) {
+    let nb = a[0].len();
+    assert!(w.len() >= nb);
+    let ones = _mm256_set1_epi16(1);
+    let lane = [
+        _mm256_set1_epi32(0),
+        _mm256_set1_epi32(1),
+        _mm256_set1_epi32(2),
+        _mm256_set1_epi32(3),
+    ];
+    let mut acc = [[_mm256_setzero_ps(); C]; 4];
+    let mut macc = [_mm256_setzero_ps(); C];
+    for i in 0..nb {
+        let ahead = w.as_ptr().wrapping_add(i + PREFETCH_BLOCKS / 2) as *const i8;
+        // Prefetching never faults, whatever the address.
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        let b = &w[i];
+        // SAFETY: `dm` is 8 halves (16 bytes).
+        let dm = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(b.dm.as_ptr() as *const __m128i)) };
+        // SAFETY: same CPU features as this function.
+        let wq: [__m256i; 4] = std::array::from_fn(|r| unsafe { nibbles(&b.qs[r]) });
+        for c in 0..C {
+            let x = &a[c][i];
+            // SAFETY: same CPU features as this function.
+            let av = unsafe { load32(&x.qs) };
+            // Lanes 0..3: d_r · d_x, exactly the scalar products of `tile_q4_1`.
+            let dv = _mm256_mul_ps(dm, _mm256_set1_ps(x.d));
+            // Lanes 4..7: fma(m_r, s_x, acc), the min terms.
+            macc[c] = _mm256_fmadd_ps(dm, _mm256_set1_ps(x.s), macc[c]);
+            for r in 0..4 {
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], av), ones);
+                let sc = _mm256_permutevar8x32_ps(dv, lane[r]);
+                acc[r][c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), acc[r][c]);
+            }
+        }
+    }
+    for c in 0..C {
+        let mut m = [0f32; 8];
+        // SAFETY: `m` is 8 floats.
+        unsafe { _mm256_storeu_ps(m.as_mut_ptr(), macc[c]) };
+        for r in 0..4 {
+            // SAFETY: same CPU features as this function.
+            out[r][c] = unsafe { hsum(acc[r][c]) } + m[4 + r];
+        }
+    }
+}

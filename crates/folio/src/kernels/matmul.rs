@@ -15,11 +15,16 @@ use crate::gguf::GgmlType;
 
 /// A weight matrix of `rows` × `cols` in one of the supported formats, copied out of the
 /// file into 8-byte-aligned memory at load time.
+///
+/// NOTE: Q4_1 (the default model's type) is repacked at load into tiles of four rows
+/// ([`BlockQ4_1x4`]), tile-major; rows past the last multiple of four are zero padding.
+/// Every other type keeps GGUF's row-major blocks.
 pub struct QMatrix {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     row_bytes: usize,
+    packed: bool,
     data: Vec<u64>,
 }
 
@@ -48,6 +53,9 @@ impl QMatrix {
         if bytes.len() != row_bytes.checked_mul(rows)? {
             return None;
         }
+        if ty == GgmlType::Q4_1 {
+            return Some(Self::pack_q4_1(rows, cols, row_bytes, bytes));
+        }
         let mut data = vec![0u64; bytes.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
         Some(Self {
@@ -55,8 +63,60 @@ impl QMatrix {
             rows,
             cols,
             row_bytes,
+            packed: false,
             data,
         })
+    }
+
+    fn pack_q4_1(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
+        let nb = cols / QK;
+        let tiles = rows.div_ceil(4);
+        let size = std::mem::size_of::<BlockQ4_1x4>();
+        let mut data = vec![0u64; (tiles * nb * size).div_ceil(8)];
+        let packed: &mut [BlockQ4_1x4] = bytemuck::cast_slice_mut(
+            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..tiles * nb * size],
+        );
+        for r in 0..rows {
+            let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+            for (b, raw) in row
+                .chunks_exact(std::mem::size_of::<BlockQ4_1>())
+                .enumerate()
+            {
+                let blk: BlockQ4_1 = bytemuck::pod_read_unaligned(raw);
+                let t = &mut packed[(r / 4) * nb + b];
+                t.dm[r % 4] = blk.d;
+                t.dm[4 + r % 4] = blk.m;
+                t.qs[r % 4] = blk.qs;
+            }
+        }
+        Self {
+            ty: GgmlType::Q4_1,
+            rows,
+            cols,
+            row_bytes,
+            packed: true,
+            data,
+        }
+    }
+
+    /// The packed tile holding rows 4t..4t+4 (packed Q4_1 only).
+    fn tile_q4_1(&self, t: usize) -> &[BlockQ4_1x4] {
+        let nb = self.cols / QK;
+        let size = std::mem::size_of::<BlockQ4_1x4>();
+        let all: &[u8] = bytemuck::cast_slice(&self.data);
+        bytemuck::cast_slice(&all[t * nb * size..(t + 1) * nb * size])
+    }
+
+    /// Row r of a packed Q4_1 matrix as GGUF blocks.
+    fn q4_1_row(&self, r: usize) -> Vec<BlockQ4_1> {
+        self.tile_q4_1(r / 4)
+            .iter()
+            .map(|t| BlockQ4_1 {
+                d: t.dm[r % 4],
+                m: t.dm[4 + r % 4],
+                qs: t.qs[r % 4],
+            })
+            .collect()
     }
 
     /// Builds a matrix from f32 values, stored as `ty` (F32, F16 or BF16 only): used by
@@ -78,6 +138,7 @@ impl QMatrix {
     }
 
     fn row(&self, r: usize) -> &[u8] {
+        assert!(!self.packed, "packed matrices have no GGUF rows");
         let all: &[u8] = bytemuck::cast_slice(&self.data);
         &all[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
@@ -97,8 +158,11 @@ impl QMatrix {
 
     /// Writes row `r` as f32 into `out` (`cols` long): embedding lookups.
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
-        let b = self.row(r);
         let out = &mut out[..self.cols];
+        if self.packed {
+            return scalar::dequant_q4_1(&self.q4_1_row(r), out);
+        }
+        let b = self.row(r);
         match self.ty {
             GgmlType::F32 => {
                 for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
@@ -118,8 +182,20 @@ impl QMatrix {
 
     /// dot(row r, activation row t) through the per-pair kernels.
     fn dot(&self, isa: Isa, r: usize, act: &Activations, t: usize) -> f32 {
-        let b = self.row(r);
         let c = self.cols;
+        if self.packed {
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx2 {
+                let mut o = [[0f32; 1]; 4];
+                // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
+                unsafe {
+                    super::avx2::tile_q4_1x4::<1>(self.tile_q4_1(r / 4), [act.q8_row(t, c)], &mut o)
+                };
+                return o[r % 4][0];
+            }
+            return scalar::dot_q4_1(&self.q4_1_row(r), act.q8_row(t, c));
+        }
+        let b = self.row(r);
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx2 {
             // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
@@ -265,6 +341,9 @@ impl OutView {
 }
 
 const ROW_TILE: usize = 4;
+/// Activation rows per block of the matmul's outer loop (32 rows of 576 8-bit values
+/// take ~23 KB: they stay in L1).
+const COL_BLOCK: usize = 32;
 
 /// For each `(w, out)`: `out[t * w.rows + r] = dot(w row r, x row t)` for every
 /// activation row t of `act`. Matrices must have `cols` equal to the activations'.
@@ -308,28 +387,69 @@ pub fn matmul(
             return;
         }
         let (start, end) = share(total, i, n_threads);
-        let mut base = 0;
-        for ((w, out), &nt) in views.iter().zip(&tiles) {
-            let lo = start.max(base);
-            let hi = end.min(base + nt);
-            for tile in lo..hi {
-                let r0 = (tile - base) * ROW_TILE;
-                let r1 = (r0 + ROW_TILE).min(w.rows);
-                run_tile(isa, w, act, r0, r1, out);
+        // Column blocks outermost: a block of activation rows stays in L1 while this
+        // thread's weight tiles (in L2) pass over it.
+        for t0 in (0..act.n).step_by(COL_BLOCK) {
+            let t1 = (t0 + COL_BLOCK).min(act.n);
+            let mut base = 0;
+            for ((w, out), &nt) in views.iter().zip(&tiles) {
+                let lo = start.max(base);
+                let hi = end.min(base + nt);
+                for tile in lo..hi {
+                    let r0 = (tile - base) * ROW_TILE;
+                    let r1 = (r0 + ROW_TILE).min(w.rows);
+                    run_tile(isa, w, act, r0, r1, t0, t1, out);
+                }
+                base += nt;
             }
-            base += nt;
         }
     });
 }
 
-fn run_tile(isa: Isa, w: &QMatrix, act: &Activations, r0: usize, r1: usize, out: &OutView) {
-    let n = act.n;
+#[allow(clippy::too_many_arguments)]
+fn run_tile(
+    isa: Isa,
+    w: &QMatrix,
+    act: &Activations,
+    r0: usize,
+    r1: usize,
+    t0: usize,
+    n: usize,
+    out: &OutView,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && w.packed {
+        let tile = w.tile_q4_1(r0 / 4);
+        let real = r1 - r0;
+        let mut t = t0;
+        while t + 2 <= n {
+            let mut o = [[0f32; 2]; 4];
+            let a = [act.q8_row(t, w.cols), act.q8_row(t + 1, w.cols)];
+            // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
+            unsafe { super::avx2::tile_q4_1x4::<2>(tile, a, &mut o) };
+            for (r, row) in o.iter().enumerate().take(real) {
+                for (c, &v) in row.iter().enumerate() {
+                    out.write((t + c) * w.rows + r0 + r, v);
+                }
+            }
+            t += 2;
+        }
+        if t < n {
+            let mut o = [[0f32; 1]; 4];
+            // SAFETY: as above.
+            unsafe { super::avx2::tile_q4_1x4::<1>(tile, [act.q8_row(t, w.cols)], &mut o) };
+            for (r, row) in o.iter().enumerate().take(real) {
+                out.write(t * w.rows + r0 + r, row[0]);
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2
         && r1 - r0 == ROW_TILE
         && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
     {
-        let mut t = 0;
+        let mut t = t0;
         while t + 2 <= n {
             let mut o = [[0f32; 2]; ROW_TILE];
             // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
@@ -352,7 +472,7 @@ fn run_tile(isa: Isa, w: &QMatrix, act: &Activations, r0: usize, r1: usize, out:
         return;
     }
     for r in r0..r1 {
-        for t in 0..n {
+        for t in t0..n {
             out.write(t * w.rows + r, w.dot(isa, r, act, t));
         }
     }

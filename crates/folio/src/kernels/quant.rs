@@ -56,6 +56,15 @@ pub struct BlockQ6K {
     pub d: u16,
 }
 
+/// Four rows' Q4_1 blocks at the same column, packed at load time so a kernel converts
+/// the four scales and four mins with one instruction: `dm` = [d0..d3, m0..m3].
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ4_1x4 {
+    pub dm: [u16; 8],
+    pub qs: [[u8; QK / 2]; 4],
+}
+
 /// 8-bit activations for the 32-element formats: x ≈ d * q; `s` = d * Σq, which lets
 /// offset formats (Q4_0's -8, Q4_1's min) fold their constant term into one multiply.
 #[repr(C)]
@@ -81,6 +90,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 const _: () = assert!(std::mem::size_of::<BlockQ8>() == 40);
+const _: () = assert!(std::mem::size_of::<BlockQ4_1x4>() == 80);
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
 
 #[inline]
