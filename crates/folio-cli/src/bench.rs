@@ -5,7 +5,7 @@
 use crate::opts::ModelArgs;
 use anyhow::{Context, Result};
 use folio::kernels::ThreadPool;
-use folio::model::{sampler::argmax, Logits, Model};
+use folio::model::{sampler::argmax, KvCache, Logits, Model};
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
@@ -37,24 +37,28 @@ pub fn run(a: Args) -> Result<()> {
     let threads = model.threads();
     let reps = a.reps.max(1);
     println!(
-        "folio bench: {} | {} threads | kernels {}",
+        "folio bench: {} | {} threads | kernels {} | kv {:?}",
         a.model.path()?.display(),
         threads,
-        folio::kernels::isa()
+        folio::kernels::isa(),
+        a.model.kv
     );
 
     let base = model.tokenizer.encode(TEXT, false);
     let prompt: Vec<u32> = base.iter().cycle().take(a.pp).copied().collect();
-    let mut cache = model.new_cache(a.pp.max(a.tg + 1) + 1);
+    let mut cache = a.model.cache(&model)?;
     let mut pp = 0.0;
     for _ in 0..reps {
-        cache.truncate(0);
-        let t = Instant::now();
-        model.forward(&mut cache, &prompt, Logits::Last)?;
-        pp += a.pp as f64 / t.elapsed().as_secs_f64();
+        let t = cache.with(|c| -> Result<f64> {
+            c.truncate(0);
+            let t = Instant::now();
+            model.forward(c, &prompt, Logits::Last)?;
+            Ok(t.elapsed().as_secs_f64())
+        })?;
+        pp += a.pp as f64 / t;
     }
     pp /= reps as f64;
-    let tg = decode_speed(&model, &mut cache, prompt[0], a.tg, reps)?;
+    let tg = cache.with(|c| decode_speed(&model, c, prompt[0], a.tg, reps))?;
     let bw = read_bandwidth(threads);
     let limit = bw / model.bytes_per_token() as f64;
 
@@ -93,7 +97,7 @@ pub fn run(a: Args) -> Result<()> {
 /// Mean tokens/s of `n` single-token decode steps after one token of context.
 fn decode_speed(
     model: &Model,
-    cache: &mut folio::model::BasicCache,
+    cache: &mut dyn KvCache,
     first: u32,
     n: usize,
     reps: usize,

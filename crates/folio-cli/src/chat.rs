@@ -26,7 +26,7 @@ pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
     let template = model.tokenizer.chat_template()?;
     let params = a.sampling.params();
-    let mut cache = model.new_cache(a.model.ctx);
+    let mut cache = a.model.cache(&model)?;
     let start: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
     let mut messages = start.clone();
     let interactive = std::io::stdin().is_terminal();
@@ -47,7 +47,7 @@ pub fn run(a: Args) -> Result<()> {
             "/exit" | "/quit" => break,
             "/reset" => {
                 messages = start.clone();
-                cache.truncate(0);
+                cache.with(|c| c.truncate(0));
                 continue;
             }
             _ => {}
@@ -56,8 +56,10 @@ pub fn run(a: Args) -> Result<()> {
         let prompt = template.render(&messages, true)?;
         let ids = model.tokenizer.encode(&prompt, true);
         let mut out = std::io::stdout().lock();
-        let result = generate(&model, &mut cache, &ids, &params, &mut |piece| {
-            let _ = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
+        let result = cache.with(|c| {
+            generate(&model, c, &ids, &params, &mut |piece| {
+                let _ = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
+            })
         });
         let result = match result {
             Ok(r) => r,

@@ -46,16 +46,18 @@ pub fn run(a: Args) -> Result<()> {
         prompt
     };
     let ids = model.tokenizer.encode(&text, true);
-    let mut cache = model.new_cache(a.model.ctx);
+    let mut cache = a.model.cache(&model)?;
     let params = a.sampling.params();
     let mut out = std::io::stdout().lock();
     let mut io_err = None;
-    let result = generate(&model, &mut cache, &ids, &params, &mut |piece| {
-        if !a.json && io_err.is_none() {
-            if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-                io_err = Some(e);
+    let result = cache.with(|c| {
+        generate(&model, c, &ids, &params, &mut |piece| {
+            if !a.json && io_err.is_none() {
+                if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                    io_err = Some(e);
+                }
             }
-        }
+        })
     })?;
     if let Some(e) = io_err {
         return Err(e.into());

@@ -2,7 +2,8 @@
 
 use anyhow::{Context, Result};
 use folio::generate::GenerateParams;
-use folio::model::{Model, SamplingParams};
+use folio::kv::{KvArena, PageTable, PagedKv};
+use folio::model::{BasicCache, KvCache, Model, SamplingParams};
 use std::path::PathBuf;
 
 /// The default model's file name, as `scripts/setup.sh` fetches it.
@@ -19,6 +20,60 @@ pub struct ModelArgs {
     /// Context size in tokens (capped at the model's).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
+    /// KV cache: paged (pages from one pool, prefix sharing) or basic (one contiguous
+    /// slab per sequence: the oracle).
+    #[arg(long, value_enum, default_value_t = KvKind::Paged)]
+    pub kv: KvKind,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    pub page_size: usize,
+    /// Pages in the pool [default: twice what one full context needs].
+    #[arg(long, conflicts_with = "kv_memory")]
+    pub kv_pages: Option<usize>,
+    /// Pool size in bytes (suffixes K, M, G, KiB, MiB, GiB).
+    #[arg(long, value_parser = parse_size)]
+    pub kv_memory: Option<u64>,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvKind {
+    Paged,
+    Basic,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        u => return Err(format!("unknown size unit {u:?}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// The KV cache of one sequence, of the kind the flags chose.
+pub enum Cache {
+    Basic(BasicCache),
+    Paged(PagedKv, PageTable),
+}
+
+impl Cache {
+    /// Runs `f` on the cache as the model's `KvCache`.
+    pub fn with<R>(&mut self, f: impl FnOnce(&mut dyn KvCache) -> R) -> R {
+        match self {
+            Cache::Basic(c) => f(c),
+            Cache::Paged(kv, t) => f(&mut kv.seq(t)),
+        }
+    }
 }
 
 impl ModelArgs {
@@ -38,6 +93,32 @@ impl ModelArgs {
         }
         candidates.into_iter().find(|p| p.exists()).with_context(|| {
             format!("the default model {DEFAULT_MODEL} is not here: run scripts/setup.sh, or pass --model")
+        })
+    }
+
+    /// A cache for one sequence of up to `--ctx` tokens.
+    pub fn cache(&self, model: &Model) -> Result<Cache> {
+        anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
+        Ok(match self.kv {
+            KvKind::Basic => Cache::Basic(model.new_cache(self.ctx)),
+            KvKind::Paged => {
+                let c = &model.config;
+                let pages = match (self.kv_pages, self.kv_memory) {
+                    (Some(n), _) => n,
+                    (None, Some(bytes)) => {
+                        (bytes / KvArena::page_bytes(c.n_layers, self.page_size, c.kv_dim()) as u64)
+                            as usize
+                    }
+                    (None, None) => 2 * self.ctx.min(c.context_length).div_ceil(self.page_size),
+                };
+                anyhow::ensure!(
+                    pages > 0,
+                    "the KV pool has no pages: raise --kv-pages or --kv-memory"
+                );
+                let kv = model.new_paged(pages, self.page_size, self.ctx);
+                let table = kv.new_table(None);
+                Cache::Paged(kv, table)
+            }
         })
     }
 

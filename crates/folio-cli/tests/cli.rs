@@ -243,3 +243,37 @@ fn a_closed_pipe_is_not_an_error() {
     let out = child.wait_with_output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
+
+#[test]
+fn paged_and_basic_caches_give_the_same_greedy_text_at_every_page_size() {
+    let prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle.";
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            prompt,
+            "--chat",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "40",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&folio(&args, None))["generated_ids"].clone()
+    };
+    let basic = run(&["--kv", "basic"]);
+    for ps in ["1", "16", "64"] {
+        assert_eq!(
+            run(&["--kv", "paged", "--page-size", ps]),
+            basic,
+            "page size {ps}"
+        );
+    }
+    // A pool too small for the prompt is a clear error.
+    let out = folio(
+        &["generate", prompt, "--kv-pages", "1", "--page-size", "4"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("out of KV pages"));
+}

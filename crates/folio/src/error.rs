@@ -92,4 +92,6 @@ pub enum RunError {
     PromptTooLong { len: usize, capacity: usize },
     #[error("token id {0} is outside the vocabulary")]
     BadToken(u32),
+    #[error("KV cache: {0}")]
+    Kv(String),
 }

@@ -4,7 +4,7 @@
 //! even in part.
 
 use crate::error::RunError;
-use crate::model::{BasicCache, Logits, Model, Sampler, SamplingParams};
+use crate::model::{KvCache, Logits, Model, Sampler, SamplingParams};
 use crate::tokenizer::StreamDecoder;
 use std::time::{Duration, Instant};
 
@@ -86,9 +86,9 @@ pub struct Output {
 /// Generates a continuation of `prompt` into `cache`. Tokens the cache already holds
 /// as a prefix of `prompt` are reused; the rest of the cache is dropped first. Every
 /// piece of text is passed to `on_text` as soon as it is final.
-pub fn generate(
+pub fn generate<C: KvCache + ?Sized>(
     model: &Model,
-    cache: &mut BasicCache,
+    cache: &mut C,
     prompt: &[u32],
     params: &GenerateParams,
     on_text: &mut dyn FnMut(&str),
@@ -103,16 +103,9 @@ pub fn generate(
             capacity: cache.capacity(),
         });
     }
-    // Reuse the longest common prefix, but always compute the last prompt token so
-    // there are logits to sample from.
-    let common = cache
-        .tokens()
-        .iter()
-        .zip(prompt)
-        .take_while(|(a, b)| a == b)
-        .count()
-        .min(prompt.len() - 1);
-    cache.truncate(common);
+    // Reuse the longest cached prefix (never the last prompt token: its logits are
+    // needed to sample from).
+    let common = cache.reuse_prefix(prompt);
     let mut stats = Stats {
         prompt_tokens: prompt.len(),
         prefix_hit_tokens: common,

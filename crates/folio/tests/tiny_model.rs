@@ -4,7 +4,7 @@
 use folio::error::RunError;
 use folio::generate::{generate, FinishReason, GenerateParams};
 use folio::gguf::GgmlType;
-use folio::model::{Logits, Model, SamplingParams};
+use folio::model::{KvCache, Logits, Model, SamplingParams};
 
 fn tiny(ty: GgmlType) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();

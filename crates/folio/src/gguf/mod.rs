@@ -261,6 +261,11 @@ impl Gguf {
         })
     }
 
+    /// The whole file's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.file.bytes()
+    }
+
     /// All metadata in file order.
     pub fn metadata(&self) -> &[(String, Value)] {
         &self.metadata

@@ -1,6 +1,7 @@
 //! The paged KV cache's bookkeeping: pages, their states and refcounts, page tables,
 //! and the content-addressed prefix index. It knows nothing of the model, HTTP or
-//! files; the K/V bytes will live in one pool arena indexed by [`PageId`].
+//! files. The K/V bytes live in one arena indexed by [`PageId`] ([`KvArena`]); a
+//! [`PagedKv`] owns both and hands the model [`PagedSeq`] views.
 //!
 //! # Page states
 //!
@@ -20,7 +21,9 @@
 //! - a cached page is committed with refcount 0: still indexed, reclaimable in LRU order;
 //! - a free page is in no table and not indexed.
 
+mod arena;
 mod hash;
+mod paged;
 mod seq;
 mod store;
 mod table;
@@ -28,6 +31,8 @@ mod table;
 #[cfg(test)]
 mod tests;
 
+pub use arena::KvArena;
 pub use hash::{Hasher128, PageHash};
+pub use paged::{PagedKv, PagedSeq};
 pub use store::{KvError, PageId, PageState, PageStore, Stats};
 pub use table::PageTable;

@@ -9,17 +9,31 @@ impl PageStore {
     /// Appends one token: a new working page when the last is full (or there is none);
     /// a page that becomes full is committed (and deduplicated against the index).
     pub fn append(&mut self, t: &mut PageTable, token: u32) -> Result<(), KvError> {
-        let ps = self.page_size();
-        if t.len.is_multiple_of(ps) {
+        self.push(t, token)?;
+        self.commit_full(t)
+    }
+
+    /// Appends one token's slot without committing: the forward pass writes the K/V of
+    /// new tokens first, then calls [`PageStore::commit_full`].
+    pub fn push(&mut self, t: &mut PageTable, token: u32) -> Result<(), KvError> {
+        if t.len.is_multiple_of(self.page_size()) {
             let p = self.reserve()?;
             t.pages.push(p);
         }
         let last = *t.pages.last().expect("a page for the token");
         self.push_token(last, token)?;
         t.len += 1;
-        if t.len.is_multiple_of(ps) {
-            let (kept, h) = self.commit(last, t.tail_hash())?;
-            *t.pages.last_mut().expect("the page just filled") = kept;
+        Ok(())
+    }
+
+    /// Commits every full working page of the table, in order (deduplicating against the
+    /// index: an identical page already there replaces ours).
+    pub fn commit_full(&mut self, t: &mut PageTable) -> Result<(), KvError> {
+        let ps = self.page_size();
+        while t.hashes.len() < t.len / ps {
+            let i = t.hashes.len();
+            let (kept, h) = self.commit(t.pages[i], t.tail_hash())?;
+            t.pages[i] = kept;
             t.hashes.push(h);
         }
         Ok(())
@@ -53,10 +67,12 @@ impl PageStore {
         if partial {
             let src = *t.pages.last().expect("a partial page");
             let dst = self.reserve()?;
-            for i in 0..self.tokens(src)?.len() {
+            let n = self.tokens(src)?.len();
+            for i in 0..n {
                 let tok = self.tokens(src)?[i];
                 self.push_token(dst, tok)?;
             }
+            self.copies.push((src, dst, n));
             *f.pages.last_mut().expect("a partial page") = dst;
         }
         for &p in &t.pages[..t.hashes.len()] {
@@ -82,6 +98,7 @@ impl PageStore {
                     let tok = self.tokens(last)?[i];
                     self.push_token(dst, tok)?;
                 }
+                self.copies.push((last, dst, keep_in_last));
                 Some(dst)
             } else {
                 None

@@ -75,6 +75,9 @@ pub struct PageStore {
     lru_tail: u32,
     index: HashMap<PageHash, u32>,
     pub stats: Stats,
+    /// Slot copies (src, dst, n) that sequence operations made in token space and the
+    /// owner of the K/V arena must repeat there (fork, copy-on-write truncate).
+    pub(crate) copies: Vec<(PageId, PageId, usize)>,
 }
 
 impl PageStore {
@@ -100,6 +103,7 @@ impl PageStore {
             lru_tail: NO_LINK,
             index: HashMap::new(),
             stats: Stats::default(),
+            copies: Vec::new(),
         }
     }
 

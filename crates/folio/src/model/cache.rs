@@ -1,8 +1,45 @@
-//! The contiguous KV cache (`--kv basic`): one preallocated f16 slab per layer for K and
+//! The KV cache interface the forward pass writes and reads through ([`KvCache`]), and
+//! the contiguous cache (`--kv basic`): one preallocated f16 slab per layer for K and
 //! for V, `capacity` token rows each. It is the oracle the paged cache is tested
 //! against; a write past its capacity is an error, never a silent overwrite.
 
 use crate::error::RunError;
+
+/// A sequence's K/V as the forward pass sees it. Implemented by the contiguous
+/// [`BasicCache`] (the oracle) and by the paged cache's `kv::PagedSeq`.
+///
+/// A forward step calls `begin(tokens)` (room for them at positions `len()..`), then
+/// `write` for every layer and position, reads rows back for attention, and `finish()`
+/// (the tokens count from then on; the paged cache commits full pages). If the step
+/// fails after `begin`, it calls `abort(n)` to give the `n` begun tokens back.
+pub trait KvCache: Sync {
+    /// Tokens stored.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The most tokens this sequence can hold.
+    fn capacity(&self) -> usize;
+    /// The tokens stored, in order.
+    fn tokens(&self) -> Vec<u32>;
+    /// Keeps the longest stored (or, for a paged cache, indexed) prefix of `prompt`,
+    /// always short of its last token, drops the rest, and returns its length.
+    fn reuse_prefix(&mut self, prompt: &[u32]) -> usize;
+    /// Makes room for `tokens` at the next positions, or fails changing nothing.
+    fn begin(&mut self, tokens: &[u32]) -> Result<(), RunError>;
+    /// Stores K and V of one position in one layer.
+    fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), RunError>;
+    /// K of position `pos` in `layer`, all KV heads (f16).
+    fn k_row(&self, layer: usize, pos: usize) -> &[u16];
+    /// V of position `pos` in `layer`, all KV heads (f16).
+    fn v_row(&self, layer: usize, pos: usize) -> &[u16];
+    /// The begun tokens are complete.
+    fn finish(&mut self) -> Result<(), RunError>;
+    /// Gives back the last `n` begun tokens after a failed step.
+    fn abort(&mut self, n: usize);
+    /// Forgets everything from position `len` on.
+    fn truncate(&mut self, len: usize);
+}
 use crate::kernels::quant::f32_to_f16;
 
 /// A sequence's K/V, stored as f16 (what llama.cpp stores by default).
@@ -12,6 +49,8 @@ pub struct BasicCache {
     len: usize,
     /// The token at each filled position, for prefix reuse.
     tokens: Vec<u32>,
+    /// Tokens begun by the current forward step.
+    pending: Vec<u32>,
     k: Vec<Vec<u16>>,
     v: Vec<Vec<u16>>,
 }
@@ -23,61 +62,64 @@ impl BasicCache {
             kv_dim,
             len: 0,
             tokens: Vec::new(),
+            pending: Vec::new(),
             k: (0..n_layers).map(|_| vec![0; capacity * kv_dim]).collect(),
             v: (0..n_layers).map(|_| vec![0; capacity * kv_dim]).collect(),
         }
     }
+}
 
-    /// Tokens the cache can hold.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Tokens currently stored (the next token's position).
-    pub fn len(&self) -> usize {
+impl KvCache for BasicCache {
+    fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    fn capacity(&self) -> usize {
+        self.capacity
     }
 
-    /// Forgets everything from position `len` on.
-    pub fn truncate(&mut self, len: usize) {
+    fn tokens(&self) -> Vec<u32> {
+        self.tokens.clone()
+    }
+
+    fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.truncate(common.min(prompt.len().saturating_sub(1)));
+        self.len
+    }
+
+    fn begin(&mut self, tokens: &[u32]) -> Result<(), RunError> {
+        if self.len + tokens.len() > self.capacity {
+            return Err(RunError::ContextFull {
+                pos: self.len + tokens.len() - 1,
+                capacity: self.capacity,
+            });
+        }
+        self.pending = tokens.to_vec();
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), RunError> {
+        self.tokens.append(&mut self.pending);
+        self.len = self.tokens.len();
+        Ok(())
+    }
+
+    fn abort(&mut self, _n: usize) {
+        self.pending.clear();
+    }
+
+    fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
         self.tokens.truncate(self.len);
     }
 
-    /// The tokens whose K/V the cache holds, in order.
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
-    /// Records `tokens` as filled after every layer wrote their K/V.
-    pub(crate) fn push_tokens(&mut self, tokens: &[u32]) {
-        self.tokens.extend_from_slice(tokens);
-        self.len = self.tokens.len();
-    }
-
-    /// Checks that `n` more tokens fit.
-    pub fn check_room(&self, n: usize) -> Result<(), RunError> {
-        if self.len + n > self.capacity {
-            return Err(RunError::ContextFull {
-                pos: self.len + n - 1,
-                capacity: self.capacity,
-            });
-        }
-        Ok(())
-    }
-
-    /// Stores K and V of position `pos` in `layer`.
-    pub fn write(
-        &mut self,
-        layer: usize,
-        pos: usize,
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<(), RunError> {
+    fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), RunError> {
         if pos >= self.capacity {
             return Err(RunError::ContextFull {
                 pos,
@@ -94,13 +136,11 @@ impl BasicCache {
         Ok(())
     }
 
-    /// K of position `pos` in `layer`, all KV heads.
-    pub fn k_row(&self, layer: usize, pos: usize) -> &[u16] {
+    fn k_row(&self, layer: usize, pos: usize) -> &[u16] {
         &self.k[layer][pos * self.kv_dim..(pos + 1) * self.kv_dim]
     }
 
-    /// V of position `pos` in `layer`, all KV heads.
-    pub fn v_row(&self, layer: usize, pos: usize) -> &[u16] {
+    fn v_row(&self, layer: usize, pos: usize) -> &[u16] {
         &self.v[layer][pos * self.kv_dim..(pos + 1) * self.kv_dim]
     }
 }

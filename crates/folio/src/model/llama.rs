@@ -1,13 +1,14 @@
 //! The llama-family forward pass over a contiguous KV cache: a batch of a sequence's new
 //! tokens (a whole prompt in one matrix pass, or one decode token) in, logits out.
 
-use super::cache::BasicCache;
+use super::cache::{BasicCache, KvCache};
 use super::config::Config;
 use super::ops;
 use super::weights::Weights;
 use crate::error::{ModelError, RunError};
 use crate::gguf::Gguf;
 use crate::kernels::{self, matmul, Activations, Isa, ThreadPool};
+use crate::kv::PagedKv;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Mutex;
@@ -28,12 +29,15 @@ pub struct Model {
     weights: Weights,
     pool: ThreadPool,
     isa: Isa,
+    fingerprint: [u8; 16],
 }
 
 impl Model {
     /// Loads a GGUF model; `threads` = 0 means all cores.
     pub fn load(path: &Path, threads: usize) -> Result<Self, ModelError> {
         let g = Gguf::open(path)?;
+        // The whole file identifies the model (prefix hashes, snapshots).
+        let fingerprint = xxhash_rust::xxh3::xxh3_128(g.bytes()).to_le_bytes();
         let config = Config::from_gguf(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
         let weights = Weights::load(&g, &config)?;
@@ -52,6 +56,7 @@ impl Model {
             weights,
             pool: ThreadPool::new(threads),
             isa: kernels::isa(),
+            fingerprint,
         })
     }
 
@@ -65,6 +70,25 @@ impl Model {
         self.weights.bytes_per_token()
     }
 
+    /// A fingerprint of the model file.
+    pub fn fingerprint(&self) -> [u8; 16] {
+        self.fingerprint
+    }
+
+    /// A paged KV pool of `n_pages` pages of `page_size` tokens; no sequence in it grows
+    /// past `max_tokens` (capped at the model's context).
+    pub fn new_paged(&self, n_pages: usize, page_size: usize, max_tokens: usize) -> PagedKv {
+        let c = &self.config;
+        PagedKv::new(
+            n_pages,
+            page_size,
+            c.n_layers,
+            c.kv_dim(),
+            max_tokens.min(c.context_length),
+            &self.fingerprint,
+        )
+    }
+
     /// A contiguous KV cache for up to `capacity` tokens (capped at the model's context).
     pub fn new_cache(&self, capacity: usize) -> BasicCache {
         let c = &self.config;
@@ -73,9 +97,9 @@ impl Model {
 
     /// Runs `tokens` at the positions following what `cache` holds, stores their K/V and
     /// returns logits (`vocab` per requested position).
-    pub fn forward(
+    pub fn forward<C: KvCache + ?Sized>(
         &self,
-        cache: &mut BasicCache,
+        cache: &mut C,
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, RunError> {
@@ -87,8 +111,25 @@ impl Model {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
             return Err(RunError::BadToken(bad));
         }
-        cache.check_room(n)?;
         let pos0 = cache.len();
+        cache.begin(tokens)?;
+        let result = self.forward_begun(cache, tokens, pos0, want);
+        match &result {
+            Ok(_) => cache.finish()?,
+            Err(_) => cache.abort(n),
+        }
+        result
+    }
+
+    fn forward_begun<C: KvCache + ?Sized>(
+        &self,
+        cache: &mut C,
+        tokens: &[u32],
+        pos0: usize,
+        want: Logits,
+    ) -> Result<Vec<f32>, RunError> {
+        let c = &self.config;
+        let n = tokens.len();
         let (d, kv, f) = (c.dim, c.kv_dim(), c.ffn_dim);
         let w = &self.weights;
 
@@ -152,7 +193,6 @@ impl Model {
             matmul(&self.pool, self.isa, &mut act, &mut [(&l.w_down, &mut o)]);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         }
-        cache.push_tokens(tokens);
 
         let rows = match want {
             Logits::Last => &x[(n - 1) * d..],
@@ -179,7 +219,14 @@ impl Model {
     /// query rounded to f16, an online softmax over the keys in order, and the value
     /// accumulator kept in f16. SmolLM2's attention is sensitive enough that a more exact
     /// f32 accumulation lands further from llama.cpp than its own noise.
-    fn attention(&self, cache: &BasicCache, layer: usize, pos0: usize, q: &[f32], out: &mut [f32]) {
+    fn attention<C: KvCache + ?Sized>(
+        &self,
+        cache: &C,
+        layer: usize,
+        pos0: usize,
+        q: &[f32],
+        out: &mut [f32],
+    ) {
         let c = &self.config;
         let (hd, nh) = (c.head_dim, c.n_heads);
         let group = nh / c.n_kv_heads;

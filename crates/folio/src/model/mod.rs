@@ -7,7 +7,7 @@ mod ops;
 pub mod sampler;
 mod weights;
 
-pub use cache::BasicCache;
+pub use cache::{BasicCache, KvCache};
 pub use config::{Config, RopeStyle};
 pub use llama::{Logits, Model};
 pub use sampler::{Sampler, SamplingParams};

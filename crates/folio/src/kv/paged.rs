@@ -1,0 +1,195 @@
+//! The paged cache as the model sees it: a [`PagedKv`] pool (page store + K/V arena)
+//! shared by any number of sequences, and [`PagedSeq`], one sequence's view of it
+//! (its page table), which implements the model's [`KvCache`].
+
+use super::arena::KvArena;
+use super::hash::{Hasher128, PageHash};
+use super::store::{KvError, PageStore};
+use super::table::PageTable;
+use crate::error::RunError;
+use crate::model::KvCache;
+
+/// One pool of pages for all sequences of a model.
+pub struct PagedKv {
+    pub store: PageStore,
+    arena: KvArena,
+    root: PageHash,
+    /// The model's context length: no sequence grows past it.
+    max_tokens: usize,
+}
+
+impl PagedKv {
+    /// `n_pages` pages of `page_size` tokens for a model with `n_layers` layers of
+    /// `kv_dim`-wide K/V; `fingerprint` identifies the model in the prefix hashes.
+    pub fn new(
+        n_pages: usize,
+        page_size: usize,
+        n_layers: usize,
+        kv_dim: usize,
+        max_tokens: usize,
+        fingerprint: &[u8],
+    ) -> Self {
+        Self {
+            store: PageStore::new(n_pages, page_size),
+            arena: KvArena::new(n_pages, n_layers, page_size, kv_dim),
+            root: Hasher128::root(fingerprint, page_size, b""),
+            max_tokens,
+        }
+    }
+
+    /// An empty page table in this pool's chain (optionally salted per tenant).
+    pub fn new_table(&self, salt: Option<&[u8]>) -> PageTable {
+        match salt {
+            None => PageTable::new(self.root),
+            Some(s) => PageTable::new(Hasher128::root(&self.root.0.to_le_bytes(), 0, s)),
+        }
+    }
+
+    /// A sequence view of `table` for the forward pass.
+    pub fn seq<'a>(&'a mut self, table: &'a mut PageTable) -> PagedSeq<'a> {
+        PagedSeq { kv: self, table }
+    }
+
+    /// Forks a table (committed pages shared, the partial page and its K/V copied).
+    pub fn fork(&mut self, t: &PageTable) -> Result<PageTable, KvError> {
+        let f = self.store.fork(t)?;
+        self.apply_copies();
+        Ok(f)
+    }
+
+    /// Releases a table's pages.
+    pub fn release(&mut self, t: PageTable) -> Result<(), KvError> {
+        self.store.release_table(t)
+    }
+
+    fn apply_copies(&mut self) {
+        for (src, dst, n) in self.store.copies.drain(..) {
+            self.arena.copy_slots(src.0, dst.0, n);
+        }
+    }
+}
+
+/// One sequence of a [`PagedKv`].
+pub struct PagedSeq<'a> {
+    kv: &'a mut PagedKv,
+    table: &'a mut PageTable,
+}
+
+fn out_of_pages(e: KvError) -> RunError {
+    RunError::Kv(e.to_string())
+}
+
+impl PagedSeq<'_> {
+    fn page_slot(&self, pos: usize) -> (u32, usize) {
+        let ps = self.kv.store.page_size();
+        (self.table.pages[pos / ps].0, pos % ps)
+    }
+}
+
+impl KvCache for PagedSeq<'_> {
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn capacity(&self) -> usize {
+        self.kv.max_tokens
+    }
+
+    fn tokens(&self) -> Vec<u32> {
+        self.kv.store.read_tokens(self.table).unwrap_or_default()
+    }
+
+    fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
+        let have = self.tokens();
+        let common = have.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let keep = common.min(prompt.len().saturating_sub(1));
+        self.truncate(keep);
+        // Past what this sequence held, the index may hold more full pages of the prompt
+        // (another request's): attach them by reference instead of recomputing.
+        let ps = self.kv.store.page_size();
+        let store = &mut self.kv.store;
+        while self.table.len().is_multiple_of(ps) && self.table.len() + ps < prompt.len() {
+            let chunk = &prompt[self.table.len()..self.table.len() + ps];
+            let Some(p) = store.lookup(self.table.tail_hash(), chunk) else {
+                break;
+            };
+            if store.retain(p).is_err() {
+                break;
+            }
+            let h = store
+                .hash(p)
+                .ok()
+                .flatten()
+                .expect("indexed pages have a hash");
+            self.table.pages.push(p);
+            self.table.hashes.push(h);
+            self.table.len += ps;
+            store.stats.prefix_hit_pages += 1;
+        }
+        self.table.len()
+    }
+
+    fn begin(&mut self, tokens: &[u32]) -> Result<(), RunError> {
+        let len = self.table.len();
+        if len + tokens.len() > self.kv.max_tokens {
+            return Err(RunError::ContextFull {
+                pos: len + tokens.len() - 1,
+                capacity: self.kv.max_tokens,
+            });
+        }
+        for (i, &t) in tokens.iter().enumerate() {
+            if let Err(e) = self.kv.store.push(self.table, t) {
+                // All or nothing: give back what this call took.
+                self.kv
+                    .store
+                    .truncate(self.table, i)
+                    .map_err(out_of_pages)?;
+                return Err(out_of_pages(e));
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), RunError> {
+        if pos >= self.table.len() {
+            return Err(RunError::ContextFull {
+                pos,
+                capacity: self.table.len(),
+            });
+        }
+        let (page, slot) = self.page_slot(pos);
+        self.kv.arena.write(page, layer, slot, k, v);
+        Ok(())
+    }
+
+    fn k_row(&self, layer: usize, pos: usize) -> &[u16] {
+        let (page, slot) = self.page_slot(pos);
+        self.kv.arena.k_row(page, layer, slot)
+    }
+
+    fn v_row(&self, layer: usize, pos: usize) -> &[u16] {
+        let (page, slot) = self.page_slot(pos);
+        self.kv.arena.v_row(page, layer, slot)
+    }
+
+    fn finish(&mut self) -> Result<(), RunError> {
+        self.kv.store.commit_full(self.table).map_err(out_of_pages)
+    }
+
+    fn abort(&mut self, n: usize) {
+        let _ = self.kv.store.truncate(self.table, n);
+        self.kv.apply_copies();
+    }
+
+    fn truncate(&mut self, len: usize) {
+        let n = self.table.len().saturating_sub(len);
+        if self.kv.store.truncate(self.table, n).is_err() {
+            // No page for the copy-on-write of a committed last page: drop that whole
+            // page instead (the caller recomputes from there).
+            let ps = self.kv.store.page_size();
+            let n = self.table.len() - len / ps * ps;
+            let _ = self.kv.store.truncate(self.table, n);
+        }
+        self.kv.apply_copies();
+    }
+}

@@ -1,0 +1,133 @@
+//! The paged cache under the model, against the contiguous oracle: identical logits and
+//! greedy tokens at every page size, cold and warm prefix cache; prefix pages shared
+//! between prompts; a pool too small is an error, not a crash.
+
+use folio::error::RunError;
+use folio::generate::{generate, GenerateParams};
+use folio::gguf::GgmlType;
+use folio::model::{KvCache, Logits, Model};
+
+fn tiny() -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    folio::tiny::write_model(&path, 11, GgmlType::Q4_1).unwrap();
+    let m = Model::load(&path, 2).unwrap();
+    (dir, m)
+}
+
+fn prompt(m: &Model, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + 5) % m.config.vocab as u32)
+        .collect()
+}
+
+#[test]
+fn paged_logits_equal_the_basic_cache_at_every_page_size() {
+    let (_d, m) = tiny();
+    let toks = prompt(&m, 70);
+    let mut basic = m.new_cache(128);
+    let want = m.forward(&mut basic, &toks, Logits::All).unwrap();
+    for ps in [1, 3, 16, 64] {
+        let mut kv = m.new_paged(256, ps, 512);
+        let mut t = kv.new_table(None);
+        // Whole, then in uneven chunks, then token by token: always the same bits.
+        let got = m.forward(&mut kv.seq(&mut t), &toks, Logits::All).unwrap();
+        assert_eq!(got, want, "page size {ps}, one pass");
+        let mut t2 = kv.new_table(None);
+        let v = m.config.vocab;
+        let mut at = 0;
+        for chunk in toks.chunks(ps + 2) {
+            let l = m.forward(&mut kv.seq(&mut t2), chunk, Logits::All).unwrap();
+            assert_eq!(
+                l[..],
+                want[at * v..(at + chunk.len()) * v],
+                "page size {ps}, chunked"
+            );
+            at += chunk.len();
+        }
+        // The second table deduplicated its full pages against the first one's.
+        assert_eq!(
+            t2.pages()[..t2.num_committed()],
+            t.pages()[..t.num_committed()]
+        );
+    }
+}
+
+#[test]
+fn a_warm_prefix_is_attached_not_recomputed_and_gives_the_same_tokens() {
+    let (_d, m) = tiny();
+    let params = GenerateParams {
+        max_tokens: 10,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let long = prompt(&m, 100);
+    let mut basic = m.new_cache(256);
+    let want = generate(&m, &mut basic, &long, &params, &mut |_| {}).unwrap();
+    for ps in [1, 16, 64] {
+        // Room for three sequences of 110 tokens (the tenant one shares nothing).
+        let mut kv = m.new_paged(3 * 110usize.div_ceil(ps) + 2, ps, 512);
+        let mut a = kv.new_table(None);
+        let cold = generate(&m, &mut kv.seq(&mut a), &long, &params, &mut |_| {}).unwrap();
+        assert_eq!(cold.ids, want.ids, "page size {ps}, cold");
+        assert_eq!(cold.stats.prefix_hit_tokens, 0);
+        // Another request, same prompt: every full page of it comes from the index.
+        let mut b = kv.new_table(None);
+        let warm = generate(&m, &mut kv.seq(&mut b), &long, &params, &mut |_| {}).unwrap();
+        assert_eq!(warm.ids, want.ids, "page size {ps}, warm");
+        assert_eq!(
+            warm.stats.prefix_hit_tokens,
+            (long.len() - 1) / ps * ps,
+            "page size {ps}"
+        );
+        assert!(kv.store.num_shared() > 0 || ps == 64);
+        // A tenant with its own salt shares nothing.
+        let mut c = kv.new_table(Some(b"tenant-b"));
+        let other = generate(&m, &mut kv.seq(&mut c), &long, &params, &mut |_| {}).unwrap();
+        assert_eq!(other.stats.prefix_hit_tokens, 0);
+        assert_eq!(other.ids, want.ids);
+    }
+}
+
+#[test]
+fn fork_and_truncate_keep_sequences_apart() {
+    let (_d, m) = tiny();
+    let toks = prompt(&m, 40);
+    let mut kv = m.new_paged(64, 16, 512);
+    let mut a = kv.new_table(None);
+    m.forward(&mut kv.seq(&mut a), &toks[..30], Logits::Last)
+        .unwrap();
+    let mut b = kv.fork(&a).unwrap();
+    // Continue both differently; each must equal a fresh basic-cache run of its tokens.
+    let la = m
+        .forward(&mut kv.seq(&mut a), &toks[30..], Logits::Last)
+        .unwrap();
+    kv.seq(&mut b).truncate(20); // crosses into the committed page 16..32: copied, not cut
+    let lb = m
+        .forward(&mut kv.seq(&mut b), &[1, 2, 3], Logits::Last)
+        .unwrap();
+    let mut basic = m.new_cache(64);
+    assert_eq!(la, m.forward(&mut basic, &toks, Logits::Last).unwrap());
+    let mut basic = m.new_cache(64);
+    let mut bt = toks[..20].to_vec();
+    bt.extend([1, 2, 3]);
+    assert_eq!(lb, m.forward(&mut basic, &bt, Logits::Last).unwrap());
+    kv.release(a).unwrap();
+    kv.release(b).unwrap();
+    assert_eq!(kv.store.count(folio::kv::PageState::Working), 0);
+}
+
+#[test]
+fn an_exhausted_pool_is_an_error_that_leaves_the_sequence_intact() {
+    let (_d, m) = tiny();
+    let mut kv = m.new_paged(2, 16, 512);
+    let mut t = kv.new_table(None);
+    m.forward(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
+        .unwrap();
+    let err = m
+        .forward(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
+        .unwrap_err();
+    assert!(matches!(err, RunError::Kv(_)), "{err}");
+    assert_eq!(kv.seq(&mut t).len(), 20);
+    assert_eq!(kv.seq(&mut t).tokens(), prompt(&m, 20));
+}
