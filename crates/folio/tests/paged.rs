@@ -131,3 +131,79 @@ fn an_exhausted_pool_is_an_error_that_leaves_the_sequence_intact() {
     assert_eq!(kv.seq(&mut t).len(), 20);
     assert_eq!(kv.seq(&mut t).tokens(), prompt(&m, 20));
 }
+
+#[test]
+fn snapshots_are_pinned_restored_from_disk_and_checked() {
+    use folio::kv::{PagedKv, SnapshotError};
+    let (_d, m) = tiny();
+    let toks = prompt(&m, 45);
+    let dir = tempfile::tempdir().unwrap();
+    let mut kv = m.new_paged(12, 8, 512);
+    assert_eq!(kv.open_snapshot_dir(dir.path()).unwrap().0.len(), 0);
+    let mut t = kv.new_table(None);
+    m.forward(&mut kv.seq(&mut t), &toks[..40], Logits::Last)
+        .unwrap();
+    kv.save("agent-1", &t).unwrap();
+    kv.release(t).unwrap();
+    // Pressure: other work takes every page it can; the snapshot's pages stay.
+    let mut other = kv.new_table(None);
+    let _ = m.forward(&mut kv.seq(&mut other), &prompt(&m, 90)[45..], Logits::Last);
+    kv.release(other).unwrap();
+    let continued = |kv: &mut PagedKv| {
+        let mut s = kv.load("agent-1").unwrap();
+        let l = m
+            .forward(&mut kv.seq(&mut s), &toks[40..], Logits::Last)
+            .unwrap();
+        kv.release(s).unwrap();
+        l
+    };
+    let mut basic = m.new_cache(64);
+    let want = m.forward(&mut basic, &toks, Logits::Last).unwrap();
+    assert_eq!(continued(&mut kv), want);
+
+    // A restart: a new pool restores the snapshot from disk, same logits.
+    let mut kv2 = m.new_paged(12, 8, 512);
+    let (names, skipped) = kv2.open_snapshot_dir(dir.path()).unwrap();
+    assert_eq!((names, skipped.len()), (vec!["agent-1".to_string()], 0));
+    assert_eq!(continued(&mut kv2), want);
+
+    // Corrupt and foreign files are reported and skipped, never loaded.
+    let file = dir.path().join("agent-1.snap");
+    let mut bytes = std::fs::read(&file).unwrap();
+    std::fs::write(dir.path().join("copy.snap"), &bytes).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(dir.path().join("broken.snap"), &bytes).unwrap();
+    let mut kv3 = m.new_paged(12, 8, 512);
+    let (names, skipped) = kv3.open_snapshot_dir(dir.path()).unwrap();
+    assert_eq!(names, vec!["agent-1".to_string(), "copy".to_string()]);
+    assert!(
+        matches!(&skipped[..], [SnapshotError::Corrupt { reason, .. }] if reason == "checksum mismatch")
+    );
+    let mut foreign = PagedKv::new(
+        12,
+        8,
+        m.config.n_layers,
+        m.config.kv_dim(),
+        512,
+        b"another model",
+    );
+    let (names, skipped) = foreign.open_snapshot_dir(dir.path()).unwrap();
+    assert!(names.is_empty() && skipped.len() == 3);
+
+    // Names, deletion.
+    let t = kv.new_table(None);
+    assert!(matches!(
+        kv.save("../escape", &t),
+        Err(SnapshotError::BadName(_))
+    ));
+    kv.delete("agent-1").unwrap();
+    assert!(!file.exists());
+    assert!(matches!(
+        kv.load("agent-1"),
+        Err(SnapshotError::NotFound(_))
+    ));
+    assert!(matches!(
+        kv.delete("agent-1"),
+        Err(SnapshotError::NotFound(_))
+    ));
+}

@@ -53,6 +53,31 @@ impl KvArena {
         }
     }
 
+    /// All layers' K then V rows of `slot` in `page`, appended to `out` (snapshots).
+    pub fn read_slot(&self, page: u32, slot: usize, out: &mut Vec<u16>) {
+        for layer in 0..self.n_layers {
+            out.extend_from_slice(self.k_row(page, layer, slot));
+            out.extend_from_slice(self.v_row(page, layer, slot));
+        }
+    }
+
+    /// The inverse of [`KvArena::read_slot`]; `data` is `n_layers · 2 · kv_dim` halves.
+    pub fn write_slot(&mut self, page: u32, slot: usize, data: &[u16]) {
+        let d = self.kv_dim;
+        for layer in 0..self.n_layers {
+            for (j, v) in [false, true].into_iter().enumerate() {
+                let at = self.at(page, layer, v, slot);
+                let src = &data[(layer * 2 + j) * d..(layer * 2 + j + 1) * d];
+                self.data[at..at + d].copy_from_slice(src);
+            }
+        }
+    }
+
+    /// Halves per slot across all layers, K and V.
+    pub fn slot_halves(&self) -> usize {
+        self.n_layers * 2 * self.kv_dim
+    }
+
     /// Copies the first `n` slots of every layer's K and V from page `src` to `dst`.
     pub fn copy_slots(&mut self, src: u32, dst: u32, n: usize) {
         for layer in 0..self.n_layers {

@@ -25,6 +25,7 @@ mod arena;
 mod hash;
 mod paged;
 mod seq;
+mod snapshot;
 mod store;
 mod table;
 
@@ -34,5 +35,6 @@ mod tests;
 pub use arena::KvArena;
 pub use hash::{Hasher128, PageHash};
 pub use paged::{PagedKv, PagedSeq};
+pub use snapshot::SnapshotError;
 pub use store::{KvError, PageId, PageState, PageStore, Stats};
 pub use table::PageTable;

@@ -12,10 +12,13 @@ use crate::model::KvCache;
 /// One pool of pages for all sequences of a model.
 pub struct PagedKv {
     pub store: PageStore,
-    arena: KvArena,
+    pub(crate) arena: KvArena,
     root: PageHash,
     /// The model's context length: no sequence grows past it.
     max_tokens: usize,
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) snapshots: std::collections::HashMap<String, PageTable>,
+    pub(crate) snapshot_dir: Option<std::path::PathBuf>,
 }
 
 impl PagedKv {
@@ -34,6 +37,14 @@ impl PagedKv {
             arena: KvArena::new(n_pages, n_layers, page_size, kv_dim),
             root: Hasher128::root(fingerprint, page_size, b""),
             max_tokens,
+            fingerprint: fingerprint
+                .iter()
+                .copied()
+                .chain(std::iter::repeat(0))
+                .take(16)
+                .collect(),
+            snapshots: Default::default(),
+            snapshot_dir: None,
         }
     }
 
@@ -62,7 +73,7 @@ impl PagedKv {
         self.store.release_table(t)
     }
 
-    fn apply_copies(&mut self) {
+    pub(crate) fn apply_copies(&mut self) {
         for (src, dst, n) in self.store.copies.drain(..) {
             self.arena.copy_slots(src.0, dst.0, n);
         }

@@ -1,0 +1,251 @@
+//! Named snapshots: `save` pins a sequence's pages under a name (they outlive the
+//! sequence and are never evicted), `load` gives a new sequence sharing them, `delete`
+//! unpins. With a snapshot directory each snapshot is also a file, written atomically
+//! (temp file, fsync, rename), checksummed and tagged with the model fingerprint; files
+//! are restored at start, and a corrupt or foreign one is reported and skipped.
+//!
+//! File format (little-endian): magic `FOLIOSNP`, version u32, fingerprint [u8; 16],
+//! page_size u32, slot_halves u32, n_tokens u64, tokens [u32], then for every token
+//! its K/V halves [u16; slot_halves], then xxh3-128 of everything before it.
+
+use super::paged::PagedKv;
+use super::table::PageTable;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+const MAGIC: &[u8; 8] = b"FOLIOSNP";
+const VERSION: u32 = 1;
+
+/// What can go wrong with a snapshot.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    #[error("no snapshot named {0:?}")]
+    NotFound(String),
+    #[error("snapshot name {0:?}: use letters, digits, '-', '_' and '.' (1 to 128 of them)")]
+    BadName(String),
+    #[error("{0}")]
+    Kv(#[from] super::store::KvError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+fn check_name(name: &str) -> Result<(), SnapshotError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(SnapshotError::BadName(name.into()))
+    }
+}
+
+impl PagedKv {
+    /// Pins `table`'s pages under `name` (replacing an earlier snapshot of that name)
+    /// and, with a snapshot directory, writes it to disk.
+    pub fn save(&mut self, name: &str, table: &PageTable) -> Result<(), SnapshotError> {
+        check_name(name)?;
+        let pinned = self.fork(table)?;
+        if let Some(dir) = self.snapshot_dir.clone() {
+            if let Err(e) = self.write_file(&dir, name, &pinned) {
+                self.release(pinned)?;
+                return Err(e);
+            }
+        }
+        if let Some(old) = self.snapshots.insert(name.to_string(), pinned) {
+            self.release(old)?;
+        }
+        Ok(())
+    }
+
+    /// A new sequence sharing the snapshot's pages.
+    pub fn load(&mut self, name: &str) -> Result<PageTable, SnapshotError> {
+        let t = self
+            .snapshots
+            .get(name)
+            .ok_or_else(|| SnapshotError::NotFound(name.into()))?
+            .clone();
+        Ok(self.fork(&t)?)
+    }
+
+    /// Unpins a snapshot and removes its file.
+    pub fn delete(&mut self, name: &str) -> Result<(), SnapshotError> {
+        let t = self
+            .snapshots
+            .remove(name)
+            .ok_or_else(|| SnapshotError::NotFound(name.into()))?;
+        self.release(t)?;
+        if let Some(dir) = &self.snapshot_dir {
+            let path = dir.join(format!("{name}.snap"));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(SnapshotError::Io { path, source }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Names of the snapshots held, sorted.
+    pub fn snapshot_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.snapshots.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Keeps snapshots in `dir` from now on, and restores the ones already there.
+    /// Returns what was restored and, separately, each file that was skipped and why.
+    pub fn open_snapshot_dir(
+        &mut self,
+        dir: &Path,
+    ) -> Result<(Vec<String>, Vec<SnapshotError>), SnapshotError> {
+        let io = |source| SnapshotError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        self.snapshot_dir = Some(dir.to_path_buf());
+        let mut names = Vec::new();
+        let mut skipped = Vec::new();
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(io)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+            .collect();
+        entries.sort();
+        for path in entries {
+            match self.read_file(&path) {
+                Ok((name, table)) => {
+                    if let Some(old) = self.snapshots.insert(name.clone(), table) {
+                        self.release(old)?;
+                    }
+                    names.push(name);
+                }
+                Err(e) => {
+                    tracing::warn!("skipping snapshot: {e}");
+                    skipped.push(e);
+                }
+            }
+        }
+        Ok((names, skipped))
+    }
+
+    fn write_file(&self, dir: &Path, name: &str, t: &PageTable) -> Result<(), SnapshotError> {
+        let tokens = self.store.read_tokens(t)?;
+        let ps = self.store.page_size();
+        let mut b = Vec::new();
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&self.fingerprint);
+        b.extend_from_slice(&(ps as u32).to_le_bytes());
+        b.extend_from_slice(&(self.arena.slot_halves() as u32).to_le_bytes());
+        b.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
+        for tok in &tokens {
+            b.extend_from_slice(&tok.to_le_bytes());
+        }
+        let mut slot = Vec::new();
+        for pos in 0..tokens.len() {
+            slot.clear();
+            self.arena
+                .read_slot(t.pages[pos / ps].0, pos % ps, &mut slot);
+            for h in &slot {
+                b.extend_from_slice(&h.to_le_bytes());
+            }
+        }
+        b.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(&b).to_le_bytes());
+        let path = dir.join(format!("{name}.snap"));
+        let tmp = dir.join(format!(".{name}.snap.tmp"));
+        let io = |source| SnapshotError::Io {
+            path: path.clone(),
+            source,
+        };
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp).map_err(io)?;
+            f.write_all(&b).map_err(io)?;
+            f.sync_all().map_err(io)?;
+        }
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    fn read_file(&mut self, path: &Path) -> Result<(String, PageTable), SnapshotError> {
+        let corrupt = |reason: &str| SnapshotError::Corrupt {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        };
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .ok_or_else(|| corrupt("the file name is not a snapshot name"))?
+            .to_string();
+        check_name(&name).map_err(|_| corrupt("the file name is not a snapshot name"))?;
+        let b = std::fs::read(path).map_err(|source| SnapshotError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let head = 8 + 4 + 16 + 4 + 4 + 8;
+        if b.len() < head + 16 {
+            return Err(corrupt("truncated"));
+        }
+        let (body, sum) = b.split_at(b.len() - 16);
+        if xxhash_rust::xxh3::xxh3_128(body).to_le_bytes() != sum {
+            return Err(corrupt("checksum mismatch"));
+        }
+        if &body[..8] != MAGIC {
+            return Err(corrupt("not a folio snapshot"));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4 bytes"));
+        if u32_at(8) != VERSION {
+            return Err(corrupt("unknown snapshot version"));
+        }
+        if body[12..28] != self.fingerprint {
+            return Err(corrupt("made with another model"));
+        }
+        let ps = self.store.page_size();
+        if u32_at(28) as usize != ps || u32_at(32) as usize != self.arena.slot_halves() {
+            return Err(corrupt("made with another page size or model shape"));
+        }
+        let n = u64::from_le_bytes(body[36..44].try_into().expect("8 bytes")) as usize;
+        let halves = self.arena.slot_halves();
+        let want = n
+            .checked_mul(4 + 2 * halves)
+            .and_then(|x| x.checked_add(head))
+            .ok_or_else(|| corrupt("size overflows"))?;
+        if body.len() != want {
+            return Err(corrupt("length does not match its token count"));
+        }
+        let tokens: Vec<u32> = body[head..head + 4 * n]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        let mut t = self.new_table(None);
+        let kv_at = head + 4 * n;
+        let mut slot = vec![0u16; halves];
+        for (pos, &tok) in tokens.iter().enumerate() {
+            if let Err(e) = self.store.push(&mut t, tok) {
+                self.release(t)?;
+                return Err(e.into());
+            }
+            for (i, h) in slot.iter_mut().enumerate() {
+                let at = kv_at + (pos * halves + i) * 2;
+                *h = u16::from_le_bytes([body[at], body[at + 1]]);
+            }
+            self.arena.write_slot(t.pages[pos / ps].0, pos % ps, &slot);
+        }
+        self.store.commit_full(&mut t)?;
+        Ok((name, t))
+    }
+}
