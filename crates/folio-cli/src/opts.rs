@@ -63,7 +63,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// The KV cache of one sequence, of the kind the flags chose.
 pub enum Cache {
     Basic(BasicCache),
-    Paged(PagedKv, PageTable),
+    Paged(Box<PagedKv>, PageTable),
 }
 
 impl Cache {
@@ -117,7 +117,7 @@ impl ModelArgs {
                 );
                 let kv = model.new_paged(pages, self.page_size, self.ctx);
                 let table = kv.new_table(None);
-                Cache::Paged(kv, table)
+                Cache::Paged(Box::new(kv), table)
             }
         })
     }
