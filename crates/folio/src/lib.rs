@@ -15,5 +15,6 @@ pub mod gguf;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod rng;
 pub mod tiny;
 pub mod tokenizer;

@@ -5,6 +5,7 @@
 
 use crate::gguf::{GgmlType, GgufWriter, Value};
 use crate::kernels::quant::f32_to_f16;
+use crate::rng::SplitMix64;
 
 /// Shape of the tiny model.
 pub const DIM: u64 = 64;
@@ -14,44 +15,32 @@ pub const KV_HEADS: u32 = 2;
 pub const LAYERS: u32 = 2;
 pub const CONTEXT: u32 = 512;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
 /// Random weight bytes of `rows` × `cols` in `ty` (F32, F16, Q4_1 or Q8_0).
-fn weights(rng: &mut Rng, ty: GgmlType, rows: u64, cols: u64) -> Vec<u8> {
+fn weights(rng: &mut SplitMix64, ty: GgmlType, rows: u64, cols: u64) -> Vec<u8> {
     let n = (rows * cols) as usize;
     match ty {
-        GgmlType::F32 => (0..n).flat_map(|_| (rng.f() * 0.2).to_le_bytes()).collect(),
+        GgmlType::F32 => (0..n)
+            .flat_map(|_| (rng.signed_f32() * 0.2).to_le_bytes())
+            .collect(),
         GgmlType::F16 => (0..n)
-            .flat_map(|_| f32_to_f16(rng.f() * 0.2).to_le_bytes())
+            .flat_map(|_| f32_to_f16(rng.signed_f32() * 0.2).to_le_bytes())
             .collect(),
         GgmlType::Q4_1 => (0..n / 32)
             .flat_map(|_| {
-                let mut b = f32_to_f16(0.02 + rng.f().abs() * 0.02)
+                let mut b = f32_to_f16(0.02 + rng.signed_f32().abs() * 0.02)
                     .to_le_bytes()
                     .to_vec();
                 b.extend(f32_to_f16(-0.15).to_le_bytes());
-                b.extend((0..16).map(|_| rng.next() as u8));
+                b.extend((0..16).map(|_| rng.next_u64() as u8));
                 b
             })
             .collect(),
         GgmlType::Q8_0 => (0..n / 32)
             .flat_map(|_| {
-                let mut b = f32_to_f16(0.002 + rng.f().abs() * 0.002)
+                let mut b = f32_to_f16(0.002 + rng.signed_f32().abs() * 0.002)
                     .to_le_bytes()
                     .to_vec();
-                b.extend((0..32).map(|_| (rng.next() % 255) as u8));
+                b.extend((0..32).map(|_| (rng.next_u64() % 255) as u8));
                 b
             })
             .collect(),
@@ -61,7 +50,7 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: u64, cols: u64) -> Vec<u8> {
 
 /// The GGUF bytes of a tiny model with matrices of type `ty`.
 pub fn model_bytes(seed: u64, ty: GgmlType) -> Vec<u8> {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let byte_char = crate::tokenizer::byte_to_char();
     let mut tokens: Vec<String> = byte_char.iter().map(|c| c.to_string()).collect();
     let merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"];
@@ -105,9 +94,9 @@ pub fn model_bytes(seed: u64, ty: GgmlType) -> Vec<u8> {
         .meta("tokenizer.ggml.eos_token_id", Value::U32(vocab as u32 - 1))
         .meta("tokenizer.ggml.add_bos_token", Value::Bool(false))
         .meta("tokenizer.chat_template", s(crate::tokenizer::CHATML));
-    let norm = |rng: &mut Rng| -> Vec<u8> {
+    let norm = |rng: &mut SplitMix64| -> Vec<u8> {
         (0..DIM)
-            .flat_map(|_| (1.0 + rng.f() * 0.1).to_le_bytes())
+            .flat_map(|_| (1.0 + rng.signed_f32() * 0.1).to_le_bytes())
             .collect()
     };
     let kv = DIM / HEADS as u64 * KV_HEADS as u64;
@@ -118,7 +107,7 @@ pub fn model_bytes(seed: u64, ty: GgmlType) -> Vec<u8> {
         weights(&mut rng, GgmlType::Q8_0, vocab, DIM),
     );
     for l in 0..LAYERS {
-        let mut t = |name: &str, cols: u64, rows: u64, rng: &mut Rng| {
+        let mut t = |name: &str, cols: u64, rows: u64, rng: &mut SplitMix64| {
             w.tensor(
                 &format!("blk.{l}.{name}"),
                 &[cols, rows],

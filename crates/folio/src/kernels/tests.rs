@@ -5,41 +5,34 @@ use super::matmul::{matmul, Activations, QMatrix};
 use super::quant::*;
 use super::{detect, scalar, Isa, ThreadPool};
 use crate::gguf::GgmlType;
-
-/// A tiny deterministic generator (splitmix64) so tests need no rand crate.
-pub(crate) struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    pub fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
+use crate::rng::SplitMix64;
 
 /// Random but well-formed weight bytes: random quants, finite modest scales.
-pub(crate) fn random_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+pub(crate) fn random_weights(
+    rng: &mut SplitMix64,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> Vec<u8> {
     let n = rows * cols;
-    let h = |rng: &mut Rng, s: f32| f32_to_f16(rng.f() * s).to_le_bytes();
+    let h = |rng: &mut SplitMix64, s: f32| f32_to_f16(rng.signed_f32() * s).to_le_bytes();
     match ty {
-        GgmlType::F32 => (0..n).flat_map(|_| rng.f().to_le_bytes()).collect(),
+        GgmlType::F32 => (0..n)
+            .flat_map(|_| rng.signed_f32().to_le_bytes())
+            .collect(),
         GgmlType::F16 => (0..n).flat_map(|_| h(rng, 1.0)).collect(),
         GgmlType::BF16 => (0..n)
-            .flat_map(|_| half::bf16::from_f32(rng.f()).to_bits().to_le_bytes())
+            .flat_map(|_| {
+                half::bf16::from_f32(rng.signed_f32())
+                    .to_bits()
+                    .to_le_bytes()
+            })
             .collect(),
         _ => {
             let (be, bb) = ty.block_layout();
             let mut out = Vec::new();
             for _ in 0..n / be as usize {
-                let mut b = rng.bytes(bb as usize);
+                let mut b: Vec<u8> = (0..bb).map(|_| rng.next_u64() as u8).collect();
                 let scales: &[usize] = match ty {
                     GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
                     GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
@@ -82,11 +75,11 @@ fn simd_matches_scalar_on_random_data() {
         eprintln!("no SIMD on this CPU: nothing to compare");
         return;
     }
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64(7);
     let (rows, cols, n) = (13, 512, 5);
     for ty in TYPES {
         let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
-        let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
         let a = run(Isa::Scalar, &w, &x, n, 1);
         let b = run(detect(), &w, &x, n, 2);
         // Magnitude of the terms, for a tolerance relative to what was summed.
@@ -111,11 +104,11 @@ fn simd_matches_scalar_on_random_data() {
 
 #[test]
 fn quantized_dot_is_close_to_the_dequantized_dot() {
-    let mut rng = Rng(11);
+    let mut rng = SplitMix64(11);
     let (rows, cols) = (4, 512);
     for ty in TYPES {
         let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
-        let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+        let x: Vec<f32> = (0..cols).map(|_| rng.signed_f32()).collect();
         let got = run(Isa::Scalar, &w, &x, 1, 1);
         let mut deq = vec![0f32; cols];
         for (r, &g) in got.iter().enumerate() {
@@ -133,11 +126,11 @@ fn quantized_dot_is_close_to_the_dequantized_dot() {
 
 #[test]
 fn matmul_results_do_not_depend_on_batch_or_threads() {
-    let mut rng = Rng(3);
+    let mut rng = SplitMix64(3);
     let (rows, cols, n) = (22, 256, 7);
     for ty in TYPES {
         let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
-        let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32()).collect();
         let all = run(detect(), &w, &x, n, 2);
         for t in 0..n {
             let alone = run(detect(), &w, &x[t * cols..(t + 1) * cols], 1, 1);
@@ -152,15 +145,15 @@ fn matmul_results_do_not_depend_on_batch_or_threads() {
 
 #[test]
 fn f16_helpers_match_scalar() {
-    let mut rng = Rng(5);
+    let mut rng = SplitMix64(5);
     for n in [1, 7, 8, 64, 100, 131] {
-        let w: Vec<u16> = (0..n).map(|_| f32_to_f16(rng.f())).collect();
-        let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+        let w: Vec<u16> = (0..n).map(|_| f32_to_f16(rng.signed_f32())).collect();
+        let x: Vec<f32> = (0..n).map(|_| rng.signed_f32()).collect();
         let a = scalar::dot_f16(&w, &x);
         let b = super::dot_f16(detect(), &w, &x);
         assert_eq!(a.to_bits(), b.to_bits(), "dot_f16 n={n}: {a} vs {b}");
         // Both paths fuse the multiply-add and round once to f16: bit-identical.
-        let mut y1: Vec<u16> = (0..n).map(|_| f32_to_f16(rng.f())).collect();
+        let mut y1: Vec<u16> = (0..n).map(|_| f32_to_f16(rng.signed_f32())).collect();
         let mut y2 = y1.clone();
         scalar::mad_f16(&mut y1, &w, 0.37);
         super::mad_f16(detect(), &mut y2, &w, 0.37);
@@ -173,8 +166,8 @@ fn f16_helpers_match_scalar() {
 
 #[test]
 fn q8_quantization_round_trips() {
-    let mut rng = Rng(9);
-    let x: Vec<f32> = (0..256).map(|_| rng.f() * 4.0).collect();
+    let mut rng = SplitMix64(9);
+    let x: Vec<f32> = (0..256).map(|_| rng.signed_f32() * 4.0).collect();
     let mut q = vec![
         BlockQ8 {
             d: 0.0,
@@ -205,13 +198,13 @@ fn q8_quantization_round_trips() {
 
 #[test]
 fn swiglu_simd_is_bit_identical_and_exp_is_accurate() {
-    let mut rng = Rng(13);
-    let mut xs: Vec<f32> = (0..4000).map(|_| rng.f() * 30.0).collect();
+    let mut rng = SplitMix64(13);
+    let mut xs: Vec<f32> = (0..4000).map(|_| rng.signed_f32() * 30.0).collect();
     xs.extend([
         0.0, -0.0, 88.0, -87.0, 100.0, -100.0, 150.0, -150.0, 200.0, -200.0,
     ]);
     xs.extend((0..6).map(|i| i as f32 * 0.5));
-    let up: Vec<f32> = (0..xs.len()).map(|_| rng.f()).collect();
+    let up: Vec<f32> = (0..xs.len()).map(|_| rng.signed_f32()).collect();
     let (mut a, mut b) = (xs.clone(), xs.clone());
     scalar::swiglu(&mut a, &up);
     super::swiglu(detect(), &mut b, &up);
@@ -231,8 +224,8 @@ fn swiglu_simd_is_bit_identical_and_exp_is_accurate() {
 
 #[test]
 fn q8_quantization_is_identical_on_every_path() {
-    let mut rng = Rng(17);
-    let mut x: Vec<f32> = (0..32 * 64).map(|_| rng.f() * 10.0).collect();
+    let mut rng = SplitMix64(17);
+    let mut x: Vec<f32> = (0..32 * 64).map(|_| rng.signed_f32() * 10.0).collect();
     x[40] = 0.5; // exact ties round to even on both paths
     x[64..96].fill(0.0);
     let zero = BlockQ8 {
@@ -253,13 +246,17 @@ fn q8_quantization_is_identical_on_every_path() {
 
 #[test]
 fn attention_simd_is_bit_identical_to_scalar() {
-    let mut rng = Rng(21);
+    let mut rng = SplitMix64(21);
     let n = 300;
-    let k: Vec<u16> = (0..n * 64).map(|_| f32_to_f16(rng.f() * 2.0)).collect();
-    let v: Vec<u16> = (0..n * 64).map(|_| f32_to_f16(rng.f() * 3.0)).collect();
+    let k: Vec<u16> = (0..n * 64)
+        .map(|_| f32_to_f16(rng.signed_f32() * 2.0))
+        .collect();
+    let v: Vec<u16> = (0..n * 64)
+        .map(|_| f32_to_f16(rng.signed_f32() * 3.0))
+        .collect();
     let kv = |p: usize| (&k[p * 64..(p + 1) * 64], &v[p * 64..(p + 1) * 64]);
     for len in [1, 2, 17, 300] {
-        let q: Vec<f32> = (0..64).map(|_| rng.f() * 4.0).collect();
+        let q: Vec<f32> = (0..64).map(|_| rng.signed_f32() * 4.0).collect();
         let (mut a, mut b) = (vec![0f32; 64], vec![0f32; 64]);
         scalar::attend_f16(&q, len, &kv, 0.125, &mut a);
         super::attend_f16(detect(), &q, len, &kv, 0.125, &mut b);

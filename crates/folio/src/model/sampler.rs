@@ -1,6 +1,8 @@
 //! Token sampling: greedy, or repetition penalty → top-k → top-p → min-p →
 //! temperature → a seeded draw (llama.cpp's default order).
 
+use crate::rng::SplitMix64;
+
 /// How to pick the next token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -36,23 +38,13 @@ impl Default for SamplingParams {
 /// A sampler with its own seeded random stream.
 pub struct Sampler {
     pub params: SamplingParams,
-    rng: u64,
+    rng: SplitMix64,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
-        let rng = params.seed ^ 0x5DEE_CE66_D1CE_4E5B;
+        let rng = SplitMix64(params.seed ^ 0x5DEE_CE66_D1CE_4E5B);
         Self { params, rng }
-    }
-
-    fn next_f32(&mut self) -> f32 {
-        // splitmix64
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 24) as f32
     }
 
     /// Picks the next token from `logits`, given the tokens so far.
@@ -106,7 +98,7 @@ impl Sampler {
             cand.truncate(keep.max(1));
         }
         let probs = softmax_of(&cand, p.temperature);
-        let r = self.next_f32();
+        let r = self.rng.unit_f32();
         let mut acc = 0.0;
         for (&(id, _), pr) in cand.iter().zip(&probs) {
             acc += pr;
