@@ -207,3 +207,31 @@ fn snapshots_are_pinned_restored_from_disk_and_checked() {
         Err(SnapshotError::NotFound(_))
     ));
 }
+
+#[test]
+fn a_partly_matching_cached_page_gives_its_matching_slots() {
+    let (_d, m) = tiny();
+    let params = GenerateParams {
+        max_tokens: 10,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let a = prompt(&m, 40);
+    let mut kv = m.new_paged(32, 16, 512);
+    let mut ta = kv.new_table(None);
+    generate(&m, &mut kv.seq(&mut ta), &a, &params, &mut |_| {}).unwrap();
+    kv.release(ta).unwrap(); // its pages are cached now
+                             // Shares 38 tokens with `a`: two whole pages, then 6 slots of the third.
+    let mut b = a[..38].to_vec();
+    b.extend([3, 1, 4, 1, 5]);
+    let mut tb = kv.new_table(None);
+    let got = generate(&m, &mut kv.seq(&mut tb), &b, &params, &mut |_| {}).unwrap();
+    assert_eq!(got.stats.prefix_hit_tokens, 38);
+    assert_eq!(kv.store.stats.prefix_hit_slots, 6);
+    let mut basic = m.new_cache(128);
+    let want = generate(&m, &mut basic, &b, &params, &mut |_| {}).unwrap();
+    assert_eq!(got.ids, want.ids);
+    // And the logits of a step after the copied slots equal the oracle's.
+    let l = m.forward(&mut kv.seq(&mut tb), &[7], Logits::Last).unwrap();
+    assert_eq!(l, m.forward(&mut basic, &[7], Logits::Last).unwrap());
+}

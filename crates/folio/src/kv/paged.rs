@@ -137,6 +137,27 @@ impl KvCache for PagedSeq<'_> {
             self.table.len += ps;
             store.stats.prefix_hit_pages += 1;
         }
+        // Below page granularity: a cached page whose first k tokens continue the prompt
+        // gives those k slots by copy (the shared page itself is never written).
+        let len = self.table.len();
+        if len.is_multiple_of(ps) && len + 1 < prompt.len() {
+            let want = &prompt[len..(len + ps).min(prompt.len() - 1)];
+            if let Some((src, k)) = self.kv.store.best_partial(self.table.tail_hash(), want) {
+                // Hold the source so reserving the copy cannot evict it.
+                if self.kv.store.retain(src).is_ok() {
+                    if let Ok(dst) = self.kv.store.reserve() {
+                        for &t in &want[..k] {
+                            let _ = self.kv.store.push_token(dst, t);
+                        }
+                        self.kv.arena.copy_slots(src.0, dst.0, k);
+                        self.table.pages.push(dst);
+                        self.table.len += k;
+                        self.kv.store.stats.prefix_hit_slots += k as u64;
+                    }
+                    let _ = self.kv.store.release(src);
+                }
+            }
+        }
         self.table.len()
     }
 

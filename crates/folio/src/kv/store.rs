@@ -50,6 +50,8 @@ struct Page {
     /// Tokens written (working) or held (committed/cached), in slot order.
     tokens: Vec<u32>,
     hash: Option<PageHash>,
+    /// The hash this page's chain continues (committed and cached pages).
+    parent: Option<PageHash>,
     /// LRU links among cached pages (NO_LINK when not cached).
     prev: u32,
     next: u32,
@@ -62,6 +64,8 @@ const NO_LINK: u32 = u32::MAX;
 pub struct Stats {
     pub evictions: u64,
     pub prefix_hit_pages: u64,
+    /// Slots copied from partly matching cached pages (token-granular reuse).
+    pub prefix_hit_slots: u64,
     pub commits_deduplicated: u64,
 }
 
@@ -74,6 +78,8 @@ pub struct PageStore {
     lru_head: u32,
     lru_tail: u32,
     index: HashMap<PageHash, u32>,
+    /// Indexed pages by the hash they continue: where a partly matching page is found.
+    children: HashMap<PageHash, Vec<u32>>,
     pub stats: Stats,
     /// Slot copies (src, dst, n) that sequence operations made in token space and the
     /// owner of the K/V arena must repeat there (fork, copy-on-write truncate).
@@ -90,6 +96,7 @@ impl PageStore {
                 refs: 0,
                 tokens: Vec::with_capacity(page_size),
                 hash: None,
+                parent: None,
                 prev: NO_LINK,
                 next: NO_LINK,
             })
@@ -102,6 +109,7 @@ impl PageStore {
             lru_head: NO_LINK,
             lru_tail: NO_LINK,
             index: HashMap::new(),
+            children: HashMap::new(),
             stats: Stats::default(),
             copies: Vec::new(),
         }
@@ -188,6 +196,14 @@ impl PageStore {
                     if let Some(h) = self.pages[i as usize].hash.take() {
                         self.index.remove(&h);
                     }
+                    if let Some(p) = self.pages[i as usize].parent.take() {
+                        if let Some(kids) = self.children.get_mut(&p) {
+                            kids.retain(|&k| k != i);
+                            if kids.is_empty() {
+                                self.children.remove(&p);
+                            }
+                        }
+                    }
                     self.stats.evictions += 1;
                     i
                 }
@@ -249,7 +265,9 @@ impl PageStore {
         let p = &mut self.pages[id.0 as usize];
         p.state = PageState::Committed;
         p.hash = Some(h);
+        p.parent = Some(parent);
         self.index.insert(h, id.0);
+        self.children.entry(parent).or_default().push(id.0);
         Ok((id, h))
     }
 
@@ -265,6 +283,26 @@ impl PageStore {
             return None;
         }
         self.lookup_hash(Hasher128::page(parent, tokens), tokens)
+    }
+
+    /// The indexed page after `parent` whose first tokens match `tokens` longest, and
+    /// how many match (at least 1, at most `tokens.len()`), for token-granular reuse.
+    pub fn best_partial(&self, parent: PageHash, tokens: &[u32]) -> Option<(PageId, usize)> {
+        self.children
+            .get(&parent)?
+            .iter()
+            .map(|&i| {
+                let k = self.pages[i as usize]
+                    .tokens
+                    .iter()
+                    .zip(tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (k, std::cmp::Reverse(i))
+            })
+            .max()
+            .filter(|&(k, _)| k > 0)
+            .map(|(k, std::cmp::Reverse(i))| (PageId(i), k))
     }
 
     /// Takes a reference to a committed or cached page.
@@ -377,6 +415,22 @@ impl PageStore {
         }
         if self.index.len() != self.count(PageState::Committed) + self.count(PageState::Cached) {
             return Err("index holds pages that are neither committed nor cached".into());
+        }
+        let kids: usize = self.children.values().map(Vec::len).sum();
+        for (parent, ids) in &self.children {
+            for &i in ids {
+                let p = &self.pages[i as usize];
+                if p.parent != Some(*parent)
+                    || !matches!(p.state, PageState::Committed | PageState::Cached)
+                {
+                    return Err(format!(
+                        "children index lists page {i} under the wrong parent or state"
+                    ));
+                }
+            }
+        }
+        if kids != self.index.len() {
+            return Err("children index and prefix index disagree".into());
         }
         Ok(())
     }
