@@ -284,13 +284,14 @@ impl Activations {
         self.have_q8k = false;
     }
 
-    /// Makes sure the `kind` representation exists.
-    pub fn ensure(&mut self, kind: ActKind) {
+    /// Makes sure the `kind` representation exists (quantized on `isa`'s path; every
+    /// path produces the same bytes).
+    pub fn ensure(&mut self, isa: Isa, kind: ActKind) {
         match kind {
             ActKind::F32 => {}
             ActKind::Q8 if !self.have_q8 => {
                 self.q8.resize(self.n * self.cols / QK, BlockQ8::zeroed());
-                super::quantize_q8(super::isa(), &self.f32, &mut self.q8);
+                super::quantize_q8(isa, &self.f32, &mut self.q8);
                 self.have_q8 = true;
             }
             ActKind::Q8K if !self.have_q8k => {
@@ -301,10 +302,6 @@ impl Activations {
             }
             _ => {}
         }
-    }
-
-    pub fn rows(&self) -> usize {
-        self.n
     }
 
     fn f32_row(&self, t: usize, cols: usize) -> &[f32] {
@@ -361,7 +358,7 @@ pub fn matmul(
         assert!(out.len() >= act.n * w.rows, "matmul: output too small");
     }
     for (w, _) in jobs.iter() {
-        act.ensure(w.act_kind());
+        act.ensure(isa, w.act_kind());
     }
     let act = &*act;
     let views: Vec<(&QMatrix, OutView)> = jobs
