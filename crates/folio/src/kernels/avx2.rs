@@ -288,44 +288,6 @@ float_dot!(
     |v| bf16_to_f32(v)
 );
 
-/// y = f16(y + x * v), all of y and x stored as f16.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn mad_f16(y: &mut [u16], x: &[u16], v: f32) {
-    let n = y.len().min(x.len());
-    let vv = _mm256_set1_ps(v);
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: both slices hold 8 elements at offset i.
-        unsafe {
-            let xv = _mm256_cvtph_ps(_mm_loadu_si128(x[i..i + 8].as_ptr() as *const __m128i));
-            let yp = y[i..i + 8].as_mut_ptr() as *mut __m128i;
-            let yv = _mm256_cvtph_ps(_mm_loadu_si128(yp));
-            let r = _mm256_fmadd_ps(xv, vv, yv);
-            _mm_storeu_si128(yp, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
-        }
-        i += 8;
-    }
-    super::scalar::mad_f16(&mut y[i..n], &x[i..n], v);
-}
-
-/// y = f16(y * v), y stored as f16.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn scale_f16(y: &mut [u16], v: f32) {
-    let n = y.len();
-    let vv = _mm256_set1_ps(v);
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: the slice holds 8 elements at offset i.
-        unsafe {
-            let yp = y[i..i + 8].as_mut_ptr() as *mut __m128i;
-            let r = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(yp)), vv);
-            _mm_storeu_si128(yp, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
-        }
-        i += 8;
-    }
-    super::scalar::scale_f16(&mut y[i..n], v);
-}
-
 /// exp(x) on 8 lanes: the twin of `scalar::exp_poly`, same steps, same roundings.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -441,29 +403,40 @@ unsafe fn round_f16(v: __m256) -> __m256 {
     _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
 }
 
-/// The twin of `scalar::attend_f16` for head size 64, with the accumulator kept in
-/// registers (rounded to f16 after every step, so the bits are the same).
+/// The twin of `scalar::attend_run` for head size 64, with the accumulator held in
+/// registers for the whole run (rounded to f16 after every step, so the bits are the
+/// same).
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attend_f16_64<'a>(
-    q: &[f32],
+pub unsafe fn attend_run_64(
+    q16: &[f32],
+    k: &[u16],
+    v: &[u16],
+    stride: usize,
     n: usize,
-    kv: &dyn Fn(usize) -> (&'a [u16], &'a [u16]),
     scale: f32,
-    out: &mut [f32],
+    state: (&mut f32, &mut f32),
+    acc: &mut [f32],
 ) {
-    assert!(q.len() == 64 && out.len() == 64);
-    // SAFETY: q holds 64 floats.
+    assert!(q16.len() == 64 && acc.len() == 64 && stride >= 64);
+    if n == 0 {
+        return;
+    }
+    let last = (n - 1) * stride + 64;
+    assert!(k.len() >= last && v.len() >= last);
+    let (m, sum) = state;
+    // SAFETY: q16 and acc hold 64 floats (asserted above).
     let qv: [__m256; 8] =
-        std::array::from_fn(|i| unsafe { round_f16(_mm256_loadu_ps(q[8 * i..].as_ptr())) });
-    let mut acc = [_mm256_setzero_ps(); 8];
-    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        std::array::from_fn(|i| unsafe { _mm256_loadu_ps(q16[8 * i..].as_ptr()) });
+    let mut av: [__m256; 8] =
+        std::array::from_fn(|i| unsafe { _mm256_loadu_ps(acc[8 * i..].as_ptr()) });
+    let (kp, vp) = (k.as_ptr(), v.as_ptr());
     for p in 0..n {
-        let (k, v) = kv(p);
-        assert!(k.len() >= 64 && v.len() >= 64);
-        // SAFETY: k and v hold 64 halves each (asserted above).
-        let kf = |i: usize| unsafe {
-            _mm256_cvtph_ps(_mm_loadu_si128(k[8 * i..].as_ptr() as *const __m128i))
-        };
+        // SAFETY: row p spans p*stride .. p*stride+64 < last <= len (asserted above).
+        let (kr, vr) = unsafe { (kp.add(p * stride), vp.add(p * stride)) };
+        // SAFETY: kr holds 64 halves (see above).
+        let kf =
+            |i: usize| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(kr.add(8 * i) as *const __m128i)) };
         let mut d = [_mm256_setzero_ps(); 4];
         for i in 0..8 {
             d[i % 4] = _mm256_fmadd_ps(kf(i), qv[i], d[i % 4]);
@@ -477,31 +450,30 @@ pub unsafe fn attend_f16_64<'a>(
             ))
         } * scale;
         let (mut ms, mut vs) = (1f32, 1f32);
-        if s > m {
-            ms = (m - s).exp();
-            m = s;
+        if s > *m {
+            ms = (*m - s).exp();
+            *m = s;
             let msv = _mm256_set1_ps(ms);
-            for a in acc.iter_mut() {
+            for a in av.iter_mut() {
                 // SAFETY: same CPU features as this function.
                 *a = unsafe { round_f16(_mm256_mul_ps(*a, msv)) };
             }
         } else {
-            vs = (s - m).exp();
+            vs = (s - *m).exp();
         }
         let vsv = _mm256_set1_ps(vs);
-        for (i, a) in acc.iter_mut().enumerate() {
-            // SAFETY: v holds 64 halves; same CPU features as this function.
+        for (i, a) in av.iter_mut().enumerate() {
+            // SAFETY: vr holds 64 halves; same CPU features as this function.
             unsafe {
-                let vv = _mm256_cvtph_ps(_mm_loadu_si128(v[8 * i..].as_ptr() as *const __m128i));
+                let vv = _mm256_cvtph_ps(_mm_loadu_si128(vr.add(8 * i) as *const __m128i));
                 *a = round_f16(_mm256_fmadd_ps(vv, vsv, *a));
             }
         }
-        sum = sum.mul_add(ms, vs);
+        *sum = sum.mul_add(ms, vs);
     }
-    let inv = _mm256_set1_ps(if sum == 0.0 { 0.0 } else { 1.0 / sum });
-    for (i, a) in acc.iter().enumerate() {
-        // SAFETY: out holds 64 floats.
-        unsafe { _mm256_storeu_ps(out[8 * i..].as_mut_ptr(), _mm256_mul_ps(*a, inv)) };
+    for (i, a) in av.iter().enumerate() {
+        // SAFETY: acc holds 64 floats.
+        unsafe { _mm256_storeu_ps(acc[8 * i..].as_mut_ptr(), *a) };
     }
 }
 

@@ -77,31 +77,34 @@ pub fn dot_f16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
     }
 }
 
-/// y = f16(y + x * v) for f16 y and x.
-pub fn mad_f16(isa: Isa, y: &mut [u16], x: &[u16], v: f32) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
-        Isa::Avx2 => unsafe { avx2::mad_f16(y, x, v) },
-        _ => scalar::mad_f16(y, x, v),
-    }
-}
-
-/// One query's attention over `n` cached positions (see `scalar::attend_f16`).
-pub fn attend_f16<'a>(
+/// Continues one query's online softmax over a run of keys (see `scalar::attend_run`).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_run(
     isa: Isa,
-    q: &[f32],
+    q16: &[f32],
+    k: &[u16],
+    v: &[u16],
+    stride: usize,
     n: usize,
-    kv: &dyn Fn(usize) -> (&'a [u16], &'a [u16]),
     scale: f32,
-    out: &mut [f32],
+    state: (&mut f32, &mut f32),
+    acc: &mut [f32],
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
-        Isa::Avx2 if q.len() == 64 => unsafe { avx2::attend_f16_64(q, n, kv, scale, out) },
-        _ => scalar::attend_f16(q, n, kv, scale, out),
+        Isa::Avx2 if q16.len() == 64 => unsafe {
+            avx2::attend_run_64(q16, k, v, stride, n, scale, state, acc)
+        },
+        _ => scalar::attend_run(q16, k, v, stride, n, scale, state, acc),
     }
+}
+
+/// `x` rounded to f16 precision (the query of llama.cpp's flash attention).
+pub fn round_f16(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| quant::f16_to_f32(quant::f32_to_f16(v)))
+        .collect()
 }
 
 /// Quantizes activations into 8-bit blocks (identical bytes on every path).
@@ -121,16 +124,6 @@ pub fn swiglu(isa: Isa, gate: &mut [f32], up: &[f32]) {
         // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
         Isa::Avx2 => unsafe { avx2::swiglu(gate, up) },
         _ => scalar::swiglu(gate, up),
-    }
-}
-
-/// y = f16(y * v) for f16 y.
-pub fn scale_f16(isa: Isa, y: &mut [u16], v: f32) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
-        Isa::Avx2 => unsafe { avx2::scale_f16(y, v) },
-        _ => scalar::scale_f16(y, v),
     }
 }
 

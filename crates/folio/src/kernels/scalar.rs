@@ -249,21 +249,6 @@ pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     w.iter().zip(x).map(|(&a, b)| bf16_to_f32(a) * b).sum()
 }
 
-/// y = f16(y + x * v) element-wise, y and x stored as f16 (fused multiply-add, then
-/// rounded to f16: the attention value accumulator of llama.cpp's flash attention).
-pub fn mad_f16(y: &mut [u16], x: &[u16], v: f32) {
-    for (o, &h) in y.iter_mut().zip(x) {
-        *o = f32_to_f16(f16_to_f32(h).mul_add(v, f16_to_f32(*o)));
-    }
-}
-
-/// y = f16(y * v) element-wise.
-pub fn scale_f16(y: &mut [u16], v: f32) {
-    for o in y.iter_mut() {
-        *o = f32_to_f16(f16_to_f32(*o) * v);
-    }
-}
-
 /// Constants of the vectorised exp used by SwiGLU: exp(x) = 2^n · (1 + p(b)) with
 /// n = round(x / ln 2), b = x − n·ln 2 (ln 2 split in two parts), p a degree-5
 /// polynomial. This is the single-precision scheme of ARM's optimized-routines that
@@ -324,36 +309,43 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// One query's attention over `n` keys/values read through `kv(p) -> (k_row, v_row)`
-/// (f16, `q.len()` wide), as ggml's CPU flash attention computes it: the query rounded
-/// to f16, an online softmax over the keys in order, the value accumulator rounded to
-/// f16 after every step. Writes the normalised result to `out`.
-pub fn attend_f16<'a>(
-    q: &[f32],
+/// Continues one query's online softmax over `n` keys: key `p`'s K and V rows (head
+/// size `q16.len()`) start at `p * stride` in `k` and `v`. `q16` is the query already
+/// rounded to f16; `acc` is the value accumulator, kept at f16 precision (stored as f32)
+/// after every step, as llama.cpp's CPU flash attention keeps it; `m` is the running
+/// maximum score and `sum` the running sum of exp(score − m). Feeding the keys in any
+/// split into runs gives the same bits as one run.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_run(
+    q16: &[f32],
+    k: &[u16],
+    v: &[u16],
+    stride: usize,
     n: usize,
-    kv: &dyn Fn(usize) -> (&'a [u16], &'a [u16]),
     scale: f32,
-    out: &mut [f32],
+    state: (&mut f32, &mut f32),
+    acc: &mut [f32],
 ) {
-    let q16: Vec<f32> = q.iter().map(|&v| f16_to_f32(f32_to_f16(v))).collect();
-    let mut acc = vec![0u16; q.len()];
-    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    let (m, sum) = state;
+    let hd = q16.len();
+    let round = |x: f32| f16_to_f32(f32_to_f16(x));
     for p in 0..n {
-        let (k, v) = kv(p);
-        let s = dot_f16(k, &q16) * scale;
+        let (kr, vr) = (
+            &k[p * stride..p * stride + hd],
+            &v[p * stride..p * stride + hd],
+        );
+        let s = dot_f16(kr, q16) * scale;
         let (mut ms, mut vs) = (1f32, 1f32);
-        if s > m {
-            ms = (m - s).exp();
-            m = s;
-            scale_f16(&mut acc, ms);
+        if s > *m {
+            ms = (*m - s).exp();
+            *m = s;
+            acc.iter_mut().for_each(|a| *a = round(*a * ms));
         } else {
-            vs = (s - m).exp();
+            vs = (s - *m).exp();
         }
-        mad_f16(&mut acc, v, vs);
-        sum = sum.mul_add(ms, vs);
-    }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for (o, &a) in out.iter_mut().zip(&acc) {
-        *o = f16_to_f32(a) * inv;
+        for (a, &h) in acc.iter_mut().zip(vr) {
+            *a = round(f16_to_f32(h).mul_add(vs, *a));
+        }
+        *sum = sum.mul_add(ms, vs);
     }
 }

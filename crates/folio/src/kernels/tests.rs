@@ -152,15 +152,6 @@ fn f16_helpers_match_scalar() {
         let a = scalar::dot_f16(&w, &x);
         let b = super::dot_f16(detect(), &w, &x);
         assert_eq!(a.to_bits(), b.to_bits(), "dot_f16 n={n}: {a} vs {b}");
-        // Both paths fuse the multiply-add and round once to f16: bit-identical.
-        let mut y1: Vec<u16> = (0..n).map(|_| f32_to_f16(rng.signed_f32())).collect();
-        let mut y2 = y1.clone();
-        scalar::mad_f16(&mut y1, &w, 0.37);
-        super::mad_f16(detect(), &mut y2, &w, 0.37);
-        assert_eq!(y1, y2, "mad_f16 n={n}");
-        scalar::scale_f16(&mut y1, 0.61);
-        super::scale_f16(detect(), &mut y2, 0.61);
-        assert_eq!(y1, y2, "scale_f16 n={n}");
     }
 }
 
@@ -247,25 +238,62 @@ fn q8_quantization_is_identical_on_every_path() {
 #[test]
 fn attention_simd_is_bit_identical_to_scalar() {
     let mut rng = SplitMix64(21);
-    let n = 300;
-    let k: Vec<u16> = (0..n * 64)
+    let (n, stride) = (300, 192);
+    let k: Vec<u16> = (0..n * stride)
         .map(|_| f32_to_f16(rng.signed_f32() * 2.0))
         .collect();
-    let v: Vec<u16> = (0..n * 64)
+    let v: Vec<u16> = (0..n * stride)
         .map(|_| f32_to_f16(rng.signed_f32() * 3.0))
         .collect();
-    let kv = |p: usize| (&k[p * 64..(p + 1) * 64], &v[p * 64..(p + 1) * 64]);
+    let off = 64; // the second KV head of rows `stride` halves apart
+    let (k, v) = (&k[off..], &v[off..]);
+    let run = |isa: Isa, q16: &[f32], len: usize, cut: usize| {
+        let (mut m, mut sum, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; 64]);
+        // Two runs split at `cut` must give the bits of one run.
+        let cut = cut.min(len);
+        super::attend_run(
+            isa,
+            q16,
+            k,
+            v,
+            stride,
+            cut,
+            0.125,
+            (&mut m, &mut sum),
+            &mut acc,
+        );
+        let k2 = k.get(cut * stride..).unwrap_or(&[]);
+        let v2 = v.get(cut * stride..).unwrap_or(&[]);
+        super::attend_run(
+            isa,
+            q16,
+            k2,
+            v2,
+            stride,
+            len - cut,
+            0.125,
+            (&mut m, &mut sum),
+            &mut acc,
+        );
+        acc.iter().map(|a| a / sum).collect::<Vec<f32>>()
+    };
     for len in [1, 2, 17, 300] {
         let q: Vec<f32> = (0..64).map(|_| rng.signed_f32() * 4.0).collect();
-        let (mut a, mut b) = (vec![0f32; 64], vec![0f32; 64]);
-        scalar::attend_f16(&q, len, &kv, 0.125, &mut a);
-        super::attend_f16(detect(), &q, len, &kv, 0.125, &mut b);
-        assert_eq!(a, b, "{len} keys");
+        let q16 = super::round_f16(&q);
+        let a = run(Isa::Scalar, &q16, len, len);
+        for cut in [0, 1, 16, 299] {
+            assert_eq!(a, run(detect(), &q16, len, cut), "{len} keys, cut {cut}");
+            assert_eq!(
+                a,
+                run(Isa::Scalar, &q16, len, cut),
+                "{len} keys, scalar cut {cut}"
+            );
+        }
         // And it is attention: close to an f64 softmax-weighted sum.
         let s: Vec<f64> = (0..len)
             .map(|p| {
                 (0..64)
-                    .map(|d| f16_to_f32(k[p * 64 + d]) as f64 * q[d] as f64)
+                    .map(|d| f16_to_f32(k[p * stride + d]) as f64 * q[d] as f64)
                     .sum::<f64>()
                     * 0.125
             })
@@ -275,7 +303,7 @@ fn attention_simd_is_bit_identical_to_scalar() {
         let z: f64 = w.iter().sum();
         for d in 0..64 {
             let want: f64 = (0..len)
-                .map(|p| w[p] / z * f16_to_f32(v[p * 64 + d]) as f64)
+                .map(|p| w[p] / z * f16_to_f32(v[p * stride + d]) as f64)
                 .sum();
             assert!(
                 (a[d] as f64 - want).abs() < 0.02,

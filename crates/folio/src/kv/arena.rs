@@ -44,6 +44,17 @@ impl KvArena {
         &self.data[at..at + self.kv_dim]
     }
 
+    /// K and V rows of `layer` in `page` from `slot` to the end of the page.
+    pub fn run(&self, page: u32, layer: usize, slot: usize) -> (&[u16], &[u16]) {
+        let end = self.page_size * self.kv_dim;
+        let (k, v) = (
+            self.at(page, layer, false, 0),
+            self.at(page, layer, true, 0),
+        );
+        let off = slot * self.kv_dim;
+        (&self.data[k + off..k + end], &self.data[v + off..v + end])
+    }
+
     pub fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         for (row, src) in [(false, k), (true, v)] {
             let at = self.at(page, layer, row, slot);

@@ -34,7 +34,7 @@ mod tests;
 
 pub use arena::KvArena;
 pub use hash::{Hasher128, PageHash};
-pub use paged::{PagedKv, PagedSeq};
+pub use paged::{PagedBatch, PagedKv, PagedSeq};
 pub use snapshot::SnapshotError;
 pub use store::{KvError, PageId, PageState, PageStore, Stats};
 pub use table::PageTable;

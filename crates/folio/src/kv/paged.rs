@@ -7,7 +7,7 @@ use super::hash::{Hasher128, PageHash};
 use super::store::{KvError, PageStore};
 use super::table::PageTable;
 use crate::error::RunError;
-use crate::model::KvCache;
+use crate::model::{KvBatch, KvCache};
 
 /// One pool of pages for all sequences of a model.
 pub struct PagedKv {
@@ -90,10 +90,108 @@ fn out_of_pages(e: KvError) -> RunError {
     RunError::Kv(e.to_string())
 }
 
-impl PagedSeq<'_> {
-    fn page_slot(&self, pos: usize) -> (u32, usize) {
-        let ps = self.kv.store.page_size();
-        (self.table.pages[pos / ps].0, pos % ps)
+impl PagedKv {
+    fn page_slot(&self, t: &PageTable, pos: usize) -> (u32, usize) {
+        let ps = self.store.page_size();
+        (t.pages[pos / ps].0, pos % ps)
+    }
+
+    /// Pushes slots for `tokens` onto `t`, all or nothing.
+    pub fn seq_begin(&mut self, t: &mut PageTable, tokens: &[u32]) -> Result<(), RunError> {
+        let len = t.len();
+        if len + tokens.len() > self.max_tokens {
+            return Err(RunError::ContextFull {
+                pos: len + tokens.len() - 1,
+                capacity: self.max_tokens,
+            });
+        }
+        for (i, &tok) in tokens.iter().enumerate() {
+            if let Err(e) = self.store.push(t, tok) {
+                // All or nothing: give back what this call took.
+                self.store.truncate(t, i).map_err(out_of_pages)?;
+                return Err(out_of_pages(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes K/V of position `pos` of `t` (which must hold it).
+    pub fn seq_write(
+        &mut self,
+        t: &PageTable,
+        layer: usize,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), RunError> {
+        if pos >= t.len() {
+            return Err(RunError::ContextFull {
+                pos,
+                capacity: t.len(),
+            });
+        }
+        let (page, slot) = self.page_slot(t, pos);
+        self.arena.write(page, layer, slot, k, v);
+        Ok(())
+    }
+
+    /// K/V rows of `t` from `pos` to the end of its page.
+    pub fn seq_kv_run(&self, t: &PageTable, layer: usize, pos: usize) -> (&[u16], &[u16]) {
+        let (page, slot) = self.page_slot(t, pos);
+        self.arena.run(page, layer, slot)
+    }
+
+    /// Commits the full pages of `t` after a forward step.
+    pub fn seq_finish(&mut self, t: &mut PageTable) -> Result<(), RunError> {
+        self.store.commit_full(t).map_err(out_of_pages)
+    }
+
+    /// Gives back the last `n` begun tokens of `t`.
+    pub fn seq_abort(&mut self, t: &mut PageTable, n: usize) {
+        let _ = self.store.truncate(t, n);
+        self.apply_copies();
+    }
+
+    /// A batch view of several tables for one forward step.
+    pub fn batch<'a>(&'a mut self, tables: Vec<&'a mut PageTable>) -> PagedBatch<'a> {
+        PagedBatch { kv: self, tables }
+    }
+}
+
+/// Several sequences of one [`PagedKv`] in one forward step.
+pub struct PagedBatch<'a> {
+    kv: &'a mut PagedKv,
+    tables: Vec<&'a mut PageTable>,
+}
+
+impl KvBatch for PagedBatch<'_> {
+    fn seqs(&self) -> usize {
+        self.tables.len()
+    }
+    fn seq_len(&self, s: usize) -> usize {
+        self.tables[s].len()
+    }
+    fn begin(&mut self, s: usize, tokens: &[u32]) -> Result<(), RunError> {
+        self.kv.seq_begin(self.tables[s], tokens)
+    }
+    fn write(
+        &mut self,
+        s: usize,
+        layer: usize,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), RunError> {
+        self.kv.seq_write(self.tables[s], layer, pos, k, v)
+    }
+    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (&[u16], &[u16]) {
+        self.kv.seq_kv_run(self.tables[s], layer, pos)
+    }
+    fn finish(&mut self, s: usize) -> Result<(), RunError> {
+        self.kv.seq_finish(self.tables[s])
+    }
+    fn abort(&mut self, s: usize, n: usize) {
+        self.kv.seq_abort(self.tables[s], n)
     }
 }
 
@@ -162,55 +260,33 @@ impl KvCache for PagedSeq<'_> {
     }
 
     fn begin(&mut self, tokens: &[u32]) -> Result<(), RunError> {
-        let len = self.table.len();
-        if len + tokens.len() > self.kv.max_tokens {
-            return Err(RunError::ContextFull {
-                pos: len + tokens.len() - 1,
-                capacity: self.kv.max_tokens,
-            });
-        }
-        for (i, &t) in tokens.iter().enumerate() {
-            if let Err(e) = self.kv.store.push(self.table, t) {
-                // All or nothing: give back what this call took.
-                self.kv
-                    .store
-                    .truncate(self.table, i)
-                    .map_err(out_of_pages)?;
-                return Err(out_of_pages(e));
-            }
-        }
-        Ok(())
+        self.kv.seq_begin(self.table, tokens)
     }
 
     fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), RunError> {
-        if pos >= self.table.len() {
-            return Err(RunError::ContextFull {
-                pos,
-                capacity: self.table.len(),
-            });
-        }
-        let (page, slot) = self.page_slot(pos);
-        self.kv.arena.write(page, layer, slot, k, v);
-        Ok(())
+        self.kv.seq_write(self.table, layer, pos, k, v)
     }
 
     fn k_row(&self, layer: usize, pos: usize) -> &[u16] {
-        let (page, slot) = self.page_slot(pos);
+        let (page, slot) = self.kv.page_slot(self.table, pos);
         self.kv.arena.k_row(page, layer, slot)
     }
 
     fn v_row(&self, layer: usize, pos: usize) -> &[u16] {
-        let (page, slot) = self.page_slot(pos);
+        let (page, slot) = self.kv.page_slot(self.table, pos);
         self.kv.arena.v_row(page, layer, slot)
     }
 
+    fn kv_run(&self, layer: usize, pos: usize) -> (&[u16], &[u16]) {
+        self.kv.seq_kv_run(self.table, layer, pos)
+    }
+
     fn finish(&mut self) -> Result<(), RunError> {
-        self.kv.store.commit_full(self.table).map_err(out_of_pages)
+        self.kv.seq_finish(self.table)
     }
 
     fn abort(&mut self, n: usize) {
-        let _ = self.kv.store.truncate(self.table, n);
-        self.kv.apply_copies();
+        self.kv.seq_abort(self.table, n)
     }
 
     fn truncate(&mut self, len: usize) {

@@ -33,12 +33,69 @@ pub trait KvCache: Sync {
     fn k_row(&self, layer: usize, pos: usize) -> &[u16];
     /// V of position `pos` in `layer`, all KV heads (f16).
     fn v_row(&self, layer: usize, pos: usize) -> &[u16];
+    /// K and V rows of `layer` from position `pos` to the end of the contiguous block
+    /// that holds it (its page, for a paged cache): whole rows of all KV heads.
+    fn kv_run(&self, layer: usize, pos: usize) -> (&[u16], &[u16]);
     /// The begun tokens are complete.
     fn finish(&mut self) -> Result<(), RunError>;
     /// Gives back the last `n` begun tokens after a failed step.
     fn abort(&mut self, n: usize);
     /// Forgets everything from position `len` on.
     fn truncate(&mut self, len: usize);
+}
+
+/// The K/V of several sequences for one batched forward step: sequence `s` of the
+/// batch receives the `s`-th step's tokens. Same protocol as [`KvCache`], per sequence.
+pub trait KvBatch: Sync {
+    /// Sequences in the batch.
+    fn seqs(&self) -> usize;
+    /// Tokens sequence `s` holds.
+    fn seq_len(&self, s: usize) -> usize;
+    fn begin(&mut self, s: usize, tokens: &[u32]) -> Result<(), RunError>;
+    fn write(
+        &mut self,
+        s: usize,
+        layer: usize,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), RunError>;
+    /// See [`KvCache::kv_run`].
+    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (&[u16], &[u16]);
+    fn finish(&mut self, s: usize) -> Result<(), RunError>;
+    fn abort(&mut self, s: usize, n: usize);
+}
+
+/// Any set of single-sequence caches is a batch (the contiguous oracle batches this way).
+impl<C: KvCache + ?Sized> KvBatch for [&mut C] {
+    fn seqs(&self) -> usize {
+        self.len()
+    }
+    fn seq_len(&self, s: usize) -> usize {
+        self[s].len()
+    }
+    fn begin(&mut self, s: usize, tokens: &[u32]) -> Result<(), RunError> {
+        self[s].begin(tokens)
+    }
+    fn write(
+        &mut self,
+        s: usize,
+        layer: usize,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), RunError> {
+        self[s].write(layer, pos, k, v)
+    }
+    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (&[u16], &[u16]) {
+        self[s].kv_run(layer, pos)
+    }
+    fn finish(&mut self, s: usize) -> Result<(), RunError> {
+        self[s].finish()
+    }
+    fn abort(&mut self, s: usize, n: usize) {
+        self[s].abort(n)
+    }
 }
 use crate::kernels::quant::f32_to_f16;
 
@@ -142,5 +199,10 @@ impl KvCache for BasicCache {
 
     fn v_row(&self, layer: usize, pos: usize) -> &[u16] {
         &self.v[layer][pos * self.kv_dim..(pos + 1) * self.kv_dim]
+    }
+
+    fn kv_run(&self, layer: usize, pos: usize) -> (&[u16], &[u16]) {
+        let at = pos * self.kv_dim;
+        (&self.k[layer][at..], &self.v[layer][at..])
     }
 }

@@ -1,7 +1,9 @@
-//! The llama-family forward pass over a contiguous KV cache: a batch of a sequence's new
-//! tokens (a whole prompt in one matrix pass, or one decode token) in, logits out.
+//! The llama-family forward pass: one step over a ragged batch of sequences, each with
+//! its new tokens (a whole prompt or a chunk of it in one matrix pass, or one decode
+//! token), through any [`KvBatch`] (the paged pool or contiguous caches); logits out.
 
-use super::cache::{BasicCache, KvCache};
+use super::attention::{attention, Heads};
+use super::cache::{BasicCache, KvBatch, KvCache};
 use super::config::Config;
 use super::ops;
 use super::weights::Weights;
@@ -11,7 +13,6 @@ use crate::kernels::{self, matmul, Activations, Isa, ThreadPool};
 use crate::kv::PagedKv;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
-use std::sync::Mutex;
 
 /// Which positions of a forward pass need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +21,14 @@ pub enum Logits {
     Last,
     /// Every token (teacher forcing, scoring).
     All,
+}
+
+/// One sequence's part of a batched forward step.
+#[derive(Debug, Clone, Copy)]
+pub struct Step<'a> {
+    /// New tokens: a prefill chunk or one decode token.
+    pub tokens: &'a [u32],
+    pub want: Logits,
 }
 
 /// A loaded model: config, weights, tokenizer and the threads that run it.
@@ -96,53 +105,92 @@ impl Model {
     }
 
     /// Runs `tokens` at the positions following what `cache` holds, stores their K/V and
-    /// returns logits (`vocab` per requested position).
+    /// returns logits (`vocab` per requested position). A batch of one.
     pub fn forward<C: KvCache + ?Sized>(
         &self,
         cache: &mut C,
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, RunError> {
+        let mut one = [cache];
+        let mut out = self.forward_batch(&mut one[..], &[Step { tokens, want }])?;
+        Ok(out.pop().expect("one step, one result"))
+    }
+
+    /// One forward step over a ragged batch: step `s` runs its tokens at the positions
+    /// following what sequence `s` of `kv` holds. All token rows share every matmul (each
+    /// weight is read once per step); attention reads each row's own sequence. Returns
+    /// each step's logits. A sequence's logits are the same bits whatever else is in the
+    /// batch. On error nothing is stored.
+    pub fn forward_batch<B: KvBatch + ?Sized>(
+        &self,
+        kv: &mut B,
+        steps: &[Step],
+    ) -> Result<Vec<Vec<f32>>, RunError> {
         let c = &self.config;
-        let n = tokens.len();
-        if n == 0 {
-            return Err(RunError::EmptyPrompt);
+        if steps.len() != kv.seqs() {
+            return Err(RunError::Kv(format!(
+                "{} steps for a batch of {} sequences",
+                steps.len(),
+                kv.seqs()
+            )));
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
-            return Err(RunError::BadToken(bad));
+        for st in steps {
+            if st.tokens.is_empty() {
+                return Err(RunError::EmptyPrompt);
+            }
+            if let Some(&bad) = st.tokens.iter().find(|&&t| t as usize >= c.vocab) {
+                return Err(RunError::BadToken(bad));
+            }
         }
-        let pos0 = cache.len();
-        cache.begin(tokens)?;
-        let result = self.forward_begun(cache, tokens, pos0, want);
-        match &result {
-            Ok(_) => cache.finish()?,
-            Err(_) => cache.abort(n),
+        let mut rows = Vec::new();
+        for (s, st) in steps.iter().enumerate() {
+            let pos0 = kv.seq_len(s);
+            if let Err(e) = kv.begin(s, st.tokens) {
+                for (b, st) in steps[..s].iter().enumerate() {
+                    kv.abort(b, st.tokens.len());
+                }
+                return Err(e);
+            }
+            rows.extend((0..st.tokens.len()).map(|i| (s, pos0 + i)));
+        }
+        let result = self.forward_rows(kv, steps, &rows);
+        for (s, st) in steps.iter().enumerate() {
+            match &result {
+                Ok(_) => kv.finish(s)?,
+                Err(_) => kv.abort(s, st.tokens.len()),
+            }
         }
         result
     }
 
-    fn forward_begun<C: KvCache + ?Sized>(
+    fn forward_rows<B: KvBatch + ?Sized>(
         &self,
-        cache: &mut C,
-        tokens: &[u32],
-        pos0: usize,
-        want: Logits,
-    ) -> Result<Vec<f32>, RunError> {
+        kv: &mut B,
+        steps: &[Step],
+        rows: &[(usize, usize)],
+    ) -> Result<Vec<Vec<f32>>, RunError> {
         let c = &self.config;
-        let n = tokens.len();
-        let (d, kv, f) = (c.dim, c.kv_dim(), c.ffn_dim);
+        let n = rows.len();
+        let (d, kvd, f) = (c.dim, c.kv_dim(), c.ffn_dim);
         let w = &self.weights;
+        let heads = Heads {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+        };
 
         let mut x = vec![0f32; n * d];
+        let tokens = steps.iter().flat_map(|s| s.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
             w.embed.dequant_row(t as usize, row);
         }
         let mut tables = vec![Vec::new(); n];
-        for (i, t) in tables.iter_mut().enumerate() {
-            ops::rope_table(c, pos0 + i, t);
+        for (t, &(_, pos)) in tables.iter_mut().zip(rows) {
+            ops::rope_table(c, pos, t);
         }
         let mut h = vec![0f32; n * d];
-        let (mut q, mut k, mut v) = (vec![0f32; n * d], vec![0f32; n * kv], vec![0f32; n * kv]);
+        let (mut q, mut k, mut v) = (vec![0f32; n * d], vec![0f32; n * kvd], vec![0f32; n * kvd]);
         let mut att = vec![0f32; n * d];
         let mut o = vec![0f32; n * d];
         let (mut gate, mut up) = (vec![0f32; n * f], vec![0f32; n * f]);
@@ -157,25 +205,24 @@ impl Model {
                 &mut act,
                 &mut [(&l.wq, &mut q), (&l.wk, &mut k), (&l.wv, &mut v)],
             );
-            for (bias, out, width) in [(&l.bq, &mut q, d), (&l.bk, &mut k, kv), (&l.bv, &mut v, kv)]
-            {
+            for (bias, out, width) in [
+                (&l.bq, &mut q, d),
+                (&l.bk, &mut k, kvd),
+                (&l.bv, &mut v, kvd),
+            ] {
                 if let Some(b) = bias {
                     for row in out.chunks_exact_mut(width) {
                         row.iter_mut().zip(b).for_each(|(y, bb)| *y += bb);
                     }
                 }
             }
-            for i in 0..n {
+            for (i, &(s, pos)) in rows.iter().enumerate() {
                 ops::rope(c, &tables[i], &mut q[i * d..(i + 1) * d]);
-                ops::rope(c, &tables[i], &mut k[i * kv..(i + 1) * kv]);
-                cache.write(
-                    li,
-                    pos0 + i,
-                    &k[i * kv..(i + 1) * kv],
-                    &v[i * kv..(i + 1) * kv],
-                )?;
+                ops::rope(c, &tables[i], &mut k[i * kvd..(i + 1) * kvd]);
+                let (ki, vi) = (&k[i * kvd..(i + 1) * kvd], &v[i * kvd..(i + 1) * kvd]);
+                kv.write(s, li, pos, ki, vi)?;
             }
-            self.attention(cache, li, pos0, &q, &mut att);
+            attention(&self.pool, self.isa, heads, &*kv, li, rows, &q, &mut att);
             act.set(&att, n, d);
             matmul(&self.pool, self.isa, &mut act, &mut [(&l.wo, &mut o)]);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
@@ -194,12 +241,23 @@ impl Model {
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         }
 
-        let rows = match want {
-            Logits::Last => &x[(n - 1) * d..],
-            Logits::All => &x[..],
-        };
-        let m = rows.len() / d;
-        ops::rms_norm(rows, &w.out_norm, c.norm_eps, &mut h[..m * d]);
+        // The rows that want logits, all through the head together.
+        let mut picked = Vec::new();
+        let mut start = 0;
+        for st in steps {
+            let len = st.tokens.len();
+            match st.want {
+                Logits::Last => picked.push(start + len - 1),
+                Logits::All => picked.extend(start..start + len),
+            }
+            start += len;
+        }
+        let m = picked.len();
+        let mut sel = vec![0f32; m * d];
+        for (dst, &r) in sel.chunks_exact_mut(d).zip(&picked) {
+            dst.copy_from_slice(&x[r * d..(r + 1) * d]);
+        }
+        ops::rms_norm(&sel, &w.out_norm, c.norm_eps, &mut h[..m * d]);
         act.set(&h, m, d);
         let mut logits = vec![0f32; m * c.vocab];
         matmul(
@@ -208,75 +266,16 @@ impl Model {
             &mut act,
             &mut [(w.head(), &mut logits)],
         );
-        Ok(logits)
-    }
-
-    /// Causal grouped-query attention of the batch's queries over the cache, in parallel
-    /// over (token, head) pairs; each pair's reduction runs in one fixed order, so the
-    /// result does not depend on the batch or the thread count.
-    ///
-    /// NOTE: the arithmetic is that of llama.cpp's CPU flash attention (its default): the
-    /// query rounded to f16, an online softmax over the keys in order, and the value
-    /// accumulator kept in f16. SmolLM2's attention is sensitive enough that a more exact
-    /// f32 accumulation lands further from llama.cpp than its own noise.
-    fn attention<C: KvCache + ?Sized>(
-        &self,
-        cache: &C,
-        layer: usize,
-        pos0: usize,
-        q: &[f32],
-        out: &mut [f32],
-    ) {
-        let c = &self.config;
-        let (hd, nh) = (c.head_dim, c.n_heads);
-        let group = nh / c.n_kv_heads;
-        let units = q.len() / hd;
-        let threads = self.pool.threads().min(units);
-        let scale = 1.0 / (hd as f32).sqrt();
-        // Contiguous runs of units with about equal work each (a query at position p
-        // reads p + 1 keys), so causal prefill does not leave one thread waiting.
-        let work = |u: usize| (pos0 + u / nh + 1) as u64;
-        let total: u64 = (0..units).map(work).sum();
-        let mut bounds = vec![0usize];
-        let mut acc = 0u64;
-        for u in 0..units {
-            acc += work(u);
-            if bounds.len() < threads && acc * threads as u64 >= total * bounds.len() as u64 {
-                bounds.push(u + 1);
-            }
+        let mut out = Vec::with_capacity(steps.len());
+        let mut at = 0;
+        for st in steps {
+            let k = match st.want {
+                Logits::Last => 1,
+                Logits::All => st.tokens.len(),
+            };
+            out.push(logits[at * c.vocab..(at + k) * c.vocab].to_vec());
+            at += k;
         }
-        while bounds.len() <= threads {
-            bounds.push(units);
-        }
-        // Each thread gets the contiguous slice of `out` its units write.
-        let mut parts: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(threads);
-        let mut rest = out;
-        for t in 0..threads {
-            let (a, b) = (bounds[t], bounds[t + 1]);
-            let (mine, tail) = rest.split_at_mut((b - a) * hd);
-            parts.push(Mutex::new(mine));
-            rest = tail;
-        }
-        let isa = self.isa;
-        self.pool.run(&|t| {
-            if t >= threads {
-                return;
-            }
-            let (a, b) = (bounds[t], bounds[t + 1]);
-            let mut guard = parts[t].lock().unwrap_or_else(|e| e.into_inner());
-            let mine: &mut [f32] = &mut guard;
-            for u in a..b {
-                let (i, h) = (u / nh, u % nh);
-                let g = h / group;
-                let kv = |p: usize| {
-                    (
-                        &cache.k_row(layer, p)[g * hd..(g + 1) * hd],
-                        &cache.v_row(layer, p)[g * hd..(g + 1) * hd],
-                    )
-                };
-                let o = &mut mine[(u - a) * hd..(u - a + 1) * hd];
-                kernels::attend_f16(isa, &q[u * hd..(u + 1) * hd], pos0 + i + 1, &kv, scale, o);
-            }
-        });
+        Ok(out)
     }
 }

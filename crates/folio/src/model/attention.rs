@@ -1,0 +1,156 @@
+//! Paged attention: every query row of a ragged batch attends over its own sequence's
+//! K/V, read through the cache's page runs ([`KvBatch::kv_run`]) with no dense copy of
+//! the history. Causal by position: the row at position `p` reads keys `0..=p`.
+//!
+//! Work is split into units of (row, head, key chunk): a query's keys are cut into
+//! chunks of [`SPLIT_KEYS`] (split-K), so one long decode spreads over every thread.
+//! The cut points depend only on the position, never on the batch or the thread count,
+//! and each unit's reduction runs keys in order; the chunks' partial softmax states are
+//! then combined in chunk order. So a row's output is the same bits whatever else runs
+//! in the step and however many threads run it.
+//!
+//! NOTE: the arithmetic is that of llama.cpp's CPU flash attention (its default): the
+//! query rounded to f16, an online softmax over the keys in order, and the value
+//! accumulator kept in f16. SmolLM2's attention is sensitive enough that a more exact
+//! f32 accumulation lands further from llama.cpp than its own noise. Up to
+//! [`SPLIT_KEYS`] keys there is one chunk and the result is exactly llama.cpp's.
+
+use super::cache::KvBatch;
+use crate::kernels::{self, Isa, ThreadPool};
+use std::sync::Mutex;
+
+/// Keys per split-K chunk.
+pub const SPLIT_KEYS: usize = 1024;
+
+/// Attention head layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// One (row, head, key range) piece of work.
+#[derive(Clone, Copy)]
+struct Unit {
+    row: u32,
+    head: u32,
+    k0: u32,
+    k1: u32,
+}
+
+/// Grouped-query attention of `q` (`rows.len()` rows of `n_heads · head_dim`) into `out`
+/// (same shape). `rows[r] = (seq, pos)`: row `r` belongs to sequence `seq` of `kv` and
+/// sits at position `pos`, whose K/V (and all before it) are already written.
+#[allow(clippy::too_many_arguments)]
+pub fn attention<B: KvBatch + ?Sized>(
+    pool: &ThreadPool,
+    isa: Isa,
+    heads: Heads,
+    kv: &B,
+    layer: usize,
+    rows: &[(usize, usize)],
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let Heads {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+    } = heads;
+    let (group, kv_dim, d) = (nh / nkv, nkv * hd, nh * hd);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut units = Vec::new();
+    for (r, &(_, pos)) in rows.iter().enumerate() {
+        for h in 0..nh {
+            for k0 in (0..=pos).step_by(SPLIT_KEYS) {
+                let k1 = (k0 + SPLIT_KEYS).min(pos + 1);
+                units.push(Unit {
+                    row: r as u32,
+                    head: h as u32,
+                    k0: k0 as u32,
+                    k1: k1 as u32,
+                });
+            }
+        }
+    }
+    // Contiguous runs of units with about equal keys each.
+    let threads = pool.threads().min(units.len()).max(1);
+    let total: u64 = units.iter().map(|u| u64::from(u.k1 - u.k0)).sum();
+    let mut bounds = vec![0usize];
+    let mut acc = 0u64;
+    for (i, u) in units.iter().enumerate() {
+        acc += u64::from(u.k1 - u.k0);
+        if bounds.len() < threads && acc * threads as u64 >= total * bounds.len() as u64 {
+            bounds.push(i + 1);
+        }
+    }
+    while bounds.len() <= threads {
+        bounds.push(units.len());
+    }
+    // Each unit leaves its partial state: [max, sum, acc(hd)].
+    let stride = hd + 2;
+    let mut partial = vec![0f32; units.len() * stride];
+    let mut parts: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(threads);
+    let mut rest = &mut partial[..];
+    for t in 0..threads {
+        let (mine, tail) = rest.split_at_mut((bounds[t + 1] - bounds[t]) * stride);
+        parts.push(Mutex::new(mine));
+        rest = tail;
+    }
+    pool.run(&|t| {
+        if t >= threads {
+            return;
+        }
+        let mut guard = parts[t].lock().unwrap_or_else(|e| e.into_inner());
+        let mine: &mut [f32] = &mut guard;
+        let mut q16 = Vec::with_capacity(hd);
+        let mut last = (u32::MAX, u32::MAX);
+        for (i, u) in units[bounds[t]..bounds[t + 1]].iter().enumerate() {
+            let (r, h) = (u.row as usize, u.head as usize);
+            if last != (u.row, u.head) {
+                q16 = kernels::round_f16(&q[r * d + h * hd..r * d + (h + 1) * hd]);
+                last = (u.row, u.head);
+            }
+            let (head, acc) = mine[i * stride..(i + 1) * stride].split_at_mut(2);
+            let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+            acc.fill(0.0);
+            let (seq, off) = (rows[r].0, (h / group) * hd);
+            let mut p = u.k0 as usize;
+            while p < u.k1 as usize {
+                let (ks, vs) = kv.kv_run(seq, layer, p);
+                let n = (ks.len() / kv_dim).min(u.k1 as usize - p);
+                let (ks, vs) = (&ks[off..], &vs[off..]);
+                kernels::attend_run(isa, &q16, ks, vs, kv_dim, n, scale, (&mut m, &mut sum), acc);
+                p += n;
+            }
+            head[0] = m;
+            head[1] = sum;
+        }
+    });
+    drop(parts);
+    // Combine each (row, head)'s chunks in order.
+    let mut i = 0;
+    while i < units.len() {
+        let (r, h) = (units[i].row as usize, units[i].head as usize);
+        let mut j = i;
+        while j < units.len() && (units[j].row, units[j].head) == (units[i].row, units[i].head) {
+            j += 1;
+        }
+        let mx = (i..j)
+            .map(|c| partial[c * stride])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let o = &mut out[r * d + h * hd..r * d + (h + 1) * hd];
+        o.fill(0.0);
+        let mut sum = 0f32;
+        for c in i..j {
+            let part = &partial[c * stride..(c + 1) * stride];
+            let w = (part[0] - mx).exp();
+            sum += part[1] * w;
+            o.iter_mut().zip(&part[2..]).for_each(|(y, a)| *y += a * w);
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        o.iter_mut().for_each(|y| *y *= inv);
+        i = j;
+    }
+}
