@@ -428,6 +428,7 @@ pub unsafe fn attend_run_64(
     // SAFETY: q16 and acc hold 64 floats (asserted above).
     let qv: [__m256; 8] =
         std::array::from_fn(|i| unsafe { _mm256_loadu_ps(q16[8 * i..].as_ptr()) });
+    // SAFETY: as above.
     let mut av: [__m256; 8] =
         std::array::from_fn(|i| unsafe { _mm256_loadu_ps(acc[8 * i..].as_ptr()) });
     let (kp, vp) = (k.as_ptr(), v.as_ptr());
