@@ -25,4 +25,9 @@ impl SplitMix64 {
     pub fn signed_f32(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
+
+    /// Uniform in [0, n) (n > 0; the tiny modulo bias does not matter here).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
 }

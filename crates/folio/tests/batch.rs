@@ -1,0 +1,345 @@
+//! The batched forward step over many sequences: a sequence's logits are the same bits
+//! alone or in any batch, prefilled whole or in chunks, cold or from the prefix cache,
+//! at any page size and thread count; paged attention equals dense-gather attention.
+
+mod common;
+
+use folio::gguf::GgmlType;
+use folio::kernels::quant::f32_to_f16;
+use folio::kernels::{self, ThreadPool};
+use folio::kv::{PageTable, PagedKv};
+use folio::model::{attention, Heads, KvBatch, KvCache, Logits, Model, Step, SPLIT_KEYS};
+use folio::rng::SplitMix64;
+
+fn tiny(threads: usize) -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    folio::tiny::write_model(&path, 5, GgmlType::Q4_1).unwrap();
+    let m = Model::load(&path, threads).unwrap();
+    (dir, m)
+}
+
+/// `n` token lists; some share long prefixes with earlier ones.
+fn workload(rng: &mut SplitMix64, vocab: usize, n: usize, max_len: usize) -> Vec<Vec<u32>> {
+    let mut out: Vec<Vec<u32>> = Vec::new();
+    for _ in 0..n {
+        let len = 2 + rng.below(max_len as u64 - 2) as usize;
+        let mut t: Vec<u32> = match out.last() {
+            Some(prev) if rng.below(2) == 0 => prev[..prev.len().min(len) * 3 / 4].to_vec(),
+            _ => Vec::new(),
+        };
+        while t.len() < len {
+            t.push(rng.below(vocab as u64) as u32);
+        }
+        out.push(t);
+    }
+    out
+}
+
+/// Every position's logits of each sequence, run alone in one pass on a contiguous cache.
+fn alone(m: &Model, seqs: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    seqs.iter()
+        .map(|t| {
+            let mut c = m.new_cache(t.len());
+            m.forward(&mut c, t, Logits::All).unwrap()
+        })
+        .collect()
+}
+
+/// Runs all sequences through random batched steps (random subsets, random chunk
+/// lengths, decode-sized and prefill-sized mixed) on one paged pool and checks every
+/// returned row against `want`. With `warm`, each sequence first attaches whatever
+/// prefix the pool has indexed.
+fn batched(
+    m: &Model,
+    seqs: &[Vec<u32>],
+    want: &[Vec<f32>],
+    page_size: usize,
+    warm: bool,
+    rng: &mut SplitMix64,
+) -> usize {
+    let v = m.config.vocab;
+    let mut kv = m.new_paged(4096, page_size, 4096);
+    let mut tables: Vec<PageTable> = seqs.iter().map(|_| kv.new_table(None)).collect();
+    let mut hits = 0;
+    let mut started = vec![false; seqs.len()];
+    loop {
+        let mut chosen = Vec::new();
+        for (i, (t, s)) in tables.iter_mut().zip(seqs).enumerate() {
+            if s.len() > t.len() && rng.below(3) > 0 {
+                if warm && !started[i] {
+                    // Attach what the pool indexed from the sequences run so far.
+                    hits += kv.seq(t).reuse_prefix(s);
+                }
+                started[i] = true;
+                let left = s.len() - t.len();
+                let n = if rng.below(2) == 0 {
+                    1
+                } else {
+                    1 + rng.below(left as u64) as usize
+                };
+                chosen.push((i, t.len(), n.min(left)));
+            }
+        }
+        if chosen.is_empty() {
+            if tables.iter().zip(seqs).all(|(t, s)| t.len() == s.len()) {
+                break;
+            }
+            continue;
+        }
+        let steps: Vec<Step> = chosen
+            .iter()
+            .map(|&(i, at, n)| Step {
+                tokens: &seqs[i][at..at + n],
+                want: Logits::All,
+            })
+            .collect();
+        let picked: Vec<&mut PageTable> = tables
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| chosen.iter().any(|c| c.0 == *i))
+            .map(|(_, t)| t)
+            .collect();
+        let out = m.forward_batch(&mut kv.batch(picked), &steps).unwrap();
+        for (&(i, at, n), got) in chosen.iter().zip(&out) {
+            assert!(
+                got[..] == want[i][at * v..(at + n) * v],
+                "sequence {i}, positions {at}..{}, page size {page_size}, warm {warm}",
+                at + n
+            );
+        }
+    }
+    hits
+}
+
+#[test]
+fn batched_logits_equal_single_sequence_runs_bit_for_bit() {
+    let (_d1, one) = tiny(1);
+    let (_d2, two) = tiny(2);
+    let mut rng = SplitMix64(77);
+    let mut warm_hits = 0;
+    for case in 0..6 {
+        let seqs = workload(&mut rng, one.config.vocab, 7, 120);
+        // The oracle: alone, contiguous cache, one thread.
+        let want = alone(&one, &seqs);
+        for &ps in &[1usize, 3, 16] {
+            let cold = batched(&two, &seqs, &want, ps, false, &mut rng);
+            assert_eq!(cold, 0);
+            warm_hits += batched(&two, &seqs, &want, ps, true, &mut rng);
+        }
+        // Warm: the second pass over the same pool finds the first pass's pages.
+        let mut kv = two.new_paged(4096, 16, 4096);
+        let mut first = kv.new_table(None);
+        two.forward(&mut kv.seq(&mut first), &seqs[0], Logits::All)
+            .unwrap();
+        let mut t = kv.new_table(None);
+        let hit = kv.seq(&mut t).reuse_prefix(&seqs[0]);
+        assert!(
+            hit >= (seqs[0].len() - 1) / 16 * 16,
+            "case {case}: hit {hit}"
+        );
+        let rest = &seqs[0][hit..];
+        let got = two.forward(&mut kv.seq(&mut t), rest, Logits::All).unwrap();
+        assert!(
+            got[..] == want[0][hit * two.config.vocab..],
+            "case {case}: warm"
+        );
+    }
+    assert!(warm_hits > 0, "the warm runs found no prefix");
+}
+
+#[test]
+fn the_default_model_batched_equals_alone_including_split_k() {
+    let m = Model::load(&common::model_path(), 2).unwrap();
+    let mut rng = SplitMix64(3);
+    let v = m.config.vocab;
+    // One sequence long enough for split-K attention (more than SPLIT_KEYS keys).
+    let mut seqs = workload(&mut rng, v, 4, 60);
+    seqs.push(
+        (0..SPLIT_KEYS + 40)
+            .map(|i| (i * 7919 % v) as u32)
+            .collect(),
+    );
+    let mut kv = m.new_paged(2048, 16, 4096);
+    let mut tables: Vec<PageTable> = seqs.iter().map(|_| kv.new_table(None)).collect();
+    // Prefill everything but the last token in one batch, then decode the last tokens
+    // together, and compare the last rows with each sequence alone.
+    let steps: Vec<Step> = seqs
+        .iter()
+        .map(|s| Step {
+            tokens: &s[..s.len() - 1],
+            want: Logits::Last,
+        })
+        .collect();
+    m.forward_batch(&mut kv.batch(tables.iter_mut().collect()), &steps)
+        .unwrap();
+    let steps: Vec<Step> = seqs
+        .iter()
+        .map(|s| Step {
+            tokens: &s[s.len() - 1..],
+            want: Logits::Last,
+        })
+        .collect();
+    let got = m
+        .forward_batch(&mut kv.batch(tables.iter_mut().collect()), &steps)
+        .unwrap();
+    for (i, s) in seqs.iter().enumerate() {
+        let mut c = m.new_cache(s.len());
+        let want = m.forward(&mut c, s, Logits::Last).unwrap();
+        assert!(got[i] == want, "sequence {i} ({} tokens)", s.len());
+    }
+}
+
+/// A pool with `seqs` sequences of random K/V written into deliberately scattered pages.
+fn scattered(
+    lens: &[usize],
+    kv_dim: usize,
+    ps: usize,
+    rng: &mut SplitMix64,
+) -> (PagedKv, Vec<PageTable>) {
+    let pages: usize = lens.iter().map(|l| l.div_ceil(ps)).sum::<usize>() * 2 + 4;
+    let mut kv = PagedKv::new(pages, ps, 1, kv_dim, 1 << 20, b"test");
+    // Interleave the sequences token by token so their pages alternate in the pool.
+    let mut tables: Vec<PageTable> = lens.iter().map(|_| kv.new_table(None)).collect();
+    let max = *lens.iter().max().unwrap();
+    for p in 0..max {
+        for (t, &len) in tables.iter_mut().zip(lens) {
+            if p < len {
+                kv.seq_begin(t, &[rng.below(1000) as u32]).unwrap();
+                let k: Vec<f32> = (0..kv_dim).map(|_| rng.signed_f32() * 2.0).collect();
+                let v: Vec<f32> = (0..kv_dim).map(|_| rng.signed_f32() * 3.0).collect();
+                kv.seq_write(t, 0, p, &k, &v).unwrap();
+            }
+        }
+    }
+    (kv, tables)
+}
+
+#[test]
+fn paged_attention_equals_dense_gather_attention() {
+    let heads = Heads {
+        n_heads: 6,
+        n_kv_heads: 2,
+        head_dim: 64,
+    };
+    let (d, kvd) = (6 * 64, 2 * 64);
+    let mut rng = SplitMix64(9);
+    let lens = [1, 37, 300, SPLIT_KEYS + 1, 2 * SPLIT_KEYS + 77];
+    for ps in [1, 16, 64] {
+        let (mut kv, mut tables) = scattered(&lens, kvd, ps, &mut rng);
+        // Gather: each sequence copied into a contiguous cache.
+        let mut dense: Vec<folio::model::BasicCache> = Vec::new();
+        for t in tables.iter_mut() {
+            let seq = kv.seq(t);
+            let mut c = folio::model::BasicCache::new(1, kvd, seq.len());
+            let toks = seq.tokens();
+            c.begin(&toks).unwrap();
+            for p in 0..seq.len() {
+                let k: Vec<f32> = seq
+                    .k_row(0, p)
+                    .iter()
+                    .map(|&h| folio::kernels::quant::f16_to_f32(h))
+                    .collect();
+                let v: Vec<f32> = seq
+                    .v_row(0, p)
+                    .iter()
+                    .map(|&h| folio::kernels::quant::f16_to_f32(h))
+                    .collect();
+                c.write(0, p, &k, &v).unwrap();
+            }
+            c.finish().unwrap();
+            dense.push(c);
+        }
+        // Queries: for each sequence its last position and a few earlier ones.
+        let mut rows = Vec::new();
+        for (s, &len) in lens.iter().enumerate() {
+            for pos in [len - 1, len / 2, 0] {
+                rows.push((s, pos));
+            }
+        }
+        let q: Vec<f32> = (0..rows.len() * d)
+            .map(|_| rng.signed_f32() * 3.0)
+            .collect();
+        let mut out = Vec::new();
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads);
+            let mut paged = vec![0f32; q.len()];
+            let batch = kv.batch(tables.iter_mut().collect());
+            attention(
+                &pool,
+                kernels::isa(),
+                heads,
+                &batch,
+                0,
+                &rows,
+                &q,
+                &mut paged,
+            );
+            let mut gathered = vec![0f32; q.len()];
+            let mut refs: Vec<&mut folio::model::BasicCache> = dense.iter_mut().collect();
+            let dense_batch: &mut [&mut folio::model::BasicCache] = &mut refs;
+            attention(
+                &pool,
+                kernels::isa(),
+                heads,
+                &*dense_batch,
+                0,
+                &rows,
+                &q,
+                &mut gathered,
+            );
+            assert!(paged == gathered, "page size {ps}, {threads} threads");
+            out.push(paged);
+        }
+        assert!(out[0] == out[1], "thread count changed the bits");
+        // And it is attention: close to an f64 softmax (split-K included).
+        for (r, &(s, pos)) in rows.iter().enumerate() {
+            for h in 0..6 {
+                let g = h / 3;
+                let qh: Vec<f64> = q[r * d + h * 64..r * d + (h + 1) * 64]
+                    .iter()
+                    .map(|&x| folio::kernels::quant::f16_to_f32(f32_to_f16(x)) as f64)
+                    .collect();
+                let c = &dense[s];
+                let f = |x: &[u16]| -> Vec<f64> {
+                    x[g * 64..(g + 1) * 64]
+                        .iter()
+                        .map(|&h| folio::kernels::quant::f16_to_f32(h) as f64)
+                        .collect()
+                };
+                let sc: Vec<f64> = (0..=pos)
+                    .map(|p| {
+                        f(c.k_row(0, p))
+                            .iter()
+                            .zip(&qh)
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / 8.0
+                    })
+                    .collect();
+                let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
+                let w: Vec<f64> = sc.iter().map(|x| (x - mx).exp()).collect();
+                let z: f64 = w.iter().sum();
+                for dd in 0..64 {
+                    let want: f64 = (0..=pos).map(|p| w[p] / z * f(c.v_row(0, p))[dd]).sum();
+                    let got = out[0][r * d + h * 64 + dd] as f64;
+                    assert!(
+                        (got - want).abs() < 0.03,
+                        "row {r} head {h}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_write_outside_the_page_table_is_an_error() {
+    let mut rng = SplitMix64(1);
+    let (mut kv, mut tables) = scattered(&[5, 20], 64, 16, &mut rng);
+    let row = vec![0f32; 64];
+    let mut b = kv.batch(tables.iter_mut().collect());
+    assert!(b.write(0, 0, 5, &row, &row).is_err());
+    assert!(b.write(1, 0, 20, &row, &row).is_err());
+    assert!(b.write(1, 0, 19, &row, &row).is_ok());
+}
