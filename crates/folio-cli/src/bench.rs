@@ -31,6 +31,14 @@ pub struct Args {
     /// time at 1k and 32k tokens, and a 2000-token prefill cold vs with its prefix indexed.
     #[arg(long)]
     pub kv_figures: bool,
+    /// Also print the batched step's figures: aggregate decode tok/s at batch 1-32 and
+    /// paged vs gather+dense attention time at 512, 2k and 8k tokens of context.
+    #[arg(long)]
+    pub batch_figures: bool,
+    /// llama.cpp's aggregate decode tok/s for 16 sequences (from its
+    /// `llama-batched-bench`), to print our batch-16 figure against.
+    #[arg(long)]
+    pub llama_batched: Option<f64>,
 }
 
 const TEXT: &str = "The history of the printing press begins long before Gutenberg, with movable type made of baked clay and later cast in bronze. ";
@@ -97,6 +105,9 @@ pub fn run(a: Args) -> Result<()> {
     );
     if a.kv_figures {
         kv_figures(&model, &a)?;
+    }
+    if a.batch_figures {
+        crate::bench_batch::run(&model, a.model.page_size, a.llama_batched)?;
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `folio`: the command line. Only this crate prints, parses flags or knows JSON.
 
 mod bench;
+mod bench_batch;
 mod chat;
 mod generate;
 mod opts;

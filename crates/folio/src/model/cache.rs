@@ -126,6 +126,13 @@ impl BasicCache {
     }
 }
 
+impl BasicCache {
+    /// One layer's K and V slabs, `capacity` rows each (for copying rows in bulk).
+    pub fn layer_mut(&mut self, layer: usize) -> (&mut [u16], &mut [u16]) {
+        (&mut self.k[layer], &mut self.v[layer])
+    }
+}
+
 impl KvCache for BasicCache {
     fn len(&self) -> usize {
         self.len

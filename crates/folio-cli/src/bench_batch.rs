@@ -1,0 +1,174 @@
+//! `folio bench --batch-figures`: the batched step's figures. Aggregate decode tok/s of
+//! B sequences stepping together (B = 1 … 32) with our own B = 1 as the baseline, and
+//! attention time for one decode query per sequence read through scattered pages vs
+//! gathered into a contiguous copy first vs already contiguous.
+
+use anyhow::Result;
+use folio::kernels::{self, ThreadPool};
+use folio::kv::{PageTable, PagedKv};
+use folio::model::{attention, sampler::argmax, BasicCache, Heads, KvCache, Logits, Model, Step};
+use folio::rng::SplitMix64;
+use std::time::Instant;
+
+/// Aggregate decode speed at each batch size, and the attention comparison.
+pub fn run(model: &Model, page_size: usize, llama_batched: Option<f64>) -> Result<()> {
+    println!();
+    println!("Batched decode (each sequence: its own 32-token prompt, then 32 greedy steps together)");
+    println!("| batch | aggregate tok/s | per sequence tok/s | vs batch 1 |");
+    println!("|-------|-----------------|--------------------|------------|");
+    let mut base = 0.0;
+    let mut at16 = 0.0;
+    for b in [1usize, 2, 4, 8, 16, 32] {
+        let tps = aggregate_decode(model, page_size, b, 32, 32)?;
+        if b == 1 {
+            base = tps;
+        }
+        if b == 16 {
+            at16 = tps;
+        }
+        println!(
+            "| {b:>5} | {tps:>15.1} | {:>18.1} | {:>9.2}x |",
+            tps / b as f64,
+            tps / base
+        );
+    }
+    if let Some(l) = llama_batched {
+        println!(
+            "batch 16: {at16:.1} tok/s = {:.2}x llama.cpp's batched figure ({l:.1} tok/s)",
+            at16 / l
+        );
+    }
+
+    println!();
+    println!("Attention, one decode query per layer pass (9 heads over 3 KV heads, head 64)");
+    println!("| context | paged (scattered pages) ms | gather + dense ms | dense (contiguous) ms | gather+dense / paged |");
+    println!("|---------|----------------------------|------------------|------------------------|----------------------|");
+    let c = &model.config;
+    let heads = Heads {
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim,
+    };
+    let pool = ThreadPool::new(model.threads());
+    for ctx in [512usize, 2048, 8192] {
+        let (p, g, d) = attention_times(&pool, heads, page_size, ctx);
+        println!(
+            "| {ctx:>7} | {:>26.3} | {:>16.3} | {:>22.3} | {:>19.2}x |",
+            p * 1e3,
+            g * 1e3,
+            d * 1e3,
+            g / p
+        );
+    }
+    Ok(())
+}
+
+/// Tokens per second of `b` sequences decoding `steps` tokens in lockstep.
+fn aggregate_decode(
+    model: &Model,
+    page_size: usize,
+    b: usize,
+    prompt: usize,
+    steps: usize,
+) -> Result<f64> {
+    let v = model.config.vocab as u64;
+    let per_seq = (prompt + steps).div_ceil(page_size) + 1;
+    let mut kv = model.new_paged(b * per_seq + 8, page_size, prompt + steps + 1);
+    let mut rng = SplitMix64(b as u64);
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|_| (0..prompt).map(|_| rng.below(v) as u32).collect())
+        .collect();
+    let mut tables: Vec<PageTable> = (0..b).map(|_| kv.new_table(None)).collect();
+    let pre: Vec<Step> = prompts
+        .iter()
+        .map(|p| Step {
+            tokens: p,
+            want: Logits::Last,
+        })
+        .collect();
+    let mut logits = model.forward_batch(&mut kv.batch(tables.iter_mut().collect()), &pre)?;
+    let t = Instant::now();
+    for _ in 0..steps {
+        let next: Vec<[u32; 1]> = logits.iter().map(|l| [argmax(l)]).collect();
+        let st: Vec<Step> = next
+            .iter()
+            .map(|n| Step {
+                tokens: n,
+                want: Logits::Last,
+            })
+            .collect();
+        logits = model.forward_batch(&mut kv.batch(tables.iter_mut().collect()), &st)?;
+    }
+    Ok((b * steps) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Seconds per call of: paged attention over a sequence whose pages alternate with
+/// another's, gather of those pages into a contiguous cache plus dense attention, and
+/// dense attention over an already contiguous cache (median of many calls).
+fn attention_times(pool: &ThreadPool, heads: Heads, ps: usize, ctx: usize) -> (f64, f64, f64) {
+    let kvd = heads.n_kv_heads * heads.head_dim;
+    let d = heads.n_heads * heads.head_dim;
+    let mut rng = SplitMix64(ctx as u64);
+    let mut kv = PagedKv::new(2 * ctx.div_ceil(ps) + 2, ps, 1, kvd, ctx, b"bench");
+    let mut tables = [kv.new_table(None), kv.new_table(None)];
+    for p in 0..ctx {
+        for t in tables.iter_mut() {
+            kv.seq_begin(t, &[0]).expect("pool sized for both");
+            let k: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
+            let v: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
+            kv.seq_write(t, 0, p, &k, &v).expect("in the table");
+        }
+    }
+    let q: Vec<f32> = (0..d).map(|_| rng.signed_f32()).collect();
+    let rows = [(0usize, ctx - 1)];
+    let mut out = vec![0f32; d];
+    let isa = kernels::isa();
+    let reps = (200_000 / ctx).max(20);
+    let time = |f: &mut dyn FnMut()| {
+        let mut v: Vec<f64> = (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let [t0, _] = &mut tables;
+    let paged = {
+        let batch = kv.batch(vec![t0]);
+        time(&mut || attention(pool, isa, heads, &batch, 0, &rows, &q, &mut out))
+    };
+    let mut dense = BasicCache::new(1, kvd, ctx);
+    dense.begin(&vec![0; ctx]).expect("sized");
+    dense.finish().expect("sized");
+    let mut gathered = BasicCache::new(1, kvd, ctx);
+    gathered.begin(&vec![0; ctx]).expect("sized");
+    gathered.finish().expect("sized");
+    let gather = {
+        let seq = kv.seq(&mut tables[0]);
+        time(&mut || {
+            // What a gather-based engine does each step: copy the history contiguous
+            // (into a reused buffer), then run dense attention over the copy.
+            let (k, v) = gathered.layer_mut(0);
+            let mut p = 0;
+            while p < ctx {
+                let (ks, vs) = seq.kv_run(0, p);
+                let n = (ks.len() / kvd).min(ctx - p);
+                k[p * kvd..(p + n) * kvd].copy_from_slice(&ks[..n * kvd]);
+                v[p * kvd..(p + n) * kvd].copy_from_slice(&vs[..n * kvd]);
+                p += n;
+            }
+            let mut refs = [&mut gathered];
+            let batch: &mut [&mut BasicCache] = &mut refs;
+            attention(pool, isa, heads, &*batch, 0, &rows, &q, &mut out);
+        })
+    };
+    let dense_t = {
+        let mut refs = [&mut dense];
+        let batch: &mut [&mut BasicCache] = &mut refs;
+        time(&mut || attention(pool, isa, heads, &*batch, 0, &rows, &q, &mut out))
+    };
+    (paged, gather, dense_t)
+}
