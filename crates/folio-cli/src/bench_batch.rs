@@ -13,7 +13,9 @@ use std::time::Instant;
 /// Aggregate decode speed at each batch size, and the attention comparison.
 pub fn run(model: &Model, page_size: usize, llama_batched: Option<f64>) -> Result<()> {
     println!();
-    println!("Batched decode (each sequence: its own 32-token prompt, then 32 greedy steps together)");
+    println!(
+        "Batched decode (each sequence: its own 32-token prompt, then 32 greedy steps together)"
+    );
     println!("| batch | aggregate tok/s | per sequence tok/s | vs batch 1 |");
     println!("|-------|-----------------|--------------------|------------|");
     let mut base = 0.0;

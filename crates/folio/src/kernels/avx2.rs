@@ -403,27 +403,19 @@ unsafe fn round_f16(v: __m256) -> __m256 {
     _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
 }
 
-/// The twin of `scalar::attend_run` for head size 64, with the accumulator held in
-/// registers for the whole run (rounded to f16 after every step, so the bits are the
+/// The twin of `scalar::attend_runs` for head size 64, with the accumulator held in
+/// registers across all runs (rounded to f16 after every step, so the bits are the
 /// same).
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attend_run_64(
+pub unsafe fn attend_runs_64(
     q16: &[f32],
-    k: &[u16],
-    v: &[u16],
+    runs: &[super::KvRun],
     stride: usize,
-    n: usize,
     scale: f32,
     state: (&mut f32, &mut f32),
     acc: &mut [f32],
 ) {
     assert!(q16.len() == 64 && acc.len() == 64 && stride >= 64);
-    if n == 0 {
-        return;
-    }
-    let last = (n - 1) * stride + 64;
-    assert!(k.len() >= last && v.len() >= last);
     let (m, sum) = state;
     // SAFETY: q16 and acc hold 64 floats (asserted above).
     let qv: [__m256; 8] =
@@ -431,46 +423,65 @@ pub unsafe fn attend_run_64(
     // SAFETY: as above.
     let mut av: [__m256; 8] =
         std::array::from_fn(|i| unsafe { _mm256_loadu_ps(acc[8 * i..].as_ptr()) });
-    let (kp, vp) = (k.as_ptr(), v.as_ptr());
-    for p in 0..n {
-        // SAFETY: row p spans p*stride .. p*stride+64 < last <= len (asserted above).
-        let (kr, vr) = unsafe { (kp.add(p * stride), vp.add(p * stride)) };
-        // SAFETY: kr holds 64 halves (see above).
-        let kf =
-            |i: usize| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(kr.add(8 * i) as *const __m128i)) };
-        let mut d = [_mm256_setzero_ps(); 4];
-        for i in 0..8 {
-            d[i % 4] = _mm256_fmadd_ps(kf(i), qv[i], d[i % 4]);
+    for run in runs {
+        if run.n == 0 {
+            continue;
         }
-        // ggml's reduction order, then its horizontal sum.
-        // SAFETY: same CPU features as this function.
-        let s = unsafe {
-            hsum_hadd(_mm256_add_ps(
-                _mm256_add_ps(d[0], d[2]),
-                _mm256_add_ps(d[1], d[3]),
-            ))
-        } * scale;
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if s > *m {
-            ms = (*m - s).exp();
-            *m = s;
-            let msv = _mm256_set1_ps(ms);
-            for a in av.iter_mut() {
+        let last = (run.n - 1) * stride + 64;
+        assert!(run.k.len() >= last && run.v.len() >= last);
+        let (kp, vp) = (run.k.as_ptr(), run.v.as_ptr());
+        // Scores of up to 16 keys first (independent work the CPU overlaps), then the
+        // online softmax over them in key order: the same operations per key as one
+        // key at a time, so the same bits.
+        let mut scores = [0f32; 16];
+        for g0 in (0..run.n).step_by(16) {
+            let g1 = (g0 + 16).min(run.n);
+            for (p, sc) in (g0..g1).zip(scores.iter_mut()) {
+                // SAFETY: row p spans p*stride .. p*stride+64 <= last <= len (asserted).
+                let kr = unsafe { kp.add(p * stride) };
+                // SAFETY: kr holds 64 halves (see above).
+                let kf = |i: usize| unsafe {
+                    _mm256_cvtph_ps(_mm_loadu_si128(kr.add(8 * i) as *const __m128i))
+                };
+                let mut d = [_mm256_setzero_ps(); 4];
+                for i in 0..8 {
+                    d[i % 4] = _mm256_fmadd_ps(kf(i), qv[i], d[i % 4]);
+                }
+                // ggml's reduction order, then its horizontal sum.
                 // SAFETY: same CPU features as this function.
-                *a = unsafe { round_f16(_mm256_mul_ps(*a, msv)) };
+                *sc = unsafe {
+                    hsum_hadd(_mm256_add_ps(
+                        _mm256_add_ps(d[0], d[2]),
+                        _mm256_add_ps(d[1], d[3]),
+                    ))
+                } * scale;
             }
-        } else {
-            vs = (s - *m).exp();
-        }
-        let vsv = _mm256_set1_ps(vs);
-        for (i, a) in av.iter_mut().enumerate() {
-            // SAFETY: vr holds 64 halves; same CPU features as this function.
-            unsafe {
-                let vv = _mm256_cvtph_ps(_mm_loadu_si128(vr.add(8 * i) as *const __m128i));
-                *a = round_f16(_mm256_fmadd_ps(vv, vsv, *a));
+            for (p, &s) in (g0..g1).zip(scores.iter()) {
+                // SAFETY: as above, for the V row.
+                let vr = unsafe { vp.add(p * stride) };
+                let (mut ms, mut vs) = (1f32, 1f32);
+                if s > *m {
+                    ms = (*m - s).exp();
+                    *m = s;
+                    let msv = _mm256_set1_ps(ms);
+                    for a in av.iter_mut() {
+                        // SAFETY: same CPU features as this function.
+                        *a = unsafe { round_f16(_mm256_mul_ps(*a, msv)) };
+                    }
+                } else {
+                    vs = (s - *m).exp();
+                }
+                let vsv = _mm256_set1_ps(vs);
+                for (i, a) in av.iter_mut().enumerate() {
+                    // SAFETY: vr holds 64 halves; same CPU features as this function.
+                    unsafe {
+                        let vv = _mm256_cvtph_ps(_mm_loadu_si128(vr.add(8 * i) as *const __m128i));
+                        *a = round_f16(_mm256_fmadd_ps(vv, vsv, *a));
+                    }
+                }
+                *sum = sum.mul_add(ms, vs);
             }
         }
-        *sum = sum.mul_add(ms, vs);
     }
     for (i, a) in av.iter().enumerate() {
         // SAFETY: acc holds 64 floats.

@@ -77,15 +77,22 @@ pub fn dot_f16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
     }
 }
 
-/// Continues one query's online softmax over a run of keys (see `scalar::attend_run`).
-#[allow(clippy::too_many_arguments)]
-pub fn attend_run(
+/// A run of keys stored at a fixed row stride: `n` K rows from the start of `k`, the
+/// matching V rows from the start of `v` (one page of a paged cache, or a whole
+/// contiguous cache).
+#[derive(Debug, Clone, Copy)]
+pub struct KvRun<'a> {
+    pub k: &'a [u16],
+    pub v: &'a [u16],
+    pub n: usize,
+}
+
+/// Continues one query's online softmax over runs of keys (see `scalar::attend_runs`).
+pub fn attend_runs(
     isa: Isa,
     q16: &[f32],
-    k: &[u16],
-    v: &[u16],
+    runs: &[KvRun],
     stride: usize,
-    n: usize,
     scale: f32,
     state: (&mut f32, &mut f32),
     acc: &mut [f32],
@@ -94,9 +101,9 @@ pub fn attend_run(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
         Isa::Avx2 if q16.len() == 64 => unsafe {
-            avx2::attend_run_64(q16, k, v, stride, n, scale, state, acc)
+            avx2::attend_runs_64(q16, runs, stride, scale, state, acc)
         },
-        _ => scalar::attend_run(q16, k, v, stride, n, scale, state, acc),
+        _ => scalar::attend_runs(q16, runs, stride, scale, state, acc),
     }
 }
 

@@ -309,19 +309,16 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// Continues one query's online softmax over `n` keys: key `p`'s K and V rows (head
-/// size `q16.len()`) start at `p * stride` in `k` and `v`. `q16` is the query already
+/// Continues one query's online softmax over runs of keys: in each run, key `p`'s K and
+/// V rows (head size `q16.len()`) start at `p * stride` in its `k` and `v`. `q16` is the query already
 /// rounded to f16; `acc` is the value accumulator, kept at f16 precision (stored as f32)
 /// after every step, as llama.cpp's CPU flash attention keeps it; `m` is the running
 /// maximum score and `sum` the running sum of exp(score − m). Feeding the keys in any
-/// split into runs gives the same bits as one run.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_run(
+/// split into runs or calls gives the same bits.
+pub fn attend_runs(
     q16: &[f32],
-    k: &[u16],
-    v: &[u16],
+    runs: &[super::KvRun],
     stride: usize,
-    n: usize,
     scale: f32,
     state: (&mut f32, &mut f32),
     acc: &mut [f32],
@@ -329,23 +326,25 @@ pub fn attend_run(
     let (m, sum) = state;
     let hd = q16.len();
     let round = |x: f32| f16_to_f32(f32_to_f16(x));
-    for p in 0..n {
-        let (kr, vr) = (
-            &k[p * stride..p * stride + hd],
-            &v[p * stride..p * stride + hd],
-        );
-        let s = dot_f16(kr, q16) * scale;
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if s > *m {
-            ms = (*m - s).exp();
-            *m = s;
-            acc.iter_mut().for_each(|a| *a = round(*a * ms));
-        } else {
-            vs = (s - *m).exp();
+    for &super::KvRun { k, v, n } in runs {
+        for p in 0..n {
+            let (kr, vr) = (
+                &k[p * stride..p * stride + hd],
+                &v[p * stride..p * stride + hd],
+            );
+            let s = dot_f16(kr, q16) * scale;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > *m {
+                ms = (*m - s).exp();
+                *m = s;
+                acc.iter_mut().for_each(|a| *a = round(*a * ms));
+            } else {
+                vs = (s - *m).exp();
+            }
+            for (a, &h) in acc.iter_mut().zip(vr) {
+                *a = round(f16_to_f32(h).mul_add(vs, *a));
+            }
+            *sum = sum.mul_add(ms, vs);
         }
-        for (a, &h) in acc.iter_mut().zip(vr) {
-            *a = round(f16_to_f32(h).mul_add(vs, *a));
-        }
-        *sum = sum.mul_add(ms, vs);
     }
 }

@@ -249,32 +249,26 @@ fn attention_simd_is_bit_identical_to_scalar() {
     let (k, v) = (&k[off..], &v[off..]);
     let run = |isa: Isa, q16: &[f32], len: usize, cut: usize| {
         let (mut m, mut sum, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; 64]);
-        // Two runs split at `cut` must give the bits of one run.
+        // Split at `cut` into two runs of one call, or two calls: the bits of one run.
         let cut = cut.min(len);
-        super::attend_run(
-            isa,
-            q16,
-            k,
-            v,
-            stride,
-            cut,
-            0.125,
-            (&mut m, &mut sum),
-            &mut acc,
-        );
         let k2 = k.get(cut * stride..).unwrap_or(&[]);
         let v2 = v.get(cut * stride..).unwrap_or(&[]);
-        super::attend_run(
-            isa,
-            q16,
-            k2,
-            v2,
-            stride,
-            len - cut,
-            0.125,
-            (&mut m, &mut sum),
-            &mut acc,
-        );
+        let runs = [
+            super::KvRun { k, v, n: cut },
+            super::KvRun {
+                k: k2,
+                v: v2,
+                n: len - cut,
+            },
+        ];
+        let state = (&mut m, &mut sum);
+        if cut % 2 == 0 {
+            super::attend_runs(isa, q16, &runs, stride, 0.125, state, &mut acc);
+        } else {
+            super::attend_runs(isa, q16, &runs[..1], stride, 0.125, state, &mut acc);
+            let state = (&mut m, &mut sum);
+            super::attend_runs(isa, q16, &runs[1..], stride, 0.125, state, &mut acc);
+        }
         acc.iter().map(|a| a / sum).collect::<Vec<f32>>()
     };
     for len in [1, 2, 17, 300] {

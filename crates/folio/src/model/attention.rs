@@ -105,6 +105,7 @@ pub fn attention<B: KvBatch + ?Sized>(
         let mut guard = parts[t].lock().unwrap_or_else(|e| e.into_inner());
         let mine: &mut [f32] = &mut guard;
         let mut q16 = Vec::with_capacity(hd);
+        let mut runs = Vec::new();
         let mut last = (u32::MAX, u32::MAX);
         for (i, u) in units[bounds[t]..bounds[t + 1]].iter().enumerate() {
             let (r, h) = (u.row as usize, u.head as usize);
@@ -116,14 +117,20 @@ pub fn attention<B: KvBatch + ?Sized>(
             let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
             acc.fill(0.0);
             let (seq, off) = (rows[r].0, (h / group) * hd);
+            // The unit's keys as page runs, then one kernel call over all of them.
+            runs.clear();
             let mut p = u.k0 as usize;
             while p < u.k1 as usize {
                 let (ks, vs) = kv.kv_run(seq, layer, p);
                 let n = (ks.len() / kv_dim).min(u.k1 as usize - p);
-                let (ks, vs) = (&ks[off..], &vs[off..]);
-                kernels::attend_run(isa, &q16, ks, vs, kv_dim, n, scale, (&mut m, &mut sum), acc);
+                runs.push(kernels::KvRun {
+                    k: &ks[off..],
+                    v: &vs[off..],
+                    n,
+                });
                 p += n;
             }
+            kernels::attend_runs(isa, &q16, &runs, kv_dim, scale, (&mut m, &mut sum), acc);
             head[0] = m;
             head[1] = sum;
         }
