@@ -262,7 +262,7 @@ fn attention_simd_is_bit_identical_to_scalar() {
             },
         ];
         let state = (&mut m, &mut sum);
-        if cut % 2 == 0 {
+        if cut.is_multiple_of(2) {
             super::attend_runs(isa, q16, &runs, stride, 0.125, state, &mut acc);
         } else {
             super::attend_runs(isa, q16, &runs[..1], stride, 0.125, state, &mut acc);
