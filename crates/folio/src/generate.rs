@@ -5,7 +5,7 @@
 
 use crate::error::RunError;
 use crate::model::{KvCache, Logits, Model, Sampler, SamplingParams};
-use crate::tokenizer::StreamDecoder;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::time::{Duration, Instant};
 
 /// What to generate.
@@ -118,9 +118,7 @@ pub fn generate<C: KvCache + ?Sized>(
     let mut sampler = Sampler::new(params.sampling.clone());
     let mut history = prompt.to_vec();
     let mut ids = Vec::new();
-    let mut text = String::new();
-    let mut emitted = 0;
-    let mut decoder = StreamDecoder::default();
+    let mut out = TextOut::new(&params.stop);
     let tok = &model.tokenizer;
     let decode_start = Instant::now();
     let finish = loop {
@@ -136,19 +134,12 @@ pub fn generate<C: KvCache + ?Sized>(
         if tok.is_eog(id) && !params.ignore_eos {
             break FinishReason::Eos;
         }
-        text.push_str(&decoder.push(tok, id));
-        if let Some(at) = find_stop(&text, &params.stop, emitted) {
-            text.truncate(at);
-            if at > emitted {
-                on_text(&text[emitted..]);
-            }
-            emitted = at;
-            break FinishReason::Stop;
+        let (delta, stopped) = out.push(tok, id);
+        if !delta.is_empty() {
+            on_text(&delta);
         }
-        let safe = text.len() - held_back(&text, &params.stop);
-        if safe > emitted {
-            on_text(&text[emitted..safe]);
-            emitted = safe;
+        if stopped {
+            break FinishReason::Stop;
         }
         if ids.len() >= params.max_tokens || cache.len() + 1 > cache.capacity() {
             break FinishReason::Length;
@@ -156,11 +147,12 @@ pub fn generate<C: KvCache + ?Sized>(
         logits = model.forward(cache, &[id], Logits::Last)?;
     };
     if finish != FinishReason::Stop {
-        text.push_str(&decoder.finish());
-        if text.len() > emitted {
-            on_text(&text[emitted..]);
+        let tail = out.finish();
+        if !tail.is_empty() {
+            on_text(&tail);
         }
     }
+    let text = out.text().to_string();
     stats.generated_tokens = ids.len();
     stats.decode_time = decode_start.elapsed();
     Ok(Output {
@@ -169,6 +161,64 @@ pub fn generate<C: KvCache + ?Sized>(
         finish,
         stats,
     })
+}
+
+/// Generated text as it may be shown: the streaming UTF-8 decoder plus stop strings.
+/// Text that could still turn into a stop string is held back; a stop string and
+/// everything after it is never released.
+pub struct TextOut {
+    decoder: StreamDecoder,
+    text: String,
+    emitted: usize,
+    stops: Vec<String>,
+}
+
+impl TextOut {
+    pub fn new(stops: &[String]) -> Self {
+        Self {
+            decoder: StreamDecoder::default(),
+            text: String::new(),
+            emitted: 0,
+            stops: stops.to_vec(),
+        }
+    }
+
+    /// Adds token `id`: returns the text that became final (possibly empty) and whether
+    /// a stop string appeared (the text then ends before it).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> (String, bool) {
+        self.text.push_str(&self.decoder.push(tok, id));
+        if let Some(at) = find_stop(&self.text, &self.stops, self.emitted) {
+            self.text.truncate(at);
+            let delta = self.text[self.emitted.min(at)..].to_string();
+            self.emitted = at;
+            return (delta, true);
+        }
+        let safe = self.text.len() - held_back(&self.text, &self.stops);
+        if safe > self.emitted {
+            let delta = self.text[self.emitted..safe].to_string();
+            self.emitted = safe;
+            return (delta, false);
+        }
+        (String::new(), false)
+    }
+
+    /// At the end without a stop: everything not yet released.
+    pub fn finish(&mut self) -> String {
+        self.text.push_str(&self.decoder.finish());
+        let delta = self.text[self.emitted..].to_string();
+        self.emitted = self.text.len();
+        delta
+    }
+
+    /// The stop strings.
+    pub fn stops(&self) -> &[String] {
+        &self.stops
+    }
+
+    /// The text released so far.
+    pub fn text(&self) -> &str {
+        &self.text[..self.emitted]
+    }
 }
 
 /// The byte offset of the first stop string that ends after `from`.

@@ -5,10 +5,12 @@
 //! - [`kernels`]: quantized formats, SIMD dot products with scalar twins, matmul, threads.
 //! - [`tokenizer`]: BPE tokenizer and chat template from GGUF metadata.
 //! - [`model`]: the llama-family forward pass, its KV cache and the sampler.
+//! - [`engine`]: the engine thread: continuous batching, preemption, the Context API.
 //! - [`generate`]: one completion on one sequence (prefix reuse, stop strings, stats).
 //! - [`tiny`]: a tiny random model as a real GGUF file, for tests.
 //! - [`error`]: typed errors of every module.
 
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod gguf;

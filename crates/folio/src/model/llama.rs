@@ -21,6 +21,8 @@ pub enum Logits {
     Last,
     /// Every token (teacher forcing, scoring).
     All,
+    /// None (a prefill chunk that does not end the prompt).
+    None,
 }
 
 /// One sequence's part of a batched forward step.
@@ -249,10 +251,14 @@ impl Model {
             match st.want {
                 Logits::Last => picked.push(start + len - 1),
                 Logits::All => picked.extend(start..start + len),
+                Logits::None => {}
             }
             start += len;
         }
         let m = picked.len();
+        if m == 0 {
+            return Ok(vec![Vec::new(); steps.len()]);
+        }
         let mut sel = vec![0f32; m * d];
         for (dst, &r) in sel.chunks_exact_mut(d).zip(&picked) {
             dst.copy_from_slice(&x[r * d..(r + 1) * d]);
@@ -272,6 +278,7 @@ impl Model {
             let k = match st.want {
                 Logits::Last => 1,
                 Logits::All => st.tokens.len(),
+                Logits::None => 0,
             };
             out.push(logits[at * c.vocab..(at + k) * c.vocab].to_vec());
             at += k;

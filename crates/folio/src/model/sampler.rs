@@ -16,7 +16,12 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// 1.0 means no penalty.
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// Subtracted once from the logit of every token seen in the window (OpenAI's
+    /// presence penalty); 0.0 means none.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence in the window (OpenAI's frequency penalty).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
     pub seed: u64,
 }
@@ -29,6 +34,8 @@ impl Default for SamplingParams {
             top_p: 0.95,
             min_p: 0.05,
             repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: 0,
         }
@@ -51,18 +58,20 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = self.params.clone();
         let mut l = logits.to_vec();
-        if p.repeat_penalty != 1.0 {
+        if p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
             let start = history.len().saturating_sub(p.repeat_last_n);
             let mut seen = history[start..].to_vec();
             seen.sort_unstable();
-            seen.dedup();
-            for t in seen {
-                if let Some(v) = l.get_mut(t as usize) {
-                    *v = if *v > 0.0 {
-                        *v / p.repeat_penalty
-                    } else {
-                        *v * p.repeat_penalty
-                    };
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(v) = l.get_mut(run[0] as usize) {
+                    if p.repeat_penalty != 1.0 {
+                        *v = if *v > 0.0 {
+                            *v / p.repeat_penalty
+                        } else {
+                            *v * p.repeat_penalty
+                        };
+                    }
+                    *v -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
                 }
             }
         }

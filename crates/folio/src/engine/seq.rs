@@ -1,0 +1,181 @@
+//! One sample the scheduler runs: its tokens (prompt, then generated), its page table
+//! while it holds pages, and what it is for: generating (sampler, text, stop strings,
+//! limits) or only computing a context's pending tokens (a flush).
+
+use super::{Event, TokenLogprob, Usage};
+use crate::generate::{FinishReason, TextOut};
+use crate::kv::PageTable;
+use crate::model::{sampler::log_softmax, Sampler, SamplingParams};
+use crate::tokenizer::Tokenizer;
+use std::sync::mpsc::Sender;
+
+/// A flush's or a context generation's way back to its context.
+pub(crate) struct CtxLink {
+    pub ctx: u64,
+    /// Answered when a flush completes (generations report through their stream).
+    pub flush_reply: Option<Sender<Result<(), String>>>,
+    /// A chat reply: recorded as the assistant's message when it ends.
+    pub chat_reply: bool,
+}
+
+/// What a sequence is computing for.
+pub(crate) enum Purpose {
+    Generate(Box<Gen>),
+    Flush,
+}
+
+/// Generation state of one sample.
+pub(crate) struct Gen {
+    pub sampler: Sampler,
+    pub text: TextOut,
+    pub generated: usize,
+    pub max_tokens: usize,
+    pub ignore_eos: bool,
+    pub logprobs: Option<usize>,
+    pub tx: Sender<Event>,
+    /// Samples still to fork from this one's prompt once it is computed (n > 1).
+    pub forks: Vec<usize>,
+}
+
+pub(crate) struct Seq {
+    pub req: u64,
+    pub index: usize,
+    /// Arrival order: first come, first served; the newest is preempted first.
+    pub arrival: u64,
+    pub salt: Option<Vec<u8>>,
+    /// Prompt then generated tokens; the last one may not be computed yet.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// The pages holding `tokens[..table.len()]`, while the sequence holds pages.
+    pub table: Option<PageTable>,
+    /// Prompt tokens found in the cache (or shared by a fork) at first admission.
+    pub cached: Option<usize>,
+    pub purpose: Purpose,
+    pub ctx: Option<CtxLink>,
+}
+
+/// What happened after a sample was drawn.
+pub(crate) enum After {
+    Continue,
+    Finished(FinishReason),
+    /// The receiver is gone: cancel.
+    Gone,
+}
+
+impl Gen {
+    pub fn new(
+        params: &SamplingParams,
+        stop: &[String],
+        max_tokens: usize,
+        ignore_eos: bool,
+        logprobs: Option<usize>,
+        tx: Sender<Event>,
+    ) -> Self {
+        Self {
+            sampler: Sampler::new(params.clone()),
+            text: TextOut::new(stop),
+            generated: 0,
+            max_tokens,
+            ignore_eos,
+            logprobs,
+            tx,
+            forks: Vec::new(),
+        }
+    }
+}
+
+impl Seq {
+    /// Tokens still to compute.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.table.as_ref().map_or(0, |t| t.len())
+    }
+
+    pub fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len,
+            cached_tokens: self.cached.unwrap_or(0),
+            completion_tokens: self.tokens.len() - self.prompt_len,
+        }
+    }
+
+    /// Samples the next token from `logits`, records and streams it, and says whether
+    /// the sample goes on. `window` is the most tokens the sequence may hold.
+    pub fn sample(&mut self, tok: &Tokenizer, logits: &[f32], window: usize) -> After {
+        let Purpose::Generate(g) = &mut self.purpose else {
+            return After::Continue;
+        };
+        let id = g.sampler.sample(logits, &self.tokens);
+        self.tokens.push(id);
+        g.generated += 1;
+        let logprob = g.logprobs.map(|k| {
+            let lp = log_softmax(logits);
+            let mut top: Vec<(u32, f32)> = lp
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (i as u32, v as f32))
+                .collect();
+            top.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            top.truncate(k);
+            TokenLogprob {
+                logprob: lp[id as usize] as f32,
+                top,
+            }
+        });
+        let eos = tok.is_eog(id) && !g.ignore_eos;
+        let (text, stopped) = if eos {
+            (String::new(), false)
+        } else {
+            g.text.push(tok, id)
+        };
+        let event = Event::Token {
+            index: self.index,
+            id,
+            text,
+            logprob,
+        };
+        if g.tx.send(event).is_err() {
+            return After::Gone;
+        }
+        if eos {
+            After::Finished(FinishReason::Eos)
+        } else if stopped {
+            After::Finished(FinishReason::Stop)
+        } else if g.generated >= g.max_tokens || self.tokens.len() >= window {
+            After::Finished(FinishReason::Length)
+        } else {
+            After::Continue
+        }
+    }
+
+    /// Sends the sample's final event.
+    pub fn finish(&mut self, why: FinishReason) {
+        let usage = self.usage();
+        if let Purpose::Generate(g) = &mut self.purpose {
+            let text = if why == FinishReason::Stop {
+                String::new()
+            } else {
+                g.text.finish()
+            };
+            let _ = g.tx.send(Event::Done {
+                index: self.index,
+                text,
+                finish: why,
+                usage,
+            });
+        }
+    }
+
+    /// Reports a failure to whoever waits on this sequence.
+    pub fn fail(&mut self, msg: &str) {
+        match &mut self.purpose {
+            Purpose::Generate(g) => {
+                let _ = g.tx.send(Event::Error(msg.to_string()));
+            }
+            Purpose::Flush => {
+                if let Some(r) = self.ctx.as_mut().and_then(|c| c.flush_reply.take()) {
+                    let _ = r.send(Err(msg.to_string()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The engine on the default model: concurrent requests return what each returns
+//! alone, a pool far too small still completes everything (by preemption), cancelled
+//! requests give their pages back, seeds reproduce under batching, `n > 1` forks the
+//! prompt's pages, and bad requests get errors.
+
+mod common;
+
+use folio::engine::{Engine, EngineConfig, Event, Prompt, Request};
+use folio::generate::{generate, FinishReason, GenerateParams};
+use folio::model::{Model, SamplingParams};
+use std::time::{Duration, Instant};
+
+fn model() -> Model {
+    Model::load(&common::model_path(), 2).unwrap()
+}
+
+/// One test at a time: each engine uses both cores with spinning workers, and two
+/// of them at once on a 2-core machine mostly wait for each other.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn engine(pages: usize, max_batch_tokens: usize) -> Engine {
+    let cfg = EngineConfig {
+        kv_pages: pages,
+        page_size: 16,
+        max_batch_tokens,
+        snapshot_dir: None,
+    };
+    Engine::new(model(), cfg).unwrap()
+}
+
+/// 16 distinct prompts of different lengths.
+fn prompts() -> Vec<String> {
+    (0..16)
+        .map(|i| {
+            let topic = [
+                "rivers", "bread", "stars", "chess", "glass", "bees", "salt", "wind",
+            ][i % 8];
+            format!(
+                "Write {} short facts about {topic}.{}",
+                1 + i % 3,
+                " Be precise and clear.".repeat(1 + i % 4)
+            )
+        })
+        .collect()
+}
+
+fn greedy(prompt: &str, max_tokens: usize) -> Request {
+    let mut r = Request::new(Prompt::Text(prompt.to_string()));
+    r.max_tokens = max_tokens;
+    r.sampling = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    r
+}
+
+/// What the single-sequence path (contiguous cache, no engine) generates.
+fn alone(m: &Model, prompt: &str, max_tokens: usize, sampling: SamplingParams) -> Vec<u32> {
+    let ids = m.tokenizer.encode(prompt, true);
+    let mut cache = m.new_cache(2048);
+    let params = GenerateParams {
+        max_tokens,
+        sampling,
+        ..Default::default()
+    };
+    generate(m, &mut cache, &ids, &params, &mut |_| {})
+        .unwrap()
+        .ids
+}
+
+fn wait_idle(e: &Engine) {
+    let t = Instant::now();
+    while e.stats().unwrap().running + e.stats().unwrap().waiting > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "engine never went idle"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn concurrent_greedy_requests_equal_each_alone_even_in_a_tiny_pool() {
+    let _serial = serial();
+    let m = model();
+    let want: Vec<Vec<u32>> = prompts()
+        .iter()
+        .map(|p| alone(&m, p, 24, Default::default()))
+        .collect();
+    // A roomy pool, then one far too small for 16 sequences (each needs 3-5 pages).
+    for (pages, batch) in [(1024, 512), (12, 64)] {
+        let e = engine(pages, batch);
+        let streams: Vec<_> = prompts()
+            .iter()
+            .map(|p| e.submit(greedy(p, 24)).unwrap())
+            .collect();
+        let handles: Vec<_> = streams
+            .into_iter()
+            .map(|s| std::thread::spawn(move || s.collect_all().unwrap()))
+            .collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            let got = h.join().unwrap();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].ids, want[i], "request {i}, pool of {pages} pages");
+            assert!(got[0].finish.is_some());
+        }
+        wait_idle(&e);
+        let st = e.stats().unwrap();
+        if pages == 12 {
+            assert!(st.preemptions > 0, "a 12-page pool must preempt: {st:?}");
+        }
+        println!(
+            "pool {pages}: {} preemptions, {} steps",
+            st.preemptions, st.steps
+        );
+        // Every page is back: free or cached, none held.
+        let (free, cached) = e.idle_pages().unwrap();
+        assert_eq!(free + cached, pages, "{st:?}");
+    }
+}
+
+#[test]
+fn a_dropped_stream_cancels_and_frees_its_pages() {
+    let _serial = serial();
+    let e = engine(256, 512);
+    let mut r = greedy("Tell me a very long story about a lighthouse keeper.", 400);
+    r.ignore_eos = true;
+    let mut s = e.submit(r).unwrap();
+    // Two tokens arrive, then the client goes away.
+    let mut n = 0;
+    for ev in s.by_ref() {
+        if matches!(ev, Event::Token { .. }) {
+            n += 1;
+            if n == 2 {
+                break;
+            }
+        }
+    }
+    drop(s);
+    wait_idle(&e);
+    let (free, cached) = e.idle_pages().unwrap();
+    assert_eq!(free + cached, 256);
+    assert!(e.stats().unwrap().generated_tokens < 400);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_text_alone_and_in_a_batch() {
+    let _serial = serial();
+    let m = model();
+    let sampling = SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.0,
+        seed: 1234,
+        ..Default::default()
+    };
+    let prompt = "Once upon a time";
+    let want = alone(&m, prompt, 20, sampling.clone());
+    let e = engine(512, 512);
+    let mut r = greedy(prompt, 20);
+    r.sampling = sampling;
+    let solo = e.submit(r.clone()).unwrap().collect_all().unwrap();
+    assert_eq!(solo[0].ids, want);
+    // Now in a batch with other work.
+    let others: Vec<_> = prompts()
+        .iter()
+        .take(6)
+        .map(|p| e.submit(greedy(p, 20)).unwrap())
+        .collect();
+    let batched = e.submit(r).unwrap().collect_all().unwrap();
+    assert_eq!(batched[0].ids, want);
+    drop(others);
+}
+
+#[test]
+fn n_samples_fork_the_prompt_instead_of_prefilling_it_n_times() {
+    let _serial = serial();
+    let e = engine(512, 512);
+    let prompt = "List three colours of the rainbow.".repeat(4);
+    let mut r = greedy(&prompt, 12);
+    r.n = 4;
+    r.sampling = SamplingParams {
+        temperature: 1.0,
+        seed: 7,
+        ..Default::default()
+    };
+    let before = e.stats().unwrap();
+    let out = e.submit(r).unwrap().collect_all().unwrap();
+    let after = e.stats().unwrap();
+    let plen = e.model().tokenizer.encode(&prompt, true).len();
+    assert_eq!(out.len(), 4);
+    for c in &out {
+        assert!(!c.ids.is_empty() && c.finish.is_some());
+        assert_eq!(c.usage.prompt_tokens, plen);
+    }
+    // The prompt was computed once.
+    assert_eq!(
+        after.prefilled_tokens - before.prefilled_tokens,
+        plen as u64
+    );
+    assert!(out.iter().skip(1).all(|c| c.usage.cached_tokens == plen));
+}
+
+#[test]
+fn logprobs_and_stop_strings_and_usage() {
+    let _serial = serial();
+    let e = engine(256, 512);
+    let mut r = greedy("Count: one, two, three, four,", 30);
+    r.logprobs = Some(3);
+    let out = e.submit(r.clone()).unwrap().collect_all().unwrap();
+    let c = &out[0];
+    assert_eq!(c.logprobs.len(), c.ids.len());
+    for (lp, &id) in c.logprobs.iter().zip(&c.ids) {
+        assert_eq!(lp.top.len(), 3);
+        assert!(lp.logprob <= 0.0);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(lp.top[0].0, id);
+    }
+    // A stop string cuts the text before it and is never emitted.
+    let stop = c.text.chars().skip(4).take(3).collect::<String>();
+    r.stop = vec![stop.clone()];
+    let cut = e.submit(r).unwrap().collect_all().unwrap();
+    assert_eq!(cut[0].finish, Some(FinishReason::Stop));
+    assert!(
+        !cut[0].text.contains(&stop),
+        "{:?} in {:?}",
+        stop,
+        cut[0].text
+    );
+    assert!(c.text.starts_with(&cut[0].text));
+}
+
+#[test]
+fn bad_requests_get_errors_and_the_engine_goes_on() {
+    let _serial = serial();
+    let e = engine(64, 512);
+    let window = e.model().config.context_length;
+    let too_long = Request::new(Prompt::Tokens(vec![1; window + 5]));
+    let bad_token = Request::new(Prompt::Tokens(vec![u32::MAX]));
+    let empty = Request::new(Prompt::Tokens(vec![]));
+    let mut zero = greedy("hi", 1);
+    zero.max_tokens = 0;
+    for r in [too_long, bad_token, empty, zero] {
+        let mut s = e.submit(r).unwrap();
+        assert!(matches!(s.next(), Some(Event::Error(_))));
+    }
+    // A request needing more pages than the pool has fails alone.
+    let huge = Request::new(Prompt::Tokens(vec![5; 64 * 16 + 10]));
+    let err = e.submit(huge).unwrap().collect_all();
+    assert!(err.is_err(), "{err:?}");
+    let ok = e.submit(greedy("Hello", 4)).unwrap().collect_all().unwrap();
+    assert_eq!(ok[0].ids.len(), 4);
+}
