@@ -100,7 +100,7 @@ impl Core {
         if link.chat_reply {
             let ids = &s.tokens[s.prompt_len..];
             let shown: Vec<u32> = ids.iter().copied().filter(|&t| !tok.is_eog(t)).collect();
-            let actual = format!("{}{}", c.rendered, tok.decode(ids));
+            let actual = format!("{}{}", c.rendered, tok.decode_special(ids));
             c.messages
                 .push(Message::new("assistant", tok.decode(&shown).trim()));
             match tok

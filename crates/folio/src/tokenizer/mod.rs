@@ -329,12 +329,20 @@ impl Tokenizer {
 
     /// The bytes a token stands for in output text. Control tokens render as nothing.
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.piece(id, false)
+    }
+
+    fn piece(&self, id: u32, special: bool) -> Vec<u8> {
         let Some(t) = self.tokens.get(id as usize) else {
             return Vec::new();
         };
         let ty = self.types[id as usize];
         if ty == TYPE_CONTROL {
-            return Vec::new();
+            return if special {
+                t.as_bytes().to_vec()
+            } else {
+                Vec::new()
+            };
         }
         if ty == TYPE_USER_DEFINED {
             return t.as_bytes().to_vec();
@@ -359,6 +367,13 @@ impl Tokenizer {
     /// Detokenizes `ids` (invalid UTF-8 becomes U+FFFD).
     pub fn decode(&self, ids: &[u32]) -> String {
         let bytes: Vec<u8> = ids.iter().flat_map(|&i| self.token_bytes(i)).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Like [`Tokenizer::decode`], but control tokens render as their text (what a
+    /// chat template wrote), so `encode(decode_special(ids))` gives `ids` back.
+    pub fn decode_special(&self, ids: &[u32]) -> String {
+        let bytes: Vec<u8> = ids.iter().flat_map(|&i| self.piece(i, true)).collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 }
