@@ -39,6 +39,15 @@ pub struct Args {
     /// `llama-batched-bench`), to print our batch-16 figure against.
     #[arg(long)]
     pub llama_batched: Option<f64>,
+    /// Also print the engine's serving figures: output tok/s and TTFT p50/p95 at 1, 4,
+    /// 16 and 32 concurrent clients (distinct prompts, and sharing a 1000-token prefix)
+    /// and warm vs cold TTFT for a 2000-token prefix.
+    #[arg(long)]
+    pub serve_figures: bool,
+    /// llama.cpp server's output tok/s with 16 clients, distinct and shared-prefix
+    /// prompts (from scripts/llama_server_bench.py), to print ours against.
+    #[arg(long, num_args = 2, value_names = ["DISTINCT", "SHARED"])]
+    pub llama_server: Option<Vec<f64>>,
 }
 
 const TEXT: &str = "The history of the printing press begins long before Gutenberg, with movable type made of baked clay and later cast in bronze. ";
@@ -108,6 +117,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.batch_figures {
         crate::bench_batch::run(&model, a.model.page_size, a.llama_batched)?;
+    }
+    if a.serve_figures {
+        let pages = a.model.pool_pages(&model, 200_000)?;
+        drop(model);
+        let server = a.llama_server.as_ref().map(|v| (v[0], v[1]));
+        crate::bench_serve::run(a.model.load()?, a.model.page_size, pages, server)?;
     }
     Ok(())
 }

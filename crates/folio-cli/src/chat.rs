@@ -31,7 +31,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut messages = start.clone();
     let interactive = std::io::stdin().is_terminal();
     if interactive {
-        eprintln!("folio chat: type a message; /reset starts over, /exit or Ctrl-D quits.");
+        eprintln!("folio chat: type a message; /save NAME keeps a snapshot, /reset starts over, /exit or Ctrl-D quits.");
     }
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -45,6 +45,13 @@ pub fn run(a: Args) -> Result<()> {
         match line {
             "" => continue,
             "/exit" | "/quit" => break,
+            l if l.starts_with("/save ") => {
+                match cache.save(l["/save ".len()..].trim()) {
+                    Ok(()) => eprintln!("saved"),
+                    Err(e) => eprintln!("error: {e:#}"),
+                }
+                continue;
+            }
             "/reset" => {
                 messages = start.clone();
                 cache.with(|c| c.truncate(0));

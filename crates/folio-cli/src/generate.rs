@@ -23,6 +23,11 @@ pub struct Args {
     /// Print one JSON object (ids, text, finish reason, stats) instead of the text.
     #[arg(long)]
     pub json: bool,
+    /// Save the sequence (prompt and completion) as a snapshot of this name; with
+    /// `--snapshot-dir` it persists, and later runs whose prompt starts with it reuse
+    /// its pages.
+    #[arg(long, value_name = "NAME", requires = "snapshot_dir")]
+    pub save_snapshot: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -61,6 +66,9 @@ pub fn run(a: Args) -> Result<()> {
     })?;
     if let Some(e) = io_err {
         return Err(e.into());
+    }
+    if let Some(name) = &a.save_snapshot {
+        cache.save(name)?;
     }
     if a.json {
         let v = serde_json::json!({

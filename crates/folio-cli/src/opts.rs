@@ -33,6 +33,10 @@ pub struct ModelArgs {
     /// Pool size in bytes (suffixes K, M, G, KiB, MiB, GiB).
     #[arg(long, value_parser = parse_size)]
     pub kv_memory: Option<u64>,
+    /// Persist snapshots here (paged cache): restored at start, their pages shared by
+    /// any prompt that begins with them.
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +71,14 @@ pub enum Cache {
 }
 
 impl Cache {
+    /// Pins the sequence's pages under `name` (written to `--snapshot-dir`).
+    pub fn save(&mut self, name: &str) -> Result<()> {
+        match self {
+            Cache::Basic(_) => anyhow::bail!("snapshots need the paged cache (--kv paged)"),
+            Cache::Paged(kv, t) => Ok(kv.save(name, t)?),
+        }
+    }
+
     /// Runs `f` on the cache as the model's `KvCache`.
     pub fn with<R>(&mut self, f: impl FnOnce(&mut dyn KvCache) -> R) -> R {
         match self {
@@ -99,27 +111,48 @@ impl ModelArgs {
     /// A cache for one sequence of up to `--ctx` tokens.
     pub fn cache(&self, model: &Model) -> Result<Cache> {
         anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
+        anyhow::ensure!(
+            self.snapshot_dir.is_none() || self.kv == KvKind::Paged,
+            "--snapshot-dir needs the paged cache"
+        );
         Ok(match self.kv {
             KvKind::Basic => Cache::Basic(model.new_cache(self.ctx)),
             KvKind::Paged => {
-                let c = &model.config;
-                let pages = match (self.kv_pages, self.kv_memory) {
-                    (Some(n), _) => n,
-                    (None, Some(bytes)) => {
-                        (bytes / KvArena::page_bytes(c.n_layers, self.page_size, c.kv_dim()) as u64)
-                            as usize
+                let pages = self.pool_pages(model, 2 * self.ctx)?;
+                let mut kv = model.new_paged(pages, self.page_size, self.ctx);
+                if let Some(dir) = &self.snapshot_dir {
+                    let (restored, skipped) = kv
+                        .open_snapshot_dir(dir)
+                        .with_context(|| format!("snapshot directory {}", dir.display()))?;
+                    for e in skipped {
+                        eprintln!("warning: snapshot skipped: {e}");
                     }
-                    (None, None) => 2 * self.ctx.min(c.context_length).div_ceil(self.page_size),
-                };
-                anyhow::ensure!(
-                    pages > 0,
-                    "the KV pool has no pages: raise --kv-pages or --kv-memory"
-                );
-                let kv = model.new_paged(pages, self.page_size, self.ctx);
+                    tracing::info!(?restored, "snapshots restored");
+                }
                 let table = kv.new_table(None);
                 Cache::Paged(Box::new(kv), table)
             }
         })
+    }
+
+    /// Pages of the KV pool: `--kv-pages`, or `--kv-memory` worth, or enough for
+    /// `default_tokens` tokens.
+    pub fn pool_pages(&self, model: &Model, default_tokens: usize) -> Result<usize> {
+        anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
+        let c = &model.config;
+        let pages = match (self.kv_pages, self.kv_memory) {
+            (Some(n), _) => n,
+            (None, Some(bytes)) => {
+                (bytes / KvArena::page_bytes(c.n_layers, self.page_size, c.kv_dim()) as u64)
+                    as usize
+            }
+            (None, None) => default_tokens.div_ceil(self.page_size),
+        };
+        anyhow::ensure!(
+            pages > 0,
+            "the KV pool has no pages: raise --kv-pages or --kv-memory"
+        );
+        Ok(pages)
     }
 
     pub fn load(&self) -> Result<Model> {

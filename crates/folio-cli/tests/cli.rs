@@ -277,3 +277,75 @@ fn paged_and_basic_caches_give_the_same_greedy_text_at_every_page_size() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("out of KV pages"));
 }
+
+#[test]
+fn a_saved_snapshot_outlives_the_process_and_its_pages_serve_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let base = "The lighthouse keeper wrote in his log every night, describing the sea, the ships and the weather in careful detail.";
+    let first = folio(
+        &[
+            "generate",
+            base,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "4",
+            "--json",
+            "--snapshot-dir",
+            d,
+            "--save-snapshot",
+            "keeper",
+        ],
+        None,
+    );
+    let v = json(&first);
+    assert_eq!(v["stats"]["prefix_hit_tokens"], 0);
+    // A new process: the snapshot is restored and the shared prompt prefix is not recomputed.
+    let q = format!("{base} One night he wrote");
+    let second = folio(
+        &[
+            "generate",
+            &q,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "4",
+            "--json",
+            "--snapshot-dir",
+            d,
+        ],
+        None,
+    );
+    let v = json(&second);
+    let hits = v["stats"]["prefix_hit_tokens"].as_u64().unwrap();
+    assert!(hits >= 16, "prefix hits: {hits}");
+    // A corrupt file is reported and skipped, not loaded.
+    std::fs::write(dir.path().join("bad.snap"), b"FOLIOSNP garbage").unwrap();
+    let third = folio(
+        &[
+            "generate",
+            &q,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "2",
+            "--json",
+            "--snapshot-dir",
+            d,
+        ],
+        None,
+    );
+    assert!(third.status.success());
+    assert!(String::from_utf8_lossy(&third.stderr).contains("snapshot skipped"));
+    assert_eq!(
+        json(&third)["stats"]["prefix_hit_tokens"].as_u64().unwrap(),
+        hits
+    );
+    // Snapshots need the paged cache.
+    let basic = folio(
+        &["generate", "hi", "--kv", "basic", "--snapshot-dir", d],
+        None,
+    );
+    assert!(!basic.status.success());
+}

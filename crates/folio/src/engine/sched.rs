@@ -239,6 +239,26 @@ impl Core {
         }
     }
 
+    /// Whether a started sequence is still prefilling at least one more full page of
+    /// tokens that sequence `i` starts with (so `i` will find them in the index).
+    fn prefix_in_flight(&self, i: usize) -> bool {
+        let ps = self.cfg.page_size;
+        let s = &self.seqs[i];
+        self.seqs.iter().enumerate().any(|(j, o)| {
+            let Some(t) = &o.table else { return false };
+            if j == i || o.salt != s.salt || o.pending() <= 1 {
+                return false;
+            }
+            let common = s
+                .tokens
+                .iter()
+                .zip(&o.tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            common.min(s.tokens.len() - 1) >= t.len() / ps * ps + ps
+        })
+    }
+
     /// Undoes an admission within the same step (not counted as a preemption).
     fn preempt_quietly(&mut self, i: usize) {
         if let Some(t) = self.seqs[i].table.take() {
@@ -278,6 +298,11 @@ impl Core {
             }
             if self.seqs[i].table.is_none() {
                 if !admitting {
+                    continue;
+                }
+                if self.prefix_in_flight(i) {
+                    // Another sequence is computing this one's prefix right now: wait
+                    // for its pages to be committed, then attach them.
                     continue;
                 }
                 self.admit(i);
@@ -331,12 +356,14 @@ impl Core {
         self.run_plan(plan);
     }
 
-    /// Nothing could run: the oldest sequence cannot fit even with every newer one
-    /// preempted. It fails (the pool is too small for it); the rest go on.
+    /// Nothing could run: the oldest sequence holding pages (else the oldest) cannot fit
+    /// even with every newer one preempted. It fails (the pool is too small for it); the rest go on.
     fn unblock(&mut self) {
-        let Some(i) =
-            (0..self.seqs.len()).min_by_key(|&i| (self.seqs[i].arrival, self.seqs[i].index))
-        else {
+        let key = |i: &usize| {
+            let s = &self.seqs[*i];
+            (s.table.is_none(), s.arrival, s.index)
+        };
+        let Some(i) = (0..self.seqs.len()).min_by_key(key) else {
             return;
         };
         let ps = self.cfg.page_size;
