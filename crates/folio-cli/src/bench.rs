@@ -134,7 +134,7 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
     let c = &model.config;
     let ps = a.model.page_size;
     let max_ctx = c.context_length;
-    let token_bytes = KvArena::page_bytes(c.n_layers, 1, c.kv_dim());
+    let token_bytes = KvArena::page_bytes(c.n_layers, 1, c.kv_dim(), a.model.kv_dtype.dtype());
     // A mixed workload: 256 sequences of 1..=2048 tokens (fixed generator).
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let lens: Vec<usize> = (0..256)

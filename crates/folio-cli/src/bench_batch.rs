@@ -158,8 +158,8 @@ fn attention_times(pool: &ThreadPool, heads: Heads, ps: usize, ctx: usize) -> (f
             while p < ctx {
                 let (ks, vs) = seq.kv_run(0, p);
                 let n = (ks.len() / kvd).min(ctx - p);
-                k[p * kvd..(p + n) * kvd].copy_from_slice(&ks[..n * kvd]);
-                v[p * kvd..(p + n) * kvd].copy_from_slice(&vs[..n * kvd]);
+                k[p * kvd..(p + n) * kvd].copy_from_slice(&ks.raw()[..n * kvd]);
+                v[p * kvd..(p + n) * kvd].copy_from_slice(&vs.raw()[..n * kvd]);
                 p += n;
             }
             let mut refs = [&mut gathered];

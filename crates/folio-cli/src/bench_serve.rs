@@ -109,6 +109,7 @@ pub fn run(
             page_size,
             max_batch_tokens: 512,
             snapshot_dir: None,
+            ..Default::default()
         },
     )?;
     let m = engine.model();

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use folio::generate::GenerateParams;
-use folio::kv::{KvArena, PageTable, PagedKv};
+use folio::kv::{KvArena, KvDtype, PageTable, PagedKv};
 use folio::model::{BasicCache, KvCache, Model, SamplingParams};
 use std::path::PathBuf;
 
@@ -33,10 +33,28 @@ pub struct ModelArgs {
     /// Pool size in bytes (suffixes K, M, G, KiB, MiB, GiB).
     #[arg(long, value_parser = parse_size)]
     pub kv_memory: Option<u64>,
+    /// Element type of the stored K/V.
+    #[arg(long, value_enum, default_value_t = KvDtypeArg::F16)]
+    pub kv_dtype: KvDtypeArg,
     /// Persist snapshots here (paged cache): restored at start, their pages shared by
     /// any prompt that begins with them.
     #[arg(long, value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtypeArg {
+    F16,
+    F32,
+}
+
+impl KvDtypeArg {
+    pub fn dtype(self) -> KvDtype {
+        match self {
+            KvDtypeArg::F16 => KvDtype::F16,
+            KvDtypeArg::F32 => KvDtype::F32,
+        }
+    }
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,10 +134,11 @@ impl ModelArgs {
             "--snapshot-dir needs the paged cache"
         );
         Ok(match self.kv {
-            KvKind::Basic => Cache::Basic(model.new_cache(self.ctx)),
+            KvKind::Basic => Cache::Basic(model.new_cache_as(self.kv_dtype.dtype(), self.ctx)),
             KvKind::Paged => {
                 let pages = self.pool_pages(model, 2 * self.ctx)?;
-                let mut kv = model.new_paged(pages, self.page_size, self.ctx);
+                let mut kv =
+                    model.new_paged_as(self.kv_dtype.dtype(), pages, self.page_size, self.ctx);
                 if let Some(dir) = &self.snapshot_dir {
                     let (restored, skipped) = kv
                         .open_snapshot_dir(dir)
@@ -143,8 +162,13 @@ impl ModelArgs {
         let pages = match (self.kv_pages, self.kv_memory) {
             (Some(n), _) => n,
             (None, Some(bytes)) => {
-                (bytes / KvArena::page_bytes(c.n_layers, self.page_size, c.kv_dim()) as u64)
-                    as usize
+                (bytes
+                    / KvArena::page_bytes(
+                        c.n_layers,
+                        self.page_size,
+                        c.kv_dim(),
+                        self.kv_dtype.dtype(),
+                    ) as u64) as usize
             }
             (None, None) => default_tokens.div_ceil(self.page_size),
         };

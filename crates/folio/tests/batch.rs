@@ -343,3 +343,51 @@ fn a_write_outside_the_page_table_is_an_error() {
     assert!(b.write(1, 0, 20, &row, &row).is_err());
     assert!(b.write(1, 0, 19, &row, &row).is_ok());
 }
+
+#[test]
+fn f32_kv_on_the_default_model_batches_bit_for_bit_and_stays_close_to_f16() {
+    use folio::kv::KvDtype;
+    let m = Model::load(&common::model_path(), 2).unwrap();
+    let toks = m.tokenizer.encode(
+        "The history of the printing press begins long before Gutenberg.",
+        true,
+    );
+    let mut c32 = m.new_cache_as(KvDtype::F32, 64);
+    let want = m.forward(&mut c32, &toks, Logits::All).unwrap();
+    // Paged, in a batch with another sequence, chunked: the same bits.
+    let mut kv = m.new_paged_as(KvDtype::F32, 64, 16, 512);
+    let (mut a, mut b) = (kv.new_table(None), kv.new_table(None));
+    let other: Vec<u32> = toks.iter().rev().copied().collect();
+    let h = toks.len() / 2;
+    let steps = [
+        Step {
+            tokens: &toks[..h],
+            want: Logits::All,
+        },
+        Step {
+            tokens: &other,
+            want: Logits::Last,
+        },
+    ];
+    let first = m
+        .forward_batch(&mut kv.batch(vec![&mut a, &mut b]), &steps)
+        .unwrap();
+    let second = m
+        .forward(&mut kv.seq(&mut a), &toks[h..], Logits::All)
+        .unwrap();
+    assert!(first[0] == want[..first[0].len()] && second == want[first[0].len()..]);
+    // f32 storage moves log-probabilities by about as much as llama.cpp's own noise.
+    let mut c16 = m.new_cache(64);
+    let half = m.forward(&mut c16, &toks, Logits::All).unwrap();
+    let v = m.config.vocab;
+    let mut worst = 0f64;
+    for (x, y) in want.chunks(v).zip(half.chunks(v)) {
+        let (lx, ly) = (
+            folio::model::sampler::log_softmax(x),
+            folio::model::sampler::log_softmax(y),
+        );
+        let top = folio::model::sampler::argmax(x) as usize;
+        worst = worst.max((lx[top] - ly[top]).abs());
+    }
+    assert!(worst < 0.25, "top-token log-prob moved by {worst}");
+}

@@ -21,6 +21,7 @@ fn tiny_engine(dir: &tempfile::TempDir, snapshots: Option<std::path::PathBuf>) -
         page_size: 4,
         max_batch_tokens: 32,
         snapshot_dir: snapshots,
+        ..Default::default()
     };
     Engine::new(m, cfg).unwrap()
 }

@@ -28,6 +28,7 @@ fn engine(pages: usize, max_batch_tokens: usize) -> Engine {
         page_size: 16,
         max_batch_tokens,
         snapshot_dir: None,
+        ..Default::default()
     };
     Engine::new(model(), cfg).unwrap()
 }

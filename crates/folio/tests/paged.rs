@@ -235,3 +235,24 @@ fn a_partly_matching_cached_page_gives_its_matching_slots() {
     let l = m.forward(&mut kv.seq(&mut tb), &[7], Logits::Last).unwrap();
     assert_eq!(l, m.forward(&mut basic, &[7], Logits::Last).unwrap());
 }
+
+#[test]
+fn f32_kv_pages_equal_the_f32_basic_cache() {
+    use folio::kv::KvDtype;
+    let (_d, m) = tiny();
+    let toks = prompt(&m, 70);
+    let mut basic = m.new_cache_as(KvDtype::F32, 128);
+    let want = m.forward(&mut basic, &toks, Logits::All).unwrap();
+    for ps in [1, 16] {
+        let mut kv = m.new_paged_as(KvDtype::F32, 256, ps, 512);
+        let mut t = kv.new_table(None);
+        let got = m.forward(&mut kv.seq(&mut t), &toks, Logits::All).unwrap();
+        assert_eq!(got, want, "page size {ps}");
+        // Pages of the f16 pool are never shared with an f32 pool's chain.
+        let mut t2 = kv.new_table(None);
+        assert_eq!(kv.seq(&mut t2).reuse_prefix(&toks), (69 / ps) * ps);
+    }
+    let mut f16 = m.new_cache(128);
+    let half = m.forward(&mut f16, &toks, Logits::All).unwrap();
+    assert_ne!(half, want, "f32 storage must not round like f16");
+}

@@ -24,7 +24,7 @@ pub use sched::Core;
 
 use crate::error::RunError;
 use crate::generate::FinishReason;
-use crate::kv::{KvError, SnapshotError};
+use crate::kv::{KvDtype, KvError, SnapshotError};
 use crate::model::{Model, SamplingParams};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,6 +65,8 @@ pub struct EngineConfig {
     pub max_batch_tokens: usize,
     /// Where snapshots persist (restored at start).
     pub snapshot_dir: Option<PathBuf>,
+    /// Element type of the stored K/V.
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for EngineConfig {
@@ -74,6 +76,7 @@ impl Default for EngineConfig {
             page_size: 16,
             max_batch_tokens: 512,
             snapshot_dir: None,
+            kv_dtype: KvDtype::F16,
         }
     }
 }

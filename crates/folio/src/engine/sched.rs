@@ -49,7 +49,7 @@ pub struct Core {
 impl Core {
     pub(crate) fn new(model: Arc<Model>, cfg: &EngineConfig) -> Self {
         let window = model.config.context_length;
-        let kv = model.new_paged(cfg.kv_pages, cfg.page_size, window);
+        let kv = model.new_paged_as(cfg.kv_dtype, cfg.kv_pages, cfg.page_size, window);
         Self {
             model,
             kv,

@@ -404,32 +404,61 @@ unsafe fn round_f16(v: __m256) -> __m256 {
 }
 
 /// The twin of `scalar::attend_runs` for head size 64, with the accumulator held in
-/// registers across all runs (rounded to f16 after every step, so the bits are the
-/// same).
+/// registers across all runs. With f16 K/V (`F32 = false`) the accumulator is rounded
+/// to f16 after every step, as the scalar twin does, so the bits are the same; with
+/// f32 K/V nothing is rounded.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attend_runs_64(
-    q16: &[f32],
+pub unsafe fn attend_runs_64<const F32: bool>(
+    q: &[f32],
     runs: &[super::KvRun],
     stride: usize,
     scale: f32,
     state: (&mut f32, &mut f32),
     acc: &mut [f32],
 ) {
-    assert!(q16.len() == 64 && acc.len() == 64 && stride >= 64);
+    assert!(q.len() == 64 && acc.len() == 64 && stride >= 64);
     let (m, sum) = state;
-    // SAFETY: q16 and acc hold 64 floats (asserted above).
-    let qv: [__m256; 8] =
-        std::array::from_fn(|i| unsafe { _mm256_loadu_ps(q16[8 * i..].as_ptr()) });
+    // SAFETY: q and acc hold 64 floats (asserted above).
+    let qv: [__m256; 8] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(q[8 * i..].as_ptr()) });
     // SAFETY: as above.
     let mut av: [__m256; 8] =
         std::array::from_fn(|i| unsafe { _mm256_loadu_ps(acc[8 * i..].as_ptr()) });
+    // Eight elements of a row from its start (f16 converted, or f32 as they are).
+    #[inline(always)]
+    unsafe fn load8<const F32: bool>(row: *const u8, i: usize) -> __m256 {
+        // SAFETY: the caller passes a row of 64 elements of the run's type.
+        unsafe {
+            if F32 {
+                _mm256_loadu_ps((row as *const f32).add(8 * i))
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(
+                    (row as *const u16).add(8 * i) as *const __m128i
+                ))
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn round<const F32: bool>(v: __m256) -> __m256 {
+        if F32 {
+            v
+        } else {
+            // SAFETY: same CPU features as the caller.
+            unsafe { round_f16(v) }
+        }
+    }
+    let size = if F32 { 4 } else { 2 };
     for run in runs {
         if run.n == 0 {
             continue;
         }
         let last = (run.n - 1) * stride + 64;
         assert!(run.k.len() >= last && run.v.len() >= last);
-        let (kp, vp) = (run.k.as_ptr(), run.v.as_ptr());
+        let ptr = |r: &super::KvRows| match (r, F32) {
+            (super::KvRows::F16(x), false) => x.as_ptr() as *const u8,
+            (super::KvRows::F32(x), true) => x.as_ptr() as *const u8,
+            _ => panic!("K/V rows of another dtype than the kernel's"),
+        };
+        let (kp, vp) = (ptr(&run.k), ptr(&run.v));
         // Scores of up to 16 keys first (independent work the CPU overlaps), then the
         // online softmax over them in key order: the same operations per key as one
         // key at a time, so the same bits.
@@ -437,15 +466,12 @@ pub unsafe fn attend_runs_64(
         for g0 in (0..run.n).step_by(16) {
             let g1 = (g0 + 16).min(run.n);
             for (p, sc) in (g0..g1).zip(scores.iter_mut()) {
-                // SAFETY: row p spans p*stride .. p*stride+64 <= last <= len (asserted).
-                let kr = unsafe { kp.add(p * stride) };
-                // SAFETY: kr holds 64 halves (see above).
-                let kf = |i: usize| unsafe {
-                    _mm256_cvtph_ps(_mm_loadu_si128(kr.add(8 * i) as *const __m128i))
-                };
+                // Row p spans p*stride .. p*stride+64 <= last <= len (asserted).
+                let kr = kp.wrapping_add(p * stride * size);
                 let mut d = [_mm256_setzero_ps(); 4];
                 for i in 0..8 {
-                    d[i % 4] = _mm256_fmadd_ps(kf(i), qv[i], d[i % 4]);
+                    // SAFETY: kr is a whole row of this run (see above).
+                    d[i % 4] = _mm256_fmadd_ps(unsafe { load8::<F32>(kr, i) }, qv[i], d[i % 4]);
                 }
                 // ggml's reduction order, then its horizontal sum.
                 // SAFETY: same CPU features as this function.
@@ -457,8 +483,7 @@ pub unsafe fn attend_runs_64(
                 } * scale;
             }
             for (p, &s) in (g0..g1).zip(scores.iter()) {
-                // SAFETY: as above, for the V row.
-                let vr = unsafe { vp.add(p * stride) };
+                let vr = vp.wrapping_add(p * stride * size);
                 let (mut ms, mut vs) = (1f32, 1f32);
                 if s > *m {
                     ms = (*m - s).exp();
@@ -466,18 +491,15 @@ pub unsafe fn attend_runs_64(
                     let msv = _mm256_set1_ps(ms);
                     for a in av.iter_mut() {
                         // SAFETY: same CPU features as this function.
-                        *a = unsafe { round_f16(_mm256_mul_ps(*a, msv)) };
+                        *a = unsafe { round::<F32>(_mm256_mul_ps(*a, msv)) };
                     }
                 } else {
                     vs = (s - *m).exp();
                 }
                 let vsv = _mm256_set1_ps(vs);
                 for (i, a) in av.iter_mut().enumerate() {
-                    // SAFETY: vr holds 64 halves; same CPU features as this function.
-                    unsafe {
-                        let vv = _mm256_cvtph_ps(_mm_loadu_si128(vr.add(8 * i) as *const __m128i));
-                        *a = round_f16(_mm256_fmadd_ps(vv, vsv, *a));
-                    }
+                    // SAFETY: vr is a whole row of this run; same CPU features.
+                    *a = unsafe { round::<F32>(_mm256_fmadd_ps(load8::<F32>(vr, i), vsv, *a)) };
                 }
                 *sum = sum.mul_add(ms, vs);
             }

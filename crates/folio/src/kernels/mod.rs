@@ -77,33 +77,104 @@ pub fn dot_f16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
     }
 }
 
+/// The element type of stored K/V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// Half precision, what llama.cpp stores by default.
+    #[default]
+    F16,
+    F32,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+}
+
+/// Stored K or V rows of one dtype.
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    F16(&'a [u16]),
+    F32(&'a [f32]),
+}
+
+impl<'a> KvRows<'a> {
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            KvRows::F16(x) => x.len(),
+            KvRows::F32(x) => x.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The same rows from element `off` on.
+    pub fn skip(self, off: usize) -> Self {
+        match self {
+            KvRows::F16(x) => KvRows::F16(&x[off..]),
+            KvRows::F32(x) => KvRows::F32(&x[off..]),
+        }
+    }
+
+    /// The rows as raw 16-bit units (two per f32), for copying.
+    pub fn raw(&self) -> &'a [u16] {
+        match *self {
+            KvRows::F16(x) => x,
+            KvRows::F32(x) => bytemuck::cast_slice(x),
+        }
+    }
+
+    /// Element `i` as f32.
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            KvRows::F16(x) => quant::f16_to_f32(x[i]),
+            KvRows::F32(x) => x[i],
+        }
+    }
+}
+
 /// A run of keys stored at a fixed row stride: `n` K rows from the start of `k`, the
 /// matching V rows from the start of `v` (one page of a paged cache, or a whole
 /// contiguous cache).
 #[derive(Debug, Clone, Copy)]
 pub struct KvRun<'a> {
-    pub k: &'a [u16],
-    pub v: &'a [u16],
+    pub k: KvRows<'a>,
+    pub v: KvRows<'a>,
     pub n: usize,
 }
 
 /// Continues one query's online softmax over runs of keys (see `scalar::attend_runs`).
+/// All runs hold the same dtype.
 pub fn attend_runs(
     isa: Isa,
-    q16: &[f32],
+    q: &[f32],
     runs: &[KvRun],
     stride: usize,
     scale: f32,
     state: (&mut f32, &mut f32),
     acc: &mut [f32],
 ) {
+    let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
-        Isa::Avx2 if q16.len() == 64 => unsafe {
-            avx2::attend_runs_64(q16, runs, stride, scale, state, acc)
+        Isa::Avx2 if q.len() == 64 && f32_rows => unsafe {
+            avx2::attend_runs_64::<true>(q, runs, stride, scale, state, acc)
         },
-        _ => scalar::attend_runs(q16, runs, stride, scale, state, acc),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 if q.len() == 64 => unsafe {
+            avx2::attend_runs_64::<false>(q, runs, stride, scale, state, acc)
+        },
+        _ => scalar::attend_runs(q, runs, stride, scale, state, acc),
     }
 }
 

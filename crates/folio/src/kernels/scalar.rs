@@ -225,22 +225,26 @@ pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 /// `ggml_vec_dot_f16`): four 8-lane fused accumulators over each 32 elements, reduced
 /// (0+2)+(1+3), then the halves and pairs of the last vector; the tail sequentially.
 pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
+    dot_lanes(w.len().min(x.len()), |k| f16_to_f32(w[k]), x)
+}
+
+/// The 8-lane, four-accumulator dot product of `dot_f16` over any element source.
+fn dot_lanes(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> f32 {
     let np = n - n % 32;
     let mut acc = [[0f32; 8]; 4];
     for i in (0..np).step_by(32) {
         for (j, a) in acc.iter_mut().enumerate() {
             for (l, lane) in a.iter_mut().enumerate() {
                 let k = i + 8 * j + l;
-                *lane = f16_to_f32(w[k]).mul_add(x[k], *lane);
+                *lane = w(k).mul_add(x[k], *lane);
             }
         }
     }
     let v: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
     let t: [f32; 4] = std::array::from_fn(|l| v[l] + v[l + 4]);
     let mut sum = (t[0] + t[1]) + (t[2] + t[3]);
-    for k in np..n {
-        sum += f16_to_f32(w[k]) * x[k];
+    for (k, xk) in x.iter().enumerate().take(n).skip(np) {
+        sum += w(k) * xk;
     }
     sum
 }
@@ -310,13 +314,14 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 }
 
 /// Continues one query's online softmax over runs of keys: in each run, key `p`'s K and
-/// V rows (head size `q16.len()`) start at `p * stride` in its `k` and `v`. `q16` is the query already
-/// rounded to f16; `acc` is the value accumulator, kept at f16 precision (stored as f32)
-/// after every step, as llama.cpp's CPU flash attention keeps it; `m` is the running
-/// maximum score and `sum` the running sum of exp(score − m). Feeding the keys in any
-/// split into runs or calls gives the same bits.
+/// V rows (head size `q.len()`) start at element `p * stride` of its `k` and `v`.
+/// `acc` is the value accumulator; `m` the running maximum score and `sum` the running
+/// sum of exp(score − m). With f16 K/V, `q` must already be rounded to f16 and the
+/// accumulator is kept at f16 precision after every step (stored as f32), as
+/// llama.cpp's CPU flash attention keeps it; with f32 K/V nothing is rounded. Feeding
+/// the keys in any split into runs or calls gives the same bits.
 pub fn attend_runs(
-    q16: &[f32],
+    q: &[f32],
     runs: &[super::KvRun],
     stride: usize,
     scale: f32,
@@ -324,15 +329,12 @@ pub fn attend_runs(
     acc: &mut [f32],
 ) {
     let (m, sum) = state;
-    let hd = q16.len();
-    let round = |x: f32| f16_to_f32(f32_to_f16(x));
-    for &super::KvRun { k, v, n } in runs {
-        for p in 0..n {
-            let (kr, vr) = (
-                &k[p * stride..p * stride + hd],
-                &v[p * stride..p * stride + hd],
-            );
-            let s = dot_f16(kr, q16) * scale;
+    let hd = q.len();
+    for run in runs {
+        let f16 = matches!(run.k, super::KvRows::F16(_));
+        let round = |x: f32| if f16 { f16_to_f32(f32_to_f16(x)) } else { x };
+        for p in 0..run.n {
+            let s = dot_lanes(hd, |i| run.k.get(p * stride + i), q) * scale;
             let (mut ms, mut vs) = (1f32, 1f32);
             if s > *m {
                 ms = (*m - s).exp();
@@ -341,8 +343,8 @@ pub fn attend_runs(
             } else {
                 vs = (s - *m).exp();
             }
-            for (a, &h) in acc.iter_mut().zip(vr) {
-                *a = round(f16_to_f32(h).mul_add(vs, *a));
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a = round(run.v.get(p * stride + i).mul_add(vs, *a));
             }
             *sum = sum.mul_add(ms, vs);
         }

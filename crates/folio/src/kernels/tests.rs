@@ -237,73 +237,94 @@ fn q8_quantization_is_identical_on_every_path() {
 
 #[test]
 fn attention_simd_is_bit_identical_to_scalar() {
+    use super::{KvRows, KvRun};
     let mut rng = SplitMix64(21);
     let (n, stride) = (300, 192);
-    let k: Vec<u16> = (0..n * stride)
-        .map(|_| f32_to_f16(rng.signed_f32() * 2.0))
-        .collect();
-    let v: Vec<u16> = (0..n * stride)
-        .map(|_| f32_to_f16(rng.signed_f32() * 3.0))
-        .collect();
-    let off = 64; // the second KV head of rows `stride` halves apart
-    let (k, v) = (&k[off..], &v[off..]);
-    let run = |isa: Isa, q16: &[f32], len: usize, cut: usize| {
-        let (mut m, mut sum, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; 64]);
-        // Split at `cut` into two runs of one call, or two calls: the bits of one run.
-        let cut = cut.min(len);
-        let k2 = k.get(cut * stride..).unwrap_or(&[]);
-        let v2 = v.get(cut * stride..).unwrap_or(&[]);
-        let runs = [
-            super::KvRun { k, v, n: cut },
-            super::KvRun {
-                k: k2,
-                v: v2,
-                n: len - cut,
-            },
-        ];
-        let state = (&mut m, &mut sum);
-        if cut.is_multiple_of(2) {
-            super::attend_runs(isa, q16, &runs, stride, 0.125, state, &mut acc);
-        } else {
-            super::attend_runs(isa, q16, &runs[..1], stride, 0.125, state, &mut acc);
+    let kf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 2.0).collect();
+    let vf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 3.0).collect();
+    let k16: Vec<u16> = kf.iter().map(|&x| f32_to_f16(x)).collect();
+    let v16: Vec<u16> = vf.iter().map(|&x| f32_to_f16(x)).collect();
+    let off = 64; // the second KV head of rows `stride` elements apart
+    for f32_kv in [false, true] {
+        let rows = |x16: &'static [u16], x32: &'static [f32]| {
+            if f32_kv {
+                KvRows::F32(x32)
+            } else {
+                KvRows::F16(x16)
+            }
+        };
+        let leak16 =
+            |x: &[u16]| -> &'static [u16] { Box::leak(x[off..].to_vec().into_boxed_slice()) };
+        let leak32 =
+            |x: &[f32]| -> &'static [f32] { Box::leak(x[off..].to_vec().into_boxed_slice()) };
+        let (k, v) = (
+            rows(leak16(&k16), leak32(&kf)),
+            rows(leak16(&v16), leak32(&vf)),
+        );
+        let run = |isa: Isa, q: &[f32], len: usize, cut: usize| {
+            let (mut m, mut sum, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; 64]);
+            // Split at `cut` into two runs of one call, or two calls: the bits of one run.
+            let cut = cut.min(len);
+            let tail = |x: KvRows<'static>| {
+                if cut * stride < x.len() {
+                    x.skip(cut * stride)
+                } else {
+                    x.skip(x.len())
+                }
+            };
+            let runs = [
+                KvRun { k, v, n: cut },
+                KvRun {
+                    k: tail(k),
+                    v: tail(v),
+                    n: len - cut,
+                },
+            ];
             let state = (&mut m, &mut sum);
-            super::attend_runs(isa, q16, &runs[1..], stride, 0.125, state, &mut acc);
-        }
-        acc.iter().map(|a| a / sum).collect::<Vec<f32>>()
-    };
-    for len in [1, 2, 17, 300] {
-        let q: Vec<f32> = (0..64).map(|_| rng.signed_f32() * 4.0).collect();
-        let q16 = super::round_f16(&q);
-        let a = run(Isa::Scalar, &q16, len, len);
-        for cut in [0, 1, 16, 299] {
-            assert_eq!(a, run(detect(), &q16, len, cut), "{len} keys, cut {cut}");
-            assert_eq!(
-                a,
-                run(Isa::Scalar, &q16, len, cut),
-                "{len} keys, scalar cut {cut}"
-            );
-        }
-        // And it is attention: close to an f64 softmax-weighted sum.
-        let s: Vec<f64> = (0..len)
-            .map(|p| {
-                (0..64)
-                    .map(|d| f16_to_f32(k[p * stride + d]) as f64 * q[d] as f64)
-                    .sum::<f64>()
-                    * 0.125
-            })
-            .collect();
-        let mx = s.iter().cloned().fold(f64::MIN, f64::max);
-        let w: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
-        let z: f64 = w.iter().sum();
-        for d in 0..64 {
-            let want: f64 = (0..len)
-                .map(|p| w[p] / z * f16_to_f32(v[p * stride + d]) as f64)
-                .sum();
-            assert!(
-                (a[d] as f64 - want).abs() < 0.02,
-                "{len} keys, dim {d}: {} vs {want}",
-                a[d]
-            );
+            if cut.is_multiple_of(2) {
+                super::attend_runs(isa, q, &runs, stride, 0.125, state, &mut acc);
+            } else {
+                super::attend_runs(isa, q, &runs[..1], stride, 0.125, state, &mut acc);
+                let state = (&mut m, &mut sum);
+                super::attend_runs(isa, q, &runs[1..], stride, 0.125, state, &mut acc);
+            }
+            acc.iter().map(|a| a / sum).collect::<Vec<f32>>()
+        };
+        for len in [1, 2, 17, 300] {
+            let q: Vec<f32> = (0..64).map(|_| rng.signed_f32() * 4.0).collect();
+            let qk = if f32_kv {
+                q.clone()
+            } else {
+                super::round_f16(&q)
+            };
+            let a = run(Isa::Scalar, &qk, len, len);
+            for cut in [0, 1, 16, 299] {
+                let what = format!("{len} keys, cut {cut}, f32 {f32_kv}");
+                assert_eq!(a, run(detect(), &qk, len, cut), "{what}");
+                assert_eq!(a, run(Isa::Scalar, &qk, len, cut), "scalar {what}");
+            }
+            // And it is attention: close to an f64 softmax-weighted sum.
+            let s: Vec<f64> = (0..len)
+                .map(|p| {
+                    (0..64)
+                        .map(|d| k.get(p * stride + d) as f64 * q[d] as f64)
+                        .sum::<f64>()
+                        * 0.125
+                })
+                .collect();
+            let mx = s.iter().cloned().fold(f64::MIN, f64::max);
+            let w: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+            let z: f64 = w.iter().sum();
+            let tol = if f32_kv { 1e-4 } else { 0.02 };
+            for (d, &got) in a.iter().enumerate() {
+                let want: f64 = (0..len)
+                    .map(|p| w[p] / z * v.get(p * stride + d) as f64)
+                    .sum();
+                assert!(
+                    (got as f64 - want).abs() < tol,
+                    "{len} keys, dim {d}, f32 {f32_kv}: {got} vs {want}"
+                );
+            }
         }
     }
 }

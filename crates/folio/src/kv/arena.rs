@@ -1,23 +1,30 @@
-//! The K/V bytes of every page: one f16 allocation for the whole pool.
+//! The K/V bytes of every page: one allocation for the whole pool, f16 (default) or
+//! f32 elements.
 //!
 //! Layout: `[page][layer][K | V][slot][kv_dim]`. A page's K rows for one layer are
-//! contiguous (`page_size × kv_dim` halves), so attention walks a page's keys as one
-//! slice; copying a page (fork, copy-on-write) is one contiguous copy per page.
+//! contiguous (`page_size × kv_dim` elements), so attention walks a page's keys as one
+//! run; copying a page (fork, copy-on-write) is one contiguous copy per layer.
 
-use crate::kernels::quant::f32_to_f16;
+use super::buf::{KvBuf, KvDtype, KvRows};
 
-/// f16 K/V storage for `n_pages` pages.
+/// K/V storage for `n_pages` pages.
 pub struct KvArena {
-    data: Vec<u16>,
+    data: KvBuf,
     n_layers: usize,
     page_size: usize,
     kv_dim: usize,
 }
 
 impl KvArena {
-    pub fn new(n_pages: usize, n_layers: usize, page_size: usize, kv_dim: usize) -> Self {
+    pub fn new(
+        n_pages: usize,
+        n_layers: usize,
+        page_size: usize,
+        kv_dim: usize,
+        dtype: KvDtype,
+    ) -> Self {
         Self {
-            data: vec![0; n_pages * n_layers * 2 * page_size * kv_dim],
+            data: KvBuf::new(dtype, n_pages * n_layers * 2 * page_size * kv_dim),
             n_layers,
             page_size,
             kv_dim,
@@ -25,8 +32,12 @@ impl KvArena {
     }
 
     /// Bytes of K/V one page holds.
-    pub fn page_bytes(n_layers: usize, page_size: usize, kv_dim: usize) -> usize {
-        n_layers * 2 * page_size * kv_dim * 2
+    pub fn page_bytes(n_layers: usize, page_size: usize, kv_dim: usize, dtype: KvDtype) -> usize {
+        n_layers * 2 * page_size * kv_dim * dtype.size()
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.data.dtype()
     }
 
     fn at(&self, page: u32, layer: usize, v: bool, slot: usize) -> usize {
@@ -34,37 +45,41 @@ impl KvArena {
         ((page as usize * self.n_layers + layer) * 2 + usize::from(v)) * ps + slot * self.kv_dim
     }
 
+    /// K of one slot as raw 16-bit units (two per f32 element).
     pub fn k_row(&self, page: u32, layer: usize, slot: usize) -> &[u16] {
         let at = self.at(page, layer, false, slot);
-        &self.data[at..at + self.kv_dim]
+        self.data.raw(at, at + self.kv_dim)
     }
 
+    /// V of one slot as raw 16-bit units.
     pub fn v_row(&self, page: u32, layer: usize, slot: usize) -> &[u16] {
         let at = self.at(page, layer, true, slot);
-        &self.data[at..at + self.kv_dim]
+        self.data.raw(at, at + self.kv_dim)
     }
 
     /// K and V rows of `layer` in `page` from `slot` to the end of the page.
-    pub fn run(&self, page: u32, layer: usize, slot: usize) -> (&[u16], &[u16]) {
+    pub fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
         let end = self.page_size * self.kv_dim;
         let (k, v) = (
             self.at(page, layer, false, 0),
             self.at(page, layer, true, 0),
         );
         let off = slot * self.kv_dim;
-        (&self.data[k + off..k + end], &self.data[v + off..v + end])
+        (
+            self.data.rows(k + off, k + end),
+            self.data.rows(v + off, v + end),
+        )
     }
 
     pub fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         for (row, src) in [(false, k), (true, v)] {
             let at = self.at(page, layer, row, slot);
-            for (d, s) in self.data[at..at + self.kv_dim].iter_mut().zip(src) {
-                *d = f32_to_f16(*s);
-            }
+            self.data.write(at, &src[..self.kv_dim]);
         }
     }
 
-    /// All layers' K then V rows of `slot` in `page`, appended to `out` (snapshots).
+    /// All layers' K then V rows of `slot` in `page`, as raw units, appended to `out`
+    /// (snapshots).
     pub fn read_slot(&self, page: u32, slot: usize, out: &mut Vec<u16>) {
         for layer in 0..self.n_layers {
             out.extend_from_slice(self.k_row(page, layer, slot));
@@ -72,21 +87,22 @@ impl KvArena {
         }
     }
 
-    /// The inverse of [`KvArena::read_slot`]; `data` is `n_layers · 2 · kv_dim` halves.
+    /// The inverse of [`KvArena::read_slot`]; `data` is [`KvArena::slot_halves`] units.
     pub fn write_slot(&mut self, page: u32, slot: usize, data: &[u16]) {
         let d = self.kv_dim;
+        let w = d * self.dtype().size() / 2;
         for layer in 0..self.n_layers {
             for (j, v) in [false, true].into_iter().enumerate() {
                 let at = self.at(page, layer, v, slot);
-                let src = &data[(layer * 2 + j) * d..(layer * 2 + j + 1) * d];
-                self.data[at..at + d].copy_from_slice(src);
+                let src = &data[(layer * 2 + j) * w..(layer * 2 + j + 1) * w];
+                self.data.raw_mut(at, at + d).copy_from_slice(src);
             }
         }
     }
 
-    /// Halves per slot across all layers, K and V.
+    /// Raw 16-bit units per slot across all layers, K and V.
     pub fn slot_halves(&self) -> usize {
-        self.n_layers * 2 * self.kv_dim
+        self.n_layers * 2 * self.kv_dim * self.dtype().size() / 2
     }
 
     /// Copies the first `n` slots of every layer's K and V from page `src` to `dst`.
@@ -94,7 +110,7 @@ impl KvArena {
         for layer in 0..self.n_layers {
             for v in [false, true] {
                 let (s, d) = (self.at(src, layer, v, 0), self.at(dst, layer, v, 0));
-                self.data.copy_within(s..s + n * self.kv_dim, d);
+                self.data.copy_within(s, d, n * self.kv_dim);
             }
         }
     }

@@ -22,6 +22,7 @@
 //! - a free page is in no table and not indexed.
 
 mod arena;
+mod buf;
 mod hash;
 mod paged;
 mod seq;
@@ -33,6 +34,7 @@ mod table;
 mod tests;
 
 pub use arena::KvArena;
+pub use buf::{KvBuf, KvDtype, KvRows};
 pub use hash::{Hasher128, PageHash};
 pub use paged::{PagedBatch, PagedKv, PagedSeq};
 pub use snapshot::SnapshotError;

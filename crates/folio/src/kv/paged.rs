@@ -3,6 +3,7 @@
 //! (its page table), which implements the model's [`KvCache`].
 
 use super::arena::KvArena;
+use super::buf::{KvDtype, KvRows};
 use super::hash::{Hasher128, PageHash};
 use super::store::{KvError, PageStore};
 use super::table::PageTable;
@@ -23,7 +24,8 @@ pub struct PagedKv {
 
 impl PagedKv {
     /// `n_pages` pages of `page_size` tokens for a model with `n_layers` layers of
-    /// `kv_dim`-wide K/V; `fingerprint` identifies the model in the prefix hashes.
+    /// `kv_dim`-wide K/V, stored as f16; `fingerprint` identifies the model in the
+    /// prefix hashes.
     pub fn new(
         n_pages: usize,
         page_size: usize,
@@ -32,10 +34,28 @@ impl PagedKv {
         max_tokens: usize,
         fingerprint: &[u8],
     ) -> Self {
+        let shape = (n_pages, page_size, n_layers, kv_dim);
+        Self::with_dtype(shape, max_tokens, fingerprint, KvDtype::F16)
+    }
+
+    /// Like [`PagedKv::new`] with K/V stored as `dtype`; `shape` is
+    /// `(n_pages, page_size, n_layers, kv_dim)`.
+    pub fn with_dtype(
+        shape: (usize, usize, usize, usize),
+        max_tokens: usize,
+        fingerprint: &[u8],
+        dtype: KvDtype,
+    ) -> Self {
+        let (n_pages, page_size, n_layers, kv_dim) = shape;
+        // The dtype is part of the chain root: pages of different dtypes never match.
+        let mut salted = fingerprint.to_vec();
+        if dtype != KvDtype::F16 {
+            salted.extend_from_slice(b":f32");
+        }
         Self {
             store: PageStore::new(n_pages, page_size),
-            arena: KvArena::new(n_pages, n_layers, page_size, kv_dim),
-            root: Hasher128::root(fingerprint, page_size, b""),
+            arena: KvArena::new(n_pages, n_layers, page_size, kv_dim, dtype),
+            root: Hasher128::root(&salted, page_size, b""),
             max_tokens,
             fingerprint: fingerprint
                 .iter()
@@ -136,7 +156,7 @@ impl PagedKv {
     }
 
     /// K/V rows of `t` from `pos` to the end of its page.
-    pub fn seq_kv_run(&self, t: &PageTable, layer: usize, pos: usize) -> (&[u16], &[u16]) {
+    pub fn seq_kv_run(&self, t: &PageTable, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>) {
         let (page, slot) = self.page_slot(t, pos);
         self.arena.run(page, layer, slot)
     }
@@ -184,7 +204,7 @@ impl KvBatch for PagedBatch<'_> {
     ) -> Result<(), RunError> {
         self.kv.seq_write(self.tables[s], layer, pos, k, v)
     }
-    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (&[u16], &[u16]) {
+    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>) {
         self.kv.seq_kv_run(self.tables[s], layer, pos)
     }
     fn finish(&mut self, s: usize) -> Result<(), RunError> {
@@ -277,7 +297,7 @@ impl KvCache for PagedSeq<'_> {
         self.kv.arena.v_row(page, layer, slot)
     }
 
-    fn kv_run(&self, layer: usize, pos: usize) -> (&[u16], &[u16]) {
+    fn kv_run(&self, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>) {
         self.kv.seq_kv_run(self.table, layer, pos)
     }
 

@@ -104,18 +104,11 @@ pub fn attention<B: KvBatch + ?Sized>(
         }
         let mut guard = parts[t].lock().unwrap_or_else(|e| e.into_inner());
         let mine: &mut [f32] = &mut guard;
-        let mut q16 = Vec::with_capacity(hd);
+        let mut qh = Vec::with_capacity(hd);
         let mut runs = Vec::new();
         let mut last = (u32::MAX, u32::MAX);
         for (i, u) in units[bounds[t]..bounds[t + 1]].iter().enumerate() {
             let (r, h) = (u.row as usize, u.head as usize);
-            if last != (u.row, u.head) {
-                q16 = kernels::round_f16(&q[r * d + h * hd..r * d + (h + 1) * hd]);
-                last = (u.row, u.head);
-            }
-            let (head, acc) = mine[i * stride..(i + 1) * stride].split_at_mut(2);
-            let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-            acc.fill(0.0);
             let (seq, off) = (rows[r].0, (h / group) * hd);
             // The unit's keys as page runs, then one kernel call over all of them.
             runs.clear();
@@ -124,13 +117,25 @@ pub fn attention<B: KvBatch + ?Sized>(
                 let (ks, vs) = kv.kv_run(seq, layer, p);
                 let n = (ks.len() / kv_dim).min(u.k1 as usize - p);
                 runs.push(kernels::KvRun {
-                    k: &ks[off..],
-                    v: &vs[off..],
+                    k: ks.skip(off),
+                    v: vs.skip(off),
                     n,
                 });
                 p += n;
             }
-            kernels::attend_runs(isa, &q16, &runs, kv_dim, scale, (&mut m, &mut sum), acc);
+            if last != (u.row, u.head) {
+                let qs = &q[r * d + h * hd..r * d + (h + 1) * hd];
+                // With f16 K/V the query is rounded to f16 too, as llama.cpp does.
+                qh = match runs.first().map(|r| r.k) {
+                    Some(kernels::KvRows::F16(_)) => kernels::round_f16(qs),
+                    _ => qs.to_vec(),
+                };
+                last = (u.row, u.head);
+            }
+            let (head, acc) = mine[i * stride..(i + 1) * stride].split_at_mut(2);
+            let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+            acc.fill(0.0);
+            kernels::attend_runs(isa, &qh, &runs, kv_dim, scale, (&mut m, &mut sum), acc);
             head[0] = m;
             head[1] = sum;
         }

@@ -29,13 +29,14 @@ pub trait KvCache: Sync {
     fn begin(&mut self, tokens: &[u32]) -> Result<(), RunError>;
     /// Stores K and V of one position in one layer.
     fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), RunError>;
-    /// K of position `pos` in `layer`, all KV heads (f16).
+    /// K of position `pos` in `layer`, all KV heads, as raw 16-bit units (the f16
+    /// values, or two units per f32).
     fn k_row(&self, layer: usize, pos: usize) -> &[u16];
-    /// V of position `pos` in `layer`, all KV heads (f16).
+    /// V of position `pos` in `layer`, as raw 16-bit units.
     fn v_row(&self, layer: usize, pos: usize) -> &[u16];
     /// K and V rows of `layer` from position `pos` to the end of the contiguous block
     /// that holds it (its page, for a paged cache): whole rows of all KV heads.
-    fn kv_run(&self, layer: usize, pos: usize) -> (&[u16], &[u16]);
+    fn kv_run(&self, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>);
     /// The begun tokens are complete.
     fn finish(&mut self) -> Result<(), RunError>;
     /// Gives back the last `n` begun tokens after a failed step.
@@ -61,7 +62,7 @@ pub trait KvBatch: Sync {
         v: &[f32],
     ) -> Result<(), RunError>;
     /// See [`KvCache::kv_run`].
-    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (&[u16], &[u16]);
+    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>);
     fn finish(&mut self, s: usize) -> Result<(), RunError>;
     fn abort(&mut self, s: usize, n: usize);
 }
@@ -87,7 +88,7 @@ impl<C: KvCache + ?Sized> KvBatch for [&mut C] {
     ) -> Result<(), RunError> {
         self[s].write(layer, pos, k, v)
     }
-    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (&[u16], &[u16]) {
+    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>) {
         self[s].kv_run(layer, pos)
     }
     fn finish(&mut self, s: usize) -> Result<(), RunError> {
@@ -97,9 +98,9 @@ impl<C: KvCache + ?Sized> KvBatch for [&mut C] {
         self[s].abort(n)
     }
 }
-use crate::kernels::quant::f32_to_f16;
+use crate::kv::{KvBuf, KvDtype, KvRows};
 
-/// A sequence's K/V, stored as f16 (what llama.cpp stores by default).
+/// A sequence's K/V, stored as f16 (what llama.cpp stores by default) or f32.
 pub struct BasicCache {
     capacity: usize,
     kv_dim: usize,
@@ -108,28 +109,38 @@ pub struct BasicCache {
     tokens: Vec<u32>,
     /// Tokens begun by the current forward step.
     pending: Vec<u32>,
-    k: Vec<Vec<u16>>,
-    v: Vec<Vec<u16>>,
+    k: Vec<KvBuf>,
+    v: Vec<KvBuf>,
 }
 
 impl BasicCache {
     pub fn new(n_layers: usize, kv_dim: usize, capacity: usize) -> Self {
+        Self::with_dtype(n_layers, kv_dim, capacity, KvDtype::F16)
+    }
+
+    pub fn with_dtype(n_layers: usize, kv_dim: usize, capacity: usize, dtype: KvDtype) -> Self {
         Self {
             capacity,
             kv_dim,
             len: 0,
             tokens: Vec::new(),
             pending: Vec::new(),
-            k: (0..n_layers).map(|_| vec![0; capacity * kv_dim]).collect(),
-            v: (0..n_layers).map(|_| vec![0; capacity * kv_dim]).collect(),
+            k: (0..n_layers)
+                .map(|_| KvBuf::new(dtype, capacity * kv_dim))
+                .collect(),
+            v: (0..n_layers)
+                .map(|_| KvBuf::new(dtype, capacity * kv_dim))
+                .collect(),
         }
     }
 }
 
 impl BasicCache {
-    /// One layer's K and V slabs, `capacity` rows each (for copying rows in bulk).
+    /// One layer's K and V slabs as raw 16-bit units, `capacity` rows each (for
+    /// copying rows in bulk).
     pub fn layer_mut(&mut self, layer: usize) -> (&mut [u16], &mut [u16]) {
-        (&mut self.k[layer], &mut self.v[layer])
+        let n = self.capacity * self.kv_dim;
+        (self.k[layer].raw_mut(0, n), self.v[layer].raw_mut(0, n))
     }
 }
 
@@ -191,25 +202,21 @@ impl KvCache for BasicCache {
             });
         }
         let at = pos * self.kv_dim;
-        for (d, s) in self.k[layer][at..at + self.kv_dim].iter_mut().zip(k) {
-            *d = f32_to_f16(*s);
-        }
-        for (d, s) in self.v[layer][at..at + self.kv_dim].iter_mut().zip(v) {
-            *d = f32_to_f16(*s);
-        }
+        self.k[layer].write(at, &k[..self.kv_dim]);
+        self.v[layer].write(at, &v[..self.kv_dim]);
         Ok(())
     }
 
     fn k_row(&self, layer: usize, pos: usize) -> &[u16] {
-        &self.k[layer][pos * self.kv_dim..(pos + 1) * self.kv_dim]
+        self.k[layer].raw(pos * self.kv_dim, (pos + 1) * self.kv_dim)
     }
 
     fn v_row(&self, layer: usize, pos: usize) -> &[u16] {
-        &self.v[layer][pos * self.kv_dim..(pos + 1) * self.kv_dim]
+        self.v[layer].raw(pos * self.kv_dim, (pos + 1) * self.kv_dim)
     }
 
-    fn kv_run(&self, layer: usize, pos: usize) -> (&[u16], &[u16]) {
-        let at = pos * self.kv_dim;
-        (&self.k[layer][at..], &self.v[layer][at..])
+    fn kv_run(&self, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>) {
+        let (at, end) = (pos * self.kv_dim, self.capacity * self.kv_dim);
+        (self.k[layer].rows(at, end), self.v[layer].rows(at, end))
     }
 }

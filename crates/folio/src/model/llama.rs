@@ -10,7 +10,7 @@ use super::weights::Weights;
 use crate::error::{ModelError, RunError};
 use crate::gguf::Gguf;
 use crate::kernels::{self, matmul, Activations, Isa, ThreadPool};
-use crate::kv::PagedKv;
+use crate::kv::{KvDtype, PagedKv};
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 
@@ -86,24 +86,44 @@ impl Model {
         self.fingerprint
     }
 
-    /// A paged KV pool of `n_pages` pages of `page_size` tokens; no sequence in it grows
-    /// past `max_tokens` (capped at the model's context).
+    /// A paged KV pool of `n_pages` pages of `page_size` tokens (f16); no sequence in it
+    /// grows past `max_tokens` (capped at the model's context).
     pub fn new_paged(&self, n_pages: usize, page_size: usize, max_tokens: usize) -> PagedKv {
+        self.new_paged_as(KvDtype::F16, n_pages, page_size, max_tokens)
+    }
+
+    /// [`Model::new_paged`] with K/V stored as `dtype`.
+    pub fn new_paged_as(
+        &self,
+        dtype: KvDtype,
+        n_pages: usize,
+        page_size: usize,
+        max_tokens: usize,
+    ) -> PagedKv {
         let c = &self.config;
-        PagedKv::new(
-            n_pages,
-            page_size,
-            c.n_layers,
-            c.kv_dim(),
+        PagedKv::with_dtype(
+            (n_pages, page_size, c.n_layers, c.kv_dim()),
             max_tokens.min(c.context_length),
             &self.fingerprint,
+            dtype,
         )
     }
 
-    /// A contiguous KV cache for up to `capacity` tokens (capped at the model's context).
+    /// A contiguous f16 KV cache for up to `capacity` tokens (capped at the model's
+    /// context).
     pub fn new_cache(&self, capacity: usize) -> BasicCache {
+        self.new_cache_as(KvDtype::F16, capacity)
+    }
+
+    /// [`Model::new_cache`] with K/V stored as `dtype`.
+    pub fn new_cache_as(&self, dtype: KvDtype, capacity: usize) -> BasicCache {
         let c = &self.config;
-        BasicCache::new(c.n_layers, c.kv_dim(), capacity.min(c.context_length))
+        BasicCache::with_dtype(
+            c.n_layers,
+            c.kv_dim(),
+            capacity.min(c.context_length),
+            dtype,
+        )
     }
 
     /// Runs `tokens` at the positions following what `cache` holds, stores their K/V and
