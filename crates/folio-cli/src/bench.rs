@@ -35,19 +35,19 @@ pub struct Args {
     /// paged vs gather+dense attention time at 512, 2k and 8k tokens of context.
     #[arg(long)]
     pub batch_figures: bool,
-    /// llama.cpp's aggregate decode tok/s for 16 sequences (from its
-    /// `llama-batched-bench`), to print our batch-16 figure against.
-    #[arg(long)]
-    pub llama_batched: Option<f64>,
+    /// llama.cpp's `llama-batched-bench` binary [default: $FOLIO_LLAMA_BATCHED_BENCH]:
+    /// run in the same invocation for its aggregate decode figure at batch 16.
+    #[arg(long, value_name = "PATH")]
+    pub llama_batched_bench: Option<std::path::PathBuf>,
     /// Also print the engine's serving figures: output tok/s and TTFT p50/p95 at 1, 4,
     /// 16 and 32 concurrent clients (distinct prompts, and sharing a 1000-token prefix)
     /// and warm vs cold TTFT for a 2000-token prefix.
     #[arg(long)]
     pub serve_figures: bool,
-    /// llama.cpp server's output tok/s with 16 clients, distinct and shared-prefix
-    /// prompts (from scripts/llama_server_bench.py), to print ours against.
-    #[arg(long, num_args = 2, value_names = ["DISTINCT", "SHARED"])]
-    pub llama_server: Option<Vec<f64>>,
+    /// llama.cpp's `llama-server` binary [default: $FOLIO_LLAMA_SERVER]: run in the
+    /// same invocation under the same 16-client load (scripts/llama_server_bench.py).
+    #[arg(long, value_name = "PATH")]
+    pub llama_server: Option<std::path::PathBuf>,
 }
 
 const TEXT: &str = "The history of the printing press begins long before Gutenberg, with movable type made of baked clay and later cast in bronze. ";
@@ -116,12 +116,31 @@ pub fn run(a: Args) -> Result<()> {
         kv_figures(&model, &a)?;
     }
     if a.batch_figures {
-        crate::bench_batch::run(&model, a.model.page_size, a.llama_batched)?;
+        let exe = a
+            .llama_batched_bench
+            .clone()
+            .or_else(|| std::env::var_os("FOLIO_LLAMA_BATCHED_BENCH").map(Into::into));
+        let llama = match exe {
+            Some(exe) if !a.no_llama => {
+                crate::bench_batch::llama_batched(&exe, &a.model.path()?, threads)?
+            }
+            _ => None,
+        };
+        crate::bench_batch::run(&model, a.model.page_size, llama)?;
     }
     if a.serve_figures {
         let pages = a.model.pool_pages(&model, 200_000)?;
         drop(model);
-        let server = a.llama_server.as_ref().map(|v| (v[0], v[1]));
+        let exe = a
+            .llama_server
+            .clone()
+            .or_else(|| std::env::var_os("FOLIO_LLAMA_SERVER").map(Into::into));
+        let server = match exe {
+            Some(exe) if !a.no_llama => {
+                crate::bench_serve::llama_server(&exe, &a.model.path()?, threads)?
+            }
+            _ => None,
+        };
         crate::bench_serve::run(a.model.load()?, a.model.page_size, pages, server)?;
     }
     Ok(())

@@ -65,6 +65,39 @@ pub fn run(model: &Model, page_size: usize, llama_batched: Option<f64>) -> Resul
     Ok(())
 }
 
+/// llama.cpp's aggregate decode tok/s of 16 sequences (32-token prompts, 32 steps),
+/// from its `llama-batched-bench` run now with the same model and threads.
+pub fn llama_batched(
+    exe: &std::path::Path,
+    model: &std::path::Path,
+    threads: usize,
+) -> Result<Option<f64>> {
+    let t = threads.to_string();
+    let out = std::process::Command::new(exe)
+        .args(["-m"])
+        .arg(model)
+        .args([
+            "-c", "4096", "-b", "2048", "-ub", "512", "-npp", "32", "-ntg", "32", "-npl", "16",
+        ])
+        .args(["-t", &t, "-tb", &t])
+        .output()?;
+    if !out.status.success() {
+        eprintln!(
+            "llama-batched-bench failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return Ok(None);
+    }
+    // The table row `| PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | ...`.
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split('|').map(str::trim).collect();
+        (f.len() > 8 && f[3] == "16")
+            .then(|| f[8].parse().ok())
+            .flatten()
+    }))
+}
+
 /// Tokens per second of `b` sequences decoding `steps` tokens in lockstep.
 fn aggregate_decode(
     model: &Model,

@@ -96,6 +96,41 @@ fn run_clients(engine: &Engine, prompts: Vec<Vec<u32>>, clients: usize, max_toke
     }
 }
 
+const SERVER_BENCH: &str = include_str!("../../../scripts/llama_server_bench.py");
+
+/// llama.cpp's server under the same 16-client load: (distinct, shared) output tok/s.
+pub fn llama_server(
+    exe: &std::path::Path,
+    model: &std::path::Path,
+    threads: usize,
+) -> Result<Option<(f64, f64)>> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", SERVER_BENCH, "--server"])
+        .arg(exe)
+        .arg("--model")
+        .arg(model)
+        .args(["--threads", &threads.to_string()])
+        .output()?;
+    if !out.status.success() {
+        eprintln!(
+            "llama-server bench failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return Ok(None);
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let get = |k: &str| v[k]["output_tok_s"].as_f64();
+    for k in ["distinct", "shared"] {
+        println!(
+            "llama.cpp server, 16 slots, {k}: {:.1} output tok/s, TTFT p50 {:.2} s, p95 {:.2} s",
+            get(k).unwrap_or(0.0),
+            v[k]["ttft_p50"].as_f64().unwrap_or(0.0),
+            v[k]["ttft_p95"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(get("distinct").zip(get("shared")))
+}
+
 pub fn run(
     model: Model,
     page_size: usize,
