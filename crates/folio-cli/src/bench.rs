@@ -205,11 +205,11 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
         let reps = 200;
         let start = Instant::now();
         for _ in 0..reps {
-            let f = kv.fork(&t)?;
+            let f = kv.fork(&mut t)?;
             kv.release(f)?;
         }
         println!(
-            "- fork at {n} tokens of context: {:.2} µs (references {} pages, copies the partial page)",
+            "- fork at {n} tokens of context: {:.2} µs ({} committed pages shared through one fork group, no per-page reference)",
             start.elapsed().as_secs_f64() * 1e6 / reps as f64,
             t.pages().len()
         );

@@ -118,7 +118,7 @@ proptest! {
                     }
                 }
                 Op::Fork(c) if c < live.len() => {
-                    if let Ok(table) = kv.fork(&live[c].table) {
+                    if let Ok(table) = kv.fork(&mut live[c].table) {
                         let tokens = live[c].tokens.clone();
                         live.push(Live { table, oracle: oracle_for(&tokens), tokens });
                     }
@@ -144,12 +144,7 @@ proptest! {
                 prop_assert_eq!(seq.tokens(), l.tokens.clone());
                 prop_assert!(same_kv(&seq, &l.oracle), "K/V differ from the oracle");
             }
-            let mut holders = vec![0u32; n_pages];
-            for l in &live {
-                for p in l.table.pages() {
-                    holders[p.0 as usize] += 1;
-                }
-            }
+            let holders = folio::kv::holders(live.iter().map(|l| &l.table), n_pages);
             if let Err(e) = kv.store.check(&holders) { prop_assert!(false, "{}", e); }
         }
         for l in live.drain(..) {

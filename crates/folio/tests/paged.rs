@@ -97,7 +97,7 @@ fn fork_and_truncate_keep_sequences_apart() {
     let mut a = kv.new_table(None);
     m.forward(&mut kv.seq(&mut a), &toks[..30], Logits::Last)
         .unwrap();
-    let mut b = kv.fork(&a).unwrap();
+    let mut b = kv.fork(&mut a).unwrap();
     // Continue both differently; each must equal a fresh basic-cache run of its tokens.
     let la = m
         .forward(&mut kv.seq(&mut a), &toks[30..], Logits::Last)
@@ -143,7 +143,7 @@ fn snapshots_are_pinned_restored_from_disk_and_checked() {
     let mut t = kv.new_table(None);
     m.forward(&mut kv.seq(&mut t), &toks[..40], Logits::Last)
         .unwrap();
-    kv.save("agent-1", &t).unwrap();
+    kv.save("agent-1", &mut t).unwrap();
     kv.release(t).unwrap();
     // Pressure: other work takes every page it can; the snapshot's pages stay.
     let mut other = kv.new_table(None);
@@ -191,9 +191,9 @@ fn snapshots_are_pinned_restored_from_disk_and_checked() {
     assert!(names.is_empty() && skipped.len() == 3);
 
     // Names, deletion.
-    let t = kv.new_table(None);
+    let mut t = kv.new_table(None);
     assert!(matches!(
-        kv.save("../escape", &t),
+        kv.save("../escape", &mut t),
         Err(SnapshotError::BadName(_))
     ));
     kv.delete("agent-1").unwrap();

@@ -44,6 +44,11 @@ pub(crate) struct CtxState {
 }
 
 impl CtxState {
+    /// The context's table while it is idle.
+    pub(crate) fn table(&self) -> Option<&PageTable> {
+        self.table.as_ref()
+    }
+
     pub(crate) fn new(table: PageTable, salt: Option<Vec<u8>>) -> Self {
         Self {
             table: Some(table),
@@ -270,7 +275,7 @@ impl Core {
 
     fn ctx_fork(&mut self, id: u64) -> Result<u64, EngineError> {
         let (c, kv) = self.idle(id)?;
-        let table = kv.fork(c.table.as_ref().expect("idle"))?;
+        let table = kv.fork(c.table.as_mut().expect("idle"))?;
         let mut copy = CtxState::new(table, c.salt.clone());
         copy.pending = c.pending.clone();
         copy.messages = c.messages.clone();
@@ -328,7 +333,7 @@ impl Core {
                 "flush the context before saving it".into(),
             ));
         }
-        kv.save(&name, c.table.as_ref().expect("idle"))?;
+        kv.save(&name, c.table.as_mut().expect("idle"))?;
         Ok(())
     }
 

@@ -102,7 +102,7 @@ impl Core {
             pages_working: st.count(PageState::Working),
             pages_committed: st.count(PageState::Committed),
             pages_cached: st.count(PageState::Cached),
-            pages_shared: st.num_shared(),
+            pages_shared: self.shared_pages(),
             page_size: st.page_size(),
             prefix_hit_tokens: c.prefix_hit_tokens,
             prefilled_tokens: c.prefilled_tokens,
@@ -114,6 +114,17 @@ impl Core {
             waiting: self.seqs.iter().filter(|s| s.table.is_none()).count(),
             requests_done: c.requests_done,
         }
+    }
+
+    /// Pages held by more than one sequence, context or snapshot.
+    fn shared_pages(&self) -> usize {
+        let tables = self
+            .seqs
+            .iter()
+            .filter_map(|s| s.table.as_ref())
+            .chain(self.contexts.values().filter_map(|c| c.table()))
+            .chain(self.kv.snapshots.values());
+        crate::kv::shared_pages(tables, self.kv.store.num_pages())
     }
 
     /// The prompt's tokens, or why the request cannot run.
@@ -493,7 +504,7 @@ impl Core {
             );
             // Without a page for the copy of the partial page, the sample starts
             // from the prefix cache instead.
-            let table = s.table.as_ref().and_then(|t| self.kv.fork(t).ok());
+            let table = s.table.as_mut().and_then(|t| self.kv.fork(t).ok());
             let mut child = Seq {
                 req: s.req,
                 index: k,

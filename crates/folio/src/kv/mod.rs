@@ -39,4 +39,4 @@ pub use hash::{Hasher128, PageHash};
 pub use paged::{PagedBatch, PagedKv, PagedSeq};
 pub use snapshot::SnapshotError;
 pub use store::{KvError, PageId, PageState, PageStore, Stats};
-pub use table::PageTable;
+pub use table::{holders, shared_pages, ForkGroup, PageTable};

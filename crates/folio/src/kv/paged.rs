@@ -82,7 +82,7 @@ impl PagedKv {
     }
 
     /// Forks a table (committed pages shared, the partial page and its K/V copied).
-    pub fn fork(&mut self, t: &PageTable) -> Result<PageTable, KvError> {
+    pub fn fork(&mut self, t: &mut PageTable) -> Result<PageTable, KvError> {
         let f = self.store.fork(t)?;
         self.apply_copies();
         Ok(f)

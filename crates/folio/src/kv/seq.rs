@@ -3,7 +3,8 @@
 //! Every operation either succeeds or leaves the table and the store as they were.
 
 use super::store::{KvError, PageId, PageState, PageStore};
-use super::table::PageTable;
+use super::table::{ForkGroup, PageTable};
+use std::sync::Arc;
 
 impl PageStore {
     /// Appends one token: a new working page when the last is full (or there is none);
@@ -30,8 +31,8 @@ impl PageStore {
     /// index: an identical page already there replaces ours).
     pub fn commit_full(&mut self, t: &mut PageTable) -> Result<(), KvError> {
         let ps = self.page_size();
-        while t.hashes.len() < t.len / ps {
-            let i = t.hashes.len();
+        while t.num_committed() < t.len / ps {
+            let i = t.num_committed();
             let (kept, h) = self.commit(t.pages[i], t.tail_hash())?;
             t.pages[i] = kept;
             t.hashes.push(h);
@@ -58,13 +59,12 @@ impl PageStore {
         Ok(t.len)
     }
 
-    /// A new table with the same tokens: committed pages are shared by reference, the
-    /// partial working page (if any) is copied. O(1) in the number of committed pages'
-    /// contents (it takes references, copying nothing but the partial page).
-    pub fn fork(&mut self, t: &PageTable) -> Result<PageTable, KvError> {
-        let mut f = t.clone();
-        let partial = t.pages.len() > t.hashes.len();
-        if partial {
+    /// A new table with the same tokens: committed pages are shared, the partial working
+    /// page (if any) is copied. O(1) in committed pages: `t`'s own committed pages move
+    /// into a fork group (no reference is taken per page) that both tables then hold.
+    pub fn fork(&mut self, t: &mut PageTable) -> Result<PageTable, KvError> {
+        // The only step that can fail (a page for the copy) goes first.
+        let copy = if t.pages.len() > t.num_committed() {
             let src = *t.pages.last().expect("a partial page");
             let dst = self.reserve()?;
             let n = self.tokens(src)?.len();
@@ -73,12 +73,71 @@ impl PageStore {
                 self.push_token(dst, tok)?;
             }
             self.copies.push((src, dst, n));
+            Some(dst)
+        } else {
+            None
+        };
+        let (start, end) = (t.shared_end(), t.num_committed());
+        if end > start {
+            let group = ForkGroup {
+                parent: t.shared.take(),
+                start,
+                pages: t.pages[start..end].to_vec(),
+                tail: t.tail_hash(),
+            };
+            t.hashes.clear();
+            t.shared = Some(Arc::new(group));
+        }
+        let mut f = t.copy_sharing();
+        if let Some(dst) = copy {
             *f.pages.last_mut().expect("a partial page") = dst;
         }
-        for &p in &t.pages[..t.hashes.len()] {
-            self.retain(p)?;
-        }
         Ok(f)
+    }
+
+    /// Makes pages `keep..` of `t` held one reference each (leaving fork groups that
+    /// reach past `keep`), so they can be dropped or replaced. Cannot fail.
+    fn unshare_from(&mut self, t: &mut PageTable, keep: usize) -> Result<(), KvError> {
+        let old_end = t.shared_end();
+        if keep >= old_end {
+            return Ok(());
+        }
+        // The deepest group chain that ends at or before `keep`.
+        let mut g = t.shared.clone();
+        while let Some(group) = g.clone() {
+            if group.end() <= keep {
+                break;
+            }
+            g = group.parent.clone();
+        }
+        let new_end = g.as_ref().map_or(0, |x| x.end());
+        let mut hashes = Vec::with_capacity(old_end - new_end + t.hashes.len());
+        for &p in &t.pages[new_end..old_end] {
+            self.retain(p)?;
+            hashes.push(self.hash(p)?.expect("pages in fork groups are committed"));
+        }
+        hashes.append(&mut t.hashes);
+        t.hashes = hashes;
+        let old = std::mem::replace(&mut t.shared, g);
+        self.release_group(old)
+    }
+
+    /// Drops a reference to a fork group; a group no table holds any more releases its
+    /// pages, and so on up its parents.
+    pub(crate) fn release_group(&mut self, g: Option<Arc<ForkGroup>>) -> Result<(), KvError> {
+        let mut g = g;
+        while let Some(group) = g {
+            match Arc::try_unwrap(group) {
+                Ok(owned) => {
+                    for p in owned.pages {
+                        self.release(p)?;
+                    }
+                    g = owned.parent;
+                }
+                Err(_) => break,
+            }
+        }
+        Ok(())
     }
 
     /// Drops the last `n` tokens. Whole pages past the new end are released; a working
@@ -89,6 +148,11 @@ impl PageStore {
         let new_len = t.len.saturating_sub(n);
         let keep_pages = new_len.div_ceil(ps);
         let keep_in_last = new_len - (keep_pages.saturating_sub(1)) * ps;
+        // Pages to drop or copy must be held by this table alone.
+        let full = new_len / ps;
+        if full < t.shared_end() {
+            self.unshare_from(t, full)?;
+        }
         // The only step that can fail (a fresh page for the copy) goes first.
         let cow = if keep_pages > 0 && keep_in_last < ps {
             let last = t.pages[keep_pages - 1];
@@ -109,7 +173,8 @@ impl PageStore {
         for p in t.pages.drain(keep_pages..).collect::<Vec<PageId>>() {
             self.release(p)?;
         }
-        t.hashes.truncate(new_len / ps);
+        t.hashes
+            .truncate((new_len / ps).saturating_sub(t.shared_end()));
         if keep_pages > 0 && keep_in_last < ps {
             let last = t.pages[keep_pages - 1];
             match cow {
@@ -129,10 +194,10 @@ impl PageStore {
 
     /// Releases every page of a table.
     pub fn release_table(&mut self, t: PageTable) -> Result<(), KvError> {
-        for p in t.pages {
+        for &p in &t.pages[t.shared_end()..] {
             self.release(p)?;
         }
-        Ok(())
+        self.release_group(t.shared)
     }
 
     /// The tokens a table holds, read back through its pages.

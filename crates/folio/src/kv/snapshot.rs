@@ -52,7 +52,7 @@ fn check_name(name: &str) -> Result<(), SnapshotError> {
 impl PagedKv {
     /// Pins `table`'s pages under `name` (replacing an earlier snapshot of that name)
     /// and, with a snapshot directory, writes it to disk.
-    pub fn save(&mut self, name: &str, table: &PageTable) -> Result<(), SnapshotError> {
+    pub fn save(&mut self, name: &str, table: &mut PageTable) -> Result<(), SnapshotError> {
         check_name(name)?;
         let pinned = self.fork(table)?;
         if let Some(dir) = self.snapshot_dir.clone() {
@@ -71,10 +71,11 @@ impl PagedKv {
     pub fn load(&mut self, name: &str) -> Result<PageTable, SnapshotError> {
         let t = self
             .snapshots
-            .get(name)
-            .ok_or_else(|| SnapshotError::NotFound(name.into()))?
-            .clone();
-        Ok(self.fork(&t)?)
+            .get_mut(name)
+            .ok_or_else(|| SnapshotError::NotFound(name.into()))?;
+        let f = self.store.fork(t)?;
+        self.apply_copies();
+        Ok(f)
     }
 
     /// Unpins a snapshot and removes its file.

@@ -27,13 +27,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn holders(store: &PageStore, tables: &[(PageTable, Vec<u32>)]) -> Vec<u32> {
-    let mut h = vec![0u32; store.num_pages()];
-    for (t, _) in tables {
-        for p in t.pages() {
-            h[p.0 as usize] += 1;
-        }
-    }
-    h
+    super::holders(tables.iter().map(|(t, _)| t), store.num_pages())
 }
 
 proptest! {
@@ -65,27 +59,27 @@ proptest! {
                     }
                 }
                 Op::Append(c, tok) if c < live.len() => {
-                    let snapshot = live[c].0.clone();
+                    let snapshot = live[c].0.content();
                     match store.append(&mut live[c].0, tok) {
                         Ok(()) => live[c].1.push(tok),
                         Err(KvError::OutOfPages { .. }) => {
-                            prop_assert_eq!(&live[c].0, &snapshot);
+                            prop_assert_eq!(live[c].0.content(), snapshot.clone());
                             prop_assert_eq!(before, 0);
                         }
                         Err(e) => prop_assert!(false, "append: {e}"),
                     }
                 }
                 Op::Fork(c) if c < live.len() => {
-                    if let Ok(f) = store.fork(&live[c].0) {
+                    if let Ok(f) = store.fork(&mut live[c].0) {
                         let toks = live[c].1.clone();
                         live.push((f, toks));
                     }
                 }
                 Op::Truncate(c, n) if c < live.len() => {
-                    let snapshot = live[c].0.clone();
+                    let snapshot = live[c].0.content();
                     match store.truncate(&mut live[c].0, n) {
                         Ok(()) => { let l = live[c].1.len().saturating_sub(n); live[c].1.truncate(l); }
-                        Err(KvError::OutOfPages { .. }) => prop_assert_eq!(&live[c].0, &snapshot),
+                        Err(KvError::OutOfPages { .. }) => prop_assert_eq!(live[c].0.content(), snapshot),
                         Err(e) => prop_assert!(false, "truncate: {e}"),
                     }
                 }
@@ -136,7 +130,7 @@ fn truncate_across_a_committed_page_copies_instead_of_mutating() {
     for t in 0..8 {
         store.append(&mut a, t).unwrap();
     }
-    let mut b = store.fork(&a).unwrap();
+    let mut b = store.fork(&mut a).unwrap();
     let shared = b.pages()[1];
     store.truncate(&mut b, 3).unwrap();
     assert_eq!(store.read_tokens(&b).unwrap(), vec![0, 1, 2, 3, 4]);
@@ -147,4 +141,46 @@ fn truncate_across_a_committed_page_copies_instead_of_mutating() {
     );
     assert_eq!(store.tokens(shared).unwrap(), &[4, 5, 6, 7]);
     assert_eq!(store.read_tokens(&a).unwrap(), (0..8).collect::<Vec<_>>());
+}
+
+#[test]
+fn fork_takes_no_reference_per_committed_page() {
+    let mut store = PageStore::new(80, 4);
+    let root = Hasher128::root(b"m", 4, b"");
+    let mut a = PageTable::new(root);
+    for t in 0..258u32 {
+        store.append(&mut a, t).unwrap();
+    }
+    // 64 committed pages and a partial one: a fork copies only the partial page.
+    let before = store.num_free();
+    let mut b = store.fork(&mut a).unwrap();
+    let mut c = store.fork(&mut b).unwrap();
+    assert_eq!(store.num_free(), before - 2);
+    for &p in &a.pages()[..64] {
+        assert_eq!(
+            store.refcount(p).unwrap(),
+            1,
+            "held once, by the fork group"
+        );
+    }
+    let all = [&a, &b, &c];
+    store.check(&super::holders(all, 80)).unwrap();
+    assert_eq!(super::shared_pages(all, 80), 64);
+    // A child rolls back into the shared pages; the others keep theirs.
+    store.truncate(&mut c, 200).unwrap();
+    assert_eq!(store.read_tokens(&c).unwrap(), (0..58).collect::<Vec<_>>());
+    store.append(&mut c, 999).unwrap();
+    store.check(&super::holders([&a, &b, &c], 80)).unwrap();
+    assert_eq!(store.read_tokens(&a).unwrap(), (0..258).collect::<Vec<_>>());
+    // Dropping the original first, then the rest, frees everything.
+    store.release_table(a).unwrap();
+    store.check(&super::holders([&b, &c], 80)).unwrap();
+    assert_eq!(store.read_tokens(&b).unwrap(), (0..258).collect::<Vec<_>>());
+    store.release_table(b).unwrap();
+    store.release_table(c).unwrap();
+    store.check(&[0; 80]).unwrap();
+    assert_eq!(
+        store.count(PageState::Free) + store.count(PageState::Cached),
+        80
+    );
 }
