@@ -17,6 +17,7 @@ use crate::generate::FinishReason;
 use crate::kv::{PageState, PageTable, PagedKv};
 use crate::model::{KvCache, Logits, Model, Step};
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 
@@ -64,32 +65,53 @@ impl Core {
     }
 
     /// The loop: take every waiting command, then run one step while there is work.
+    /// A panic (a bug) fails every request with an error instead of leaving callers
+    /// waiting, and stops the engine: its state can no longer be trusted.
     pub(crate) fn run(mut self, rx: Receiver<Cmd>) {
-        loop {
+        let why = loop {
             let cmd = if self.seqs.is_empty() {
                 match rx.recv() {
                     Ok(c) => c,
-                    Err(_) => break,
+                    Err(_) => break "the engine has stopped",
                 }
             } else {
                 match rx.try_recv() {
                     Ok(c) => c,
                     Err(TryRecvError::Empty) => {
-                        self.step();
+                        if catch_unwind(AssertUnwindSafe(|| self.step())).is_err() {
+                            break "internal error: the engine stopped";
+                        }
                         continue;
                     }
-                    Err(TryRecvError::Disconnected) => break,
+                    Err(TryRecvError::Disconnected) => break "the engine has stopped",
                 }
             };
-            match cmd {
-                Cmd::Submit { id, req, tx } => self.submit(id, req, tx),
-                Cmd::Cancel(id) => self.cancel(id),
-                Cmd::Call(f) => f(&mut self),
-                Cmd::Shutdown => break,
+            let done = catch_unwind(AssertUnwindSafe(|| match cmd {
+                Cmd::Submit { id, req, tx } => {
+                    self.submit(id, req, tx);
+                    false
+                }
+                Cmd::Cancel(id) => {
+                    self.cancel(id);
+                    false
+                }
+                Cmd::Call(f) => {
+                    f(&mut self);
+                    false
+                }
+                Cmd::Shutdown => true,
+            }));
+            match done {
+                Ok(true) => break "the engine has stopped",
+                Ok(false) => {}
+                Err(_) => break "internal error: the engine stopped",
             }
+        };
+        if why.starts_with("internal") {
+            tracing::error!("{why}");
         }
         for mut s in std::mem::take(&mut self.seqs) {
-            s.fail("the engine has stopped");
+            s.fail(why);
         }
     }
 
