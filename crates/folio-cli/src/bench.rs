@@ -44,6 +44,9 @@ pub struct Args {
     /// and warm vs cold TTFT for a 2000-token prefix.
     #[arg(long)]
     pub serve_figures: bool,
+    /// Most token rows in one engine step (decode tokens plus prefill chunks).
+    #[arg(long, default_value_t = 512)]
+    pub max_batch_tokens: usize,
     /// llama.cpp's `llama-server` binary [default: $FOLIO_LLAMA_SERVER]: run in the
     /// same invocation under the same 16-client load (scripts/llama_server_bench.py).
     #[arg(long, value_name = "PATH")]
@@ -141,7 +144,13 @@ pub fn run(a: Args) -> Result<()> {
             }
             _ => None,
         };
-        crate::bench_serve::run(a.model.load()?, a.model.page_size, pages, server)?;
+        let cfg = crate::bench_serve::ServeArgs {
+            page_size: a.model.page_size,
+            kv_pages: pages,
+            max_batch_tokens: a.max_batch_tokens,
+            kv_dtype: a.model.kv_dtype.dtype(),
+        };
+        crate::bench_serve::run(a.model.load()?, cfg, server)?;
     }
     Ok(())
 }

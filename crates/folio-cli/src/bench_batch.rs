@@ -43,8 +43,8 @@ pub fn run(model: &Model, page_size: usize, llama_batched: Option<f64>) -> Resul
 
     println!();
     println!("Attention, one decode query per layer pass (9 heads over 3 KV heads, head 64)");
-    println!("| context | paged (scattered pages) ms | gather + dense ms | dense (contiguous) ms | gather+dense / paged |");
-    println!("|---------|----------------------------|------------------|------------------------|----------------------|");
+    println!("| context | paged, scattered pages ms | paged, pages in order ms | dense, contiguous ms | gather + dense ms | in order / dense | gather+dense / scattered |");
+    println!("|---------|---------------------------|--------------------------|----------------------|-------------------|------------------|--------------------------|");
     let c = &model.config;
     let heads = Heads {
         n_heads: c.n_heads,
@@ -53,13 +53,15 @@ pub fn run(model: &Model, page_size: usize, llama_batched: Option<f64>) -> Resul
     };
     let pool = ThreadPool::new(model.threads());
     for ctx in [512usize, 2048, 8192] {
-        let (p, g, d) = attention_times(&pool, heads, page_size, ctx);
+        let t = attention_times(&pool, heads, page_size, ctx);
         println!(
-            "| {ctx:>7} | {:>26.3} | {:>16.3} | {:>22.3} | {:>19.2}x |",
-            p * 1e3,
-            g * 1e3,
-            d * 1e3,
-            g / p
+            "| {ctx:>7} | {:>25.3} | {:>24.3} | {:>20.3} | {:>17.3} | {:>15.2}x | {:>23.2}x |",
+            t.scattered * 1e3,
+            t.in_order * 1e3,
+            t.dense * 1e3,
+            t.gather * 1e3,
+            t.in_order / t.dense,
+            t.gather / t.scattered
         );
     }
     Ok(())
@@ -137,23 +139,41 @@ fn aggregate_decode(
     Ok((b * steps) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Seconds per call of: paged attention over a sequence whose pages alternate with
-/// another's, gather of those pages into a contiguous cache plus dense attention, and
-/// dense attention over an already contiguous cache (median of many calls).
-fn attention_times(pool: &ThreadPool, heads: Heads, ps: usize, ctx: usize) -> (f64, f64, f64) {
+/// Attention timings of one decode query (median of many calls), seconds.
+struct AttnTimes {
+    /// Paged, the sequence's pages alternating with another sequence's.
+    scattered: f64,
+    /// Paged, the sequence's pages allocated in order.
+    in_order: f64,
+    /// Gather the scattered pages into a contiguous copy, then dense attention.
+    gather: f64,
+    /// Dense attention over a contiguous cache holding the same K/V.
+    dense: f64,
+}
+
+fn attention_times(pool: &ThreadPool, heads: Heads, ps: usize, ctx: usize) -> AttnTimes {
     let kvd = heads.n_kv_heads * heads.head_dim;
     let d = heads.n_heads * heads.head_dim;
     let mut rng = SplitMix64(ctx as u64);
+    // The same K/V in three places: scattered pages, in-order pages, a contiguous cache.
     let mut kv = PagedKv::new(2 * ctx.div_ceil(ps) + 2, ps, 1, kvd, ctx, b"bench");
     let mut tables = [kv.new_table(None), kv.new_table(None)];
+    let mut solo = PagedKv::new(ctx.div_ceil(ps) + 1, ps, 1, kvd, ctx, b"bench");
+    let mut alone = solo.new_table(None);
+    let mut dense = BasicCache::new(1, kvd, ctx);
+    dense.begin(&vec![0; ctx]).expect("sized");
     for p in 0..ctx {
+        let k: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
+        let v: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
         for t in tables.iter_mut() {
             kv.seq_begin(t, &[0]).expect("pool sized for both");
-            let k: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
-            let v: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
             kv.seq_write(t, 0, p, &k, &v).expect("in the table");
         }
+        solo.seq_begin(&mut alone, &[0]).expect("sized");
+        solo.seq_write(&alone, 0, p, &k, &v).expect("in the table");
+        dense.write(0, p, &k, &v).expect("sized");
     }
+    dense.finish().expect("sized");
     let q: Vec<f32> = (0..d).map(|_| rng.signed_f32()).collect();
     let rows = [(0usize, ctx - 1)];
     let mut out = vec![0f32; d];
@@ -171,13 +191,14 @@ fn attention_times(pool: &ThreadPool, heads: Heads, ps: usize, ctx: usize) -> (f
         v[v.len() / 2]
     };
     let [t0, _] = &mut tables;
-    let paged = {
+    let scattered = {
         let batch = kv.batch(vec![t0]);
         time(&mut || attention(pool, isa, heads, &batch, 0, &rows, &q, &mut out))
     };
-    let mut dense = BasicCache::new(1, kvd, ctx);
-    dense.begin(&vec![0; ctx]).expect("sized");
-    dense.finish().expect("sized");
+    let in_order = {
+        let batch = solo.batch(vec![&mut alone]);
+        time(&mut || attention(pool, isa, heads, &batch, 0, &rows, &q, &mut out))
+    };
     let mut gathered = BasicCache::new(1, kvd, ctx);
     gathered.begin(&vec![0; ctx]).expect("sized");
     gathered.finish().expect("sized");
@@ -205,5 +226,10 @@ fn attention_times(pool: &ThreadPool, heads: Heads, ps: usize, ctx: usize) -> (f
         let batch: &mut [&mut BasicCache] = &mut refs;
         time(&mut || attention(pool, isa, heads, &*batch, 0, &rows, &q, &mut out))
     };
-    (paged, gather, dense_t)
+    AttnTimes {
+        scattered,
+        in_order,
+        gather,
+        dense: dense_t,
+    }
 }

@@ -131,18 +131,28 @@ pub fn llama_server(
     Ok(get("distinct").zip(get("shared")))
 }
 
-pub fn run(
-    model: Model,
-    page_size: usize,
-    kv_pages: usize,
-    llama_server: Option<(f64, f64)>,
-) -> Result<()> {
+/// Engine settings of the serving figures.
+pub struct ServeArgs {
+    pub page_size: usize,
+    pub kv_pages: usize,
+    pub max_batch_tokens: usize,
+    pub kv_dtype: folio::kv::KvDtype,
+}
+
+pub fn run(model: Model, cfg: ServeArgs, llama_server: Option<(f64, f64)>) -> Result<()> {
+    let ServeArgs {
+        page_size,
+        kv_pages,
+        max_batch_tokens,
+        kv_dtype,
+    } = cfg;
     let engine = Engine::new(
         model,
         EngineConfig {
             kv_pages,
             page_size,
-            max_batch_tokens: 512,
+            max_batch_tokens,
+            kv_dtype,
             snapshot_dir: None,
             ..Default::default()
         },
@@ -150,7 +160,7 @@ pub fn run(
     let m = engine.model();
     let max_tokens = 64;
     println!();
-    println!("Serving (in-process engine, greedy, {max_tokens} output tokens per request, 100-token distinct part)");
+    println!("Serving (in-process engine, greedy, {max_tokens} output tokens per request, 100-token distinct part, max {max_batch_tokens} tokens per step)");
     println!("| prompts                  | clients | requests | output tok/s | TTFT p50 s | TTFT p95 s |");
     println!("|--------------------------|---------|----------|--------------|------------|------------|");
     let mut seed = 1u64;
