@@ -154,7 +154,6 @@ pub fn run(model: Model, cfg: ServeArgs, llama_server: Option<(f64, f64)>) -> Re
             max_batch_tokens,
             kv_dtype,
             snapshot_dir: None,
-            ..Default::default()
         },
     )?;
     let m = engine.model();

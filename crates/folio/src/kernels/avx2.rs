@@ -447,9 +447,24 @@ pub unsafe fn attend_runs_64<const F32: bool>(
         }
     }
     let size = if F32 { 4 } else { 2 };
-    for run in runs {
+    for (ri, run) in runs.iter().enumerate() {
         if run.n == 0 {
             continue;
+        }
+        if let Some(next) = runs.get(ri + 1) {
+            // Pages are scattered in memory: start loading the next run's keys now,
+            // the hardware prefetcher would only find them after a few misses.
+            let base = match next.k {
+                super::KvRows::F16(x) => x.as_ptr() as *const i8,
+                super::KvRows::F32(x) => x.as_ptr() as *const i8,
+            };
+            for p in 0..next.n {
+                let row = base.wrapping_add(p * stride * size);
+                for line in (0..64 * size).step_by(64) {
+                    // Prefetching never faults, whatever the address.
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line));
+                }
+            }
         }
         let last = (run.n - 1) * stride + 64;
         assert!(run.k.len() >= last && run.v.len() >= last);
