@@ -16,6 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     base.system("You answer in one short sentence.")?;
     base.user("Give me a name for a friendly robot.")?;
     base.flush()?;
+    let prompt = engine.stats()?.prefilled_tokens;
     let before = engine.stats()?;
     let mut best: Option<(f32, String)> = None;
     for i in 0..4 {
@@ -39,9 +40,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let after = engine.stats()?;
     println!("best: {}", best.map(|b| b.1).unwrap_or_default());
     println!(
-        "prompt computed once: {} prompt tokens prefilled for 4 candidates (shared pages now: {})",
-        after.prefilled_tokens - before.prefilled_tokens,
-        after.pages_shared
+        "the {prompt}-token prompt was computed once; the 4 candidates together computed {} more \
+         prompt tokens (each its own assistant header), sharing the prompt's pages",
+        after.prefilled_tokens - before.prefilled_tokens
     );
     Ok(())
 }
