@@ -220,7 +220,7 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
         println!(
             "- fork at {n} tokens of context: {:.2} µs ({} committed pages shared through one fork group, no per-page reference)",
             start.elapsed().as_secs_f64() * 1e6 / reps as f64,
-            t.pages().len()
+            t.num_pages()
         );
     }
     // Prefill of a 2000-token prompt, cold, then as a new request whose prefix is indexed.

@@ -313,7 +313,7 @@ impl Core {
             seq_len: t.len() + c.pending.len(),
             page_size: ps,
             committed_pages: t.num_committed(),
-            working_pages: t.pages().len() - t.num_committed(),
+            working_pages: t.num_pages() - t.num_committed(),
             pending_tokens: c.pending.len(),
             spare_pages: c.spare.len(),
         })
@@ -374,7 +374,11 @@ impl Core {
             let i = t.num_committed() + full_working;
             let fill = t.len() - i * ps;
             return Err(KvError::CommitPartial {
-                id: t.pages().get(i).map_or(u32::MAX, |p| p.0),
+                id: if i < t.num_pages() {
+                    t.page(i).0
+                } else {
+                    u32::MAX
+                },
                 fill,
                 page_size: ps,
             }
@@ -389,7 +393,7 @@ impl Core {
     fn raw_release(&mut self, id: u64, n: usize) -> Result<(), EngineError> {
         let (c, kv) = self.idle(id)?;
         let t = c.table.as_mut().expect("idle");
-        let working = t.pages().len() - t.num_committed();
+        let working = t.num_pages() - t.num_committed();
         if n > c.spare.len() + working {
             return Err(EngineError::Invalid(format!(
                 "cannot release {n} working pages: the context has {}",
@@ -403,7 +407,7 @@ impl Core {
         let pages = n - from_spare;
         if pages > 0 {
             let ps = kv.store.page_size();
-            let keep = (t.pages().len() - pages) * ps;
+            let keep = (t.num_pages() - pages) * ps;
             let drop = t.len() - keep.min(t.len());
             kv.store.truncate(t, drop)?;
         }

@@ -349,7 +349,7 @@ impl Core {
             }
             let (len, held) = {
                 let t = self.seqs[i].table.as_ref().expect("admitted");
-                (t.len(), t.pages().len())
+                (t.len(), t.num_pages())
             };
             let want = self.seqs[i].pending().min(budget);
             let need = |c: usize| (len + c).div_ceil(ps).saturating_sub(held);
@@ -402,7 +402,7 @@ impl Core {
         let ps = self.cfg.page_size;
         let s = &self.seqs[i];
         let needed = s.tokens.len().div_ceil(ps);
-        let held = s.table.as_ref().map_or(0, |t| t.pages().len());
+        let held = s.table.as_ref().map_or(0, |t| t.num_pages());
         let e = EngineError::PoolTooSmall {
             needed,
             available: held + self.kv.store.num_available(),

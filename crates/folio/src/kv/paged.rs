@@ -113,7 +113,7 @@ fn out_of_pages(e: KvError) -> RunError {
 impl PagedKv {
     fn page_slot(&self, t: &PageTable, pos: usize) -> (u32, usize) {
         let ps = self.store.page_size();
-        (t.pages[pos / ps].0, pos % ps)
+        (t.page(pos / ps).0, pos % ps)
     }
 
     /// Pushes slots for `tokens` onto `t`, all or nothing.
@@ -250,7 +250,7 @@ impl KvCache for PagedSeq<'_> {
                 .ok()
                 .flatten()
                 .expect("indexed pages have a hash");
-            self.table.pages.push(p);
+            self.table.own.push(p);
             self.table.hashes.push(h);
             self.table.len += ps;
             store.stats.prefix_hit_pages += 1;
@@ -268,7 +268,7 @@ impl KvCache for PagedSeq<'_> {
                             let _ = self.kv.store.push_token(dst, t);
                         }
                         self.kv.arena.copy_slots(src.0, dst.0, k);
-                        self.table.pages.push(dst);
+                        self.table.own.push(dst);
                         self.table.len += k;
                         self.kv.store.stats.prefix_hit_slots += k as u64;
                     }

@@ -19,9 +19,10 @@ impl PageStore {
     pub fn push(&mut self, t: &mut PageTable, token: u32) -> Result<(), KvError> {
         if t.len.is_multiple_of(self.page_size()) {
             let p = self.reserve()?;
-            t.pages.push(p);
+            t.own.push(p);
         }
-        let last = *t.pages.last().expect("a page for the token");
+        // A partial page is never in a fork group: the last page is the table's own.
+        let last = *t.own.last().expect("a page for the token");
         self.push_token(last, token)?;
         t.len += 1;
         Ok(())
@@ -32,9 +33,9 @@ impl PageStore {
     pub fn commit_full(&mut self, t: &mut PageTable) -> Result<(), KvError> {
         let ps = self.page_size();
         while t.num_committed() < t.len / ps {
-            let i = t.num_committed();
-            let (kept, h) = self.commit(t.pages[i], t.tail_hash())?;
-            t.pages[i] = kept;
+            let i = t.num_committed() - t.shared_end();
+            let (kept, h) = self.commit(t.own[i], t.tail_hash())?;
+            t.own[i] = kept;
             t.hashes.push(h);
         }
         Ok(())
@@ -51,7 +52,7 @@ impl PageStore {
             };
             self.retain(p)?;
             let h = self.hash(p)?.expect("indexed pages have a hash");
-            t.pages.push(p);
+            t.own.push(p);
             t.hashes.push(h);
             t.len += ps;
             self.stats.prefix_hit_pages += 1;
@@ -64,8 +65,8 @@ impl PageStore {
     /// into a fork group (no reference is taken per page) that both tables then hold.
     pub fn fork(&mut self, t: &mut PageTable) -> Result<PageTable, KvError> {
         // The only step that can fail (a page for the copy) goes first.
-        let copy = if t.pages.len() > t.num_committed() {
-            let src = *t.pages.last().expect("a partial page");
+        let copy = if t.num_pages() > t.num_committed() {
+            let src = *t.own.last().expect("a partial page");
             let dst = self.reserve()?;
             let n = self.tokens(src)?.len();
             for i in 0..n {
@@ -79,18 +80,20 @@ impl PageStore {
         };
         let (start, end) = (t.shared_end(), t.num_committed());
         if end > start {
+            let mut ids = t.shared.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
+            ids.extend(t.own.drain(..end - start));
             let group = ForkGroup {
+                tail: t.tail_hash(),
                 parent: t.shared.take(),
                 start,
-                pages: t.pages[start..end].to_vec(),
-                tail: t.tail_hash(),
+                ids,
             };
             t.hashes.clear();
             t.shared = Some(Arc::new(group));
         }
         let mut f = t.copy_sharing();
         if let Some(dst) = copy {
-            *f.pages.last_mut().expect("a partial page") = dst;
+            *f.own.last_mut().expect("a partial page") = dst;
         }
         Ok(f)
     }
@@ -111,13 +114,17 @@ impl PageStore {
             g = group.parent.clone();
         }
         let new_end = g.as_ref().map_or(0, |x| x.end());
-        let mut hashes = Vec::with_capacity(old_end - new_end + t.hashes.len());
-        for &p in &t.pages[new_end..old_end] {
+        let moved: Vec<PageId> = (new_end..old_end).map(|i| t.page(i)).collect();
+        let mut hashes = Vec::with_capacity(moved.len() + t.hashes.len());
+        for &p in &moved {
             self.retain(p)?;
             hashes.push(self.hash(p)?.expect("pages in fork groups are committed"));
         }
         hashes.append(&mut t.hashes);
         t.hashes = hashes;
+        let mut own = moved;
+        own.append(&mut t.own);
+        t.own = own;
         let old = std::mem::replace(&mut t.shared, g);
         self.release_group(old)
     }
@@ -129,7 +136,7 @@ impl PageStore {
         while let Some(group) = g {
             match Arc::try_unwrap(group) {
                 Ok(owned) => {
-                    for p in owned.pages {
+                    for &p in owned.held() {
                         self.release(p)?;
                     }
                     g = owned.parent;
@@ -153,9 +160,11 @@ impl PageStore {
         if full < t.shared_end() {
             self.unshare_from(t, full)?;
         }
+        // From here on every page touched is the table's own (index `i - se` in `own`).
+        let se = t.shared_end();
         // The only step that can fail (a fresh page for the copy) goes first.
         let cow = if keep_pages > 0 && keep_in_last < ps {
-            let last = t.pages[keep_pages - 1];
+            let last = t.own[keep_pages - 1 - se];
             if self.state(last)? == PageState::Committed {
                 let dst = self.reserve()?;
                 for i in 0..keep_in_last {
@@ -170,17 +179,20 @@ impl PageStore {
         } else {
             None
         };
-        for p in t.pages.drain(keep_pages..).collect::<Vec<PageId>>() {
+        for p in t
+            .own
+            .drain(keep_pages.max(se) - se..)
+            .collect::<Vec<PageId>>()
+        {
             self.release(p)?;
         }
-        t.hashes
-            .truncate((new_len / ps).saturating_sub(t.shared_end()));
+        t.hashes.truncate((new_len / ps).saturating_sub(se));
         if keep_pages > 0 && keep_in_last < ps {
-            let last = t.pages[keep_pages - 1];
+            let last = t.own[keep_pages - 1 - se];
             match cow {
                 Some(dst) => {
                     self.release(last)?;
-                    t.pages[keep_pages - 1] = dst;
+                    t.own[keep_pages - 1 - se] = dst;
                 }
                 None => {
                     let fill = self.tokens(last)?.len();
@@ -194,7 +206,7 @@ impl PageStore {
 
     /// Releases every page of a table.
     pub fn release_table(&mut self, t: PageTable) -> Result<(), KvError> {
-        for &p in &t.pages[t.shared_end()..] {
+        for &p in &t.own {
             self.release(p)?;
         }
         self.release_group(t.shared)
@@ -203,8 +215,8 @@ impl PageStore {
     /// The tokens a table holds, read back through its pages.
     pub fn read_tokens(&self, t: &PageTable) -> Result<Vec<u32>, KvError> {
         let mut out = Vec::with_capacity(t.len);
-        for &p in &t.pages {
-            out.extend_from_slice(self.tokens(p)?);
+        for i in 0..t.num_pages() {
+            out.extend_from_slice(self.tokens(t.page(i))?);
         }
         out.truncate(t.len);
         Ok(out)

@@ -157,7 +157,7 @@ impl PagedKv {
         for pos in 0..tokens.len() {
             slot.clear();
             self.arena
-                .read_slot(t.pages[pos / ps].0, pos % ps, &mut slot);
+                .read_slot(t.page(pos / ps).0, pos % ps, &mut slot);
             for h in &slot {
                 b.extend_from_slice(&h.to_le_bytes());
             }
@@ -244,7 +244,7 @@ impl PagedKv {
                 let at = kv_at + (pos * halves + i) * 2;
                 *h = u16::from_le_bytes([body[at], body[at + 1]]);
             }
-            self.arena.write_slot(t.pages[pos / ps].0, pos % ps, &slot);
+            self.arena.write_slot(t.page(pos / ps).0, pos % ps, &slot);
         }
         self.store.commit_full(&mut t)?;
         Ok((name, t))

@@ -3,10 +3,12 @@
 //!
 //! How a table holds its pages: the first `shared_end()` pages through a chain of
 //! [`ForkGroup`]s (one reference per page per group, however many tables share the
-//! group), the rest each by its own reference. `fork` moves the table's own committed
-//! pages into a new group and hands the child the same group: no per-page reference
-//! is taken, so a fork's cost does not grow with the committed pages (the page ids are
-//! still copied, a memcpy of 4 bytes per page, so any page can be found in O(1)).
+//! group), the rest (`own`) each by its own reference. `fork` moves the table's own
+//! committed pages into a new group and hands the child the same group: no per-page
+//! reference is taken and no page id is copied, so a fork's cost does not grow with the
+//! committed pages. A group keeps the ids of all pages it covers (its parents' too), so
+//! any page is found in O(1); building that list is the one proportional cost, paid
+//! once per group, when a fork finds committed pages no group holds yet.
 
 use super::hash::PageHash;
 use super::store::PageId;
@@ -19,15 +21,22 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct ForkGroup {
     pub(crate) parent: Option<Arc<ForkGroup>>,
+    /// The group holds pages `start..ids.len()`; its parents hold the ones before.
     pub(crate) start: usize,
-    pub(crate) pages: Vec<PageId>,
+    /// Ids of every page the group covers, from page 0 (lookups).
+    pub(crate) ids: Vec<PageId>,
     /// The hash of the group's last page (what the next committed page chains from).
     pub(crate) tail: PageHash,
 }
 
 impl ForkGroup {
     pub(crate) fn end(&self) -> usize {
-        self.start + self.pages.len()
+        self.ids.len()
+    }
+
+    /// The pages this group itself holds a reference to.
+    pub(crate) fn held(&self) -> &[PageId] {
+        &self.ids[self.start..]
     }
 }
 
@@ -35,7 +44,8 @@ impl ForkGroup {
 /// same pages without references of its own (use `fork`).
 #[derive(Debug)]
 pub struct PageTable {
-    pub(crate) pages: Vec<PageId>,
+    /// Pages `shared_end()..`, held by this table alone.
+    pub(crate) own: Vec<PageId>,
     pub(crate) len: usize,
     /// Chain root: model fingerprint, page size and tenant salt.
     pub(crate) root: PageHash,
@@ -50,7 +60,7 @@ pub struct PageTable {
 /// they hold them).
 impl PartialEq for PageTable {
     fn eq(&self, o: &Self) -> bool {
-        self.pages == o.pages
+        self.pages() == o.pages()
             && self.len == o.len
             && self.root == o.root
             && self.num_committed() == o.num_committed()
@@ -64,7 +74,7 @@ impl PageTable {
     /// An empty table whose pages chain from `root`.
     pub fn new(root: PageHash) -> Self {
         Self {
-            pages: Vec::new(),
+            own: Vec::new(),
             len: 0,
             root,
             hashes: Vec::new(),
@@ -76,7 +86,7 @@ impl PageTable {
     /// own pages (see `PageStore::fork`).
     pub(crate) fn copy_sharing(&self) -> Self {
         Self {
-            pages: self.pages.clone(),
+            own: self.own.clone(),
             len: self.len,
             root: self.root,
             hashes: self.hashes.clone(),
@@ -86,7 +96,7 @@ impl PageTable {
 
     /// What the table holds, for comparisons: (pages, tokens, committed pages).
     pub fn content(&self) -> (Vec<PageId>, usize, usize) {
-        (self.pages.clone(), self.len, self.num_committed())
+        (self.pages(), self.len, self.num_committed())
     }
 
     /// The hash the next committed page chains from.
@@ -117,14 +127,32 @@ impl PageTable {
         self.len == 0
     }
 
-    /// The pages in order.
-    pub fn pages(&self) -> &[PageId] {
-        &self.pages
+    /// Pages in the table.
+    pub fn num_pages(&self) -> usize {
+        self.shared_end() + self.own.len()
+    }
+
+    /// Page `i` (`i < num_pages()`).
+    pub fn page(&self, i: usize) -> PageId {
+        match &self.shared {
+            Some(g) if i < g.end() => g.ids[i],
+            _ => self.own[i - self.shared_end()],
+        }
+    }
+
+    /// The pages in order (a copy, for inspection).
+    pub fn pages(&self) -> Vec<PageId> {
+        let mut v = self
+            .shared
+            .as_ref()
+            .map_or_else(Vec::new, |g| g.ids.clone());
+        v.extend_from_slice(&self.own);
+        v
     }
 
     /// (page, slot) of token position `pos`, if the table holds it.
     pub fn slot_of(&self, pos: usize, page_size: usize) -> Option<(PageId, usize)> {
-        (pos < self.len).then(|| (self.pages[pos / page_size], pos % page_size))
+        (pos < self.len).then(|| (self.page(pos / page_size), pos % page_size))
     }
 }
 
@@ -135,7 +163,7 @@ pub fn holders<'a>(tables: impl IntoIterator<Item = &'a PageTable>, n_pages: usi
     let mut h = vec![0u32; n_pages];
     let mut seen: HashSet<*const ForkGroup> = HashSet::new();
     for t in tables {
-        for p in &t.pages[t.shared_end()..] {
+        for p in &t.own {
             h[p.0 as usize] += 1;
         }
         let mut g = t.shared.as_ref();
@@ -143,7 +171,7 @@ pub fn holders<'a>(tables: impl IntoIterator<Item = &'a PageTable>, n_pages: usi
             if !seen.insert(Arc::as_ptr(group)) {
                 break;
             }
-            for p in &group.pages {
+            for p in group.held() {
                 h[p.0 as usize] += 1;
             }
             g = group.parent.as_ref();
@@ -157,8 +185,8 @@ pub fn holders<'a>(tables: impl IntoIterator<Item = &'a PageTable>, n_pages: usi
 pub fn shared_pages<'a>(tables: impl IntoIterator<Item = &'a PageTable>, n_pages: usize) -> usize {
     let mut users = vec![0u32; n_pages];
     for t in tables {
-        for p in &t.pages {
-            users[p.0 as usize] += 1;
+        for i in 0..t.num_pages() {
+            users[t.page(i).0 as usize] += 1;
         }
     }
     users.iter().filter(|&&u| u > 1).count()
