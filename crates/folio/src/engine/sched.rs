@@ -512,7 +512,7 @@ impl Core {
             return Vec::new();
         };
         let forks = std::mem::take(&mut g.forks);
-        let mut out = Vec::new();
+        let (mut out, mut ended) = (Vec::new(), Vec::new());
         for k in forks {
             let mut params = g.sampler.params.clone();
             params.seed = params.seed.wrapping_add(k as u64);
@@ -544,17 +544,14 @@ impl Core {
                 After::Finished(why) => {
                     child.finish(why);
                     self.counters.requests_done += 1;
-                    if let Some(t) = child.table.take() {
-                        let _ = self.kv.release(t);
-                    }
+                    ended.push(child);
                 }
-                After::Gone => {
-                    if let Some(t) = child.table.take() {
-                        let _ = self.kv.release(t);
-                    }
-                }
+                After::Gone => ended.push(child),
             }
             self.counters.generated_tokens += 1;
+        }
+        for child in ended {
+            self.retire(child);
         }
         out
     }

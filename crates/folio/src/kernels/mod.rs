@@ -178,11 +178,10 @@ pub fn attend_runs(
     }
 }
 
-/// `x` rounded to f16 precision (the query of llama.cpp's flash attention).
-pub fn round_f16(x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .map(|&v| quant::f16_to_f32(quant::f32_to_f16(v)))
-        .collect()
+/// `out` = `x` rounded to f16 precision (the query of llama.cpp's flash attention).
+pub fn round_f16(x: &[f32], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend(x.iter().map(|&v| quant::f16_to_f32(quant::f32_to_f16(v))));
 }
 
 /// Quantizes activations into 8-bit blocks (identical bytes on every path).

@@ -132,7 +132,8 @@ impl PageStore {
     pub fn count(&self, state: PageState) -> usize {
         self.pages.iter().filter(|p| p.state == state).count()
     }
-    /// Committed pages held by more than one table or pin.
+    /// Pages with more than one reference (a fork group holds one reference for all the
+    /// tables that share it: `kv::shared_pages` counts per table).
     pub fn num_shared(&self) -> usize {
         self.pages.iter().filter(|p| p.refs > 1).count()
     }

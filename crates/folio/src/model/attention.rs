@@ -126,10 +126,13 @@ pub fn attention<B: KvBatch + ?Sized>(
             if last != (u.row, u.head) {
                 let qs = &q[r * d + h * hd..r * d + (h + 1) * hd];
                 // With f16 K/V the query is rounded to f16 too, as llama.cpp does.
-                qh = match runs.first().map(|r| r.k) {
-                    Some(kernels::KvRows::F16(_)) => kernels::round_f16(qs),
-                    _ => qs.to_vec(),
-                };
+                match runs.first().map(|r| r.k) {
+                    Some(kernels::KvRows::F16(_)) => kernels::round_f16(qs, &mut qh),
+                    _ => {
+                        qh.clear();
+                        qh.extend_from_slice(qs);
+                    }
+                }
                 last = (u.row, u.head);
             }
             let (head, acc) = mine[i * stride..(i + 1) * stride].split_at_mut(2);
