@@ -119,30 +119,18 @@ pub fn run(a: Args) -> Result<()> {
         kv_figures(&model, &a)?;
     }
     if a.batch_figures {
-        let exe = a
-            .llama_batched_bench
-            .clone()
-            .or_else(|| std::env::var_os("FOLIO_LLAMA_BATCHED_BENCH").map(Into::into));
-        let llama = match exe {
-            Some(exe) if !a.no_llama => {
-                crate::bench_batch::llama_batched(&exe, &a.model.path()?, threads)?
-            }
-            _ => None,
+        let llama = match llama_tool(&a, &a.llama_batched_bench, "FOLIO_LLAMA_BATCHED_BENCH") {
+            Some(exe) => crate::bench_batch::llama_batched(&exe, &a.model.path()?, threads)?,
+            None => None,
         };
         crate::bench_batch::run(&model, a.model.page_size, llama)?;
     }
     if a.serve_figures {
         let pages = a.model.pool_pages(&model, 200_000)?;
         drop(model);
-        let exe = a
-            .llama_server
-            .clone()
-            .or_else(|| std::env::var_os("FOLIO_LLAMA_SERVER").map(Into::into));
-        let server = match exe {
-            Some(exe) if !a.no_llama => {
-                crate::bench_serve::llama_server(&exe, &a.model.path()?, threads)?
-            }
-            _ => None,
+        let server = match llama_tool(&a, &a.llama_server, "FOLIO_LLAMA_SERVER") {
+            Some(exe) => crate::bench_serve::llama_server(&exe, &a.model.path()?, threads)?,
+            None => None,
         };
         let cfg = crate::bench_serve::ServeArgs {
             page_size: a.model.page_size,
@@ -153,6 +141,20 @@ pub fn run(a: Args) -> Result<()> {
         crate::bench_serve::run(a.model.load()?, cfg, server)?;
     }
     Ok(())
+}
+
+/// A llama.cpp tool to measure in the same run: the flag, else the environment
+/// variable, unless `--no-llama`.
+fn llama_tool(
+    a: &Args,
+    flag: &Option<std::path::PathBuf>,
+    env: &str,
+) -> Option<std::path::PathBuf> {
+    if a.no_llama {
+        return None;
+    }
+    flag.clone()
+        .or_else(|| std::env::var_os(env).map(Into::into))
 }
 
 /// The paged cache's figures, each next to its contiguous baseline.

@@ -146,16 +146,12 @@ impl Core {
     fn ctx_message(&mut self, id: u64, role: Role, text: String) -> Result<(), EngineError> {
         let model = self.model.clone();
         let tok = &model.tokenizer;
-        let template = tok
-            .chat_template()
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let template = tok.chat_template()?;
         let empty = self.ctx_is_empty(id)?;
         let (c, _) = self.idle(id)?;
         let mut messages = c.messages.clone();
         messages.push(Message::new(role.as_str(), &text));
-        let full = template
-            .render(&messages, false)
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let full = template.render(&messages, false)?;
         let delta = full.strip_prefix(c.rendered.as_str()).unwrap_or(&full);
         let toks = tok.encode(delta, empty);
         self.ctx_append(id, toks)?;
@@ -209,13 +205,9 @@ impl Core {
             // The template's generation prompt (the assistant's header).
             let model = self.model.clone();
             let tok = &model.tokenizer;
-            let template = tok
-                .chat_template()
-                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            let template = tok.chat_template()?;
             let (c, _) = self.idle(id)?;
-            let full = template
-                .render(&c.messages, true)
-                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            let full = template.render(&c.messages, true)?;
             let delta = full
                 .strip_prefix(c.rendered.as_str())
                 .unwrap_or("")

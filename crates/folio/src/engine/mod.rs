@@ -22,7 +22,7 @@ mod seq;
 pub use context::{Context, Role};
 pub use sched::Core;
 
-use crate::error::RunError;
+use crate::error::{RunError, TokenizerError};
 use crate::generate::FinishReason;
 use crate::kv::{KvDtype, KvError, SnapshotError};
 use crate::model::{Model, SamplingParams};
@@ -44,6 +44,8 @@ pub enum EngineError {
     Kv(#[from] KvError),
     #[error("{0}")]
     Snapshot(#[from] SnapshotError),
+    #[error("{0}")]
+    Tokenizer(#[from] TokenizerError),
     #[error("the prompt has {len} tokens; the context window holds {window}")]
     PromptTooLong { len: usize, window: usize },
     #[error("the request needs {needed} KV pages; the pool can give it at most {available}")]
