@@ -528,6 +528,14 @@ pub unsafe fn attend_runs_64<const F32: bool>(
 
 /// Four packed Q4_1 rows × C activation rows: the same arithmetic per (row, column) as
 /// `tile_q4_1` (so the same bits), with the scales of four rows converted at once.
+///
+/// One 32-byte load holds two rows' nibbles (a tile stores its rows back to back), so
+/// the low nibbles of both rows are multiplied by the activation's first 16 values
+/// (broadcast to both halves) and the high nibbles by its last 16. Lane k of the pair's
+/// "low" accumulator is lane k (k < 4) of row 2p's usual accumulator, or lane k - 4 of
+/// row 2p+1's; the "high" one holds lanes 4..7 the same way. Every lane sees the same
+/// fused multiply-adds in the same order as `tile_q4_1`; the halves are put back
+/// together before the horizontal sum.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tile_q4_1x4<const C: usize>(
     w: &[BlockQ4_1x4],
@@ -536,14 +544,16 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
 ) {
     let nb = a[0].len();
     assert!(w.len() >= nb);
+    assert!(a.iter().all(|x| x.len() == nb));
     let ones = _mm256_set1_epi16(1);
-    let lane = [
-        _mm256_set1_epi32(0),
-        _mm256_set1_epi32(1),
-        _mm256_set1_epi32(2),
-        _mm256_set1_epi32(3),
+    let low4 = _mm256_set1_epi8(0x0F);
+    // Scale lanes of row pair p: d_{2p} in lanes 0..3, d_{2p+1} in lanes 4..7.
+    let pair = [
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
     ];
-    let mut acc = [[_mm256_setzero_ps(); C]; 4];
+    // acc[p][h][c]: row pair p, low (h = 0) or high (h = 1) nibbles, column c.
+    let mut acc = [[[_mm256_setzero_ps(); C]; 2]; 2];
     let mut macc = [_mm256_setzero_ps(); C];
     for i in 0..nb {
         let ahead = w.as_ptr().wrapping_add(i + PREFETCH_BLOCKS / 2) as *const i8;
@@ -553,20 +563,33 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
         let b = &w[i];
         // SAFETY: `dm` is 8 halves (16 bytes).
         let dm = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(b.dm.as_ptr() as *const __m128i)) };
-        // SAFETY: same CPU features as this function.
-        let wq: [__m256i; 4] = std::array::from_fn(|r| unsafe { nibbles(&b.qs[r]) });
+        let mut dv = [_mm256_setzero_ps(); C];
         for c in 0..C {
             let x = &a[c][i];
-            // SAFETY: same CPU features as this function.
-            let av = unsafe { load32(&x.qs) };
             // Lanes 0..3: d_r · d_x, exactly the scalar products of `tile_q4_1`.
-            let dv = _mm256_mul_ps(dm, _mm256_set1_ps(x.d));
+            dv[c] = _mm256_mul_ps(dm, _mm256_set1_ps(x.d));
             // Lanes 4..7: fma(m_r, s_x, acc), the min terms.
             macc[c] = _mm256_fmadd_ps(dm, _mm256_set1_ps(x.s), macc[c]);
-            for r in 0..4 {
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], av), ones);
-                let sc = _mm256_permutevar8x32_ps(dv, lane[r]);
-                acc[r][c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), acc[r][c]);
+        }
+        for (p, lanes) in pair.iter().enumerate() {
+            // SAFETY: qs[2p] and qs[2p + 1] are 32 contiguous bytes (repr(C) arrays).
+            let raw = unsafe { _mm256_loadu_si256(b.qs[2 * p].as_ptr() as *const __m256i) };
+            let wl = _mm256_and_si256(raw, low4);
+            let wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            for c in 0..C {
+                let q = a[c][i].qs.as_ptr() as *const __m128i;
+                // SAFETY: `qs` is 32 readable bytes: two 16-byte loads.
+                let (al, ah) = unsafe {
+                    (
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(q)),
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(q.add(1))),
+                    )
+                };
+                let sc = _mm256_permutevar8x32_ps(dv[c], *lanes);
+                let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(wl, al), ones);
+                let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(wh, ah), ones);
+                acc[p][0][c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(pl), acc[p][0][c]);
+                acc[p][1][c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(ph), acc[p][1][c]);
             }
         }
     }
@@ -574,9 +597,16 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
         let mut m = [0f32; 8];
         // SAFETY: `m` is 8 floats.
         unsafe { _mm256_storeu_ps(m.as_mut_ptr(), macc[c]) };
-        for r in 0..4 {
-            // SAFETY: same CPU features as this function.
-            out[r][c] = unsafe { hsum(acc[r][c]) } + m[4 + r];
+        for p in 0..2 {
+            let (l, h) = (acc[p][0][c], acc[p][1][c]);
+            let rows = [
+                _mm256_permute2f128_ps(l, h, 0x20),
+                _mm256_permute2f128_ps(l, h, 0x31),
+            ];
+            for (k, v) in rows.into_iter().enumerate() {
+                // SAFETY: same CPU features as this function.
+                out[2 * p + k][c] = unsafe { hsum(v) } + m[4 + 2 * p + k];
+            }
         }
     }
 }

@@ -418,26 +418,43 @@ fn run_tile(
     if isa == Isa::Avx2 && w.packed {
         let tile = w.tile_q4_1(r0 / 4);
         let real = r1 - r0;
-        let mut t = t0;
-        while t + 2 <= n {
-            let mut o = [[0f32; 2]; 4];
-            let a = [act.q8_row(t, w.cols), act.q8_row(t + 1, w.cols)];
-            // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
-            unsafe { super::avx2::tile_q4_1x4::<2>(tile, a, &mut o) };
+        let emit = |t: usize, o: &[[f32; 3]; 4], k: usize| {
             for (r, row) in o.iter().enumerate().take(real) {
-                for (c, &v) in row.iter().enumerate() {
+                for (c, &v) in row.iter().enumerate().take(k) {
                     out.write((t + c) * w.rows + r0 + r, v);
                 }
             }
-            t += 2;
-        }
-        if t < n {
-            let mut o = [[0f32; 1]; 4];
-            // SAFETY: as above.
-            unsafe { super::avx2::tile_q4_1x4::<1>(tile, [act.q8_row(t, w.cols)], &mut o) };
-            for (r, row) in o.iter().enumerate().take(real) {
-                out.write(t * w.rows + r0 + r, row[0]);
+        };
+        // Three activation rows per call (the widest tile that stays in registers);
+        // every (row, column) gets the same arithmetic whatever the width.
+        let mut t = t0;
+        while t < n {
+            let k = (n - t).min(3);
+            let q = |c: usize| act.q8_row(t + c, w.cols);
+            let mut o = [[0f32; 3]; 4];
+            // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
+            unsafe {
+                use super::avx2::tile_q4_1x4;
+                match k {
+                    3 => tile_q4_1x4::<3>(tile, [q(0), q(1), q(2)], &mut o),
+                    2 => {
+                        let mut o2 = [[0f32; 2]; 4];
+                        tile_q4_1x4::<2>(tile, [q(0), q(1)], &mut o2);
+                        for (d, s) in o.iter_mut().zip(o2) {
+                            d[..2].copy_from_slice(&s);
+                        }
+                    }
+                    _ => {
+                        let mut o1 = [[0f32; 1]; 4];
+                        tile_q4_1x4::<1>(tile, [q(0)], &mut o1);
+                        for (d, s) in o.iter_mut().zip(o1) {
+                            d[0] = s[0];
+                        }
+                    }
+                }
             }
+            emit(t, &o, k);
+            t += k;
         }
         return;
     }

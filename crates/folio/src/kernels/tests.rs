@@ -327,3 +327,70 @@ fn attention_simd_is_bit_identical_to_scalar() {
         }
     }
 }
+
+/// The packed four-row Q4_1 kernel (two rows per vector) must give exactly the bits of
+/// the one-row kernel that follows ggml's lane layout, for every column count it runs.
+#[test]
+fn packed_q4_1_tile_is_bit_identical_to_the_row_kernel() {
+    if detect() != Isa::Avx2 {
+        eprintln!("no AVX2 on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = SplitMix64(19);
+    let (rows, cols) = (4, 576);
+    let nb = cols / QK;
+    let bytes = random_weights(&mut rng, GgmlType::Q4_1, rows, cols);
+    let blocks: &[BlockQ4_1] = bytemuck::cast_slice(&bytes);
+    let packed: Vec<BlockQ4_1x4> = (0..nb)
+        .map(|i| {
+            let b = |r: usize| blocks[r * nb + i];
+            BlockQ4_1x4 {
+                dm: [
+                    b(0).d,
+                    b(1).d,
+                    b(2).d,
+                    b(3).d,
+                    b(0).m,
+                    b(1).m,
+                    b(2).m,
+                    b(3).m,
+                ],
+                qs: [b(0).qs, b(1).qs, b(2).qs, b(3).qs],
+            }
+        })
+        .collect();
+    let acts: Vec<Vec<BlockQ8>> = (0..3)
+        .map(|_| {
+            let x: Vec<f32> = (0..cols).map(|_| rng.signed_f32() * 4.0).collect();
+            let mut q = vec![bytemuck::Zeroable::zeroed(); nb];
+            scalar::quantize_q8(&x, &mut q);
+            q
+        })
+        .collect();
+    let mut want = [[0f32; 1]; 1];
+    let mut got1 = [[0f32; 1]; 4];
+    let mut got2 = [[0f32; 2]; 4];
+    let mut got3 = [[0f32; 3]; 4];
+    // SAFETY: AVX2, FMA and F16C were detected above.
+    unsafe {
+        super::avx2::tile_q4_1x4::<1>(&packed, [&acts[0]], &mut got1);
+        super::avx2::tile_q4_1x4::<2>(&packed, [&acts[1], &acts[0]], &mut got2);
+        super::avx2::tile_q4_1x4::<3>(&packed, [&acts[2], &acts[1], &acts[0]], &mut got3);
+    }
+    for r in 0..rows {
+        for (c, a) in acts.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe {
+                super::avx2::tile_q4_1::<1, 1>([&blocks[r * nb..(r + 1) * nb]], [a], &mut want)
+            };
+            let w = want[0][0].to_bits();
+            assert_eq!(got3[r][2 - c].to_bits(), w, "row {r} act {c} (3 columns)");
+            if c < 2 {
+                assert_eq!(got2[r][1 - c].to_bits(), w, "row {r} act {c} (2 columns)");
+            }
+            if c == 0 {
+                assert_eq!(got1[r][0].to_bits(), w, "row {r} (1 column)");
+            }
+        }
+    }
+}
