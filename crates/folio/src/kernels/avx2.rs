@@ -403,6 +403,52 @@ unsafe fn round_f16(v: __m256) -> __m256 {
     _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
 }
 
+/// `scalar::expf_table` on 8 floats (two halves of four doubles), the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn expf_table(x: __m256) -> __m256 {
+    use super::scalar::expf_consts::*;
+    let f = |b: u64| _mm256_set1_pd(f64::from_bits(b));
+    let (inv, shift) = (f(INV_LN2_N), f(SHIFT));
+    let half = |x: __m128| -> __m128 {
+        let xd = _mm256_cvtps_pd(x);
+        let kr = _mm256_fmadd_pd(inv, xd, shift);
+        let ki = _mm256_castpd_si256(kr);
+        let r = _mm256_fmsub_pd(inv, xd, _mm256_sub_pd(kr, shift));
+        let z = _mm256_fmadd_pd(r, f(C[0]), f(C[1]));
+        let idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+        // SAFETY: every index is masked to 0..32, TAB's length.
+        let t = unsafe { _mm256_i64gather_epi64::<8>(TAB.as_ptr() as *const i64, idx) };
+        let s = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64::<47>(ki)));
+        let y = _mm256_fmadd_pd(
+            z,
+            _mm256_mul_pd(r, r),
+            _mm256_fmadd_pd(r, f(C[2]), f(1f64.to_bits())),
+        );
+        _mm256_cvtpd_ps(_mm256_mul_pd(y, s))
+    };
+    let e = _mm256_set_m128(
+        half(_mm256_extractf128_ps(x, 1)),
+        half(_mm256_castps256_ps128(x)),
+    );
+    // Out of range: 0 below (−∞ included), +∞ above; NaN stays NaN from the arithmetic.
+    let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(f32::from_bits(UNDERFLOW)));
+    let over = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(f32::from_bits(OVERFLOW)));
+    _mm256_blendv_ps(
+        _mm256_andnot_ps(under, e),
+        _mm256_set1_ps(f32::INFINITY),
+        over,
+    )
+}
+
+/// `scalar::expf_table` on 8 floats in memory: the test hook for the SIMD path.
+#[cfg(test)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn expf_table_8(x: &[f32; 8], out: &mut [f32; 8]) {
+    // SAFETY: both are 8 floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), expf_table(_mm256_loadu_ps(x.as_ptr()))) };
+}
+
 /// The twin of `scalar::attend_runs` for head size 64, with the accumulator held in
 /// registers across all runs. With f16 K/V (`F32 = false`) the accumulator is rounded
 /// to f16 after every step, as the scalar twin does, so the bits are the same; with
@@ -497,19 +543,41 @@ pub unsafe fn attend_runs_64<const F32: bool>(
                     ))
                 } * scale;
             }
-            for (p, &s) in (g0..g1).zip(scores.iter()) {
+            // The running maximum before each key decides which exponential it needs
+            // (the rescale of the old terms when it raises the maximum, its own weight
+            // otherwise); knowing them all, the 16 exponentials run as two vectors.
+            let mut args = [0f32; 16];
+            let mut raises = 0u32;
+            let mut mx = *m;
+            for (k, &s) in scores[..g1 - g0].iter().enumerate() {
+                if s > mx {
+                    args[k] = mx - s;
+                    raises |= 1 << k;
+                    mx = s;
+                } else {
+                    args[k] = s - mx;
+                }
+            }
+            let mut e = [0f32; 16];
+            for (a, o) in args.chunks_exact(8).zip(e.chunks_exact_mut(8)) {
+                // SAFETY: 8 floats each; same CPU features as this function.
+                unsafe {
+                    _mm256_storeu_ps(o.as_mut_ptr(), expf_table(_mm256_loadu_ps(a.as_ptr())))
+                };
+            }
+            for (k, p) in (g0..g1).enumerate() {
                 let vr = vp.wrapping_add(p * stride * size);
                 let (mut ms, mut vs) = (1f32, 1f32);
-                if s > *m {
-                    ms = (*m - s).exp();
-                    *m = s;
+                if raises & (1 << k) != 0 {
+                    ms = e[k];
+                    *m = scores[k];
                     let msv = _mm256_set1_ps(ms);
                     for a in av.iter_mut() {
                         // SAFETY: same CPU features as this function.
                         *a = unsafe { round::<F32>(_mm256_mul_ps(*a, msv)) };
                     }
                 } else {
-                    vs = (s - *m).exp();
+                    vs = e[k];
                 }
                 let vsv = _mm256_set1_ps(vs);
                 for (i, a) in av.iter_mut().enumerate() {

@@ -306,6 +306,88 @@ pub fn exp_poly(x: f32) -> f32 {
     }
 }
 
+/// Constants of the table-driven `expf` that glibc uses (the single-precision scheme of
+/// ARM's optimized-routines: x·32/ln 2 = k + r, e^x = 2^(k/32) · q(r) in double, q a
+/// cubic). llama.cpp's CPU flash attention calls libm's `expf` for every key; folio
+/// computes the same function itself, so the scalar and SIMD paths round alike on every
+/// platform and equal glibc's x86-64 FMA build bit for bit (checked in the tests).
+pub mod expf_consts {
+    /// 32 / ln 2.
+    pub const INV_LN2_N: u64 = 0x4047_1547_652b_82fe;
+    /// 1.5 · 2^52: adding it rounds to an integer held in the low mantissa bits.
+    pub const SHIFT: u64 = 0x4338_0000_0000_0000;
+    /// q(r) = 1 + C2·r + (C1 + C0·r)·r².
+    pub const C: [u64; 3] = [
+        0x3ebc_6af8_4b91_2394,
+        0x3f2e_bfce_50fa_c4f3,
+        0x3f96_2e42_ff0c_52d6,
+    ];
+    /// TAB[i] = bits(2^(i/32)) − (i << 47): adding k << 47 gives 2^(k/32).
+    pub const TAB: [u64; 32] = [
+        0x3ff0_0000_0000_0000,
+        0x3fef_d9b0_d315_8574,
+        0x3fef_b558_6cf9_890f,
+        0x3fef_9301_d012_5b51,
+        0x3fef_72b8_3c7d_517b,
+        0x3fef_5487_3168_b9aa,
+        0x3fef_387a_6e75_6238,
+        0x3fef_1e9d_f51f_dee1,
+        0x3fef_06fe_0a31_b715,
+        0x3fee_f1a7_373a_a9cb,
+        0x3fee_dea6_4c12_3422,
+        0x3fee_ce08_6061_892d,
+        0x3fee_bfda_d536_2a27,
+        0x3fee_b42b_569d_4f82,
+        0x3fee_ab07_dd48_5429,
+        0x3fee_a47e_b03a_5585,
+        0x3fee_a09e_667f_3bcd,
+        0x3fee_9f75_e8ec_5f74,
+        0x3fee_a114_73eb_0187,
+        0x3fee_a589_994c_ce13,
+        0x3fee_ace5_422a_a0db,
+        0x3fee_b737_b0cd_c5e5,
+        0x3fee_c491_82a3_f090,
+        0x3fee_d503_b23e_255d,
+        0x3fee_e89f_995a_d3ad,
+        0x3fee_ff76_f2fb_5e47,
+        0x3fef_199b_dd85_529c,
+        0x3fef_3720_dcef_9069,
+        0x3fef_5818_dcfb_a487,
+        0x3fef_7c97_337b_9b5f,
+        0x3fef_a4af_a2a4_90da,
+        0x3fef_d076_5b6e_4540,
+    ];
+    /// Above this e^x overflows to +∞.
+    pub const OVERFLOW: u32 = 0x42b1_7217;
+    /// Below this (−∞ included) e^x rounds to 0.
+    pub const UNDERFLOW: u32 = 0xc2cf_f1b4;
+}
+
+/// e^x computed as glibc's `expf` does (see [`expf_consts`]), every step fused where
+/// its FMA build fuses it.
+pub fn expf_table(x: f32) -> f32 {
+    use expf_consts::*;
+    let f = f64::from_bits;
+    if x.is_nan() {
+        return x + x;
+    }
+    if x > f32::from_bits(OVERFLOW) {
+        return f32::INFINITY;
+    }
+    if x < f32::from_bits(UNDERFLOW) {
+        return 0.0;
+    }
+    let xd = f64::from(x);
+    let kr = f(INV_LN2_N).mul_add(xd, f(SHIFT));
+    let ki = kr.to_bits();
+    let kd = kr - f(SHIFT);
+    let r = f(INV_LN2_N).mul_add(xd, -kd);
+    let z = r.mul_add(f(C[0]), f(C[1]));
+    let s = f(TAB[(ki % 32) as usize].wrapping_add(ki << 47));
+    let y = z.mul_add(r * r, r.mul_add(f(C[2]), 1.0));
+    (y * s) as f32
+}
+
 /// gate = silu(gate) · up, silu(x) = x / (1 + exp(−x)).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
@@ -337,11 +419,11 @@ pub fn attend_runs(
             let s = dot_lanes(hd, |i| run.k.get(p * stride + i), q) * scale;
             let (mut ms, mut vs) = (1f32, 1f32);
             if s > *m {
-                ms = (*m - s).exp();
+                ms = expf_table(*m - s);
                 *m = s;
                 acc.iter_mut().for_each(|a| *a = round(*a * ms));
             } else {
-                vs = (s - *m).exp();
+                vs = expf_table(s - *m);
             }
             for (i, a) in acc.iter_mut().enumerate() {
                 *a = round(run.v.get(p * stride + i).mul_add(vs, *a));

@@ -394,3 +394,78 @@ fn packed_q4_1_tile_is_bit_identical_to_the_row_kernel() {
         }
     }
 }
+
+/// Bit patterns for the exp tests: every `step`-th of all 2^32, then the edges.
+fn exp_inputs(step: u64) -> impl Iterator<Item = f32> {
+    let edges = [
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        88.0,
+        -88.0,
+        f32::from_bits(scalar::expf_consts::OVERFLOW),
+        f32::from_bits(scalar::expf_consts::OVERFLOW + 1),
+        f32::from_bits(scalar::expf_consts::UNDERFLOW),
+        f32::from_bits(scalar::expf_consts::UNDERFLOW + 1),
+        f32::from_bits(scalar::expf_consts::UNDERFLOW - 1),
+    ];
+    (0..1u64 << 32)
+        .step_by(step as usize)
+        .map(|b| f32::from_bits(b as u32))
+        .chain(edges)
+}
+
+fn same_float(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+#[test]
+fn expf_table_simd_is_bit_identical_to_scalar() {
+    if detect() != Isa::Avx2 {
+        eprintln!("no AVX2 on this CPU: nothing to compare");
+        return;
+    }
+    let xs: Vec<f32> = exp_inputs(257).collect();
+    for chunk in xs.chunks(8) {
+        let mut x = [0f32; 8];
+        x[..chunk.len()].copy_from_slice(chunk);
+        let mut got = [0f32; 8];
+        // SAFETY: AVX2, FMA and F16C were detected above.
+        unsafe { super::avx2::expf_table_8(&x, &mut got) };
+        for (&xi, &g) in x.iter().zip(&got) {
+            let want = scalar::expf_table(xi);
+            assert!(
+                same_float(g, want),
+                "exp({xi:e}): simd {g:e}, scalar {want:e}"
+            );
+        }
+    }
+}
+
+/// folio's `expf` is glibc's: on glibc with FMA (where llama.cpp's flash attention gets
+/// its `expf`) every input gives the same bits as the C library.
+#[test]
+fn expf_table_equals_glibc() {
+    if !(cfg!(all(
+        target_os = "linux",
+        target_env = "gnu",
+        target_arch = "x86_64"
+    )) && detect() == Isa::Avx2)
+    {
+        eprintln!("not glibc on x86-64 with FMA: nothing to compare");
+        return;
+    }
+    let mut bad = 0;
+    for x in exp_inputs(61) {
+        let (ours, libm) = (scalar::expf_table(x), x.exp());
+        if !same_float(ours, libm) {
+            bad += 1;
+            eprintln!("exp({x:e}) = {ours:e}, libm {libm:e}");
+        }
+    }
+    assert_eq!(bad, 0);
+}
