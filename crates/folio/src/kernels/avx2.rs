@@ -400,7 +400,23 @@ pub unsafe fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn round_f16(v: __m256) -> __m256 {
-    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+    let out: __m256;
+    // Written as assembly so that the compiler cannot fold the conversion into a store
+    // (`vcvtps2ph` to memory is many times slower than to a register on AMD Zen 4) when
+    // it runs short of registers.
+    // SAFETY: two register-only instructions of F16C, which this function requires;
+    // no memory, stack or flags are touched.
+    unsafe {
+        std::arch::asm!(
+            "vcvtps2ph {h}, {v}, 0",
+            "vcvtph2ps {o}, {h}",
+            v = in(ymm_reg) v,
+            h = out(xmm_reg) _,
+            o = lateout(ymm_reg) out,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
 }
 
 /// `scalar::expf_table` on 8 floats (two halves of four doubles), the same bits.
@@ -449,26 +465,32 @@ pub unsafe fn expf_table_8(x: &[f32; 8], out: &mut [f32; 8]) {
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), expf_table(_mm256_loadu_ps(x.as_ptr()))) };
 }
 
-/// The twin of `scalar::attend_runs` for head size 64, with the accumulator held in
-/// registers across all runs. With f16 K/V (`F32 = false`) the accumulator is rounded
-/// to f16 after every step, as the scalar twin does, so the bits are the same; with
-/// f32 K/V nothing is rounded.
+/// The twin of `scalar::attend_runs` for head size 64, for `G` queries that share their
+/// keys and values (the query heads of one KV head): each key's K and V rows are loaded
+/// and converted once for all of them, and their accumulators' dependency chains (an
+/// f16 rounding after every key) interleave instead of waiting on one another. Each
+/// query gets exactly the operations the single-query scalar twin does, so the same
+/// bits. With f16 K/V (`F32 = false`) the accumulators are rounded to f16 after every
+/// step; with f32 K/V nothing is rounded. `q` and `acc` hold the G queries' 64 values
+/// each, back to back; `state[g]` is query g's (running max, running sum).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attend_runs_64<const F32: bool>(
+pub unsafe fn attend_runs_64<const F32: bool, const G: usize>(
     q: &[f32],
     runs: &[super::KvRun],
     stride: usize,
     scale: f32,
-    state: (&mut f32, &mut f32),
+    state: &mut [(f32, f32)],
     acc: &mut [f32],
 ) {
-    assert!(q.len() == 64 && acc.len() == 64 && stride >= 64);
-    let (m, sum) = state;
-    // SAFETY: q and acc hold 64 floats (asserted above).
-    let qv: [__m256; 8] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(q[8 * i..].as_ptr()) });
-    // SAFETY: as above.
-    let mut av: [__m256; 8] =
-        std::array::from_fn(|i| unsafe { _mm256_loadu_ps(acc[8 * i..].as_ptr()) });
+    assert!(q.len() == 64 * G && acc.len() == 64 * G && state.len() == G && stride >= 64);
+    let load = |x: &[f32], g: usize, i: usize| {
+        let x = &x[64 * g + 8 * i..][..8];
+        // SAFETY: `x` is 8 floats.
+        unsafe { _mm256_loadu_ps(x.as_ptr()) }
+    };
+    let qv: [[__m256; 8]; G] = std::array::from_fn(|g| std::array::from_fn(|i| load(q, g, i)));
+    let mut av: [[__m256; 8]; G] =
+        std::array::from_fn(|g| std::array::from_fn(|i| load(acc, g, i)));
     // Eight elements of a row from its start (f16 converted, or f32 as they are).
     #[inline(always)]
     unsafe fn load8<const F32: bool>(row: *const u8, i: usize) -> __m256 {
@@ -493,6 +515,8 @@ pub unsafe fn attend_runs_64<const F32: bool>(
         }
     }
     let size = if F32 { 4 } else { 2 };
+    // (max, sum) per query, held locally so the sums' chain stays in registers.
+    let mut st: [(f32, f32); G] = std::array::from_fn(|g| state[g]);
     for (ri, run) in runs.iter().enumerate() {
         if run.n == 0 {
             continue;
@@ -523,74 +547,94 @@ pub unsafe fn attend_runs_64<const F32: bool>(
         // Scores of up to 16 keys first (independent work the CPU overlaps), then the
         // online softmax over them in key order: the same operations per key as one
         // key at a time, so the same bits.
-        let mut scores = [0f32; 16];
+        let mut scores = [[0f32; 16]; G];
         for g0 in (0..run.n).step_by(16) {
             let g1 = (g0 + 16).min(run.n);
-            for (p, sc) in (g0..g1).zip(scores.iter_mut()) {
+            for (k, p) in (g0..g1).enumerate() {
                 // Row p spans p*stride .. p*stride+64 <= last <= len (asserted).
                 let kr = kp.wrapping_add(p * stride * size);
-                let mut d = [_mm256_setzero_ps(); 4];
-                for i in 0..8 {
-                    // SAFETY: kr is a whole row of this run (see above).
-                    d[i % 4] = _mm256_fmadd_ps(unsafe { load8::<F32>(kr, i) }, qv[i], d[i % 4]);
+                // SAFETY: kr is a whole row of this run (see above).
+                let kv: [__m256; 8] = std::array::from_fn(|i| unsafe { load8::<F32>(kr, i) });
+                for (qg, sg) in qv.iter().zip(scores.iter_mut()) {
+                    let mut d = [_mm256_setzero_ps(); 4];
+                    for i in 0..8 {
+                        d[i % 4] = _mm256_fmadd_ps(kv[i], qg[i], d[i % 4]);
+                    }
+                    // ggml's reduction order, then its horizontal sum.
+                    // SAFETY: same CPU features as this function.
+                    sg[k] = unsafe {
+                        hsum_hadd(_mm256_add_ps(
+                            _mm256_add_ps(d[0], d[2]),
+                            _mm256_add_ps(d[1], d[3]),
+                        ))
+                    } * scale;
                 }
-                // ggml's reduction order, then its horizontal sum.
-                // SAFETY: same CPU features as this function.
-                *sc = unsafe {
-                    hsum_hadd(_mm256_add_ps(
-                        _mm256_add_ps(d[0], d[2]),
-                        _mm256_add_ps(d[1], d[3]),
-                    ))
-                } * scale;
             }
             // The running maximum before each key decides which exponential it needs
             // (the rescale of the old terms when it raises the maximum, its own weight
-            // otherwise); knowing them all, the 16 exponentials run as two vectors.
-            let mut args = [0f32; 16];
-            let mut raises = 0u32;
-            let mut mx = *m;
-            for (k, &s) in scores[..g1 - g0].iter().enumerate() {
-                if s > mx {
-                    args[k] = mx - s;
-                    raises |= 1 << k;
-                    mx = s;
-                } else {
-                    args[k] = s - mx;
+            // otherwise); knowing them all, the exponentials run as vectors.
+            let mut e = [[0f32; 16]; G];
+            let mut raises = [0u32; G];
+            for g in 0..G {
+                let mut mx = st[g].0;
+                let mut args = [0f32; 16];
+                for (k, &s) in scores[g][..g1 - g0].iter().enumerate() {
+                    if s > mx {
+                        args[k] = mx - s;
+                        raises[g] |= 1 << k;
+                        mx = s;
+                    } else {
+                        args[k] = s - mx;
+                    }
                 }
-            }
-            let mut e = [0f32; 16];
-            for (a, o) in args.chunks_exact(8).zip(e.chunks_exact_mut(8)) {
-                // SAFETY: 8 floats each; same CPU features as this function.
-                unsafe {
-                    _mm256_storeu_ps(o.as_mut_ptr(), expf_table(_mm256_loadu_ps(a.as_ptr())))
-                };
+                for (a, o) in args.chunks_exact(8).zip(e[g].chunks_exact_mut(8)) {
+                    // SAFETY: 8 floats each; same CPU features as this function.
+                    unsafe {
+                        _mm256_storeu_ps(o.as_mut_ptr(), expf_table(_mm256_loadu_ps(a.as_ptr())))
+                    };
+                }
             }
             for (k, p) in (g0..g1).enumerate() {
                 let vr = vp.wrapping_add(p * stride * size);
-                let (mut ms, mut vs) = (1f32, 1f32);
-                if raises & (1 << k) != 0 {
-                    ms = e[k];
-                    *m = scores[k];
-                    let msv = _mm256_set1_ps(ms);
-                    for a in av.iter_mut() {
-                        // SAFETY: same CPU features as this function.
-                        *a = unsafe { round::<F32>(_mm256_mul_ps(*a, msv)) };
+                let mut vsv = [_mm256_setzero_ps(); G];
+                for g in 0..G {
+                    let (m, sum) = &mut st[g];
+                    let (mut ms, mut vs) = (1f32, 1f32);
+                    if raises[g] & (1 << k) != 0 {
+                        ms = e[g][k];
+                        *m = scores[g][k];
+                        let msv = _mm256_set1_ps(ms);
+                        for a in av[g].iter_mut() {
+                            // SAFETY: same CPU features as this function.
+                            *a = unsafe { round::<F32>(_mm256_mul_ps(*a, msv)) };
+                        }
+                    } else {
+                        vs = e[g][k];
                     }
-                } else {
-                    vs = e[k];
+                    vsv[g] = _mm256_set1_ps(vs);
+                    *sum = sum.mul_add(ms, vs);
                 }
-                let vsv = _mm256_set1_ps(vs);
-                for (i, a) in av.iter_mut().enumerate() {
-                    // SAFETY: vr is a whole row of this run; same CPU features.
-                    *a = unsafe { round::<F32>(_mm256_fmadd_ps(load8::<F32>(vr, i), vsv, *a)) };
+                // One V slice at a time, converted once for all the queries.
+                #[allow(clippy::needless_range_loop)]
+                for i in 0..8 {
+                    // SAFETY: vr is a whole row of this run (see above).
+                    let v = unsafe { load8::<F32>(vr, i) };
+                    for (a, vs) in av.iter_mut().zip(&vsv) {
+                        // SAFETY: same CPU features as this function.
+                        a[i] = unsafe { round::<F32>(_mm256_fmadd_ps(v, *vs, a[i])) };
+                    }
                 }
-                *sum = sum.mul_add(ms, vs);
             }
         }
     }
-    for (i, a) in av.iter().enumerate() {
-        // SAFETY: acc holds 64 floats.
-        unsafe { _mm256_storeu_ps(acc[8 * i..].as_mut_ptr(), *a) };
+    for (s, t) in state.iter_mut().zip(st) {
+        *s = t;
+    }
+    for (g, ag) in av.iter().enumerate() {
+        for (i, a) in ag.iter().enumerate() {
+            // SAFETY: acc holds 64·G floats.
+            unsafe { _mm256_storeu_ps(acc[64 * g + 8 * i..].as_mut_ptr(), *a) };
+        }
     }
 }
 

@@ -151,30 +151,56 @@ pub struct KvRun<'a> {
     pub n: usize,
 }
 
-/// Continues one query's online softmax over runs of keys (see `scalar::attend_runs`).
-/// All runs hold the same dtype.
+/// Continues the online softmax of `state.len()` queries that share their keys (the
+/// query heads of one KV head) over runs of keys: `q` and `acc` hold each query's
+/// `head_dim` values back to back, `state[g]` its (running max, running sum). Each query
+/// gets the bits `scalar::attend_runs` gives it alone, however many share the call.
 pub fn attend_runs(
     isa: Isa,
     q: &[f32],
     runs: &[KvRun],
     stride: usize,
     scale: f32,
-    state: (&mut f32, &mut f32),
+    state: &mut [(f32, f32)],
     acc: &mut [f32],
 ) {
-    let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
-        Isa::Avx2 if q.len() == 64 && f32_rows => unsafe {
-            avx2::attend_runs_64::<true>(q, runs, stride, scale, state, acc)
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 if q.len() == 64 => unsafe {
-            avx2::attend_runs_64::<false>(q, runs, stride, scale, state, acc)
-        },
-        _ => scalar::attend_runs(q, runs, stride, scale, state, acc),
+    let n = state.len();
+    assert!(n > 0 && q.len() == acc.len() && q.len().is_multiple_of(n));
+    let hd = q.len() / n;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && hd == 64 {
+        let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
+        // At most four queries per call (their accumulators mostly stay in registers).
+        let mut g = 0;
+        while g < n {
+            let k = (n - g).min(4);
+            let (q, st, acc) = (
+                &q[64 * g..64 * (g + k)],
+                &mut state[g..g + k],
+                &mut acc[64 * g..64 * (g + k)],
+            );
+            macro_rules! go {
+                ($f32:expr, $($k:literal)*) => {
+                    match k {
+                        // SAFETY: Isa::Avx2 is only produced by `detect` after checking
+                        // avx2, fma and f16c.
+                        $($k => unsafe { avx2::attend_runs_64::<$f32, $k>(q, runs, stride, scale, st, acc) },)*
+                        _ => unreachable!(),
+                    }
+                };
+            }
+            if f32_rows {
+                go!(true, 1 2 3 4)
+            } else {
+                go!(false, 1 2 3 4)
+            }
+            g += k;
+        }
+        return;
+    }
+    let _ = isa;
+    for ((q, st), acc) in q.chunks_exact(hd).zip(state).zip(acc.chunks_exact_mut(hd)) {
+        scalar::attend_runs(q, runs, stride, scale, (&mut st.0, &mut st.1), acc);
     }
 }
 

@@ -261,8 +261,11 @@ fn attention_simd_is_bit_identical_to_scalar() {
             rows(leak16(&k16), leak32(&kf)),
             rows(leak16(&v16), leak32(&vf)),
         );
+        // `q` holds one or more queries of 64 back to back; the outputs likewise.
         let run = |isa: Isa, q: &[f32], len: usize, cut: usize| {
-            let (mut m, mut sum, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; 64]);
+            let g = q.len() / 64;
+            let mut state = vec![(f32::NEG_INFINITY, 0f32); g];
+            let mut acc = vec![0f32; 64 * g];
             // Split at `cut` into two runs of one call, or two calls: the bits of one run.
             let cut = cut.min(len);
             let tail = |x: KvRows<'static>| {
@@ -280,16 +283,35 @@ fn attention_simd_is_bit_identical_to_scalar() {
                     n: len - cut,
                 },
             ];
-            let state = (&mut m, &mut sum);
             if cut.is_multiple_of(2) {
-                super::attend_runs(isa, q, &runs, stride, 0.125, state, &mut acc);
+                super::attend_runs(isa, q, &runs, stride, 0.125, &mut state, &mut acc);
             } else {
-                super::attend_runs(isa, q, &runs[..1], stride, 0.125, state, &mut acc);
-                let state = (&mut m, &mut sum);
-                super::attend_runs(isa, q, &runs[1..], stride, 0.125, state, &mut acc);
+                super::attend_runs(isa, q, &runs[..1], stride, 0.125, &mut state, &mut acc);
+                super::attend_runs(isa, q, &runs[1..], stride, 0.125, &mut state, &mut acc);
             }
-            acc.iter().map(|a| a / sum).collect::<Vec<f32>>()
+            acc.chunks(64)
+                .zip(&state)
+                .flat_map(|(a, st)| a.iter().map(|x| x / st.1).collect::<Vec<f32>>())
+                .collect::<Vec<f32>>()
         };
+        // Up to 6 queries sharing the keys (one call runs groups of at most 4) give
+        // each query the bits it gets alone.
+        for g in 1..=6 {
+            let q: Vec<f32> = (0..64 * g).map(|_| rng.signed_f32() * 4.0).collect();
+            let mut qk = q.clone();
+            if !f32_kv {
+                super::round_f16(&q, &mut qk);
+            }
+            for (len, cut) in [(1, 0), (40, 17), (300, 16)] {
+                let alone: Vec<f32> = qk
+                    .chunks(64)
+                    .flat_map(|qi| run(Isa::Scalar, qi, len, len))
+                    .collect();
+                let what = format!("{g} queries, {len} keys, cut {cut}, f32 {f32_kv}");
+                assert_eq!(alone, run(detect(), &qk, len, cut), "{what}");
+                assert_eq!(alone, run(Isa::Scalar, &qk, len, cut), "scalar {what}");
+            }
+        }
         for len in [1, 2, 17, 300] {
             let q: Vec<f32> = (0..64).map(|_| rng.signed_f32() * 4.0).collect();
             let mut qk = q.clone();

@@ -2,8 +2,10 @@
 //! K/V, read through the cache's page runs ([`KvBatch::kv_run`]) with no dense copy of
 //! the history. Causal by position: the row at position `p` reads keys `0..=p`.
 //!
-//! Work is split into units of (row, head, key chunk): a query's keys are cut into
-//! chunks of [`SPLIT_KEYS`] (split-K), so one long decode spreads over every thread.
+//! Work is split into units of (row, KV head, key chunk): the query heads that share a
+//! KV head run together, so each key is loaded once for all of them, and a query's keys
+//! are cut into chunks of [`SPLIT_KEYS`] (split-K), so one long decode spreads over
+//! every thread.
 //! The cut points depend only on the position, never on the batch or the thread count,
 //! and each unit's reduction runs keys in order; the chunks' partial softmax states are
 //! then combined in chunk order. So a row's output is the same bits whatever else runs
@@ -30,11 +32,11 @@ pub struct Heads {
     pub head_dim: usize,
 }
 
-/// One (row, head, key range) piece of work.
+/// One (row, KV head, key range) piece of work: all query heads of that KV head.
 #[derive(Clone, Copy)]
 struct Unit {
     row: u32,
-    head: u32,
+    kv_head: u32,
     k0: u32,
     k1: u32,
 }
@@ -62,12 +64,12 @@ pub fn attention<B: KvBatch + ?Sized>(
     let scale = 1.0 / (hd as f32).sqrt();
     let mut units = Vec::new();
     for (r, &(_, pos)) in rows.iter().enumerate() {
-        for h in 0..nh {
+        for kh in 0..nkv {
             for k0 in (0..=pos).step_by(SPLIT_KEYS) {
                 let k1 = (k0 + SPLIT_KEYS).min(pos + 1);
                 units.push(Unit {
                     row: r as u32,
-                    head: h as u32,
+                    kv_head: kh as u32,
                     k0: k0 as u32,
                     k1: k1 as u32,
                 });
@@ -88,8 +90,9 @@ pub fn attention<B: KvBatch + ?Sized>(
     while bounds.len() <= threads {
         bounds.push(units.len());
     }
-    // Each unit leaves its partial state: [max, sum, acc(hd)].
-    let stride = hd + 2;
+    // Each unit leaves, per query head of its group, the partial state
+    // [max, sum, acc(hd)].
+    let stride = group * (hd + 2);
     let mut partial = vec![0f32; units.len() * stride];
     let mut parts: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(threads);
     let mut rest = &mut partial[..];
@@ -104,12 +107,14 @@ pub fn attention<B: KvBatch + ?Sized>(
         }
         let mut guard = parts[t].lock().unwrap_or_else(|e| e.into_inner());
         let mine: &mut [f32] = &mut guard;
-        let mut qh = Vec::with_capacity(hd);
+        let mut qh = Vec::with_capacity(group * hd);
+        let mut acc = vec![0f32; group * hd];
+        let mut state = vec![(0f32, 0f32); group];
         let mut runs = Vec::new();
         let mut last = (u32::MAX, u32::MAX);
         for (i, u) in units[bounds[t]..bounds[t + 1]].iter().enumerate() {
-            let (r, h) = (u.row as usize, u.head as usize);
-            let (seq, off) = (rows[r].0, (h / group) * hd);
+            let (r, kh) = (u.row as usize, u.kv_head as usize);
+            let (seq, off) = (rows[r].0, kh * hd);
             // The unit's keys as page runs, then one kernel call over all of them.
             runs.clear();
             let mut p = u.k0 as usize;
@@ -123,9 +128,10 @@ pub fn attention<B: KvBatch + ?Sized>(
                 });
                 p += n;
             }
-            if last != (u.row, u.head) {
-                let qs = &q[r * d + h * hd..r * d + (h + 1) * hd];
-                // With f16 K/V the query is rounded to f16 too, as llama.cpp does.
+            if last != (u.row, u.kv_head) {
+                // The group's query heads are adjacent in the row.
+                let qs = &q[r * d + kh * group * hd..r * d + (kh + 1) * group * hd];
+                // With f16 K/V the queries are rounded to f16 too, as llama.cpp does.
                 match runs.first().map(|r| r.k) {
                     Some(kernels::KvRows::F16(_)) => kernels::round_f16(qs, &mut qh),
                     _ => {
@@ -133,39 +139,46 @@ pub fn attention<B: KvBatch + ?Sized>(
                         qh.extend_from_slice(qs);
                     }
                 }
-                last = (u.row, u.head);
+                last = (u.row, u.kv_head);
             }
-            let (head, acc) = mine[i * stride..(i + 1) * stride].split_at_mut(2);
-            let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+            state.fill((f32::NEG_INFINITY, 0.0));
             acc.fill(0.0);
-            kernels::attend_runs(isa, &qh, &runs, kv_dim, scale, (&mut m, &mut sum), acc);
-            head[0] = m;
-            head[1] = sum;
+            kernels::attend_runs(isa, &qh, &runs, kv_dim, scale, &mut state, &mut acc);
+            let out = mine[i * stride..(i + 1) * stride].chunks_exact_mut(hd + 2);
+            for ((o, st), a) in out.zip(&state).zip(acc.chunks_exact(hd)) {
+                o[0] = st.0;
+                o[1] = st.1;
+                o[2..].copy_from_slice(a);
+            }
         }
     });
     drop(parts);
     // Combine each (row, head)'s chunks in order.
     let mut i = 0;
     while i < units.len() {
-        let (r, h) = (units[i].row as usize, units[i].head as usize);
+        let (r, kh) = (units[i].row as usize, units[i].kv_head as usize);
         let mut j = i;
-        while j < units.len() && (units[j].row, units[j].head) == (units[i].row, units[i].head) {
+        while j < units.len()
+            && (units[j].row, units[j].kv_head) == (units[i].row, units[i].kv_head)
+        {
             j += 1;
         }
-        let mx = (i..j)
-            .map(|c| partial[c * stride])
-            .fold(f32::NEG_INFINITY, f32::max);
-        let o = &mut out[r * d + h * hd..r * d + (h + 1) * hd];
-        o.fill(0.0);
-        let mut sum = 0f32;
-        for c in i..j {
-            let part = &partial[c * stride..(c + 1) * stride];
-            let w = (part[0] - mx).exp();
-            sum += part[1] * w;
-            o.iter_mut().zip(&part[2..]).for_each(|(y, a)| *y += a * w);
+        for g in 0..group {
+            let h = kh * group + g;
+            let part = |c: usize| &partial[c * stride + g * (hd + 2)..][..hd + 2];
+            let mx = (i..j).map(|c| part(c)[0]).fold(f32::NEG_INFINITY, f32::max);
+            let o = &mut out[r * d + h * hd..r * d + (h + 1) * hd];
+            o.fill(0.0);
+            let mut sum = 0f32;
+            for c in i..j {
+                let part = part(c);
+                let w = (part[0] - mx).exp();
+                sum += part[1] * w;
+                o.iter_mut().zip(&part[2..]).for_each(|(y, a)| *y += a * w);
+            }
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            o.iter_mut().for_each(|y| *y *= inv);
         }
-        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-        o.iter_mut().for_each(|y| *y *= inv);
         i = j;
     }
 }
