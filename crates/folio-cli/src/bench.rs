@@ -18,8 +18,9 @@ pub struct Args {
     /// Tokens generated in the decode test.
     #[arg(long, default_value_t = 128)]
     pub tg: usize,
-    /// Repetitions of each test (the mean is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Rounds of the tests: each round runs folio's prefill and decode, then llama.cpp's,
+    /// so both see the same machine; the medians over rounds are reported.
+    #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Skip the llama.cpp baseline.
     #[arg(long)]
@@ -71,7 +72,10 @@ pub fn run(a: Args) -> Result<()> {
     let base = model.tokenizer.encode(TEXT, false);
     let prompt: Vec<u32> = base.iter().cycle().take(a.pp).copied().collect();
     let mut cache = a.model.cache(&model)?;
-    let mut pp = 0.0;
+    let llama_python = if a.no_llama { None } else { llama_python(&a) };
+    // Machines shared with neighbours swing by 15% and more from one second to the
+    // next, so folio and llama.cpp take turns, round by round.
+    let (mut pps, mut tgs, mut llama) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..reps {
         let t = cache.with(|c| -> Result<f64> {
             c.truncate(0);
@@ -79,21 +83,22 @@ pub fn run(a: Args) -> Result<()> {
             model.forward(c, &prompt, Logits::Last)?;
             Ok(t.elapsed().as_secs_f64())
         })?;
-        pp += a.pp as f64 / t;
+        pps.push(a.pp as f64 / t);
+        tgs.push(cache.with(|c| decode_speed(&model, c, prompt[0], a.tg))?);
+        if let Some(python) = &llama_python {
+            llama.push(llama_cpp(&a, python, threads)?);
+        }
     }
-    pp /= reps as f64;
-    let tg = cache.with(|c| decode_speed(&model, c, prompt[0], a.tg, reps))?;
+    let (pp, tg) = (median(&pps), median(&tgs));
     let bw = read_bandwidth(threads);
     let limit = bw / model.bytes_per_token() as f64;
 
     println!();
     println!("| test   | folio tok/s | llama.cpp tok/s | folio / llama.cpp |");
     println!("|--------|-------------|-----------------|-------------------|");
-    let llama = if a.no_llama {
-        None
-    } else {
-        llama_cpp(&a, threads)?
-    };
+    let l_pps: Vec<f64> = llama.iter().map(|l| l.0).collect();
+    let l_tgs: Vec<f64> = llama.iter().map(|l| l.1).collect();
+    let llama = (!llama.is_empty()).then(|| (median(&l_pps), median(&l_tgs)));
     let row = |name: String, ours: f64, theirs: Option<f64>| {
         let (t, r) = match theirs {
             Some(v) => (format!("{v:.1}"), format!("{:.2}x", ours / v)),
@@ -103,6 +108,24 @@ pub fn run(a: Args) -> Result<()> {
     };
     row(format!("pp{}", a.pp), pp, llama.as_ref().map(|l| l.0));
     row(format!("tg{}", a.tg), tg, llama.as_ref().map(|l| l.1));
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "(medians of {reps} rounds; folio pp {} | tg {}{})",
+        list(&pps),
+        list(&tgs),
+        llama
+            .map(|_| format!(
+                " | llama.cpp via llama-cpp-python, flash attention on, same threads: pp {} | tg {}",
+                list(&l_pps),
+                list(&l_tgs)
+            ))
+            .unwrap_or_default()
+    );
     println!();
     println!(
         "read bandwidth {:.1} GB/s; weights read per token {:.1} MB -> decode ceiling {:.0} tok/s; folio reaches {:.0}% of it{}",
@@ -259,26 +282,26 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
     Ok(())
 }
 
-/// Mean tokens/s of `n` single-token decode steps after one token of context.
-fn decode_speed(
-    model: &Model,
-    cache: &mut dyn KvCache,
-    first: u32,
-    n: usize,
-    reps: usize,
-) -> Result<f64> {
-    let mut sum = 0.0;
-    for _ in 0..reps {
-        cache.truncate(0);
-        let mut logits = model.forward(cache, &[first], Logits::Last)?;
-        let t = Instant::now();
-        for _ in 0..n {
-            let next = argmax(&logits);
-            logits = model.forward(cache, &[next], Logits::Last)?;
-        }
-        sum += n as f64 / t.elapsed().as_secs_f64();
+/// Tokens/s of `n` single-token decode steps after one token of context.
+fn decode_speed(model: &Model, cache: &mut dyn KvCache, first: u32, n: usize) -> Result<f64> {
+    cache.truncate(0);
+    let mut logits = model.forward(cache, &[first], Logits::Last)?;
+    let t = Instant::now();
+    for _ in 0..n {
+        let next = argmax(&logits);
+        logits = model.forward(cache, &[next], Logits::Last)?;
     }
-    Ok(sum / reps as f64)
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
 }
 
 /// Bytes per second that `threads` threads read from memory (256 MiB, best of 3).
@@ -302,8 +325,8 @@ fn read_bandwidth(threads: usize) -> f64 {
     best
 }
 
-/// llama.cpp's (pp, tg) tok/s, or None when llama-cpp-python is not installed.
-fn llama_cpp(a: &Args, threads: usize) -> Result<Option<(f64, f64)>> {
+/// The Python interpreter that has llama-cpp-python, or None (with a note) when none.
+fn llama_python(a: &Args) -> Option<String> {
     let python = a
         .llama_python
         .clone()
@@ -316,14 +339,19 @@ fn llama_cpp(a: &Args, threads: usize) -> Result<Option<(f64, f64)>> {
         .is_ok_and(|s| s.success());
     if !has {
         println!("(llama.cpp baseline skipped: `{python}` has no llama_cpp module; set FOLIO_LLAMA_PYTHON)");
-        return Ok(None);
+        return None;
     }
+    Some(python)
+}
+
+/// One round of llama.cpp's (pp, tg) tok/s through llama-cpp-python.
+fn llama_cpp(a: &Args, python: &str, threads: usize) -> Result<(f64, f64)> {
     let script = std::env::temp_dir().join(format!("folio_llama_bench_{}.py", std::process::id()));
     std::fs::write(&script, LLAMA_BENCH)?;
-    let out = std::process::Command::new(&python)
+    let out = std::process::Command::new(python)
         .arg(&script)
         .arg(a.model.path()?)
-        .args([threads, a.pp, a.tg, a.reps.max(1)].map(|v| v.to_string()))
+        .args([threads, a.pp, a.tg, 1].map(|v| v.to_string()))
         .output()
         .context("running the llama.cpp baseline")?;
     let _ = std::fs::remove_file(&script);
@@ -335,12 +363,8 @@ fn llama_cpp(a: &Args, threads: usize) -> Result<Option<(f64, f64)>> {
     let line = String::from_utf8_lossy(&out.stdout);
     let v: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or(""))
         .context("parsing the llama.cpp baseline's output")?;
-    println!(
-        "(llama.cpp via llama-cpp-python {}, flash attention on, same threads)",
-        v["version"].as_str().unwrap_or("?")
-    );
-    Ok(Some((
+    Ok((
         v["pp_tok_s"].as_f64().unwrap_or(0.0),
         v["tg_tok_s"].as_f64().unwrap_or(0.0),
-    )))
+    ))
 }

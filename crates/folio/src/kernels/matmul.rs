@@ -8,7 +8,7 @@
 //! computed by exactly one thread with a fixed reduction order, so results do not depend
 //! on the thread count or on how many activation rows share the call.
 
-use super::pool::{share, ThreadPool};
+use super::pool::{share, ThreadPool, WorkList};
 use super::quant::*;
 use super::{scalar, Isa};
 use crate::gguf::GgmlType;
@@ -284,14 +284,20 @@ impl Activations {
         self.have_q8k = false;
     }
 
-    /// Makes sure the `kind` representation exists (quantized on `isa`'s path; every
-    /// path produces the same bytes).
-    pub fn ensure(&mut self, isa: Isa, kind: ActKind) {
+    /// Makes sure the `kind` representation exists (quantized on `isa`'s path, rows
+    /// split over `pool`'s threads when there are many; every path and split produces
+    /// the same bytes).
+    pub fn ensure(&mut self, pool: &ThreadPool, isa: Isa, kind: ActKind) {
         match kind {
             ActKind::F32 => {}
             ActKind::Q8 if !self.have_q8 => {
-                self.q8.resize(self.n * self.cols / QK, BlockQ8::zeroed());
-                super::quantize_q8(isa, &self.f32, &mut self.q8);
+                let (nb, cols) = (self.cols / QK, self.cols);
+                self.q8.resize(self.n * nb, BlockQ8::zeroed());
+                let x = &self.f32;
+                pool.rows_mut(&mut self.q8, nb, PARALLEL_ROWS, &|first, q| {
+                    let rows = q.len() / nb;
+                    super::quantize_q8(isa, &x[first * cols..(first + rows) * cols], q);
+                });
                 self.have_q8 = true;
             }
             ActKind::Q8K if !self.have_q8k => {
@@ -338,6 +344,8 @@ impl OutView {
 }
 
 const ROW_TILE: usize = 4;
+/// Rows of activations from which element-wise work is split over threads.
+pub const PARALLEL_ROWS: usize = 32;
 /// Activation rows per block of the matmul's outer loop (32 rows of 576 8-bit values
 /// take ~23 KB: they stay in L1).
 const COL_BLOCK: usize = 32;
@@ -358,7 +366,7 @@ pub fn matmul(
         assert!(out.len() >= act.n * w.rows, "matmul: output too small");
     }
     for (w, _) in jobs.iter() {
-        act.ensure(isa, w.act_kind());
+        act.ensure(pool, isa, w.act_kind());
     }
     let act = &*act;
     let views: Vec<(&QMatrix, OutView)> = jobs
@@ -379,25 +387,54 @@ pub fn matmul(
         .collect();
     let total: usize = tiles.iter().sum();
     let n_threads = pool.threads().min(total.max(1));
+    // Global tile index -> (matrix, its first row).
+    let locate = |tile: usize| {
+        let mut base = 0;
+        for (j, &nt) in tiles.iter().enumerate() {
+            if tile < base + nt {
+                return (j, (tile - base) * ROW_TILE);
+            }
+            base += nt;
+        }
+        unreachable!("tile {tile} past the last matrix")
+    };
+    // Each thread owns a contiguous share of the tiles and runs it column block by column
+    // block (a block of activation rows stays in L1 while the thread's weight tiles, in
+    // its L2, pass over it): a work item is (column block, a few tiles of the share). The owner takes items from the front of its list; a thread
+    // that has finished takes them from the back of another's, so a thread slowed down
+    // (a busy neighbour, the other thread's serial work) never leaves the rest waiting.
+    // With few activation rows a tile is quick work: items of several tiles keep the
+    // claiming cheap.
+    let per = if act.n >= PARALLEL_ROWS { 1 } else { 8 };
+    let n_blocks = act.n.div_ceil(COL_BLOCK);
+    let lists: Vec<WorkList> = (0..n_threads)
+        .map(|i| {
+            let (a, b) = share(total, i, n_threads);
+            WorkList::new((b - a).div_ceil(per) * n_blocks)
+        })
+        .collect();
+    let item = |i: usize, k: usize| {
+        let (a, b) = share(total, i, n_threads);
+        let chunks = (b - a).div_ceil(per);
+        let (cb, c) = (k / chunks, k % chunks);
+        let t0 = cb * COL_BLOCK;
+        let t1 = (t0 + COL_BLOCK).min(act.n);
+        for tile in a + c * per..(a + (c + 1) * per).min(b) {
+            let (j, r0) = locate(tile);
+            let (w, out) = &views[j];
+            run_tile(isa, w, act, r0, (r0 + ROW_TILE).min(w.rows), t0, t1, out);
+        }
+    };
     pool.run(&|i| {
         if i >= n_threads {
             return;
         }
-        let (start, end) = share(total, i, n_threads);
-        // Column blocks outermost: a block of activation rows stays in L1 while this
-        // thread's weight tiles (in L2) pass over it.
-        for t0 in (0..act.n).step_by(COL_BLOCK) {
-            let t1 = (t0 + COL_BLOCK).min(act.n);
-            let mut base = 0;
-            for ((w, out), &nt) in views.iter().zip(&tiles) {
-                let lo = start.max(base);
-                let hi = end.min(base + nt);
-                for tile in lo..hi {
-                    let r0 = (tile - base) * ROW_TILE;
-                    let r1 = (r0 + ROW_TILE).min(w.rows);
-                    run_tile(isa, w, act, r0, r1, t0, t1, out);
-                }
-                base += nt;
+        while let Some(k) = lists[i].pop_front() {
+            item(i, k);
+        }
+        for j in (1..n_threads).map(|o| (i + o) % n_threads) {
+            while let Some(k) = lists[j].pop_back() {
+                item(j, k);
             }
         }
     });

@@ -158,6 +158,82 @@ impl Drop for ThreadPool {
     }
 }
 
+impl ThreadPool {
+    /// Row-wise work over `out` (rows of `width` elements): `f(first_row, rows)` runs on
+    /// every thread for its contiguous share of the rows, or once on this thread when
+    /// there are fewer than `min_rows` rows (a parallel region costs more than small
+    /// work). Each row is handled by exactly one call, so the results do not depend on
+    /// the split.
+    pub fn rows_mut<T: Send>(
+        &self,
+        out: &mut [T],
+        width: usize,
+        min_rows: usize,
+        f: &(dyn Fn(usize, &mut [T]) + Sync),
+    ) {
+        assert!(width > 0 && out.len().is_multiple_of(width));
+        let rows = out.len() / width;
+        if self.n == 1 || rows < min_rows.max(2) {
+            return f(0, out);
+        }
+        let mut parts = Vec::with_capacity(self.n);
+        let mut rest = out;
+        for i in 0..self.n {
+            let (a, b) = share(rows, i, self.n);
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut((b - a) * width);
+            parts.push((a, Mutex::new(mine)));
+            rest = tail;
+        }
+        self.run(&|i| {
+            let (first, part) = &parts[i];
+            let mut guard = part.lock().unwrap_or_else(|e| e.into_inner());
+            f(*first, &mut guard);
+        });
+    }
+}
+
+/// A thread's list of work items `0..n`: its owner pops from the front, a thread that
+/// has run out of its own work pops from the back; front and back live in one atomic
+/// word, so each item is taken exactly once. Which thread runs an item must not change
+/// what it computes (every user writes each output from one item only). One per cache
+/// line, so that threads claiming from their own lists do not contend.
+#[repr(align(64))]
+pub struct WorkList(std::sync::atomic::AtomicU64);
+
+impl WorkList {
+    pub fn new(n: usize) -> Self {
+        Self(std::sync::atomic::AtomicU64::new((n as u64) << 32))
+    }
+
+    fn take(&self, front: bool) -> Option<usize> {
+        use std::sync::atomic::Ordering::*;
+        let mut cur = self.0.load(Relaxed);
+        loop {
+            let (f, b) = (cur & 0xffff_ffff, cur >> 32);
+            if f >= b {
+                return None;
+            }
+            let (new, k) = if front {
+                (cur + 1, f)
+            } else {
+                (cur - (1 << 32), b - 1)
+            };
+            match self.0.compare_exchange_weak(cur, new, AcqRel, Relaxed) {
+                Ok(_) => return Some(k as usize),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    pub fn pop_front(&self) -> Option<usize> {
+        self.take(true)
+    }
+
+    pub fn pop_back(&self) -> Option<usize> {
+        self.take(false)
+    }
+}
+
 /// The contiguous share `[start, end)` of `total` items that thread `i` of `n` takes.
 pub fn share(total: usize, i: usize, n: usize) -> (usize, usize) {
     (total * i / n, total * (i + 1) / n)
@@ -190,6 +266,48 @@ mod tests {
                     next = b;
                 }
                 assert_eq!(next, total);
+            }
+        }
+    }
+
+    #[test]
+    fn work_lists_hand_out_every_item_once() {
+        let pool = ThreadPool::new(3);
+        for n in [0, 1, 2, 5, 1000] {
+            let lists: Vec<WorkList> = (0..3).map(|i| WorkList::new(n * (i + 1))).collect();
+            let taken: Vec<Vec<AtomicUsize>> = (0..3)
+                .map(|i| (0..n * (i + 1)).map(|_| AtomicUsize::new(0)).collect())
+                .collect();
+            pool.run(&|t| {
+                while let Some(k) = lists[t].pop_front() {
+                    taken[t][k].fetch_add(1, SeqCst);
+                }
+                for o in (1..3).map(|o| (t + o) % 3) {
+                    while let Some(k) = lists[o].pop_back() {
+                        taken[o][k].fetch_add(1, SeqCst);
+                    }
+                }
+            });
+            assert!(
+                taken.iter().flatten().all(|c| c.load(SeqCst) == 1),
+                "n = {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn rows_mut_visits_each_row_once_with_its_index() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            for rows in [0, 1, 5, 64] {
+                let mut v = vec![0usize; rows * 3];
+                pool.rows_mut(&mut v, 3, 4, &|first, part| {
+                    for (r, row) in part.chunks_exact_mut(3).enumerate() {
+                        row.iter_mut().for_each(|x| *x += first + r + 1);
+                    }
+                });
+                let want: Vec<usize> = (0..rows).flat_map(|r| [r + 1; 3]).collect();
+                assert_eq!(v, want, "{threads} threads, {rows} rows");
             }
         }
     }

@@ -18,6 +18,7 @@
 //! [`SPLIT_KEYS`] keys there is one chunk and the result is exactly llama.cpp's.
 
 use super::cache::KvBatch;
+use crate::kernels::pool::WorkList;
 use crate::kernels::{self, Isa, ThreadPool};
 use std::sync::Mutex;
 
@@ -101,18 +102,22 @@ pub fn attention<B: KvBatch + ?Sized>(
         parts.push(Mutex::new(mine));
         rest = tail;
     }
+    // Each thread runs its own units from the front; one that runs out takes the others'
+    // from the back (a unit's result does not depend on who computes it).
+    let lists: Vec<WorkList> = (0..threads)
+        .map(|t| WorkList::new(bounds[t + 1] - bounds[t]))
+        .collect();
     pool.run(&|t| {
         if t >= threads {
             return;
         }
-        let mut guard = parts[t].lock().unwrap_or_else(|e| e.into_inner());
-        let mine: &mut [f32] = &mut guard;
         let mut qh = Vec::with_capacity(group * hd);
         let mut acc = vec![0f32; group * hd];
         let mut state = vec![(0f32, 0f32); group];
         let mut runs = Vec::new();
         let mut last = (u32::MAX, u32::MAX);
-        for (i, u) in units[bounds[t]..bounds[t + 1]].iter().enumerate() {
+        let mut unit = |owner: usize, i: usize| {
+            let u = &units[bounds[owner] + i];
             let (r, kh) = (u.row as usize, u.kv_head as usize);
             let (seq, off) = (rows[r].0, kh * hd);
             // The unit's keys as page runs, then one kernel call over all of them.
@@ -144,11 +149,20 @@ pub fn attention<B: KvBatch + ?Sized>(
             state.fill((f32::NEG_INFINITY, 0.0));
             acc.fill(0.0);
             kernels::attend_runs(isa, &qh, &runs, kv_dim, scale, &mut state, &mut acc);
-            let out = mine[i * stride..(i + 1) * stride].chunks_exact_mut(hd + 2);
+            let mut part = parts[owner].lock().unwrap_or_else(|e| e.into_inner());
+            let out = part[i * stride..(i + 1) * stride].chunks_exact_mut(hd + 2);
             for ((o, st), a) in out.zip(&state).zip(acc.chunks_exact(hd)) {
                 o[0] = st.0;
                 o[1] = st.1;
                 o[2..].copy_from_slice(a);
+            }
+        };
+        while let Some(i) = lists[t].pop_front() {
+            unit(t, i);
+        }
+        for o in (1..threads).map(|o| (t + o) % threads) {
+            while let Some(i) = lists[o].pop_back() {
+                unit(o, i);
             }
         }
     });

@@ -218,11 +218,25 @@ impl Model {
         let (mut gate, mut up) = (vec![0f32; n * f], vec![0f32; n * f]);
         let mut act = Activations::default();
 
+        // Element-wise steps split their rows over the threads when there are many
+        // (prefill); each row is computed the same way either way.
+        let pool = &self.pool;
+        let par = kernels::matmul::PARALLEL_ROWS;
+        let norm = |x: &[f32], g: &[f32], h: &mut [f32]| {
+            pool.rows_mut(&mut h[..n * d], d, par, &|r, hs| {
+                ops::rms_norm(&x[r * d..r * d + hs.len()], g, c.norm_eps, hs)
+            });
+        };
+        let add = |x: &mut [f32], o: &[f32]| {
+            pool.rows_mut(x, d, par, &|r, xs| {
+                xs.iter_mut().zip(&o[r * d..]).for_each(|(a, b)| *a += b)
+            });
+        };
         for (li, l) in w.layers.iter().enumerate() {
-            ops::rms_norm(&x, &l.attn_norm, c.norm_eps, &mut h);
+            norm(&x, &l.attn_norm, &mut h);
             act.set(&h, n, d);
             matmul(
-                &self.pool,
+                pool,
                 self.isa,
                 &mut act,
                 &mut [(&l.wq, &mut q), (&l.wk, &mut k), (&l.wv, &mut v)],
@@ -238,29 +252,36 @@ impl Model {
                     }
                 }
             }
+            for (x, width) in [(&mut q, d), (&mut k, kvd)] {
+                pool.rows_mut(x, width, par, &|r, xs| {
+                    for (row, t) in xs.chunks_exact_mut(width).zip(&tables[r..]) {
+                        ops::rope(c, t, row);
+                    }
+                });
+            }
             for (i, &(s, pos)) in rows.iter().enumerate() {
-                ops::rope(c, &tables[i], &mut q[i * d..(i + 1) * d]);
-                ops::rope(c, &tables[i], &mut k[i * kvd..(i + 1) * kvd]);
                 let (ki, vi) = (&k[i * kvd..(i + 1) * kvd], &v[i * kvd..(i + 1) * kvd]);
                 kv.write(s, li, pos, ki, vi)?;
             }
-            attention(&self.pool, self.isa, heads, &*kv, li, rows, &q, &mut att);
+            attention(pool, self.isa, heads, &*kv, li, rows, &q, &mut att);
             act.set(&att, n, d);
-            matmul(&self.pool, self.isa, &mut act, &mut [(&l.wo, &mut o)]);
-            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            matmul(pool, self.isa, &mut act, &mut [(&l.wo, &mut o)]);
+            add(&mut x, &o);
 
-            ops::rms_norm(&x, &l.ffn_norm, c.norm_eps, &mut h);
+            norm(&x, &l.ffn_norm, &mut h);
             act.set(&h, n, d);
             matmul(
-                &self.pool,
+                pool,
                 self.isa,
                 &mut act,
                 &mut [(&l.w_gate, &mut gate), (&l.w_up, &mut up)],
             );
-            kernels::swiglu(self.isa, &mut gate, &up);
+            pool.rows_mut(&mut gate, f, par, &|r, g| {
+                kernels::swiglu(self.isa, g, &up[r * f..r * f + g.len()])
+            });
             act.set(&gate, n, f);
-            matmul(&self.pool, self.isa, &mut act, &mut [(&l.w_down, &mut o)]);
-            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            matmul(pool, self.isa, &mut act, &mut [(&l.w_down, &mut o)]);
+            add(&mut x, &o);
         }
 
         // The rows that want logits, all through the head together.
