@@ -465,6 +465,28 @@ pub unsafe fn expf_table_8(x: &[f32; 8], out: &mut [f32; 8]) {
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), expf_table(_mm256_loadu_ps(x.as_ptr()))) };
 }
 
+/// The horizontal sums of 8 vectors at once, lane k = `hsum_hadd(v[k])` bit for bit:
+/// each vector's halves added (low + high), then adjacent pairs, then the two pair sums,
+/// the additions ggml's one-vector reduction makes, in a transposed arrangement.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
+    // [v_a's low half + high half | v_b's], i.e. the 4-lane sums of two vectors.
+    let halves = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps(a, b, 0x20),
+            _mm256_permute2f128_ps(a, b, 0x31),
+        )
+    };
+    let t01 = halves(v[0], v[1]);
+    let t23 = halves(v[2], v[3]);
+    let t45 = halves(v[4], v[5]);
+    let t67 = halves(v[6], v[7]);
+    // Lanes (low 128 | high 128): [0,2,4,6 | 1,3,5,7] after two rounds of pair sums.
+    let s = _mm256_hadd_ps(_mm256_hadd_ps(t01, t23), _mm256_hadd_ps(t45, t67));
+    _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
 /// The twin of `scalar::attend_runs` for head size 64, for `G` queries that share their
 /// keys and values (the query heads of one KV head): each key's K and V rows are loaded
 /// and converted once for all of them, and their accumulators' dependency chains (an
@@ -550,24 +572,33 @@ pub unsafe fn attend_runs_64<const F32: bool, const G: usize>(
         let mut scores = [[0f32; 16]; G];
         for g0 in (0..run.n).step_by(16) {
             let g1 = (g0 + 16).min(run.n);
-            for (k, p) in (g0..g1).enumerate() {
-                // Row p spans p*stride .. p*stride+64 <= last <= len (asserted).
-                let kr = kp.wrapping_add(p * stride * size);
-                // SAFETY: kr is a whole row of this run (see above).
-                let kv: [__m256; 8] = std::array::from_fn(|i| unsafe { load8::<F32>(kr, i) });
-                for (qg, sg) in qv.iter().zip(scores.iter_mut()) {
-                    let mut d = [_mm256_setzero_ps(); 4];
-                    for i in 0..8 {
-                        d[i % 4] = _mm256_fmadd_ps(kv[i], qg[i], d[i % 4]);
+            // Each query's 8-lane partial dot products of 8 keys at a time, then their
+            // horizontal sums together (`hsum8`: the same additions as ggml's one-key
+            // reduction, so the same bits).
+            let mut part = [[_mm256_setzero_ps(); 8]; G];
+            for k8 in (g0..g1).step_by(8) {
+                let k9 = (k8 + 8).min(g1);
+                for (k, p) in (k8..k9).enumerate() {
+                    // Row p spans p*stride .. p*stride+64 <= last <= len (asserted).
+                    let kr = kp.wrapping_add(p * stride * size);
+                    // SAFETY: kr is a whole row of this run (see above).
+                    let kv: [__m256; 8] = std::array::from_fn(|i| unsafe { load8::<F32>(kr, i) });
+                    for (qg, pg) in qv.iter().zip(part.iter_mut()) {
+                        let mut d = [_mm256_setzero_ps(); 4];
+                        for i in 0..8 {
+                            d[i % 4] = _mm256_fmadd_ps(kv[i], qg[i], d[i % 4]);
+                        }
+                        // ggml's reduction order of the four accumulators.
+                        pg[k] = _mm256_add_ps(_mm256_add_ps(d[0], d[2]), _mm256_add_ps(d[1], d[3]));
                     }
-                    // ggml's reduction order, then its horizontal sum.
+                }
+                for (pg, sg) in part.iter().zip(scores.iter_mut()) {
                     // SAFETY: same CPU features as this function.
-                    sg[k] = unsafe {
-                        hsum_hadd(_mm256_add_ps(
-                            _mm256_add_ps(d[0], d[2]),
-                            _mm256_add_ps(d[1], d[3]),
-                        ))
-                    } * scale;
+                    let sums = _mm256_mul_ps(unsafe { hsum8(pg) }, _mm256_set1_ps(scale));
+                    let mut out = [0f32; 8];
+                    // SAFETY: `out` is 8 floats.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sums) };
+                    sg[k8 - g0..k9 - g0].copy_from_slice(&out[..k9 - k8]);
                 }
             }
             // The running maximum before each key decides which exponential it needs
