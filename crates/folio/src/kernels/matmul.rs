@@ -400,11 +400,11 @@ pub fn matmul(
     };
     // Each thread owns a contiguous share of the tiles and runs it column block by column
     // block (a block of activation rows stays in L1 while the thread's weight tiles, in
-    // its L2, pass over it): a work item is (column block, a few tiles of the share). The owner takes items from the front of its list; a thread
-    // that has finished takes them from the back of another's, so a thread slowed down
-    // (a busy neighbour, the other thread's serial work) never leaves the rest waiting.
-    // With few activation rows a tile is quick work: items of several tiles keep the
-    // claiming cheap.
+    // its L2, pass over it): a work item is (column block, a few tiles of the share).
+    // The owner takes items from the front of its list; a thread that has finished
+    // takes them from the back of another's, so a thread slowed down (a busy neighbour,
+    // the other thread's serial work) never leaves the rest waiting. With few
+    // activation rows a tile is quick work: items of several tiles keep claiming cheap.
     let per = if act.n >= PARALLEL_ROWS { 1 } else { 8 };
     let n_blocks = act.n.div_ceil(COL_BLOCK);
     let lists: Vec<WorkList> = (0..n_threads)
