@@ -72,7 +72,11 @@ pub fn run(a: Args) -> Result<()> {
     let base = model.tokenizer.encode(TEXT, false);
     let prompt: Vec<u32> = base.iter().cycle().take(a.pp).copied().collect();
     let mut cache = a.model.cache(&model)?;
-    let llama_python = if a.no_llama { None } else { llama_python(&a) };
+    let llama_bench = if a.no_llama {
+        None
+    } else {
+        LlamaBench::find(&a)?
+    };
     // Machines shared with neighbours swing by 15% and more from one second to the
     // next, so folio and llama.cpp take turns, round by round.
     let (mut pps, mut tgs, mut llama) = (Vec::new(), Vec::new(), Vec::new());
@@ -85,8 +89,8 @@ pub fn run(a: Args) -> Result<()> {
         })?;
         pps.push(a.pp as f64 / t);
         tgs.push(cache.with(|c| decode_speed(&model, c, prompt[0], a.tg))?);
-        if let Some(python) = &llama_python {
-            llama.push(llama_cpp(&a, python, threads)?);
+        if let Some(l) = &llama_bench {
+            llama.push(l.round(&a, threads)?);
         }
     }
     let (pp, tg) = (median(&pps), median(&tgs));
@@ -256,22 +260,13 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
         max_tokens: 1,
         ..Default::default()
     };
-    let mut cold_t = kv.new_table(None);
-    let cold = generate(
-        model,
-        &mut kv.seq(&mut cold_t),
-        &prompt,
-        &params,
-        &mut |_| {},
-    )?;
-    let mut warm_t = kv.new_table(None);
-    let warm = generate(
-        model,
-        &mut kv.seq(&mut warm_t),
-        &prompt,
-        &params,
-        &mut |_| {},
-    )?;
+    // The same prompt twice, each in a new table: the second finds the first's pages.
+    let mut run = || {
+        let mut t = kv.new_table(None);
+        generate(model, &mut kv.seq(&mut t), &prompt, &params, &mut |_| {})
+    };
+    let cold = run()?;
+    let warm = run()?;
     println!(
         "- 2000-token prompt: cold TTFT {:.0} ms | warm (prefix indexed) TTFT {:.1} ms, {} tokens from cache = {:.1}% of cold",
         cold.stats.ttft.as_secs_f64() * 1e3,
@@ -325,46 +320,61 @@ fn read_bandwidth(threads: usize) -> f64 {
     best
 }
 
-/// The Python interpreter that has llama-cpp-python, or None (with a note) when none.
-fn llama_python(a: &Args) -> Option<String> {
-    let python = a
-        .llama_python
-        .clone()
-        .or_else(|| std::env::var("FOLIO_LLAMA_PYTHON").ok())
-        .unwrap_or_else(|| "python3".into());
-    let has = std::process::Command::new(&python)
-        .args(["-c", "import llama_cpp"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has {
-        println!("(llama.cpp baseline skipped: `{python}` has no llama_cpp module; set FOLIO_LLAMA_PYTHON)");
-        return None;
-    }
-    Some(python)
+/// llama.cpp's prefill/decode baseline: an interpreter with llama-cpp-python and the
+/// bench script written out once for all rounds (removed when dropped).
+struct LlamaBench {
+    python: String,
+    script: std::path::PathBuf,
 }
 
-/// One round of llama.cpp's (pp, tg) tok/s through llama-cpp-python.
-fn llama_cpp(a: &Args, python: &str, threads: usize) -> Result<(f64, f64)> {
-    let script = std::env::temp_dir().join(format!("folio_llama_bench_{}.py", std::process::id()));
-    std::fs::write(&script, LLAMA_BENCH)?;
-    let out = std::process::Command::new(python)
-        .arg(&script)
-        .arg(a.model.path()?)
-        .args([threads, a.pp, a.tg, 1].map(|v| v.to_string()))
-        .output()
-        .context("running the llama.cpp baseline")?;
-    let _ = std::fs::remove_file(&script);
-    anyhow::ensure!(
-        out.status.success(),
-        "llama.cpp baseline failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or(""))
-        .context("parsing the llama.cpp baseline's output")?;
-    Ok((
-        v["pp_tok_s"].as_f64().unwrap_or(0.0),
-        v["tg_tok_s"].as_f64().unwrap_or(0.0),
-    ))
+impl LlamaBench {
+    /// None (with a note) when the interpreter has no llama_cpp module.
+    fn find(a: &Args) -> Result<Option<Self>> {
+        let python = a
+            .llama_python
+            .clone()
+            .or_else(|| std::env::var("FOLIO_LLAMA_PYTHON").ok())
+            .unwrap_or_else(|| "python3".into());
+        let has = std::process::Command::new(&python)
+            .args(["-c", "import llama_cpp"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !has {
+            println!("(llama.cpp baseline skipped: `{python}` has no llama_cpp module; set FOLIO_LLAMA_PYTHON)");
+            return Ok(None);
+        }
+        let script =
+            std::env::temp_dir().join(format!("folio_llama_bench_{}.py", std::process::id()));
+        std::fs::write(&script, LLAMA_BENCH)?;
+        Ok(Some(Self { python, script }))
+    }
+
+    /// One round of llama.cpp's (pp, tg) tok/s.
+    fn round(&self, a: &Args, threads: usize) -> Result<(f64, f64)> {
+        let out = std::process::Command::new(&self.python)
+            .arg(&self.script)
+            .arg(a.model.path()?)
+            .args([threads, a.pp, a.tg, 1].map(|v| v.to_string()))
+            .output()
+            .context("running the llama.cpp baseline")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "llama.cpp baseline failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or(""))
+            .context("parsing the llama.cpp baseline's output")?;
+        Ok((
+            v["pp_tok_s"].as_f64().unwrap_or(0.0),
+            v["tg_tok_s"].as_f64().unwrap_or(0.0),
+        ))
+    }
+}
+
+impl Drop for LlamaBench {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.script);
+    }
 }

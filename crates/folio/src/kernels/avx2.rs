@@ -439,7 +439,7 @@ unsafe fn expf_table(x: __m256) -> __m256 {
         let y = _mm256_fmadd_pd(
             z,
             _mm256_mul_pd(r, r),
-            _mm256_fmadd_pd(r, f(C[2]), f(1f64.to_bits())),
+            _mm256_fmadd_pd(r, f(C[2]), _mm256_set1_pd(1.0)),
         );
         _mm256_cvtpd_ps(_mm256_mul_pd(y, s))
     };
