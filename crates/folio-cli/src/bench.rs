@@ -146,11 +146,10 @@ pub fn run(a: Args) -> Result<()> {
         kv_figures(&model, &a)?;
     }
     if a.batch_figures {
-        let llama = match llama_tool(&a, &a.llama_batched_bench, "FOLIO_LLAMA_BATCHED_BENCH") {
-            Some(exe) => crate::bench_batch::llama_batched(&exe, &a.model.path()?, threads)?,
-            None => None,
-        };
-        crate::bench_batch::run(&model, a.model.page_size, llama)?;
+        let exe = llama_tool(&a, &a.llama_batched_bench, "FOLIO_LLAMA_BATCHED_BENCH");
+        let path = a.model.path()?;
+        let llama = exe.as_deref().map(|e| (e, path.as_path(), threads));
+        crate::bench_batch::run(&model, a.model.page_size, reps, llama)?;
     }
     if a.serve_figures {
         let pages = a.model.pool_pages(&model, 200_000)?;
@@ -289,7 +288,7 @@ fn decode_speed(model: &Model, cache: &mut dyn KvCache, first: u32, n: usize) ->
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     match s.len() {

@@ -10,36 +10,56 @@ use folio::model::{
     attention, sampler::argmax, BasicCache, Heads, KvBatch, KvCache, Logits, Model, Step,
 };
 use folio::rng::SplitMix64;
+use std::path::Path;
 use std::time::Instant;
 
-/// Aggregate decode speed at each batch size, and the attention comparison.
-pub fn run(model: &Model, page_size: usize, llama_batched: Option<f64>) -> Result<()> {
+/// Batch sizes of the aggregate decode figure.
+const SIZES: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+/// Aggregate decode speed at each batch size, and the attention comparison. The decode
+/// figures run in `reps` rounds (every batch size, then llama.cpp's batched figure when
+/// `llama` = (its `llama-batched-bench`, the model, threads) is given), so all of them
+/// see the same machine; medians are reported.
+pub fn run(
+    model: &Model,
+    page_size: usize,
+    reps: usize,
+    llama: Option<(&Path, &Path, usize)>,
+) -> Result<()> {
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); SIZES.len()];
+    let mut theirs = Vec::new();
+    for _ in 0..reps.max(1) {
+        for (b, r) in SIZES.iter().zip(rounds.iter_mut()) {
+            r.push(aggregate_decode(model, page_size, *b, 32, 32)?);
+        }
+        if let Some((exe, gguf, threads)) = llama {
+            theirs.extend(llama_batched(exe, gguf, threads)?);
+        }
+    }
     println!();
     println!(
-        "Batched decode (each sequence: its own 32-token prompt, then 32 greedy steps together)"
+        "Batched decode (each sequence: its own 32-token prompt, then 32 greedy steps together; medians of {} rounds)",
+        reps.max(1)
     );
-    println!("| batch | aggregate tok/s | per sequence tok/s | vs batch 1 |");
-    println!("|-------|-----------------|--------------------|------------|");
-    let mut base = 0.0;
-    let mut at16 = 0.0;
-    for b in [1usize, 2, 4, 8, 16, 32] {
-        let tps = aggregate_decode(model, page_size, b, 32, 32)?;
-        if b == 1 {
-            base = tps;
-        }
-        if b == 16 {
-            at16 = tps;
-        }
+    println!("| batch | aggregate tok/s | per sequence tok/s | vs batch 1 | rounds |");
+    println!("|-------|-----------------|--------------------|------------|--------|");
+    let meds: Vec<f64> = rounds.iter().map(|r| crate::bench::median(r)).collect();
+    for ((b, tps), r) in SIZES.iter().zip(&meds).zip(&rounds) {
+        let list: Vec<String> = r.iter().map(|x| format!("{x:.0}")).collect();
         println!(
-            "| {b:>5} | {tps:>15.1} | {:>18.1} | {:>9.2}x |",
-            tps / b as f64,
-            tps / base
+            "| {b:>5} | {tps:>15.1} | {:>18.1} | {:>9.2}x | {} |",
+            tps / *b as f64,
+            tps / meds[0],
+            list.join(" ")
         );
     }
-    if let Some(l) = llama_batched {
+    if !theirs.is_empty() {
+        let (at16, l) = (meds[4], crate::bench::median(&theirs));
+        let list: Vec<String> = theirs.iter().map(|x| format!("{x:.0}")).collect();
         println!(
-            "batch 16: {at16:.1} tok/s = {:.2}x llama.cpp's batched figure ({l:.1} tok/s)",
-            at16 / l
+            "batch 16: {at16:.1} tok/s = {:.2}x llama.cpp's batched figure ({l:.1} tok/s; rounds {})",
+            at16 / l,
+            list.join(" ")
         );
     }
 
@@ -71,11 +91,7 @@ pub fn run(model: &Model, page_size: usize, llama_batched: Option<f64>) -> Resul
 
 /// llama.cpp's aggregate decode tok/s of 16 sequences (32-token prompts, 32 steps),
 /// from its `llama-batched-bench` run now with the same model and threads.
-pub fn llama_batched(
-    exe: &std::path::Path,
-    model: &std::path::Path,
-    threads: usize,
-) -> Result<Option<f64>> {
+fn llama_batched(exe: &Path, model: &Path, threads: usize) -> Result<Option<f64>> {
     let t = threads.to_string();
     let out = std::process::Command::new(exe)
         .args(["-m"])
