@@ -112,21 +112,15 @@ pub fn run(a: Args) -> Result<()> {
     };
     row(format!("pp{}", a.pp), pp, llama.as_ref().map(|l| l.0));
     row(format!("tg{}", a.tg), tg, llama.as_ref().map(|l| l.1));
-    let list = |v: &[f64]| {
-        v.iter()
-            .map(|x| format!("{x:.0}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     println!(
         "(medians of {reps} rounds; folio pp {} | tg {}{})",
-        list(&pps),
-        list(&tgs),
+        rounds(&pps),
+        rounds(&tgs),
         llama
             .map(|_| format!(
                 " | llama.cpp via llama-cpp-python, flash attention on, same threads: pp {} | tg {}",
-                list(&l_pps),
-                list(&l_tgs)
+                rounds(&l_pps),
+                rounds(&l_tgs)
             ))
             .unwrap_or_default()
     );
@@ -286,6 +280,28 @@ fn decode_speed(model: &Model, cache: &mut dyn KvCache, first: u32, n: usize) ->
         logits = model.forward(cache, &[next], Logits::Last)?;
     }
     Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Each round's figure, rounded, space-separated.
+pub(crate) fn rounds(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The stdout of an optional baseline tool (`what` names it), or `None` with its stderr
+/// printed when it fails: a missing baseline never stops folio's own figures.
+pub(crate) fn baseline_output(
+    cmd: &mut std::process::Command,
+    what: &str,
+) -> Result<Option<Vec<u8>>> {
+    let out = cmd.output()?;
+    if !out.status.success() {
+        eprintln!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+        return Ok(None);
+    }
+    Ok(Some(out.stdout))
 }
 
 pub(crate) fn median(v: &[f64]) -> f64 {

@@ -26,9 +26,10 @@ pub fn run(
     reps: usize,
     llama: Option<(&Path, &Path, usize)>,
 ) -> Result<()> {
+    let reps = reps.max(1);
     let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); SIZES.len()];
     let mut theirs = Vec::new();
-    for _ in 0..reps.max(1) {
+    for _ in 0..reps {
         for (b, r) in SIZES.iter().zip(rounds.iter_mut()) {
             r.push(aggregate_decode(model, page_size, *b, 32, 32)?);
         }
@@ -38,28 +39,26 @@ pub fn run(
     }
     println!();
     println!(
-        "Batched decode (each sequence: its own 32-token prompt, then 32 greedy steps together; medians of {} rounds)",
-        reps.max(1)
+        "Batched decode (each sequence: its own 32-token prompt, then 32 greedy steps together; medians of {reps} rounds)"
     );
     println!("| batch | aggregate tok/s | per sequence tok/s | vs batch 1 | rounds |");
     println!("|-------|-----------------|--------------------|------------|--------|");
     let meds: Vec<f64> = rounds.iter().map(|r| crate::bench::median(r)).collect();
     for ((b, tps), r) in SIZES.iter().zip(&meds).zip(&rounds) {
-        let list: Vec<String> = r.iter().map(|x| format!("{x:.0}")).collect();
         println!(
             "| {b:>5} | {tps:>15.1} | {:>18.1} | {:>9.2}x | {} |",
             tps / *b as f64,
             tps / meds[0],
-            list.join(" ")
+            crate::bench::rounds(r)
         );
     }
     if !theirs.is_empty() {
-        let (at16, l) = (meds[4], crate::bench::median(&theirs));
-        let list: Vec<String> = theirs.iter().map(|x| format!("{x:.0}")).collect();
+        let at16 = meds[SIZES.iter().position(|&b| b == 16).expect("16 is a size")];
+        let l = crate::bench::median(&theirs);
         println!(
             "batch 16: {at16:.1} tok/s = {:.2}x llama.cpp's batched figure ({l:.1} tok/s; rounds {})",
             at16 / l,
-            list.join(" ")
+            crate::bench::rounds(&theirs)
         );
     }
 
@@ -93,23 +92,18 @@ pub fn run(
 /// from its `llama-batched-bench` run now with the same model and threads.
 fn llama_batched(exe: &Path, model: &Path, threads: usize) -> Result<Option<f64>> {
     let t = threads.to_string();
-    let out = std::process::Command::new(exe)
-        .args(["-m"])
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["-m"])
         .arg(model)
         .args([
             "-c", "4096", "-b", "2048", "-ub", "512", "-npp", "32", "-ntg", "32", "-npl", "16",
         ])
-        .args(["-t", &t, "-tb", &t])
-        .output()?;
-    if !out.status.success() {
-        eprintln!(
-            "llama-batched-bench failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        .args(["-t", &t, "-tb", &t]);
+    let Some(out) = crate::bench::baseline_output(&mut cmd, "llama-batched-bench")? else {
         return Ok(None);
-    }
+    };
     // The table row `| PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | ...`.
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out);
     Ok(text.lines().find_map(|l| {
         let f: Vec<&str> = l.split('|').map(str::trim).collect();
         (f.len() > 8 && f[3] == "16")

@@ -104,21 +104,16 @@ pub fn llama_server(
     model: &std::path::Path,
     threads: usize,
 ) -> Result<Option<(f64, f64)>> {
-    let out = std::process::Command::new("python3")
-        .args(["-c", SERVER_BENCH, "--server"])
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(["-c", SERVER_BENCH, "--server"])
         .arg(exe)
         .arg("--model")
         .arg(model)
-        .args(["--threads", &threads.to_string()])
-        .output()?;
-    if !out.status.success() {
-        eprintln!(
-            "llama-server bench failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        .args(["--threads", &threads.to_string()]);
+    let Some(out) = crate::bench::baseline_output(&mut cmd, "llama-server bench")? else {
         return Ok(None);
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    };
+    let v: serde_json::Value = serde_json::from_slice(&out)?;
     let get = |k: &str| v[k]["output_tok_s"].as_f64();
     for k in ["distinct", "shared"] {
         println!(
