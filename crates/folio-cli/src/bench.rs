@@ -2,10 +2,13 @@
 //! read bandwidth as the decode ceiling, and llama.cpp's figures measured in the same
 //! run (through llama-cpp-python, when installed) with the ratios.
 
+use crate::figures::{median, rounds};
+use crate::opts::KvKind;
 use crate::opts::ModelArgs;
 use anyhow::{Context, Result};
-use folio::kernels::ThreadPool;
-use folio::model::{sampler::argmax, KvCache, Logits, Model};
+use folio::kv::{BasicCache, KvSeq, Logits, PagedKv};
+use folio::model::sampler::argmax;
+use folio::{forward_one, Model};
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
@@ -65,13 +68,23 @@ pub fn run(a: Args) -> Result<()> {
         "folio bench: {} | {} threads | kernels {} | kv {:?}",
         a.model.path()?.display(),
         threads,
-        folio::kernels::isa(),
+        folio::machine::isa_name(),
         a.model.kv
     );
 
     let base = model.tokenizer.encode(TEXT, false);
     let prompt: Vec<u32> = base.iter().cycle().take(a.pp).copied().collect();
-    let mut cache = a.model.cache(&model)?;
+    // One sequence of up to --ctx tokens, contiguous or in a pool of pages.
+    let ctx = a.model.ctx.min(model.config.context_length);
+    let shape = model.pool_shape(0, a.model.page_size, a.model.kv_dtype.dtype());
+    let mut basic = BasicCache::with_dtype(shape.n_layers, shape.kv_dim, ctx, shape.dtype);
+    let pages = a.model.pool_pages(&model, a.model.page_size, 2 * ctx)?;
+    let mut pool = PagedKv::with_shape(
+        model.pool_shape(pages, a.model.page_size, shape.dtype),
+        ctx,
+        &model.fingerprint(),
+    );
+    let mut table = pool.new_table(None);
     let llama_bench = if a.no_llama {
         None
     } else {
@@ -81,20 +94,18 @@ pub fn run(a: Args) -> Result<()> {
     // next, so folio and llama.cpp take turns, round by round.
     let (mut pps, mut tgs, mut llama) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..reps {
-        let t = cache.with(|c| -> Result<f64> {
-            c.truncate(0);
-            let t = Instant::now();
-            model.forward(c, &prompt, Logits::Last)?;
-            Ok(t.elapsed().as_secs_f64())
-        })?;
-        pps.push(a.pp as f64 / t);
-        tgs.push(cache.with(|c| decode_speed(&model, c, prompt[0], a.tg))?);
+        let (pp, tg) = match a.model.kv {
+            KvKind::Basic => speeds(&model, &mut basic, &prompt, a.tg)?,
+            KvKind::Paged => speeds(&model, &mut pool.seq(&mut table), &prompt, a.tg)?,
+        };
+        pps.push(pp);
+        tgs.push(tg);
         if let Some(l) = &llama_bench {
             llama.push(l.round(&a, threads)?);
         }
     }
     let (pp, tg) = (median(&pps), median(&tgs));
-    let bw = read_bandwidth(threads);
+    let bw = folio::machine::read_bandwidth(threads);
     let limit = bw / model.bytes_per_token() as f64;
 
     println!();
@@ -146,7 +157,7 @@ pub fn run(a: Args) -> Result<()> {
         crate::bench_batch::run(&model, a.model.page_size, reps, llama)?;
     }
     if a.serve_figures {
-        let pages = a.model.pool_pages(&model, 200_000)?;
+        let pages = a.model.pool_pages(&model, a.model.page_size, 200_000)?;
         drop(model);
         let server = match llama_tool(&a, &a.llama_server, "FOLIO_LLAMA_SERVER") {
             Some(exe) => crate::bench_serve::llama_server(&exe, &a.model.path()?, threads)?,
@@ -179,12 +190,18 @@ fn llama_tool(
 
 /// The paged cache's figures, each next to its contiguous baseline.
 fn kv_figures(model: &Model, a: &Args) -> Result<()> {
-    use folio::generate::{generate, GenerateParams};
-    use folio::kv::KvArena;
     let c = &model.config;
     let ps = a.model.page_size;
     let max_ctx = c.context_length;
-    let token_bytes = KvArena::page_bytes(c.n_layers, 1, c.kv_dim(), a.model.kv_dtype.dtype());
+    let dtype = a.model.kv_dtype.dtype();
+    let token_bytes = model.pool_shape(0, 1, dtype).page_bytes();
+    let pool = |pages: usize, max_tokens: usize| {
+        PagedKv::with_shape(
+            model.pool_shape(pages, ps, dtype),
+            max_tokens,
+            &model.fingerprint(),
+        )
+    };
     // A mixed workload: 256 sequences of 1..=2048 tokens (fixed generator).
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let lens: Vec<usize> = (0..256)
@@ -227,12 +244,13 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
     );
     // Fork cost: a table of n tokens, forked 200 times (each fork released again).
     for n in [1024usize, 32 * 1024] {
-        let mut kv = model.new_paged(n.div_ceil(ps) + 4, ps, usize::MAX);
+        let mut kv = pool(n.div_ceil(ps) + 4, usize::MAX);
         let mut t = kv.new_table(None);
-        for i in 0..n as u32 {
-            kv.store.push(&mut t, i % 1000)?;
-        }
-        kv.store.commit_full(&mut t)?;
+        // Pages reserved and committed as a computed sequence's would be (their K/V
+        // does not matter to a fork).
+        let tokens: Vec<u32> = (0..n as u32).map(|i| i % 1000).collect();
+        kv.plan(&mut t, &tokens, Logits::None)?;
+        kv.commit(&mut t)?;
         let reps = 200;
         let start = Instant::now();
         for _ in 0..reps {
@@ -248,91 +266,44 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
     // Prefill of a 2000-token prompt, cold, then as a new request whose prefix is indexed.
     let base = model.tokenizer.encode(TEXT, false);
     let prompt: Vec<u32> = base.iter().cycle().take(2000).copied().collect();
-    let mut kv = model.new_paged(2 * 2048usize.div_ceil(ps) + 4, ps, 4096);
-    let params = GenerateParams {
-        max_tokens: 1,
-        ..Default::default()
-    };
+    let mut kv = pool(2 * 2048usize.div_ceil(ps) + 4, 4096);
     // The same prompt twice, each in a new table: the second finds the first's pages.
-    let mut run = || {
+    // TTFT: prefix lookup, prefill of the rest, and the first token picked.
+    let mut run = || -> Result<(f64, usize)> {
         let mut t = kv.new_table(None);
-        generate(model, &mut kv.seq(&mut t), &prompt, &params, &mut |_| {})
+        let start = Instant::now();
+        let mut seq = kv.seq(&mut t);
+        let hit = seq.reuse_prefix(&prompt);
+        let logits = forward_one(model, &mut seq, &prompt[hit..], Logits::Last)?;
+        std::hint::black_box(argmax(&logits));
+        Ok((start.elapsed().as_secs_f64(), hit))
     };
-    let cold = run()?;
-    let warm = run()?;
+    let (cold, _) = run()?;
+    let (warm, hit) = run()?;
     println!(
-        "- 2000-token prompt: cold TTFT {:.0} ms | warm (prefix indexed) TTFT {:.1} ms, {} tokens from cache = {:.1}% of cold",
-        cold.stats.ttft.as_secs_f64() * 1e3,
-        warm.stats.ttft.as_secs_f64() * 1e3,
-        warm.stats.prefix_hit_tokens,
-        100.0 * warm.stats.ttft.as_secs_f64() / cold.stats.ttft.as_secs_f64()
+        "- 2000-token prompt: cold TTFT {:.0} ms | warm (prefix indexed) TTFT {:.1} ms, {hit} tokens from cache = {:.1}% of cold",
+        cold * 1e3,
+        warm * 1e3,
+        100.0 * warm / cold
     );
     Ok(())
 }
 
-/// Tokens/s of `n` single-token decode steps after one token of context.
-fn decode_speed(model: &Model, cache: &mut dyn KvCache, first: u32, n: usize) -> Result<f64> {
-    cache.truncate(0);
-    let mut logits = model.forward(cache, &[first], Logits::Last)?;
+/// Prefill tok/s of `prompt` into an empty sequence, then tok/s of `n` single-token
+/// greedy decode steps after one token of context.
+fn speeds<S: KvSeq>(model: &Model, seq: &mut S, prompt: &[u32], n: usize) -> Result<(f64, f64)> {
+    seq.truncate(0);
+    let t = Instant::now();
+    forward_one(model, seq, prompt, Logits::Last)?;
+    let pp = prompt.len() as f64 / t.elapsed().as_secs_f64();
+    seq.truncate(0);
+    let mut logits = forward_one(model, seq, &prompt[..1], Logits::Last)?;
     let t = Instant::now();
     for _ in 0..n {
         let next = argmax(&logits);
-        logits = model.forward(cache, &[next], Logits::Last)?;
+        logits = forward_one(model, seq, &[next], Logits::Last)?;
     }
-    Ok(n as f64 / t.elapsed().as_secs_f64())
-}
-
-/// Each round's figure, rounded, space-separated.
-pub(crate) fn rounds(v: &[f64]) -> String {
-    v.iter()
-        .map(|x| format!("{x:.0}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The stdout of an optional baseline tool (`what` names it), or `None` with its stderr
-/// printed when it fails: a missing baseline never stops folio's own figures.
-pub(crate) fn baseline_output(
-    cmd: &mut std::process::Command,
-    what: &str,
-) -> Result<Option<Vec<u8>>> {
-    let out = cmd.output()?;
-    if !out.status.success() {
-        eprintln!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
-        return Ok(None);
-    }
-    Ok(Some(out.stdout))
-}
-
-pub(crate) fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
-
-/// Bytes per second that `threads` threads read from memory (256 MiB, best of 3).
-fn read_bandwidth(threads: usize) -> f64 {
-    let data: Vec<u64> = (0..32 << 20).map(|i| i as u64).collect();
-    let pool = ThreadPool::new(threads);
-    let mut best = 0f64;
-    for _ in 0..3 {
-        let sums: Vec<std::sync::atomic::AtomicU64> =
-            (0..threads).map(|_| Default::default()).collect();
-        let t = Instant::now();
-        pool.run(&|i| {
-            let (a, b) = folio::kernels::pool::share(data.len(), i, threads);
-            let s = data[a..b].iter().fold(0u64, |s, &v| s.wrapping_add(v));
-            sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
-        });
-        let secs = t.elapsed().as_secs_f64();
-        std::hint::black_box(&sums);
-        best = best.max((data.len() * 8) as f64 / secs);
-    }
-    best
+    Ok((pp, n as f64 / t.elapsed().as_secs_f64()))
 }
 
 /// llama.cpp's prefill/decode baseline: an interpreter with llama-cpp-python and the

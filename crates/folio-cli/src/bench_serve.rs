@@ -110,7 +110,7 @@ pub fn llama_server(
         .arg("--model")
         .arg(model)
         .args(["--threads", &threads.to_string()]);
-    let Some(out) = crate::bench::baseline_output(&mut cmd, "llama-server bench")? else {
+    let Some(out) = crate::figures::baseline_output(&mut cmd, "llama-server bench")? else {
         return Ok(None);
     };
     let v: serde_json::Value = serde_json::from_slice(&out)?;
@@ -148,7 +148,7 @@ pub fn run(model: Model, cfg: ServeArgs, llama_server: Option<(f64, f64)>) -> Re
             page_size,
             max_batch_tokens,
             kv_dtype,
-            snapshot_dir: None,
+            ..EngineConfig::default()
         },
     )?;
     let m = engine.model();

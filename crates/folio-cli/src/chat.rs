@@ -1,12 +1,13 @@
-//! `folio chat`: a multi-turn conversation in the terminal. Each turn re-renders the
-//! whole conversation with the model's chat template; the KV cache keeps the
-//! conversation so far, so a turn prefills only its new tokens.
+//! `folio chat`: a multi-turn conversation in the terminal, held in one engine
+//! [`Context`]: each turn appends the user's message with the model's chat template and
+//! generates the reply into the same context, so a turn computes only its new tokens.
 
+use crate::generate::{consume, stats_line};
 use crate::opts::{ModelArgs, SamplingArgs};
 use anyhow::Result;
-use folio::generate::generate;
-use folio::tokenizer::Message;
+use folio::{Context, Engine, Prompt};
 use std::io::{BufRead, IsTerminal, Write};
+use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -22,13 +23,21 @@ pub struct Args {
     pub stats: bool,
 }
 
+/// A fresh conversation: the system message, if any.
+fn start(engine: &Engine, system: &Option<String>) -> Result<Context> {
+    let ctx = engine.context(None)?;
+    if let Some(s) = system {
+        ctx.system(s)?;
+    }
+    Ok(ctx)
+}
+
 pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
-    let template = model.tokenizer.chat_template()?;
-    let params = a.sampling.params();
-    let mut cache = a.model.cache(&model)?;
-    let start: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
-    let mut messages = start.clone();
+    model.tokenizer.chat_template()?;
+    let config = a.model.engine_config(&model, 2 * a.model.ctx)?;
+    let engine = Engine::new(model, config)?;
+    let mut ctx = start(&engine, &a.system)?;
     let interactive = std::io::stdin().is_terminal();
     if interactive {
         eprintln!("folio chat: type a message; /save NAME keeps a snapshot, /reset starts over, /exit or Ctrl-D quits.");
@@ -46,43 +55,39 @@ pub fn run(a: Args) -> Result<()> {
             "" => continue,
             "/exit" | "/quit" => break,
             l if l.starts_with("/save ") => {
-                match cache.save(l["/save ".len()..].trim()) {
+                match ctx.save(l["/save ".len()..].trim()) {
                     Ok(()) => eprintln!("saved"),
-                    Err(e) => eprintln!("error: {e:#}"),
+                    Err(e) => eprintln!("error: {e}"),
                 }
                 continue;
             }
             "/reset" => {
-                messages = start.clone();
-                cache.with(|c| c.truncate(0));
+                ctx = start(&engine, &a.system)?;
                 continue;
             }
             _ => {}
         }
-        messages.push(Message::new("user", line));
-        let prompt = template.render(&messages, true)?;
-        let ids = model.tokenizer.encode(&prompt, true);
+        if let Err(e) = ctx.user(line) {
+            // The conversation outgrew the context, say: report it and let the user
+            // go on (or /reset) rather than ending the session.
+            eprintln!("error: {e}");
+            continue;
+        }
+        let req = a.sampling.request(Prompt::Tokens(Vec::new()));
+        let started = Instant::now();
         let mut out = std::io::stdout().lock();
-        let result = cache.with(|c| {
-            generate(&model, c, &ids, &params, &mut |piece| {
-                let _ = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
+        let result = ctx.reply(req).map_err(anyhow::Error::from).and_then(|s| {
+            consume(s, started, &mut |piece| {
+                out.write_all(piece.as_bytes())?;
+                out.flush()
             })
         });
-        let result = match result {
-            Ok(r) => r,
-            Err(e) => {
-                // The conversation outgrew the context, say: report it and let the user
-                // go on (or /reset) rather than ending the session.
-                messages.pop();
-                eprintln!("error: {e}");
-                continue;
-            }
-        };
         writeln!(out)?;
-        if a.stats {
-            eprintln!("[{}]", crate::generate::stats_line(&result.stats));
+        match result {
+            Ok(r) if a.stats => eprintln!("[{}]", stats_line(&r)),
+            Ok(_) => {}
+            Err(e) => eprintln!("error: {e:#}"),
         }
-        messages.push(Message::new("assistant", result.text.trim()));
     }
     Ok(())
 }

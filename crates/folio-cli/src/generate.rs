@@ -1,10 +1,12 @@
-//! `folio generate`: one completion, streamed to stdout, or one JSON object.
+//! `folio generate`: one completion through the engine (the same request path, sampling,
+//! stop and finish rules as every other caller), streamed to stdout, or one JSON object.
 
 use crate::opts::{ModelArgs, SamplingArgs};
-use anyhow::{Context, Result};
-use folio::generate::{generate, Stats};
+use anyhow::{Context as _, Result};
 use folio::tokenizer::Message;
+use folio::{Engine, EngineError, Event, FinishReason, Prompt, Stream, Usage};
 use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -30,6 +32,74 @@ pub struct Args {
     pub save_snapshot: Option<String>,
 }
 
+/// One streamed sample, as it ended.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub finish: Option<FinishReason>,
+    pub usage: Usage,
+    /// From the request to its first token.
+    pub ttft: Duration,
+    /// From the first token to the last.
+    pub decode: Duration,
+}
+
+impl Outcome {
+    pub fn prefill_tok_s(&self) -> f64 {
+        let computed = self.usage.prompt_tokens - self.usage.cached_tokens;
+        computed as f64 / self.ttft.as_secs_f64().max(1e-9)
+    }
+
+    /// Tokens per second after the first (each needs one decode step).
+    pub fn decode_tok_s(&self) -> f64 {
+        self.ids.len().saturating_sub(1) as f64 / self.decode.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Reads `stream` to its end, passing each piece of final text to `on_text`; a failed
+/// `on_text` (a closed stdout) stops at once and drops the stream, which cancels the
+/// request. `started` is when the request was sent.
+pub fn consume(
+    stream: Stream,
+    started: Instant,
+    on_text: &mut dyn FnMut(&str) -> std::io::Result<()>,
+) -> Result<Outcome> {
+    let mut o = Outcome::default();
+    let mut first = None;
+    for ev in stream {
+        match ev {
+            Event::Token { id, text, .. } => {
+                let now = Instant::now();
+                if first.is_none() {
+                    o.ttft = now - started;
+                    first = Some(now);
+                }
+                o.decode = now - first.unwrap_or(now);
+                o.ids.push(id);
+                on_text(&text)?;
+                o.text.push_str(&text);
+            }
+            Event::Done {
+                text,
+                finish,
+                usage,
+                ..
+            } => {
+                on_text(&text)?;
+                o.text.push_str(&text);
+                o.finish = Some(finish);
+                o.usage = usage;
+            }
+            Event::Error(e) => return Err(e.into()),
+        }
+    }
+    if o.finish.is_none() {
+        return Err(EngineError::Closed.into());
+    }
+    Ok(o)
+}
+
 pub fn run(a: Args) -> Result<()> {
     let prompt = match a.prompt {
         Some(p) => p,
@@ -51,65 +121,66 @@ pub fn run(a: Args) -> Result<()> {
         prompt
     };
     let ids = model.tokenizer.encode(&text, true);
-    let mut cache = a.model.cache(&model)?;
-    let params = a.sampling.params();
+    let config = a.model.engine_config(&model, 2 * a.model.ctx)?;
+    let engine = Engine::new(model, config)?;
+    let req = a.sampling.request(Prompt::Tokens(ids.clone()));
+    let seed = req.sampling.seed;
+    // A context holds the sequence afterwards, so it can be saved as a snapshot.
+    let ctx = engine.context(None)?;
+    let started = Instant::now();
+    let stream = ctx.generate(req)?;
     let mut out = std::io::stdout().lock();
-    let mut io_err = None;
-    let result = cache.with(|c| {
-        generate(&model, c, &ids, &params, &mut |piece| {
-            if !a.json && io_err.is_none() {
-                if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-                    io_err = Some(e);
-                }
-            }
-        })
+    let json = a.json;
+    let result = consume(stream, started, &mut |piece| {
+        if json || piece.is_empty() {
+            return Ok(());
+        }
+        out.write_all(piece.as_bytes())?;
+        out.flush()
     })?;
-    if let Some(e) = io_err {
-        return Err(e.into());
-    }
     if let Some(name) = &a.save_snapshot {
-        cache.save(name)?;
+        ctx.save(name)?;
     }
     if a.json {
         let v = serde_json::json!({
             "prompt_ids": ids,
             "generated_ids": result.ids,
             "text": result.text,
-            "finish_reason": result.finish.as_str(),
-            "seed": params.sampling.seed,
-            "stats": stats_json(&result.stats),
+            "finish_reason": result.finish.map(FinishReason::as_str),
+            "seed": seed,
+            "stats": stats_json(&result),
         });
         writeln!(out, "{v}")?;
     } else {
         writeln!(out)?;
     }
     if a.stats {
-        eprintln!("{}", stats_line(&result.stats));
+        eprintln!("{}", stats_line(&result));
     }
     Ok(())
 }
 
-pub fn stats_json(s: &Stats) -> serde_json::Value {
+pub fn stats_json(o: &Outcome) -> serde_json::Value {
     serde_json::json!({
-        "prompt_tokens": s.prompt_tokens,
-        "prefix_hit_tokens": s.prefix_hit_tokens,
-        "prefilled_tokens": s.prefilled_tokens,
-        "generated_tokens": s.generated_tokens,
-        "ttft_ms": s.ttft.as_secs_f64() * 1e3,
-        "prefill_tok_s": s.prefill_tok_s(),
-        "decode_tok_s": s.decode_tok_s(),
+        "prompt_tokens": o.usage.prompt_tokens,
+        "prefix_hit_tokens": o.usage.cached_tokens,
+        "prefilled_tokens": o.usage.prompt_tokens - o.usage.cached_tokens,
+        "generated_tokens": o.ids.len(),
+        "ttft_ms": o.ttft.as_secs_f64() * 1e3,
+        "prefill_tok_s": o.prefill_tok_s(),
+        "decode_tok_s": o.decode_tok_s(),
     })
 }
 
-pub fn stats_line(s: &Stats) -> String {
+pub fn stats_line(o: &Outcome) -> String {
     format!(
         "prompt {} tokens ({} from cache, {} prefilled) | TTFT {:.1} ms | prefill {:.1} tok/s | decode {:.1} tok/s over {} tokens",
-        s.prompt_tokens,
-        s.prefix_hit_tokens,
-        s.prefilled_tokens,
-        s.ttft.as_secs_f64() * 1e3,
-        s.prefill_tok_s(),
-        s.decode_tok_s(),
-        s.generated_tokens
+        o.usage.prompt_tokens,
+        o.usage.cached_tokens,
+        o.usage.prompt_tokens - o.usage.cached_tokens,
+        o.ttft.as_secs_f64() * 1e3,
+        o.prefill_tok_s(),
+        o.decode_tok_s(),
+        o.ids.len()
     )
 }

@@ -4,6 +4,7 @@ mod bench;
 mod bench_batch;
 mod bench_serve;
 mod chat;
+mod figures;
 mod generate;
 mod opts;
 

@@ -1,9 +1,8 @@
 //! Flags shared by every command: the model, threads, context, sampling.
 
 use anyhow::{Context, Result};
-use folio::generate::GenerateParams;
-use folio::kv::{KvArena, KvDtype, PageTable, PagedKv};
-use folio::model::{BasicCache, KvCache, Model, SamplingParams};
+use folio::kv::KvDtype;
+use folio::{EngineConfig, Model, Prompt, Request, SamplingParams};
 use std::path::PathBuf;
 
 /// The default model's file name, as `scripts/setup.sh` fetches it.
@@ -82,30 +81,6 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
-/// The KV cache of one sequence, of the kind the flags chose.
-pub enum Cache {
-    Basic(BasicCache),
-    Paged(Box<PagedKv>, PageTable),
-}
-
-impl Cache {
-    /// Pins the sequence's pages under `name` (written to `--snapshot-dir`).
-    pub fn save(&mut self, name: &str) -> Result<()> {
-        match self {
-            Cache::Basic(_) => anyhow::bail!("snapshots need the paged cache (--kv paged)"),
-            Cache::Paged(kv, t) => Ok(kv.save(name, t)?),
-        }
-    }
-
-    /// Runs `f` on the cache as the model's `KvCache`.
-    pub fn with<R>(&mut self, f: impl FnOnce(&mut dyn KvCache) -> R) -> R {
-        match self {
-            Cache::Basic(c) => f(c),
-            Cache::Paged(kv, t) => f(&mut kv.seq(t)),
-        }
-    }
-}
-
 impl ModelArgs {
     pub fn path(&self) -> Result<PathBuf> {
         if let Some(p) = &self.model {
@@ -126,55 +101,53 @@ impl ModelArgs {
         })
     }
 
-    /// A cache for one sequence of up to `--ctx` tokens.
-    pub fn cache(&self, model: &Model) -> Result<Cache> {
+    /// The engine's settings from the flags. `--kv basic` gives each sequence one
+    /// contiguous page of `--ctx` slots (preallocated, never shared): the contiguous
+    /// layout through the same engine.
+    pub fn engine_config(&self, model: &Model, default_tokens: usize) -> Result<EngineConfig> {
         anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
         anyhow::ensure!(
-            self.snapshot_dir.is_none() || self.kv == KvKind::Paged,
-            "--snapshot-dir needs the paged cache"
+            self.ctx >= 2,
+            "--ctx must be at least 2 (a prompt token and a generated one)"
         );
-        Ok(match self.kv {
-            KvKind::Basic => Cache::Basic(model.new_cache_as(self.kv_dtype.dtype(), self.ctx)),
-            KvKind::Paged => {
-                let pages = self.pool_pages(model, 2 * self.ctx)?;
-                let mut kv =
-                    model.new_paged_as(self.kv_dtype.dtype(), pages, self.page_size, self.ctx);
-                if let Some(dir) = &self.snapshot_dir {
-                    let (restored, skipped) = kv
-                        .open_snapshot_dir(dir)
-                        .with_context(|| format!("snapshot directory {}", dir.display()))?;
-                    for e in skipped {
-                        eprintln!("warning: snapshot skipped: {e}");
-                    }
-                    tracing::info!(?restored, "snapshots restored");
-                }
-                let table = kv.new_table(None);
-                Cache::Paged(Box::new(kv), table)
-            }
+        let window = self.ctx.min(model.config.context_length);
+        let page_size = match self.kv {
+            KvKind::Paged => self.page_size,
+            KvKind::Basic => window,
+        };
+        anyhow::ensure!(
+            self.snapshot_dir.is_none() || self.kv == KvKind::Paged,
+            "--snapshot-dir needs the paged cache (--kv paged)"
+        );
+        Ok(EngineConfig {
+            kv_pages: self.pool_pages(model, page_size, default_tokens)?,
+            page_size,
+            max_seq_tokens: Some(window),
+            snapshot_dir: self.snapshot_dir.clone(),
+            kv_dtype: self.kv_dtype.dtype(),
+            ..EngineConfig::default()
         })
     }
 
     /// Pages of the KV pool: `--kv-pages`, or `--kv-memory` worth, or enough for
     /// `default_tokens` tokens.
-    pub fn pool_pages(&self, model: &Model, default_tokens: usize) -> Result<usize> {
-        anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
-        let c = &model.config;
+    pub fn pool_pages(
+        &self,
+        model: &Model,
+        page_size: usize,
+        default_tokens: usize,
+    ) -> Result<usize> {
+        anyhow::ensure!(page_size > 0, "--page-size must be at least 1");
+        let shape = model.pool_shape(0, page_size, self.kv_dtype.dtype());
         let pages = match (self.kv_pages, self.kv_memory) {
             (Some(n), _) => n,
-            (None, Some(bytes)) => {
-                (bytes
-                    / KvArena::page_bytes(
-                        c.n_layers,
-                        self.page_size,
-                        c.kv_dim(),
-                        self.kv_dtype.dtype(),
-                    ) as u64) as usize
-            }
-            (None, None) => default_tokens.div_ceil(self.page_size),
+            (None, Some(bytes)) => shape.pages_in(bytes),
+            (None, None) => default_tokens.div_ceil(page_size),
         };
         anyhow::ensure!(
             pages > 0,
-            "the KV pool has no pages: raise --kv-pages or --kv-memory"
+            "the KV pool has no pages: raise --kv-pages or --kv-memory (one page of {page_size} tokens takes {} bytes)",
+            shape.page_bytes()
         );
         Ok(pages)
     }
@@ -217,13 +190,15 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn params(&self) -> GenerateParams {
+    /// A request for `prompt` with these settings; the seed comes from the clock when
+    /// none was given.
+    pub fn request(&self, prompt: Prompt) -> Request {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         });
-        GenerateParams {
+        Request {
             max_tokens: self.max_tokens,
             sampling: SamplingParams {
                 temperature: self.temperature,
@@ -236,6 +211,7 @@ impl SamplingArgs {
             },
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            ..Request::new(prompt)
         }
     }
 }

@@ -1,5 +1,9 @@
-//! Typed errors for every library module. The binary wraps them in `anyhow`; the library
-//! never panics on bad input, it returns one of these.
+//! The errors of the leaf modules (the GGUF reader and the tokenizer) and
+//! [`ErrorKind`], the one classification every layer's error gives: whose fault it
+//! is and what a server should answer. Each layer owns its errors beside its code
+//! (`kv::KvError`, `model::ModelError` and `StepError`, `engine::EngineError`); the
+//! binary wraps them in `anyhow`. The library never panics on bad input, it returns
+//! one of these.
 
 use thiserror::Error;
 
@@ -43,33 +47,8 @@ pub enum GgufError {
     BadAlignment(u64),
 }
 
-/// Errors from building a model out of a GGUF file.
-#[derive(Debug, Error)]
-pub enum ModelError {
-    #[error(transparent)]
-    Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?} (folio runs llama-family models: llama)")]
-    UnsupportedArchitecture(String),
-    #[error("metadata key {0:?} is missing")]
-    MissingKey(String),
-    #[error("metadata key {key:?}: {reason}")]
-    BadMetadata { key: String, reason: String },
-    #[error("tensor {0:?} is missing")]
-    MissingTensor(String),
-    #[error("tensor {name:?} has shape {got:?}, expected {expected:?}")]
-    BadShape {
-        name: String,
-        got: Vec<u64>,
-        expected: Vec<u64>,
-    },
-    #[error("tensor {name:?} has type {ty}, which folio cannot compute with yet")]
-    UnsupportedType { name: String, ty: String },
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-}
-
 /// Errors from the tokenizer and the chat template.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum TokenizerError {
     #[error("unsupported tokenizer model {0:?} (folio reads gpt2 and llama)")]
     UnsupportedModel(String),
@@ -81,17 +60,36 @@ pub enum TokenizerError {
     Template(String),
 }
 
-/// Errors from running the model.
-#[derive(Debug, Error)]
-pub enum RunError {
-    #[error("position {pos} is outside the KV cache capacity of {capacity} tokens")]
-    ContextFull { pos: usize, capacity: usize },
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error("the prompt has {len} tokens, the context holds {capacity}")]
-    PromptTooLong { len: usize, capacity: usize },
-    #[error("token id {0} is outside the vocabulary")]
-    BadToken(u32),
-    #[error("KV cache: {0}")]
-    Kv(String),
+impl TokenizerError {
+    /// An id outside the vocabulary is the caller's; a broken vocabulary or template
+    /// in the model file is the server's.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            TokenizerError::UnknownId(_) => ErrorKind::Invalid,
+            _ => ErrorKind::Internal,
+        }
+    }
+}
+
+/// Whose fault an error is, and so how a server answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The caller's input is wrong: a bad parameter, a prompt too long, an unknown
+    /// token id, a misused page operation (HTTP 400).
+    Invalid,
+    /// What the caller named does not exist: a context, a snapshot (404).
+    NotFound,
+    /// The target is busy with other work; retry once it ends (409).
+    Busy,
+    /// The engine cannot serve it now: out of pages, a pool too small, stopped (503).
+    Unavailable,
+    /// The server's fault: a bug, a file it cannot read or write (500).
+    Internal,
+}
+
+impl ErrorKind {
+    /// Whether the caller caused it (and must change the request to succeed).
+    pub fn is_caller_fault(self) -> bool {
+        matches!(self, ErrorKind::Invalid | ErrorKind::NotFound)
+    }
 }

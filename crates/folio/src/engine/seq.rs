@@ -2,8 +2,9 @@
 //! while it holds pages, and what it is for: generating (sampler, text, stop strings,
 //! limits) or only computing a context's pending tokens (a flush).
 
-use super::{Event, TokenLogprob, Usage};
-use crate::generate::{FinishReason, TextOut};
+use super::error::EngineError;
+use super::request::{Event, FinishReason, TokenLogprob, Usage};
+use super::text::TextOut;
 use crate::kv::PageTable;
 use crate::model::{sampler::log_softmax, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -13,7 +14,7 @@ use std::sync::mpsc::Sender;
 pub(crate) struct CtxLink {
     pub ctx: u64,
     /// Answered when a flush completes (generations report through their stream).
-    pub flush_reply: Option<Sender<Result<(), String>>>,
+    pub flush_reply: Option<Sender<Result<(), EngineError>>>,
     /// A chat reply: recorded as the assistant's message when it ends.
     pub chat_reply: bool,
 }
@@ -166,14 +167,14 @@ impl Seq {
     }
 
     /// Reports a failure to whoever waits on this sequence.
-    pub fn fail(&mut self, msg: &str) {
+    pub fn fail(&mut self, e: &EngineError) {
         match &mut self.purpose {
             Purpose::Generate(g) => {
-                let _ = g.tx.send(Event::Error(msg.to_string()));
+                let _ = g.tx.send(Event::Error(e.clone()));
             }
             Purpose::Flush => {
                 if let Some(r) = self.ctx.as_mut().and_then(|c| c.flush_reply.take()) {
-                    let _ = r.send(Err(msg.to_string()));
+                    let _ = r.send(Err(e.clone()));
                 }
             }
         }

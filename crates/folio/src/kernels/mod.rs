@@ -67,6 +67,7 @@ pub fn detect() -> Isa {
     Isa::Scalar
 }
 
+#[cfg(test)]
 /// dot(w, x) for f16 weights and f32 activations.
 pub fn dot_f16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
     match isa {

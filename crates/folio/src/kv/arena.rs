@@ -10,6 +10,7 @@ use super::buf::{KvBuf, KvDtype, KvRows};
 /// K/V storage for `n_pages` pages.
 pub struct KvArena {
     data: KvBuf,
+    n_pages: usize,
     n_layers: usize,
     page_size: usize,
     kv_dim: usize,
@@ -25,6 +26,7 @@ impl KvArena {
     ) -> Self {
         Self {
             data: KvBuf::new(dtype, n_pages * n_layers * 2 * page_size * kv_dim),
+            n_pages,
             n_layers,
             page_size,
             kv_dim,
@@ -34,6 +36,14 @@ impl KvArena {
     /// Bytes of K/V one page holds.
     pub fn page_bytes(n_layers: usize, page_size: usize, kv_dim: usize, dtype: KvDtype) -> usize {
         n_layers * 2 * page_size * kv_dim * dtype.size()
+    }
+
+    pub fn num_pages(&self) -> usize {
+        self.n_pages
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
     }
 
     pub fn dtype(&self) -> KvDtype {

@@ -1,7 +1,16 @@
-//! The paged KV cache's bookkeeping: pages, their states and refcounts, page tables,
-//! and the content-addressed prefix index. It knows nothing of the model, HTTP or
-//! files. The K/V bytes live in one arena indexed by [`PageId`] ([`KvArena`]); a
-//! [`PagedKv`] owns both and hands the model [`PagedSeq`] views.
+//! The KV layer: where K/V live and who may write them. It knows nothing of the model,
+//! the engine, HTTP or (but for snapshots) files, and imports only `kernels` (element
+//! types) below it.
+//!
+//! - The paged pool: pages, their states and refcounts, page tables, the
+//!   content-addressed prefix index (`store.rs`, private), the K/V bytes of every
+//!   page in one [`KvArena`], and the facade that owns both ([`PagedKv`]).
+//! - [`Batch`]: the plain-data plan of one forward step (each sequence's new tokens,
+//!   positions and page ids). Pages are reserved when a batch is planned and committed
+//!   after the model ran it, never by the model.
+//! - [`KvStorage`]: the page-addressed K/V the model writes and reads.
+//! - [`KvSeq`]: one sequence driven by its owner without an engine, implemented by the
+//!   pool's [`PagedSeq`] and by [`BasicCache`], the contiguous oracle.
 //!
 //! # Page states
 //!
@@ -22,11 +31,16 @@
 //! - a free page is in no table and not indexed.
 
 mod arena;
+mod basic;
+mod batch;
 mod buf;
+mod error;
 mod hash;
 mod paged;
 mod seq;
+mod single;
 mod snapshot;
+mod storage;
 mod store;
 mod table;
 
@@ -34,9 +48,13 @@ mod table;
 mod tests;
 
 pub use arena::KvArena;
+pub use basic::BasicCache;
+pub use batch::{Batch, Logits, SeqStep};
 pub use buf::{KvBuf, KvDtype, KvRows};
+pub use error::{KvError, SnapshotError};
 pub use hash::{Hasher128, PageHash};
-pub use paged::{PagedBatch, PagedKv, PagedSeq};
-pub use snapshot::SnapshotError;
-pub use store::{KvError, PageId, PageState, PageStore, Stats};
+pub use paged::{PagedKv, PagedSeq, PoolShape};
+pub use single::KvSeq;
+pub use storage::KvStorage;
+pub use store::{PageId, PageState, Stats};
 pub use table::{holders, shared_pages, ForkGroup, PageTable};

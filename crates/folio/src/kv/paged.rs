@@ -1,25 +1,52 @@
-//! The paged cache as the model sees it: a [`PagedKv`] pool (page store + K/V arena)
-//! shared by any number of sequences, and [`PagedSeq`], one sequence's view of it
-//! (its page table), which implements the model's [`KvCache`].
+//! [`PagedKv`]: the paged pool's facade. It owns the page store (states, refcounts,
+//! prefix index) and the K/V arena, and is the only way in: callers plan steps
+//! ([`PagedKv::plan`] reserves the slots, [`PagedKv::commit`] hashes and dedups the
+//! full pages after the model ran), fork, truncate, release and count. Copies the
+//! store makes in token space (fork, copy-on-write truncate) are repeated in the arena
+//! inside the same call, so callers never see half an operation. [`PagedSeq`] is one
+//! sequence's view, for owners that drive a single sequence without an engine.
 
 use super::arena::KvArena;
-use super::buf::{KvDtype, KvRows};
+use super::batch::{Batch, Logits, SeqStep};
+use super::buf::KvDtype;
+use super::error::KvError;
 use super::hash::{Hasher128, PageHash};
-use super::store::{KvError, PageStore};
+use super::single::KvSeq;
+use super::store::{PageId, PageState, PageStore, Stats};
 use super::table::PageTable;
-use crate::error::RunError;
-use crate::model::{KvBatch, KvCache};
 
 /// One pool of pages for all sequences of a model.
 pub struct PagedKv {
-    pub store: PageStore,
-    pub(crate) arena: KvArena,
+    pub(super) store: PageStore,
+    pub(super) arena: KvArena,
     root: PageHash,
-    /// The model's context length: no sequence grows past it.
+    /// The most tokens one sequence may hold.
     max_tokens: usize,
-    pub(crate) fingerprint: Vec<u8>,
-    pub(crate) snapshots: std::collections::HashMap<String, PageTable>,
-    pub(crate) snapshot_dir: Option<std::path::PathBuf>,
+    pub(super) fingerprint: Vec<u8>,
+    pub(super) snapshots: std::collections::HashMap<String, PageTable>,
+    pub(super) snapshot_dir: Option<std::path::PathBuf>,
+}
+
+/// The shape of a pool: how many pages, and what one page holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolShape {
+    pub n_pages: usize,
+    pub page_size: usize,
+    pub n_layers: usize,
+    pub kv_dim: usize,
+    pub dtype: KvDtype,
+}
+
+impl PoolShape {
+    /// Bytes of K/V one page holds.
+    pub fn page_bytes(&self) -> usize {
+        KvArena::page_bytes(self.n_layers, self.page_size, self.kv_dim, self.dtype)
+    }
+
+    /// Pages that fit in `bytes` of K/V memory (`--kv-memory`).
+    pub fn pages_in(&self, bytes: u64) -> usize {
+        usize::try_from(bytes / self.page_bytes().max(1) as u64).unwrap_or(usize::MAX)
+    }
 }
 
 impl PagedKv {
@@ -34,19 +61,25 @@ impl PagedKv {
         max_tokens: usize,
         fingerprint: &[u8],
     ) -> Self {
-        let shape = (n_pages, page_size, n_layers, kv_dim);
-        Self::with_dtype(shape, max_tokens, fingerprint, KvDtype::F16)
+        let shape = PoolShape {
+            n_pages,
+            page_size,
+            n_layers,
+            kv_dim,
+            dtype: KvDtype::F16,
+        };
+        Self::with_shape(shape, max_tokens, fingerprint)
     }
 
-    /// Like [`PagedKv::new`] with K/V stored as `dtype`; `shape` is
-    /// `(n_pages, page_size, n_layers, kv_dim)`.
-    pub fn with_dtype(
-        shape: (usize, usize, usize, usize),
-        max_tokens: usize,
-        fingerprint: &[u8],
-        dtype: KvDtype,
-    ) -> Self {
-        let (n_pages, page_size, n_layers, kv_dim) = shape;
+    /// A pool of `shape`; no sequence grows past `max_tokens`.
+    pub fn with_shape(shape: PoolShape, max_tokens: usize, fingerprint: &[u8]) -> Self {
+        let PoolShape {
+            n_pages,
+            page_size,
+            n_layers,
+            kv_dim,
+            dtype,
+        } = shape;
         // The dtype is part of the chain root: pages of different dtypes never match.
         let mut salted = fingerprint.to_vec();
         if dtype != KvDtype::F16 {
@@ -76,9 +109,103 @@ impl PagedKv {
         }
     }
 
-    /// A sequence view of `table` for the forward pass.
+    /// A single-sequence view of `table` (see [`KvSeq`]).
     pub fn seq<'a>(&'a mut self, table: &'a mut PageTable) -> PagedSeq<'a> {
         PagedSeq { kv: self, table }
+    }
+
+    /// The K/V storage a planned step runs on.
+    pub fn storage(&mut self) -> &mut KvArena {
+        &mut self.arena
+    }
+
+    /// Token slots per page.
+    pub fn page_size(&self) -> usize {
+        self.store.page_size()
+    }
+
+    /// The most tokens one sequence may hold.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    /// Pages in the pool.
+    pub fn num_pages(&self) -> usize {
+        self.store.num_pages()
+    }
+
+    /// Pages a reservation can get now: free, or cached and reclaimable.
+    pub fn num_available(&self) -> usize {
+        self.store.num_available()
+    }
+
+    /// Pages in `state`.
+    pub fn count(&self, state: PageState) -> usize {
+        self.store.count(state)
+    }
+
+    /// Pages held by more than one table or group.
+    pub fn num_shared(&self) -> usize {
+        self.store.num_shared()
+    }
+
+    /// The cache's work counters (evictions, prefix hits, deduplicated commits).
+    pub fn stats(&self) -> &Stats {
+        &self.store.stats
+    }
+
+    /// A page's state (an error for an id outside the pool).
+    pub fn page_state(&self, id: PageId) -> Result<PageState, KvError> {
+        self.store.state(id)
+    }
+
+    /// Checks the store's invariants against the references `holders` should hold
+    /// (see [`super::holders`]); for tests.
+    pub fn check(&self, holders: &[u32]) -> Result<(), String> {
+        self.store.check(holders)
+    }
+
+    /// Reserves slots for `tokens` at the next positions of `t` (all or nothing: on
+    /// error `t` is unchanged) and returns the step that computes them.
+    pub fn plan(
+        &mut self,
+        t: &mut PageTable,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<SeqStep, KvError> {
+        let start = t.len();
+        if start + tokens.len() > self.max_tokens {
+            return Err(KvError::SequenceFull {
+                len: start + tokens.len(),
+                max: self.max_tokens,
+            });
+        }
+        for (i, &tok) in tokens.iter().enumerate() {
+            if let Err(e) = self.store.push(t, tok) {
+                // All or nothing: give back what this call took.
+                self.store.truncate(t, i)?;
+                return Err(e);
+            }
+        }
+        Ok(SeqStep {
+            tokens: tokens.to_vec(),
+            start,
+            pages: t.pages(),
+            page_size: self.page_size(),
+            logits,
+        })
+    }
+
+    /// After the model ran a planned step: commits the full pages of `t` (an identical
+    /// indexed page replaces ours).
+    pub fn commit(&mut self, t: &mut PageTable) -> Result<(), KvError> {
+        self.store.commit_full(t)
+    }
+
+    /// Gives back the last `n` planned tokens of `t` after a failed step.
+    pub fn abort(&mut self, t: &mut PageTable, n: usize) {
+        let _ = self.store.truncate(t, n);
+        self.apply_copies();
     }
 
     /// Forks a table (committed pages shared, the partial page and its K/V copied).
@@ -93,153 +220,44 @@ impl PagedKv {
         self.store.release_table(t)
     }
 
-    pub(crate) fn apply_copies(&mut self) {
-        for (src, dst, n) in self.store.copies.drain(..) {
-            self.arena.copy_slots(src.0, dst.0, n);
-        }
-    }
-}
-
-/// One sequence of a [`PagedKv`].
-pub struct PagedSeq<'a> {
-    kv: &'a mut PagedKv,
-    table: &'a mut PageTable,
-}
-
-fn out_of_pages(e: KvError) -> RunError {
-    RunError::Kv(e.to_string())
-}
-
-impl PagedKv {
-    fn page_slot(&self, t: &PageTable, pos: usize) -> (u32, usize) {
-        let ps = self.store.page_size();
-        (t.page(pos / ps).0, pos % ps)
-    }
-
-    /// Pushes slots for `tokens` onto `t`, all or nothing.
-    pub fn seq_begin(&mut self, t: &mut PageTable, tokens: &[u32]) -> Result<(), RunError> {
-        let len = t.len();
-        if len + tokens.len() > self.max_tokens {
-            return Err(RunError::ContextFull {
-                pos: len + tokens.len() - 1,
-                capacity: self.max_tokens,
-            });
-        }
-        for (i, &tok) in tokens.iter().enumerate() {
-            if let Err(e) = self.store.push(t, tok) {
-                // All or nothing: give back what this call took.
-                self.store.truncate(t, i).map_err(out_of_pages)?;
-                return Err(out_of_pages(e));
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes K/V of position `pos` of `t` (which must hold it).
-    pub fn seq_write(
-        &mut self,
-        t: &PageTable,
-        layer: usize,
-        pos: usize,
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<(), RunError> {
-        if pos >= t.len() {
-            return Err(RunError::ContextFull {
-                pos,
-                capacity: t.len(),
-            });
-        }
-        let (page, slot) = self.page_slot(t, pos);
-        self.arena.write(page, layer, slot, k, v);
-        Ok(())
-    }
-
-    /// K/V rows of `t` from `pos` to the end of its page.
-    pub fn seq_kv_run(&self, t: &PageTable, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>) {
-        let (page, slot) = self.page_slot(t, pos);
-        self.arena.run(page, layer, slot)
-    }
-
-    /// Commits the full pages of `t` after a forward step.
-    pub fn seq_finish(&mut self, t: &mut PageTable) -> Result<(), RunError> {
-        self.store.commit_full(t).map_err(out_of_pages)
-    }
-
-    /// Gives back the last `n` begun tokens of `t`.
-    pub fn seq_abort(&mut self, t: &mut PageTable, n: usize) {
-        let _ = self.store.truncate(t, n);
+    /// Drops the last `n` tokens of `t`; crossing into a committed page copies its kept
+    /// slots into a fresh working page (the committed page is never written).
+    pub fn truncate(&mut self, t: &mut PageTable, n: usize) -> Result<(), KvError> {
+        let r = self.store.truncate(t, n);
         self.apply_copies();
+        r
     }
 
-    /// A batch view of several tables for one forward step.
-    pub fn batch<'a>(&'a mut self, tables: Vec<&'a mut PageTable>) -> PagedBatch<'a> {
-        PagedBatch { kv: self, tables }
-    }
-}
-
-/// Several sequences of one [`PagedKv`] in one forward step.
-pub struct PagedBatch<'a> {
-    kv: &'a mut PagedKv,
-    tables: Vec<&'a mut PageTable>,
-}
-
-impl KvBatch for PagedBatch<'_> {
-    fn seqs(&self) -> usize {
-        self.tables.len()
-    }
-    fn seq_len(&self, s: usize) -> usize {
-        self.tables[s].len()
-    }
-    fn begin(&mut self, s: usize, tokens: &[u32]) -> Result<(), RunError> {
-        self.kv.seq_begin(self.tables[s], tokens)
-    }
-    fn write(
-        &mut self,
-        s: usize,
-        layer: usize,
-        pos: usize,
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<(), RunError> {
-        self.kv.seq_write(self.tables[s], layer, pos, k, v)
-    }
-    fn kv_run(&self, s: usize, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>) {
-        self.kv.seq_kv_run(self.tables[s], layer, pos)
-    }
-    fn finish(&mut self, s: usize) -> Result<(), RunError> {
-        self.kv.seq_finish(self.tables[s])
-    }
-    fn abort(&mut self, s: usize, n: usize) {
-        self.kv.seq_abort(self.tables[s], n)
-    }
-}
-
-impl KvCache for PagedSeq<'_> {
-    fn len(&self) -> usize {
-        self.table.len()
+    /// Keeps at most `len` tokens of `t`. Without a page for the copy-on-write of a
+    /// committed last page, that whole page goes too (the caller recomputes from
+    /// there): returns the length kept.
+    pub fn truncate_to(&mut self, t: &mut PageTable, len: usize) -> usize {
+        let n = t.len().saturating_sub(len);
+        if self.truncate(t, n).is_err() {
+            let n = t.len() - len / self.page_size() * self.page_size();
+            let _ = self.truncate(t, n);
+        }
+        t.len()
     }
 
-    fn capacity(&self) -> usize {
-        self.kv.max_tokens
+    /// The tokens `t` holds.
+    pub fn read_tokens(&self, t: &PageTable) -> Result<Vec<u32>, KvError> {
+        self.store.read_tokens(t)
     }
 
-    fn tokens(&self) -> Vec<u32> {
-        self.kv.store.read_tokens(self.table).unwrap_or_default()
-    }
-
-    fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
-        let have = self.tokens();
+    /// Keeps the longest prefix of `prompt` that `t` holds (short of its last token),
+    /// then attaches further full pages of the prompt that the index holds (another
+    /// sequence's) by reference, and below page granularity copies the matching slots
+    /// of a cached page that continues the chain. Returns the length `t` now holds.
+    pub fn reuse_prefix(&mut self, t: &mut PageTable, prompt: &[u32]) -> usize {
+        let have = self.read_tokens(t).unwrap_or_default();
         let common = have.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        let keep = common.min(prompt.len().saturating_sub(1));
-        self.truncate(keep);
-        // Past what this sequence held, the index may hold more full pages of the prompt
-        // (another request's): attach them by reference instead of recomputing.
-        let ps = self.kv.store.page_size();
-        let store = &mut self.kv.store;
-        while self.table.len().is_multiple_of(ps) && self.table.len() + ps < prompt.len() {
-            let chunk = &prompt[self.table.len()..self.table.len() + ps];
-            let Some(p) = store.lookup(self.table.tail_hash(), chunk) else {
+        self.truncate_to(t, common.min(prompt.len().saturating_sub(1)));
+        let ps = self.page_size();
+        let store = &mut self.store;
+        while t.len().is_multiple_of(ps) && t.len() + ps < prompt.len() {
+            let chunk = &prompt[t.len()..t.len() + ps];
+            let Some(p) = store.lookup(t.tail_hash(), chunk) else {
                 break;
             };
             if store.retain(p).is_err() {
@@ -250,74 +268,94 @@ impl KvCache for PagedSeq<'_> {
                 .ok()
                 .flatten()
                 .expect("indexed pages have a hash");
-            self.table.own.push(p);
-            self.table.hashes.push(h);
-            self.table.len += ps;
+            t.own.push(p);
+            t.hashes.push(h);
+            t.len += ps;
             store.stats.prefix_hit_pages += 1;
         }
         // Below page granularity: a cached page whose first k tokens continue the prompt
         // gives those k slots by copy (the shared page itself is never written).
-        let len = self.table.len();
+        let len = t.len();
         if len.is_multiple_of(ps) && len + 1 < prompt.len() {
             let want = &prompt[len..(len + ps).min(prompt.len() - 1)];
-            if let Some((src, k)) = self.kv.store.best_partial(self.table.tail_hash(), want) {
+            if let Some((src, k)) = self.store.best_partial(t.tail_hash(), want) {
                 // Hold the source so reserving the copy cannot evict it.
-                if self.kv.store.retain(src).is_ok() {
-                    if let Ok(dst) = self.kv.store.reserve() {
-                        for &t in &want[..k] {
-                            let _ = self.kv.store.push_token(dst, t);
+                if self.store.retain(src).is_ok() {
+                    if let Ok(dst) = self.store.reserve() {
+                        for &tok in &want[..k] {
+                            let _ = self.store.push_token(dst, tok);
                         }
-                        self.kv.arena.copy_slots(src.0, dst.0, k);
-                        self.table.own.push(dst);
-                        self.table.len += k;
-                        self.kv.store.stats.prefix_hit_slots += k as u64;
+                        self.arena.copy_slots(src.0, dst.0, k);
+                        t.own.push(dst);
+                        t.len += k;
+                        self.store.stats.prefix_hit_slots += k as u64;
                     }
-                    let _ = self.kv.store.release(src);
+                    let _ = self.store.release(src);
                 }
             }
         }
+        t.len()
+    }
+
+    /// Raw page operations (the Context API's): `n` working pages reserved ahead.
+    pub fn reserve_pages(&mut self, n: usize) -> Result<Vec<PageId>, KvError> {
+        self.store.reserve_n(n)
+    }
+
+    /// Gives back one reference to a page (a reserved working page is freed).
+    pub fn release_page(&mut self, p: PageId) -> Result<(), KvError> {
+        self.store.release(p)
+    }
+
+    pub(super) fn apply_copies(&mut self) {
+        for (src, dst, n) in self.store.copies.drain(..) {
+            self.arena.copy_slots(src.0, dst.0, n);
+        }
+    }
+}
+
+/// One sequence of a [`PagedKv`], driven by its owner one step at a time.
+pub struct PagedSeq<'a> {
+    kv: &'a mut PagedKv,
+    table: &'a mut PageTable,
+}
+
+impl KvSeq for PagedSeq<'_> {
+    type Storage = KvArena;
+
+    fn len(&self) -> usize {
         self.table.len()
     }
 
-    fn begin(&mut self, tokens: &[u32]) -> Result<(), RunError> {
-        self.kv.seq_begin(self.table, tokens)
+    fn capacity(&self) -> usize {
+        self.kv.max_tokens
     }
 
-    fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), RunError> {
-        self.kv.seq_write(self.table, layer, pos, k, v)
+    fn tokens(&self) -> Vec<u32> {
+        self.kv.read_tokens(self.table).unwrap_or_default()
     }
 
-    fn k_row(&self, layer: usize, pos: usize) -> &[u16] {
-        let (page, slot) = self.kv.page_slot(self.table, pos);
-        self.kv.arena.k_row(page, layer, slot)
-    }
-
-    fn v_row(&self, layer: usize, pos: usize) -> &[u16] {
-        let (page, slot) = self.kv.page_slot(self.table, pos);
-        self.kv.arena.v_row(page, layer, slot)
-    }
-
-    fn kv_run(&self, layer: usize, pos: usize) -> (KvRows<'_>, KvRows<'_>) {
-        self.kv.seq_kv_run(self.table, layer, pos)
-    }
-
-    fn finish(&mut self) -> Result<(), RunError> {
-        self.kv.seq_finish(self.table)
-    }
-
-    fn abort(&mut self, n: usize) {
-        self.kv.seq_abort(self.table, n)
+    fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
+        self.kv.reuse_prefix(self.table, prompt)
     }
 
     fn truncate(&mut self, len: usize) {
-        let n = self.table.len().saturating_sub(len);
-        if self.kv.store.truncate(self.table, n).is_err() {
-            // No page for the copy-on-write of a committed last page: drop that whole
-            // page instead (the caller recomputes from there).
-            let ps = self.kv.store.page_size();
-            let n = self.table.len() - len / ps * ps;
-            let _ = self.kv.store.truncate(self.table, n);
-        }
-        self.kv.apply_copies();
+        self.kv.truncate_to(self.table, len);
+    }
+
+    fn reserve(&mut self, tokens: &[u32], logits: Logits) -> Result<Batch, KvError> {
+        Ok(Batch::one(self.kv.plan(self.table, tokens, logits)?))
+    }
+
+    fn storage(&mut self) -> &mut KvArena {
+        &mut self.kv.arena
+    }
+
+    fn commit(&mut self) -> Result<(), KvError> {
+        self.kv.commit(self.table)
+    }
+
+    fn abort(&mut self, n: usize) {
+        self.kv.abort(self.table, n)
     }
 }

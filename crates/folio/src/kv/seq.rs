@@ -7,6 +7,7 @@ use super::table::{ForkGroup, PageTable};
 use std::sync::Arc;
 
 impl PageStore {
+    #[cfg(test)]
     /// Appends one token: a new working page when the last is full (or there is none);
     /// a page that becomes full is committed (and deduplicated against the index).
     pub fn append(&mut self, t: &mut PageTable, token: u32) -> Result<(), KvError> {
@@ -41,6 +42,7 @@ impl PageStore {
         Ok(())
     }
 
+    #[cfg(test)]
     /// Attaches the longest chain of indexed full pages that `tokens` starts with to an
     /// empty table; returns how many tokens it covers (a multiple of the page size).
     pub fn attach_prefix(&mut self, t: &mut PageTable, tokens: &[u32]) -> Result<usize, KvError> {

@@ -8,32 +8,13 @@
 //! page_size u32, slot_halves u32, n_tokens u64, tokens [u32], then for every token
 //! its K/V halves [u16; slot_halves], then xxh3-128 of everything before it.
 
+pub use super::error::SnapshotError;
 use super::paged::PagedKv;
 use super::table::PageTable;
 use std::path::{Path, PathBuf};
-use thiserror::Error;
 
 const MAGIC: &[u8; 8] = b"FOLIOSNP";
 const VERSION: u32 = 1;
-
-/// What can go wrong with a snapshot.
-#[derive(Debug, Error)]
-pub enum SnapshotError {
-    #[error("no snapshot named {0:?}")]
-    NotFound(String),
-    #[error("snapshot name {0:?}: use letters, digits, '-', '_' and '.' (1 to 128 of them)")]
-    BadName(String),
-    #[error("{0}")]
-    Kv(#[from] super::store::KvError),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
-}
 
 fn check_name(name: &str) -> Result<(), SnapshotError> {
     let ok = !name.is_empty()
@@ -90,7 +71,12 @@ impl PagedKv {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(SnapshotError::Io { path, source }),
+                Err(source) => {
+                    return Err(SnapshotError::Io {
+                        path,
+                        source: source.into(),
+                    })
+                }
             }
         }
         Ok(())
@@ -103,15 +89,20 @@ impl PagedKv {
         v
     }
 
+    /// The tables the snapshots pin (for counting shared pages).
+    pub fn pinned_tables(&self) -> impl Iterator<Item = &PageTable> {
+        self.snapshots.values()
+    }
+
     /// Keeps snapshots in `dir` from now on, and restores the ones already there.
     /// Returns what was restored and, separately, each file that was skipped and why.
     pub fn open_snapshot_dir(
         &mut self,
         dir: &Path,
     ) -> Result<(Vec<String>, Vec<SnapshotError>), SnapshotError> {
-        let io = |source| SnapshotError::Io {
+        let io = |source: std::io::Error| SnapshotError::Io {
             path: dir.to_path_buf(),
-            source,
+            source: source.into(),
         };
         std::fs::create_dir_all(dir).map_err(io)?;
         self.snapshot_dir = Some(dir.to_path_buf());
@@ -165,9 +156,9 @@ impl PagedKv {
         b.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(&b).to_le_bytes());
         let path = dir.join(format!("{name}.snap"));
         let tmp = dir.join(format!(".{name}.snap.tmp"));
-        let io = |source| SnapshotError::Io {
+        let io = |source: std::io::Error| SnapshotError::Io {
             path: path.clone(),
-            source,
+            source: source.into(),
         };
         {
             use std::io::Write;
@@ -195,7 +186,7 @@ impl PagedKv {
         check_name(&name).map_err(|_| corrupt("the file name is not a snapshot name"))?;
         let b = std::fs::read(path).map_err(|source| SnapshotError::Io {
             path: path.to_path_buf(),
-            source,
+            source: source.into(),
         })?;
         let head = 8 + 4 + 16 + 4 + 4 + 8;
         if b.len() < head + 16 {

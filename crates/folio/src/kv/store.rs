@@ -1,9 +1,9 @@
 //! Pages, their states and refcounts, the LRU list of cached pages and the prefix
 //! index. All page mutations go through here; misuse is a typed [`KvError`].
 
+pub use super::error::KvError;
 use super::hash::{Hasher128, PageHash};
 use std::collections::HashMap;
-use thiserror::Error;
 
 /// Index of a page in the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -16,31 +16,6 @@ pub enum PageState {
     Working,
     Committed,
     Cached,
-}
-
-/// Misuse of pages, and running out of them.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum KvError {
-    #[error("out of KV pages: {wanted} needed, {available} free or reclaimable")]
-    OutOfPages { wanted: usize, available: usize },
-    #[error("page {0} does not exist")]
-    InvalidPage(u32),
-    #[error("page {id} is {state:?}; the operation needs {needed}")]
-    WrongState {
-        id: u32,
-        state: PageState,
-        needed: &'static str,
-    },
-    #[error("page {id} holds {fill} of {page_size} tokens; only a full page can be committed")]
-    CommitPartial {
-        id: u32,
-        fill: usize,
-        page_size: usize,
-    },
-    #[error("page {0} is full")]
-    PageFull(u32),
-    #[error("cannot drop {wanted} tokens from a page holding {fill}")]
-    TruncateTooFar { wanted: usize, fill: usize },
 }
 
 #[derive(Debug, Clone)]
@@ -121,6 +96,7 @@ impl PageStore {
     pub fn num_pages(&self) -> usize {
         self.pages.len()
     }
+    #[cfg(test)]
     pub fn num_free(&self) -> usize {
         self.free.len()
     }
@@ -147,6 +123,7 @@ impl PageStore {
     pub fn state(&self, id: PageId) -> Result<PageState, KvError> {
         Ok(self.page(id)?.state)
     }
+    #[cfg(test)]
     pub fn refcount(&self, id: PageId) -> Result<u32, KvError> {
         Ok(self.page(id)?.refs)
     }

@@ -3,6 +3,7 @@
 //! oracle's tokens, refcounts equal the number of holders, and no page is both free and
 //! held; when everything is dropped every page is free or cached.
 
+use super::store::PageStore;
 use super::*;
 use proptest::prelude::*;
 

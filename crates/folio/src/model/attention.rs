@@ -1,6 +1,6 @@
 //! Paged attention: every query row of a ragged batch attends over its own sequence's
-//! K/V, read through the cache's page runs ([`KvBatch::kv_run`]) with no dense copy of
-//! the history. Causal by position: the row at position `p` reads keys `0..=p`.
+//! K/V, read page run by page run from a [`KvStorage`] through the pages its
+//! [`Batch`] step names, with no dense copy of the history. Causal by position: the row at position `p` reads keys `0..=p`.
 //!
 //! Work is split into units of (row, KV head, key chunk): the query heads that share a
 //! KV head run together, so each key is loaded once for all of them, and a query's keys
@@ -17,9 +17,9 @@
 //! f32 accumulation lands further from llama.cpp than its own noise. Up to
 //! [`SPLIT_KEYS`] keys there is one chunk and the result is exactly llama.cpp's.
 
-use super::cache::KvBatch;
 use crate::kernels::pool::WorkList;
 use crate::kernels::{self, Isa, ThreadPool};
+use crate::kv::{Batch, KvStorage};
 use std::sync::Mutex;
 
 /// Keys per split-K chunk.
@@ -43,14 +43,16 @@ struct Unit {
 }
 
 /// Grouped-query attention of `q` (`rows.len()` rows of `n_heads · head_dim`) into `out`
-/// (same shape). `rows[r] = (seq, pos)`: row `r` belongs to sequence `seq` of `kv` and
-/// sits at position `pos`, whose K/V (and all before it) are already written.
+/// (same shape). `rows[r] = (seq, pos)`: row `r` belongs to sequence `seq` of `batch` and
+/// sits at position `pos`, whose K/V (and all before it) are already written to the
+/// pages `batch.seqs[seq]` names.
 #[allow(clippy::too_many_arguments)]
-pub fn attention<B: KvBatch + ?Sized>(
+pub fn attention<S: KvStorage + ?Sized>(
     pool: &ThreadPool,
     isa: Isa,
     heads: Heads,
-    kv: &B,
+    kv: &S,
+    batch: &Batch,
     layer: usize,
     rows: &[(usize, usize)],
     q: &[f32],
@@ -119,12 +121,13 @@ pub fn attention<B: KvBatch + ?Sized>(
         let mut unit = |owner: usize, i: usize| {
             let u = &units[bounds[owner] + i];
             let (r, kh) = (u.row as usize, u.kv_head as usize);
-            let (seq, off) = (rows[r].0, kh * hd);
+            let (step, off) = (&batch.seqs[rows[r].0], kh * hd);
             // The unit's keys as page runs, then one kernel call over all of them.
             runs.clear();
             let mut p = u.k0 as usize;
             while p < u.k1 as usize {
-                let (ks, vs) = kv.kv_run(seq, layer, p);
+                let (page, slot) = step.slot(p);
+                let (ks, vs) = kv.run(page.0, layer, slot);
                 let n = (ks.len() / kv_dim).min(u.k1 as usize - p);
                 runs.push(kernels::KvRun {
                     k: ks.skip(off),

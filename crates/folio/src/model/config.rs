@@ -1,6 +1,6 @@
 //! Hyper-parameters of a llama-family model, read from GGUF metadata.
 
-use crate::error::ModelError;
+use super::error::ModelError;
 use crate::gguf::{Gguf, Value};
 
 /// RoPE variants: llama rotates adjacent pairs, NeoX rotates halves.

@@ -1,37 +1,18 @@
-//! The llama-family forward pass: one step over a ragged batch of sequences, each with
-//! its new tokens (a whole prompt or a chunk of it in one matrix pass, or one decode
-//! token), through any [`KvBatch`] (the paged pool or contiguous caches); logits out.
+//! The llama-family forward pass: one step over a planned ragged [`Batch`] (each
+//! sequence's new tokens: a whole prompt or a chunk of it in one matrix pass, or one
+//! decode token), K/V written to and read from a [`KvStorage`] by page id; logits out.
+//! The batch's pages are reserved by whoever planned it: a step never allocates.
 
 use super::attention::{attention, Heads};
-use super::cache::{BasicCache, KvBatch, KvCache};
 use super::config::Config;
+use super::error::{ModelError, StepError};
 use super::ops;
 use super::weights::Weights;
-use crate::error::{ModelError, RunError};
 use crate::gguf::Gguf;
 use crate::kernels::{self, matmul, Activations, Isa, ThreadPool};
-use crate::kv::{KvDtype, PagedKv};
+use crate::kv::{Batch, KvDtype, KvStorage, Logits, PoolShape};
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
-
-/// Which positions of a forward pass need logits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last token (generation).
-    Last,
-    /// Every token (teacher forcing, scoring).
-    All,
-    /// None (a prefill chunk that does not end the prompt).
-    None,
-}
-
-/// One sequence's part of a batched forward step.
-#[derive(Debug, Clone, Copy)]
-pub struct Step<'a> {
-    /// New tokens: a prefill chunk or one decode token.
-    pub tokens: &'a [u32],
-    pub want: Logits,
-}
 
 /// A loaded model: config, weights, tokenizer and the threads that run it.
 pub struct Model {
@@ -86,112 +67,82 @@ impl Model {
         self.fingerprint
     }
 
-    /// A paged KV pool of `n_pages` pages of `page_size` tokens (f16); no sequence in it
-    /// grows past `max_tokens` (capped at the model's context).
-    pub fn new_paged(&self, n_pages: usize, page_size: usize, max_tokens: usize) -> PagedKv {
-        self.new_paged_as(KvDtype::F16, n_pages, page_size, max_tokens)
-    }
-
-    /// [`Model::new_paged`] with K/V stored as `dtype`.
-    pub fn new_paged_as(
-        &self,
-        dtype: KvDtype,
-        n_pages: usize,
-        page_size: usize,
-        max_tokens: usize,
-    ) -> PagedKv {
-        let c = &self.config;
-        PagedKv::with_dtype(
-            (n_pages, page_size, c.n_layers, c.kv_dim()),
-            max_tokens.min(c.context_length),
-            &self.fingerprint,
+    /// The shape of a KV pool of `n_pages` pages of `page_size` tokens for this model.
+    pub fn pool_shape(&self, n_pages: usize, page_size: usize, dtype: KvDtype) -> PoolShape {
+        PoolShape {
+            n_pages,
+            page_size,
+            n_layers: self.config.n_layers,
+            kv_dim: self.config.kv_dim(),
             dtype,
-        )
-    }
-
-    /// A contiguous f16 KV cache for up to `capacity` tokens (capped at the model's
-    /// context).
-    pub fn new_cache(&self, capacity: usize) -> BasicCache {
-        self.new_cache_as(KvDtype::F16, capacity)
-    }
-
-    /// [`Model::new_cache`] with K/V stored as `dtype`.
-    pub fn new_cache_as(&self, dtype: KvDtype, capacity: usize) -> BasicCache {
-        let c = &self.config;
-        BasicCache::with_dtype(
-            c.n_layers,
-            c.kv_dim(),
-            capacity.min(c.context_length),
-            dtype,
-        )
-    }
-
-    /// Runs `tokens` at the positions following what `cache` holds, stores their K/V and
-    /// returns logits (`vocab` per requested position). A batch of one.
-    pub fn forward<C: KvCache + ?Sized>(
-        &self,
-        cache: &mut C,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<Vec<f32>, RunError> {
-        let mut one = [cache];
-        let mut out = self.forward_batch(&mut one[..], &[Step { tokens, want }])?;
-        Ok(out.pop().expect("one step, one result"))
-    }
-
-    /// One forward step over a ragged batch: step `s` runs its tokens at the positions
-    /// following what sequence `s` of `kv` holds. All token rows share every matmul (each
-    /// weight is read once per step); attention reads each row's own sequence. Returns
-    /// each step's logits. A sequence's logits are the same bits whatever else is in the
-    /// batch. On error nothing is stored.
-    pub fn forward_batch<B: KvBatch + ?Sized>(
-        &self,
-        kv: &mut B,
-        steps: &[Step],
-    ) -> Result<Vec<Vec<f32>>, RunError> {
-        let c = &self.config;
-        if steps.len() != kv.seqs() {
-            return Err(RunError::Kv(format!(
-                "{} steps for a batch of {} sequences",
-                steps.len(),
-                kv.seqs()
-            )));
         }
-        for st in steps {
+    }
+
+    /// One forward step over a ragged batch: sequence `s` runs its tokens at positions
+    /// `start..` through the pages the batch names. All token rows share every matmul
+    /// (each weight is read once per step); attention reads each row's own sequence.
+    /// Returns each sequence's logits (`vocab` per requested position). A sequence's
+    /// logits are the same bits whatever else is in the batch. The batch is checked
+    /// first: a refused batch writes nothing.
+    pub fn forward<S: KvStorage + ?Sized>(
+        &self,
+        batch: &Batch,
+        kv: &mut S,
+    ) -> Result<Vec<Vec<f32>>, StepError> {
+        self.check(batch, kv)?;
+        let rows: Vec<(usize, usize)> = batch
+            .seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(s, st)| (st.start..st.end()).map(move |p| (s, p)))
+            .collect();
+        let out = self.forward_rows(kv, batch, &rows);
+        if out.iter().flatten().any(|x| !x.is_finite()) {
+            return Err(StepError::NonFinite);
+        }
+        Ok(out)
+    }
+
+    /// Every token in the vocabulary, every sequence non-empty, and its pages present
+    /// in `kv`, of its page size, covering every position up to its last new token.
+    fn check<S: KvStorage + ?Sized>(&self, batch: &Batch, kv: &S) -> Result<(), StepError> {
+        let vocab = self.config.vocab;
+        for (s, st) in batch.seqs.iter().enumerate() {
             if st.tokens.is_empty() {
-                return Err(RunError::EmptyPrompt);
+                return Err(StepError::Empty { seq: s });
             }
-            if let Some(&bad) = st.tokens.iter().find(|&&t| t as usize >= c.vocab) {
-                return Err(RunError::BadToken(bad));
+            if let Some(&bad) = st.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(StepError::BadToken(bad));
             }
-        }
-        let mut rows = Vec::new();
-        for (s, st) in steps.iter().enumerate() {
-            let pos0 = kv.seq_len(s);
-            if let Err(e) = kv.begin(s, st.tokens) {
-                for (b, st) in steps[..s].iter().enumerate() {
-                    kv.abort(b, st.tokens.len());
+            let bad = |reason: String| StepError::BadBatch { seq: s, reason };
+            if st.page_size == 0 {
+                return Err(bad("page size 0".into()));
+            }
+            let need = st.end().div_ceil(st.page_size);
+            if st.pages.len() < need {
+                return Err(bad(format!(
+                    "{} pages cannot hold {} positions of {} slots each",
+                    st.pages.len(),
+                    st.end(),
+                    st.page_size
+                )));
+            }
+            for p in &st.pages[..need] {
+                if p.0 as usize >= kv.num_pages() || kv.page_slots(p.0) != st.page_size {
+                    return Err(bad(format!("page {} is not a page of the storage", p.0)));
                 }
-                return Err(e);
-            }
-            rows.extend((0..st.tokens.len()).map(|i| (s, pos0 + i)));
-        }
-        let result = self.forward_rows(kv, steps, &rows);
-        for (s, st) in steps.iter().enumerate() {
-            match &result {
-                Ok(_) => kv.finish(s)?,
-                Err(_) => kv.abort(s, st.tokens.len()),
             }
         }
-        result
+        Ok(())
     }
 
-    fn forward_rows<B: KvBatch + ?Sized>(
+    fn forward_rows<S: KvStorage + ?Sized>(
         &self,
-        kv: &mut B,
-        steps: &[Step],
+        kv: &mut S,
+        batch: &Batch,
         rows: &[(usize, usize)],
-    ) -> Result<Vec<Vec<f32>>, RunError> {
+    ) -> Vec<Vec<f32>> {
+        let steps = &batch.seqs;
         let c = &self.config;
         let n = rows.len();
         let (d, kvd, f) = (c.dim, c.kv_dim(), c.ffn_dim);
@@ -261,9 +212,10 @@ impl Model {
             }
             for (i, &(s, pos)) in rows.iter().enumerate() {
                 let (ki, vi) = (&k[i * kvd..(i + 1) * kvd], &v[i * kvd..(i + 1) * kvd]);
-                kv.write(s, li, pos, ki, vi)?;
+                let (page, slot) = steps[s].slot(pos);
+                kv.write(page.0, li, slot, ki, vi);
             }
-            attention(pool, self.isa, heads, &*kv, li, rows, &q, &mut att);
+            attention(pool, self.isa, heads, &*kv, batch, li, rows, &q, &mut att);
             act.set(&att, n, d);
             matmul(pool, self.isa, &mut act, &mut [(&l.wo, &mut o)]);
             add(&mut x, &o);
@@ -289,7 +241,7 @@ impl Model {
         let mut start = 0;
         for st in steps {
             let len = st.tokens.len();
-            match st.want {
+            match st.logits {
                 Logits::Last => picked.push(start + len - 1),
                 Logits::All => picked.extend(start..start + len),
                 Logits::None => {}
@@ -298,7 +250,7 @@ impl Model {
         }
         let m = picked.len();
         if m == 0 {
-            return Ok(vec![Vec::new(); steps.len()]);
+            return vec![Vec::new(); steps.len()];
         }
         let mut sel = vec![0f32; m * d];
         for (dst, &r) in sel.chunks_exact_mut(d).zip(&picked) {
@@ -316,14 +268,10 @@ impl Model {
         let mut out = Vec::with_capacity(steps.len());
         let mut at = 0;
         for st in steps {
-            let k = match st.want {
-                Logits::Last => 1,
-                Logits::All => st.tokens.len(),
-                Logits::None => 0,
-            };
+            let k = st.logit_rows();
             out.push(logits[at * c.vocab..(at + k) * c.vocab].to_vec());
             at += k;
         }
-        Ok(out)
+        out
     }
 }

@@ -1,15 +1,18 @@
-//! The model: llama-family config, weights, the forward pass, its KV cache and sampling.
+//! The model: llama-family config, weights, the forward pass over a planned
+//! [`Batch`](crate::kv::Batch) and the sampler. It reads and writes K/V through
+//! [`KvStorage`](crate::kv::KvStorage) by page id and never allocates pages; it imports
+//! `kv`, `kernels`, `gguf` and `tokenizer`, nothing above.
 
 mod attention;
-mod cache;
 mod config;
+mod error;
 mod llama;
 mod ops;
 pub mod sampler;
 mod weights;
 
 pub use attention::{attention, Heads, SPLIT_KEYS};
-pub use cache::{BasicCache, KvBatch, KvCache};
 pub use config::{Config, RopeStyle};
-pub use llama::{Logits, Model, Step};
+pub use error::{ModelError, StepError};
+pub use llama::Model;
 pub use sampler::{Sampler, SamplingParams};

@@ -1,7 +1,7 @@
 //! Typed weight handles, resolved by GGUF tensor name and shape-checked at load time.
 
 use super::config::Config;
-use crate::error::ModelError;
+use super::error::ModelError;
 use crate::gguf::{GgmlType, Gguf};
 use crate::kernels::QMatrix;
 

@@ -4,10 +4,12 @@
 //! PRODUCT.md's tolerances (mean ≤ 0.03, max ≤ 0.25 nats; same top token wherever
 //! llama.cpp's top two are more than 0.1 nats apart).
 
-mod common;
+use crate::common;
 
+use crate::common::ModelExt;
+use folio::kv::Logits;
 use folio::model::sampler::{argmax, log_softmax};
-use folio::model::{Logits, Model};
+use folio::model::Model;
 use std::sync::OnceLock;
 
 fn model() -> &'static Model {
@@ -62,7 +64,7 @@ fn compare(file: &str) -> Fidelity {
         let seq: Vec<u32> = prompt.iter().chain(&gen).copied().collect();
         let mut cache = m.new_cache(seq.len());
         let logits = m
-            .forward(&mut cache, &seq[..seq.len() - 1], Logits::All)
+            .run(&mut cache, &seq[..seq.len() - 1], Logits::All)
             .unwrap();
         for (i, top) in case["top5"].as_array().unwrap().iter().enumerate() {
             let row = &logits[i * vocab..(i + 1) * vocab];
@@ -83,7 +85,7 @@ fn compare(file: &str) -> Fidelity {
         }
         // Free-running greedy decoding, one token per step as llama.cpp ran it.
         let mut cache = m.new_cache(seq.len() + 1);
-        let mut l = m.forward(&mut cache, &prompt, Logits::Last).unwrap();
+        let mut l = m.run(&mut cache, &prompt, Logits::Last).unwrap();
         let mut ours = Vec::new();
         for _ in 0..gen.len() {
             let t = argmax(&l);
@@ -91,7 +93,7 @@ fn compare(file: &str) -> Fidelity {
             if m.tokenizer.is_eog(t) {
                 break;
             }
-            l = m.forward(&mut cache, &[t], Logits::Last).unwrap();
+            l = m.run(&mut cache, &[t], Logits::Last).unwrap();
         }
         greedy_same += usize::from(ours == gen);
     }

@@ -1,10 +1,11 @@
 //! The whole path on a tiny random model (milliseconds): load, tokenize, forward,
 //! generate; batch-invariance of the forward pass; cache bounds.
 
-use folio::error::RunError;
-use folio::generate::{generate, FinishReason, GenerateParams};
+use crate::common::{generate, GenerateParams, ModelExt};
 use folio::gguf::GgmlType;
-use folio::model::{KvCache, Logits, Model, SamplingParams};
+use folio::kv::{KvSeq, Logits};
+use folio::model::{Model, SamplingParams};
+use folio::{EngineError, FinishReason, KvError, StepError};
 
 fn tiny(ty: GgmlType) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
@@ -21,7 +22,7 @@ fn tiny_models_of_every_weight_type_load_and_run() {
         assert_eq!(m.config.n_layers, 2);
         let ids = m.tokenizer.encode("the cat", true);
         let mut cache = m.new_cache(64);
-        let logits = m.forward(&mut cache, &ids, Logits::Last).unwrap();
+        let logits = m.run(&mut cache, &ids, Logits::Last).unwrap();
         assert_eq!(logits.len(), m.config.vocab);
         assert!(logits.iter().all(|v| v.is_finite()), "{ty}");
     }
@@ -36,16 +37,16 @@ fn logits_do_not_depend_on_batching() {
         .encode("in the beginning the tiny model spoke", true);
     let v = m.config.vocab;
     let mut whole = m.new_cache(64);
-    let all = m.forward(&mut whole, &ids, Logits::All).unwrap();
+    let all = m.run(&mut whole, &ids, Logits::All).unwrap();
     let mut one = m.new_cache(64);
     for (i, &t) in ids.iter().enumerate() {
-        let l = m.forward(&mut one, &[t], Logits::Last).unwrap();
+        let l = m.run(&mut one, &[t], Logits::Last).unwrap();
         assert_eq!(l, all[i * v..(i + 1) * v], "token {i}");
     }
     let mut chunked = m.new_cache(64);
     let (a, b) = ids.split_at(5);
-    m.forward(&mut chunked, a, Logits::Last).unwrap();
-    let l = m.forward(&mut chunked, b, Logits::All).unwrap();
+    m.run(&mut chunked, a, Logits::Last).unwrap();
+    let l = m.run(&mut chunked, b, Logits::All).unwrap();
     assert_eq!(l[..], all[5 * v..]);
 }
 
@@ -53,20 +54,23 @@ fn logits_do_not_depend_on_batching() {
 fn a_full_cache_is_an_error_not_an_overwrite() {
     let (_d, m) = tiny(GgmlType::Q4_1);
     let mut cache = m.new_cache(4);
-    m.forward(&mut cache, &[1, 2, 3], Logits::Last).unwrap();
-    let err = m.forward(&mut cache, &[4, 5], Logits::Last).unwrap_err();
+    m.run(&mut cache, &[1, 2, 3], Logits::Last).unwrap();
+    let err = m.run(&mut cache, &[4, 5], Logits::Last).unwrap_err();
     assert!(
-        matches!(err, RunError::ContextFull { capacity: 4, .. }),
+        matches!(
+            err,
+            EngineError::Kv(KvError::SequenceFull { len: 5, max: 4 })
+        ),
         "{err}"
     );
     assert_eq!(cache.len(), 3, "a failed step stores nothing");
     assert!(matches!(
-        m.forward(&mut cache, &[], Logits::Last),
-        Err(RunError::EmptyPrompt)
+        m.run(&mut cache, &[], Logits::Last),
+        Err(EngineError::Step(StepError::Empty { seq: 0 }))
     ));
     assert!(matches!(
-        m.forward(&mut cache, &[99_999], Logits::Last),
-        Err(RunError::BadToken(99_999))
+        m.run(&mut cache, &[99_999], Logits::Last),
+        Err(EngineError::Step(StepError::BadToken(99_999)))
     ));
 }
 
@@ -91,7 +95,7 @@ fn generation_stops_at_max_tokens_and_reuses_the_cached_prefix() {
     // Same prompt again: all but the last prompt token come from the cache, and greedy
     // output is the same.
     let again = generate(&m, &mut cache, &prompt, &params, &mut |_| {}).unwrap();
-    assert_eq!(again.stats.prefix_hit_tokens, prompt.len() - 1);
+    assert_eq!(again.prefix_hit_tokens, prompt.len() - 1);
     assert_eq!(again.ids, out.ids);
 }
 
@@ -109,13 +113,7 @@ fn a_prompt_longer_than_the_context_is_refused() {
     )
     .unwrap_err();
     assert!(
-        matches!(
-            err,
-            RunError::PromptTooLong {
-                len: 20,
-                capacity: 8
-            }
-        ),
+        matches!(err, EngineError::PromptTooLong { len: 20, window: 8 }),
         "{err}"
     );
 }
@@ -134,7 +132,6 @@ fn seeded_sampling_is_reproducible() {
             seed,
             ..Default::default()
         },
-        ..Default::default()
     };
     let prompt = m.tokenizer.encode("a", true);
     let run = |seed| {

@@ -1,9 +1,10 @@
 //! Truncated, bit-flipped, size-lying and foreign GGUF files: every one gives a typed
 //! error (or, for a harmless flip, a model), never a panic or an absurd allocation.
 
-use folio::error::{GgufError, ModelError};
+use folio::error::GgufError;
 use folio::gguf::{GgmlType, Gguf, GgufWriter, Value};
 use folio::model::Model;
+use folio::ModelError;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 

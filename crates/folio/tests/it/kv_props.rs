@@ -6,8 +6,8 @@
 //! the K/V a contiguous `BasicCache` holds for the same tokens, and the page store's
 //! invariants hold; when everything is dropped every page is free or cached.
 
+use folio::kv::{BasicCache, KvSeq, KvStorage, Logits};
 use folio::kv::{PageState, PageTable, PagedKv};
-use folio::model::{BasicCache, KvCache};
 use proptest::prelude::*;
 
 const LAYERS: usize = 2;
@@ -29,27 +29,44 @@ fn kv_of(tokens: &[u32], pos: usize, layer: usize) -> ([f32; KV_DIM], [f32; KV_D
     (k, v)
 }
 
-/// Appends `new` tokens the way a forward step does: begin, write every layer, finish.
-fn step(c: &mut dyn KvCache, all: &[u32], new: usize) -> bool {
+/// Appends `new` tokens the way a forward step does: reserve, write every layer of
+/// the planned slots, commit.
+fn step<S: KvSeq>(c: &mut S, all: &[u32], new: usize) -> bool {
     let pos0 = all.len() - new;
-    if c.begin(&all[pos0..]).is_err() {
+    let Ok(batch) = c.reserve(&all[pos0..], Logits::None) else {
         return false;
-    }
+    };
+    let st = &batch.seqs[0];
     for p in pos0..all.len() {
         for l in 0..LAYERS {
             let (k, v) = kv_of(all, p, l);
-            c.write(l, p, &k, &v).unwrap();
+            let (page, slot) = st.slot(p);
+            c.storage().write(page.0, l, slot, &k, &v);
         }
     }
-    c.finish().unwrap();
+    c.commit().unwrap();
     true
 }
 
-fn same_kv(a: &dyn KvCache, b: &dyn KvCache) -> bool {
-    a.len() == b.len()
-        && (0..a.len()).all(|p| {
-            (0..LAYERS).all(|l| a.k_row(l, p) == b.k_row(l, p) && a.v_row(l, p) == b.v_row(l, p))
+/// Every stored K and V row of a paged table, in position order.
+fn paged_rows(kv: &mut PagedKv, t: &PageTable) -> Vec<Vec<u16>> {
+    let (pages, ps) = (t.pages(), kv.page_size());
+    let arena = kv.storage();
+    (0..t.len())
+        .flat_map(|p| (0..LAYERS).map(move |l| (p, l)))
+        .flat_map(|(p, l)| {
+            let (k, v) = arena.run(pages[p / ps].0, l, p % ps);
+            [k.raw()[..KV_DIM].to_vec(), v.raw()[..KV_DIM].to_vec()]
         })
+        .collect()
+}
+
+/// The same rows of the contiguous oracle.
+fn basic_rows(b: &BasicCache) -> Vec<Vec<u16>> {
+    (0..b.len())
+        .flat_map(|p| (0..LAYERS).map(move |l| (p, l)))
+        .flat_map(|(p, l)| [b.k_row(l, p).to_vec(), b.v_row(l, p).to_vec()])
+        .collect()
 }
 
 #[derive(Debug, Clone)]
@@ -140,16 +157,15 @@ proptest! {
                 _ => {}
             }
             for l in live.iter_mut() {
-                let seq = kv.seq(&mut l.table);
-                prop_assert_eq!(seq.tokens(), l.tokens.clone());
-                prop_assert!(same_kv(&seq, &l.oracle), "K/V differ from the oracle");
+                prop_assert_eq!(kv.read_tokens(&l.table).unwrap(), l.tokens.clone());
+                prop_assert!(paged_rows(&mut kv, &l.table) == basic_rows(&l.oracle), "K/V differ from the oracle");
             }
             let holders = folio::kv::holders(live.iter().map(|l| &l.table), n_pages);
-            if let Err(e) = kv.store.check(&holders) { prop_assert!(false, "{}", e); }
+            if let Err(e) = kv.check(&holders) { prop_assert!(false, "{}", e); }
         }
         for l in live.drain(..) {
             kv.release(l.table).unwrap();
         }
-        prop_assert_eq!(kv.store.count(PageState::Free) + kv.store.count(PageState::Cached), n_pages);
+        prop_assert_eq!(kv.count(PageState::Free) + kv.count(PageState::Cached), n_pages);
     }
 }

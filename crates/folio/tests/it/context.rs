@@ -2,12 +2,14 @@
 //! template: append and flush, generate into the context, O(1) fork, truncate across a
 //! committed page, snapshots (also across an engine restart), raw page operations.
 
-mod common;
+use crate::common;
 
+use crate::common::ModelExt;
 use folio::engine::{Context, Engine, EngineConfig, EngineError, Prompt, Request};
 use folio::gguf::GgmlType;
 use folio::kv::KvError;
-use folio::model::{Logits, Model, SamplingParams};
+use folio::kv::Logits;
+use folio::model::{Model, SamplingParams};
 use folio::tokenizer::Message;
 
 fn tiny_engine(dir: &tempfile::TempDir, snapshots: Option<std::path::PathBuf>) -> Engine {
@@ -68,7 +70,7 @@ fn append_flush_generate_and_counters() {
     let mut seq = toks.clone();
     for _ in 0..6 {
         let at = c_len(&c);
-        let l = m.forward(&mut c, &seq[at..], Logits::Last).unwrap();
+        let l = m.run(&mut c, &seq[at..], Logits::Last).unwrap();
         seq.push(folio::model::sampler::argmax(&l));
     }
     assert_eq!(seq, all);
@@ -78,8 +80,8 @@ fn append_flush_generate_and_counters() {
     assert_eq!(ctx.tokens().unwrap()[16..], more[0].ids[..]);
 }
 
-fn c_len(c: &folio::model::BasicCache) -> usize {
-    folio::model::KvCache::len(c)
+fn c_len(c: &folio::kv::BasicCache) -> usize {
+    folio::kv::KvSeq::len(c)
 }
 
 #[test]

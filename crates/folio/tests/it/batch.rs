@@ -2,13 +2,15 @@
 //! alone or in any batch, prefilled whole or in chunks, cold or from the prefix cache,
 //! at any page size and thread count; paged attention equals dense-gather attention.
 
-mod common;
+use crate::common;
 
+use crate::common::{forward_tables, ModelExt};
 use folio::gguf::GgmlType;
-use folio::kernels::quant::f32_to_f16;
-use folio::kernels::{self, ThreadPool};
-use folio::kv::{PageTable, PagedKv};
-use folio::model::{attention, Heads, KvBatch, KvCache, Logits, Model, Step, SPLIT_KEYS};
+use folio::internals::{f16_to_f32, f32_to_f16, isa, ThreadPool};
+use folio::kv::{
+    BasicCache, Batch, KvRows, KvSeq, KvStorage, Logits, PageId, PageTable, PagedKv, SeqStep,
+};
+use folio::model::{attention, Heads, Model, StepError, SPLIT_KEYS};
 use folio::rng::SplitMix64;
 
 fn tiny(threads: usize) -> (tempfile::TempDir, Model) {
@@ -41,7 +43,7 @@ fn alone(m: &Model, seqs: &[Vec<u32>]) -> Vec<Vec<f32>> {
     seqs.iter()
         .map(|t| {
             let mut c = m.new_cache(t.len());
-            m.forward(&mut c, t, Logits::All).unwrap()
+            m.run(&mut c, t, Logits::All).unwrap()
         })
         .collect()
 }
@@ -87,20 +89,17 @@ fn batched(
             }
             continue;
         }
-        let steps: Vec<Step> = chosen
+        let steps: Vec<(&[u32], Logits)> = chosen
             .iter()
-            .map(|&(i, at, n)| Step {
-                tokens: &seqs[i][at..at + n],
-                want: Logits::All,
-            })
+            .map(|&(i, at, n)| (&seqs[i][at..at + n], Logits::All))
             .collect();
-        let picked: Vec<&mut PageTable> = tables
+        let mut picked: Vec<&mut PageTable> = tables
             .iter_mut()
             .enumerate()
             .filter(|(i, _)| chosen.iter().any(|c| c.0 == *i))
             .map(|(_, t)| t)
             .collect();
-        let out = m.forward_batch(&mut kv.batch(picked), &steps).unwrap();
+        let out = forward_tables(m, &mut kv, &mut picked, &steps).unwrap();
         for (&(i, at, n), got) in chosen.iter().zip(&out) {
             assert!(
                 got[..] == want[i][at * v..(at + n) * v],
@@ -130,7 +129,7 @@ fn batched_logits_equal_single_sequence_runs_bit_for_bit() {
         // Warm: the second pass over the same pool finds the first pass's pages.
         let mut kv = two.new_paged(4096, 16, 4096);
         let mut first = kv.new_table(None);
-        two.forward(&mut kv.seq(&mut first), &seqs[0], Logits::All)
+        two.run(&mut kv.seq(&mut first), &seqs[0], Logits::All)
             .unwrap();
         let mut t = kv.new_table(None);
         let hit = kv.seq(&mut t).reuse_prefix(&seqs[0]);
@@ -139,7 +138,7 @@ fn batched_logits_equal_single_sequence_runs_bit_for_bit() {
             "case {case}: hit {hit}"
         );
         let rest = &seqs[0][hit..];
-        let got = two.forward(&mut kv.seq(&mut t), rest, Logits::All).unwrap();
+        let got = two.run(&mut kv.seq(&mut t), rest, Logits::All).unwrap();
         assert!(
             got[..] == want[0][hit * two.config.vocab..],
             "case {case}: warm"
@@ -164,28 +163,20 @@ fn the_default_model_batched_equals_alone_including_split_k() {
     let mut tables: Vec<PageTable> = seqs.iter().map(|_| kv.new_table(None)).collect();
     // Prefill everything but the last token in one batch, then decode the last tokens
     // together, and compare the last rows with each sequence alone.
-    let steps: Vec<Step> = seqs
+    let steps: Vec<(&[u32], Logits)> = seqs
         .iter()
-        .map(|s| Step {
-            tokens: &s[..s.len() - 1],
-            want: Logits::Last,
-        })
+        .map(|s| (&s[..s.len() - 1], Logits::Last))
         .collect();
-    m.forward_batch(&mut kv.batch(tables.iter_mut().collect()), &steps)
-        .unwrap();
-    let steps: Vec<Step> = seqs
+    let mut refs: Vec<&mut PageTable> = tables.iter_mut().collect();
+    forward_tables(&m, &mut kv, &mut refs, &steps).unwrap();
+    let steps: Vec<(&[u32], Logits)> = seqs
         .iter()
-        .map(|s| Step {
-            tokens: &s[s.len() - 1..],
-            want: Logits::Last,
-        })
+        .map(|s| (&s[s.len() - 1..], Logits::Last))
         .collect();
-    let got = m
-        .forward_batch(&mut kv.batch(tables.iter_mut().collect()), &steps)
-        .unwrap();
+    let got = forward_tables(&m, &mut kv, &mut refs, &steps).unwrap();
     for (i, s) in seqs.iter().enumerate() {
         let mut c = m.new_cache(s.len());
-        let want = m.forward(&mut c, s, Logits::Last).unwrap();
+        let want = m.run(&mut c, s, Logits::Last).unwrap();
         assert!(got[i] == want, "sequence {i} ({} tokens)", s.len());
     }
 }
@@ -205,10 +196,12 @@ fn scattered(
     for p in 0..max {
         for (t, &len) in tables.iter_mut().zip(lens) {
             if p < len {
-                kv.seq_begin(t, &[rng.below(1000) as u32]).unwrap();
+                let step = kv.plan(t, &[rng.below(1000) as u32], Logits::None).unwrap();
                 let k: Vec<f32> = (0..kv_dim).map(|_| rng.signed_f32() * 2.0).collect();
                 let v: Vec<f32> = (0..kv_dim).map(|_| rng.signed_f32() * 3.0).collect();
-                kv.seq_write(t, 0, p, &k, &v).unwrap();
+                let (page, slot) = step.slot(p);
+                kv.storage().write(page.0, 0, slot, &k, &v);
+                kv.commit(t).unwrap();
             }
         }
     }
@@ -228,27 +221,21 @@ fn paged_attention_equals_dense_gather_attention() {
     for ps in [1, 16, 64] {
         let (mut kv, mut tables) = scattered(&lens, kvd, ps, &mut rng);
         // Gather: each sequence copied into a contiguous cache.
-        let mut dense: Vec<folio::model::BasicCache> = Vec::new();
+        let mut dense = Dense(Vec::new());
         for t in tables.iter_mut() {
-            let seq = kv.seq(t);
-            let mut c = folio::model::BasicCache::new(1, kvd, seq.len());
-            let toks = seq.tokens();
-            c.begin(&toks).unwrap();
-            for p in 0..seq.len() {
-                let k: Vec<f32> = seq
-                    .k_row(0, p)
-                    .iter()
-                    .map(|&h| folio::kernels::quant::f16_to_f32(h))
-                    .collect();
-                let v: Vec<f32> = seq
-                    .v_row(0, p)
-                    .iter()
-                    .map(|&h| folio::kernels::quant::f16_to_f32(h))
-                    .collect();
-                c.write(0, p, &k, &v).unwrap();
+            let len = t.len();
+            let mut c = BasicCache::new(1, kvd, len);
+            let toks = kv.read_tokens(t).unwrap();
+            let plan = c.reserve(&toks, Logits::None).unwrap();
+            let view = view_of(t, ps);
+            for p in 0..len {
+                let (page, slot) = view.slot(p);
+                let (k, v) = kv.storage().run(page.0, 0, slot);
+                let (k, v) = (halves(k, kvd), halves(v, kvd));
+                c.write(0, 0, plan.seqs[0].slot(p).1, &k, &v);
             }
-            c.finish().unwrap();
-            dense.push(c);
+            c.commit().unwrap();
+            dense.0.push(c);
         }
         // Queries: for each sequence its last position and a few earlier ones.
         let mut rows = Vec::new();
@@ -264,11 +251,14 @@ fn paged_attention_equals_dense_gather_attention() {
         for threads in [1, 2] {
             let pool = ThreadPool::new(threads);
             let mut paged = vec![0f32; q.len()];
-            let batch = kv.batch(tables.iter_mut().collect());
+            let batch = Batch {
+                seqs: tables.iter().map(|t| view_of(t, ps)).collect(),
+            };
             attention(
                 &pool,
-                kernels::isa(),
+                isa(),
                 heads,
+                kv.storage(),
                 &batch,
                 0,
                 &rows,
@@ -276,13 +266,13 @@ fn paged_attention_equals_dense_gather_attention() {
                 &mut paged,
             );
             let mut gathered = vec![0f32; q.len()];
-            let mut refs: Vec<&mut folio::model::BasicCache> = dense.iter_mut().collect();
-            let dense_batch: &mut [&mut folio::model::BasicCache] = &mut refs;
+            let batch = dense.batch();
             attention(
                 &pool,
-                kernels::isa(),
+                isa(),
                 heads,
-                &*dense_batch,
+                &dense,
+                &batch,
                 0,
                 &rows,
                 &q,
@@ -298,13 +288,13 @@ fn paged_attention_equals_dense_gather_attention() {
                 let g = h / 3;
                 let qh: Vec<f64> = q[r * d + h * 64..r * d + (h + 1) * 64]
                     .iter()
-                    .map(|&x| folio::kernels::quant::f16_to_f32(f32_to_f16(x)) as f64)
+                    .map(|&x| f16_to_f32(f32_to_f16(x)) as f64)
                     .collect();
-                let c = &dense[s];
+                let c = &dense.0[s];
                 let f = |x: &[u16]| -> Vec<f64> {
                     x[g * 64..(g + 1) * 64]
                         .iter()
-                        .map(|&h| folio::kernels::quant::f16_to_f32(h) as f64)
+                        .map(|&h| f16_to_f32(h) as f64)
                         .collect()
                 };
                 let sc: Vec<f64> = (0..=pos)
@@ -333,15 +323,85 @@ fn paged_attention_equals_dense_gather_attention() {
     }
 }
 
+/// Several contiguous caches as one storage: page `i` is cache `i`.
+struct Dense(Vec<BasicCache>);
+
+impl Dense {
+    /// A batch reading every cache whole.
+    fn batch(&self) -> Batch {
+        let seqs = (0..self.0.len())
+            .map(|i| SeqStep {
+                tokens: Vec::new(),
+                start: self.0[i].len(),
+                pages: vec![PageId(i as u32)],
+                page_size: self.0[i].capacity(),
+                logits: Logits::None,
+            })
+            .collect();
+        Batch { seqs }
+    }
+}
+
+impl KvStorage for Dense {
+    fn num_pages(&self) -> usize {
+        self.0.len()
+    }
+    fn page_slots(&self, page: u32) -> usize {
+        self.0[page as usize].capacity()
+    }
+    fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        self.0[page as usize].write(0, layer, slot, k, v)
+    }
+    fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
+        self.0[page as usize].run(0, layer, slot)
+    }
+}
+
+/// A step that reads `t`'s pages (for calling attention directly).
+fn view_of(t: &PageTable, ps: usize) -> SeqStep {
+    SeqStep {
+        tokens: Vec::new(),
+        start: t.len(),
+        pages: t.pages(),
+        page_size: ps,
+        logits: Logits::None,
+    }
+}
+
+/// The first row of `rows` (f16 units) as f32.
+fn halves(rows: KvRows<'_>, kvd: usize) -> Vec<f32> {
+    rows.raw()[..kvd].iter().map(|&h| f16_to_f32(h)).collect()
+}
+
 #[test]
-fn a_write_outside_the_page_table_is_an_error() {
-    let mut rng = SplitMix64(1);
-    let (mut kv, mut tables) = scattered(&[5, 20], 64, 16, &mut rng);
-    let row = vec![0f32; 64];
-    let mut b = kv.batch(tables.iter_mut().collect());
-    assert!(b.write(0, 0, 5, &row, &row).is_err());
-    assert!(b.write(1, 0, 20, &row, &row).is_err());
-    assert!(b.write(1, 0, 19, &row, &row).is_ok());
+fn a_batch_whose_pages_do_not_hold_its_positions_is_refused_and_writes_nothing() {
+    let (_d, m) = tiny(1);
+    let mut kv = m.new_paged(8, 4, 64);
+    let mut t = kv.new_table(None);
+    let before = m
+        .run(&mut kv.seq(&mut t), &[1, 2, 3], Logits::Last)
+        .unwrap();
+    let mut short = kv.plan(&mut t, &[4, 5], Logits::Last).unwrap();
+    short.pages.pop(); // position 4 lives on the second page
+    let err = m
+        .forward(&Batch::one(short.clone()), kv.storage())
+        .unwrap_err();
+    assert!(matches!(err, StepError::BadBatch { seq: 0, .. }), "{err}");
+    let mut foreign = short.clone();
+    foreign.pages.push(PageId(999));
+    let err = m.forward(&Batch::one(foreign), kv.storage()).unwrap_err();
+    assert!(matches!(err, StepError::BadBatch { .. }), "{err}");
+    let mut bad_token = short;
+    bad_token.tokens[0] = 1 << 30;
+    let err = m.forward(&Batch::one(bad_token), kv.storage()).unwrap_err();
+    assert_eq!(err, StepError::BadToken(1 << 30));
+    kv.abort(&mut t, 2);
+    // Nothing was written: the sequence computes the same logits again.
+    kv.truncate(&mut t, 1).unwrap();
+    assert_eq!(
+        m.run(&mut kv.seq(&mut t), &[3], Logits::Last).unwrap(),
+        before
+    );
 }
 
 #[test]
@@ -353,32 +413,19 @@ fn f32_kv_on_the_default_model_batches_bit_for_bit_and_stays_close_to_f16() {
         true,
     );
     let mut c32 = m.new_cache_as(KvDtype::F32, 64);
-    let want = m.forward(&mut c32, &toks, Logits::All).unwrap();
+    let want = m.run(&mut c32, &toks, Logits::All).unwrap();
     // Paged, in a batch with another sequence, chunked: the same bits.
     let mut kv = m.new_paged_as(KvDtype::F32, 64, 16, 512);
     let (mut a, mut b) = (kv.new_table(None), kv.new_table(None));
     let other: Vec<u32> = toks.iter().rev().copied().collect();
     let h = toks.len() / 2;
-    let steps = [
-        Step {
-            tokens: &toks[..h],
-            want: Logits::All,
-        },
-        Step {
-            tokens: &other,
-            want: Logits::Last,
-        },
-    ];
-    let first = m
-        .forward_batch(&mut kv.batch(vec![&mut a, &mut b]), &steps)
-        .unwrap();
-    let second = m
-        .forward(&mut kv.seq(&mut a), &toks[h..], Logits::All)
-        .unwrap();
+    let steps: [(&[u32], Logits); 2] = [(&toks[..h], Logits::All), (&other, Logits::Last)];
+    let first = forward_tables(&m, &mut kv, &mut [&mut a, &mut b], &steps).unwrap();
+    let second = m.run(&mut kv.seq(&mut a), &toks[h..], Logits::All).unwrap();
     assert!(first[0] == want[..first[0].len()] && second == want[first[0].len()..]);
     // f32 storage moves log-probabilities by about as much as llama.cpp's own noise.
     let mut c16 = m.new_cache(64);
-    let half = m.forward(&mut c16, &toks, Logits::All).unwrap();
+    let half = m.run(&mut c16, &toks, Logits::All).unwrap();
     let v = m.config.vocab;
     let mut worst = 0f64;
     for (x, y) in want.chunks(v).zip(half.chunks(v)) {

@@ -3,11 +3,12 @@
 //! requests give their pages back, seeds reproduce under batching, `n > 1` forks the
 //! prompt's pages, and bad requests get errors.
 
-mod common;
+use crate::common;
 
+use crate::common::{generate, GenerateParams, ModelExt};
 use folio::engine::{Engine, EngineConfig, Event, Prompt, Request};
-use folio::generate::{generate, FinishReason, GenerateParams};
 use folio::model::{Model, SamplingParams};
+use folio::FinishReason;
 use std::time::{Duration, Instant};
 
 fn model() -> Model {

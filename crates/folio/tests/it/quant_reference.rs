@@ -2,7 +2,7 @@
 //! `scripts/make_quant_fixtures.py`): the block layouts are ggml's, value for value.
 
 use folio::gguf::GgmlType;
-use folio::kernels::QMatrix;
+use folio::internals::QMatrix;
 
 #[test]
 fn dequantization_matches_gguf_py() {

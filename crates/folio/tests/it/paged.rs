@@ -2,10 +2,11 @@
 //! greedy tokens at every page size, cold and warm prefix cache; prefix pages shared
 //! between prompts; a pool too small is an error, not a crash.
 
-use folio::error::RunError;
-use folio::generate::{generate, GenerateParams};
+use crate::common::{generate, GenerateParams, ModelExt};
 use folio::gguf::GgmlType;
-use folio::model::{KvCache, Logits, Model};
+use folio::kv::{KvSeq, Logits};
+use folio::model::Model;
+use folio::{EngineError, KvError};
 
 fn tiny() -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
@@ -26,18 +27,18 @@ fn paged_logits_equal_the_basic_cache_at_every_page_size() {
     let (_d, m) = tiny();
     let toks = prompt(&m, 70);
     let mut basic = m.new_cache(128);
-    let want = m.forward(&mut basic, &toks, Logits::All).unwrap();
+    let want = m.run(&mut basic, &toks, Logits::All).unwrap();
     for ps in [1, 3, 16, 64] {
         let mut kv = m.new_paged(256, ps, 512);
         let mut t = kv.new_table(None);
         // Whole, then in uneven chunks, then token by token: always the same bits.
-        let got = m.forward(&mut kv.seq(&mut t), &toks, Logits::All).unwrap();
+        let got = m.run(&mut kv.seq(&mut t), &toks, Logits::All).unwrap();
         assert_eq!(got, want, "page size {ps}, one pass");
         let mut t2 = kv.new_table(None);
         let v = m.config.vocab;
         let mut at = 0;
         for chunk in toks.chunks(ps + 2) {
-            let l = m.forward(&mut kv.seq(&mut t2), chunk, Logits::All).unwrap();
+            let l = m.run(&mut kv.seq(&mut t2), chunk, Logits::All).unwrap();
             assert_eq!(
                 l[..],
                 want[at * v..(at + chunk.len()) * v],
@@ -70,21 +71,21 @@ fn a_warm_prefix_is_attached_not_recomputed_and_gives_the_same_tokens() {
         let mut a = kv.new_table(None);
         let cold = generate(&m, &mut kv.seq(&mut a), &long, &params, &mut |_| {}).unwrap();
         assert_eq!(cold.ids, want.ids, "page size {ps}, cold");
-        assert_eq!(cold.stats.prefix_hit_tokens, 0);
+        assert_eq!(cold.prefix_hit_tokens, 0);
         // Another request, same prompt: every full page of it comes from the index.
         let mut b = kv.new_table(None);
         let warm = generate(&m, &mut kv.seq(&mut b), &long, &params, &mut |_| {}).unwrap();
         assert_eq!(warm.ids, want.ids, "page size {ps}, warm");
         assert_eq!(
-            warm.stats.prefix_hit_tokens,
+            warm.prefix_hit_tokens,
             (long.len() - 1) / ps * ps,
             "page size {ps}"
         );
-        assert!(kv.store.num_shared() > 0 || ps == 64);
+        assert!(kv.num_shared() > 0 || ps == 64);
         // A tenant with its own salt shares nothing.
         let mut c = kv.new_table(Some(b"tenant-b"));
         let other = generate(&m, &mut kv.seq(&mut c), &long, &params, &mut |_| {}).unwrap();
-        assert_eq!(other.stats.prefix_hit_tokens, 0);
+        assert_eq!(other.prefix_hit_tokens, 0);
         assert_eq!(other.ids, want.ids);
     }
 }
@@ -95,26 +96,26 @@ fn fork_and_truncate_keep_sequences_apart() {
     let toks = prompt(&m, 40);
     let mut kv = m.new_paged(64, 16, 512);
     let mut a = kv.new_table(None);
-    m.forward(&mut kv.seq(&mut a), &toks[..30], Logits::Last)
+    m.run(&mut kv.seq(&mut a), &toks[..30], Logits::Last)
         .unwrap();
     let mut b = kv.fork(&mut a).unwrap();
     // Continue both differently; each must equal a fresh basic-cache run of its tokens.
     let la = m
-        .forward(&mut kv.seq(&mut a), &toks[30..], Logits::Last)
+        .run(&mut kv.seq(&mut a), &toks[30..], Logits::Last)
         .unwrap();
     kv.seq(&mut b).truncate(20); // crosses into the committed page 16..32: copied, not cut
     let lb = m
-        .forward(&mut kv.seq(&mut b), &[1, 2, 3], Logits::Last)
+        .run(&mut kv.seq(&mut b), &[1, 2, 3], Logits::Last)
         .unwrap();
     let mut basic = m.new_cache(64);
-    assert_eq!(la, m.forward(&mut basic, &toks, Logits::Last).unwrap());
+    assert_eq!(la, m.run(&mut basic, &toks, Logits::Last).unwrap());
     let mut basic = m.new_cache(64);
     let mut bt = toks[..20].to_vec();
     bt.extend([1, 2, 3]);
-    assert_eq!(lb, m.forward(&mut basic, &bt, Logits::Last).unwrap());
+    assert_eq!(lb, m.run(&mut basic, &bt, Logits::Last).unwrap());
     kv.release(a).unwrap();
     kv.release(b).unwrap();
-    assert_eq!(kv.store.count(folio::kv::PageState::Working), 0);
+    assert_eq!(kv.count(folio::kv::PageState::Working), 0);
 }
 
 #[test]
@@ -122,12 +123,16 @@ fn an_exhausted_pool_is_an_error_that_leaves_the_sequence_intact() {
     let (_d, m) = tiny();
     let mut kv = m.new_paged(2, 16, 512);
     let mut t = kv.new_table(None);
-    m.forward(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
+    m.run(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
         .unwrap();
     let err = m
-        .forward(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
+        .run(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
         .unwrap_err();
-    assert!(matches!(err, RunError::Kv(_)), "{err}");
+    assert!(
+        matches!(err, EngineError::Kv(KvError::OutOfPages { .. })),
+        "{err}"
+    );
+    assert_eq!(err.kind(), folio::ErrorKind::Unavailable);
     assert_eq!(kv.seq(&mut t).len(), 20);
     assert_eq!(kv.seq(&mut t).tokens(), prompt(&m, 20));
 }
@@ -141,24 +146,24 @@ fn snapshots_are_pinned_restored_from_disk_and_checked() {
     let mut kv = m.new_paged(12, 8, 512);
     assert_eq!(kv.open_snapshot_dir(dir.path()).unwrap().0.len(), 0);
     let mut t = kv.new_table(None);
-    m.forward(&mut kv.seq(&mut t), &toks[..40], Logits::Last)
+    m.run(&mut kv.seq(&mut t), &toks[..40], Logits::Last)
         .unwrap();
     kv.save("agent-1", &mut t).unwrap();
     kv.release(t).unwrap();
     // Pressure: other work takes every page it can; the snapshot's pages stay.
     let mut other = kv.new_table(None);
-    let _ = m.forward(&mut kv.seq(&mut other), &prompt(&m, 90)[45..], Logits::Last);
+    let _ = m.run(&mut kv.seq(&mut other), &prompt(&m, 90)[45..], Logits::Last);
     kv.release(other).unwrap();
     let continued = |kv: &mut PagedKv| {
         let mut s = kv.load("agent-1").unwrap();
         let l = m
-            .forward(&mut kv.seq(&mut s), &toks[40..], Logits::Last)
+            .run(&mut kv.seq(&mut s), &toks[40..], Logits::Last)
             .unwrap();
         kv.release(s).unwrap();
         l
     };
     let mut basic = m.new_cache(64);
-    let want = m.forward(&mut basic, &toks, Logits::Last).unwrap();
+    let want = m.run(&mut basic, &toks, Logits::Last).unwrap();
     assert_eq!(continued(&mut kv), want);
 
     // A restart: a new pool restores the snapshot from disk, same logits.
@@ -226,14 +231,14 @@ fn a_partly_matching_cached_page_gives_its_matching_slots() {
     b.extend([3, 1, 4, 1, 5]);
     let mut tb = kv.new_table(None);
     let got = generate(&m, &mut kv.seq(&mut tb), &b, &params, &mut |_| {}).unwrap();
-    assert_eq!(got.stats.prefix_hit_tokens, 38);
-    assert_eq!(kv.store.stats.prefix_hit_slots, 6);
+    assert_eq!(got.prefix_hit_tokens, 38);
+    assert_eq!(kv.stats().prefix_hit_slots, 6);
     let mut basic = m.new_cache(128);
     let want = generate(&m, &mut basic, &b, &params, &mut |_| {}).unwrap();
     assert_eq!(got.ids, want.ids);
     // And the logits of a step after the copied slots equal the oracle's.
-    let l = m.forward(&mut kv.seq(&mut tb), &[7], Logits::Last).unwrap();
-    assert_eq!(l, m.forward(&mut basic, &[7], Logits::Last).unwrap());
+    let l = m.run(&mut kv.seq(&mut tb), &[7], Logits::Last).unwrap();
+    assert_eq!(l, m.run(&mut basic, &[7], Logits::Last).unwrap());
 }
 
 #[test]
@@ -242,17 +247,17 @@ fn f32_kv_pages_equal_the_f32_basic_cache() {
     let (_d, m) = tiny();
     let toks = prompt(&m, 70);
     let mut basic = m.new_cache_as(KvDtype::F32, 128);
-    let want = m.forward(&mut basic, &toks, Logits::All).unwrap();
+    let want = m.run(&mut basic, &toks, Logits::All).unwrap();
     for ps in [1, 16] {
         let mut kv = m.new_paged_as(KvDtype::F32, 256, ps, 512);
         let mut t = kv.new_table(None);
-        let got = m.forward(&mut kv.seq(&mut t), &toks, Logits::All).unwrap();
+        let got = m.run(&mut kv.seq(&mut t), &toks, Logits::All).unwrap();
         assert_eq!(got, want, "page size {ps}");
         // Pages of the f16 pool are never shared with an f32 pool's chain.
         let mut t2 = kv.new_table(None);
         assert_eq!(kv.seq(&mut t2).reuse_prefix(&toks), (69 / ps) * ps);
     }
     let mut f16 = m.new_cache(128);
-    let half = m.forward(&mut f16, &toks, Logits::All).unwrap();
+    let half = m.run(&mut f16, &toks, Logits::All).unwrap();
     assert_ne!(half, want, "f32 storage must not round like f16");
 }

@@ -1,0 +1,262 @@
+//! The engine thread's state and its loop. One step reads like this:
+//! `scheduler.schedule(&mut kv)` plans a batch and reserves its slots;
+//! `model.forward(&batch, kv.storage())` computes it; `scheduler.update(...)` commits
+//! the full pages, samples and retires. Between steps the loop takes commands: new
+//! requests, cancellations, and calls from handles (context operations) that run
+//! here, so nothing else ever touches the pool.
+
+use super::context::{Contexts, Job};
+use super::error::EngineError;
+use super::request::{EngineConfig, EngineStats, Event, Prompt, Request};
+use super::scheduler::Scheduler;
+use super::seq::{Gen, Purpose};
+use crate::kv::{PageState, PagedKv};
+use crate::model::Model;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+
+/// A call from a handle, run on the engine thread between steps.
+pub(crate) type Call = Box<dyn FnOnce(&mut Core) + Send>;
+
+/// What handles send the engine thread.
+pub(crate) enum Cmd {
+    Submit {
+        id: u64,
+        req: Request,
+        tx: Sender<Event>,
+    },
+    Cancel(u64),
+    Call(Call),
+    Shutdown,
+}
+
+/// Everything the engine thread owns: the model, the pool, the scheduler and the
+/// contexts.
+pub(crate) struct Core {
+    pub model: Arc<Model>,
+    pub kv: PagedKv,
+    pub sched: Scheduler,
+    pub contexts: Contexts,
+}
+
+/// The prompt's tokens, or why they cannot run.
+pub(crate) fn tokens_of(model: &Model, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+    let toks = match prompt {
+        Prompt::Text(t) => model.tokenizer.encode(t, true),
+        Prompt::Tokens(t) => t.clone(),
+    };
+    let vocab = model.config.vocab;
+    if let Some(&bad) = toks.iter().find(|&&t| t as usize >= vocab) {
+        return Err(crate::error::TokenizerError::UnknownId(bad).into());
+    }
+    Ok(toks)
+}
+
+impl Core {
+    /// The pool sized from `cfg`, checked against the model.
+    pub fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<Self, EngineError> {
+        let bad = |name, reason: &str| EngineError::Config {
+            name,
+            reason: reason.into(),
+        };
+        if cfg.page_size == 0 {
+            return Err(bad("page_size", "must be at least 1"));
+        }
+        if cfg.kv_pages == 0 {
+            return Err(bad("kv_pages", "must be at least 1"));
+        }
+        if cfg.max_batch_tokens == 0 {
+            return Err(bad("max_batch_tokens", "must be at least 1"));
+        }
+        let ctx = model.config.context_length;
+        let window = cfg.max_seq_tokens.unwrap_or(ctx).min(ctx);
+        if window < 2 {
+            return Err(bad(
+                "max_seq_tokens",
+                "must be at least 2 (a prompt token and a generated one)",
+            ));
+        }
+        let shape = model.pool_shape(cfg.kv_pages, cfg.page_size, cfg.kv_dtype);
+        let mut kv = PagedKv::with_shape(shape, window, &model.fingerprint());
+        if let Some(dir) = &cfg.snapshot_dir {
+            let (restored, skipped) = kv.open_snapshot_dir(dir)?;
+            for e in skipped {
+                tracing::warn!("snapshot skipped: {e}");
+            }
+            if !restored.is_empty() {
+                tracing::info!(?restored, "snapshots restored");
+            }
+        }
+        Ok(Self {
+            model,
+            kv,
+            sched: Scheduler::new(cfg.max_batch_tokens, window),
+            contexts: Contexts::default(),
+        })
+    }
+
+    /// The loop: take every waiting command, then run one step while there is work.
+    /// A panic (a bug) fails every request with an error instead of leaving callers
+    /// waiting, and stops the engine: its state can no longer be trusted.
+    pub fn run(mut self, rx: Receiver<Cmd>) {
+        let why = loop {
+            let cmd = if self.sched.seqs.is_empty() {
+                match rx.recv() {
+                    Ok(c) => c,
+                    Err(_) => break EngineError::Closed,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(c) => c,
+                    Err(TryRecvError::Empty) => {
+                        if catch_unwind(AssertUnwindSafe(|| self.step())).is_err() {
+                            break EngineError::Internal("the engine stopped".into());
+                        }
+                        continue;
+                    }
+                    Err(TryRecvError::Disconnected) => break EngineError::Closed,
+                }
+            };
+            let done = catch_unwind(AssertUnwindSafe(|| match cmd {
+                Cmd::Submit { id, req, tx } => {
+                    self.submit(id, req, tx);
+                    false
+                }
+                Cmd::Cancel(id) => {
+                    self.sched.cancel(&mut self.kv, id);
+                    self.give_back_retired();
+                    false
+                }
+                Cmd::Call(f) => {
+                    f(&mut self);
+                    false
+                }
+                Cmd::Shutdown => true,
+            }));
+            match done {
+                Ok(true) => break EngineError::Closed,
+                Ok(false) => {}
+                Err(_) => break EngineError::Internal("the engine stopped".into()),
+            }
+        };
+        if let EngineError::Internal(_) = why {
+            tracing::error!("{why}");
+        }
+        let _ = catch_unwind(AssertUnwindSafe(|| self.sched.fail_all(&mut self.kv, &why)));
+    }
+
+    /// One step: plan (slots reserved), compute, then commit, sample and retire.
+    pub fn step(&mut self) {
+        let plan = self.sched.schedule(&mut self.kv);
+        self.give_back_retired();
+        let Some(plan) = plan else { return };
+        match self.model.forward(&plan.batch, self.kv.storage()) {
+            Ok(logits) => {
+                let tok = &self.model.tokenizer;
+                self.sched.update(&mut self.kv, tok, plan, &logits);
+            }
+            Err(e) => {
+                tracing::error!("forward step failed: {e}");
+                self.sched.fail_plan(&mut self.kv, plan, &e.into());
+            }
+        }
+        self.give_back_retired();
+    }
+
+    /// Hands the tables of retired context jobs back to their contexts.
+    fn give_back_retired(&mut self) {
+        for s in std::mem::take(&mut self.sched.retired) {
+            self.contexts.give_back(&mut self.kv, &self.model, s);
+        }
+    }
+
+    /// Queues a context's job with the scheduler. A context that holds nothing yet
+    /// starts from whatever prefix of its tokens the index holds.
+    pub fn push_job(&mut self, mut j: Job) {
+        if j.table.is_empty() {
+            self.kv.reuse_prefix(&mut j.table, &j.tokens);
+        }
+        let ctx = Some((j.link, j.table));
+        self.sched.push(j.req, j.tokens, j.salt, j.purpose, ctx);
+    }
+
+    fn submit(&mut self, id: u64, req: Request, tx: Sender<Event>) {
+        let window = self.sched.window;
+        let checked = req.validate().and_then(|_| {
+            let toks = tokens_of(&self.model, &req.prompt)?;
+            if toks.is_empty() {
+                return Err(EngineError::EmptyPrompt);
+            }
+            if toks.len() >= window {
+                return Err(EngineError::PromptTooLong {
+                    len: toks.len(),
+                    window,
+                });
+            }
+            Ok(toks)
+        });
+        let toks = match checked {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = tx.send(Event::Error(e));
+                return;
+            }
+        };
+        let mut g = Gen::new(
+            &req.sampling,
+            &req.stop,
+            req.max_tokens,
+            req.ignore_eos,
+            req.logprobs,
+            tx,
+        );
+        g.forks = (1..req.n).collect();
+        self.sched
+            .push(id, toks, req.salt, Purpose::Generate(Box::new(g)), None);
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let kv = &self.kv;
+        let c = &self.sched.counters;
+        let seqs = &self.sched.seqs;
+        EngineStats {
+            pages_total: kv.num_pages(),
+            pages_free: kv.count(PageState::Free),
+            pages_working: kv.count(PageState::Working),
+            pages_committed: kv.count(PageState::Committed),
+            pages_cached: kv.count(PageState::Cached),
+            pages_shared: self.shared_pages(),
+            page_size: kv.page_size(),
+            prefix_hit_tokens: c.prefix_hit_tokens,
+            prefilled_tokens: c.prefilled_tokens,
+            generated_tokens: c.generated_tokens,
+            evictions: kv.stats().evictions,
+            preemptions: c.preemptions,
+            steps: c.steps,
+            running: seqs.iter().filter(|s| s.table.is_some()).count(),
+            waiting: seqs.iter().filter(|s| s.table.is_none()).count(),
+            requests_done: c.requests_done,
+        }
+    }
+
+    /// Pages held by more than one sequence, context or snapshot.
+    fn shared_pages(&self) -> usize {
+        let tables = self
+            .sched
+            .seqs
+            .iter()
+            .filter_map(|s| s.table.as_ref())
+            .chain(self.contexts.tables())
+            .chain(self.kv.pinned_tables());
+        crate::kv::shared_pages(tables, self.kv.num_pages())
+    }
+
+    /// (free, cached) page counts: after a drain, every page is one or the other.
+    pub fn page_counts(&self) -> (usize, usize) {
+        (
+            self.kv.count(PageState::Free),
+            self.kv.count(PageState::Cached),
+        )
+    }
+}

@@ -1,0 +1,407 @@
+//! The public handles: [`Engine`] (start, submit, stats, contexts, shutdown),
+//! [`Stream`] (a request's events; dropping it cancels) and [`Context`] (a program's
+//! own sequence). Each call travels to the engine thread over a channel and runs there
+//! between steps; a handle never touches the pool itself.
+
+use super::context::{ContextInfo, Role};
+use super::core::{Call, Cmd, Core};
+use super::error::EngineError;
+use super::request::{Completion, EngineConfig, EngineStats, Event, Request};
+use crate::model::Model;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// A handle to the engine thread. Cloning the handle is cheap; the thread stops when
+/// [`Engine::shutdown`] is called or the last handle is dropped.
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    tx: Sender<Cmd>,
+    model: Arc<Model>,
+    /// The most tokens one sequence holds.
+    window: usize,
+    next_id: AtomicU64,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Cmd::Shutdown);
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Clone for Engine {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Engine {
+    /// Starts the engine thread with a pool of `config.kv_pages` pages. Snapshots in
+    /// `config.snapshot_dir` are restored; a corrupt or foreign file is logged and
+    /// skipped.
+    pub fn new(model: Model, config: EngineConfig) -> Result<Self, EngineError> {
+        let model = Arc::new(model);
+        let core = Core::new(model.clone(), &config)?;
+        let window = core.sched.window;
+        let (tx, rx) = channel();
+        let thread = std::thread::Builder::new()
+            .name("folio-engine".into())
+            .spawn(move || core.run(rx))
+            .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                tx,
+                model,
+                window,
+                next_id: AtomicU64::new(1),
+                thread: std::sync::Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The model (tokenizer, config) the engine serves.
+    pub fn model(&self) -> &Model {
+        &self.shared.model
+    }
+
+    /// The most tokens one sequence holds (prompt and generated).
+    pub fn window(&self) -> usize {
+        self.shared.window
+    }
+
+    /// Queues a request; its events arrive on the returned stream. Dropping the stream
+    /// cancels the request and frees its pages.
+    pub fn submit(&self, req: Request) -> Result<Stream, EngineError> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = channel();
+        self.shared
+            .tx
+            .send(Cmd::Submit { id, req, tx })
+            .map_err(|_| EngineError::Closed)?;
+        Ok(Stream {
+            id,
+            rx,
+            shared: self.shared.clone(),
+            done: false,
+        })
+    }
+
+    /// Runs `f` on the engine thread between steps and returns its result.
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Core) -> R + Send + 'static,
+    ) -> Result<R, EngineError> {
+        let (tx, rx) = channel();
+        let call: Call = Box::new(move |core| {
+            let _ = tx.send(f(core));
+        });
+        self.shared
+            .tx
+            .send(Cmd::Call(call))
+            .map_err(|_| EngineError::Closed)?;
+        rx.recv().map_err(|_| EngineError::Closed)
+    }
+
+    /// The pool's and the scheduler's counters.
+    pub fn stats(&self) -> Result<EngineStats, EngineError> {
+        self.call(|core| core.stats())
+    }
+
+    /// Names of the snapshots held.
+    pub fn snapshots(&self) -> Result<Vec<String>, EngineError> {
+        self.call(|core| core.kv.snapshot_names())
+    }
+
+    /// A new, empty context (optionally salted per tenant).
+    pub fn context(&self, salt: Option<Vec<u8>>) -> Result<Context, EngineError> {
+        let id = self.call(move |core| core.contexts.new_context(&core.kv, salt))?;
+        Ok(Context::new(self.clone(), id))
+    }
+
+    /// (free, cached) page counts: after a drain, every page is one or the other.
+    pub fn idle_pages(&self) -> Result<(usize, usize), EngineError> {
+        self.call(|c| c.page_counts())
+    }
+
+    /// Stops the engine thread once the current step ends. Streams still open end
+    /// with an error event.
+    pub fn shutdown(&self) {
+        let _ = self.shared.tx.send(Cmd::Shutdown);
+    }
+}
+
+/// The events of one request. Iterate it; dropping it cancels the request.
+pub struct Stream {
+    id: u64,
+    rx: Receiver<Event>,
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl Stream {
+    /// The request's id (for cancellation from elsewhere).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Waits for every sample to finish and gathers them.
+    pub fn collect_all(self) -> Result<Vec<Completion>, EngineError> {
+        let mut out: Vec<Completion> = Vec::new();
+        for ev in self {
+            let index = match &ev {
+                Event::Token { index, .. } | Event::Done { index, .. } => *index,
+                Event::Error(e) => return Err(e.clone()),
+            };
+            while out.len() <= index {
+                out.push(Completion::default());
+            }
+            let c = &mut out[index];
+            match ev {
+                Event::Token {
+                    id, text, logprob, ..
+                } => {
+                    c.ids.push(id);
+                    c.text.push_str(&text);
+                    c.logprobs.extend(logprob);
+                }
+                Event::Done {
+                    text,
+                    finish,
+                    usage,
+                    ..
+                } => {
+                    c.text.push_str(&text);
+                    c.finish = Some(finish);
+                    c.usage = usage;
+                }
+                Event::Error(_) => unreachable!("returned above"),
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Iterator for Stream {
+    type Item = Event;
+    fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        match self.rx.recv() {
+            Ok(ev) => {
+                if matches!(ev, Event::Error(_)) {
+                    self.done = true;
+                }
+                Some(ev)
+            }
+            Err(_) => {
+                self.done = true;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.shared.tx.send(Cmd::Cancel(self.id));
+    }
+}
+
+/// A program's sequence in the engine. Dropping it releases its pages (snapshots
+/// keep theirs).
+pub struct Context {
+    engine: Engine,
+    id: u64,
+}
+
+impl Context {
+    pub(crate) fn new(engine: Engine, id: u64) -> Self {
+        Self { engine, id }
+    }
+
+    /// Appends token ids (computed at the next flush or generate).
+    pub fn append_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        let (id, t) = (self.id, tokens.to_vec());
+        self.engine
+            .call(move |c| c.contexts.append(&c.model, c.sched.window, id, t))?
+    }
+
+    /// Appends text (special-token text becomes the special token; a BOS goes first
+    /// when the context is empty and the model wants one).
+    pub fn append_text(&self, text: &str) -> Result<(), EngineError> {
+        let (id, text) = (self.id, text.to_string());
+        self.engine.call(move |c| {
+            let empty = c.contexts.is_empty(id)?;
+            let toks = c.model.tokenizer.encode(&text, empty);
+            c.contexts.append(&c.model, c.sched.window, id, toks)
+        })?
+    }
+
+    /// Appends a chat message rendered with the model's template.
+    pub fn message(&self, role: Role, text: &str) -> Result<(), EngineError> {
+        let (id, text) = (self.id, text.to_string());
+        self.engine
+            .call(move |c| c.contexts.message(&c.model, c.sched.window, id, role, text))?
+    }
+
+    pub fn system(&self, text: &str) -> Result<(), EngineError> {
+        self.message(Role::System, text)
+    }
+
+    pub fn user(&self, text: &str) -> Result<(), EngineError> {
+        self.message(Role::User, text)
+    }
+
+    pub fn assistant(&self, text: &str) -> Result<(), EngineError> {
+        self.message(Role::Assistant, text)
+    }
+
+    /// Computes every pending token (their full pages are committed and shareable).
+    pub fn flush(&self) -> Result<(), EngineError> {
+        let id = self.id;
+        let rx = self.engine.call(move |c| {
+            let (rx, job) = c.contexts.flush(&mut c.kv, id)?;
+            if let Some(j) = job {
+                c.push_job(j);
+            }
+            Ok::<_, EngineError>(rx)
+        })??;
+        rx.recv().map_err(|_| EngineError::Closed)?
+    }
+
+    /// Generates a continuation of everything the context holds (plus `req.prompt`,
+    /// appended first). The tokens stream like a request's, and end up in the context.
+    pub fn generate(&self, req: Request) -> Result<Stream, EngineError> {
+        self.start(req, false)
+    }
+
+    /// Like [`Context::generate`] for a chat: appends the template's generation prompt
+    /// first, and records the reply as the assistant's message when it ends.
+    pub fn reply(&self, req: Request) -> Result<Stream, EngineError> {
+        self.start(req, true)
+    }
+
+    fn start(&self, req: Request, chat: bool) -> Result<Stream, EngineError> {
+        let id = self.id;
+        let rid = self
+            .engine
+            .shared
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = channel();
+        self.engine.call(move |c| {
+            let (kv, model, window) = (&mut c.kv, &c.model, c.sched.window);
+            let job = c
+                .contexts
+                .generate(kv, model, window, id, rid, req, chat, tx)?;
+            c.push_job(job);
+            Ok::<_, EngineError>(())
+        })??;
+        Ok(Stream {
+            id: rid,
+            rx,
+            shared: self.engine.shared.clone(),
+            done: false,
+        })
+    }
+
+    /// A new context with the same tokens: committed pages shared, the partial page
+    /// copied.
+    pub fn fork(&self) -> Result<Context, EngineError> {
+        let id = self.id;
+        let new = self
+            .engine
+            .call(move |c| c.contexts.fork(&mut c.kv, id))??;
+        Ok(Context::new(self.engine.clone(), new))
+    }
+
+    /// Drops the last `n` tokens (pending ones first). Crossing into a committed page
+    /// copies its kept part; the shared page is never changed.
+    pub fn truncate(&self, n: usize) -> Result<(), EngineError> {
+        let id = self.id;
+        self.engine
+            .call(move |c| c.contexts.truncate(&mut c.kv, id, n))?
+    }
+
+    /// Counters: seq_len, page_size, committed and working pages.
+    pub fn info(&self) -> Result<ContextInfo, EngineError> {
+        let id = self.id;
+        self.engine.call(move |c| c.contexts.info(&c.kv, id))?
+    }
+
+    /// The tokens held, computed then pending.
+    pub fn tokens(&self) -> Result<Vec<u32>, EngineError> {
+        let id = self.id;
+        self.engine.call(move |c| c.contexts.tokens(&c.kv, id))?
+    }
+
+    /// Pins the context's pages under `name` (persisted with a snapshot directory).
+    pub fn save(&self, name: &str) -> Result<(), EngineError> {
+        self.flush()?;
+        let (id, name) = (self.id, name.to_string());
+        self.engine
+            .call(move |c| c.contexts.save(&mut c.kv, id, &name))?
+    }
+
+    /// A new context sharing snapshot `name`'s pages.
+    pub fn load(engine: &Engine, name: &str) -> Result<Context, EngineError> {
+        let name = name.to_string();
+        let id = engine.call(move |c| c.contexts.load(&mut c.kv, &name))??;
+        Ok(Context::new(engine.clone(), id))
+    }
+
+    /// Unpins snapshot `name` (and removes its file).
+    pub fn delete(engine: &Engine, name: &str) -> Result<(), EngineError> {
+        let name = name.to_string();
+        engine.call(move |c| c.kv.delete(&name).map_err(EngineError::from))?
+    }
+
+    /// Raw page operations, for hand-written loops (see the seed's manual pages).
+    /// Reserves `n` working pages ahead, so later input does not wait on allocation.
+    pub fn reserve_working_pages(&self, n: usize) -> Result<(), EngineError> {
+        let id = self.id;
+        self.engine
+            .call(move |c| c.contexts.raw_reserve(&mut c.kv, id, n))?
+    }
+
+    /// Commits the first `k` full working pages (an error if the k-th is partial).
+    pub fn commit_working_pages(&self, k: usize) -> Result<(), EngineError> {
+        let id = self.id;
+        self.engine
+            .call(move |c| c.contexts.raw_commit(&mut c.kv, id, k))?
+    }
+
+    /// Releases `n` working pages from the tail (reserved spares first).
+    pub fn release_working_pages(&self, n: usize) -> Result<(), EngineError> {
+        let id = self.id;
+        self.engine
+            .call(move |c| c.contexts.raw_release(&mut c.kv, id, n))?
+    }
+
+    /// Drops the last `n` tokens within the working pages (never a committed one).
+    pub fn truncate_working_page_tokens(&self, n: usize) -> Result<(), EngineError> {
+        let id = self.id;
+        self.engine
+            .call(move |c| c.contexts.raw_truncate_working(&mut c.kv, id, n))?
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        let id = self.id;
+        let _ = self.engine.shared.tx.send(Cmd::Call(Box::new(move |c| {
+            c.contexts.drop_context(&mut c.kv, id)
+        })));
+    }
+}

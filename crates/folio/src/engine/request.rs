@@ -1,0 +1,258 @@
+//! What callers hand the engine and what they get back: [`EngineConfig`],
+//! [`Request`] (with the validation every surface shares: the CLI, the server and
+//! library callers get the same rules and messages), the [`Event`]s of a stream,
+//! [`Completion`]s gathered from one, and the [`EngineStats`] counters.
+
+use super::error::EngineError;
+use crate::kv::KvDtype;
+use crate::model::SamplingParams;
+use std::path::PathBuf;
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Pages in the pool.
+    pub kv_pages: usize,
+    /// Token slots per page.
+    pub page_size: usize,
+    /// Most token rows in one forward step (decode tokens plus prefill chunks).
+    pub max_batch_tokens: usize,
+    /// The most tokens one sequence holds (prompt and generated); `None` or a larger
+    /// value means the model's context length.
+    pub max_seq_tokens: Option<usize>,
+    /// Where snapshots persist (restored at start).
+    pub snapshot_dir: Option<PathBuf>,
+    /// Element type of the stored K/V.
+    pub kv_dtype: KvDtype,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            kv_pages: 4096,
+            page_size: 16,
+            max_batch_tokens: 512,
+            max_seq_tokens: None,
+            snapshot_dir: None,
+            kv_dtype: KvDtype::F16,
+        }
+    }
+}
+
+/// A prompt: text (tokenized with the model's special-token rules) or token ids.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// One completion request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Prompt,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop strings: generation ends before the first one, which is never emitted.
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// Report each token's log-probability and this many top alternatives.
+    pub logprobs: Option<usize>,
+    /// Independent samples of the same prompt; they fork the prompt's pages.
+    pub n: usize,
+    /// Tenant salt: requests with different salts never share KV pages.
+    pub salt: Option<Vec<u8>>,
+}
+
+/// The most samples one request may ask for.
+pub const MAX_N: usize = 128;
+/// The most alternatives per token a request may ask log-probabilities of.
+pub const MAX_LOGPROBS: usize = 20;
+
+impl Request {
+    pub fn new(prompt: Prompt) -> Self {
+        Self {
+            prompt,
+            max_tokens: 128,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            n: 1,
+            salt: None,
+        }
+    }
+
+    /// Checks every parameter; the error names the parameter and its allowed range.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let p = |name: &'static str, reason: String| EngineError::Param { name, reason };
+        if self.max_tokens == 0 {
+            return Err(p("max_tokens", "must be at least 1".into()));
+        }
+        if self.n == 0 || self.n > MAX_N {
+            return Err(p("n", format!("must be between 1 and {MAX_N}")));
+        }
+        if self.logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
+            return Err(p("logprobs", format!("must be at most {MAX_LOGPROBS}")));
+        }
+        let s = &self.sampling;
+        let check = |name, v: f32, lo: f32, hi: f32, what: &str| {
+            if v.is_finite() && v >= lo && v <= hi {
+                Ok(())
+            } else {
+                Err(p(name, format!("is {v}; it must be {what}")))
+            }
+        };
+        check(
+            "temperature",
+            s.temperature,
+            0.0,
+            f32::MAX,
+            "a finite number ≥ 0 (0 = greedy)",
+        )?;
+        check("top_p", s.top_p, 0.0, 1.0, "between 0 and 1")?;
+        check("min_p", s.min_p, 0.0, 1.0, "between 0 and 1")?;
+        check(
+            "repeat_penalty",
+            s.repeat_penalty,
+            f32::MIN_POSITIVE,
+            f32::MAX,
+            "a finite number > 0 (1 = none)",
+        )?;
+        check(
+            "presence_penalty",
+            s.presence_penalty,
+            -2.0,
+            2.0,
+            "between -2 and 2",
+        )?;
+        check(
+            "frequency_penalty",
+            s.frequency_penalty,
+            -2.0,
+            2.0,
+            "between -2 and 2",
+        )?;
+        Ok(())
+    }
+}
+
+/// Why a sample ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-generation token.
+    Eos,
+    /// A stop string appeared.
+    Stop,
+    /// `max_tokens` were generated or the context is full.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// A token's log-probability and the top alternatives at its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Token counts of one sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose K/V came from the prefix cache (or a fork), not computed.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What a request's stream delivers. `index` says which of the `n` samples.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A sampled token and the text it made final (may be empty: held back for a stop
+    /// string or an incomplete UTF-8 sequence).
+    Token {
+        index: usize,
+        id: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// A sample ended; `text` is what was still held back (empty after a stop).
+    Done {
+        index: usize,
+        text: String,
+        finish: FinishReason,
+        usage: Usage,
+    },
+    /// The request failed; nothing more comes. Tokens streamed before stay valid.
+    Error(EngineError),
+}
+
+/// Counters of the pool and the scheduler.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    pub pages_total: usize,
+    pub pages_free: usize,
+    pub pages_working: usize,
+    pub pages_committed: usize,
+    pub pages_cached: usize,
+    pub pages_shared: usize,
+    pub page_size: usize,
+    pub prefix_hit_tokens: u64,
+    pub prefilled_tokens: u64,
+    pub generated_tokens: u64,
+    pub evictions: u64,
+    pub preemptions: u64,
+    pub steps: u64,
+    pub running: usize,
+    pub waiting: usize,
+    pub requests_done: u64,
+}
+
+/// One sample gathered from a stream.
+#[derive(Debug, Clone, Default)]
+pub struct Completion {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub finish: Option<FinishReason>,
+    pub usage: Usage,
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_parameters_out_of_range_are_refused_by_name() {
+        let ok = Request::new(Prompt::Tokens(vec![1]));
+        assert!(ok.validate().is_ok());
+        type Case = (&'static str, fn(&mut Request));
+        let cases: [Case; 9] = [
+            ("temperature", |r| r.sampling.temperature = -1.0),
+            ("temperature", |r| r.sampling.temperature = f32::NAN),
+            ("top_p", |r| r.sampling.top_p = 2.0),
+            ("top_p", |r| r.sampling.top_p = f32::NAN),
+            ("min_p", |r| r.sampling.min_p = f32::NAN),
+            ("repeat_penalty", |r| r.sampling.repeat_penalty = 0.0),
+            ("repeat_penalty", |r| r.sampling.repeat_penalty = f32::NAN),
+            ("max_tokens", |r| r.max_tokens = 0),
+            ("n", |r| r.n = 0),
+        ];
+        for (name, f) in cases {
+            let mut r = ok.clone();
+            f(&mut r);
+            match r.validate() {
+                Err(EngineError::Param { name: n, .. }) => assert_eq!(n, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+}

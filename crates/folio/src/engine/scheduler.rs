@@ -1,0 +1,403 @@
+//! The scheduler: the live sequences, and the only code that reserves or releases
+//! their pages.
+//!
+//! [`Scheduler::schedule`] walks the sequences first come, first served and gives each
+//! what the token budget (`max_batch_tokens`) and the pool allow: one token for a
+//! decoding sequence, a chunk of the prompt for a prefilling one. A sequence enters
+//! (admission) by attaching whatever prefix the index holds, then needs pages only for
+//! the rest. When a sequence cannot get its pages, cached pages are evicted (the store
+//! does that on reserve), then the newest sequence holding pages is preempted: its
+//! pages are released and it is requeued to recompute its tokens later, which gives
+//! the same logits (the batched step is deterministic), so its output does not change.
+//! The planned chunks' slots are reserved right there, so the [`Plan`]'s batch runs
+//! without allocating. [`Scheduler::update`] then samples from the step's logits,
+//! forks `n > 1` samples and retires finished sequences. No sequence ever touches
+//! another's pages.
+
+use super::error::EngineError;
+use super::seq::{After, Gen, Purpose, Seq};
+use crate::kv::{Batch, KvError, Logits, PageTable, PagedKv};
+use crate::tokenizer::Tokenizer;
+
+/// Counters kept by the scheduler.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Counters {
+    pub prefix_hit_tokens: u64,
+    pub prefilled_tokens: u64,
+    pub generated_tokens: u64,
+    pub preemptions: u64,
+    pub steps: u64,
+    pub requests_done: u64,
+}
+
+/// One planned step: `seqs[i]` is the index of the sequence that runs
+/// `batch.seqs[i]`, whose slots are reserved.
+pub(crate) struct Plan {
+    pub seqs: Vec<usize>,
+    pub batch: Batch,
+}
+
+/// The live sequences and the rules that run them.
+pub(crate) struct Scheduler {
+    pub seqs: Vec<Seq>,
+    next_arrival: u64,
+    max_batch_tokens: usize,
+    /// The most tokens a sequence may hold.
+    pub window: usize,
+    pub counters: Counters,
+    /// Finished or failed sequences that belong to a context: the core hands their
+    /// tables back (others release their pages here).
+    pub retired: Vec<Seq>,
+}
+
+impl Scheduler {
+    pub fn new(max_batch_tokens: usize, window: usize) -> Self {
+        Self {
+            seqs: Vec::new(),
+            next_arrival: 0,
+            max_batch_tokens,
+            window,
+            counters: Counters::default(),
+            retired: Vec::new(),
+        }
+    }
+
+    /// Queues a sequence; `table` is what it already holds (a context's pages).
+    pub fn push(
+        &mut self,
+        req: u64,
+        tokens: Vec<u32>,
+        salt: Option<Vec<u8>>,
+        purpose: Purpose,
+        ctx: Option<(super::seq::CtxLink, PageTable)>,
+    ) {
+        let arrival = self.next_arrival;
+        self.next_arrival += 1;
+        let (ctx, table) = match ctx {
+            Some((link, table)) => (Some(link), Some(table)),
+            None => (None, None),
+        };
+        let cached = table.as_ref().map(|t| t.len());
+        self.seqs.push(Seq {
+            req,
+            index: 0,
+            arrival,
+            salt,
+            prompt_len: tokens.len(),
+            tokens,
+            table,
+            cached,
+            purpose,
+            ctx,
+        });
+    }
+
+    /// Drops every sample of request `req` (its stream is gone).
+    pub fn cancel(&mut self, kv: &mut PagedKv, req: u64) {
+        let mut i = 0;
+        while i < self.seqs.len() {
+            if self.seqs[i].req == req && matches!(self.seqs[i].purpose, Purpose::Generate(_)) {
+                let s = self.seqs.swap_remove(i);
+                self.retire(kv, s);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Fails every sequence (the engine is stopping).
+    pub fn fail_all(&mut self, kv: &mut PagedKv, e: &EngineError) {
+        for mut s in std::mem::take(&mut self.seqs) {
+            s.fail(e);
+            self.retire(kv, s);
+        }
+    }
+
+    /// Removes a sequence's claim on the pool: its pages go back, or (a context's) to
+    /// the retired list for the core to return.
+    fn retire(&mut self, kv: &mut PagedKv, mut s: Seq) {
+        if s.ctx.is_some() {
+            self.retired.push(s);
+        } else if let Some(t) = s.table.take() {
+            if let Err(e) = kv.release(t) {
+                tracing::error!("releasing a finished sequence's pages: {e}");
+            }
+        }
+    }
+
+    /// Frees the pages of sequence `i` and requeues it to recompute.
+    fn preempt(&mut self, kv: &mut PagedKv, i: usize) {
+        if let Some(t) = self.seqs[i].table.take() {
+            if let Err(e) = kv.release(t) {
+                tracing::error!("releasing a preempted sequence's pages: {e}");
+            }
+            self.counters.preemptions += 1;
+            tracing::debug!(req = self.seqs[i].req, "preempted");
+        }
+    }
+
+    /// Whether a started sequence is still prefilling at least one more full page of
+    /// tokens that sequence `i` starts with (so `i` will find them in the index).
+    fn prefix_in_flight(&self, i: usize, ps: usize) -> bool {
+        let s = &self.seqs[i];
+        self.seqs.iter().enumerate().any(|(j, o)| {
+            let Some(t) = &o.table else { return false };
+            if j == i || o.salt != s.salt || o.pending() <= 1 {
+                return false;
+            }
+            let common = s
+                .tokens
+                .iter()
+                .zip(&o.tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            common.min(s.tokens.len() - 1) >= t.len() / ps * ps + ps
+        })
+    }
+
+    /// Gives sequence `i` a page table holding the longest indexed prefix of its tokens.
+    fn admit(&mut self, kv: &mut PagedKv, i: usize) {
+        let s = &mut self.seqs[i];
+        let mut t = kv.new_table(s.salt.as_deref());
+        let hit = kv.reuse_prefix(&mut t, &s.tokens);
+        if s.cached.is_none() {
+            s.cached = Some(hit.min(s.prompt_len));
+            self.counters.prefix_hit_tokens += hit.min(s.prompt_len) as u64;
+        }
+        s.table = Some(t);
+    }
+
+    /// Plans one step: who runs how many tokens, with their slots reserved. `None` when
+    /// nothing can run (a sequence that can never fit is failed then).
+    pub fn schedule(&mut self, kv: &mut PagedKv) -> Option<Plan> {
+        let ps = kv.page_size();
+        let mut order: Vec<usize> = (0..self.seqs.len()).collect();
+        order.sort_by_key(|&i| (self.seqs[i].arrival, self.seqs[i].index));
+        let mut budget = self.max_batch_tokens;
+        let mut plan = Plan {
+            seqs: Vec::new(),
+            batch: Batch::default(),
+        };
+        let mut admitting = true;
+        let mut failed = Vec::new();
+        for at in 0..order.len() {
+            let i = order[at];
+            if budget == 0 {
+                break;
+            }
+            if self.seqs[i].table.is_none() {
+                if !admitting || self.prefix_in_flight(i, ps) {
+                    // Another sequence is computing this one's prefix right now: wait
+                    // for its pages to be committed, then attach them.
+                    continue;
+                }
+                self.admit(kv, i);
+            }
+            let (len, held) = {
+                let t = self.seqs[i].table.as_ref().expect("admitted");
+                (t.len(), t.num_pages())
+            };
+            let want = self.seqs[i].pending().min(budget);
+            let need = |c: usize| (len + c).div_ceil(ps).saturating_sub(held);
+            let mut c = want;
+            while need(c) > kv.num_available() {
+                // Make room: preempt the newest sequence (after this one) holding pages.
+                let newest = order[at + 1..]
+                    .iter()
+                    .rev()
+                    .copied()
+                    .find(|&j| self.seqs[j].table.is_some());
+                match newest {
+                    Some(j) => self.preempt(kv, j),
+                    None => {
+                        c = c.min(((held + kv.num_available()) * ps).saturating_sub(len));
+                        break;
+                    }
+                }
+            }
+            if c == 0 {
+                // This one waits, and so does everyone behind it (first come, first served).
+                admitting = false;
+                continue;
+            }
+            let s = &mut self.seqs[i];
+            let logits = match s.purpose {
+                Purpose::Generate(_) if len + c == s.tokens.len() => Logits::Last,
+                _ => Logits::None,
+            };
+            let t = s.table.as_mut().expect("admitted");
+            match kv.plan(t, &s.tokens[len..len + c], logits) {
+                Ok(step) => {
+                    self.counters.prefilled_tokens +=
+                        s.prompt_len.saturating_sub(len).min(c) as u64;
+                    plan.seqs.push(i);
+                    plan.batch.seqs.push(step);
+                    budget -= c;
+                }
+                Err(KvError::OutOfPages { .. }) => admitting = false,
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        // Retire what could not be planned, from the back, keeping the plan's indices.
+        failed.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, e) in failed {
+            let last = self.seqs.len() - 1;
+            let mut s = self.seqs.swap_remove(i);
+            plan.seqs
+                .iter_mut()
+                .filter(|j| **j == last)
+                .for_each(|j| *j = i);
+            s.fail(&e.into());
+            self.retire(kv, s);
+        }
+        if plan.seqs.is_empty() {
+            self.unblock(kv);
+            return None;
+        }
+        self.counters.steps += 1;
+        Some(plan)
+    }
+
+    /// Nothing could run: the oldest sequence holding pages (else the oldest) cannot fit
+    /// even with every newer one preempted. It fails (the pool is too small for it); the
+    /// rest go on.
+    fn unblock(&mut self, kv: &mut PagedKv) {
+        let key = |i: &usize| {
+            let s = &self.seqs[*i];
+            (s.table.is_none(), s.arrival, s.index)
+        };
+        let Some(i) = (0..self.seqs.len()).min_by_key(key) else {
+            return;
+        };
+        let ps = kv.page_size();
+        let s = &self.seqs[i];
+        let needed = s.tokens.len().div_ceil(ps);
+        let held = s.table.as_ref().map_or(0, |t| t.num_pages());
+        let e = EngineError::PoolTooSmall {
+            needed,
+            available: held + kv.num_available(),
+        };
+        let mut s = self.seqs.swap_remove(i);
+        s.fail(&e);
+        self.retire(kv, s);
+    }
+
+    /// The planned step failed: its reserved slots go back and its sequences fail.
+    pub fn fail_plan(&mut self, kv: &mut PagedKv, plan: Plan, e: &EngineError) {
+        let mut idx = plan.seqs;
+        for (&i, step) in idx.iter().zip(&plan.batch.seqs) {
+            if let Some(t) = self.seqs[i].table.as_mut() {
+                kv.abort(t, step.tokens.len());
+            }
+        }
+        idx.sort_unstable_by(|a, b| b.cmp(a));
+        for i in idx {
+            let mut s = self.seqs.swap_remove(i);
+            s.fail(e);
+            self.retire(kv, s);
+        }
+    }
+
+    /// After the model ran `plan`: commits its full pages, samples from `logits`, forks
+    /// `n > 1` samples, and retires what finished.
+    pub fn update(&mut self, kv: &mut PagedKv, tok: &Tokenizer, plan: Plan, logits: &[Vec<f32>]) {
+        let mut done: Vec<(usize, Option<super::FinishReason>)> = Vec::new();
+        let mut children = Vec::new();
+        for (&i, l) in plan.seqs.iter().zip(logits) {
+            if let Some(t) = self.seqs[i].table.as_mut() {
+                if let Err(e) = kv.commit(t) {
+                    self.seqs[i].fail(&EngineError::Internal(format!("committing pages: {e}")));
+                    done.push((i, None));
+                    continue;
+                }
+            }
+            if l.is_empty() {
+                if matches!(self.seqs[i].purpose, Purpose::Flush) && self.seqs[i].pending() == 0 {
+                    done.push((i, None));
+                }
+                continue;
+            }
+            children.extend(self.fork_samples(kv, tok, i, l));
+            match self.seqs[i].sample(tok, l, self.window) {
+                After::Continue => {}
+                After::Finished(why) => done.push((i, Some(why))),
+                After::Gone => done.push((i, None)),
+            }
+            self.counters.generated_tokens += 1;
+        }
+        // Retire from the back so indices stay valid.
+        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, why) in done {
+            let mut s = self.seqs.swap_remove(i);
+            if let Some(why) = why {
+                s.finish(why);
+                self.counters.requests_done += 1;
+            }
+            if let (Purpose::Flush, Some(link)) = (&s.purpose, s.ctx.as_mut()) {
+                if let Some(r) = link.flush_reply.take() {
+                    let _ = r.send(Ok(()));
+                }
+            }
+            self.retire(kv, s);
+        }
+        self.seqs.extend(children);
+    }
+
+    /// The first time sample 0 of an `n > 1` request has its prompt's logits, the other
+    /// samples fork its pages (no prefill of their own) and sample from the same logits.
+    fn fork_samples(
+        &mut self,
+        kv: &mut PagedKv,
+        tok: &Tokenizer,
+        i: usize,
+        logits: &[f32],
+    ) -> Vec<Seq> {
+        let s = &mut self.seqs[i];
+        let Purpose::Generate(g) = &mut s.purpose else {
+            return Vec::new();
+        };
+        let forks = std::mem::take(&mut g.forks);
+        let (mut out, mut ended) = (Vec::new(), Vec::new());
+        for k in forks {
+            let mut params = g.sampler.params.clone();
+            params.seed = params.seed.wrapping_add(k as u64);
+            let gen = Gen::new(
+                &params,
+                g.text.stops(),
+                g.max_tokens,
+                g.ignore_eos,
+                g.logprobs,
+                g.tx.clone(),
+            );
+            // Without a page for the copy of the partial page, the sample starts
+            // from the prefix cache instead.
+            let table = s.table.as_mut().and_then(|t| kv.fork(t).ok());
+            let mut child = Seq {
+                req: s.req,
+                index: k,
+                arrival: s.arrival,
+                salt: s.salt.clone(),
+                tokens: s.tokens.clone(),
+                prompt_len: s.prompt_len,
+                cached: Some(s.prompt_len),
+                table,
+                purpose: Purpose::Generate(Box::new(gen)),
+                ctx: None,
+            };
+            match child.sample(tok, logits, self.window) {
+                After::Continue => out.push(child),
+                After::Finished(why) => {
+                    child.finish(why);
+                    self.counters.requests_done += 1;
+                    ended.push(child);
+                }
+                After::Gone => ended.push(child),
+            }
+            self.counters.generated_tokens += 1;
+        }
+        for child in ended {
+            self.retire(kv, child);
+        }
+        out
+    }
+}

@@ -1,0 +1,5 @@
+//! Kernel internals for the crate's own benchmarks (`benches/`), not part of the
+//! public surface: names here may change without notice.
+
+pub use crate::kernels::quant::{f16_to_f32, f32_to_f16};
+pub use crate::kernels::{isa, Isa, QMatrix, ThreadPool};

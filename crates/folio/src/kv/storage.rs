@@ -1,0 +1,34 @@
+//! [`KvStorage`]: the K/V slots a forward step writes and reads, addressed by page id
+//! and slot. It is the model's whole view of a cache: no allocation, no tables, no
+//! hashes. The paged pool's [`KvArena`] is one; the contiguous oracle is another (one
+//! "page" per sequence, see `basic.rs`).
+
+use super::arena::KvArena;
+use super::buf::KvRows;
+
+/// Page-addressed K/V storage.
+pub trait KvStorage: Sync {
+    /// Pages there are: ids `0..num_pages()`.
+    fn num_pages(&self) -> usize;
+    /// Token slots of `page`.
+    fn page_slots(&self, page: u32) -> usize;
+    /// Stores K and V of one slot in one layer (all KV heads).
+    fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]);
+    /// K and V rows of `layer` in `page` from `slot` to the end of the page.
+    fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>);
+}
+
+impl KvStorage for KvArena {
+    fn num_pages(&self) -> usize {
+        KvArena::num_pages(self)
+    }
+    fn page_slots(&self, _page: u32) -> usize {
+        self.page_size()
+    }
+    fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        KvArena::write(self, page, layer, slot, k, v)
+    }
+    fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
+        KvArena::run(self, page, layer, slot)
+    }
+}

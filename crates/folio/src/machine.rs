@@ -1,0 +1,33 @@
+//! What the machine can do, for benchmarks and logs: the kernel ISA folio chose at run
+//! time and the memory read bandwidth its threads reach (the ceiling of decode, which
+//! reads every weight once per token).
+
+use crate::kernels::{self, ThreadPool};
+use std::time::Instant;
+
+/// The kernels in use: "avx2" or "scalar" (`FOLIO_ISA=scalar` forces the latter).
+pub fn isa_name() -> String {
+    kernels::isa().to_string()
+}
+
+/// Bytes per second that `threads` threads read from memory (256 MiB, best of 3).
+pub fn read_bandwidth(threads: usize) -> f64 {
+    let threads = threads.max(1);
+    let data: Vec<u64> = (0..32 << 20).map(|i| i as u64).collect();
+    let pool = ThreadPool::new(threads);
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let sums: Vec<std::sync::atomic::AtomicU64> =
+            (0..threads).map(|_| Default::default()).collect();
+        let t = Instant::now();
+        pool.run(&|i| {
+            let (a, b) = kernels::pool::share(data.len(), i, threads);
+            let s = data[a..b].iter().fold(0u64, |s, &v| s.wrapping_add(v));
+            sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(&sums);
+        best = best.max((data.len() * 8) as f64 / secs);
+    }
+    best
+}

@@ -1,0 +1,218 @@
+//! Shared helpers of the integration tests: where the default model and the fixtures are.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The default model, fetched by `scripts/setup.sh`. Tests run the real model: a
+/// missing file is a failure with instructions, never a skip.
+pub fn model_path() -> PathBuf {
+    let p = std::env::var_os("FOLIO_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(
+        p.exists(),
+        "{} is missing: run `scripts/setup.sh` (it fetches the default model)",
+        p.display()
+    );
+    p
+}
+
+pub fn fixtures(name: &str) -> serde_json::Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(p).expect("fixture file")).expect("fixture JSON")
+}
+
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+use folio::kv::{BasicCache, KvDtype, KvSeq, Logits, PagedKv};
+use folio::model::{Sampler, SamplingParams};
+use folio::tokenizer::StreamDecoder;
+use folio::{EngineError, FinishReason, Model};
+
+/// Caches and single-sequence steps in one call, as the tests use them.
+pub trait ModelExt {
+    fn new_cache(&self, capacity: usize) -> BasicCache;
+    fn new_cache_as(&self, dtype: KvDtype, capacity: usize) -> BasicCache;
+    fn new_paged(&self, pages: usize, page_size: usize, max_tokens: usize) -> PagedKv;
+    fn new_paged_as(
+        &self,
+        dtype: KvDtype,
+        pages: usize,
+        page_size: usize,
+        max_tokens: usize,
+    ) -> PagedKv;
+    /// One step of one sequence: `folio::forward_one`.
+    fn run<S: KvSeq>(
+        &self,
+        seq: &mut S,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>, EngineError>;
+}
+
+impl ModelExt for Model {
+    fn new_cache(&self, capacity: usize) -> BasicCache {
+        self.new_cache_as(KvDtype::F16, capacity)
+    }
+    fn new_cache_as(&self, dtype: KvDtype, capacity: usize) -> BasicCache {
+        let c = &self.config;
+        BasicCache::with_dtype(
+            c.n_layers,
+            c.kv_dim(),
+            capacity.min(c.context_length),
+            dtype,
+        )
+    }
+    fn new_paged(&self, pages: usize, page_size: usize, max_tokens: usize) -> PagedKv {
+        self.new_paged_as(KvDtype::F16, pages, page_size, max_tokens)
+    }
+    fn new_paged_as(
+        &self,
+        dtype: KvDtype,
+        pages: usize,
+        page_size: usize,
+        max_tokens: usize,
+    ) -> PagedKv {
+        PagedKv::with_shape(
+            self.pool_shape(pages, page_size, dtype),
+            max_tokens.min(self.config.context_length),
+            &self.fingerprint(),
+        )
+    }
+    fn run<S: KvSeq>(
+        &self,
+        seq: &mut S,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>, EngineError> {
+        folio::forward_one(self, seq, tokens, logits)
+    }
+}
+
+/// What the test oracle generates.
+#[derive(Debug, Clone)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 128,
+            sampling: SamplingParams::default(),
+            ignore_eos: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub finish: FinishReason,
+    /// Prompt tokens whose K/V the sequence already held or found indexed.
+    pub prefix_hit_tokens: usize,
+}
+
+/// The oracle completion on one sequence, with no engine: reuse what the cache holds
+/// of the prompt, prefill the rest, then sample token by token (the engine's finish
+/// rules: EOS, `max_tokens`, a full sequence).
+pub fn generate<S: KvSeq>(
+    model: &Model,
+    cache: &mut S,
+    prompt: &[u32],
+    params: &GenerateParams,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Output, EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if prompt.len() >= cache.capacity() {
+        return Err(EngineError::PromptTooLong {
+            len: prompt.len(),
+            window: cache.capacity(),
+        });
+    }
+    let hit = cache.reuse_prefix(prompt);
+    let mut logits = folio::forward_one(model, cache, &prompt[hit..], Logits::Last)?;
+    let mut sampler = Sampler::new(params.sampling.clone());
+    let mut history = prompt.to_vec();
+    let (mut ids, mut text, mut dec) = (Vec::new(), String::new(), StreamDecoder::default());
+    let tok = &model.tokenizer;
+    let finish = loop {
+        let id = sampler.sample(&logits, &history);
+        ids.push(id);
+        history.push(id);
+        if tok.is_eog(id) && !params.ignore_eos {
+            break FinishReason::Eos;
+        }
+        let piece = dec.push(tok, id);
+        on_text(&piece);
+        text.push_str(&piece);
+        if ids.len() >= params.max_tokens || cache.len() + 1 > cache.capacity() {
+            break FinishReason::Length;
+        }
+        logits = folio::forward_one(model, cache, &[id], Logits::Last)?;
+    };
+    let tail = dec.finish();
+    on_text(&tail);
+    text.push_str(&tail);
+    Ok(Output {
+        ids,
+        text,
+        finish,
+        prefix_hit_tokens: hit,
+    })
+}
+
+/// One batched step over several tables of one pool, as the engine runs it: slots
+/// reserved for each step, the model run on the batch, full pages committed (or the
+/// slots given back when the step fails).
+pub fn forward_tables(
+    m: &Model,
+    kv: &mut PagedKv,
+    tables: &mut [&mut folio::kv::PageTable],
+    steps: &[(&[u32], Logits)],
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    let mut batch = folio::Batch::default();
+    for (i, (t, (toks, want))) in tables.iter_mut().zip(steps).enumerate() {
+        match kv.plan(t, toks, *want) {
+            Ok(s) => batch.seqs.push(s),
+            Err(e) => {
+                for (t, (toks, _)) in tables[..i].iter_mut().zip(steps) {
+                    kv.abort(t, toks.len());
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    match m.forward(&batch, kv.storage()) {
+        Ok(out) => {
+            for t in tables.iter_mut() {
+                kv.commit(t)?;
+            }
+            Ok(out)
+        }
+        Err(e) => {
+            for (t, (toks, _)) in tables.iter_mut().zip(steps) {
+                kv.abort(t, toks.len());
+            }
+            Err(e.into())
+        }
+    }
+}

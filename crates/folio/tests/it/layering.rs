@@ -1,0 +1,100 @@
+//! The layers' one-way imports, checked on the source tree: engine → model → kv →
+//! kernels → gguf (tokenizer beside model). A file that imports a layer above its own
+//! fails here with its path and line; `folio-cli` reaches the library only through its
+//! public facade, never `kernels`.
+
+use crate::common::root;
+use std::path::Path;
+
+/// Each layer and the modules it must not import.
+const RULES: &[(&str, &[&str])] = &[
+    ("gguf", &["kernels", "kv", "model", "tokenizer", "engine"]),
+    ("kernels", &["kv", "model", "tokenizer", "engine"]),
+    ("kv", &["model", "tokenizer", "engine"]),
+    ("tokenizer", &["kernels", "kv", "model", "engine"]),
+    ("model", &["engine"]),
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Lines of `file` that name `crate::<module>` (in a `use` or a path).
+fn mentions(file: &Path, module: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let needle = format!("crate::{module}");
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .filter(|(_, l)| {
+            l.match_indices(&needle).any(|(i, _)| {
+                let after = l[i + needle.len()..].chars().next();
+                !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+        })
+        .map(|(n, l)| format!("{}:{}: {}", file.display(), n + 1, l.trim()))
+        .collect()
+}
+
+#[test]
+fn lower_layers_never_import_higher_ones() {
+    let src = root().join("crates/folio/src");
+    let mut bad = Vec::new();
+    for (layer, forbidden) in RULES {
+        let mut files = Vec::new();
+        rust_files(&src.join(layer), &mut files);
+        assert!(!files.is_empty(), "no files under {layer}");
+        for f in &files {
+            for m in *forbidden {
+                bad.extend(mentions(f, m));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "imports against the layering:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_cli_uses_only_the_public_facade() {
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/folio-cli/src"), &mut files);
+    let bad: Vec<String> = files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| l.contains("folio::kernels") || l.contains("folio::internals"))
+                .map(|(n, l)| format!("{}:{}: {}", f.display(), n + 1, l.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "the CLI reaches below the facade:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_check_finds_a_forbidden_import() {
+    // The check itself: a file that imports upward is reported.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("x.rs");
+    std::fs::write(
+        &f,
+        "use crate::engine::Engine;\n// crate::engine in a comment\nuse crate::engines;\n",
+    )
+    .unwrap();
+    assert_eq!(mentions(&f, "engine").len(), 1);
+}

@@ -1,0 +1,15 @@
+//! folio's integration tests, one binary (one link, one start-up): the real default
+//! model and tiny random models, through the public API only.
+
+mod common;
+
+mod batch;
+mod context;
+mod engine;
+mod fidelity;
+mod gguf_errors;
+mod kv_props;
+mod layering;
+mod paged;
+mod quant_reference;
+mod tiny_model;
