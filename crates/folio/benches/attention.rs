@@ -1,0 +1,170 @@
+//! Attention for one decode query (the default model's shape: 9 query heads over 3 KV
+//! heads of 64) at 512, 2k and 8k tokens of context, with the same K/V read four ways:
+//! through scattered pages (two sequences' pages interleaved), through pages in order,
+//! gathered into a contiguous copy first and then dense (what a gather-based engine
+//! does each step), and from a contiguous cache. Caches are evicted before every call,
+//! as a real decode step finds them, and the four variants run in rotation so drift
+//! hits all alike; each figure is the best of 30.
+//!
+//! `cargo bench -p folio --bench attention [-- --threads N]`
+
+use folio::internals::{isa, ThreadPool};
+use folio::kv::{BasicCache, Batch, KvSeq, KvStorage, Logits, PageTable, PagedKv, SeqStep};
+use folio::model::{attention, Heads};
+use folio::rng::SplitMix64;
+use std::time::Instant;
+
+const HEADS: Heads = Heads {
+    n_heads: 9,
+    n_kv_heads: 3,
+    head_dim: 64,
+};
+const PAGE: usize = 16;
+
+/// One position's K/V written into `kv` through `t`'s planned slot.
+fn fill(kv: &mut PagedKv, t: &mut PageTable, p: usize, k: &[f32], v: &[f32]) {
+    let step = kv.plan(t, &[0], Logits::None).expect("pool sized");
+    let (page, slot) = step.slot(p);
+    kv.storage().write(page.0, 0, slot, k, v);
+    kv.commit(t).expect("commit");
+}
+
+/// A step reading `pages` of `page_size` slots up to position `end`.
+fn reader(pages: Vec<folio::kv::PageId>, page_size: usize, end: usize) -> Batch {
+    Batch::one(SeqStep {
+        tokens: Vec::new(),
+        start: end,
+        pages,
+        page_size,
+        logits: Logits::None,
+    })
+}
+
+fn main() {
+    let threads = std::env::args()
+        .skip_while(|a| a != "--threads")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2);
+    let pool = ThreadPool::new(threads);
+    let kvd = HEADS.n_kv_heads * HEADS.head_dim;
+    let d = HEADS.n_heads * HEADS.head_dim;
+    println!("attention, one decode query per layer pass (9 heads over 3 KV heads, head 64), {threads} threads, kernels {}", folio::machine::isa_name());
+    println!("| context | paged, scattered pages ms | paged, pages in order ms | dense, contiguous ms | gather + dense ms | in order / dense | gather+dense / scattered |");
+    println!("|---------|---------------------------|--------------------------|----------------------|-------------------|------------------|--------------------------|");
+    for ctx in [512usize, 2048, 8192] {
+        let mut rng = SplitMix64(ctx as u64);
+        let mut kv = PagedKv::new(2 * ctx.div_ceil(PAGE) + 2, PAGE, 1, kvd, ctx, b"bench");
+        let mut tables = [kv.new_table(None), kv.new_table(None)];
+        let mut solo = PagedKv::new(ctx.div_ceil(PAGE) + 1, PAGE, 1, kvd, ctx, b"bench");
+        let mut alone = solo.new_table(None);
+        let mut dense = BasicCache::new(1, kvd, ctx);
+        dense.reserve(&vec![0; ctx], Logits::None).expect("sized");
+        for p in 0..ctx {
+            let k: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
+            let v: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
+            for t in tables.iter_mut() {
+                fill(&mut kv, t, p, &k, &v);
+            }
+            fill(&mut solo, &mut alone, p, &k, &v);
+            dense.write(0, 0, p, &k, &v);
+        }
+        dense.commit().expect("sized");
+        let mut gathered = BasicCache::new(1, kvd, ctx);
+        let q: Vec<f32> = (0..d).map(|_| rng.signed_f32()).collect();
+        let rows = [(0usize, ctx - 1)];
+        let mut out = vec![0f32; d];
+        let scattered = reader(tables[0].pages(), PAGE, ctx);
+        let in_order = reader(alone.pages(), PAGE, ctx);
+        let contiguous = reader(vec![folio::kv::PageId(0)], ctx, ctx);
+        let mut junk = vec![0u64; 64 << 17];
+        let mut evict = || {
+            for (i, x) in junk.iter_mut().enumerate().step_by(8) {
+                *x = x.wrapping_add(i as u64);
+            }
+            std::hint::black_box(&junk);
+        };
+        let mut best = [f64::MAX; 4];
+        for _ in 0..30 {
+            evict();
+            let t = Instant::now();
+            attention(
+                &pool,
+                isa(),
+                HEADS,
+                kv.storage(),
+                &scattered,
+                0,
+                &rows,
+                &q,
+                &mut out,
+            );
+            best[0] = best[0].min(t.elapsed().as_secs_f64());
+            evict();
+            let t = Instant::now();
+            attention(
+                &pool,
+                isa(),
+                HEADS,
+                solo.storage(),
+                &in_order,
+                0,
+                &rows,
+                &q,
+                &mut out,
+            );
+            best[1] = best[1].min(t.elapsed().as_secs_f64());
+            evict();
+            let t = Instant::now();
+            // Gather the scattered pages into a reused contiguous buffer, then dense.
+            {
+                let arena = kv.storage();
+                let (k, v) = gathered.layer_mut(0);
+                let mut p = 0;
+                while p < ctx {
+                    let (ks, vs) = arena.run(scattered.seqs[0].slot(p).0 .0, 0, p % PAGE);
+                    let n = (ks.len() / kvd).min(ctx - p);
+                    k[p * kvd..(p + n) * kvd].copy_from_slice(&ks.raw()[..n * kvd]);
+                    v[p * kvd..(p + n) * kvd].copy_from_slice(&vs.raw()[..n * kvd]);
+                    p += n;
+                }
+            }
+            attention(
+                &pool,
+                isa(),
+                HEADS,
+                &gathered,
+                &contiguous,
+                0,
+                &rows,
+                &q,
+                &mut out,
+            );
+            best[2] = best[2].min(t.elapsed().as_secs_f64());
+            evict();
+            let t = Instant::now();
+            attention(
+                &pool,
+                isa(),
+                HEADS,
+                &dense,
+                &contiguous,
+                0,
+                &rows,
+                &q,
+                &mut out,
+            );
+            best[3] = best[3].min(t.elapsed().as_secs_f64());
+        }
+        let [scat, ord, gath, den] = best;
+        println!(
+            "| {ctx:>7} | {:>25.3} | {:>24.3} | {:>20.3} | {:>17.3} | {:>15.2}x | {:>23.2}x |",
+            scat * 1e3,
+            ord * 1e3,
+            den * 1e3,
+            gath * 1e3,
+            ord / den,
+            gath / scat
+        );
+    }
+}
