@@ -23,8 +23,8 @@ pub struct Args {
     pub tg: usize,
     /// Rounds of the tests: each round runs folio's prefill and decode, then llama.cpp's,
     /// so both see the same machine; the medians over rounds are reported.
-    #[arg(long, default_value_t = 5)]
-    pub reps: usize,
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub reps: u64,
     /// Skip the llama.cpp baseline.
     #[arg(long)]
     pub no_llama: bool,
@@ -63,7 +63,7 @@ const LLAMA_BENCH: &str = include_str!("../../../scripts/llama_bench.py");
 pub fn run(a: Args) -> Result<()> {
     let model = a.model.load()?;
     let threads = model.threads();
-    let reps = a.reps.max(1);
+    let reps = a.reps as usize;
     println!(
         "folio bench: {} | {} threads | kernels {} | kv {:?}",
         a.model.path()?.display(),

@@ -43,6 +43,10 @@ pub struct Outcome {
     pub ttft: Duration,
     /// From the first token to the last.
     pub decode: Duration,
+    /// Why the sample ended early, if it failed (what came before stays valid).
+    pub error: Option<EngineError>,
+    /// The caller asked it to stop (Ctrl-C in chat): the stream was dropped.
+    pub interrupted: bool,
 }
 
 impl Outcome {
@@ -57,17 +61,24 @@ impl Outcome {
     }
 }
 
-/// Reads `stream` to its end, passing each piece of final text to `on_text`; a failed
-/// `on_text` (a closed stdout) stops at once and drops the stream, which cancels the
-/// request. `started` is when the request was sent.
+/// Reads `stream` to its end, passing each piece of final text to `on_text`. A failed
+/// `on_text` (a closed stdout, a full disk) is returned at once, and `stop()` turning
+/// true ends the read; either drops the stream, which cancels the request. An engine
+/// error ends the outcome with what came before it. `started` is when the request was
+/// sent.
 pub fn consume(
     stream: Stream,
     started: Instant,
+    stop: &dyn Fn() -> bool,
     on_text: &mut dyn FnMut(&str) -> std::io::Result<()>,
-) -> Result<Outcome> {
+) -> std::io::Result<Outcome> {
     let mut o = Outcome::default();
     let mut first = None;
     for ev in stream {
+        if stop() {
+            o.interrupted = true;
+            return Ok(o);
+        }
         match ev {
             Event::Token { id, text, .. } => {
                 let now = Instant::now();
@@ -91,11 +102,14 @@ pub fn consume(
                 o.finish = Some(finish);
                 o.usage = usage;
             }
-            Event::Error(e) => return Err(e.into()),
+            Event::Error(e) => {
+                o.error = Some(e);
+                return Ok(o);
+            }
         }
     }
     if o.finish.is_none() {
-        return Err(EngineError::Closed.into());
+        o.error = Some(EngineError::Closed);
     }
     Ok(o)
 }
@@ -121,27 +135,42 @@ pub fn run(a: Args) -> Result<()> {
         prompt
     };
     let ids = model.tokenizer.encode(&text, true);
-    let config = a.model.engine_config(&model, 2 * a.model.ctx)?;
+    // Checked before any work: a bad name would only fail after the whole generation.
+    if let Some(name) = &a.save_snapshot {
+        folio::kv::check_snapshot_name(name)?;
+    }
+    let config = a.model.engine_config(&model, 2)?;
     let engine = Engine::new(model, config)?;
     let req = a.sampling.request(Prompt::Tokens(ids.clone()));
     let seed = req.sampling.seed;
     // A context holds the sequence afterwards, so it can be saved as a snapshot.
     let ctx = engine.context(None)?;
     let started = Instant::now();
-    let stream = ctx.generate(req)?;
     let mut out = std::io::stdout().lock();
     let json = a.json;
-    let result = consume(stream, started, &mut |piece| {
-        if json || piece.is_empty() {
-            return Ok(());
+    let result = match ctx.generate(req) {
+        Ok(stream) => consume(stream, started, &|| false, &mut |piece| {
+            if json || piece.is_empty() {
+                return Ok(());
+            }
+            out.write_all(piece.as_bytes())?;
+            out.flush()
+        })?,
+        // Refused before it started: still one JSON object with the error.
+        Err(e) => Outcome {
+            error: Some(e),
+            ..Outcome::default()
+        },
+    };
+    let mut error = result.error.clone().map(anyhow::Error::from);
+    if error.is_none() {
+        if let Some(name) = &a.save_snapshot {
+            error = ctx.save(name).err().map(Into::into);
         }
-        out.write_all(piece.as_bytes())?;
-        out.flush()
-    })?;
-    if let Some(name) = &a.save_snapshot {
-        ctx.save(name)?;
     }
+    let window = engine.window();
     if a.json {
+        // Always one object: what was generated, and the error if there was one.
         let v = serde_json::json!({
             "prompt_ids": ids,
             "generated_ids": result.ids,
@@ -149,15 +178,23 @@ pub fn run(a: Args) -> Result<()> {
             "finish_reason": result.finish.map(FinishReason::as_str),
             "seed": seed,
             "stats": stats_json(&result),
+            "error": error.as_ref().map(|e| format!("{e:#}")),
         });
         writeln!(out, "{v}")?;
     } else {
         writeln!(out)?;
     }
+    out.flush()?;
+    if result.finish == Some(FinishReason::Length) && ids.len() + result.ids.len() >= window {
+        eprintln!("(stopped: the context window of {window} tokens is full; --ctx sets it)");
+    }
     if a.stats {
         eprintln!("{}", stats_line(&result));
     }
-    Ok(())
+    match error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 pub fn stats_json(o: &Outcome) -> serde_json::Value {

@@ -36,6 +36,8 @@ enum Cmd {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal, never in a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FOLIO_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
@@ -50,13 +52,20 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // A closed pipe (`folio generate … | head`) is not an error.
+            // A closed pipe (`folio generate … | head`): generation stopped at once;
+            // exit as a process killed by SIGPIPE would, quietly.
             if e.downcast_ref::<std::io::Error>()
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
             {
-                return ExitCode::SUCCESS;
+                return ExitCode::from(141);
             }
-            eprintln!("error: {e:#}");
+            match e
+                .downcast_ref::<folio::EngineError>()
+                .and_then(opts::flag_error)
+            {
+                Some(msg) => eprintln!("error: {msg}"),
+                None => eprintln!("error: {e:#}"),
+            }
             ExitCode::FAILURE
         }
     }

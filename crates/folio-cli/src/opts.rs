@@ -104,13 +104,16 @@ impl ModelArgs {
     /// The engine's settings from the flags. `--kv basic` gives each sequence one
     /// contiguous page of `--ctx` slots (preallocated, never shared): the contiguous
     /// layout through the same engine.
-    pub fn engine_config(&self, model: &Model, default_tokens: usize) -> Result<EngineConfig> {
-        anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
+    /// The pool holds `--kv-pages`, `--kv-memory` worth, or `sequences` full-length
+    /// sequences. The engine checks every size against the model and the machine.
+    pub fn engine_config(&self, model: &Model, sequences: usize) -> Result<EngineConfig> {
         anyhow::ensure!(
             self.ctx >= 2,
-            "--ctx must be at least 2 (a prompt token and a generated one)"
+            "--ctx is {}; it must be at least 2 (a prompt token and a generated one)",
+            self.ctx
         );
         let window = self.ctx.min(model.config.context_length);
+        let default_tokens = sequences.saturating_mul(window);
         let page_size = match self.kv {
             KvKind::Paged => self.page_size,
             KvKind::Basic => window,
@@ -137,7 +140,7 @@ impl ModelArgs {
         page_size: usize,
         default_tokens: usize,
     ) -> Result<usize> {
-        anyhow::ensure!(page_size > 0, "--page-size must be at least 1");
+        anyhow::ensure!(page_size > 0, "--page-size is 0; it must be at least 1");
         let shape = model.pool_shape(0, page_size, self.kv_dtype.dtype());
         let pages = match (self.kv_pages, self.kv_memory) {
             (Some(n), _) => n,
@@ -214,4 +217,19 @@ impl SamplingArgs {
             ..Request::new(prompt)
         }
     }
+}
+
+/// An engine configuration error in terms of the flag that set it.
+pub fn flag_error(e: &folio::EngineError) -> Option<String> {
+    let folio::EngineError::Config { name, reason } = e else {
+        return None;
+    };
+    let flag = match *name {
+        "max_seq_tokens" => "--ctx",
+        "kv_pages" => "--kv-pages (or --kv-memory)",
+        "page_size" => "--page-size",
+        "max_batch_tokens" => "--max-batch-tokens",
+        other => other,
+    };
+    Some(format!("{flag}: {reason}"))
 }

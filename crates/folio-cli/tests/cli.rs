@@ -223,13 +223,13 @@ fn bad_input_gives_a_clear_error_and_no_panic() {
 }
 
 #[test]
-fn a_closed_pipe_is_not_an_error() {
+fn a_closed_pipe_stops_generation_at_once() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_folio"))
         .args([
             "generate",
             "Count:",
             "--max-tokens",
-            "64",
+            "2000",
             "--temperature",
             "0",
             "--ignore-eos",
@@ -240,8 +240,156 @@ fn a_closed_pipe_is_not_an_error() {
         .spawn()
         .unwrap();
     drop(child.stdout.take());
+    let t = std::time::Instant::now();
     let out = child.wait_with_output().unwrap();
+    // 2000 tokens take many seconds; the first failed write cancels the request.
+    assert!(t.elapsed().as_secs() < 20, "took {:?}", t.elapsed());
+    assert_eq!(out.status.code(), Some(141), "a broken pipe's exit status");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}
+
+#[test]
+fn every_size_flag_is_checked_with_the_flag_named() {
+    for (args, want) in [
+        (&["--ctx", "0"][..], "--ctx is 0"),
+        (&["--kv-memory", "64G"], "--kv-pages (or --kv-memory)"),
+        (&["--kv-pages", "1000000000"], "GiB available"),
+        (
+            &["--kv-pages", "4294967295"],
+            "--kv-pages (or --kv-memory): is 4294967295",
+        ),
+        (&["--page-size", "4294967296"], "--page-size: is 4294967296"),
+        (&["--page-size", "18446744073709551615"], "--page-size"),
+        (&["--kv-pages", "0"], "the KV pool has no pages"),
+    ] {
+        let mut a = vec!["generate", "Hi", "--max-tokens", "2"];
+        a.extend_from_slice(args);
+        let out = folio(&a, None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // A huge --ctx is capped at the model's context, not allocated.
+    let out = folio(
+        &[
+            "generate",
+            "Hi",
+            "--max-tokens",
+            "2",
+            "--ctx",
+            "18446744073709551615",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = folio(&["bench", "--reps", "0", "--no-llama"], None);
+    assert_eq!(out.status.code(), Some(2), "clap refuses --reps 0");
+}
+
+#[test]
+fn json_is_printed_even_when_the_request_fails() {
+    let out = folio(
+        &[
+            "generate",
+            "Hi",
+            "--kv-pages",
+            "1",
+            "--max-tokens",
+            "40",
+            "--json",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert!(v["error"]
+        .as_str()
+        .unwrap()
+        .contains("the pool can give it at most 1"));
+    assert_eq!(v["generated_ids"], serde_json::json!([]));
+    // A snapshot problem is found before the generation, not after it.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let out = folio(
+        &[
+            "generate",
+            "Hi",
+            "--snapshot-dir",
+            file.to_str().unwrap(),
+            "--max-tokens",
+            "2",
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a directory"), "{err}");
+    let d = dir.path().to_str().unwrap();
+    let out = folio(
+        &[
+            "generate",
+            "Hi",
+            "--snapshot-dir",
+            d,
+            "--save-snapshot",
+            "../x",
+            "--max-tokens",
+            "2",
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("snapshot name \"../x\""), "{err}");
+    assert!(out.stdout.is_empty(), "nothing was generated");
+}
+
+#[test]
+fn chat_parses_slash_commands_and_ctrl_c_stops_only_the_answer() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_folio"))
+        .args([
+            "chat",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "400",
+            "--ignore-eos",
+        ])
+        .env("FOLIO_MODEL", model())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input
+        .write_all(b"/save\n/nope\nWrite a very long story about the sea.\n")
+        .unwrap();
+    input.flush().unwrap();
+    // Let the answer start, then Ctrl-C: the answer stops, the session goes on.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    input.write_all(b"/exit\n").unwrap();
+    drop(input);
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut stdout, &mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("/save needs a name"), "{err}");
+    assert!(err.contains("unknown command /nope"), "{err}");
+    assert!(err.contains("(stopped; the conversation goes on)"), "{err}");
 }
 
 #[test]

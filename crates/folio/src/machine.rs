@@ -31,3 +31,12 @@ pub fn read_bandwidth(threads: usize) -> f64 {
     }
     best
 }
+
+/// Bytes of memory the OS says are available now (`MemAvailable` in /proc/meminfo),
+/// or `None` where that cannot be read.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

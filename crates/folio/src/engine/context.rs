@@ -8,6 +8,7 @@
 
 use super::error::EngineError;
 use super::request::{Event, Request};
+use super::scheduler::check_fits;
 use super::seq::{CtxLink, Gen, Purpose, Seq};
 use crate::kv::{KvError, PageId, PageTable, PagedKv};
 use crate::model::Model;
@@ -280,21 +281,26 @@ impl Contexts {
             c.pending.extend(toks);
         }
         let c = self.idle(id)?;
-        let mut table = c.table.take().expect("idle");
-        let mut tokens = kv.read_tokens(&table)?;
-        tokens.append(&mut c.pending);
-        tokens.extend(extra);
-        if tokens.is_empty() {
-            c.table = Some(table);
+        // Checked before anything moves, so a refused request leaves the context as it was.
+        let held = c.table.as_ref().map_or(0, |t| t.len());
+        let len = held + c.pending.len() + extra.len();
+        if len == 0 {
             return Err(EngineError::EmptyPrompt);
         }
-        if tokens.len() >= window {
-            c.table = Some(table);
-            return Err(EngineError::PromptTooLong {
-                len: tokens.len(),
-                window,
-            });
+        if len >= window {
+            return Err(EngineError::PromptTooLong { len, window });
         }
+        check_fits(kv, window, len, r.max_tokens)?;
+        let mut table = c.table.take().expect("idle");
+        let mut tokens = match kv.read_tokens(&table) {
+            Ok(t) => t,
+            Err(e) => {
+                c.table = Some(table);
+                return Err(e.into());
+            }
+        };
+        tokens.append(&mut c.pending);
+        tokens.extend(extra);
         for p in c.spare.drain(..) {
             let _ = kv.release_page(p);
         }

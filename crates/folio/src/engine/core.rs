@@ -8,7 +8,7 @@
 use super::context::{Contexts, Job};
 use super::error::EngineError;
 use super::request::{EngineConfig, EngineStats, Event, Prompt, Request};
-use super::scheduler::Scheduler;
+use super::scheduler::{check_fits, Scheduler};
 use super::seq::{Gen, Purpose};
 use crate::kv::{PageState, PagedKv};
 use crate::model::Model;
@@ -56,28 +56,7 @@ pub(crate) fn tokens_of(model: &Model, prompt: &Prompt) -> Result<Vec<u32>, Engi
 impl Core {
     /// The pool sized from `cfg`, checked against the model.
     pub fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<Self, EngineError> {
-        let bad = |name, reason: &str| EngineError::Config {
-            name,
-            reason: reason.into(),
-        };
-        if cfg.page_size == 0 {
-            return Err(bad("page_size", "must be at least 1"));
-        }
-        if cfg.kv_pages == 0 {
-            return Err(bad("kv_pages", "must be at least 1"));
-        }
-        if cfg.max_batch_tokens == 0 {
-            return Err(bad("max_batch_tokens", "must be at least 1"));
-        }
-        let ctx = model.config.context_length;
-        let window = cfg.max_seq_tokens.unwrap_or(ctx).min(ctx);
-        if window < 2 {
-            return Err(bad(
-                "max_seq_tokens",
-                "must be at least 2 (a prompt token and a generated one)",
-            ));
-        }
-        let shape = model.pool_shape(cfg.kv_pages, cfg.page_size, cfg.kv_dtype);
+        let (shape, window) = cfg.validate(&model)?;
         let mut kv = PagedKv::with_shape(shape, window, &model.fingerprint());
         if let Some(dir) = &cfg.snapshot_dir {
             let (restored, skipped) = kv.open_snapshot_dir(dir)?;
@@ -194,6 +173,7 @@ impl Core {
                     window,
                 });
             }
+            check_fits(&self.kv, window, toks.len(), req.max_tokens)?;
             Ok(toks)
         });
         let toks = match checked {

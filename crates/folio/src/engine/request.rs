@@ -4,8 +4,8 @@
 //! [`Completion`]s gathered from one, and the [`EngineStats`] counters.
 
 use super::error::EngineError;
-use crate::kv::KvDtype;
-use crate::model::SamplingParams;
+use crate::kv::{KvDtype, PoolShape};
+use crate::model::{Model, SamplingParams};
 use std::path::PathBuf;
 
 /// Engine settings.
@@ -35,6 +35,73 @@ impl Default for EngineConfig {
             max_seq_tokens: None,
             snapshot_dir: None,
             kv_dtype: KvDtype::F16,
+        }
+    }
+}
+
+/// The most token rows one step may take (activations grow with it).
+pub const MAX_BATCH_TOKENS: usize = 1 << 16;
+
+impl EngineConfig {
+    /// Checks every size against the model and the machine before anything is
+    /// allocated; returns the pool's shape and the window (most tokens per sequence).
+    /// Each error names the setting and its limit.
+    pub fn validate(&self, model: &Model) -> Result<(PoolShape, usize), EngineError> {
+        let bad = |name, reason: String| Err(EngineError::Config { name, reason });
+        let ctx = model.config.context_length;
+        let window = self.max_seq_tokens.unwrap_or(ctx).min(ctx);
+        if window < 2 {
+            return bad(
+                "max_seq_tokens",
+                format!("is {window}; it must be at least 2 (a prompt token and a generated one)"),
+            );
+        }
+        if self.page_size == 0 || self.page_size > window {
+            return bad(
+                "page_size",
+                format!(
+                    "is {}; it must be between 1 and the longest sequence, {window} tokens",
+                    self.page_size
+                ),
+            );
+        }
+        if self.max_batch_tokens == 0 || self.max_batch_tokens > MAX_BATCH_TOKENS {
+            return bad(
+                "max_batch_tokens",
+                format!(
+                    "is {}; it must be between 1 and {MAX_BATCH_TOKENS}",
+                    self.max_batch_tokens
+                ),
+            );
+        }
+        let max_pages = u32::MAX as usize - 1;
+        if self.kv_pages == 0 || self.kv_pages > max_pages {
+            return bad(
+                "kv_pages",
+                format!("is {}; it must be between 1 and {max_pages}", self.kv_pages),
+            );
+        }
+        let shape = model.pool_shape(self.kv_pages, self.page_size, self.kv_dtype);
+        // K/V bytes, plus the page store's own record of each page's tokens.
+        let per_page = (shape.page_bytes() as u64).saturating_add(4 * self.page_size as u64 + 96);
+        let bytes = per_page.checked_mul(self.kv_pages as u64);
+        let avail = crate::machine::available_memory();
+        match (bytes, avail) {
+            (None, _) => bad(
+                "kv_pages",
+                format!("{} pages overflow the address space", self.kv_pages),
+            ),
+            (Some(b), Some(a)) if b > a => bad(
+                "kv_pages",
+                format!(
+                    "{} pages of {} bytes need {:.2} GiB; this machine has {:.2} GiB available",
+                    self.kv_pages,
+                    per_page,
+                    b as f64 / (1u64 << 30) as f64,
+                    a as f64 / (1u64 << 30) as f64
+                ),
+            ),
+            _ => Ok((shape, window)),
         }
     }
 }

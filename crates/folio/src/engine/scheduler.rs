@@ -19,6 +19,25 @@ use super::seq::{After, Gen, Purpose, Seq};
 use crate::kv::{Batch, KvError, Logits, PageTable, PagedKv};
 use crate::tokenizer::Tokenizer;
 
+/// Refuses up front a sample that could never finish: its prompt and `max_tokens`
+/// (capped at the window) need more pages than the whole pool has.
+pub(crate) fn check_fits(
+    kv: &PagedKv,
+    window: usize,
+    prompt: usize,
+    max_tokens: usize,
+) -> Result<(), EngineError> {
+    let longest = prompt.saturating_add(max_tokens).min(window);
+    let needed = longest.div_ceil(kv.page_size());
+    if needed > kv.num_pages() {
+        return Err(EngineError::PoolTooSmall {
+            needed,
+            available: kv.num_pages(),
+        });
+    }
+    Ok(())
+}
+
 /// Counters kept by the scheduler.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Counters {

@@ -56,14 +56,16 @@ pub enum SnapshotError {
     BadName(String),
     #[error("{0}")]
     Kv(#[from] KvError),
-    #[error("{path}: {source}")]
+    /// The OS error is part of the message (not a `source`), so it is printed once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: Arc<std::io::Error>,
+        error: Arc<std::io::Error>,
     },
     #[error("{path}: {reason}")]
     Corrupt { path: PathBuf, reason: String },
+    #[error("{0} is not a directory: the snapshot directory must be one (or not exist yet)")]
+    NotADirectory(PathBuf),
 }
 
 impl SnapshotError {
@@ -72,7 +74,7 @@ impl SnapshotError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             SnapshotError::NotFound(_) => ErrorKind::NotFound,
-            SnapshotError::BadName(_) => ErrorKind::Invalid,
+            SnapshotError::BadName(_) | SnapshotError::NotADirectory(_) => ErrorKind::Invalid,
             SnapshotError::Kv(e) => e.kind(),
             SnapshotError::Io { .. } | SnapshotError::Corrupt { .. } => ErrorKind::Internal,
         }

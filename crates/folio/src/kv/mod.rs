@@ -55,6 +55,7 @@ pub use error::{KvError, SnapshotError};
 pub use hash::{Hasher128, PageHash};
 pub use paged::{PagedKv, PagedSeq, PoolShape};
 pub use single::KvSeq;
+pub use snapshot::check_name as check_snapshot_name;
 pub use storage::KvStorage;
 pub use store::{PageId, PageState, Stats};
 pub use table::{holders, shared_pages, ForkGroup, PageTable};

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 const MAGIC: &[u8; 8] = b"FOLIOSNP";
 const VERSION: u32 = 1;
 
-fn check_name(name: &str) -> Result<(), SnapshotError> {
+/// Whether `name` can name a snapshot (letters, digits, '-', '_' and '.', 1 to 128 of
+/// them, not starting with '.'): callers check before doing work that ends in a save.
+pub fn check_name(name: &str) -> Result<(), SnapshotError> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && !name.starts_with('.')
@@ -74,7 +76,7 @@ impl PagedKv {
                 Err(source) => {
                     return Err(SnapshotError::Io {
                         path,
-                        source: source.into(),
+                        error: source.into(),
                     })
                 }
             }
@@ -102,9 +104,16 @@ impl PagedKv {
     ) -> Result<(Vec<String>, Vec<SnapshotError>), SnapshotError> {
         let io = |source: std::io::Error| SnapshotError::Io {
             path: dir.to_path_buf(),
-            source: source.into(),
+            error: source.into(),
         };
+        if dir.exists() && !dir.is_dir() {
+            return Err(SnapshotError::NotADirectory(dir.to_path_buf()));
+        }
         std::fs::create_dir_all(dir).map_err(io)?;
+        // Fail now, not after a whole generation, if snapshots could not be written.
+        let probe = dir.join(".folio-write-test");
+        std::fs::write(&probe, b"").map_err(io)?;
+        let _ = std::fs::remove_file(&probe);
         self.snapshot_dir = Some(dir.to_path_buf());
         let mut names = Vec::new();
         let mut skipped = Vec::new();
@@ -122,10 +131,7 @@ impl PagedKv {
                     }
                     names.push(name);
                 }
-                Err(e) => {
-                    tracing::warn!("skipping snapshot: {e}");
-                    skipped.push(e);
-                }
+                Err(e) => skipped.push(e),
             }
         }
         Ok((names, skipped))
@@ -158,7 +164,7 @@ impl PagedKv {
         let tmp = dir.join(format!(".{name}.snap.tmp"));
         let io = |source: std::io::Error| SnapshotError::Io {
             path: path.clone(),
-            source: source.into(),
+            error: source.into(),
         };
         {
             use std::io::Write;
@@ -184,11 +190,32 @@ impl PagedKv {
             .ok_or_else(|| corrupt("the file name is not a snapshot name"))?
             .to_string();
         check_name(&name).map_err(|_| corrupt("the file name is not a snapshot name"))?;
-        let b = std::fs::read(path).map_err(|source| SnapshotError::Io {
-            path: path.to_path_buf(),
-            source: source.into(),
-        })?;
         let head = 8 + 4 + 16 + 4 + 4 + 8;
+        // Only a regular file, and no larger than a snapshot of the longest sequence this
+        // pool holds can be: the bound is known before a byte is read.
+        let meta = std::fs::metadata(path).map_err(|source| SnapshotError::Io {
+            path: path.to_path_buf(),
+            error: source.into(),
+        })?;
+        if !meta.is_file() {
+            return Err(corrupt("not a regular file"));
+        }
+        let limit = (self.max_tokens() as u64)
+            .saturating_mul(4 + 2 * self.arena.slot_halves() as u64)
+            .saturating_add(head as u64 + 16);
+        if meta.len() > limit {
+            return Err(corrupt(&format!(
+                "{} bytes, more than a snapshot of this pool can hold ({limit})",
+                meta.len()
+            )));
+        }
+        let b = read_at_most(path, limit).map_err(|source| SnapshotError::Io {
+            path: path.to_path_buf(),
+            error: source.into(),
+        })?;
+        if b.len() as u64 > limit {
+            return Err(corrupt("the file grew while it was read"));
+        }
         if b.len() < head + 16 {
             return Err(corrupt("truncated"));
         }
@@ -207,8 +234,22 @@ impl PagedKv {
             return Err(corrupt("made with another model"));
         }
         let ps = self.store.page_size();
-        if u32_at(28) as usize != ps || u32_at(32) as usize != self.arena.slot_halves() {
-            return Err(corrupt("made with another page size or model shape"));
+        if u32_at(28) as usize != ps {
+            return Err(corrupt(&format!(
+                "made with page size {}; this pool's is {ps}",
+                u32_at(28)
+            )));
+        }
+        if u32_at(32) as usize != self.arena.slot_halves() {
+            let dtype = match self.arena.dtype() {
+                super::KvDtype::F16 => "f16",
+                super::KvDtype::F32 => "f32",
+            };
+            return Err(corrupt(&format!(
+                "made with another K/V element type ({} bytes per token; this pool stores {dtype}, {} bytes per token)",
+                2 * u32_at(32),
+                2 * self.arena.slot_halves()
+            )));
         }
         let n = u64::from_le_bytes(body[36..44].try_into().expect("8 bytes")) as usize;
         let halves = self.arena.slot_halves();
@@ -240,4 +281,15 @@ impl PagedKv {
         self.store.commit_full(&mut t)?;
         Ok((name, t))
     }
+}
+
+/// Reads `path` whole but never more than `limit` + 1 bytes (a file that grows, or a
+/// device behind a name, cannot make the read unbounded).
+fn read_at_most(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut b = Vec::new();
+    std::fs::File::open(path)?
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut b)?;
+    Ok(b)
 }

@@ -258,3 +258,44 @@ fn bad_requests_get_errors_and_the_engine_goes_on() {
     let ok = e.submit(greedy("Hello", 4)).unwrap().collect_all().unwrap();
     assert_eq!(ok[0].ids.len(), 4);
 }
+
+#[test]
+fn non_finite_logits_fail_the_request_instead_of_sampling_a_token() {
+    // A tiny model whose final norm is NaN: every logit is NaN.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nan.gguf");
+    folio::tiny::write_model(&path, 3, folio::gguf::GgmlType::Q4_1).unwrap();
+    let at = {
+        let g = folio::gguf::Gguf::open(&path).unwrap();
+        g.tensor("output_norm.weight").unwrap().offset as usize
+    };
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let m = Model::load(&path, 1).unwrap();
+    let e = Engine::new(m, EngineConfig::default()).unwrap();
+    let events: Vec<Event> = e
+        .submit(Request {
+            max_tokens: 4,
+            ..Request::new(Prompt::Tokens(vec![1, 2, 3]))
+        })
+        .unwrap()
+        .collect();
+    match &events[..] {
+        [Event::Error(err)] => {
+            assert!(
+                matches!(err, folio::EngineError::Step(folio::StepError::NonFinite)),
+                "{err}"
+            );
+            assert_eq!(err.kind(), folio::ErrorKind::Internal);
+        }
+        other => panic!("expected one error event, got {other:?}"),
+    }
+    wait_idle(&e);
+    let (free, cached) = e.idle_pages().unwrap();
+    assert_eq!(
+        free + cached,
+        EngineConfig::default().kv_pages,
+        "pages leaked"
+    );
+}

@@ -4,6 +4,7 @@
 mod common;
 
 mod batch;
+mod config;
 mod context;
 mod engine;
 mod fidelity;
