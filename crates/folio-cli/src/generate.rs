@@ -134,7 +134,7 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         prompt
     };
-    let ids = model.tokenizer.encode(&text, true);
+    let ids = model.tokenizer.try_encode(&text, true)?;
     // Checked before any work: a bad name would only fail after the whole generation.
     if let Some(name) = &a.save_snapshot {
         folio::kv::check_snapshot_name(name)?;

@@ -58,6 +58,8 @@ pub enum TokenizerError {
     UnknownId(u32),
     #[error("chat template: {0}")]
     Template(String),
+    #[error("the text to tokenize is {bytes} bytes, above the limit of {limit}")]
+    InputTooLarge { bytes: usize, limit: usize },
 }
 
 impl TokenizerError {

@@ -43,7 +43,7 @@ pub(crate) struct Core {
 /// The prompt's tokens, or why they cannot run.
 pub(crate) fn tokens_of(model: &Model, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
     let toks = match prompt {
-        Prompt::Text(t) => model.tokenizer.encode(t, true),
+        Prompt::Text(t) => model.tokenizer.try_encode(t, true)?,
         Prompt::Tokens(t) => t.clone(),
     };
     let vocab = model.config.vocab;

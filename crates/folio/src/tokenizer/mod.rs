@@ -4,6 +4,12 @@
 //!
 //! Special-token text in the input (such as `<|im_start|>`) becomes the special token,
 //! longest match first, as llama.cpp does with `parse_special`.
+//!
+//! Cost: encoding is O(n log n) in the input's length whatever the text (the special
+//! partition is O(n) per special token present, the pre-tokenizer regexes scan once,
+//! the merges use a heap: see `bpe.rs` and `spm.rs`), and memory is linear in it.
+//! [`Tokenizer::try_encode`] refuses input above [`MAX_INPUT_BYTES`] before
+//! any work; [`Tokenizer::encode`] has no cap, for callers that trust their text.
 
 mod bpe;
 mod pretok;
@@ -23,16 +29,27 @@ const TYPE_USER_DEFINED: i32 = 4;
 const TYPE_UNKNOWN: i32 = 2;
 const TYPE_BYTE: i32 = 6;
 
+/// The most input bytes [`Tokenizer::try_encode`] accepts: 16 MiB. A prompt that fits a
+/// context window is far smaller (128k tokens of prose is about 0.5 MiB), so the cap
+/// refuses only text that could never run, and it bounds what one request can cost
+/// before it is found too long: at the cap, the worst texts (one unbroken run of a
+/// character) take 7 to 9 s and about 250 MiB on a 2-core EPYC (Zen 4); 1 MiB takes
+/// under 0.3 s.
+pub const MAX_INPUT_BYTES: usize = 16 << 20;
+
 enum Kind {
     Bpe {
         pre: pretok::PreTokenizer,
         merges: bpe::Merges,
-        byte_char: Box<[char; 256]>,
+        /// The token of each byte's character (`None`: missing from the vocabulary).
+        byte_ids: Box<[Option<u32>; 256]>,
         char_byte: HashMap<char, u8>,
     },
     Spm {
         scores: Vec<f32>,
         add_space_prefix: bool,
+        /// The token(s) of a byte with no piece: `<0xXX>`, else `<unk>`.
+        fallback: Box<[Option<u32>; 256]>,
     },
 }
 
@@ -126,16 +143,20 @@ impl Tokenizer {
                     .get("tokenizer.ggml.pre")
                     .and_then(Value::as_str)
                     .unwrap_or("default");
-                let byte_char = Box::new(bpe::byte_to_char());
+                let byte_char = bpe::byte_to_char();
                 let char_byte = byte_char
                     .iter()
                     .enumerate()
                     .map(|(b, &c)| (c, b as u8))
                     .collect();
+                let mut byte_ids = Box::new([None; 256]);
+                for (slot, c) in byte_ids.iter_mut().zip(byte_char) {
+                    *slot = ids.get(&*c.encode_utf8(&mut [0u8; 4])).copied();
+                }
                 Kind::Bpe {
                     pre: pretok::PreTokenizer::for_name(pre_name)?,
                     merges: bpe::Merges::new(table),
-                    byte_char,
+                    byte_ids,
                     char_byte,
                 }
             }
@@ -146,6 +167,7 @@ impl Tokenizer {
                 };
                 Kind::Spm {
                     scores,
+                    fallback: spm::byte_fallback(&ids),
                     add_space_prefix: g
                         .get("tokenizer.ggml.add_space_prefix")
                         .and_then(Value::as_bool)
@@ -239,8 +261,25 @@ impl Tokenizer {
         )
     }
 
+    /// Tokenizes `text` if it is at most [`MAX_INPUT_BYTES`] long, checked before any
+    /// work: the entry point for text from outside (a served prompt). Otherwise the same
+    /// as [`Tokenizer::encode`].
+    pub fn try_encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        if text.len() > MAX_INPUT_BYTES {
+            return Err(TokenizerError::InputTooLarge {
+                bytes: text.len(),
+                limit: MAX_INPUT_BYTES,
+            });
+        }
+        Ok(self.encode(text, add_special))
+    }
+
     /// Tokenizes `text`. With `add_special`, a BOS goes first when the file says so.
     /// Special-token text is always parsed as the special token.
+    ///
+    /// No size cap: time is O(n log n) and memory linear in the text's length, so this
+    /// is for text the caller already bounds; [`Tokenizer::try_encode`] is the
+    /// capped entry point, with identical output for the text it accepts.
     pub fn encode(&self, text: &str, add_special: bool) -> Vec<u32> {
         let mut out = Vec::new();
         if add_special && self.adds_bos() {
@@ -262,6 +301,9 @@ impl Tokenizer {
         out
     }
 
+    /// Splits `text` at special-token text: each special in turn, longest first, within
+    /// the raw fragments the longer ones left. O(n) per special token that occurs (a
+    /// substring search each), so O(n · specials) at worst.
     fn partition<'t>(&self, text: &'t str) -> Vec<Fragment<'t>> {
         let mut frags = vec![Fragment::Raw(text)];
         for (sp, id) in &self.specials {
@@ -295,36 +337,91 @@ impl Tokenizer {
             Kind::Bpe {
                 pre,
                 merges,
-                byte_char,
+                byte_ids,
                 ..
             } => {
+                let mut syms: Vec<u32> = Vec::new();
+                let mut scratch = bpe::Scratch::default();
                 for word in pre.split(text) {
-                    let mut syms: Vec<u32> = Vec::with_capacity(word.len());
+                    syms.clear();
                     for &b in word.as_bytes() {
-                        let c = byte_char[b as usize];
-                        let mut buf = [0u8; 4];
-                        match self.ids.get(&*c.encode_utf8(&mut buf)) {
-                            Some(&id) => syms.push(id),
+                        match byte_ids[b as usize] {
+                            Some(id) => syms.push(id),
                             None => tracing::warn!(byte = b, "byte missing from the vocabulary"),
                         }
                     }
-                    merges.apply(&mut syms);
-                    out.extend(syms);
+                    merges.apply(&mut syms, &mut scratch);
+                    out.extend_from_slice(&syms);
                 }
             }
             Kind::Spm {
                 scores,
                 add_space_prefix,
+                fallback,
             } => {
-                let mut s = String::with_capacity(text.len() + 3);
-                if *add_space_prefix && prev_special {
-                    s.push(' ');
-                }
-                s.push_str(text);
-                let s = s.replace(' ', "\u{2581}");
-                spm::encode(&s, &self.ids, scores, &self.types, out);
+                let s = self.spm_text(text, *add_space_prefix && prev_special);
+                spm::encode(&s, &self.ids, scores, &self.types, fallback, out);
             }
         }
+    }
+
+    /// SentencePiece's view of a raw fragment: an optional leading space, and every
+    /// space as U+2581.
+    fn spm_text(&self, text: &str, space_prefix: bool) -> String {
+        let mut s = String::with_capacity(text.len() + 3);
+        if space_prefix {
+            s.push(' ');
+        }
+        s.push_str(text);
+        s.replace(' ', "\u{2581}")
+    }
+
+    /// [`Tokenizer::encode`] with the merge loops it had before they became heaps
+    /// (quadratic): the reference of the differential tests.
+    #[cfg(test)]
+    fn encode_naive(&self, text: &str, add_special: bool) -> Vec<u32> {
+        let mut out = Vec::new();
+        if add_special && self.adds_bos() {
+            out.extend(self.bos);
+        }
+        let mut prev_special = true;
+        for frag in self.partition(text) {
+            match frag {
+                Fragment::Special(id) => {
+                    out.push(id);
+                    prev_special = true;
+                }
+                Fragment::Raw(s) => {
+                    match &self.kind {
+                        Kind::Bpe { pre, merges, .. } => {
+                            let byte_char = bpe::byte_to_char();
+                            for word in pre.split(s) {
+                                let mut syms: Vec<u32> = Vec::with_capacity(word.len());
+                                for &b in word.as_bytes() {
+                                    let c = byte_char[b as usize];
+                                    let mut buf = [0u8; 4];
+                                    if let Some(&id) = self.ids.get(&*c.encode_utf8(&mut buf)) {
+                                        syms.push(id);
+                                    }
+                                }
+                                merges.apply_naive(&mut syms);
+                                out.extend(syms);
+                            }
+                        }
+                        Kind::Spm {
+                            scores,
+                            add_space_prefix,
+                            ..
+                        } => {
+                            let s = self.spm_text(s, *add_space_prefix && prev_special);
+                            spm::encode_naive(&s, &self.ids, scores, &self.types, &mut out);
+                        }
+                    }
+                    prev_special = false;
+                }
+            }
+        }
+        out
     }
 
     /// The bytes a token stands for in output text. Control tokens render as nothing.
@@ -427,18 +524,11 @@ impl StreamDecoder {
 mod tests {
     use super::*;
     use crate::gguf::GgufWriter;
+    use crate::rng::SplitMix64;
 
     /// A small SentencePiece vocabulary: specials, 256 byte tokens, a few pieces.
     fn spm() -> Tokenizer {
-        let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
-        let mut types = vec![2, 3, 3];
-        let mut scores = vec![0.0f32; 3];
-        for b in 0..=255u8 {
-            tokens.push(format!("<0x{b:02X}>"));
-            types.push(6);
-            scores.push(0.0);
-        }
-        for (piece, score) in [
+        let pieces = [
             ("▁", -1.0),
             ("h", -2.0),
             ("e", -2.0),
@@ -450,10 +540,25 @@ mod tests {
             ("llo", -1.1),
             ("hello", -0.5),
             ("▁hello", -0.1),
-        ] {
-            tokens.push(piece.into());
-            types.push(1);
-            scores.push(score);
+        ];
+        spm_with(&pieces.map(|(p, s)| (p.to_string(), s, 1)))
+    }
+
+    /// A SentencePiece vocabulary: `<unk>`, `<s>`, `</s>`, the 256 byte tokens, then
+    /// `pieces` as (text, score, token type).
+    fn spm_with(pieces: &[(String, f32, i32)]) -> Tokenizer {
+        let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+        let mut types = vec![2, 3, 3];
+        let mut scores = vec![0.0f32; 3];
+        for b in 0..=255u8 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(6);
+            scores.push(0.0);
+        }
+        for (piece, score, ty) in pieces {
+            tokens.push(piece.clone());
+            types.push(*ty);
+            scores.push(*score);
         }
         let s = |v: &str| Value::String(v.into());
         let mut w = GgufWriter::new();
@@ -507,5 +612,262 @@ mod tests {
         assert_eq!(d.push(&t, t.token_id("<0xA9>").unwrap()), "é");
         assert_eq!(d.push(&t, t.token_id("<0xC3>").unwrap()), "");
         assert_eq!(d.finish(), "\u{FFFD}");
+    }
+
+    /// The default model's tokenizer (SmolLM2: byte-level BPE, 49k tokens, the smollm
+    /// pre-tokenizer), read once. Like the integration tests, a missing model is a
+    /// failure with instructions, never a skip.
+    fn smollm() -> &'static Tokenizer {
+        static T: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+        T.get_or_init(|| {
+            let p = std::env::var_os("FOLIO_MODEL")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+                });
+            assert!(
+                p.exists(),
+                "{} is missing: run `scripts/setup.sh` (it fetches the default model)",
+                p.display()
+            );
+            Tokenizer::from_gguf(&Gguf::open(&p).unwrap()).unwrap()
+        })
+    }
+
+    /// Random text from `atoms`, each repeated 1 to 5 times (runs of one kind).
+    fn random_text(rng: &mut SplitMix64, atoms: &[&str], len: usize) -> String {
+        let mut s = String::new();
+        for _ in 0..len {
+            let atom = atoms[rng.below(atoms.len() as u64) as usize];
+            for _ in 0..1 + rng.below(3) * rng.below(3) {
+                s.push_str(atom);
+            }
+        }
+        s
+    }
+
+    /// ASCII, whitespace runs, digits, CJK, emoji, Cyrillic, Arabic, control bytes,
+    /// contractions, marks and special-token text (whole and broken).
+    const MIXED: &[&str] = &[
+        "a",
+        "the",
+        "Z",
+        "Hello",
+        " ",
+        " ",
+        "  ",
+        "    ",
+        "\t",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "\u{a0}",
+        "\u{3000}",
+        "0",
+        "7",
+        "1234",
+        "٣",
+        "中",
+        "文字",
+        "日本語",
+        "😀",
+        "👍🏽",
+        "🎉",
+        "\u{200d}",
+        "ж",
+        "Привет",
+        "ع",
+        "مرحبا",
+        "\0",
+        "\u{1}",
+        "\u{1b}",
+        "\u{7f}",
+        "\u{85}",
+        "'s",
+        "'LL",
+        "'",
+        "!",
+        "...",
+        "é",
+        "e\u{301}",
+        "ſ",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|im_",
+        "|>",
+    ];
+
+    #[test]
+    fn gpt2_encoding_equals_the_naive_merges_on_random_text() {
+        let t = smollm();
+        let mut rng = SplitMix64(0x70c);
+        for i in 0..1500 {
+            let text = random_text(&mut rng, MIXED, 1 + i % 120);
+            assert_eq!(
+                t.encode(&text, true),
+                t.encode_naive(&text, true),
+                "{text:?}"
+            );
+        }
+        // Long runs of one character: the merges the naive loop made quadratic.
+        for unit in [
+            "a", "中", "ж", "ع", "😀", "7", " ", "\n", " \n", "ab", "\u{0}",
+        ] {
+            let text = unit.repeat(1500);
+            assert_eq!(
+                t.encode(&text, false),
+                t.encode_naive(&text, false),
+                "{unit:?}"
+            );
+        }
+    }
+
+    /// A random SentencePiece vocabulary over a few characters: every string of 1 to 4 of
+    /// them is a piece with some probability, scores drawn from a few values (so ties
+    /// occur) or at random, a few pieces unknown-typed or user-defined.
+    fn random_spm(rng: &mut SplitMix64) -> Tokenizer {
+        let alphabet = ['▁', 'a', 'b', 'c', 'é', '中', '😀'];
+        let mut strings: Vec<String> = vec![String::new()];
+        let mut pieces = Vec::new();
+        for _ in 0..4 {
+            let mut longer = Vec::new();
+            for s in &strings {
+                for c in alphabet {
+                    let t = format!("{s}{c}");
+                    // Single characters: all but CJK and emoji (those fall back to bytes).
+                    let keep = if t.chars().count() == 1 {
+                        !matches!(c, '中' | '😀')
+                    } else {
+                        rng.below(3) == 0
+                    };
+                    if keep {
+                        let score = if rng.below(2) == 0 {
+                            -(rng.below(3) as f32) - 1.0
+                        } else {
+                            -10.0 * rng.unit_f32()
+                        };
+                        let ty = match rng.below(40) {
+                            0 => TYPE_UNKNOWN,
+                            1 => TYPE_USER_DEFINED,
+                            _ => 1,
+                        };
+                        pieces.push((t.clone(), score, ty));
+                    }
+                    longer.push(t);
+                }
+            }
+            strings = longer;
+        }
+        spm_with(&pieces)
+    }
+
+    #[test]
+    fn sentencepiece_encoding_equals_the_naive_merges_on_random_vocabularies() {
+        let mut rng = SplitMix64(0x5b3);
+        let atoms = [
+            "a", "b", "c", " ", "  ", "é", "中", "😀", "z", "\n", "ж", "<s>", "abc",
+        ];
+        for v in 0..12 {
+            let t = if v == 0 { spm() } else { random_spm(&mut rng) };
+            for i in 0..150 {
+                let text = random_text(&mut rng, &atoms, 1 + i % 100);
+                assert_eq!(
+                    t.encode(&text, true),
+                    t.encode_naive(&text, true),
+                    "{text:?}"
+                );
+            }
+            for unit in ["a", "ab", " ", " a", "中", "😀", "é"] {
+                let text = unit.repeat(800);
+                assert_eq!(
+                    t.encode(&text, false),
+                    t.encode_naive(&text, false),
+                    "{unit:?}"
+                );
+            }
+        }
+    }
+
+    /// `unit` repeated to 1 MiB.
+    fn one_mib_of(unit: &str) -> String {
+        unit.repeat((1usize << 20).div_ceil(unit.len()))
+    }
+
+    /// Encodes `text` through the capped entry point, prints the time and checks it.
+    fn assert_fast(t: &Tokenizer, what: &str, text: &str) {
+        let start = std::time::Instant::now();
+        let ids = t.try_encode(text, true).unwrap();
+        let took = start.elapsed();
+        println!(
+            "{what}: {} bytes -> {} tokens in {took:.2?}",
+            text.len(),
+            ids.len()
+        );
+        assert!(!ids.is_empty());
+        assert!(took.as_secs_f64() < 2.0, "{what} took {took:?}");
+    }
+
+    #[test]
+    fn one_mib_runs_of_every_script_encode_in_under_two_seconds() {
+        let t = smollm();
+        for (what, unit) in [
+            ("'a'", "a"),
+            ("CJK", "中"),
+            ("Cyrillic", "ж"),
+            ("Arabic", "ع"),
+            ("emoji", "😀"),
+            ("digits", "7"),
+            ("spaces", " "),
+            ("newlines", "\n"),
+            ("spaces and newlines", " \n"),
+        ] {
+            assert_fast(t, what, &one_mib_of(unit));
+        }
+        let mut rng = SplitMix64(1);
+        let mut mix = String::new();
+        while mix.len() < 1 << 20 {
+            mix.push_str(&random_text(&mut rng, MIXED, 64));
+        }
+        assert_fast(t, "random mix", &mix);
+    }
+
+    #[test]
+    fn one_mib_sentencepiece_runs_encode_in_under_two_seconds() {
+        // Pieces "a", "aa", "aaa", ... so a run of 'a' merges all the way up.
+        let pieces: Vec<(String, f32, i32)> = (1..=16)
+            .map(|k| ("a".repeat(k), k as f32, 1))
+            .chain([("▁".to_string(), 0.0, 1)])
+            .collect();
+        let t = spm_with(&pieces);
+        assert_fast(&t, "SentencePiece 'a'", &one_mib_of("a"));
+        assert_fast(&t, "SentencePiece spaces", &one_mib_of(" "));
+        let t = random_spm(&mut SplitMix64(2));
+        assert_fast(&t, "SentencePiece 'ab'", &one_mib_of("ab"));
+        assert_fast(&t, "SentencePiece CJK", &one_mib_of("中"));
+        let mut rng = SplitMix64(3);
+        let atoms = ["a", "b", "c", " ", "é", "中", "😀", "z"];
+        let mut mix = String::new();
+        while mix.len() < 1 << 20 {
+            mix.push_str(&random_text(&mut rng, &atoms, 64));
+        }
+        assert_fast(&t, "SentencePiece random mix", &mix);
+    }
+
+    #[test]
+    fn try_encode_refuses_text_above_the_cap_and_encodes_the_rest() {
+        let t = spm();
+        let big = "a".repeat(MAX_INPUT_BYTES + 1);
+        match t.try_encode(&big, true) {
+            Err(TokenizerError::InputTooLarge { bytes, limit }) => {
+                assert_eq!((bytes, limit), (MAX_INPUT_BYTES + 1, MAX_INPUT_BYTES));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            t.try_encode("hello", true).unwrap(),
+            t.encode("hello", true)
+        );
     }
 }

@@ -2,48 +2,214 @@
 //! `tokenizer.ggml.pre` name. Each is a list of regexes applied in turn, as llama.cpp
 //! does: every regex splits each piece left by the previous one into its matches and the
 //! text between them, so a later regex never sees across an earlier split.
+//!
+//! The regexes are llama.cpp's, which end in `\s+(?!\S)`: a lookahead, which linear-time
+//! engines lack. A backtracking engine (fancy-regex, which folio used before) is not an
+//! option: its stack and backtrack limits (10^6) are hit by a run of about a million
+//! letters, and an error in the middle of `find_iter` repeats forever. So each regex
+//! runs on regex-automata (leftmost-first, the same preference order as backtracking,
+//! linear time) with the lookahead alternative replaced by a captured `(\s+)`, and the
+//! lookahead is applied to that group's matches by hand:
+//!
+//! - `\s+(?!\S)` at `p`: the whitespace run `p..q` is maximal, so `q` is the end of the
+//!   text (match `p..q`) or a non-space; then the backtracking engine gives back the
+//!   last character (match `p..q-1`) if two or more remain, and otherwise fails at `p`
+//!   and tries from the next character.
+//! - `\s+(?!\S)|\s+` (llama3, qwen2): the same, but a single character is matched by the
+//!   plain `\s+`.
+//!
+//! Every earlier alternative is tried first in both engines, so the splits are identical
+//! (the tests compare them with fancy-regex on random text). Each search resumes where
+//! the last match ended, and no alternative here looks past the end of the run of
+//! letters, digits, symbols or whitespace it stands in, so a split is linear in the
+//! text (the tokenizer's tests time 1 MiB runs of each kind).
 
 use crate::error::TokenizerError;
-use fancy_regex::Regex;
+use regex_automata::meta::Regex;
+use regex_automata::util::captures::Captures;
+use regex_automata::Input;
 
-const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// How a pattern's last alternative treats trailing whitespace.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Tail {
+    /// No whitespace tail.
+    None,
+    /// `\s+(?!\S)`.
+    Lookahead,
+    /// `\s+(?!\S)|\s+`.
+    LookaheadOrOne,
+}
+
+/// A llama.cpp pre-tokenizer regex: the alternatives before the tail, and the tail.
+#[derive(Clone, Copy)]
+struct Pattern {
+    head: &'static str,
+    tail: Tail,
+}
+
+impl Pattern {
+    /// The regex as llama.cpp writes it (with the lookahead).
+    #[cfg(test)]
+    fn llama_cpp_form(&self) -> String {
+        match self.tail {
+            Tail::None => self.head.to_string(),
+            Tail::Lookahead => format!(r"{}|\s+(?!\S)", self.head),
+            Tail::LookaheadOrOne => format!(r"{}|\s+(?!\S)|\s+", self.head),
+        }
+    }
+
+    /// The regex folio runs: the tail as capture group 1, matched greedily.
+    fn linear_form(&self) -> String {
+        match self.tail {
+            Tail::None => self.head.to_string(),
+            Tail::Lookahead | Tail::LookaheadOrOne => format!(r"(?:{})|(\s+)", self.head),
+        }
+    }
+}
+
+const DIGITS: Pattern = Pattern {
+    head: r"\p{N}",
+    tail: Tail::None,
+};
+const GPT2: Pattern = Pattern {
+    head: r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+",
+    tail: Tail::Lookahead,
+};
+const LLAMA3: Pattern = Pattern {
+    head: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+",
+    tail: Tail::LookaheadOrOne,
+};
+const QWEN2: Pattern = Pattern {
+    head: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+",
+    tail: Tail::LookaheadOrOne,
+};
+
+/// The patterns llama.cpp uses for `name` (`tokenizer.ggml.pre`).
+fn patterns(name: &str) -> Vec<Pattern> {
+    match name {
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => {
+            vec![DIGITS, GPT2]
+        }
+        "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "pixtral" => vec![LLAMA3],
+        "qwen2" | "deepseek-r1-qwen" => vec![QWEN2],
+        "gpt2" | "gpt-2" | "mpt" | "olmo" | "jais" | "default" | "" => vec![GPT2],
+        other => {
+            tracing::warn!(pre = other, "unknown pre-tokenizer; using gpt2's");
+            vec![GPT2]
+        }
+    }
+}
+
+/// One compiled pattern.
+struct Rule {
+    re: Regex,
+    tail: Tail,
+}
 
 /// A compiled pre-tokenizer.
 pub struct PreTokenizer {
-    regexes: Vec<Regex>,
+    rules: Vec<Rule>,
 }
 
 impl PreTokenizer {
     /// The pre-tokenizer llama.cpp uses for `name` (`tokenizer.ggml.pre`).
     pub fn for_name(name: &str) -> Result<Self, TokenizerError> {
-        let exprs: Vec<&str> = match name {
-            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
-            | "minerva" => vec![r"\p{N}", GPT2],
-            "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "pixtral" => vec![LLAMA3],
-            "qwen2" | "deepseek-r1-qwen" => vec![QWEN2],
-            "gpt2" | "gpt-2" | "mpt" | "olmo" | "jais" | "default" | "" => vec![GPT2],
-            other => {
-                tracing::warn!(pre = other, "unknown pre-tokenizer; using gpt2's");
-                vec![GPT2]
-            }
-        };
-        let regexes = exprs
+        let rules = patterns(name)
             .into_iter()
-            .map(|e| Regex::new(e).map_err(|err| TokenizerError::BadVocab(err.to_string())))
+            .map(|p| {
+                Regex::new(&p.linear_form())
+                    .map(|re| Rule { re, tail: p.tail })
+                    .map_err(|err| TokenizerError::BadVocab(err.to_string()))
+            })
             .collect::<Result<_, _>>()?;
-        Ok(Self { regexes })
+        Ok(Self { rules })
     }
 
     /// Splits `text` into words.
     pub fn split<'t>(&self, text: &'t str) -> Vec<&'t str> {
         let mut pieces = vec![text];
-        for re in &self.regexes {
+        for rule in &self.rules {
             let mut next = Vec::with_capacity(pieces.len() * 2);
+            let mut caps = rule.re.create_captures();
+            for piece in pieces {
+                rule.split(piece, &mut caps, &mut next);
+            }
+            pieces = next;
+        }
+        pieces
+    }
+}
+
+impl Rule {
+    /// The next match in `text` at or after `at`, with the lookahead applied.
+    fn next_match(&self, text: &str, mut at: usize, caps: &mut Captures) -> Option<(usize, usize)> {
+        loop {
+            let input = Input::new(text).span(at..text.len());
+            if self.tail == Tail::None {
+                return self.re.search(&input).map(|m| (m.start(), m.end()));
+            }
+            self.re.search_captures(&input, caps);
+            let m = caps.get_match()?;
+            let (start, end) = (m.start(), m.end());
+            if caps.get_group(1).is_none() || end == text.len() {
+                return Some((start, end));
+            }
+            // `(\s+)` ran from `start` to a non-space at `end`: `(?!\S)` gives back the
+            // last character, if one would remain.
+            let last = text[start..end]
+                .chars()
+                .next_back()
+                .map_or(0, char::len_utf8);
+            if end - last > start {
+                return Some((start, end - last));
+            }
+            match self.tail {
+                Tail::LookaheadOrOne => return Some((start, end)),
+                // The whole regex fails at `start`: try from the next character.
+                _ => at = end,
+            }
+        }
+    }
+
+    /// Appends the matches of this rule in `piece`, and the text between them, to `out`.
+    fn split<'t>(&self, piece: &'t str, caps: &mut Captures, out: &mut Vec<&'t str>) {
+        let mut last = 0;
+        while let Some((start, end)) = self.next_match(piece, last, caps) {
+            if start > last {
+                out.push(&piece[last..start]);
+            }
+            out.push(&piece[start..end]);
+            last = end;
+        }
+        if last < piece.len() {
+            out.push(&piece[last..]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix64;
+
+    #[test]
+    fn smollm_splits_digits_first() {
+        let p = PreTokenizer::for_name("smollm").unwrap();
+        assert_eq!(p.split("abc123 def"), vec!["abc", "1", "2", "3", " def"]);
+        assert_eq!(p.split("I can't  go"), vec!["I", " can", "'t", " ", " go"]);
+        assert_eq!(p.split("a  1"), vec!["a", "  ", "1"]);
+    }
+
+    /// The split as folio made it with fancy-regex and llama.cpp's own regexes: the
+    /// reference (fine on short text; it fails on runs of about a million characters).
+    fn split_backtracking<'t>(regexes: &[fancy_regex::Regex], text: &'t str) -> Vec<&'t str> {
+        let mut pieces = vec![text];
+        for re in regexes {
+            let mut next = Vec::new();
             for piece in pieces {
                 let mut last = 0;
-                for m in re.find_iter(piece).flatten() {
+                for m in re.find_iter(piece) {
+                    let m = m.expect("short text stays within fancy-regex's limits");
                     if m.start() > last {
                         next.push(&piece[last..m.start()]);
                     }
@@ -60,17 +226,54 @@ impl PreTokenizer {
         }
         pieces
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+    /// Text made to stress the regexes: whitespace of every kind in runs, letters,
+    /// contractions in both cases, digits, punctuation, marks, CJK, emoji, controls.
+    fn stress_text(rng: &mut SplitMix64, len: usize) -> String {
+        const ATOMS: &[&str] = &[
+            " ", " ", "  ", "\t", "\n", "\r\n", "\r", "\u{a0}", "\u{3000}", "\u{2028}", "\u{85}",
+            "\u{b}", "\u{c}", "a", "Z", "é", "ж", "ع", "中", "ſ", "'", "'s", "'S", "'ll", "'LL",
+            "'re", "'ve", "'m", "'d", "'t", "1", "٣", "Ⅻ", "½", "!", "...", "-", "\u{301}", "😀",
+            "👍🏽", "\u{200d}", "\0", "\u{7f}", "\u{1b}", "_", "x1", "\n\n",
+        ];
+        let mut s = String::new();
+        for _ in 0..len {
+            let atom = ATOMS[rng.below(ATOMS.len() as u64) as usize];
+            for _ in 0..1 + rng.below(3) * rng.below(3) {
+                s.push_str(atom);
+            }
+        }
+        s
+    }
 
     #[test]
-    fn smollm_splits_digits_first() {
-        let p = PreTokenizer::for_name("smollm").unwrap();
-        assert_eq!(p.split("abc123 def"), vec!["abc", "1", "2", "3", " def"]);
-        assert_eq!(p.split("I can't  go"), vec!["I", " can", "'t", " ", " go"]);
-        assert_eq!(p.split("a  1"), vec!["a", "  ", "1"]);
+    fn linear_splits_equal_the_backtracking_engine_on_random_text() {
+        let mut rng = SplitMix64(0x5eed_7e47);
+        for name in ["smollm", "llama3", "qwen2", "gpt2"] {
+            let p = PreTokenizer::for_name(name).unwrap();
+            let reference: Vec<fancy_regex::Regex> = patterns(name)
+                .iter()
+                .map(|p| fancy_regex::Regex::new(&p.llama_cpp_form()).unwrap())
+                .collect();
+            for i in 0..3000 {
+                let text = stress_text(&mut rng, (i % 80) + 1);
+                assert_eq!(
+                    p.split(&text),
+                    split_backtracking(&reference, &text),
+                    "{name}: {text:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn whitespace_before_a_word_gives_back_one_character() {
+        let gpt2 = PreTokenizer::for_name("gpt2").unwrap();
+        assert_eq!(gpt2.split("a   b"), vec!["a", "  ", " b"]);
+        assert_eq!(gpt2.split("a\t\tb"), vec!["a", "\t", "\t", "b"]);
+        assert_eq!(gpt2.split("a\tb  "), vec!["a", "\t", "b", "  "]);
+        let llama3 = PreTokenizer::for_name("llama3").unwrap();
+        assert_eq!(llama3.split("a\t\tb"), vec!["a", "\t", "\tb"]);
+        assert_eq!(llama3.split("a \u{3000}1"), vec!["a", " ", "\u{3000}", "1"]);
     }
 }
