@@ -10,12 +10,11 @@ use thiserror::Error;
 /// Errors from reading a GGUF file: every one names what is wrong and where.
 #[derive(Debug, Error)]
 pub enum GgufError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The OS error is part of the message (not a `source`), so it is printed once.
+    #[error("cannot read {path}: {error}")]
+    Io { path: String, error: std::io::Error },
+    #[error("{path} {kind}, not a regular file")]
+    NotAFile { path: String, kind: FileKind },
     #[error("not a GGUF file: magic bytes are {0:02x?}, expected \"GGUF\"")]
     BadMagic([u8; 4]),
     #[error("unsupported GGUF version {0} (folio reads versions 2 and 3)")]
@@ -45,6 +44,31 @@ pub enum GgufError {
     Duplicate { what: &'static str, name: String },
     #[error("general.alignment is {0}, which is not a power of two")]
     BadAlignment(u64),
+}
+
+/// What a path that is not a regular file is instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Directory,
+    /// A FIFO (named pipe): opening it for reading would wait for a writer.
+    Fifo,
+    /// A character or block device, such as `/dev/zero`.
+    Device,
+    Socket,
+    /// Anything else that is not a regular file.
+    Other,
+}
+
+impl std::fmt::Display for FileKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FileKind::Directory => "is a directory",
+            FileKind::Fifo => "is a FIFO/named pipe",
+            FileKind::Device => "is a device",
+            FileKind::Socket => "is a socket",
+            FileKind::Other => "is a special file",
+        })
+    }
 }
 
 /// Errors from the tokenizer and the chat template.

@@ -118,7 +118,9 @@ pub struct Gguf {
 }
 
 impl Gguf {
-    /// Maps and parses the file at `path`.
+    /// Maps and parses the file at `path`: a regular file, or a symlink to one. A
+    /// directory, FIFO, device or socket is [`GgufError::NotAFile`], found before the
+    /// path is opened (so a FIFO never blocks).
     pub fn open(path: &Path) -> Result<Self, GgufError> {
         Self::parse(MappedFile::open(path)?)
     }

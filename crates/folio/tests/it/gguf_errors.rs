@@ -1,12 +1,15 @@
-//! Truncated, bit-flipped, size-lying and foreign GGUF files: every one gives a typed
-//! error (or, for a harmless flip, a model), never a panic or an absurd allocation.
+//! Truncated, bit-flipped, size-lying and foreign GGUF files, and paths that are not
+//! files at all: every one gives a typed error (or, for a harmless flip, a model), never
+//! a panic, an absurd allocation or a wait.
 
-use folio::error::GgufError;
+use folio::error::{FileKind, GgufError};
 use folio::gguf::{GgmlType, Gguf, GgufWriter, Value};
 use folio::model::Model;
 use folio::ModelError;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
     let p = dir.join(name);
@@ -245,4 +248,81 @@ fn models_folio_cannot_run_are_refused_by_name() {
         ),
         "{r:?}"
     );
+}
+
+/// `Gguf::open(path)` on another thread; a test failure, not a hung test, if it has not
+/// returned within 10 s. Returns the kind of a `NotAFile` error (or panics on any other
+/// outcome) and how long the open took.
+fn not_a_file_kind(path: &Path) -> (FileKind, Duration) {
+    let (tx, rx) = mpsc::channel();
+    let p = path.to_path_buf();
+    let start = Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(Gguf::open(&p).map(|_| ()));
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("opening {} blocked", path.display()));
+    match r {
+        Err(GgufError::NotAFile { path: p, kind }) => {
+            assert_eq!(p, path.display().to_string());
+            (kind, start.elapsed())
+        }
+        other => panic!("{}: expected NotAFile, got {other:?}", path.display()),
+    }
+}
+
+#[test]
+fn a_directory_is_refused_as_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kind, _) = not_a_file_kind(dir.path());
+    assert_eq!(kind, FileKind::Directory);
+    let e = Gguf::open(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("is a directory, not a regular file"), "{e}");
+    // Through the model loader too.
+    assert!(matches!(
+        Model::load(dir.path(), 1),
+        Err(ModelError::Gguf(GgufError::NotAFile {
+            kind: FileKind::Directory,
+            ..
+        }))
+    ));
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_is_refused_at_once_without_waiting_for_a_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.gguf");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo failed");
+    let (kind, took) = not_a_file_kind(&fifo);
+    assert_eq!(kind, FileKind::Fifo);
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let e = Gguf::open(&fifo).err().unwrap().to_string();
+    assert!(e.contains("is a FIFO/named pipe"), "{e}");
+}
+
+#[cfg(unix)]
+#[test]
+fn dev_zero_is_refused_as_a_device() {
+    let (kind, took) = not_a_file_kind(Path::new("/dev/zero"));
+    assert_eq!(kind, FileKind::Device);
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+}
+
+#[cfg(unix)]
+#[test]
+fn symlinks_are_followed_to_what_they_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "real.gguf", &one_key());
+    let link = dir.path().join("link.gguf");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    assert!(Gguf::open(&link).is_ok());
+    let to_dir: PathBuf = dir.path().join("to_dir.gguf");
+    std::os::unix::fs::symlink(dir.path(), &to_dir).unwrap();
+    assert_eq!(not_a_file_kind(&to_dir).0, FileKind::Directory);
 }
