@@ -201,7 +201,7 @@ impl Contexts {
         messages.push(Message::new(role.as_str(), &text));
         let full = template.render(&messages, false)?;
         let delta = full.strip_prefix(c.rendered.as_str()).unwrap_or(&full);
-        let toks = tok.encode(delta, empty);
+        let toks = tok.try_encode(delta, empty)?;
         self.append(model, window, id, toks)?;
         let c = self.idle(id)?;
         c.messages = messages;

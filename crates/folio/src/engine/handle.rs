@@ -243,7 +243,7 @@ impl Context {
         let (id, text) = (self.id, text.to_string());
         self.engine.call(move |c| {
             let empty = c.contexts.is_empty(id)?;
-            let toks = c.model.tokenizer.encode(&text, empty);
+            let toks = c.model.tokenizer.try_encode(&text, empty)?;
             c.contexts.append(&c.model, c.sched.window, id, toks)
         })?
     }
