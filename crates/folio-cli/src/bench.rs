@@ -105,7 +105,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     let (pp, tg) = (median(&pps), median(&tgs));
-    let bw = folio::machine::read_bandwidth(threads);
+    let bw = folio::machine::read_bandwidth(threads)?;
     let limit = bw / model.bytes_per_token() as f64;
 
     println!();

@@ -220,6 +220,13 @@ fn bad_input_gives_a_clear_error_and_no_panic() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the context window holds 64"), "{err}");
+
+    // An absurd thread count is refused before any thread starts (it used to abort).
+    let out = folio(&["generate", "hi", "--threads", "100000000"], None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("above the limit of 1024"), "{err}");
+    assert!(!err.contains("panicked"));
 }
 
 #[test]

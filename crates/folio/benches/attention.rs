@@ -61,7 +61,7 @@ fn main() {
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(2);
-    let pool = ThreadPool::new(threads);
+    let pool = ThreadPool::new(threads).expect("threads");
     let kvd = HEADS.n_kv_heads * HEADS.head_dim;
     let d = HEADS.n_heads * HEADS.head_dim;
     println!("attention, one decode query per layer pass (9 heads over 3 KV heads, head 64), {threads} threads, kernels {}", folio::machine::isa_name());

@@ -71,6 +71,16 @@ impl std::fmt::Display for FileKind {
     }
 }
 
+/// Errors from starting the thread pool.
+#[derive(Debug, Error)]
+pub enum PoolError {
+    #[error("{requested} threads requested, above the limit of {limit}")]
+    TooManyThreads { requested: usize, limit: usize },
+    /// The OS error is part of the message (not a `source`), so it is printed once.
+    #[error("cannot start worker thread {index}: {error}")]
+    Spawn { index: usize, error: std::io::Error },
+}
+
 /// Errors from the tokenizer and the chat template.
 #[derive(Debug, Clone, Error)]
 pub enum TokenizerError {

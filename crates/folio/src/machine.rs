@@ -2,6 +2,7 @@
 //! time and the memory read bandwidth its threads reach (the ceiling of decode, which
 //! reads every weight once per token).
 
+use crate::error::PoolError;
 use crate::kernels::{self, ThreadPool};
 use std::time::Instant;
 
@@ -11,10 +12,10 @@ pub fn isa_name() -> String {
 }
 
 /// Bytes per second that `threads` threads read from memory (256 MiB, best of 3).
-pub fn read_bandwidth(threads: usize) -> f64 {
+pub fn read_bandwidth(threads: usize) -> Result<f64, PoolError> {
     let threads = threads.max(1);
     let data: Vec<u64> = (0..32 << 20).map(|i| i as u64).collect();
-    let pool = ThreadPool::new(threads);
+    let pool = ThreadPool::new(threads)?;
     let mut best = 0f64;
     for _ in 0..3 {
         let sums: Vec<std::sync::atomic::AtomicU64> =
@@ -29,7 +30,7 @@ pub fn read_bandwidth(threads: usize) -> f64 {
         std::hint::black_box(&sums);
         best = best.max((data.len() * 8) as f64 / secs);
     }
-    best
+    Ok(best)
 }
 
 /// Bytes of memory the OS says are available now (`MemAvailable` in /proc/meminfo),

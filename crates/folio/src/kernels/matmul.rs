@@ -386,7 +386,7 @@ pub fn matmul(
         .map(|(w, _)| w.rows.div_ceil(ROW_TILE))
         .collect();
     let total: usize = tiles.iter().sum();
-    let n_threads = pool.threads().min(total.max(1));
+    let n_threads = pool.parallelism().min(total.max(1));
     // Global tile index -> (matrix, its first row).
     let locate = |tile: usize| {
         let mut base = 0;

@@ -6,7 +6,8 @@
 //! - `scalar`: the reference twin of every kernel.
 //! - `avx2`: AVX2/FMA/F16C kernels, chosen at run time.
 //! - `matmul`: [`QMatrix`] (weights laid out for the kernels) and the threaded matmul.
-//! - `pool`: a persistent spinning thread pool with one barrier per parallel region.
+//! - `pool`: a persistent thread pool, one barrier per parallel region; tasks are claimed
+//!   dynamically and waiting threads park, so more threads than cores degrade gracefully.
 //!
 //! The instruction set is detected once ([`isa`]); `FOLIO_ISA=scalar` forces the scalar
 //! twins (used by tests and to measure what SIMD buys).

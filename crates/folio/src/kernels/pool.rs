@@ -1,26 +1,108 @@
-//! A persistent thread pool for the forward pass: `run(f)` calls `f(i)` once on each of
-//! `n` threads (the caller is thread 0) and returns when all are done.
+//! A persistent thread pool for the forward pass: `run(f)` calls `f(i)` once for each
+//! task index `i` in `0..threads()` and returns when all have returned.
 //!
 //! Why not rayon: a decode step has ~150 parallel regions of a few microseconds each, so
-//! the cost of one region matters. Workers spin briefly on an epoch counter, then sleep
-//! on a condvar, so an idle engine costs no CPU.
+//! the cost of one region matters: on a quiet machine a region is one store to publish
+//! it, one claim per task and one counter to wait on, with no system call.
+//!
+//! Why it degrades gracefully when threads outnumber free cores (more threads than
+//! cores, or a busy neighbour process):
+//! - Task indices are claimed, not assigned: the caller and every awake worker take the
+//!   next unclaimed index from one counter, so a worker that is descheduled (or never
+//!   woke) does not hold a region up: whoever runs takes its task. Which thread runs
+//!   index `i` never changes what `f(i)` computes.
+//! - Waiting is bounded: a worker waiting for the next region, and the caller waiting
+//!   for the last task, spin for [`SPIN`], then yield [`YIELDS`] times, then park. A
+//!   parked worker is woken (unparked) when a region is published; the caller by the
+//!   worker that finishes the last task.
+//! - At most `available_parallelism - 1` workers are awake at once (the caller is the
+//!   other core): excess workers park and no more are woken, and users split work into
+//!   [`ThreadPool::parallelism`] shares, so `--threads 64` on two cores runs like two
+//!   threads instead of 64 spinning ones.
+//!
+//! Threads are capped at [`MAX_THREADS`] ([`PoolError::TooManyThreads`]), and a failed
+//! spawn is [`PoolError::Spawn`], not a panic.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+pub use crate::error::PoolError;
+
+/// The most threads a pool may have; more is [`PoolError::TooManyThreads`].
+pub const MAX_THREADS: usize = 1024;
+
+/// How long a waiting thread spins before it starts yielding, then parks. On the
+/// 2-core Zen 4 this was tuned on, a park/unpark round trip (two wake-ups) costs ~4 µs
+/// and a region after the workers parked ~4-12 µs more than a warm one, while a decode
+/// region takes ~25 µs (SmolLM2-135M, 2 threads) and the gaps between one token's
+/// regions a few µs: spinning this long keeps workers awake through a token and parks
+/// them between requests, or while the caller is descheduled.
+pub const SPIN: Duration = Duration::from_micros(100);
+/// `yield_now` calls after spinning and before parking.
+pub const YIELDS: u32 = 8;
 
 type Job = &'static (dyn Fn(usize) + Sync);
 
+/// One cache line, so that counters written by different threads do not share one.
+#[repr(align(64))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// The current region, in one cache line: whoever claims a task reads the job next.
+#[repr(align(64))]
+struct Region {
+    /// The next unclaimed task index; `>= n` when all are claimed.
+    next: AtomicUsize,
+    /// Points at `run`'s reference to the region's job (dangling between regions, when
+    /// no task can be claimed).
+    job: AtomicPtr<Job>,
+}
+
+/// The end of the current region, in one cache line: whoever counts a task done reads
+/// whether the caller sleeps.
+#[repr(align(64))]
+struct Finish {
+    /// Tasks of the region that have returned.
+    done: AtomicUsize,
+    /// The caller of `run` parked waiting for the last task.
+    caller_parked: AtomicBool,
+}
+
+/// A worker's parking place.
+#[repr(align(64))]
+struct Slot {
+    /// Set by the worker before it parks; cleared by whoever wakes it (or by the worker
+    /// itself if it finds work before parking). Whoever clears it counts the worker awake.
+    parked: AtomicBool,
+    thread: OnceLock<Thread>,
+}
+
 struct Shared {
-    job: Mutex<Option<Job>>,
-    epoch: AtomicU64,
-    pending: AtomicUsize,
-    sleepers: AtomicUsize,
+    /// Tasks per region (the caller counts as one thread).
+    n: usize,
+    /// The most workers awake at once: one fewer than the cores (the caller is the other).
+    cap: usize,
+    /// The current region: its next unclaimed task and its job.
+    region: Region,
+    /// Tasks of the current region that have returned.
+    finish: Finish,
+    /// Workers not parked.
+    awake: Padded<AtomicUsize>,
+    /// Points at `run`'s reference to the current region's job while tasks remain.
+    slots: Box<[Slot]>,
+    /// The caller of `run`, parked waiting for the last task.
+    waiter: Mutex<Option<Thread>>,
     panicked: AtomicBool,
     shutdown: AtomicBool,
-    lock: Mutex<()>,
-    wake: Condvar,
 }
 
 /// A fixed set of worker threads.
@@ -31,45 +113,96 @@ pub struct ThreadPool {
     run_lock: Mutex<()>,
 }
 
-const SPINS: u32 = 200_000;
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 impl ThreadPool {
-    /// A pool of `n` threads in all (the caller counts as one); `n` is at least 1.
-    pub fn new(n: usize) -> Self {
+    /// A pool of `n` threads in all (the caller counts as one); 0 counts as 1. More than
+    /// [`MAX_THREADS`] is refused; more than the available cores is allowed (a warning
+    /// is logged once), but only as many as there are cores are awake at once.
+    pub fn new(n: usize) -> Result<Self, PoolError> {
+        if n > MAX_THREADS {
+            return Err(PoolError::TooManyThreads {
+                requested: n,
+                limit: MAX_THREADS,
+            });
+        }
         let n = n.max(1);
+        let cores = cores();
+        if n > cores {
+            static WARN: Once = Once::new();
+            WARN.call_once(|| {
+                tracing::warn!(
+                    threads = n,
+                    cores,
+                    "more threads than available cores: at most {cores} run at once"
+                );
+            });
+        }
         let shared = Arc::new(Shared {
-            job: Mutex::new(None),
-            epoch: AtomicU64::new(0),
-            pending: AtomicUsize::new(0),
-            sleepers: AtomicUsize::new(0),
+            n,
+            cap: (cores - 1).clamp(1, n.max(2) - 1),
+            region: Region {
+                next: AtomicUsize::new(n),
+                job: AtomicPtr::new(std::ptr::null_mut()),
+            },
+            finish: Finish {
+                done: AtomicUsize::new(n),
+                caller_parked: AtomicBool::new(false),
+            },
+            awake: Padded(AtomicUsize::new(n - 1)),
+            slots: (1..n)
+                .map(|_| Slot {
+                    parked: AtomicBool::new(false),
+                    thread: OnceLock::new(),
+                })
+                .collect(),
+            waiter: Mutex::new(None),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
-            lock: Mutex::new(()),
-            wake: Condvar::new(),
         });
-        let workers = (1..n)
-            .map(|i| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("folio-worker-{i}"))
-                    .spawn(move || worker(i, &s))
-                    .expect("spawn worker thread")
-            })
-            .collect();
-        Self {
+        let mut pool = Self {
             n,
             shared,
-            workers,
+            workers: Vec::with_capacity(n - 1),
             run_lock: Mutex::new(()),
+        };
+        for w in 0..n - 1 {
+            let s = pool.shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("folio-worker-{}", w + 1))
+                .spawn(move || worker(w, &s));
+            match spawned {
+                Ok(h) => pool.workers.push(h),
+                // Dropping the pool stops the workers already started.
+                Err(error) => {
+                    return Err(PoolError::Spawn {
+                        index: w + 1,
+                        error,
+                    })
+                }
+            }
         }
+        Ok(pool)
     }
 
-    /// Number of threads, the caller included.
+    /// Number of task indices per region (threads, the caller included).
     pub fn threads(&self) -> usize {
         self.n
     }
 
-    /// Runs `f(i)` for i in 0..threads(), in parallel, and waits for all of them.
+    /// How many threads run at once: `threads()`, or fewer when it exceeds the cores.
+    /// Work is best split into this many shares (one per task below it; tasks above
+    /// it have nothing to do): more shares than running threads leave each thread
+    /// several shares, whose weights it no longer reads in one ascending stream, and
+    /// decode ran ~1.6x slower so with 8 threads on 2 cores.
+    pub fn parallelism(&self) -> usize {
+        (self.shared.cap + 1).min(self.n)
+    }
+
+    /// Runs `f(i)` for every i in 0..threads(), in parallel, and waits for all of them.
+    /// Any thread of the pool may run any index (the caller too), each exactly once.
     pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
         if self.n == 1 {
             f(0);
@@ -77,80 +210,172 @@ impl ThreadPool {
         }
         let _one_at_a_time = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY: the 'static lifetime is a lie told only to the workers: this function
-        // does not return until `pending` is 0, i.e. until every worker has finished
-        // calling the job, and it clears the slot before returning, so no worker can
-        // reach `f` after the borrow ends.
+        // SAFETY: the 'static lifetime is a lie told only to the workers: a worker reads
+        // the job (and calls it) only after claiming a task of this region, and this
+        // function does not return (nor `f` end) until `done` says every task of the
+        // region has returned. Once all are claimed, nothing reads the stale pointer.
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f) };
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
-        s.pending.store(self.n - 1, SeqCst);
-        s.epoch.fetch_add(1, SeqCst);
-        if s.sleepers.load(SeqCst) > 0 {
-            let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-            s.wake.notify_all();
-        }
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
-        let mut spins = 0u32;
-        while s.pending.load(Acquire) != 0 {
-            spins += 1;
-            if spins < SPINS {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+        s.region.job.store((&job as *const Job).cast_mut(), Relaxed);
+        s.finish.done.store(0, Relaxed);
+        // Publishes the region (the release makes `job` and `done` visible to whoever
+        // claims from it); SeqCst pairs with a parking worker's (see `Shared::park`).
+        s.region.next.store(0, SeqCst);
+        let awake = s.awake.load(SeqCst);
+        for _ in awake..s.cap {
+            if !s.wake_one() {
+                break;
             }
         }
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        if let Err(p) = mine {
+        let mut first_panic = None;
+        while let Some(k) = s.claim() {
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(k))) {
+                first_panic.get_or_insert(p);
+            }
+            s.finish_task();
+        }
+        s.wait_done();
+        let worker_panicked = s.panicked.load(Relaxed) && s.panicked.swap(false, SeqCst);
+        if let Some(p) = first_panic {
             std::panic::resume_unwind(p);
         }
-        if s.panicked.swap(false, SeqCst) {
+        if worker_panicked {
             panic!("a folio worker thread panicked");
         }
     }
 }
 
-fn worker(i: usize, s: &Shared) {
-    let mut seen = 0u64;
+/// Spins, then yields, until `ready()` or the budget is spent; returns whether it is.
+fn spin_until(ready: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    let mut spins = 0u32;
     loop {
-        let mut spins = 0u32;
-        loop {
-            if s.shutdown.load(Acquire) {
-                return;
-            }
-            let e = s.epoch.load(Acquire);
-            if e != seen {
-                seen = e;
-                break;
-            }
-            spins += 1;
-            if spins < SPINS {
-                std::hint::spin_loop();
-                continue;
-            }
-            let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-            s.sleepers.fetch_add(1, SeqCst);
-            while s.epoch.load(SeqCst) == seen && !s.shutdown.load(SeqCst) {
-                g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
-            }
-            s.sleepers.fetch_sub(1, SeqCst);
-            spins = 0;
+        if ready() {
+            return true;
         }
-        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(job) = job {
-            if catch_unwind(AssertUnwindSafe(|| job(i))).is_err() {
+        spins = spins.wrapping_add(1);
+        if !spins.is_multiple_of(64) || start.elapsed() < SPIN {
+            std::hint::spin_loop();
+        } else {
+            break;
+        }
+    }
+    for _ in 0..YIELDS {
+        std::thread::yield_now();
+        if ready() {
+            return true;
+        }
+    }
+    false
+}
+
+impl Shared {
+    /// Whether the current region has an unclaimed task.
+    fn has_work(&self) -> bool {
+        self.region.next.load(Acquire) < self.n
+    }
+
+    /// Claims the next task of the current region, if any. A claim is valid for
+    /// whatever region is current when it lands (the counter only grows within one).
+    fn claim(&self) -> Option<usize> {
+        if !self.has_work() {
+            return None;
+        }
+        let k = self.region.next.fetch_add(1, AcqRel);
+        (k < self.n).then_some(k)
+    }
+
+    /// Counts a task as returned; the last one wakes a parked caller.
+    fn finish_task(&self) {
+        if self.finish.done.fetch_add(1, SeqCst) + 1 == self.n
+            && self.finish.caller_parked.load(SeqCst)
+        {
+            if let Some(t) = &*self.waiter.lock().unwrap_or_else(|e| e.into_inner()) {
+                t.unpark();
+            }
+        }
+    }
+
+    /// The caller waits until every task of the region has returned.
+    fn wait_done(&self) {
+        let all = || self.finish.done.load(Acquire) == self.n;
+        if spin_until(all) {
+            return;
+        }
+        *self.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+        // SeqCst on both sides (here and `finish_task`): either the last task sees the
+        // flag and unparks, or this load sees its count.
+        self.finish.caller_parked.store(true, SeqCst);
+        while self.finish.done.load(SeqCst) != self.n {
+            std::thread::park();
+        }
+        self.finish.caller_parked.store(false, SeqCst);
+    }
+
+    /// Wakes one parked worker; false when none is parked.
+    fn wake_one(&self) -> bool {
+        for slot in self.slots.iter() {
+            if slot.parked.load(Relaxed) && slot.parked.swap(false, SeqCst) {
+                self.awake.fetch_add(1, SeqCst);
+                if let Some(t) = slot.thread.get() {
+                    t.unpark();
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Worker `w` parks until woken; returns at once if work appears while it lies down.
+    fn park(&self, w: usize) {
+        let slot = &self.slots[w];
+        slot.parked.store(true, SeqCst);
+        self.awake.fetch_sub(1, SeqCst);
+        // SeqCst pairs with `run` (publish, then read `awake`): either this sees the new
+        // region, or `run` sees this worker asleep and may wake it.
+        if self.has_work() || self.shutdown.load(SeqCst) {
+            if slot.parked.swap(false, SeqCst) {
+                self.awake.fetch_add(1, SeqCst);
+            }
+            return;
+        }
+        while slot.parked.load(SeqCst) && !self.shutdown.load(SeqCst) {
+            std::thread::park();
+        }
+    }
+}
+
+fn worker(w: usize, s: &Shared) {
+    let _ = s.slots[w].thread.set(std::thread::current());
+    loop {
+        while let Some(k) = s.claim() {
+            let job = s.region.job.load(Acquire);
+            // SAFETY: a claimed task keeps its region open (`run` waits for `done`), so
+            // `job` points at `run`'s live reference to this region's job.
+            let job = unsafe { *job };
+            if catch_unwind(AssertUnwindSafe(|| job(k))).is_err() {
                 s.panicked.store(true, SeqCst);
             }
+            s.finish_task();
         }
-        s.pending.fetch_sub(1, Release);
+        if s.shutdown.load(Acquire) {
+            return;
+        }
+        // A worker beyond the cap parks at once; the others wait a while first. (The
+        // spin reads only the region's line; `park` checks for shutdown.)
+        let excess = s.awake.load(Relaxed) > s.cap;
+        if excess || !spin_until(|| s.has_work()) {
+            s.park(w);
+        }
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        self.shared.shutdown.store(true, SeqCst);
-        {
-            let _g = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.shared.wake.notify_all();
+        let s = &*self.shared;
+        s.shutdown.store(true, SeqCst);
+        for (slot, w) in s.slots.iter().zip(&self.workers) {
+            slot.parked.store(false, SeqCst);
+            w.thread().unpark();
         }
         for w in self.workers.drain(..) {
             let _ = w.join();
@@ -160,10 +385,11 @@ impl Drop for ThreadPool {
 
 impl ThreadPool {
     /// Row-wise work over `out` (rows of `width` elements): `f(first_row, rows)` runs on
-    /// every thread for its contiguous share of the rows, or once on this thread when
-    /// there are fewer than `min_rows` rows (a parallel region costs more than small
-    /// work). Each row is handled by exactly one call, so the results do not depend on
-    /// the split.
+    /// chunks of contiguous rows, each claimed by whichever thread is free (a few chunks
+    /// per thread, so that a descheduled thread holds back little), or once on this
+    /// thread when there are fewer than `min_rows` rows (a parallel region costs more
+    /// than small work). Each row is handled by exactly one call, so the results do not
+    /// depend on the split.
     pub fn rows_mut<T: Send>(
         &self,
         out: &mut [T],
@@ -176,24 +402,29 @@ impl ThreadPool {
         if self.n == 1 || rows < min_rows.max(2) {
             return f(0, out);
         }
-        let mut parts = Vec::with_capacity(self.n);
+        let chunks = rows.min(self.parallelism() * 4);
+        let mut parts = Vec::with_capacity(chunks);
         let mut rest = out;
-        for i in 0..self.n {
-            let (a, b) = share(rows, i, self.n);
+        for c in 0..chunks {
+            let (a, b) = share(rows, c, chunks);
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut((b - a) * width);
             parts.push((a, Mutex::new(mine)));
             rest = tail;
         }
-        self.run(&|i| {
-            let (first, part) = &parts[i];
+        let next = AtomicUsize::new(0);
+        self.run(&|_| loop {
+            let c = next.fetch_add(1, Relaxed);
+            let Some((first, part)) = parts.get(c) else {
+                return;
+            };
             let mut guard = part.lock().unwrap_or_else(|e| e.into_inner());
             f(*first, &mut guard);
         });
     }
 }
 
-/// A thread's list of work items `0..n`: its owner pops from the front, a thread that
-/// has run out of its own work pops from the back; front and back live in one atomic
+/// A task's list of work items `0..n`: its task pops from the front, a task that has
+/// run out of its own work pops from the back; front and back live in one atomic
 /// word, so each item is taken exactly once. Which thread runs an item must not change
 /// what it computes (every user writes each output from one item only). One per cache
 /// line, so that threads claiming from their own lists do not contend.
@@ -242,16 +473,94 @@ pub fn share(total: usize, i: usize, n: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU64;
 
     #[test]
-    fn every_thread_runs_once_per_region() {
-        let pool = ThreadPool::new(3);
+    fn every_index_runs_once_per_region() {
+        let pool = ThreadPool::new(3).unwrap();
         for _ in 0..1000 {
             let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
             pool.run(&|i| {
                 hits[i].fetch_add(1, SeqCst);
             });
             assert!(hits.iter().all(|h| h.load(SeqCst) == 1));
+        }
+    }
+
+    #[test]
+    fn more_threads_than_cores_run_many_small_regions_quickly() {
+        let cores = cores();
+        for n in [3, 8, 2 * cores, (8 * cores).min(MAX_THREADS)] {
+            let pool = ThreadPool::new(n).unwrap();
+            let sums: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+            let start = Instant::now();
+            for r in 1..=1000u64 {
+                pool.run(&|i| {
+                    sums[i].fetch_add(r * (i as u64 + 1), Relaxed);
+                });
+            }
+            let took = start.elapsed();
+            for (i, s) in sums.iter().enumerate() {
+                assert_eq!(s.load(SeqCst), 500_500 * (i as u64 + 1), "{n} threads");
+            }
+            assert!(
+                took < Duration::from_secs(2),
+                "{n} threads on {cores} cores: 1000 regions took {took:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn parked_workers_take_part_when_work_returns() {
+        let pool = ThreadPool::new(2).unwrap();
+        pool.run(&|_| {});
+        // Long enough for the worker to spin, yield and park.
+        std::thread::sleep(Duration::from_millis(20));
+        for _ in 0..3 {
+            // Each task waits for the other to start: only two threads at once finish.
+            let started: Vec<AtomicBool> = (0..2).map(|_| AtomicBool::new(false)).collect();
+            let met = AtomicUsize::new(0);
+            pool.run(&|i| {
+                started[i].store(true, SeqCst);
+                let t = Instant::now();
+                while !started[1 - i].load(SeqCst) && t.elapsed() < Duration::from_secs(5) {
+                    std::thread::yield_now();
+                }
+                if started[1 - i].load(SeqCst) {
+                    met.fetch_add(1, SeqCst);
+                }
+            });
+            assert_eq!(met.load(SeqCst), 2);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn too_many_threads_is_an_error_naming_the_limit() {
+        for n in [MAX_THREADS + 1, 100_000_000] {
+            match ThreadPool::new(n) {
+                Err(e @ PoolError::TooManyThreads { requested, limit }) => {
+                    assert_eq!((requested, limit), (n, MAX_THREADS));
+                    assert!(e.to_string().contains(&MAX_THREADS.to_string()), "{e}");
+                }
+                other => panic!("{n} threads: {:?}", other.map(|p| p.threads())),
+            }
+        }
+    }
+
+    #[test]
+    fn a_panicking_task_reaches_the_caller_and_the_pool_still_runs() {
+        let pool = ThreadPool::new(3).unwrap();
+        for bad in 0..3 {
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                pool.run(&|i| assert_ne!(i, bad, "task {i} fails"));
+            }));
+            assert!(r.is_err(), "task {bad} panicked but run returned");
+            let hits = AtomicUsize::new(0);
+            pool.run(&|_| {
+                hits.fetch_add(1, SeqCst);
+            });
+            assert_eq!(hits.load(SeqCst), 3);
         }
     }
 
@@ -272,7 +581,7 @@ mod tests {
 
     #[test]
     fn work_lists_hand_out_every_item_once() {
-        let pool = ThreadPool::new(3);
+        let pool = ThreadPool::new(3).unwrap();
         for n in [0, 1, 2, 5, 1000] {
             let lists: Vec<WorkList> = (0..3).map(|i| WorkList::new(n * (i + 1))).collect();
             let taken: Vec<Vec<AtomicUsize>> = (0..3)
@@ -297,9 +606,9 @@ mod tests {
 
     #[test]
     fn rows_mut_visits_each_row_once_with_its_index() {
-        for threads in [1, 2, 3] {
-            let pool = ThreadPool::new(threads);
-            for rows in [0, 1, 5, 64] {
+        for threads in [1, 2, 3, 8] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for rows in [0, 1, 5, 64, 100] {
                 let mut v = vec![0usize; rows * 3];
                 pool.rows_mut(&mut v, 3, 4, &|first, part| {
                     for (r, row) in part.chunks_exact_mut(3).enumerate() {

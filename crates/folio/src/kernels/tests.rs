@@ -61,7 +61,7 @@ const TYPES: [GgmlType; 8] = [
 ];
 
 fn run(isa: Isa, w: &QMatrix, x: &[f32], n: usize, threads: usize) -> Vec<f32> {
-    let pool = ThreadPool::new(threads);
+    let pool = ThreadPool::new(threads).unwrap();
     let mut act = Activations::default();
     act.set(x, n, w.cols);
     let mut out = vec![0f32; n * w.rows];
@@ -131,14 +131,17 @@ fn matmul_results_do_not_depend_on_batch_or_threads() {
     for ty in TYPES {
         let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
         let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32()).collect();
-        let all = run(detect(), &w, &x, n, 2);
-        for t in 0..n {
-            let alone = run(detect(), &w, &x[t * cols..(t + 1) * cols], 1, 1);
-            assert_eq!(
-                &all[t * rows..(t + 1) * rows],
-                &alone[..],
-                "{ty}: token {t}"
-            );
+        // 5 threads: more than a small machine's cores, so fewer threads claim the tasks.
+        for threads in [2, 5] {
+            let all = run(detect(), &w, &x, n, threads);
+            for t in 0..n {
+                let alone = run(detect(), &w, &x[t * cols..(t + 1) * cols], 1, 1);
+                assert_eq!(
+                    &all[t * rows..(t + 1) * rows],
+                    &alone[..],
+                    "{ty}, {threads} threads: token {t}"
+                );
+            }
         }
     }
 }

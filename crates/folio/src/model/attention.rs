@@ -80,7 +80,7 @@ pub fn attention<S: KvStorage + ?Sized>(
         }
     }
     // Contiguous runs of units with about equal keys each.
-    let threads = pool.threads().min(units.len()).max(1);
+    let threads = pool.parallelism().min(units.len()).max(1);
     let total: u64 = units.iter().map(|u| u64::from(u.k1 - u.k0)).sum();
     let mut bounds = vec![0usize];
     let mut acc = 0u64;

@@ -3,7 +3,7 @@
 //! whose pages do not cover its positions) or for what it computed (non-finite
 //! logits): it never allocates, so it cannot run out of pages.
 
-use crate::error::{ErrorKind, GgufError, TokenizerError};
+use crate::error::{ErrorKind, GgufError, PoolError, TokenizerError};
 use thiserror::Error;
 
 /// Errors from building a model out of a GGUF file.
@@ -29,6 +29,8 @@ pub enum ModelError {
     UnsupportedType { name: String, ty: String },
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Pool(#[from] PoolError),
 }
 
 /// Why a forward step was refused or failed. Nothing is stored when it fails, but the

@@ -25,19 +25,22 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads a GGUF model; `threads` = 0 means all cores.
+    /// Loads a GGUF model; `threads` = 0 means all cores. More than
+    /// [`kernels::pool::MAX_THREADS`] is [`ModelError::Pool`].
     pub fn load(path: &Path, threads: usize) -> Result<Self, ModelError> {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
+        // First, so that a refused thread count costs no weight loading.
+        let pool = ThreadPool::new(threads)?;
         let g = Gguf::open(path)?;
         // The whole file identifies the model (prefix hashes, snapshots).
         let fingerprint = xxhash_rust::xxh3::xxh3_128(g.bytes()).to_le_bytes();
         let config = Config::from_gguf(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
         let weights = Weights::load(&g, &config)?;
-        let threads = if threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            threads
-        };
         tracing::info!(
             arch = %config.arch, layers = config.n_layers, dim = config.dim,
             threads, isa = %kernels::isa(), "model loaded"
@@ -46,7 +49,7 @@ impl Model {
             config,
             tokenizer,
             weights,
-            pool: ThreadPool::new(threads),
+            pool,
             isa: kernels::isa(),
             fingerprint,
         })

@@ -16,3 +16,5 @@ pub use config::{Config, RopeStyle};
 pub use error::{ModelError, StepError};
 pub use llama::Model;
 pub use sampler::{Sampler, SamplingParams};
+/// The most threads `Model::load` accepts.
+pub use crate::kernels::pool::MAX_THREADS;

@@ -248,8 +248,9 @@ fn paged_attention_equals_dense_gather_attention() {
             .map(|_| rng.signed_f32() * 3.0)
             .collect();
         let mut out = Vec::new();
-        for threads in [1, 2] {
-            let pool = ThreadPool::new(threads);
+        // 7: more threads than this 2-core machine has (tasks claimed by fewer threads).
+        for threads in [1, 2, 7] {
+            let pool = ThreadPool::new(threads).unwrap();
             let mut paged = vec![0f32; q.len()];
             let batch = Batch {
                 seqs: tables.iter().map(|t| view_of(t, ps)).collect(),
@@ -281,7 +282,10 @@ fn paged_attention_equals_dense_gather_attention() {
             assert!(paged == gathered, "page size {ps}, {threads} threads");
             out.push(paged);
         }
-        assert!(out[0] == out[1], "thread count changed the bits");
+        assert!(
+            out[1..].iter().all(|o| *o == out[0]),
+            "thread count changed the bits"
+        );
         // And it is attention: close to an f64 softmax (split-K included).
         for (r, &(s, pos)) in rows.iter().enumerate() {
             for h in 0..6 {

@@ -2,9 +2,11 @@
 //! generate; batch-invariance of the forward pass; cache bounds.
 
 use crate::common::{generate, GenerateParams, ModelExt};
+use folio::error::PoolError;
 use folio::gguf::GgmlType;
 use folio::kv::{KvSeq, Logits};
 use folio::model::{Model, SamplingParams};
+use folio::ModelError;
 use folio::{EngineError, FinishReason, KvError, StepError};
 
 fn tiny(ty: GgmlType) -> (tempfile::TempDir, Model) {
@@ -116,6 +118,23 @@ fn a_prompt_longer_than_the_context_is_refused() {
         matches!(err, EngineError::PromptTooLong { len: 20, window: 8 }),
         "{err}"
     );
+}
+
+#[test]
+fn an_absurd_thread_count_is_a_typed_error_not_an_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    folio::tiny::write_model(&path, 1, GgmlType::Q4_1).unwrap();
+    let limit = folio::model::MAX_THREADS;
+    match Model::load(&path, 100_000_000) {
+        Err(ModelError::Pool(PoolError::TooManyThreads {
+            requested: 100_000_000,
+            limit: l,
+        })) => assert_eq!(l, limit),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("100000000 threads were accepted"),
+    }
+    assert_eq!(Model::load(&path, limit).unwrap().threads(), limit);
 }
 
 #[test]
