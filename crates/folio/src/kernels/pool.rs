@@ -424,7 +424,8 @@ impl ThreadPool {
 }
 
 /// A task's list of work items `0..n`: its task pops from the front, a task that has
-/// run out of its own work pops from the back; front and back live in one atomic
+/// run out of its own work pops from the back or the front (matmul: the front, so
+/// that it reads weights in ascending order); front and back live in one atomic
 /// word, so each item is taken exactly once. Which thread runs an item must not change
 /// what it computes (every user writes each output from one item only). One per cache
 /// line, so that threads claiming from their own lists do not contend.
