@@ -2,7 +2,7 @@
 //! read bandwidth as the decode ceiling, and llama.cpp's figures measured in the same
 //! run (through llama-cpp-python, when installed) with the ratios.
 
-use crate::figures::{median, rounds};
+use crate::figures::{median, rounds, speeds};
 use crate::opts::KvKind;
 use crate::opts::ModelArgs;
 use anyhow::{Context, Result};
@@ -48,6 +48,11 @@ pub struct Args {
     /// and warm vs cold TTFT for a 2000-token prefix.
     #[arg(long)]
     pub serve_figures: bool,
+    /// Also print decode and prefill under contention, alternating with the quiet
+    /// figures round by round: with one competing CPU-bound process, and with one
+    /// thread more than the cores.
+    #[arg(long)]
+    pub contention: bool,
     /// Most token rows in one engine step (decode tokens plus prefill chunks).
     #[arg(long, default_value_t = 512)]
     pub max_batch_tokens: usize,
@@ -147,6 +152,9 @@ pub fn run(a: Args) -> Result<()> {
             .map(|l| format!(", llama.cpp {:.0}%", 100.0 * l.1 / limit))
             .unwrap_or_default()
     );
+    if a.contention {
+        crate::bench_contention::run(&a.model, &prompt, a.tg, reps)?;
+    }
     if a.kv_figures {
         kv_figures(&model, &a)?;
     }
@@ -287,23 +295,6 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
         100.0 * warm / cold
     );
     Ok(())
-}
-
-/// Prefill tok/s of `prompt` into an empty sequence, then tok/s of `n` single-token
-/// greedy decode steps after one token of context.
-fn speeds<S: KvSeq>(model: &Model, seq: &mut S, prompt: &[u32], n: usize) -> Result<(f64, f64)> {
-    seq.truncate(0);
-    let t = Instant::now();
-    forward_one(model, seq, prompt, Logits::Last)?;
-    let pp = prompt.len() as f64 / t.elapsed().as_secs_f64();
-    seq.truncate(0);
-    let mut logits = forward_one(model, seq, &prompt[..1], Logits::Last)?;
-    let t = Instant::now();
-    for _ in 0..n {
-        let next = argmax(&logits);
-        logits = forward_one(model, seq, &[next], Logits::Last)?;
-    }
-    Ok((pp, n as f64 / t.elapsed().as_secs_f64()))
 }
 
 /// llama.cpp's prefill/decode baseline: an interpreter with llama-cpp-python and the

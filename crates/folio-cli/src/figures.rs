@@ -1,7 +1,12 @@
-//! Helpers every benchmark file shares: medians of rounds, the list of rounds, and
-//! running an optional baseline tool. Bench files import this, never each other.
+//! Helpers every benchmark file shares: medians of rounds, the list of rounds,
+//! running an optional baseline tool, and one sequence's prefill and decode speed.
+//! Bench files import this, never each other.
 
 use anyhow::Result;
+use folio::kv::{KvSeq, Logits};
+use folio::model::sampler::argmax;
+use folio::{forward_one, Model};
+use std::time::Instant;
 
 /// Each round's figure, rounded, space-separated.
 pub fn rounds(v: &[f64]) -> String {
@@ -30,4 +35,26 @@ pub fn median(v: &[f64]) -> f64 {
         n if n % 2 == 1 => s[n / 2],
         n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
     }
+}
+
+/// Prefill tok/s of `prompt` into an empty sequence, then tok/s of `n` single-token
+/// greedy decode steps after one token of context.
+pub fn speeds<S: KvSeq>(
+    model: &Model,
+    seq: &mut S,
+    prompt: &[u32],
+    n: usize,
+) -> Result<(f64, f64)> {
+    seq.truncate(0);
+    let t = Instant::now();
+    forward_one(model, seq, prompt, Logits::Last)?;
+    let pp = prompt.len() as f64 / t.elapsed().as_secs_f64();
+    seq.truncate(0);
+    let mut logits = forward_one(model, seq, &prompt[..1], Logits::Last)?;
+    let t = Instant::now();
+    for _ in 0..n {
+        let next = argmax(&logits);
+        logits = forward_one(model, seq, &[next], Logits::Last)?;
+    }
+    Ok((pp, n as f64 / t.elapsed().as_secs_f64()))
 }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_batch;
+mod bench_contention;
 mod bench_serve;
 mod chat;
 mod figures;

@@ -11,10 +11,10 @@ mod ops;
 pub mod sampler;
 mod weights;
 
+/// The most threads `Model::load` accepts.
+pub use crate::kernels::pool::MAX_THREADS;
 pub use attention::{attention, Heads, SPLIT_KEYS};
 pub use config::{Config, RopeStyle};
 pub use error::{ModelError, StepError};
 pub use llama::Model;
 pub use sampler::{Sampler, SamplingParams};
-/// The most threads `Model::load` accepts.
-pub use crate::kernels::pool::MAX_THREADS;
