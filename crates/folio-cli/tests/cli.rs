@@ -508,3 +508,79 @@ fn a_saved_snapshot_outlives_the_process_and_its_pages_serve_the_next_one() {
     );
     assert!(!basic.status.success());
 }
+
+#[test]
+fn nonsense_parameters_and_full_disks_are_errors_said_once() {
+    for (flag, value) in [
+        ("--temperature", "-1"),
+        ("--temperature", "nan"),
+        ("--top-p", "2"),
+        ("--top-p", "nan"),
+        ("--min-p", "nan"),
+        ("--repeat-penalty", "0"),
+        ("--repeat-penalty", "nan"),
+    ] {
+        let name = flag.trim_start_matches("--").replace('-', "_");
+        let arg = format!("{flag}={value}");
+        let out = folio(&["generate", "Hi", "--max-tokens", "2", &arg], None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag} {value}: {err}");
+        assert!(
+            err.contains(&format!("{name}: is ")),
+            "{flag} {value}: {err}"
+        );
+    }
+    // A full disk is reported at the first write, not after the whole generation.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_folio"))
+        .args(["generate", "Count:", "--max-tokens", "2000", "--ignore-eos"])
+        .env("FOLIO_MODEL", model())
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    // The OS's reason appears once, not repeated by the error chain.
+    let out = folio(&["generate", "hi", "--model", "/nonexistent/m.gguf"], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}
+
+#[test]
+fn a_full_context_says_so_and_points_to_reset() {
+    let out = folio(
+        &[
+            "generate",
+            "Count:",
+            "--ctx",
+            "16",
+            "--max-tokens",
+            "100",
+            "--ignore-eos",
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("the context window of 16 tokens is full"),
+        "{err}"
+    );
+    let long = "word ".repeat(80);
+    let out = folio(
+        &["chat", "--ctx", "64", "--max-tokens", "4"],
+        Some(&format!("{long}\n{long}\n/exit\n")),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        err.matches("/reset starts a new conversation").count(),
+        2,
+        "{err}"
+    );
+}

@@ -265,7 +265,7 @@ impl Contexts {
                 "a context generates one sample (n = 1)",
             ));
         }
-        let extra = super::core::tokens_of(model, &r.prompt)?;
+        let extra = r.prompt.tokens(model)?;
         if chat_reply {
             // The template's generation prompt (the assistant's header).
             let tok = &model.tokenizer;

@@ -7,7 +7,7 @@
 
 use super::context::{Contexts, Job};
 use super::error::EngineError;
-use super::request::{EngineConfig, EngineStats, Event, Prompt, Request};
+use super::request::{EngineConfig, EngineStats, Event, Request};
 use super::scheduler::{check_fits, Scheduler};
 use super::seq::{Gen, Purpose};
 use crate::kv::{PageState, PagedKv};
@@ -38,19 +38,6 @@ pub(crate) struct Core {
     pub kv: PagedKv,
     pub sched: Scheduler,
     pub contexts: Contexts,
-}
-
-/// The prompt's tokens, or why they cannot run.
-pub(crate) fn tokens_of(model: &Model, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
-    let toks = match prompt {
-        Prompt::Text(t) => model.tokenizer.try_encode(t, true)?,
-        Prompt::Tokens(t) => t.clone(),
-    };
-    let vocab = model.config.vocab;
-    if let Some(&bad) = toks.iter().find(|&&t| t as usize >= vocab) {
-        return Err(crate::error::TokenizerError::UnknownId(bad).into());
-    }
-    Ok(toks)
 }
 
 impl Core {
@@ -163,7 +150,7 @@ impl Core {
     fn submit(&mut self, id: u64, req: Request, tx: Sender<Event>) {
         let window = self.sched.window;
         let checked = req.validate().and_then(|_| {
-            let toks = tokens_of(&self.model, &req.prompt)?;
+            let toks = req.prompt.tokens(&self.model)?;
             if toks.is_empty() {
                 return Err(EngineError::EmptyPrompt);
             }

@@ -113,6 +113,22 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
+impl Prompt {
+    /// The prompt's token ids (text tokenized with the input cap), or why they cannot
+    /// run: an id outside the vocabulary, text over the tokenizer's cap.
+    pub fn tokens(&self, model: &Model) -> Result<Vec<u32>, EngineError> {
+        let toks = match self {
+            Prompt::Text(t) => model.tokenizer.try_encode(t, true)?,
+            Prompt::Tokens(t) => t.clone(),
+        };
+        let vocab = model.config.vocab;
+        if let Some(&bad) = toks.iter().find(|&&t| t as usize >= vocab) {
+            return Err(crate::error::TokenizerError::UnknownId(bad).into());
+        }
+        Ok(toks)
+    }
+}
+
 /// One completion request.
 #[derive(Debug, Clone)]
 pub struct Request {

@@ -98,3 +98,52 @@ fn the_check_finds_a_forbidden_import() {
     .unwrap();
     assert_eq!(mentions(&f, "engine").len(), 1);
 }
+
+#[test]
+fn the_engine_files_import_each_other_without_a_circle() {
+    let dir = root().join("crates/folio/src/engine");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let name = |p: &Path| p.file_stem().unwrap().to_string_lossy().into_owned();
+    let names: Vec<String> = files.iter().map(|f| name(f)).collect();
+    // Edges: file -> the sibling modules it names as `super::<module>` (mod.rs is the
+    // root that declares them all, not a sibling).
+    let edges: Vec<(String, String)> = files
+        .iter()
+        .filter(|f| name(f) != "mod")
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let from = name(f);
+            names
+                .iter()
+                .filter(|m| *m != "mod" && **m != from)
+                .filter(|m| {
+                    let needle = format!("super::{m}");
+                    text.match_indices(&needle).any(|(i, _)| {
+                        let after = text[i + needle.len()..].chars().next();
+                        !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    })
+                })
+                .map(|m| (from.clone(), m.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    // Repeatedly remove files that import nothing left: a circle is what remains.
+    let mut left: Vec<String> = names.into_iter().filter(|n| n != "mod").collect();
+    loop {
+        let before = left.len();
+        let keep: Vec<String> = left
+            .iter()
+            .filter(|n| edges.iter().any(|(a, b)| a == *n && left.contains(b)))
+            .cloned()
+            .collect();
+        left = keep;
+        if left.len() == before {
+            break;
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "engine files in an import circle: {left:?} ({edges:?})"
+    );
+}

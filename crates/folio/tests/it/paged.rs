@@ -261,3 +261,42 @@ fn f32_kv_pages_equal_the_f32_basic_cache() {
     let half = m.run(&mut f16, &toks, Logits::All).unwrap();
     assert_ne!(half, want, "f32 storage must not round like f16");
 }
+
+#[test]
+fn snapshot_files_that_are_not_regular_or_too_large_are_skipped_unread() {
+    use folio::kv::SnapshotError;
+    let (_d, m) = tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    // A FIFO (reading it would wait for a writer forever), a link to /dev/zero (endless)
+    // and a sparse 4 GB file (would be read whole before its checksum failed).
+    assert!(std::process::Command::new("mkfifo")
+        .arg(p("fifo.snap"))
+        .status()
+        .unwrap()
+        .success());
+    std::os::unix::fs::symlink("/dev/zero", p("zero.snap")).unwrap();
+    std::fs::File::create(p("sparse.snap"))
+        .unwrap()
+        .set_len(4 << 30)
+        .unwrap();
+    std::fs::create_dir(p("dir.snap")).unwrap();
+    let mut kv = m.new_paged(12, 8, 512);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let r = kv.open_snapshot_dir(&path).map(|(n, s)| (n, s.len()));
+        let _ = tx.send((r, kv.count(folio::kv::PageState::Free)));
+    });
+    let (got, free) = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("opening the snapshot directory must not block or read without bound");
+    assert_eq!(got.unwrap(), (Vec::new(), 4), "every odd file skipped");
+    assert_eq!(free, 12, "nothing was loaded");
+    // And a plain file in place of the directory is refused with a clear error.
+    let file = p("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let mut kv = m.new_paged(12, 8, 512);
+    let err = kv.open_snapshot_dir(&file).unwrap_err();
+    assert!(matches!(err, SnapshotError::NotADirectory(_)), "{err}");
+}
