@@ -1,6 +1,6 @@
-//! Property tests of the paged cache through the interface a step uses (`KvSeq`: reserve,
-//! write the planned slots, commit): random programs of new sequence (with prefix reuse from the index, whole pages and
-//! partly matching ones), append, fork,
+//! Property tests of the paged cache through the interface a step uses (`KvSeq`:
+//! reserve, write the planned slots, commit): random programs of new sequence (with
+//! prefix reuse from the index, whole pages and partly matching ones), append, fork,
 //! truncate and drop under a small pool. K/V are synthetic but, like a model's, a
 //! function of the token prefix. After every step each live sequence reads back exactly
 //! the K/V a contiguous `BasicCache` holds for the same tokens, and the page store's
