@@ -63,6 +63,12 @@ pub struct Args {
 }
 
 const TEXT: &str = "The history of the printing press begins long before Gutenberg, with movable type made of baked clay and later cast in bronze. ";
+/// The one sequence pp/tg run on, of the kind `--kv` chose.
+enum OneSeq {
+    Basic(BasicCache),
+    Paged(Box<PagedKv>, folio::kv::PageTable),
+}
+
 const LLAMA_BENCH: &str = include_str!("../../../scripts/llama_bench.py");
 
 pub fn run(a: Args) -> Result<()> {
@@ -81,15 +87,20 @@ pub fn run(a: Args) -> Result<()> {
     let prompt: Vec<u32> = base.iter().cycle().take(a.pp).copied().collect();
     // One sequence of up to --ctx tokens, contiguous or in a pool of pages.
     let ctx = a.model.ctx.min(model.config.context_length);
-    let shape = model.pool_shape(0, a.model.page_size, a.model.kv_dtype.dtype());
-    let mut basic = BasicCache::with_dtype(shape.n_layers, shape.kv_dim, ctx, shape.dtype);
-    let pages = a.model.pool_pages(&model, a.model.page_size, 2 * ctx)?;
-    let mut pool = PagedKv::with_shape(
-        model.pool_shape(pages, a.model.page_size, shape.dtype),
-        ctx,
-        &model.fingerprint(),
-    );
-    let mut table = pool.new_table(None);
+    let dtype = a.model.kv_dtype.dtype();
+    let mut seq = match a.model.kv {
+        KvKind::Basic => {
+            let c = &model.config;
+            OneSeq::Basic(BasicCache::with_dtype(c.n_layers, c.kv_dim(), ctx, dtype))
+        }
+        KvKind::Paged => {
+            let pages = a.model.pool_pages(&model, a.model.page_size, 2 * ctx)?;
+            let shape = model.pool_shape(pages, a.model.page_size, dtype);
+            let pool = PagedKv::with_shape(shape, ctx, &model.fingerprint());
+            let table = pool.new_table(None);
+            OneSeq::Paged(Box::new(pool), table)
+        }
+    };
     let llama_bench = if a.no_llama {
         None
     } else {
@@ -99,9 +110,9 @@ pub fn run(a: Args) -> Result<()> {
     // next, so folio and llama.cpp take turns, round by round.
     let (mut pps, mut tgs, mut llama) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..reps {
-        let (pp, tg) = match a.model.kv {
-            KvKind::Basic => speeds(&model, &mut basic, &prompt, a.tg)?,
-            KvKind::Paged => speeds(&model, &mut pool.seq(&mut table), &prompt, a.tg)?,
+        let (pp, tg) = match &mut seq {
+            OneSeq::Basic(c) => speeds(&model, c, &prompt, a.tg)?,
+            OneSeq::Paged(pool, t) => speeds(&model, &mut pool.seq(t), &prompt, a.tg)?,
         };
         pps.push(pp);
         tgs.push(tg);

@@ -97,7 +97,7 @@ struct Shared {
     finish: Finish,
     /// Workers not parked.
     awake: Padded<AtomicUsize>,
-    /// Points at `run`'s reference to the current region's job while tasks remain.
+    /// One parking place per worker.
     slots: Box<[Slot]>,
     /// The caller of `run`, parked waiting for the last task.
     waiter: Mutex<Option<Thread>>,

@@ -281,6 +281,19 @@ impl Tokenizer {
     /// is for text the caller already bounds; [`Tokenizer::try_encode`] is the
     /// capped entry point, with identical output for the text it accepts.
     pub fn encode(&self, text: &str, add_special: bool) -> Vec<u32> {
+        self.encode_with(text, add_special, |s, prev_special, out| {
+            self.encode_raw(s, prev_special, out)
+        })
+    }
+
+    /// BOS (when asked and wanted), then each fragment of `text`: a special token as
+    /// itself, raw text through `raw(text, after_a_special, out)`.
+    fn encode_with(
+        &self,
+        text: &str,
+        add_special: bool,
+        raw: impl Fn(&str, bool, &mut Vec<u32>),
+    ) -> Vec<u32> {
         let mut out = Vec::new();
         if add_special && self.adds_bos() {
             out.extend(self.bos);
@@ -293,7 +306,7 @@ impl Tokenizer {
                     prev_special = true;
                 }
                 Fragment::Raw(s) => {
-                    self.encode_raw(s, prev_special, &mut out);
+                    raw(s, prev_special, &mut out);
                     prev_special = false;
                 }
             }
@@ -380,48 +393,31 @@ impl Tokenizer {
     /// (quadratic): the reference of the differential tests.
     #[cfg(test)]
     fn encode_naive(&self, text: &str, add_special: bool) -> Vec<u32> {
-        let mut out = Vec::new();
-        if add_special && self.adds_bos() {
-            out.extend(self.bos);
-        }
-        let mut prev_special = true;
-        for frag in self.partition(text) {
-            match frag {
-                Fragment::Special(id) => {
-                    out.push(id);
-                    prev_special = true;
-                }
-                Fragment::Raw(s) => {
-                    match &self.kind {
-                        Kind::Bpe { pre, merges, .. } => {
-                            let byte_char = bpe::byte_to_char();
-                            for word in pre.split(s) {
-                                let mut syms: Vec<u32> = Vec::with_capacity(word.len());
-                                for &b in word.as_bytes() {
-                                    let c = byte_char[b as usize];
-                                    let mut buf = [0u8; 4];
-                                    if let Some(&id) = self.ids.get(&*c.encode_utf8(&mut buf)) {
-                                        syms.push(id);
-                                    }
-                                }
-                                merges.apply_naive(&mut syms);
-                                out.extend(syms);
-                            }
-                        }
-                        Kind::Spm {
-                            scores,
-                            add_space_prefix,
-                            ..
-                        } => {
-                            let s = self.spm_text(s, *add_space_prefix && prev_special);
-                            spm::encode_naive(&s, &self.ids, scores, &self.types, &mut out);
+        self.encode_with(text, add_special, |s, prev_special, out| match &self.kind {
+            Kind::Bpe { pre, merges, .. } => {
+                let byte_char = bpe::byte_to_char();
+                for word in pre.split(s) {
+                    let mut syms: Vec<u32> = Vec::with_capacity(word.len());
+                    for &b in word.as_bytes() {
+                        let c = byte_char[b as usize];
+                        let mut buf = [0u8; 4];
+                        if let Some(&id) = self.ids.get(&*c.encode_utf8(&mut buf)) {
+                            syms.push(id);
                         }
                     }
-                    prev_special = false;
+                    merges.apply_naive(&mut syms);
+                    out.extend(syms);
                 }
             }
-        }
-        out
+            Kind::Spm {
+                scores,
+                add_space_prefix,
+                ..
+            } => {
+                let s = self.spm_text(s, *add_space_prefix && prev_special);
+                spm::encode_naive(&s, &self.ids, scores, &self.types, out);
+            }
+        })
     }
 
     /// The bytes a token stands for in output text. Control tokens render as nothing.
