@@ -68,6 +68,7 @@ fn run_clients(engine: &Engine, prompts: Vec<Vec<u32>>, clients: usize, max_toke
                             n += 1;
                         }
                         Event::Done { .. } | Event::Error(_) => break,
+                        Event::PromptLogprobs(_) => {}
                     }
                 }
                 if let Some(f) = first {

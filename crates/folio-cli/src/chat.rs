@@ -174,7 +174,9 @@ pub fn run(a: Args) -> Result<()> {
 /// An error of one turn; the session goes on.
 fn report(e: &EngineError) {
     match e {
-        EngineError::PromptTooLong { .. } | EngineError::PoolTooSmall { .. } => {
+        EngineError::PromptTooLong { .. }
+        | EngineError::PoolTooSmall { .. }
+        | EngineError::TooLargeForPool { .. } => {
             eprintln!("error: {e}; /reset starts a new conversation")
         }
         _ if e.kind() == ErrorKind::Internal => eprintln!("error (internal): {e}"),

@@ -106,6 +106,7 @@ pub fn consume(
                 o.error = Some(e);
                 return Ok(o);
             }
+            Event::PromptLogprobs(_) => {} // never asked for here
         }
     }
     if o.finish.is_none() {

@@ -8,6 +8,7 @@ mod chat;
 mod figures;
 mod generate;
 mod opts;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -25,6 +26,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// An OpenAI-compatible HTTP server (completions, chat, streaming, metrics).
+    Serve(serve::Args),
     /// One completion of a prompt (from the argument or standard input).
     Generate(generate::Args),
     /// A multi-turn chat in the terminal, using the model's chat template.
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.cmd {
+        Cmd::Serve(a) => serve::run(a),
         Cmd::Generate(a) => generate::run(a),
         Cmd::Chat(a) => chat::run(a),
         Cmd::Bench(a) => bench::run(a),

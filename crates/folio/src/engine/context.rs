@@ -7,14 +7,14 @@
 //! back through [`Contexts::give_back`]. The public handle is `handle::Context`.
 
 use super::error::EngineError;
-use super::request::{Event, Request};
+use super::request::Request;
 use super::scheduler::check_fits;
-use super::seq::{CtxLink, Gen, Purpose, Seq};
+use super::seq::{CtxLink, Gen, Purpose, Seq, Sink};
 use crate::kv::{KvError, PageId, PageTable, PagedKv};
 use crate::model::Model;
 use crate::tokenizer::Message;
 use std::collections::HashMap;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver};
 
 /// Chat roles for the template helpers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,8 @@ pub(crate) type FlushReply = Receiver<Result<(), EngineError>>;
 pub(crate) struct Contexts {
     map: HashMap<u64, CtxState>,
     next: u64,
+    /// Forks made (a counter for the stats).
+    pub forks: u64,
 }
 
 impl Contexts {
@@ -256,13 +258,19 @@ impl Contexts {
         req: u64,
         r: Request,
         chat_reply: bool,
-        tx: Sender<Event>,
+        tx: Sink,
     ) -> Result<Job, EngineError> {
         r.validate()?;
         if r.n != 1 {
             return Err(EngineError::param(
                 "n",
                 "a context generates one sample (n = 1)",
+            ));
+        }
+        if r.prompt_logprobs.is_some() {
+            return Err(EngineError::param(
+                "prompt_logprobs",
+                "a context keeps its computed tokens: score a prompt with a request",
             ));
         }
         let extra = r.prompt.tokens(model)?;
@@ -338,6 +346,7 @@ impl Contexts {
         copy.messages = c.messages.clone();
         copy.rendered = c.rendered.clone();
         self.next += 1;
+        self.forks += 1;
         self.map.insert(self.next, copy);
         Ok(self.next)
     }

@@ -9,11 +9,11 @@ use super::context::{Contexts, Job};
 use super::error::EngineError;
 use super::request::{EngineConfig, EngineStats, Event, Request};
 use super::scheduler::{check_fits, Scheduler};
-use super::seq::{Gen, Purpose};
+use super::seq::{Gen, Purpose, Sink};
 use crate::kv::{PageState, PagedKv};
 use crate::model::Model;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 
 /// A call from a handle, run on the engine thread between steps.
@@ -21,11 +21,7 @@ pub(crate) type Call = Box<dyn FnOnce(&mut Core) + Send>;
 
 /// What handles send the engine thread.
 pub(crate) enum Cmd {
-    Submit {
-        id: u64,
-        req: Request,
-        tx: Sender<Event>,
-    },
+    Submit { id: u64, req: Request, tx: Sink },
     Cancel(u64),
     Call(Call),
     Shutdown,
@@ -147,7 +143,7 @@ impl Core {
         self.sched.push(j.req, j.tokens, j.salt, j.purpose, ctx);
     }
 
-    fn submit(&mut self, id: u64, req: Request, tx: Sender<Event>) {
+    fn submit(&mut self, id: u64, req: Request, tx: Sink) {
         let window = self.sched.window;
         let checked = req.validate().and_then(|_| {
             let toks = req.prompt.tokens(&self.model)?;
@@ -166,7 +162,7 @@ impl Core {
         let toks = match checked {
             Ok(t) => t,
             Err(e) => {
-                let _ = tx.send(Event::Error(e));
+                tx.send(Event::Error(e));
                 return;
             }
         };
@@ -178,6 +174,7 @@ impl Core {
             req.logprobs,
             tx,
         );
+        g.prompt_logprobs = req.prompt_logprobs.map(|k| (k, Vec::new()));
         g.forks = (1..req.n).collect();
         self.sched
             .push(id, toks, req.salt, Purpose::Generate(Box::new(g)), None);
@@ -194,6 +191,7 @@ impl Core {
             pages_committed: kv.count(PageState::Committed),
             pages_cached: kv.count(PageState::Cached),
             pages_shared: self.shared_pages(),
+            pages_pinned: self.pinned_pages(),
             page_size: kv.page_size(),
             prefix_hit_tokens: c.prefix_hit_tokens,
             prefilled_tokens: c.prefilled_tokens,
@@ -204,6 +202,9 @@ impl Core {
             running: seqs.iter().filter(|s| s.table.is_some()).count(),
             waiting: seqs.iter().filter(|s| s.table.is_none()).count(),
             requests_done: c.requests_done,
+            forks: c.forks + self.contexts.forks,
+            step_tokens: c.step_tokens.to_vec(),
+            step_tokens_sum: c.step_tokens_sum,
         }
     }
 
@@ -217,6 +218,18 @@ impl Core {
             .chain(self.contexts.tables())
             .chain(self.kv.pinned_tables());
         crate::kv::shared_pages(tables, self.kv.num_pages())
+    }
+
+    /// Distinct pages held by snapshots.
+    fn pinned_pages(&self) -> usize {
+        let mut pages: Vec<u32> = self
+            .kv
+            .pinned_tables()
+            .flat_map(|t| (0..t.num_pages()).map(|i| t.page(i).0))
+            .collect();
+        pages.sort_unstable();
+        pages.dedup();
+        pages.len()
     }
 
     /// (free, cached) page counts: after a drain, every page is one or the other.

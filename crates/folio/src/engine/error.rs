@@ -29,6 +29,8 @@ pub enum EngineError {
     PromptTooLong { len: usize, window: usize },
     #[error("the request needs {needed} KV pages; the pool can give it at most {available}")]
     PoolTooSmall { needed: usize, available: usize },
+    #[error("the request needs {needed} KV pages (prompt plus max_tokens); the whole pool has {pages}: ask for fewer tokens")]
+    TooLargeForPool { needed: usize, pages: usize },
     #[error("{name}: {reason}")]
     Param { name: &'static str, reason: String },
     #[error("engine configuration: {name} {reason}")]
@@ -57,6 +59,7 @@ impl EngineError {
             E::Tokenizer(e) => e.kind(),
             E::Step(e) => e.kind(),
             E::EmptyPrompt
+            | E::TooLargeForPool { .. }
             | E::PromptTooLong { .. }
             | E::Param { .. }
             | E::Config { .. }

@@ -7,6 +7,7 @@ use super::context::{ContextInfo, Role};
 use super::core::{Call, Cmd, Core};
 use super::error::EngineError;
 use super::request::{Completion, EngineConfig, EngineStats, Event, Request};
+use super::seq::Sink;
 use crate::model::Model;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -82,18 +83,42 @@ impl Engine {
     /// Queues a request; its events arrive on the returned stream. Dropping the stream
     /// cancels the request and frees its pages.
     pub fn submit(&self, req: Request) -> Result<Stream, EngineError> {
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = channel();
-        self.shared
-            .tx
-            .send(Cmd::Submit { id, req, tx })
-            .map_err(|_| EngineError::Closed)?;
+        let id = self.send_request(req, tx.into())?;
         Ok(Stream {
             id,
             rx,
             shared: self.shared.clone(),
             done: false,
         })
+    }
+
+    /// Queues a request whose events go to `sink`, called on the engine thread for
+    /// each event in order; it must not block (hand the event to a channel: an async
+    /// runtime's unbounded sender, say). When it returns false the request is
+    /// cancelled. Returns the request's id for [`Engine::cancel`]. A request refused
+    /// up front (a bad parameter, a prompt too long) reports through the sink too.
+    pub fn submit_with(
+        &self,
+        req: Request,
+        sink: impl Fn(Event) -> bool + Send + Sync + 'static,
+    ) -> Result<u64, EngineError> {
+        self.send_request(req, Sink::new(sink))
+    }
+
+    fn send_request(&self, req: Request, tx: Sink) -> Result<u64, EngineError> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .tx
+            .send(Cmd::Submit { id, req, tx })
+            .map_err(|_| EngineError::Closed)?;
+        Ok(id)
+    }
+
+    /// Cancels request `id` (from [`Engine::submit_with`] or [`Stream::id`]): its
+    /// pages go back before the next step. Cancelling a finished request does nothing.
+    pub fn cancel(&self, id: u64) {
+        let _ = self.shared.tx.send(Cmd::Cancel(id));
     }
 
     /// Runs `f` on the engine thread between steps and returns its result.
@@ -157,9 +182,14 @@ impl Stream {
     /// Waits for every sample to finish and gathers them.
     pub fn collect_all(self) -> Result<Vec<Completion>, EngineError> {
         let mut out: Vec<Completion> = Vec::new();
+        let mut prompt_logprobs = Vec::new();
         for ev in self {
             let index = match &ev {
                 Event::Token { index, .. } | Event::Done { index, .. } => *index,
+                Event::PromptLogprobs(lp) => {
+                    prompt_logprobs.clone_from(lp);
+                    continue;
+                }
                 Event::Error(e) => return Err(e.clone()),
             };
             while out.len() <= index {
@@ -184,8 +214,11 @@ impl Stream {
                     c.finish = Some(finish);
                     c.usage = usage;
                 }
-                Event::Error(_) => unreachable!("returned above"),
+                Event::Error(_) | Event::PromptLogprobs(_) => unreachable!("handled above"),
             }
+        }
+        for c in &mut out {
+            c.prompt_logprobs.clone_from(&prompt_logprobs);
         }
         Ok(out)
     }
@@ -304,7 +337,7 @@ impl Context {
             let (kv, model, window) = (&mut c.kv, &c.model, c.sched.window);
             let job = c
                 .contexts
-                .generate(kv, model, window, id, rid, req, chat, tx)?;
+                .generate(kv, model, window, id, rid, req, chat, tx.into())?;
             c.push_job(job);
             Ok::<_, EngineError>(())
         })??;

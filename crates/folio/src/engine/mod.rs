@@ -35,6 +35,6 @@ pub use error::EngineError;
 pub use handle::{Context, Engine, Stream};
 pub use request::{
     Completion, EngineConfig, EngineStats, Event, FinishReason, Prompt, Request, TokenLogprob,
-    Usage, MAX_BATCH_TOKENS, MAX_LOGPROBS, MAX_N,
+    Usage, MAX_BATCH_TOKENS, MAX_LOGPROBS, MAX_N, STEP_TOKEN_BOUNDS,
 };
 pub use single::forward_one;

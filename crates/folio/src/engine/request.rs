@@ -7,6 +7,7 @@ use super::error::EngineError;
 use crate::kv::{KvDtype, PoolShape};
 use crate::model::{Model, SamplingParams};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -140,6 +141,12 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Report each token's log-probability and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// Report the prompt's own log-probabilities (every token after the first, with
+    /// this many alternatives) in one [`Event::PromptLogprobs`] before the first token:
+    /// scoring and teacher forcing. The prompt is then computed in full, not taken
+    /// from the prefix cache (a cached page has no logits). With this set,
+    /// `max_tokens` may be 0: score the prompt, generate nothing.
+    pub prompt_logprobs: Option<usize>,
     /// Independent samples of the same prompt; they fork the prompt's pages.
     pub n: usize,
     /// Tenant salt: requests with different salts never share KV pages.
@@ -160,6 +167,7 @@ impl Request {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             n: 1,
             salt: None,
         }
@@ -168,14 +176,23 @@ impl Request {
     /// Checks every parameter; the error names the parameter and its allowed range.
     pub fn validate(&self) -> Result<(), EngineError> {
         let p = |name: &'static str, reason: String| EngineError::Param { name, reason };
-        if self.max_tokens == 0 {
-            return Err(p("max_tokens", "must be at least 1".into()));
+        if self.max_tokens == 0 && self.prompt_logprobs.is_none() {
+            return Err(p(
+                "max_tokens",
+                "must be at least 1 (0 only when scoring the prompt)".into(),
+            ));
         }
         if self.n == 0 || self.n > MAX_N {
             return Err(p("n", format!("must be between 1 and {MAX_N}")));
         }
         if self.logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
             return Err(p("logprobs", format!("must be at most {MAX_LOGPROBS}")));
+        }
+        if self.prompt_logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
+            return Err(p(
+                "prompt_logprobs",
+                format!("must be at most {MAX_LOGPROBS}"),
+            ));
         }
         let s = &self.sampling;
         let check = |name, v: f32, lo: f32, hi: f32, what: &str| {
@@ -267,12 +284,17 @@ pub enum Event {
         text: String,
         logprob: Option<TokenLogprob>,
     },
+    /// The prompt's own log-probabilities, for prompt tokens `1..` (the first token
+    /// has none), when the request asked for them; once per request, before any token.
+    PromptLogprobs(Vec<TokenLogprob>),
     /// A sample ended; `text` is what was still held back (empty after a stop).
+    /// `queued` is how long the request waited before it first got pages.
     Done {
         index: usize,
         text: String,
         finish: FinishReason,
         usage: Usage,
+        queued: Duration,
     },
     /// The request failed; nothing more comes. Tokens streamed before stay valid.
     Error(EngineError),
@@ -287,6 +309,8 @@ pub struct EngineStats {
     pub pages_committed: usize,
     pub pages_cached: usize,
     pub pages_shared: usize,
+    /// Distinct pages held by snapshots (committed pages, counted there too).
+    pub pages_pinned: usize,
     pub page_size: usize,
     pub prefix_hit_tokens: u64,
     pub prefilled_tokens: u64,
@@ -297,7 +321,20 @@ pub struct EngineStats {
     pub running: usize,
     pub waiting: usize,
     pub requests_done: u64,
+    /// Forks made: `n > 1` samples and [`crate::Context::fork`].
+    pub forks: u64,
+    /// Steps by their token rows: `step_tokens[i]` steps had at most
+    /// `STEP_TOKEN_BOUNDS[i]` rows (and more than the bound before); the last entry
+    /// counts the steps above every bound.
+    pub step_tokens: Vec<u64>,
+    /// Token rows over all steps.
+    pub step_tokens_sum: u64,
 }
+
+/// Bucket bounds of [`EngineStats::step_tokens`] (vLLM's for `iteration_tokens_total`).
+pub const STEP_TOKEN_BOUNDS: [usize; 14] = [
+    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536,
+];
 
 /// One sample gathered from a stream.
 #[derive(Debug, Clone, Default)]
@@ -307,6 +344,8 @@ pub struct Completion {
     pub finish: Option<FinishReason>,
     pub usage: Usage,
     pub logprobs: Vec<TokenLogprob>,
+    /// The prompt's log-probabilities, when asked for (the same for every sample).
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! another's pages.
 
 use super::error::EngineError;
+use super::request::STEP_TOKEN_BOUNDS;
 use super::seq::{After, Gen, Purpose, Seq};
 use crate::kv::{Batch, KvError, Logits, PageTable, PagedKv};
 use crate::tokenizer::Tokenizer;
@@ -30,9 +31,9 @@ pub(crate) fn check_fits(
     let longest = prompt.saturating_add(max_tokens).min(window);
     let needed = longest.div_ceil(kv.page_size());
     if needed > kv.num_pages() {
-        return Err(EngineError::PoolTooSmall {
+        return Err(EngineError::TooLargeForPool {
             needed,
-            available: kv.num_pages(),
+            pages: kv.num_pages(),
         });
     }
     Ok(())
@@ -47,6 +48,10 @@ pub(crate) struct Counters {
     pub preemptions: u64,
     pub steps: u64,
     pub requests_done: u64,
+    pub forks: u64,
+    /// Steps by token rows (see [`super::request::STEP_TOKEN_BOUNDS`]), and the rows.
+    pub step_tokens: [u64; STEP_TOKEN_BOUNDS.len() + 1],
+    pub step_tokens_sum: u64,
 }
 
 /// One planned step: `seqs[i]` is the index of the sequence that runs
@@ -106,6 +111,8 @@ impl Scheduler {
             tokens,
             table,
             cached,
+            arrived: std::time::Instant::now(),
+            queued: None,
             purpose,
             ctx,
         });
@@ -178,7 +185,12 @@ impl Scheduler {
     fn admit(&mut self, kv: &mut PagedKv, i: usize) {
         let s = &mut self.seqs[i];
         let mut t = kv.new_table(s.salt.as_deref());
-        let hit = kv.reuse_prefix(&mut t, &s.tokens);
+        let hit = if s.wants_prompt_logprobs() {
+            0
+        } else {
+            kv.reuse_prefix(&mut t, &s.tokens)
+        };
+        s.queued.get_or_insert_with(|| s.arrived.elapsed());
         if s.cached.is_none() {
             s.cached = Some(hit.min(s.prompt_len));
             self.counters.prefix_hit_tokens += hit.min(s.prompt_len) as u64;
@@ -205,7 +217,9 @@ impl Scheduler {
                 break;
             }
             if self.seqs[i].table.is_none() {
-                if !admitting || self.prefix_in_flight(i, ps) {
+                let waits_for_prefix =
+                    !self.seqs[i].wants_prompt_logprobs() && self.prefix_in_flight(i, ps);
+                if !admitting || waits_for_prefix {
                     // Another sequence is computing this one's prefix right now: wait
                     // for its pages to be committed, then attach them.
                     continue;
@@ -241,6 +255,8 @@ impl Scheduler {
             }
             let s = &mut self.seqs[i];
             let logits = match s.purpose {
+                // Scoring: every prompt row's logits, until the prompt is done.
+                Purpose::Generate(_) if s.wants_prompt_logprobs() => Logits::All,
                 Purpose::Generate(_) if len + c == s.tokens.len() => Logits::Last,
                 _ => Logits::None,
             };
@@ -274,6 +290,10 @@ impl Scheduler {
             return None;
         }
         self.counters.steps += 1;
+        let rows = plan.batch.num_tokens();
+        let bucket = STEP_TOKEN_BOUNDS.partition_point(|&b| b < rows);
+        self.counters.step_tokens[bucket] += 1;
+        self.counters.step_tokens_sum += rows as u64;
         Some(plan)
     }
 
@@ -322,7 +342,7 @@ impl Scheduler {
     pub fn update(&mut self, kv: &mut PagedKv, tok: &Tokenizer, plan: Plan, logits: &[Vec<f32>]) {
         let mut done: Vec<(usize, Option<super::FinishReason>)> = Vec::new();
         let mut children = Vec::new();
-        for (&i, l) in plan.seqs.iter().zip(logits) {
+        for ((&i, l), step) in plan.seqs.iter().zip(logits).zip(&plan.batch.seqs) {
             if let Some(t) = self.seqs[i].table.as_mut() {
                 if let Err(e) = kv.commit(t) {
                     self.seqs[i].fail(&EngineError::Internal(format!("committing pages: {e}")));
@@ -336,6 +356,15 @@ impl Scheduler {
                 }
                 continue;
             }
+            let vocab = l.len() / step.logit_rows();
+            if step.logits == Logits::All {
+                self.seqs[i].gather_prompt_logprobs(step.start, l, vocab);
+                if self.seqs[i].pending() > 0 {
+                    continue; // a prompt chunk: nothing to sample yet
+                }
+            }
+            // The last row is the one to sample from.
+            let l = &l[l.len() - vocab..];
             children.extend(self.fork_samples(kv, tok, i, l));
             match self.seqs[i].sample(tok, l, self.window) {
                 After::Continue => {}
@@ -391,6 +420,7 @@ impl Scheduler {
             // Without a page for the copy of the partial page, the sample starts
             // from the prefix cache instead.
             let table = s.table.as_mut().and_then(|t| kv.fork(t).ok());
+            self.counters.forks += u64::from(table.is_some());
             let mut child = Seq {
                 req: s.req,
                 index: k,
@@ -399,6 +429,8 @@ impl Scheduler {
                 tokens: s.tokens.clone(),
                 prompt_len: s.prompt_len,
                 cached: Some(s.prompt_len),
+                arrived: s.arrived,
+                queued: s.queued,
                 table,
                 purpose: Purpose::Generate(Box::new(gen)),
                 ctx: None,

@@ -9,6 +9,30 @@ use crate::kv::PageTable;
 use crate::model::{sampler::log_softmax, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where a request's events go: a function called on the engine thread, in order,
+/// that says whether the receiver still listens (false cancels the request).
+#[derive(Clone)]
+pub(crate) struct Sink(Arc<dyn Fn(Event) -> bool + Send + Sync>);
+
+impl Sink {
+    pub fn new(f: impl Fn(Event) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// Delivers `ev`; false when nobody listens any more.
+    pub fn send(&self, ev: Event) -> bool {
+        (self.0)(ev)
+    }
+}
+
+impl From<Sender<Event>> for Sink {
+    fn from(tx: Sender<Event>) -> Self {
+        Self::new(move |ev| tx.send(ev).is_ok())
+    }
+}
 
 /// A flush's or a context generation's way back to its context.
 pub(crate) struct CtxLink {
@@ -33,7 +57,10 @@ pub(crate) struct Gen {
     pub max_tokens: usize,
     pub ignore_eos: bool,
     pub logprobs: Option<usize>,
-    pub tx: Sender<Event>,
+    /// The prompt's own log-probabilities, while they are being gathered: how many
+    /// alternatives each, and those of prompt tokens `1..=len` so far.
+    pub prompt_logprobs: Option<(usize, Vec<TokenLogprob>)>,
+    pub tx: Sink,
     /// Samples still to fork from this one's prompt once it is computed (n > 1).
     pub forks: Vec<usize>,
 }
@@ -51,6 +78,9 @@ pub(crate) struct Seq {
     pub table: Option<PageTable>,
     /// Prompt tokens found in the cache (or shared by a fork) at first admission.
     pub cached: Option<usize>,
+    /// When the request arrived, and how long it waited for its first admission.
+    pub arrived: Instant,
+    pub queued: Option<Duration>,
     pub purpose: Purpose,
     pub ctx: Option<CtxLink>,
 }
@@ -70,7 +100,7 @@ impl Gen {
         max_tokens: usize,
         ignore_eos: bool,
         logprobs: Option<usize>,
-        tx: Sender<Event>,
+        tx: Sink,
     ) -> Self {
         Self {
             sampler: Sampler::new(params.clone()),
@@ -79,6 +109,7 @@ impl Gen {
             max_tokens,
             ignore_eos,
             logprobs,
+            prompt_logprobs: None,
             tx,
             forks: Vec::new(),
         }
@@ -105,23 +136,14 @@ impl Seq {
         let Purpose::Generate(g) = &mut self.purpose else {
             return After::Continue;
         };
+        if g.max_tokens == 0 {
+            // Scoring only: the prompt's log-probabilities were the point.
+            return After::Finished(FinishReason::Length);
+        }
         let id = g.sampler.sample(logits, &self.tokens);
         self.tokens.push(id);
         g.generated += 1;
-        let logprob = g.logprobs.map(|k| {
-            let lp = log_softmax(logits);
-            let mut top: Vec<(u32, f32)> = lp
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| (i as u32, v as f32))
-                .collect();
-            top.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            top.truncate(k);
-            TokenLogprob {
-                logprob: lp[id as usize] as f32,
-                top,
-            }
-        });
+        let logprob = g.logprobs.map(|k| token_logprob(logits, id, k));
         let eos = tok.is_eog(id) && !g.ignore_eos;
         let (text, stopped) = if eos {
             (String::new(), false)
@@ -134,7 +156,7 @@ impl Seq {
             text,
             logprob,
         };
-        if g.tx.send(event).is_err() {
+        if !g.tx.send(event) {
             return After::Gone;
         }
         if eos {
@@ -148,6 +170,36 @@ impl Seq {
         }
     }
 
+    /// Whether the prompt's own log-probabilities are still being gathered (the
+    /// prompt is computed in full then: a cached prefix has no logits to give).
+    pub fn wants_prompt_logprobs(&self) -> bool {
+        matches!(&self.purpose, Purpose::Generate(g) if g.prompt_logprobs.is_some())
+    }
+
+    /// Takes the prompt log-probabilities from a step's logits: `rows` rows of
+    /// `vocab` logits for positions `start..`. Row `r` predicts the token at
+    /// `start + r + 1`. Once every prompt token after the first has its figure, they
+    /// go out in one event (before the first sampled token).
+    pub fn gather_prompt_logprobs(&mut self, start: usize, logits: &[f32], vocab: usize) {
+        let Purpose::Generate(g) = &mut self.purpose else {
+            return;
+        };
+        let Some((k, got)) = &mut g.prompt_logprobs else {
+            return;
+        };
+        for (r, row) in logits.chunks_exact(vocab).enumerate() {
+            let next = start + r + 1;
+            // A preempted sequence recomputes rows it already gave: take each once.
+            if next < self.prompt_len && next == got.len() + 1 {
+                got.push(token_logprob(row, self.tokens[next], *k));
+            }
+        }
+        if got.len() + 1 >= self.prompt_len {
+            let (_, all) = g.prompt_logprobs.take().expect("gathering");
+            g.tx.send(Event::PromptLogprobs(all));
+        }
+    }
+
     /// Sends the sample's final event.
     pub fn finish(&mut self, why: FinishReason) {
         let usage = self.usage();
@@ -157,11 +209,12 @@ impl Seq {
             } else {
                 g.text.finish()
             };
-            let _ = g.tx.send(Event::Done {
+            g.tx.send(Event::Done {
                 index: self.index,
                 text,
                 finish: why,
                 usage,
+                queued: self.queued.unwrap_or_default(),
             });
         }
     }
@@ -170,7 +223,7 @@ impl Seq {
     pub fn fail(&mut self, e: &EngineError) {
         match &mut self.purpose {
             Purpose::Generate(g) => {
-                let _ = g.tx.send(Event::Error(e.clone()));
+                g.tx.send(Event::Error(e.clone()));
             }
             Purpose::Flush => {
                 if let Some(r) = self.ctx.as_mut().and_then(|c| c.flush_reply.take()) {
@@ -178,5 +231,25 @@ impl Seq {
                 }
             }
         }
+    }
+}
+
+/// The log-probability of `id` under `logits`, and the `k` likeliest tokens (ties by
+/// id, so the list is deterministic).
+fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
+    let lp = log_softmax(logits);
+    let mut top: Vec<(u32, f32)> = lp
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (i as u32, v as f32))
+        .collect();
+    if k < top.len() {
+        top.select_nth_unstable_by(k, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    }
+    top.truncate(k);
+    top.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    TokenLogprob {
+        logprob: lp[id as usize] as f32,
+        top,
     }
 }

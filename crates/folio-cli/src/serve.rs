@@ -1,0 +1,147 @@
+//! `folio serve`: the OpenAI-compatible server (the `folio-server` crate) on the
+//! engine the flags describe. The port opens at once (health answers 503 while the
+//! model loads, with a progress bar on a terminal); one line with the URL says it is
+//! ready. SIGINT/SIGTERM drain: see `folio_server::serve`.
+
+use crate::opts::{self, ModelArgs};
+use anyhow::{Context, Result};
+use folio::{Engine, Model};
+use folio_server::ServeConfig;
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (loopback by default: only this machine can connect).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one; the ready line says which).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.
+    #[arg(long, env = "FOLIO_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Largest request body (413 above).
+    #[arg(long, value_parser = opts::parse_size, default_value = "4MiB")]
+    pub max_body: u64,
+    /// Most requests waiting for their first token; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// Seconds requests in flight may run after SIGINT/SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_timeout: f64,
+    /// An origin allowed by CORS (repeatable; none by default).
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
+    /// The model's name in /v1/models and answers [default: the file's name].
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Most token rows in one forward step (decode tokens plus prefill chunks).
+    #[arg(long, default_value_t = 512)]
+    pub max_batch_tokens: usize,
+}
+
+/// Full-length sequences the default pool holds (`--kv-memory` or `--kv-pages` set
+/// it otherwise).
+const DEFAULT_SEQUENCES: usize = 8;
+
+pub fn run(a: Args) -> Result<()> {
+    let path = a.model.path()?;
+    anyhow::ensure!(
+        a.shutdown_timeout.is_finite() && a.shutdown_timeout >= 0.0,
+        "--shutdown-timeout must be a number of seconds ≥ 0"
+    );
+    let name = a.model_name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map_or("folio".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let config = ServeConfig {
+        model_name: name.clone(),
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        max_body: usize::try_from(a.max_body).unwrap_or(usize::MAX),
+        max_queue: a.max_queue,
+        shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
+        cors_origins: a.cors_origin.clone(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", a.host, a.port))?;
+        let addr = listener.local_addr()?;
+        let (model_args, batch) = (a.model.clone(), a.max_batch_tokens);
+        let load = move || load(&path, &model_args, batch).map_err(|e| format!("{e:#}"));
+        let ready = move || {
+            println!("folio: serving {name} at http://{addr} (OpenAI API: http://{addr}/v1)")
+        };
+        folio_server::serve(listener, config, load, ready, shutdown_signal()).await?;
+        eprintln!("folio: stopped");
+        Ok(())
+    })
+}
+
+/// Reads the weights once with a progress bar (the mmap then finds them in the page
+/// cache), then builds the engine.
+fn load(path: &Path, args: &ModelArgs, max_batch_tokens: usize) -> Result<Engine> {
+    warm(path).with_context(|| format!("reading {}", path.display()))?;
+    let model =
+        Model::load(path, args.threads).with_context(|| format!("loading {}", path.display()))?;
+    let mut config = args.engine_config(&model, DEFAULT_SEQUENCES)?;
+    config.max_batch_tokens = max_batch_tokens;
+    Engine::new(model, config).map_err(|e| match opts::flag_error(&e) {
+        Some(msg) => anyhow::anyhow!(msg),
+        None => e.into(),
+    })
+}
+
+fn warm(path: &Path) -> std::io::Result<()> {
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let bar = indicatif::ProgressBar::new(len).with_style(
+        indicatif::ProgressStyle::with_template("loading {msg} {bar:30} {bytes}/{total_bytes}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(
+        path.file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+    );
+    let mut buf = vec![0u8; 4 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        bar.inc(n as u64);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// Resolves at the first SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,175 @@
+//! The OpenAI answer shapes both generation routes share: the `id`/`created`/`model`
+//! head, `usage` (with `prompt_tokens_details.cached_tokens`, always), finish
+//! reasons, and the two log-probability formats (chat's `content` list and the legacy
+//! completions' parallel arrays). [`Tally`] gathers a run's events for an answer
+//! that is not streamed, and counts usage for one that is.
+
+use crate::run::Tagged;
+use folio::tokenizer::Tokenizer;
+use folio::{Event, FinishReason, TokenLogprob};
+use serde_json::{json, Value};
+
+/// What every answer object starts with.
+pub struct Head {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl Head {
+    pub fn new(prefix: &str, model: &str) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let created = crate::state::unix_now();
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Self {
+            id: format!("{prefix}-{created:x}{n:08x}"),
+            created,
+            model: model.to_string(),
+        }
+    }
+
+    /// `{"id", "object", "created", "model"}` plus `rest`'s fields.
+    pub fn object(&self, object: &str, rest: Value) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+        });
+        if let (Some(m), Value::Object(r)) = (v.as_object_mut(), rest) {
+            m.extend(r);
+        }
+        v
+    }
+}
+
+pub fn finish_str(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Eos | FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+/// A token's text (lossy where it is part of a UTF-8 sequence).
+pub fn piece(tok: &Tokenizer, id: u32) -> String {
+    String::from_utf8_lossy(&tok.token_bytes(id)).into_owned()
+}
+
+/// Chat's log-probability entry of one token.
+pub fn chat_logprob(tok: &Tokenizer, id: u32, lp: &TokenLogprob) -> Value {
+    let entry = |id: u32, logprob: f32| json!({"token": piece(tok, id), "logprob": logprob, "bytes": tok.token_bytes(id)});
+    let mut e = entry(id, lp.logprob);
+    e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+    e
+}
+
+/// The legacy completions' log-probabilities: parallel arrays over tokens, with
+/// character offsets into the choice's text starting at `offset`. A token without a
+/// figure (a prompt's first) has nulls.
+pub fn completion_logprobs(
+    tok: &Tokenizer,
+    tokens: &[(u32, Option<&TokenLogprob>)],
+    offset: &mut usize,
+) -> Value {
+    let (mut pieces, mut lps, mut tops, mut offs) = (vec![], vec![], vec![], vec![]);
+    for &(id, lp) in tokens {
+        let p = piece(tok, id);
+        offs.push(*offset);
+        *offset += p.chars().count();
+        pieces.push(p);
+        lps.push(lp.map(|l| l.logprob));
+        tops.push(lp.map(|l| {
+            l.top
+                .iter()
+                .map(|&(t, v)| (piece(tok, t), json!(v)))
+                .collect::<serde_json::Map<_, _>>()
+        }));
+    }
+    json!({"tokens": pieces, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs})
+}
+
+/// One choice as it builds up.
+#[derive(Default)]
+pub struct Choice {
+    pub text: String,
+    pub ids: Vec<u32>,
+    pub logprobs: Vec<Option<TokenLogprob>>,
+    pub finish: Option<FinishReason>,
+}
+
+/// A run's events gathered: the choices (`n` per prompt, choice `p * n + i`), the
+/// prompts' own log-probabilities, and usage.
+pub struct Tally {
+    pub n: usize,
+    pub choices: Vec<Choice>,
+    pub prompt_logprobs: Vec<Option<Vec<TokenLogprob>>>,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+impl Tally {
+    pub fn new(prompts: usize, n: usize) -> Self {
+        Self {
+            n,
+            choices: (0..prompts * n).map(|_| Choice::default()).collect(),
+            prompt_logprobs: vec![None; prompts],
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            completion_tokens: 0,
+        }
+    }
+
+    /// Takes one event (errors are the caller's to handle).
+    pub fn add(&mut self, t: &Tagged) {
+        match &t.event {
+            Event::Token {
+                index,
+                id,
+                text,
+                logprob,
+            } => {
+                let c = &mut self.choices[t.prompt * self.n + index];
+                c.text.push_str(text);
+                c.ids.push(*id);
+                c.logprobs.push(logprob.clone());
+            }
+            Event::Done {
+                index,
+                text,
+                finish,
+                usage,
+                ..
+            } => {
+                let c = &mut self.choices[t.prompt * self.n + index];
+                c.text.push_str(text);
+                c.finish = Some(*finish);
+                self.completion_tokens += usage.completion_tokens;
+                if *index == 0 {
+                    self.prompt_tokens += usage.prompt_tokens;
+                    self.cached_tokens += usage.cached_tokens;
+                }
+            }
+            Event::PromptLogprobs(lp) => self.prompt_logprobs[t.prompt] = Some(lp.clone()),
+            Event::Error(_) => {}
+        }
+    }
+
+    pub fn usage(&self) -> Value {
+        usage(
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens,
+        )
+    }
+}
+
+pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}

@@ -1,0 +1,113 @@
+//! The OpenAI request bodies as sent on the wire: one [`GenRequest`] for both
+//! `/v1/completions` and `/v1/chat/completions` (each route takes the fields it
+//! knows), with the extensions llama.cpp's and vLLM's users send (`top_k`, `min_p`,
+//! `repetition_penalty` / `repeat_penalty`, `ignore_eos`, `cache_salt`). Only the
+//! shapes live here; [`crate::params`] turns them into a [`folio::Request`].
+
+use serde::Deserialize;
+
+/// A completion or chat completion request.
+#[derive(Debug, Deserialize, Default)]
+pub struct GenRequest {
+    /// Checked for its type only: the server serves one model, whatever the name.
+    #[allow(dead_code)]
+    pub model: Option<String>,
+    /// Completions: the prompt(s).
+    pub prompt: Option<PromptInput>,
+    /// Chat: the conversation.
+    pub messages: Option<Vec<ChatMessage>>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub n: Option<u64>,
+    pub stop: Option<StopInput>,
+    pub seed: Option<serde_json::Number>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// vLLM's name; llama.cpp's `repeat_penalty` is taken too.
+    pub repetition_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub ignore_eos: Option<bool>,
+    /// Chat: a boolean; completions: how many alternatives per token.
+    pub logprobs: Option<LogprobsInput>,
+    /// Chat: alternatives per token (with `logprobs: true`).
+    pub top_logprobs: Option<u64>,
+    /// Completions: the prompt comes back in front of the text (with `logprobs`, its
+    /// tokens' log-probabilities too).
+    pub echo: Option<bool>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Requests with different salts never share KV pages.
+    pub cache_salt: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize, Clone, Copy)]
+#[serde(untagged)]
+pub enum LogprobsInput {
+    Flag(bool),
+    Count(u64),
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// One chat message. `content` may be a string, a list of parts, or absent.
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// A content part: only text parts carry anything this server can use.
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// `/tokenize`: llama.cpp's `content` or vLLM's `prompt`, or chat `messages`.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    pub content: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Add the BOS the model wants (default true; false for chat messages).
+    pub add_special: Option<bool>,
+    /// Also return each token's text.
+    pub with_pieces: Option<bool>,
+}
+
+/// `/detokenize`.
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u32>,
+}

@@ -1,0 +1,83 @@
+//! The router: routes, and the layers around them: CORS (outermost, so a preflight
+//! never needs the key), the API key, the body limit, and a panic guard that answers
+//! 500 in the envelope instead of dropping the connection.
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::{generate, misc, ServeError};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::sync::Arc;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
+    let cfg = &st.config;
+    let mut app = Router::new()
+        .route("/health", get(misc::health))
+        .route("/metrics", get(misc::metrics))
+        .route("/v1/models", get(misc::models))
+        .route("/v1/completions", post(generate::completions))
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/tokenize", post(misc::tokenize))
+        .route("/detokenize", post(misc::detokenize))
+        .fallback(misc::not_found)
+        .method_not_allowed_fallback(misc::wrong_method)
+        .layer(DefaultBodyLimit::max(cfg.max_body))
+        .layer(middleware::from_fn_with_state(st.clone(), auth))
+        .layer(CatchPanicLayer::custom(|_| {
+            tracing::error!("a request handler panicked");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+        }));
+    if !cfg.cors_origins.is_empty() {
+        let origins = cfg
+            .cors_origins
+            .iter()
+            .map(|o| HeaderValue::from_str(o).map_err(|_| ServeError::CorsOrigin(o.clone())))
+            .collect::<Result<Vec<_>, _>>()?;
+        app = app.layer(
+            CorsLayer::new()
+                .allow_origin(AllowOrigin::list(origins))
+                .allow_methods([Method::GET, Method::POST, Method::DELETE])
+                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]),
+        );
+    }
+    Ok(app.with_state(st))
+}
+
+/// Routes that need the key when one is set (health and metrics stay open, as in
+/// vLLM, for probes and scrapers).
+fn guarded(path: &str) -> bool {
+    path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize"
+}
+
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.config.api_key {
+        if guarded(req.uri().path()) {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            if !same(given.as_bytes(), key.as_bytes()) {
+                let mut e = ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "a valid API key is needed: Authorization: Bearer <key>",
+                );
+                e.code = Some("invalid_api_key");
+                return e.into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares in time that depends only on the lengths.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

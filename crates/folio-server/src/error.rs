@@ -1,0 +1,117 @@
+//! [`ApiError`]: every failure a route answers with, in OpenAI's envelope
+//! `{"error": {"message", "type", "param", "code"}}`. The status comes from the
+//! engine's [`ErrorKind`], never from reading the text, so a user's mistake is a 4xx
+//! and only the server's own failure is a 500.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use folio::{EngineError, ErrorKind};
+use serde_json::json;
+
+/// An error answer: status, message and the parameter at fault (if one is).
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+    /// OpenAI's short code (`invalid_api_key`, `context_length_exceeded`, ...).
+    pub code: Option<&'static str>,
+    /// Seconds to wait before retrying (sent as `Retry-After` with a 503 or 429).
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400: the request is wrong; `param` names the field.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::BAD_REQUEST, message);
+        e.param = Some(param.into());
+        e
+    }
+
+    pub fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// 503 with `Retry-After`: the server is busy or not ready; the request did nothing.
+    pub fn unavailable(message: impl Into<String>, retry_after: u32) -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, message);
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// OpenAI's `type` for this status.
+    fn kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            500..=599 if self.status != StatusCode::SERVICE_UNAVAILABLE => "server_error",
+            503 => "service_unavailable_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The envelope as JSON (also sent as an SSE event when a stream fails midway).
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind(),
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let status = match e.kind() {
+            ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Busy => StatusCode::CONFLICT,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let mut out = ApiError::new(status, e.to_string());
+        match &e {
+            EngineError::Param { name, .. } => out.param = Some((*name).to_string()),
+            EngineError::PromptTooLong { .. } => {
+                out.param = Some("prompt".into());
+                out.code = Some("context_length_exceeded");
+            }
+            EngineError::TooLargeForPool { .. } => out.param = Some("max_tokens".into()),
+            EngineError::Tokenizer(_) | EngineError::EmptyPrompt => {
+                out.param = Some("prompt".into())
+            }
+            _ => {}
+        }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            out.retry_after = Some(1);
+        }
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!("{e}");
+        }
+        out
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}

@@ -1,0 +1,384 @@
+//! The two generation routes, `/v1/completions` and `/v1/chat/completions`: check
+//! and tokenize the request, start it, wait for its first event (so an error found
+//! before any output is a status, not a broken stream), then answer at once or as a
+//! stream.
+
+use crate::answer::{chat_logprob, completion_logprobs, finish_str, usage, Head, Tally};
+use crate::api::GenRequest;
+use crate::body::JsonBody;
+use crate::error::ApiError;
+use crate::params::{self, Job, Route, BIG_PROMPT};
+use crate::run::{Run, Tagged};
+use crate::sse::{self, Chunker};
+use crate::state::AppState;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use folio::tokenizer::Tokenizer;
+use folio::{Engine, Event, TokenLogprob};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+type St = State<Arc<AppState>>;
+
+pub async fn completions(
+    State(st): St,
+    JsonBody(r): JsonBody<GenRequest>,
+) -> Result<Response, ApiError> {
+    let job = prepare(&st, Route::Completions, r).await?;
+    let head = Head::new("cmpl", &st.config.model_name);
+    if job.req.max_tokens == 0 && job.req.prompt_logprobs.is_none() {
+        return Ok(Json(echo_only(&head, &job)).into_response());
+    }
+    let (run, first) = start(&st, &job).await?;
+    let chunks = Completions {
+        engine: st.ready()?.engine.clone(),
+        offsets: vec![0; job.choices()],
+        tally: Tally::new(job.prompts.len(), job.req.n),
+        head,
+        job,
+    };
+    if chunks.job.stream {
+        return Ok(sse::respond(run, first, chunks));
+    }
+    let tally = collect(run, first, chunks.tally).await?;
+    let tok = &chunks.engine.model().tokenizer;
+    Ok(Json(chunks_body(tok, &chunks.head, &chunks.job, &tally)).into_response())
+}
+
+pub async fn chat(State(st): St, JsonBody(r): JsonBody<GenRequest>) -> Result<Response, ApiError> {
+    let job = prepare(&st, Route::Chat, r).await?;
+    let head = Head::new("chatcmpl", &st.config.model_name);
+    let (run, first) = start(&st, &job).await?;
+    let chunks = Chat {
+        engine: st.ready()?.engine.clone(),
+        tally: Tally::new(1, job.req.n),
+        head,
+        job,
+    };
+    if chunks.job.stream {
+        return Ok(sse::respond(run, first, chunks));
+    }
+    let tally = collect(run, first, chunks.tally).await?;
+    let tok = &chunks.engine.model().tokenizer;
+    let choices: Vec<Value> = tally
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let logprobs = chunks.job.logprobs.map(|_| {
+                let content: Vec<Value> = c
+                    .ids
+                    .iter()
+                    .zip(&c.logprobs)
+                    .filter_map(|(&id, lp)| lp.as_ref().map(|lp| chat_logprob(tok, id, lp)))
+                    .collect();
+                json!({ "content": content })
+            });
+            json!({
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": logprobs,
+                "finish_reason": c.finish.map(finish_str),
+            })
+        })
+        .collect();
+    let body = chunks.head.object(
+        "chat.completion",
+        json!({"choices": choices, "usage": tally.usage()}),
+    );
+    Ok(Json(body).into_response())
+}
+
+/// Checks and tokenizes the request (off the async threads when the prompt is big).
+async fn prepare(st: &Arc<AppState>, route: Route, r: GenRequest) -> Result<Job, ApiError> {
+    st.ready()?;
+    let big = match (&r.prompt, &r.messages) {
+        (Some(crate::api::PromptInput::Text(t)), _) => t.len() > BIG_PROMPT,
+        (Some(_), _) | (_, Some(_)) => true,
+        _ => false,
+    };
+    let st2 = st.clone();
+    let make = move || {
+        let l = st2.ready()?;
+        let window = l.engine.window();
+        params::job(route, r, l.engine.model(), l.template.as_ref(), window)
+    };
+    if big {
+        tokio::task::spawn_blocking(make).await.map_err(|e| {
+            ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        })?
+    } else {
+        make()
+    }
+}
+
+/// Submits the job and waits for its first event; an error there is the answer.
+async fn start(st: &Arc<AppState>, job: &Job) -> Result<(Run, Tagged), ApiError> {
+    let engine = &st.ready()?.engine;
+    let mut run = Run::start(st, engine, job)?;
+    match run.next().await {
+        Some(Tagged {
+            event: Event::Error(e),
+            ..
+        }) => Err(e.into()),
+        Some(t) => Ok((run, t)),
+        None => Err(folio::EngineError::Closed.into()),
+    }
+}
+
+/// Gathers every event of a run that is not streamed.
+async fn collect(mut run: Run, first: Tagged, mut tally: Tally) -> Result<Tally, ApiError> {
+    let mut next = Some(first);
+    while let Some(t) = next {
+        if let Event::Error(e) = t.event {
+            return Err(e.into());
+        }
+        tally.add(&t);
+        next = run.next().await;
+    }
+    Ok(tally)
+}
+
+/// The prompt's tokens with their log-probabilities (the first has none).
+fn prompt_tokens<'a>(
+    ids: &[u32],
+    lps: Option<&'a Vec<TokenLogprob>>,
+) -> Vec<(u32, Option<&'a TokenLogprob>)> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            (
+                id,
+                i.checked_sub(1).and_then(|j| lps.and_then(|l| l.get(j))),
+            )
+        })
+        .collect()
+}
+
+/// `echo` with nothing to generate and no log-probabilities: the prompts themselves.
+fn echo_only(head: &Head, job: &Job) -> Value {
+    let n = job.req.n;
+    let choices: Vec<Value> = (0..job.choices())
+        .map(|i| json!({"index": i, "text": job.prompt_texts[i / n], "logprobs": null, "finish_reason": "length"}))
+        .collect();
+    let prompt: usize = job.prompts.iter().map(Vec::len).sum();
+    head.object(
+        "text_completion",
+        json!({"choices": choices, "usage": usage(prompt, 0, 0)}),
+    )
+}
+
+/// The body of a completion that is not streamed.
+fn chunks_body(tok: &Tokenizer, head: &Head, job: &Job, tally: &Tally) -> Value {
+    let n = job.req.n;
+    let choices: Vec<Value> = tally
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let p = i / n;
+            let mut text = String::new();
+            let mut toks = Vec::new();
+            if job.echo {
+                text.push_str(&job.prompt_texts[p]);
+                toks = prompt_tokens(&job.prompts[p], tally.prompt_logprobs[p].as_ref());
+            }
+            text.push_str(&c.text);
+            toks.extend(c.ids.iter().zip(&c.logprobs).map(|(&id, lp)| (id, lp.as_ref())));
+            let logprobs = job.logprobs.map(|_| completion_logprobs(tok, &toks, &mut 0));
+            json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": c.finish.map(finish_str)})
+        })
+        .collect();
+    head.object(
+        "text_completion",
+        json!({"choices": choices, "usage": tally.usage()}),
+    )
+}
+
+/// A streamed completion's chunks.
+struct Completions {
+    engine: Engine,
+    head: Head,
+    job: Job,
+    /// Characters sent so far per choice (the logprobs' `text_offset`).
+    offsets: Vec<usize>,
+    tally: Tally,
+}
+
+impl Completions {
+    fn chunk(&self, choice: Value) -> Value {
+        let mut v = self
+            .head
+            .object("text_completion", json!({"choices": [choice]}));
+        if self.job.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+}
+
+impl Chunker for Completions {
+    fn start(&mut self) -> Vec<Value> {
+        if !self.job.echo || self.job.req.prompt_logprobs.is_some() {
+            return Vec::new(); // an echo with log-probabilities waits for them
+        }
+        let n = self.job.req.n;
+        (0..self.job.choices())
+            .map(|i| {
+                let text = &self.job.prompt_texts[i / n];
+                self.offsets[i] = text.chars().count();
+                self.chunk(
+                    json!({"index": i, "text": text, "logprobs": null, "finish_reason": null}),
+                )
+            })
+            .collect()
+    }
+
+    fn event(&mut self, t: Tagged) -> Vec<Value> {
+        self.tally.add(&t);
+        let engine = self.engine.clone();
+        let tok = &engine.model().tokenizer;
+        let n = self.job.req.n;
+        match t.event {
+            Event::Token {
+                index,
+                id,
+                text,
+                logprob,
+            } => {
+                let i = t.prompt * n + index;
+                let logprobs = self.job.logprobs.map(|_| {
+                    completion_logprobs(tok, &[(id, logprob.as_ref())], &mut self.offsets[i])
+                });
+                if text.is_empty() && logprobs.is_none() {
+                    return Vec::new();
+                }
+                vec![self.chunk(
+                    json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": null}),
+                )]
+            }
+            Event::Done {
+                index,
+                text,
+                finish,
+                ..
+            } => {
+                let i = t.prompt * n + index;
+                vec![self.chunk(json!({"index": i, "text": text, "logprobs": null, "finish_reason": finish_str(finish)}))]
+            }
+            Event::PromptLogprobs(lps) => {
+                let p = t.prompt;
+                (0..n)
+                    .map(|k| {
+                        let i = p * n + k;
+                        let toks = prompt_tokens(&self.job.prompts[p], Some(&lps));
+                        let lp = completion_logprobs(tok, &toks, &mut self.offsets[i]);
+                        let text = &self.job.prompt_texts[p];
+                        self.chunk(json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null}))
+                    })
+                    .collect()
+            }
+            Event::Error(_) => Vec::new(),
+        }
+    }
+
+    fn end(&mut self) -> Vec<Value> {
+        usage_chunk(
+            &self.head,
+            "text_completion",
+            self.job.include_usage,
+            &self.tally,
+        )
+    }
+}
+
+fn usage_chunk(head: &Head, object: &str, include: bool, tally: &Tally) -> Vec<Value> {
+    if !include {
+        return Vec::new();
+    }
+    vec![head.object(object, json!({"choices": [], "usage": tally.usage()}))]
+}
+
+/// A streamed chat completion's chunks.
+struct Chat {
+    engine: Engine,
+    head: Head,
+    job: Job,
+    tally: Tally,
+}
+
+impl Chat {
+    fn chunk(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
+        let choice =
+            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
+        let mut v = self
+            .head
+            .object("chat.completion.chunk", json!({"choices": [choice]}));
+        if self.job.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+}
+
+impl Chunker for Chat {
+    fn start(&mut self) -> Vec<Value> {
+        (0..self.job.choices())
+            .map(|i| {
+                self.chunk(
+                    i,
+                    json!({"role": "assistant", "content": ""}),
+                    Value::Null,
+                    None,
+                )
+            })
+            .collect()
+    }
+
+    fn event(&mut self, t: Tagged) -> Vec<Value> {
+        self.tally.add(&t);
+        match t.event {
+            Event::Token {
+                index,
+                id,
+                text,
+                logprob,
+            } => {
+                let lp = match (&logprob, self.job.logprobs) {
+                    (Some(lp), Some(_)) => {
+                        json!({"content": [chat_logprob(&self.engine.model().tokenizer, id, lp)]})
+                    }
+                    _ => Value::Null,
+                };
+                if text.is_empty() && lp.is_null() {
+                    return Vec::new();
+                }
+                vec![self.chunk(index, json!({"content": text}), lp, None)]
+            }
+            Event::Done {
+                index,
+                text,
+                finish,
+                ..
+            } => {
+                let mut out = Vec::new();
+                if !text.is_empty() {
+                    out.push(self.chunk(index, json!({"content": text}), Value::Null, None));
+                }
+                out.push(self.chunk(index, json!({}), Value::Null, Some(finish_str(finish))));
+                out
+            }
+            Event::PromptLogprobs(_) | Event::Error(_) => Vec::new(),
+        }
+    }
+
+    fn end(&mut self) -> Vec<Value> {
+        usage_chunk(
+            &self.head,
+            "chat.completion.chunk",
+            self.job.include_usage,
+            &self.tally,
+        )
+    }
+}

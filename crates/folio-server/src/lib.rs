@@ -1,0 +1,158 @@
+//! `folio serve`: an OpenAI-compatible HTTP server over folio's [`Engine`].
+//!
+//! It sits on the engine's public facade only: requests go in through
+//! [`Engine::submit_with`], whose events land on an async channel, and leave as JSON
+//! or server-sent events; a dropped client cancels through [`Engine::cancel`]. The
+//! server owns no cache logic: cached-token counts, salts and page figures all come
+//! from the engine.
+//!
+//! Modules: [`app`] (router and layers), `generate` (the two generation routes),
+//! `params` (wire request → engine request), `api` (wire shapes), `answer` (answer
+//! shapes), `run` (one request's events and cancellation), `sse` (streams),
+//! `misc` (health, models, metrics, tokenize), `metrics`, `error`, `body`, `state`.
+
+mod answer;
+mod api;
+pub mod app;
+mod body;
+mod error;
+mod generate;
+mod metrics;
+mod misc;
+mod params;
+mod run;
+mod sse;
+mod state;
+
+pub use error::ApiError;
+
+use folio::Engine;
+use state::{AppState, Loaded};
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::net::TcpListener;
+
+/// Server settings (the engine's are the engine's).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The name `/v1/models` lists and answers carry.
+    pub model_name: String,
+    /// When set, `/v1/*`, `/tokenize` and `/detokenize` need `Authorization: Bearer`.
+    pub api_key: Option<String>,
+    /// Largest request body in bytes (413 above).
+    pub max_body: usize,
+    /// Most requests waiting for their first token before new ones get 503.
+    pub max_queue: usize,
+    /// At shutdown, how long in-flight requests may run before they are cancelled.
+    pub shutdown_timeout: Duration,
+    /// Origins allowed by CORS (none by default).
+    pub cors_origins: Vec<String>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            model_name: "folio".into(),
+            api_key: None,
+            max_body: 4 << 20,
+            max_queue: 256,
+            shutdown_timeout: Duration::from_secs(30),
+            cors_origins: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ServeError {
+    #[error("loading the model: {0}")]
+    Load(String),
+    #[error("--cors-origin {0:?} is not a valid origin")]
+    CorsOrigin(String),
+    #[error("serving: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves on `listener` until `shutdown` resolves. The routes answer at once (health
+/// says 503) while `load` builds the engine on a blocking thread; `on_ready` runs when
+/// it is up. At shutdown: health says 503 and new requests are refused, requests in
+/// flight run up to `shutdown_timeout`, then the rest are cancelled; returns when
+/// every connection is closed.
+pub async fn serve<L, R, S>(
+    listener: TcpListener,
+    config: ServeConfig,
+    load: L,
+    on_ready: R,
+    shutdown: S,
+) -> Result<(), ServeError>
+where
+    L: FnOnce() -> Result<Engine, String> + Send + 'static,
+    R: FnOnce() + Send + 'static,
+    S: Future<Output = ()> + Send + 'static,
+{
+    let grace = config.shutdown_timeout;
+    let st = Arc::new(AppState::new(config));
+    let app = app::router(st.clone())?;
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    let loader = {
+        let st = st.clone();
+        tokio::spawn(async move {
+            match tokio::task::spawn_blocking(load).await {
+                Ok(Ok(engine)) => {
+                    let template = match engine.model().tokenizer.chat_template() {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            tracing::warn!("the chat template does not compile ({e}): chat routes will answer 400");
+                            None
+                        }
+                    };
+                    let _ = st.loaded.set(Loaded { engine, template });
+                    on_ready();
+                }
+                Ok(Err(e)) => {
+                    let _ = failed_tx.send(e);
+                }
+                Err(e) => {
+                    let _ = failed_tx.send(format!("the loader stopped: {e}"));
+                }
+            }
+        })
+    };
+    let failure = Arc::new(std::sync::Mutex::new(None::<String>));
+    let signal = {
+        let st = st.clone();
+        let failure = failure.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown => {}
+                Ok(e) = failed_rx => {
+                    *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+            }
+            st.draining.store(true, Ordering::Relaxed);
+            tracing::info!("shutting down: draining requests in flight (up to {grace:?})");
+            let st = st.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                if let Some(l) = st.loaded.get() {
+                    tracing::warn!("shutdown timeout: cancelling the requests still running");
+                    l.engine.shutdown();
+                }
+            });
+        }
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(signal)
+        .await?;
+    loader.abort();
+    if let Some(l) = st.loaded.get() {
+        l.engine.shutdown();
+    }
+    let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match failed {
+        Some(e) => Err(ServeError::Load(e)),
+        None => Ok(()),
+    }
+}

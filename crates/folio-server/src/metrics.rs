@@ -1,0 +1,301 @@
+//! `/metrics`: Prometheus text with vLLM's metric names under a `folio:` prefix (a
+//! dashboard built for vLLM works by changing the prefix), plus folio's own: pages by
+//! state, shared pages, forks, cancellations. Request figures are counted here as
+//! requests end; pool and scheduler figures come from the engine's counters at scrape
+//! time.
+
+use folio::engine::STEP_TOKEN_BOUNDS;
+use folio::{EngineStats, FinishReason};
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A histogram of seconds with fixed bucket bounds.
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = self.bounds.partition_point(|&b| b < s);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let les = self.bounds.iter().map(|b| b.to_string());
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        histogram(out, name, help, labels, les, &counts, sum);
+    }
+}
+
+/// Writes a Prometheus histogram from per-bucket (not cumulative) counts; the last
+/// count is the `+Inf` bucket's own.
+fn histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    labels: &str,
+    les: impl Iterator<Item = String>,
+    counts: &[u64],
+    sum: f64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut acc = 0;
+    for (le, c) in les.chain(std::iter::once("+Inf".to_string())).zip(counts) {
+        acc += c;
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {acc}");
+    }
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+    let _ = writeln!(out, "{name}_count{{{labels}}} {acc}");
+}
+
+const LATENCY: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const PER_TOKEN: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
+
+/// The request figures the server counts itself.
+pub struct Metrics {
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    /// Samples ended by each reason: stop, length.
+    finished: [AtomicU64; 2],
+    /// Requests whose client went away (or that were cut off at shutdown).
+    pub cancelled: AtomicU64,
+    /// Requests that failed (an error answer or an error event).
+    pub failed: AtomicU64,
+    pub ttft: Histogram,
+    pub per_token: Histogram,
+    pub e2e: Histogram,
+    pub queue: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            prefix_queries: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            finished: [AtomicU64::new(0), AtomicU64::new(0)],
+            cancelled: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            ttft: Histogram::new(LATENCY),
+            per_token: Histogram::new(PER_TOKEN),
+            e2e: Histogram::new(LATENCY),
+            queue: Histogram::new(LATENCY),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn finished(&self, why: FinishReason) {
+        let i = usize::from(why == FinishReason::Length);
+        self.finished[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The whole page: the server's counters and the engine's `stats`.
+    pub fn render(&self, model: &str, stats: Option<&EngineStats>) -> String {
+        let l = format!("model_name=\"{}\"", model.replace(['"', '\\', '\n'], "_"));
+        let mut out = String::new();
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP folio:{name} {help}\n# TYPE folio:{name} counter\nfolio:{name}{{{l}}} {v}"
+            );
+        };
+        counter(
+            &mut out,
+            "prompt_tokens_total",
+            "Prompt tokens of finished requests.",
+            get(&self.prompt_tokens),
+        );
+        counter(
+            &mut out,
+            "generation_tokens_total",
+            "Tokens generated.",
+            get(&self.generation_tokens),
+        );
+        counter(
+            &mut out,
+            "prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.",
+            get(&self.prefix_queries),
+        );
+        counter(
+            &mut out,
+            "prefix_cache_hits_total",
+            "Prompt tokens found in the prefix cache (not computed).",
+            get(&self.prefix_hits),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP folio:request_success_total Samples finished, by reason.\n# TYPE folio:request_success_total counter"
+        );
+        for (reason, c) in ["stop", "length"].iter().zip(&self.finished) {
+            let _ = writeln!(
+                out,
+                "folio:request_success_total{{{l},finished_reason=\"{reason}\"}} {}",
+                get(c)
+            );
+        }
+        counter(
+            &mut out,
+            "requests_cancelled_total",
+            "Requests cancelled: the client went away, or shutdown cut them off.",
+            get(&self.cancelled),
+        );
+        counter(
+            &mut out,
+            "requests_failed_total",
+            "Requests answered with an error.",
+            get(&self.failed),
+        );
+        self.ttft.render(
+            &mut out,
+            "folio:time_to_first_token_seconds",
+            "Time to first token.",
+            &l,
+        );
+        self.per_token.render(
+            &mut out,
+            "folio:time_per_output_token_seconds",
+            "Time between output tokens.",
+            &l,
+        );
+        self.e2e.render(
+            &mut out,
+            "folio:e2e_request_latency_seconds",
+            "Request latency, arrival to last token.",
+            &l,
+        );
+        self.queue.render(
+            &mut out,
+            "folio:request_queue_time_seconds",
+            "Time a request waited for its first pages.",
+            &l,
+        );
+        let Some(s) = stats else { return out };
+        let gauge = |out: &mut String, name: &str, help: &str, v: String| {
+            let _ = writeln!(
+                out,
+                "# HELP folio:{name} {help}\n# TYPE folio:{name} gauge\nfolio:{name}{{{l}}} {v}"
+            );
+        };
+        gauge(
+            &mut out,
+            "num_requests_running",
+            "Sequences holding pages.",
+            s.running.to_string(),
+        );
+        gauge(
+            &mut out,
+            "num_requests_waiting",
+            "Sequences waiting for pages.",
+            s.waiting.to_string(),
+        );
+        let used = (s.pages_working + s.pages_committed) as f64 / s.pages_total.max(1) as f64;
+        gauge(
+            &mut out,
+            "kv_cache_usage_perc",
+            "Fraction of KV pages in use (cached pages are reclaimable, so not counted).",
+            used.to_string(),
+        );
+        counter(
+            &mut out,
+            "num_preemptions_total",
+            "Sequences preempted to free pages.",
+            s.preemptions,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP folio:kv_pages KV pages by state.\n# TYPE folio:kv_pages gauge"
+        );
+        for (state, v) in [
+            ("free", s.pages_free),
+            ("working", s.pages_working),
+            ("committed", s.pages_committed),
+            ("cached", s.pages_cached),
+            ("pinned", s.pages_pinned),
+        ] {
+            let _ = writeln!(out, "folio:kv_pages{{{l},state=\"{state}\"}} {v}");
+        }
+        gauge(
+            &mut out,
+            "kv_pages_total",
+            "KV pages in the pool.",
+            s.pages_total.to_string(),
+        );
+        gauge(
+            &mut out,
+            "kv_pages_shared",
+            "KV pages held by more than one sequence, context or snapshot.",
+            s.pages_shared.to_string(),
+        );
+        gauge(
+            &mut out,
+            "kv_page_size",
+            "Token slots per KV page.",
+            s.page_size.to_string(),
+        );
+        counter(
+            &mut out,
+            "forks_total",
+            "Forks: n > 1 samples and context forks, each O(1) in committed pages.",
+            s.forks,
+        );
+        counter(
+            &mut out,
+            "kv_evictions_total",
+            "Cached pages reclaimed.",
+            s.evictions,
+        );
+        counter(
+            &mut out,
+            "prefilled_tokens_total",
+            "Prompt tokens computed.",
+            s.prefilled_tokens,
+        );
+        counter(
+            &mut out,
+            "engine_steps_total",
+            "Forward steps run.",
+            s.steps,
+        );
+        histogram(
+            &mut out,
+            "folio:iteration_tokens_total",
+            "Token rows per forward step.",
+            &l,
+            STEP_TOKEN_BOUNDS.iter().map(|b| b.to_string()),
+            &s.step_tokens,
+            s.step_tokens_sum as f64,
+        );
+        out
+    }
+}

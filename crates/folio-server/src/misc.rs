@@ -1,0 +1,142 @@
+//! The small routes: `/health`, `/v1/models`, `/metrics`, `/tokenize`,
+//! `/detokenize`, and the envelope answers for unknown routes and wrong methods.
+
+use crate::answer::piece;
+use crate::api::{DetokenizeRequest, TokenizeRequest};
+use crate::body::JsonBody;
+use crate::error::ApiError;
+use crate::params::render_chat;
+use crate::state::AppState;
+use axum::extract::State;
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+type St = State<Arc<AppState>>;
+
+/// 200 when requests are served; 503 while the model loads or the server drains.
+pub async fn health(State(st): St) -> Response {
+    let status = if st.draining.load(Ordering::Relaxed) {
+        "shutting down"
+    } else if st.loaded.get().is_none() {
+        "loading"
+    } else {
+        return Json(json!({"status": "ok"})).into_response();
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"status": status})),
+    )
+        .into_response()
+}
+
+pub async fn models(State(st): St) -> Result<Response, ApiError> {
+    let l = st.ready()?;
+    Ok(Json(json!({"object": "list", "data": [{
+        "id": st.config.model_name,
+        "object": "model",
+        "created": st.started,
+        "owned_by": "folio",
+        "max_model_len": l.engine.window(),
+    }]}))
+    .into_response())
+}
+
+/// Prometheus text; the engine's figures are left out while it loads.
+pub async fn metrics(State(st): St) -> Response {
+    let stats = match st.loaded.get() {
+        Some(l) => {
+            let engine = l.engine.clone();
+            tokio::task::spawn_blocking(move || engine.stats().ok())
+                .await
+                .ok()
+                .flatten()
+        }
+        None => None,
+    };
+    let body = st.metrics.render(&st.config.model_name, stats.as_ref());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+pub async fn tokenize(
+    State(st): St,
+    JsonBody(r): JsonBody<TokenizeRequest>,
+) -> Result<Response, ApiError> {
+    let l = st.ready()?;
+    let tok = &l.engine.model().tokenizer;
+    let (text, add_special) = match (r.content.or(r.prompt), r.messages) {
+        (Some(t), None) => (t, r.add_special.unwrap_or(true)),
+        (None, Some(m)) => (
+            render_chat(&m, l.template.as_ref(), true)?,
+            r.add_special.unwrap_or(true),
+        ),
+        _ => {
+            return Err(ApiError::invalid(
+                "content",
+                "give one of content (or prompt) and messages",
+            ))
+        }
+    };
+    let st2 = st.clone();
+    let ids = tokio::task::spawn_blocking(move || {
+        let l = st2.ready()?;
+        l.engine
+            .model()
+            .tokenizer
+            .try_encode(&text, add_special)
+            .map_err(|e| ApiError::from(folio::EngineError::from(e)))
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    let mut body = json!({"tokens": ids, "count": ids.len(), "max_model_len": l.engine.window()});
+    if r.with_pieces.unwrap_or(false) {
+        body["pieces"] = ids.iter().map(|&i| piece(tok, i)).collect();
+    }
+    Ok(Json(body).into_response())
+}
+
+pub async fn detokenize(
+    State(st): St,
+    JsonBody(r): JsonBody<DetokenizeRequest>,
+) -> Result<Response, ApiError> {
+    let l = st.ready()?;
+    let model = l.engine.model();
+    if let Some(bad) = r.tokens.iter().find(|&&t| t as usize >= model.config.vocab) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!(
+                "token id {bad} is outside the vocabulary (0..{})",
+                model.config.vocab
+            ),
+        ));
+    }
+    let text = model.tokenizer.decode(&r.tokens);
+    // llama.cpp answers `content`, vLLM `prompt`: both, so either client works.
+    Ok(Json(json!({"content": text, "prompt": text})).into_response())
+}
+
+pub async fn not_found(method: Method, uri: Uri) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no route {method} {}", uri.path()),
+    );
+    e.code = Some("not_found");
+    e
+}
+
+pub async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
+}

@@ -1,0 +1,307 @@
+//! From a wire request to what the engine runs: the prompts as token ids, one
+//! [`folio::Request`] for them, and how the answer is to be shaped (stream or not,
+//! echo, log-probabilities). Every check that can fail on the request alone happens
+//! here, before any work, with the field named.
+
+use crate::api::{ChatMessage, Content, GenRequest, LogprobsInput, PromptInput, StopInput};
+use crate::error::ApiError;
+use folio::tokenizer::{ChatTemplate, Message};
+use folio::{Model, Prompt, Request, SamplingParams};
+
+/// Which route a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Completions,
+    Chat,
+}
+
+/// A checked request, ready to run.
+pub struct Job {
+    /// Token ids of each prompt (a chat has one).
+    pub prompts: Vec<Vec<u32>>,
+    /// Each prompt as text (what `echo` sends back).
+    pub prompt_texts: Vec<String>,
+    /// The engine request; its prompt is set per prompt when it runs.
+    pub req: Request,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub echo: bool,
+    /// Alternatives per token when log-probabilities were asked for.
+    pub logprobs: Option<usize>,
+}
+
+impl Job {
+    /// Choices in the answer: `n` per prompt.
+    pub fn choices(&self) -> usize {
+        self.prompts.len() * self.req.n
+    }
+}
+
+/// Prompts bigger than this are tokenized off the async runtime's threads.
+pub const BIG_PROMPT: usize = 64 << 10;
+
+/// Checks `r` for `route` and tokenizes its prompt(s); `window` is the most tokens a
+/// sequence holds.
+pub fn job(
+    route: Route,
+    r: GenRequest,
+    model: &Model,
+    template: Option<&ChatTemplate>,
+    window: usize,
+) -> Result<Job, ApiError> {
+    let tok = &model.tokenizer;
+    let (prompts, prompt_texts) = match route {
+        Route::Completions => {
+            if r.messages.is_some() {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "messages belong to /v1/chat/completions; this route takes a prompt",
+                ));
+            }
+            let Some(p) = r.prompt else {
+                return Err(ApiError::invalid("prompt", "prompt is required"));
+            };
+            completion_prompts(p, model)?
+        }
+        Route::Chat => {
+            let Some(msgs) = r.messages else {
+                return Err(ApiError::invalid("messages", "messages is required"));
+            };
+            let text = render_chat(&msgs, template, true)?;
+            let ids = tok
+                .try_encode(&text, true)
+                .map_err(folio::EngineError::from)?;
+            (vec![ids], vec![text])
+        }
+    };
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        let what = if prompts.len() > 1 {
+            format!("prompt {i} is empty")
+        } else {
+            "the prompt is empty".into()
+        };
+        return Err(ApiError::invalid("prompt", what));
+    }
+    if longest >= window {
+        return Err(ApiError::from(folio::EngineError::PromptTooLong {
+            len: longest,
+            window,
+        }));
+    }
+
+    let echo = r.echo.unwrap_or(false);
+    if echo && route == Route::Chat {
+        return Err(ApiError::invalid("echo", "echo is for /v1/completions"));
+    }
+    let logprobs = match (route, r.logprobs) {
+        (_, None) | (Route::Chat, Some(LogprobsInput::Flag(false))) => None,
+        (Route::Chat, Some(LogprobsInput::Flag(true))) => {
+            Some(count(r.top_logprobs, "top_logprobs")?)
+        }
+        (Route::Chat, Some(LogprobsInput::Count(_))) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                "logprobs must be a boolean here (top_logprobs says how many alternatives)",
+            ))
+        }
+        (Route::Completions, Some(LogprobsInput::Count(k))) => Some(count(Some(k), "logprobs")?),
+        (Route::Completions, Some(LogprobsInput::Flag(_))) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                "logprobs must be an integer here: how many alternatives per token (0-20)",
+            ))
+        }
+    };
+    if route == Route::Chat && r.top_logprobs.is_some() && logprobs.is_none() {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
+        ));
+    }
+
+    let asked = match route {
+        Route::Chat => r.max_completion_tokens.or(r.max_tokens),
+        Route::Completions => r.max_tokens,
+    };
+    // OpenAI's defaults: 16 tokens for a completion, the rest of the window for a chat.
+    let room = window - longest;
+    let max_tokens = match (asked, route) {
+        (Some(m), _) => usize::try_from(m).unwrap_or(usize::MAX).min(room),
+        (None, Route::Completions) => 16.min(room),
+        (None, Route::Chat) => room,
+    };
+    if max_tokens == 0 && !echo {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            "max_tokens must be at least 1 (0 only with echo, to score the prompt)",
+        ));
+    }
+
+    let n = r.n.unwrap_or(1);
+    let stop = match r.stop {
+        None => Vec::new(),
+        Some(StopInput::One(s)) => vec![s],
+        Some(StopInput::Many(v)) => v,
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "a stop string must not be empty"));
+    }
+    let seed = match r.seed {
+        None => fresh_seed(),
+        Some(num) => num
+            .as_u64()
+            .or_else(|| num.as_i64().map(|v| v as u64))
+            .ok_or_else(|| ApiError::invalid("seed", "seed must be an integer"))?,
+    };
+    let top_k = r.top_k.unwrap_or(0);
+    let sampling = SamplingParams {
+        temperature: r.temperature.unwrap_or(1.0),
+        // -1 (vLLM) and 0 (llama.cpp) both mean no cut.
+        top_k: usize::try_from(top_k.max(0)).unwrap_or(usize::MAX),
+        top_p: r.top_p.unwrap_or(1.0),
+        min_p: r.min_p.unwrap_or(0.0),
+        repeat_penalty: r.repetition_penalty.or(r.repeat_penalty).unwrap_or(1.0),
+        presence_penalty: r.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: r.frequency_penalty.unwrap_or(0.0),
+        seed,
+        ..SamplingParams::default()
+    };
+    let mut req = Request::new(Prompt::Tokens(Vec::new()));
+    req.max_tokens = max_tokens;
+    req.sampling = sampling;
+    req.stop = stop;
+    req.ignore_eos = r.ignore_eos.unwrap_or(false);
+    req.logprobs = logprobs;
+    req.prompt_logprobs = if echo { logprobs } else { None };
+    req.n = usize::try_from(n).unwrap_or(usize::MAX);
+    req.salt = r.cache_salt.map(String::into_bytes);
+    if max_tokens == 0 && req.prompt_logprobs.is_none() {
+        // Echo without log-probabilities and nothing to generate: nothing to compute,
+        // but the request must still be a valid one.
+        req.max_tokens = 1;
+        req.validate().map_err(ApiError::from)?;
+        req.max_tokens = 0;
+    } else {
+        req.validate().map_err(ApiError::from)?;
+    }
+    let include_usage = r
+        .stream_options
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    Ok(Job {
+        prompts,
+        prompt_texts,
+        req,
+        stream: r.stream.unwrap_or(false),
+        include_usage,
+        echo,
+        logprobs,
+    })
+}
+
+fn count(k: Option<u64>, name: &str) -> Result<usize, ApiError> {
+    let k = k.unwrap_or(0);
+    if k > folio::engine::MAX_LOGPROBS as u64 {
+        return Err(ApiError::invalid(
+            name,
+            format!("{name} must be at most {}", folio::engine::MAX_LOGPROBS),
+        ));
+    }
+    Ok(k as usize)
+}
+
+/// A seed for a request that gave none: different every time.
+fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ NEXT.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+}
+
+/// The prompts of a completion request as token ids, and as text.
+fn completion_prompts(
+    p: PromptInput,
+    model: &Model,
+) -> Result<(Vec<Vec<u32>>, Vec<String>), ApiError> {
+    let tok = &model.tokenizer;
+    let encode =
+        |t: &str| -> Result<Vec<u32>, ApiError> { Ok(Prompt::Text(t.to_string()).tokens(model)?) };
+    let ids_in_vocab =
+        |ids: Vec<u32>| -> Result<Vec<u32>, ApiError> { Ok(Prompt::Tokens(ids).tokens(model)?) };
+    let (ids, texts): (Vec<Vec<u32>>, Vec<String>) = match p {
+        PromptInput::Text(t) => (vec![encode(&t)?], vec![t]),
+        PromptInput::Texts(ts) => (ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?, ts),
+        PromptInput::Tokens(ids) => {
+            let ids = ids_in_vocab(ids)?;
+            let text = tok.decode(&ids);
+            (vec![ids], vec![text])
+        }
+        PromptInput::TokenLists(lists) => {
+            let ids: Vec<Vec<u32>> = lists
+                .into_iter()
+                .map(ids_in_vocab)
+                .collect::<Result<_, _>>()?;
+            let texts = ids.iter().map(|i| tok.decode(i)).collect();
+            (ids, texts)
+        }
+    };
+    if ids.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt list is empty"));
+    }
+    Ok((ids, texts))
+}
+
+/// Renders `msgs` with the model's chat template.
+pub fn render_chat(
+    msgs: &[ChatMessage],
+    template: Option<&ChatTemplate>,
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    let Some(template) = template else {
+        return Err(ApiError::invalid(
+            "messages",
+            "the model's chat template could not be compiled; use /v1/completions",
+        ));
+    };
+    if msgs.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let content = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut texts = Vec::new();
+                for p in parts {
+                    match (&*p.kind, &p.text) {
+                        ("text", Some(t)) => texts.push(t.as_str()),
+                        (kind, _) => {
+                            return Err(ApiError::invalid(
+                                format!("messages[{i}].content"),
+                                format!("content parts of type {kind:?} are not supported: this model reads text"),
+                            ))
+                        }
+                    }
+                }
+                texts.join("\n")
+            }
+        };
+        // OpenAI's newer name for the system role.
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            &m.role
+        };
+        out.push(Message::new(role, &content));
+    }
+    template.render(&out, add_generation_prompt).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("the chat template refused these messages: {e}"),
+        )
+    })
+}

@@ -1,0 +1,161 @@
+//! [`Run`]: one HTTP request's engine requests (one per prompt), their events on an
+//! async channel, and their end. Dropping a `Run` before its samples finished (the
+//! client went away, streaming or not: the handler's future or the response body is
+//! dropped) cancels every engine request at once, so their pages go back before the
+//! next step. Request metrics are recorded here, as the events pass.
+
+use crate::error::ApiError;
+use crate::params::Job;
+use crate::state::AppState;
+use folio::{Engine, EngineError, Event, Prompt};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// An engine event and which prompt of the request it belongs to.
+pub struct Tagged {
+    pub prompt: usize,
+    pub event: Event,
+}
+
+pub struct Run {
+    state: Arc<AppState>,
+    engine: Engine,
+    ids: Vec<u64>,
+    rx: UnboundedReceiver<Tagged>,
+    started: Instant,
+    /// Holds one place in the queue until the first event arrives.
+    queued: bool,
+    first: Option<Instant>,
+    /// When the previous token of sample 0 of prompt 0 came (time per output token).
+    last: Option<Instant>,
+    /// Samples still running.
+    open: usize,
+    ended: bool,
+}
+
+impl Run {
+    /// Submits one engine request per prompt of `job`. 503 when `--max-queue`
+    /// requests already wait for their first token.
+    pub fn start(state: &Arc<AppState>, engine: &Engine, job: &Job) -> Result<Run, ApiError> {
+        let max = state.config.max_queue;
+        if state
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < max).then_some(q + 1)
+            })
+            .is_err()
+        {
+            return Err(ApiError::unavailable(
+                format!("the server is busy: {max} requests are already waiting (--max-queue)"),
+                1,
+            ));
+        }
+        let (tx, rx) = unbounded_channel();
+        let mut run = Run {
+            state: state.clone(),
+            engine: engine.clone(),
+            ids: Vec::new(),
+            rx,
+            started: Instant::now(),
+            queued: true,
+            first: None,
+            last: None,
+            open: job.choices(),
+            ended: false,
+        };
+        for (p, ids) in job.prompts.iter().enumerate() {
+            let mut req = job.req.clone();
+            req.prompt = Prompt::Tokens(ids.clone());
+            let tx = tx.clone();
+            let sink = move |event| tx.send(Tagged { prompt: p, event }).is_ok();
+            // On failure the run drops here and cancels what was submitted.
+            run.ids.push(engine.submit_with(req, sink)?);
+        }
+        Ok(run)
+    }
+
+    fn leave_queue(&mut self) {
+        if std::mem::take(&mut self.queued) {
+            self.state.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The next event, or `None` once every sample is done or one failed. The
+    /// stream of a run whose engine stopped ends with an error event.
+    pub async fn next(&mut self) -> Option<Tagged> {
+        if self.ended {
+            return None;
+        }
+        let t = match self.rx.recv().await {
+            Some(t) => t,
+            None => Tagged {
+                prompt: 0,
+                event: Event::Error(EngineError::Closed),
+            },
+        };
+        self.leave_queue();
+        let m = &self.state.metrics;
+        let now = Instant::now();
+        match &t.event {
+            Event::Token { index, .. } => {
+                if self.first.is_none() {
+                    self.first = Some(now);
+                    m.ttft.observe(now - self.started);
+                }
+                if t.prompt == 0 && *index == 0 {
+                    if let Some(prev) = self.last {
+                        m.per_token.observe(now - prev);
+                    }
+                    self.last = Some(now);
+                }
+            }
+            Event::Done {
+                index,
+                finish,
+                usage,
+                queued,
+                ..
+            } => {
+                m.finished(*finish);
+                m.generation_tokens
+                    .fetch_add(usage.completion_tokens as u64, Ordering::Relaxed);
+                if *index == 0 {
+                    m.queue.observe(*queued);
+                    let p = usage.prompt_tokens as u64;
+                    m.prompt_tokens.fetch_add(p, Ordering::Relaxed);
+                    m.prefix_queries.fetch_add(p, Ordering::Relaxed);
+                    m.prefix_hits
+                        .fetch_add(usage.cached_tokens as u64, Ordering::Relaxed);
+                }
+                self.open -= 1;
+                if self.open == 0 {
+                    self.ended = true;
+                    m.e2e.observe(now - self.started);
+                }
+            }
+            Event::Error(_) => {
+                self.ended = true;
+                m.failed.fetch_add(1, Ordering::Relaxed);
+                for &id in &self.ids {
+                    self.engine.cancel(id);
+                }
+            }
+            Event::PromptLogprobs(_) => {}
+        }
+        Some(t)
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.leave_queue();
+        if !self.ended {
+            for &id in &self.ids {
+                self.engine.cancel(id);
+            }
+            self.state.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

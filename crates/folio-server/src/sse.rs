@@ -1,0 +1,99 @@
+//! Server-sent events: `data: {json}` lines, ending with `data: [DONE]`. A
+//! [`Chunker`] turns each engine event into the route's chunk objects; a failure
+//! midway sends the error envelope as the last chunk. The body owns the [`Run`], so
+//! a client that disconnects drops it, which cancels the requests.
+
+use crate::error::ApiError;
+use crate::run::{Run, Tagged};
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use folio::Event;
+use serde_json::Value;
+
+/// The route's part of a stream.
+pub trait Chunker: Send + 'static {
+    /// Chunks sent before any event (a chat's role chunk, an echoed prompt).
+    fn start(&mut self) -> Vec<Value>;
+    /// Chunks for one event.
+    fn event(&mut self, t: Tagged) -> Vec<Value>;
+    /// Chunks after the last event (usage).
+    fn end(&mut self) -> Vec<Value>;
+}
+
+struct State<C> {
+    run: Run,
+    first: Option<Tagged>,
+    chunker: C,
+    started: bool,
+    over: bool,
+}
+
+fn frame(out: &mut Vec<u8>, v: &Value) {
+    out.extend_from_slice(b"data: ");
+    // Serializing a Value cannot fail.
+    let _ = serde_json::to_writer(&mut *out, v);
+    out.extend_from_slice(b"\n\n");
+}
+
+/// The streaming response: `first` is the run's first event, already received (so
+/// errors found before any output were answered with a status instead).
+pub fn respond<C: Chunker>(run: Run, first: Tagged, chunker: C) -> Response {
+    let state = State {
+        run,
+        first: Some(first),
+        chunker,
+        started: false,
+        over: false,
+    };
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        if s.over {
+            return None;
+        }
+        let mut out = Vec::new();
+        if !std::mem::replace(&mut s.started, true) {
+            for v in s.chunker.start() {
+                frame(&mut out, &v);
+            }
+        }
+        loop {
+            let next = match s.first.take() {
+                Some(t) => Some(t),
+                None => s.run.next().await,
+            };
+            match next {
+                Some(Tagged {
+                    event: Event::Error(e),
+                    ..
+                }) => {
+                    frame(&mut out, &ApiError::from(e).body());
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    s.over = true;
+                }
+                Some(t) => {
+                    for v in s.chunker.event(t) {
+                        frame(&mut out, &v);
+                    }
+                }
+                None => {
+                    for v in s.chunker.end() {
+                        frame(&mut out, &v);
+                    }
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    s.over = true;
+                }
+            }
+            if !out.is_empty() {
+                return Some((Ok::<_, std::convert::Infallible>(Bytes::from(out)), s));
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}

@@ -1,0 +1,60 @@
+//! [`AppState`]: what every route shares: the engine once the model is loaded (routes
+//! answer 503 before), the compiled chat template, the settings, the metrics, and the
+//! count of requests still waiting for their first token (the queue `--max-queue`
+//! bounds).
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::ServeConfig;
+use folio::tokenizer::ChatTemplate;
+use folio::Engine;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// The engine and what goes with it, set once when the model has loaded.
+pub struct Loaded {
+    pub engine: Engine,
+    /// `None` when the model's template does not compile (chat routes then say so).
+    pub template: Option<ChatTemplate>,
+}
+
+pub struct AppState {
+    pub config: ServeConfig,
+    pub loaded: OnceLock<Loaded>,
+    pub metrics: Metrics,
+    /// Requests submitted that have not yet produced an event.
+    pub queued: AtomicUsize,
+    /// Set at SIGINT/SIGTERM: health answers 503 and new requests are refused.
+    pub draining: AtomicBool,
+    /// Unix time the server started (OpenAI's `created` of the model).
+    pub started: u64,
+}
+
+impl AppState {
+    pub fn new(config: ServeConfig) -> Self {
+        Self {
+            config,
+            loaded: OnceLock::new(),
+            metrics: Metrics::default(),
+            queued: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            started: unix_now(),
+        }
+    }
+
+    /// The engine, or 503 while the model loads or the server drains.
+    pub fn ready(&self) -> Result<&Loaded, ApiError> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(ApiError::unavailable("the server is shutting down", 5));
+        }
+        self.loaded
+            .get()
+            .ok_or_else(|| ApiError::unavailable("the model is still loading", 1))
+    }
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
