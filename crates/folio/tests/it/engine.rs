@@ -299,3 +299,45 @@ fn non_finite_logits_fail_the_request_instead_of_sampling_a_token() {
         "pages leaked"
     );
 }
+
+/// Scoring: a request's prompt log-probabilities are the teacher-forced figures of
+/// the same tokens on the contiguous oracle, bit for bit, whether the prompt was in
+/// the prefix cache or not, chunked or whole, with `max_tokens` 0 (nothing sampled).
+#[test]
+fn prompt_logprobs_are_the_teacher_forced_figures_bit_for_bit() {
+    let _g = serial();
+    let m = model();
+    let ids = m.tokenizer.encode("The quick brown fox jumps over the lazy dog. It was a sunny day in the park, and everyone was happy to be outside.", true);
+    let mut cache = m.new_cache(256);
+    let logits = folio::forward_one(&m, &mut cache, &ids, folio::Logits::All).unwrap();
+    let vocab = m.config.vocab;
+    let expect: Vec<f32> = (1..ids.len())
+        .map(|t| {
+            let lp = folio::model::sampler::log_softmax(&logits[(t - 1) * vocab..t * vocab]);
+            lp[ids[t] as usize] as f32
+        })
+        .collect();
+    // A small step budget chunks the prompt; the second run finds it cached.
+    let e = engine(64, 8);
+    for round in 0..2 {
+        let mut req = Request::new(Prompt::Tokens(ids.clone()));
+        req.prompt_logprobs = Some(2);
+        req.max_tokens = 0;
+        let out = e.submit(req).unwrap().collect_all().unwrap();
+        let got: Vec<f32> = out[0].prompt_logprobs.iter().map(|l| l.logprob).collect();
+        assert_eq!(got, expect, "round {round}");
+        assert!(out[0].prompt_logprobs.iter().all(|l| l.top.len() == 2));
+        assert!(out[0].ids.is_empty());
+        assert_eq!(out[0].finish, Some(FinishReason::Length));
+        assert_eq!(out[0].usage.cached_tokens, 0, "scored prompts are computed");
+    }
+    // With generation too: the samples are those of a plain request.
+    let mut plain = Request::new(Prompt::Tokens(ids.clone()));
+    plain.max_tokens = 6;
+    let mut scored = plain.clone();
+    scored.prompt_logprobs = Some(0);
+    let a = e.submit(plain).unwrap().collect_all().unwrap();
+    let b = e.submit(scored).unwrap().collect_all().unwrap();
+    assert_eq!(a[0].ids, b[0].ids);
+    assert_eq!(b[0].prompt_logprobs.len(), ids.len() - 1);
+}

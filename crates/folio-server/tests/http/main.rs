@@ -1,0 +1,10 @@
+//! The server over real HTTP on loopback, with the real model: a raw client
+//! (std's TcpStream, so tests control every byte, and can hang up mid-answer)
+//! against the server started in-process on a free port.
+
+mod cancel;
+mod client;
+mod errors;
+mod load;
+mod routes;
+mod server;

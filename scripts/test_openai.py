@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""The official `openai` Python client against a running `folio serve`.
+
+Usage: python scripts/test_openai.py http://127.0.0.1:PORT/v1
+
+Prints one line per check; the first failed check raises (exit status 1).
+crates/folio-cli/tests/openai_client.rs runs it against a fresh server.
+"""
+
+import math
+import re
+import sys
+import time
+
+import openai
+
+if len(sys.argv) != 2:
+    sys.exit("usage: test_openai.py BASE_URL (e.g. http://127.0.0.1:8080/v1)")
+
+client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0, timeout=120)
+START = time.monotonic()
+
+
+def ok(what):
+    print(f"ok  {time.monotonic() - START:6.2f}s  {what}", flush=True)
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def check_usage(usage, where):
+    assert usage is not None, f"{where}: no usage"
+    assert usage.prompt_tokens > 0, f"{where}: prompt_tokens = {usage.prompt_tokens}"
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens, (
+        f"{where}: total_tokens {usage.total_tokens} != "
+        f"{usage.prompt_tokens} + {usage.completion_tokens}"
+    )
+    details = usage.prompt_tokens_details
+    assert details is not None, f"{where}: usage has no prompt_tokens_details: {usage}"
+    assert isinstance(details.cached_tokens, int), (
+        f"{where}: cached_tokens is {details.cached_tokens!r}, not an int"
+    )
+    assert 0 <= details.cached_tokens <= usage.prompt_tokens, (
+        f"{where}: cached_tokens {details.cached_tokens} outside 0..={usage.prompt_tokens}"
+    )
+
+
+# --- models.list ------------------------------------------------------------------
+models = client.models.list().data
+assert len(models) == 1, f"models.list: {len(models)} models: {models}"
+MODEL = models[0].id
+assert isinstance(MODEL, str) and MODEL, f"models.list: id {MODEL!r}"
+assert models[0].object == "model", f"models.list: object {models[0].object!r}"
+ok(f"models.list: one model, {MODEL!r}")
+
+# --- completions.create -------------------------------------------------------------
+c = client.completions.create(
+    model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0
+)
+assert c.object == "text_completion", f"completions: object {c.object!r}"
+assert c.model == MODEL, f"completions: model {c.model!r} != {MODEL!r}"
+assert len(c.choices) == 1, f"completions: {len(c.choices)} choices"
+assert isinstance(c.choices[0].text, str) and c.choices[0].text, (
+    f"completions: text {c.choices[0].text!r}"
+)
+assert c.choices[0].finish_reason in ("stop", "length"), (
+    f"completions: finish_reason {c.choices[0].finish_reason!r}"
+)
+check_usage(c.usage, "completions")
+assert c.usage.completion_tokens > 0, f"completions: usage {c.usage}"
+ok(f"completions.create: {c.choices[0].text!r} ({c.choices[0].finish_reason}, usage {c.usage.prompt_tokens}+{c.usage.completion_tokens}, cached {c.usage.prompt_tokens_details.cached_tokens})")
+
+# --- completions streamed, with usage ---------------------------------------------------
+chunks = list(
+    client.completions.create(
+        model=MODEL,
+        prompt="The capital of France is",
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+)
+*body, last = chunks
+assert last.choices == [], f"completions stream: the last chunk has choices: {last}"
+check_usage(last.usage, "completions stream (last chunk)")
+assert all(len(ch.choices) == 1 and ch.usage is None for ch in body), (
+    f"completions stream: chunks {body}"
+)
+streamed = "".join(ch.choices[0].text for ch in body)
+assert streamed == c.choices[0].text, (
+    f"completions stream: {streamed!r} != not streamed {c.choices[0].text!r}"
+)
+assert last.usage.completion_tokens == c.usage.completion_tokens, (
+    f"completions stream: usage {last.usage} != not streamed {c.usage}"
+)
+ok(f"completions stream: {len(chunks)} chunks, {streamed!r}")
+
+# --- chat.completions.create, not streamed ------------------------------------------
+r = client.chat.completions.create(
+    model=MODEL, messages=user("Name three colors."), max_tokens=16, temperature=0
+)
+assert r.object == "chat.completion", f"chat: object {r.object!r}"
+assert len(r.choices) == 1, f"chat: {len(r.choices)} choices"
+m = r.choices[0].message
+assert m.role == "assistant", f"chat: role {m.role!r}"
+assert isinstance(m.content, str) and m.content, f"chat: content {m.content!r}"
+assert r.choices[0].finish_reason in ("stop", "length"), (
+    f"chat: finish_reason {r.choices[0].finish_reason!r}"
+)
+check_usage(r.usage, "chat")
+ok(f"chat.completions.create: {m.content!r}")
+
+# --- chat streamed, with usage --------------------------------------------------------
+chunks = list(
+    client.chat.completions.create(
+        model=MODEL,
+        messages=user("Write one sentence about the sea."),
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+)
+assert chunks, "chat stream: no chunks"
+*body, last = chunks
+assert last.choices == [], f"chat stream: the last chunk has choices: {last}"
+check_usage(last.usage, "chat stream (last chunk)")
+assert last.usage.completion_tokens > 0, f"chat stream: usage {last.usage}"
+for ch in body:
+    assert ch.object == "chat.completion.chunk", f"chat stream: object {ch.object!r}"
+    assert ch.usage is None, f"chat stream: usage before the last chunk: {ch}"
+    assert len(ch.choices) == 1 and ch.choices[0].index == 0, f"chat stream: chunk {ch}"
+assert len({ch.id for ch in chunks}) == 1, "chat stream: chunks with different ids"
+streamed = "".join(ch.choices[0].delta.content or "" for ch in body)
+assert streamed, "chat stream: the deltas are empty"
+finishes = [ch.choices[0].finish_reason for ch in body if ch.choices[0].finish_reason]
+assert finishes in (["stop"], ["length"]), f"chat stream: finish reasons {finishes}"
+# The same request not streamed gives the same text and usage (temperature 0).
+whole = client.chat.completions.create(
+    model=MODEL, messages=user("Write one sentence about the sea."), max_tokens=16, temperature=0
+)
+assert whole.choices[0].message.content == streamed, (
+    f"chat stream: streamed {streamed!r} != not streamed {whole.choices[0].message.content!r}"
+)
+assert whole.usage.completion_tokens == last.usage.completion_tokens, (
+    f"chat stream: usage {last.usage} != not streamed {whole.usage}"
+)
+ok(f"chat stream: {len(chunks)} chunks, {streamed!r}, usage {last.usage.prompt_tokens}+{last.usage.completion_tokens}")
+
+# --- n = 3 -----------------------------------------------------------------------------
+r = client.chat.completions.create(
+    model=MODEL, messages=user("Tell me a fact."), max_tokens=8, temperature=1, seed=7, n=3
+)
+assert sorted(ch.index for ch in r.choices) == [0, 1, 2], (
+    f"n=3: indexes {[ch.index for ch in r.choices]}"
+)
+for ch in r.choices:
+    assert isinstance(ch.message.content, str), f"n=3: choice {ch}"
+    assert ch.finish_reason in ("stop", "length"), f"n=3: finish_reason {ch.finish_reason!r}"
+check_usage(r.usage, "n=3")
+ok(f"n=3: {[ch.message.content for ch in r.choices]}")
+
+# --- stop ----------------------------------------------------------------------------------
+STOP_PROMPT = "Once upon a time, in a small village by the river,"
+greedy = client.completions.create(
+    model=MODEL, prompt=STOP_PROMPT, max_tokens=32, temperature=0
+).choices[0].text
+stop_word = None
+for w in re.findall(r"[A-Za-z]{3,}", greedy):
+    at = greedy.find(w)  # the first place the stop string matches, even inside a word
+    if at >= 8:
+        stop_word = w
+        break
+assert stop_word, f"stop: no word to stop at in the greedy output {greedy!r}"
+s = client.completions.create(
+    model=MODEL, prompt=STOP_PROMPT, max_tokens=32, temperature=0, stop=[stop_word]
+)
+text = s.choices[0].text
+assert stop_word not in text, f"stop: {stop_word!r} is in {text!r}"
+assert s.choices[0].finish_reason == "stop", (
+    f"stop: finish_reason {s.choices[0].finish_reason!r} (text {text!r}, stop {stop_word!r})"
+)
+assert text == greedy[: greedy.find(stop_word)], (
+    f"stop: {text!r} is not the greedy output {greedy!r} up to {stop_word!r}"
+)
+ok(f"stop: {stop_word!r} ends {greedy!r} at {text!r}")
+
+# --- seed ------------------------------------------------------------------------------------
+def seeded(seed):
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=user("Write a short poem about autumn."),
+        max_tokens=32,
+        temperature=1.0,
+        seed=seed,
+    ).choices[0].message.content
+
+
+a, b = seeded(1234), seeded(1234)
+assert a == b, f"seed: seed 1234 gave {a!r} then {b!r}"
+other = seeded(4321)
+ok(f"seed: 1234 twice gives {a!r}; 4321 gives {'a different' if other != a else 'the same'} text")
+
+# --- chat logprobs ------------------------------------------------------------------------
+r = client.chat.completions.create(
+    model=MODEL,
+    messages=user("Name three colors."),
+    max_tokens=8,
+    temperature=0,
+    logprobs=True,
+    top_logprobs=3,
+)
+content = r.choices[0].logprobs.content
+assert content, f"chat logprobs: no content entries: {r.choices[0].logprobs}"
+assert len(content) == r.usage.completion_tokens, (
+    f"chat logprobs: {len(content)} entries for {r.usage.completion_tokens} tokens"
+)
+for i, e in enumerate(content):
+    assert isinstance(e.token, str), f"chat logprobs[{i}]: token {e.token!r}"
+    assert e.logprob <= 0 and math.isfinite(e.logprob), f"chat logprobs[{i}]: logprob {e.logprob}"
+    assert len(e.top_logprobs) == 3, f"chat logprobs[{i}]: {len(e.top_logprobs)} top_logprobs"
+    tops = [t.logprob for t in e.top_logprobs]
+    assert tops == sorted(tops, reverse=True), f"chat logprobs[{i}]: not descending: {tops}"
+    assert all(t <= 0 for t in tops), f"chat logprobs[{i}]: top logprob > 0: {tops}"
+    assert abs(e.logprob - tops[0]) < 1e-5, (
+        f"chat logprobs[{i}]: greedy token {e.token!r} has {e.logprob}, the best has {tops[0]}"
+    )
+    assert e.bytes is None or bytes(e.bytes).decode("utf-8", "replace") == e.token, (
+        f"chat logprobs[{i}]: bytes {e.bytes} do not spell {e.token!r}"
+    )
+joined = "".join(e.token for e in content)
+assert joined == r.choices[0].message.content, (
+    f"chat logprobs: tokens join to {joined!r}, content is {r.choices[0].message.content!r}"
+)
+ok(f"chat logprobs: {len(content)} tokens, {[e.token for e in content]}")
+
+# --- legacy completions: echo and logprobs ------------------------------------------------
+FOX = "The quick brown fox jumps over the lazy dog"
+c = client.completions.create(model=MODEL, prompt=FOX, max_tokens=0, echo=True, logprobs=2)
+ch = c.choices[0]
+assert ch.text == FOX, f"echo max_tokens=0: text {ch.text!r}"
+lp = ch.logprobs
+assert lp is not None, "echo max_tokens=0: no logprobs"
+assert "".join(lp.tokens) == FOX, f"echo max_tokens=0: tokens {lp.tokens} join to something else"
+assert len(lp.tokens) == c.usage.prompt_tokens, (
+    f"echo max_tokens=0: {len(lp.tokens)} tokens, usage says {c.usage.prompt_tokens}"
+)
+assert len(lp.token_logprobs) == len(lp.tokens), f"echo: token_logprobs {lp.token_logprobs}"
+assert lp.token_logprobs[0] is None, f"echo: token_logprobs[0] = {lp.token_logprobs[0]!r}"
+for i, v in enumerate(lp.token_logprobs[1:], 1):
+    assert isinstance(v, float) and v <= 0, f"echo: token_logprobs[{i}] = {v!r}"
+assert lp.top_logprobs[0] is None, f"echo: top_logprobs[0] = {lp.top_logprobs[0]!r}"
+for i, t in enumerate(lp.top_logprobs[1:], 1):
+    assert isinstance(t, dict) and len(t) == 2, f"echo: top_logprobs[{i}] = {t!r}"
+    assert max(t.values()) >= lp.token_logprobs[i] - 1e-5 or lp.tokens[i] in t, (
+        f"echo: top_logprobs[{i}] = {t!r}, token {lp.tokens[i]!r} has {lp.token_logprobs[i]}"
+    )
+offsets = [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+assert lp.text_offset == offsets, f"echo: text_offset {lp.text_offset} != {offsets}"
+assert c.usage.completion_tokens == 0, f"echo max_tokens=0: usage {c.usage}"
+check_usage(c.usage, "echo max_tokens=0")
+ok(f"echo max_tokens=0 logprobs=2: {len(lp.tokens)} prompt tokens scored")
+
+c = client.completions.create(
+    model=MODEL, prompt=FOX, max_tokens=4, echo=True, logprobs=1, temperature=0
+)
+ch = c.choices[0]
+assert ch.text.startswith(FOX), f"echo max_tokens=4: text {ch.text!r}"
+assert len(ch.text) > len(FOX), f"echo max_tokens=4: nothing generated: {ch.text!r}"
+lp = ch.logprobs
+assert "".join(lp.tokens) == ch.text, f"echo max_tokens=4: tokens {lp.tokens} != {ch.text!r}"
+assert len(lp.tokens) == c.usage.prompt_tokens + c.usage.completion_tokens, (
+    f"echo max_tokens=4: {len(lp.tokens)} tokens, usage {c.usage}"
+)
+assert lp.token_logprobs[0] is None, f"echo max_tokens=4: token_logprobs[0] = {lp.token_logprobs[0]!r}"
+assert all(isinstance(v, float) and v <= 0 for v in lp.token_logprobs[1:]), (
+    f"echo max_tokens=4: token_logprobs {lp.token_logprobs}"
+)
+assert all(isinstance(t, dict) and len(t) == 1 for t in lp.top_logprobs[1:]), (
+    f"echo max_tokens=4: top_logprobs {lp.top_logprobs}"
+)
+offsets = [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+assert lp.text_offset == offsets, f"echo max_tokens=4: text_offset {lp.text_offset} != {offsets}"
+ok(f"echo max_tokens=4 logprobs=1: {ch.text!r}")
+
+# --- prefix cache --------------------------------------------------------------------------
+LONG = "The old lighthouse keeper climbed the winding stairs every night at dusk. " * 45
+first = client.completions.create(
+    model=MODEL, prompt=LONG + "Then he lit the lamp and", max_tokens=4, temperature=0
+)
+check_usage(first.usage, "cache, first")
+assert first.usage.prompt_tokens >= 500, f"cache: only {first.usage.prompt_tokens} prompt tokens"
+second = client.completions.create(
+    model=MODEL, prompt=LONG + "In the morning the fog", max_tokens=4, temperature=0
+)
+check_usage(second.usage, "cache, second")
+assert second.usage.prompt_tokens_details.cached_tokens > 0, (
+    f"cache: the second request shares {first.usage.prompt_tokens - 8}+ tokens "
+    f"but cached_tokens = 0: {second.usage}"
+)
+ok(
+    f"prefix cache: {first.usage.prompt_tokens} tokens, cached "
+    f"{first.usage.prompt_tokens_details.cached_tokens} then "
+    f"{second.usage.prompt_tokens_details.cached_tokens}"
+)
+
+# --- cache_salt ----------------------------------------------------------------------------
+SALTED = "A caravan of camels crossed the silent desert under a pale moon. " * 45
+
+
+def salted(salt):
+    extra = {"cache_salt": salt} if salt is not None else None
+    return client.completions.create(
+        model=MODEL, prompt=SALTED, max_tokens=2, temperature=0, extra_body=extra
+    ).usage
+
+
+u_a = salted("tenant-a")
+u_b = salted("tenant-b")
+assert u_b.prompt_tokens_details.cached_tokens == 0, (
+    f"cache_salt: tenant-b reused tenant-a's cache: {u_b}"
+)
+u_a2 = salted("tenant-a")
+assert u_a2.prompt_tokens_details.cached_tokens > 0, (
+    f"cache_salt: tenant-a's second request found nothing cached: {u_a2}"
+)
+u_none = salted(None)
+assert u_none.prompt_tokens_details.cached_tokens == 0, (
+    f"cache_salt: a request without a salt reused a salted cache: {u_none}"
+)
+ok(
+    f"cache_salt: a {u_a.prompt_tokens_details.cached_tokens}, "
+    f"b {u_b.prompt_tokens_details.cached_tokens}, "
+    f"a again {u_a2.prompt_tokens_details.cached_tokens}, "
+    f"none {u_none.prompt_tokens_details.cached_tokens}"
+)
+
+# --- errors ------------------------------------------------------------------------------
+try:
+    client.completions.create(model=MODEL, prompt="hello " * 10000, max_tokens=4)
+    raise AssertionError("a 10000-token prompt was accepted")
+except openai.BadRequestError as e:
+    assert e.status_code == 400, f"too long: status {e.status_code}"
+    assert isinstance(e.body, dict), f"too long: the error body is {e.body!r}"
+    assert "context" in str(e.body.get("message", "")).lower(), (
+        f"too long: the message does not mention the context window: {e.body}"
+    )
+    assert e.code == "context_length_exceeded", f"too long: code {e.code!r}"
+    ok(f"too long: 400 {e.body['message']}")
+
+try:
+    client.chat.completions.create(
+        model=MODEL, messages=user("hi"), max_tokens=4, temperature=-1
+    )
+    raise AssertionError("temperature -1 was accepted")
+except openai.BadRequestError as e:
+    assert e.status_code == 400, f"temperature -1: status {e.status_code}"
+    assert e.param == "temperature", f"temperature -1: param {e.param!r} ({e.body})"
+    ok(f"temperature -1: 400 {e.body['message'] if isinstance(e.body, dict) else e}")
+
+print(f"all checks passed in {time.monotonic() - START:.1f}s")
