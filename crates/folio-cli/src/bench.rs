@@ -43,9 +43,10 @@ pub struct Args {
     /// run in the same invocation for its aggregate decode figure at batch 16.
     #[arg(long, value_name = "PATH")]
     pub llama_batched_bench: Option<std::path::PathBuf>,
-    /// Also print the engine's serving figures: output tok/s and TTFT p50/p95 at 1, 4,
-    /// 16 and 32 concurrent clients (distinct prompts, and sharing a 1000-token prefix)
-    /// and warm vs cold TTFT for a 2000-token prefix.
+    /// Also print serving figures over HTTP (`folio serve` in its own process): output
+    /// tok/s and TTFT p50/p95 at 1, 16 and 32 concurrent clients (distinct prompts, and
+    /// sharing a 1000-token prefix), warm vs cold TTFT for a 2000-token prefix, peak
+    /// RSS; llama.cpp's server under the same client and loads with --llama-server.
     #[arg(long)]
     pub serve_figures: bool,
     /// Also print decode and prefill under contention, alternating with the quiet
@@ -56,8 +57,8 @@ pub struct Args {
     /// Most token rows in one engine step (decode tokens plus prefill chunks).
     #[arg(long, default_value_t = 512)]
     pub max_batch_tokens: usize,
-    /// llama.cpp's `llama-server` binary [default: $FOLIO_LLAMA_SERVER]: run in the
-    /// same invocation under the same 16-client load (scripts/llama_server_bench.py).
+    /// llama.cpp's `llama-server` binary [default: $FOLIO_LLAMA_SERVER]: driven with
+    /// --serve-figures by the same HTTP client under the same loads as folio's server.
     #[arg(long, value_name = "PATH")]
     pub llama_server: Option<std::path::PathBuf>,
 }
@@ -178,17 +179,14 @@ pub fn run(a: Args) -> Result<()> {
     if a.serve_figures {
         let pages = a.model.pool_pages(&model, a.model.page_size, 200_000)?;
         drop(model);
-        let server = match llama_tool(&a, &a.llama_server, "FOLIO_LLAMA_SERVER") {
-            Some(exe) => crate::bench_serve::llama_server(&exe, &a.model.path()?, threads)?,
-            None => None,
-        };
-        let cfg = crate::bench_serve::ServeArgs {
+        crate::bench_serve::run(crate::bench_serve::ServeArgs {
+            model: a.model.path()?,
+            threads,
             page_size: a.model.page_size,
             kv_pages: pages,
             max_batch_tokens: a.max_batch_tokens,
-            kv_dtype: a.model.kv_dtype.dtype(),
-        };
-        crate::bench_serve::run(a.model.load()?, cfg, server)?;
+            llama_server: llama_tool(&a, &a.llama_server, "FOLIO_LLAMA_SERVER"),
+        })?;
     }
     Ok(())
 }

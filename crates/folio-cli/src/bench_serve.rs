@@ -1,11 +1,19 @@
-//! `folio bench --serve-figures`: the engine under concurrent clients. Output tok/s and
-//! TTFT p50/p95 at concurrency 1, 4, 16 and 32, for distinct prompts and for prompts
-//! sharing a 1000-token prefix; and the TTFT of a request whose 2000-token prefix is
-//! already indexed, as a share of the same request cold.
+//! `folio bench --serve-figures`: folio's HTTP server and, when given, llama.cpp's
+//! (`llama-server`), each started as its own process on loopback and driven by the
+//! same client over the same OpenAI route (`/v1/completions`, streamed, token-id
+//! prompts, greedy, `ignore_eos`) under the same loads: 1, 16 and 32 concurrent
+//! clients, with distinct 100-token prompts and with prompts sharing a 1000-token
+//! prefix; each load runs on folio, then on llama.cpp, before the next. Then folio's
+//! TTFT of a 2000-token prompt cold vs with its prefix cached, and each server's peak
+//! RSS.
 
-use anyhow::Result;
-use folio::engine::{Engine, EngineConfig, Event, Prompt, Request};
-use folio::model::{Model, SamplingParams};
+use anyhow::{bail, Context, Result};
+use folio::Model;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,208 +41,279 @@ fn text_tokens(model: &Model, seed: u64, n: usize) -> Vec<u32> {
     toks
 }
 
-struct Run {
-    output_tok_s: f64,
-    ttft_p50: Duration,
-    ttft_p95: Duration,
+/// What the serving figures run.
+pub struct ServeArgs {
+    pub model: PathBuf,
+    pub threads: usize,
+    pub page_size: usize,
+    pub kv_pages: usize,
+    pub max_batch_tokens: usize,
+    pub llama_server: Option<PathBuf>,
 }
 
-/// `clients` threads, each sending its share of `prompts` one after another.
-fn run_clients(engine: &Engine, prompts: Vec<Vec<u32>>, clients: usize, max_tokens: usize) -> Run {
-    let queue = Arc::new(Mutex::new(prompts));
+/// A server process; killed when dropped.
+struct Server {
+    name: &'static str,
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn folio(a: &ServeArgs) -> Result<Self> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["serve", "--port", "0", "--ctx", "4096"])
+            .arg("--model")
+            .arg(&a.model)
+            .args(["--threads", &a.threads.to_string()])
+            .args(["--page-size", &a.page_size.to_string()])
+            .args(["--kv-pages", &a.kv_pages.to_string()])
+            .args(["--max-batch-tokens", &a.max_batch_tokens.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let out = child.stdout.take().context("the server's stdout")?;
+        let mut line = String::new();
+        BufReader::new(out).read_line(&mut line)?;
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("folio serve did not say where it listens: {line:?}"))?;
+        Ok(Self {
+            name: "folio",
+            child,
+            addr,
+        })
+    }
+
+    fn llama(exe: &Path, a: &ServeArgs, slots: usize) -> Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(exe)
+            .arg("-m")
+            .arg(&a.model)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["-np", &slots.to_string(), "-c", &(slots * 1200).to_string()])
+            .args(["-t", &a.threads.to_string(), "-tb", &a.threads.to_string()])
+            .arg("--no-webui")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let s = Self {
+            name: "llama.cpp",
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        };
+        let end = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < end {
+            if get_status(s.addr, "/health").is_ok_and(|st| st == 200) {
+                return Ok(s);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!("llama-server did not become healthy in 120 s")
+    }
+
+    /// Peak resident memory so far (Linux), in MiB.
+    fn peak_rss_mib(&self) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let kb: f64 = status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some(kb / 1024.0)
+    }
+}
+
+fn get_status(addr: SocketAddr, path: &str) -> Result<u16> {
+    let mut s = TcpStream::connect(addr)?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status")
+}
+
+/// Sends one streamed completion; returns (time to the first text, text chunks).
+fn stream_one(addr: SocketAddr, body: &Value) -> Result<(Duration, usize)> {
+    let body = body.to_string();
+    let t = Instant::now();
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(600)))?;
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut r = BufReader::new(s);
+    let (mut first, mut chunks, mut line) = (None, 0, String::new());
+    r.read_line(&mut line)?;
+    if !line.contains(" 200 ") {
+        bail!("the server answered {}", line.trim());
+    }
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            break;
+        }
+        let Some(data) = line.trim_end().strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data)?;
+        if v.get("error").is_some() {
+            bail!("the stream failed: {v}");
+        }
+        if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
+            first.get_or_insert(t.elapsed());
+            chunks += 1;
+        }
+    }
+    Ok((first.context("no text came")?, chunks))
+}
+
+struct Load {
+    output_tok_s: f64,
+    ttft_p50: f64,
+    ttft_p95: f64,
+}
+
+/// `clients` threads sending `prompts` (each `max_tokens` long, greedy, ignore_eos)
+/// one after another.
+fn drive(addr: SocketAddr, prompts: &[Vec<u32>], clients: usize, max_tokens: usize) -> Result<Load> {
+    let queue = Arc::new(Mutex::new(prompts.to_vec()));
     let ttfts = Arc::new(Mutex::new(Vec::new()));
-    let tokens = Arc::new(Mutex::new(0usize));
     let start = Instant::now();
     let handles: Vec<_> = (0..clients)
         .map(|_| {
-            let (q, ttfts, tokens, e) =
-                (queue.clone(), ttfts.clone(), tokens.clone(), engine.clone());
-            std::thread::spawn(move || loop {
-                let Some(p) = q.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
-                    break;
-                };
-                let mut r = Request::new(Prompt::Tokens(p));
-                r.max_tokens = max_tokens;
-                r.ignore_eos = true;
-                r.sampling = SamplingParams::default();
-                let t = Instant::now();
-                let Ok(stream) = e.submit(r) else { break };
-                let mut first = None;
-                let mut n = 0;
-                for ev in stream {
-                    match ev {
-                        Event::Token { .. } => {
-                            first.get_or_insert(t.elapsed());
-                            n += 1;
-                        }
-                        Event::Done { .. } | Event::Error(_) => break,
-                        Event::PromptLogprobs(_) => {}
-                    }
+            let (q, ttfts) = (queue.clone(), ttfts.clone());
+            std::thread::spawn(move || -> Result<()> {
+                loop {
+                    let Some(p) = q.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
+                        return Ok(());
+                    };
+                    let body = json!({"prompt": p, "max_tokens": max_tokens, "stream": true,
+                        "temperature": 0, "ignore_eos": true, "cache_prompt": true});
+                    let (ttft, _) = stream_one(addr, &body)?;
+                    ttfts.lock().unwrap_or_else(|e| e.into_inner()).push(ttft.as_secs_f64());
                 }
-                if let Some(f) = first {
-                    ttfts.lock().unwrap_or_else(|e| e.into_inner()).push(f);
-                }
-                *tokens.lock().unwrap_or_else(|e| e.into_inner()) += n;
             })
         })
         .collect();
     for h in handles {
-        let _ = h.join();
+        h.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
     }
     let wall = start.elapsed().as_secs_f64();
     let mut t = ttfts.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    t.sort();
-    let pct = |p: f64| {
-        t.get(((t.len() as f64 * p).ceil() as usize).saturating_sub(1))
-            .copied()
-            .unwrap_or_default()
-    };
-    let n = *tokens.lock().unwrap_or_else(|e| e.into_inner());
-    Run {
-        output_tok_s: n as f64 / wall,
+    t.sort_by(f64::total_cmp);
+    let pct = |p: f64| t[((t.len() as f64 * p).ceil() as usize).clamp(1, t.len()) - 1];
+    Ok(Load {
+        output_tok_s: (prompts.len() * max_tokens) as f64 / wall,
         ttft_p50: pct(0.5),
         ttft_p95: pct(0.95),
-    }
+    })
 }
 
-const SERVER_BENCH: &str = include_str!("../../../scripts/llama_server_bench.py");
-
-/// llama.cpp's server under the same 16-client load: (distinct, shared) output tok/s.
-pub fn llama_server(
-    exe: &std::path::Path,
-    model: &std::path::Path,
-    threads: usize,
-) -> Result<Option<(f64, f64)>> {
-    let mut cmd = std::process::Command::new("python3");
-    cmd.args(["-c", SERVER_BENCH, "--server"])
-        .arg(exe)
-        .arg("--model")
-        .arg(model)
-        .args(["--threads", &threads.to_string()]);
-    let Some(out) = crate::figures::baseline_output(&mut cmd, "llama-server bench")? else {
-        return Ok(None);
-    };
-    let v: serde_json::Value = serde_json::from_slice(&out)?;
-    let get = |k: &str| v[k]["output_tok_s"].as_f64();
-    for k in ["distinct", "shared"] {
-        println!(
-            "llama.cpp server, 16 slots, {k}: {:.1} output tok/s, TTFT p50 {:.2} s, p95 {:.2} s",
-            get(k).unwrap_or(0.0),
-            v[k]["ttft_p50"].as_f64().unwrap_or(0.0),
-            v[k]["ttft_p95"].as_f64().unwrap_or(0.0)
-        );
-    }
-    Ok(get("distinct").zip(get("shared")))
-}
-
-/// Engine settings of the serving figures.
-pub struct ServeArgs {
-    pub page_size: usize,
-    pub kv_pages: usize,
-    pub max_batch_tokens: usize,
-    pub kv_dtype: folio::kv::KvDtype,
-}
-
-pub fn run(model: Model, cfg: ServeArgs, llama_server: Option<(f64, f64)>) -> Result<()> {
-    let ServeArgs {
-        page_size,
-        kv_pages,
-        max_batch_tokens,
-        kv_dtype,
-    } = cfg;
-    let engine = Engine::new(
-        model,
-        EngineConfig {
-            kv_pages,
-            page_size,
-            max_batch_tokens,
-            kv_dtype,
-            ..EngineConfig::default()
-        },
-    )?;
-    let m = engine.model();
+pub fn run(a: ServeArgs) -> Result<()> {
+    let model = Model::load(&a.model, 1)?;
     let max_tokens = 64;
+    let folio = Server::folio(&a)?;
+    let llama = match &a.llama_server {
+        Some(exe) => match Server::llama(exe, &a, 32) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("llama.cpp's server could not start ({e:#}); folio's figures alone");
+                None
+            }
+        },
+        None => None,
+    };
+    let mut servers = vec![&folio];
+    servers.extend(llama.as_ref());
     println!();
-    println!("Serving (in-process engine, greedy, {max_tokens} output tokens per request, 100-token distinct part, max {max_batch_tokens} tokens per step)");
-    println!("| prompts                  | clients | requests | output tok/s | TTFT p50 s | TTFT p95 s |");
-    println!("|--------------------------|---------|----------|--------------|------------|------------|");
+    println!(
+        "Serving over HTTP: /v1/completions, streamed, greedy, {max_tokens} output tokens per request, {} threads; folio at {}{}",
+        a.threads,
+        folio.addr,
+        match &llama {
+            Some(l) => format!(", llama.cpp's server (32 slots of 1200 tokens) at {}", l.addr),
+            None => " (no llama.cpp server: set FOLIO_LLAMA_SERVER to compare)".into(),
+        }
+    );
+    println!("| prompts                  | clients | server    | output tok/s | TTFT p50 s | TTFT p95 s | vs llama.cpp |");
+    println!("|--------------------------|---------|-----------|--------------|------------|------------|--------------|");
     let mut seed = 1u64;
-    let mut at16 = (0.0, 0.0);
     for shared in [false, true] {
-        let prefix = if shared {
-            text_tokens(m, 999, 1000)
-        } else {
-            Vec::new()
-        };
-        for clients in [1usize, 4, 16, 32] {
-            let n = if clients == 1 { 3 } else { clients };
-            let prompts: Vec<Vec<u32>> = (0..n)
-                .map(|_| {
-                    seed += 1;
+        for clients in [1usize, 16, 32] {
+            seed += 1000;
+            let prefix = if shared {
+                text_tokens(&model, seed, 1000)
+            } else {
+                Vec::new()
+            };
+            let n = clients.max(4);
+            let prompts: Vec<Vec<u32>> = (0..n as u64)
+                .map(|i| {
                     let mut p = prefix.clone();
-                    p.extend(text_tokens(m, seed, 100));
+                    p.extend(text_tokens(&model, seed + 1 + i, 100));
                     p
                 })
                 .collect();
-            let r = run_clients(&engine, prompts, clients, max_tokens);
-            if clients == 16 {
-                if shared {
-                    at16.1 = r.output_tok_s;
-                } else {
-                    at16.0 = r.output_tok_s;
-                }
+            let mut folio_rate = None;
+            for s in &servers {
+                let r = drive(s.addr, &prompts, clients, max_tokens)
+                    .with_context(|| format!("{} under {clients} clients", s.name))?;
+                let ratio = match folio_rate {
+                    None => {
+                        folio_rate = Some(r.output_tok_s);
+                        String::new()
+                    }
+                    Some(f) => format!("folio {:.2}x", f / r.output_tok_s),
+                };
+                println!(
+                    "| {:<24} | {clients:>7} | {:<9} | {:>12.1} | {:>10.2} | {:>10.2} | {ratio:>12} |",
+                    if shared { "shared 1000-token prefix" } else { "distinct 100 tokens" },
+                    s.name,
+                    r.output_tok_s,
+                    r.ttft_p50,
+                    r.ttft_p95,
+                );
             }
-            println!(
-                "| {:<24} | {clients:>7} | {n:>8} | {:>12.1} | {:>10.2} | {:>10.2} |",
-                if shared {
-                    "shared 1000-token prefix"
-                } else {
-                    "distinct"
-                },
-                r.output_tok_s,
-                r.ttft_p50.as_secs_f64(),
-                r.ttft_p95.as_secs_f64()
-            );
         }
-    }
-    if let Some((distinct, shared)) = llama_server {
-        println!(
-            "16 clients vs llama.cpp's server (16 slots): distinct {:.2}x ({:.1} vs {distinct:.1} tok/s), shared prefix {:.2}x ({:.1} vs {shared:.1} tok/s)",
-            at16.0 / distinct,
-            at16.0,
-            at16.1 / shared,
-            at16.1
-        );
     }
 
-    // Warm-prefix TTFT: the same 2000-token prefix, a new 20-token question.
-    let prefix = text_tokens(m, 4242, 2000);
-    let ttft = |suffix_seed: u64| -> Result<Duration> {
+    // Warm-prefix TTFT on folio: the same 2000-token prefix, a new 20-token question.
+    let prefix = text_tokens(&model, 4242, 2000);
+    let ttft = |suffix_seed: u64| -> Result<f64> {
         let mut p = prefix.clone();
-        p.extend(text_tokens(m, suffix_seed, 20));
-        let mut r = Request::new(Prompt::Tokens(p));
-        r.max_tokens = 1;
-        let t = Instant::now();
-        let s = engine.submit(r)?;
-        for ev in s {
-            if let Event::Token { .. } = ev {
-                return Ok(t.elapsed());
-            }
-        }
-        anyhow::bail!("no token")
+        p.extend(text_tokens(&model, suffix_seed, 20));
+        let body = json!({"prompt": p, "max_tokens": 1, "stream": true, "temperature": 0});
+        Ok(stream_one(folio.addr, &body)?.0.as_secs_f64())
     };
     let cold = ttft(1)?;
     let warm = ttft(2)?;
     println!(
-        "2000-token prefix: TTFT cold {:.2} s, warm {:.3} s = {:.1}% of cold",
-        cold.as_secs_f64(),
-        warm.as_secs_f64(),
-        100.0 * warm.as_secs_f64() / cold.as_secs_f64()
+        "folio, 2000-token prefix over HTTP: TTFT cold {cold:.2} s, warm {warm:.3} s = {:.1}% of cold",
+        100.0 * warm / cold
     );
-    let st = engine.stats()?;
-    println!(
-        "engine: {} steps, {} preemptions, {} prefix-hit tokens, {} prefilled tokens",
-        st.steps, st.preemptions, st.prefix_hit_tokens, st.prefilled_tokens
-    );
+    for s in &servers {
+        if let Some(mib) = s.peak_rss_mib() {
+            println!("{} server peak RSS: {mib:.0} MiB", s.name);
+        }
+    }
     Ok(())
 }

@@ -64,24 +64,52 @@ fn lower_layers_never_import_higher_ones() {
     );
 }
 
-#[test]
-fn the_cli_uses_only_the_public_facade() {
+/// Lines of the Rust files under `dir` that name any of `forbidden`.
+fn naming(dir: &str, forbidden: &[&str]) -> Vec<String> {
     let mut files = Vec::new();
-    rust_files(&root().join("crates/folio-cli/src"), &mut files);
-    let bad: Vec<String> = files
+    rust_files(&root().join(dir), &mut files);
+    files
         .iter()
         .flat_map(|f| {
             let text = std::fs::read_to_string(f).unwrap();
             text.lines()
                 .enumerate()
-                .filter(|(_, l)| l.contains("folio::kernels") || l.contains("folio::internals"))
+                .filter(|(_, l)| forbidden.iter().any(|x| l.contains(x)))
                 .map(|(n, l)| format!("{}:{}: {}", f.display(), n + 1, l.trim()))
                 .collect::<Vec<_>>()
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn the_cli_uses_only_the_public_facade() {
+    let bad = naming("crates/folio-cli/src", &["folio::kernels", "folio::internals"]);
     assert!(
         bad.is_empty(),
         "the CLI reaches below the facade:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The server sits on the engine's handles: no pages, kernels, model internals or
+/// file parsing of its own.
+#[test]
+fn the_server_uses_only_the_engine_facade() {
+    let bad = naming(
+        "crates/folio-server/src",
+        &[
+            "folio::kernels",
+            "folio::internals",
+            "folio::kv",
+            "folio::gguf",
+            "folio::model::",
+            "PagedKv",
+            "forward_one",
+        ],
+    );
+    assert!(
+        bad.is_empty(),
+        "the server reaches below the engine:\n{}",
         bad.join("\n")
     );
 }

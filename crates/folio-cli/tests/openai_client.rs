@@ -1,0 +1,271 @@
+//! `folio serve` as a real OpenAI client sees it: the official `openai` Python
+//! package (in a venv at `target/openai-venv`, made and filled on first use) runs
+//! scripts/test_openai.py against a server started from the built binary, which must
+//! then stop cleanly on SIGTERM. Needs python3 (and PyPI the first time).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> PathBuf {
+    let p = std::env::var_os("FOLIO_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/setup.sh",
+        p.display()
+    );
+    p
+}
+
+/// The cargo target folder the binary was built in (`target/release/folio` → `target`).
+fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_folio"))
+        .ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| repo().join("target"))
+}
+
+fn show(out: &Output) -> String {
+    format!(
+        "{}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The venv's python, with `openai` importable: the venv and the package are made
+/// the first time only.
+fn openai_python() -> PathBuf {
+    let found = Command::new("python3").arg("--version").output();
+    assert!(
+        matches!(&found, Ok(o) if o.status.success()),
+        "python3 is needed to run the official openai client against `folio serve` \
+         (install python3 with its venv module): {found:?}"
+    );
+    let venv = target_dir().join("openai-venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        let out = Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv)
+            .output()
+            .expect("run python3 -m venv");
+        assert!(
+            out.status.success(),
+            "python3 -m venv {} failed (is python3-venv installed?): {}",
+            venv.display(),
+            show(&out)
+        );
+    }
+    let has_openai = |python: &Path| {
+        Command::new(python)
+            .args(["-c", "import openai"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has_openai(&python) {
+        eprintln!("installing the openai package into {}", venv.display());
+        let out = Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "openai",
+            ])
+            .output()
+            .expect("run pip");
+        assert!(
+            out.status.success(),
+            "pip install openai into {} failed: {}",
+            venv.display(),
+            show(&out)
+        );
+        assert!(
+            has_openai(&python),
+            "pip installed openai but {} cannot import it",
+            python.display()
+        );
+    }
+    python
+}
+
+/// A running `folio serve`; dropping it kills the server if it still runs (a test
+/// that panicked), and its stderr is kept for failure messages.
+struct Server {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts the server on a free port and waits for its ready line; returns the
+    /// server and the OpenAI base URL (`http://127.0.0.1:PORT/v1`).
+    fn start() -> (Self, String) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_folio"))
+            .args(["serve", "--port", "0"])
+            .env("FOLIO_MODEL", model())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn folio serve");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err_pipe = child.stderr.take().unwrap();
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err_pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let (tx, rx) = mpsc::channel();
+        let out_pipe = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            // Reads to the end, so the server never writes into a closed pipe.
+            for line in BufReader::new(out_pipe).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let server = Self { child, stderr };
+        let line = match rx.recv_timeout(READY_TIMEOUT) {
+            Ok(line) => line,
+            Err(e) => panic!(
+                "no ready line from folio serve within {READY_TIMEOUT:?} ({e}); stderr:\n{}",
+                server.stderr()
+            ),
+        };
+        let url = line
+            .split_once("(OpenAI API: ")
+            .and_then(|(_, rest)| rest.strip_suffix(')'))
+            .filter(|u| u.starts_with("http://") && u.ends_with("/v1"))
+            .unwrap_or_else(|| panic!("unexpected ready line: {line:?}"))
+            .to_string();
+        assert!(
+            line.starts_with("folio: serving "),
+            "unexpected ready line: {line:?}"
+        );
+        (server, url)
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Sends SIGTERM and waits for the server to exit.
+    fn terminate(&mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid} failed: {sent}");
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for folio serve") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "folio serve still runs {EXIT_TIMEOUT:?} after SIGTERM; stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs `cmd` to the end, killing it after `limit`.
+fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the script");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait for the script"),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("the script ran past {limit:?} and was killed");
+        }
+    }
+}
+
+#[test]
+fn official_openai_client_against_the_real_server() {
+    let began = Instant::now();
+    let python = openai_python();
+    let (mut server, url) = Server::start();
+    eprintln!("folio serve is ready at {url} ({:.1?})", began.elapsed());
+
+    let script = repo().join("scripts/test_openai.py");
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
+        .arg(&url)
+        .env("PYTHONUNBUFFERED", "1")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY");
+    let out = output_within(cmd, SCRIPT_TIMEOUT);
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{} {url} failed ({}); server stderr:\n{}",
+        script.display(),
+        out.status,
+        server.stderr()
+    );
+
+    let status = server.terminate();
+    assert!(
+        status.success(),
+        "folio serve exited with {status} after SIGTERM; stderr:\n{}",
+        server.stderr()
+    );
+    eprintln!(
+        "the official openai client passed; the server stopped on SIGTERM ({:.1?} in all)",
+        began.elapsed()
+    );
+}
