@@ -208,14 +208,18 @@ struct Completions {
 
 impl Completions {
     fn chunk(&self, choice: Value) -> Value {
-        let mut v = self
-            .head
-            .object("text_completion", json!({"choices": [choice]}));
-        if self.job.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
+        chunk(&self.head, "text_completion", self.job.include_usage, choice)
     }
+}
+
+/// One streamed chunk holding `choice` (with `usage: null` when a usage chunk ends
+/// the stream, as OpenAI sends it).
+fn chunk(head: &Head, object: &str, include_usage: bool, choice: Value) -> Value {
+    let mut v = head.object(object, json!({"choices": [choice]}));
+    if include_usage {
+        v["usage"] = Value::Null;
+    }
+    v
 }
 
 impl Chunker for Completions {
@@ -312,13 +316,7 @@ impl Chat {
     fn chunk(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
         let choice =
             json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
-        let mut v = self
-            .head
-            .object("chat.completion.chunk", json!({"choices": [choice]}));
-        if self.job.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
+        chunk(&self.head, "chat.completion.chunk", self.job.include_usage, choice)
     }
 }
 

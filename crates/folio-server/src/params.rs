@@ -37,6 +37,9 @@ impl Job {
     }
 }
 
+/// The most choices (prompts × n) one request makes.
+pub const MAX_CHOICES: usize = 256;
+
 /// Prompts bigger than this are tokenized off the async runtime's threads.
 pub const BIG_PROMPT: usize = 64 << 10;
 
@@ -139,6 +142,12 @@ pub fn job(
     }
 
     let n = r.n.unwrap_or(1);
+    if n.saturating_mul(prompts.len() as u64) > MAX_CHOICES as u64 {
+        return Err(ApiError::invalid(
+            "n",
+            format!("prompts × n is {} × {n}; one request makes at most {MAX_CHOICES} choices", prompts.len()),
+        ));
+    }
     let stop = match r.stop {
         None => Vec::new(),
         Some(StopInput::One(s)) => vec![s],

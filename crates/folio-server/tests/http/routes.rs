@@ -191,3 +191,34 @@ fn tokenize_models_and_metrics() {
     assert!(crate::client::metric(s.addr, "folio:forks_total", "model_name") >= 1.0);
     assert_eq!(crate::client::metric(s.addr, "folio:generation_tokens_total", "model_name"), 6.0);
 }
+
+#[test]
+fn cors_answers_only_the_listed_origins() {
+    let cfg = ServeConfig {
+        cors_origins: vec!["http://app.example".into()],
+        api_key: Some("k".into()),
+        ..ServeConfig::default()
+    };
+    let s = start(cfg, small_engine());
+    let preflight = |origin: &str| {
+        crate::client::request(
+            s.addr,
+            "OPTIONS",
+            "/v1/chat/completions",
+            &[
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "POST"),
+                ("Access-Control-Request-Headers", "authorization,content-type"),
+            ],
+            b"",
+        )
+    };
+    let ok = preflight("http://app.example");
+    assert_eq!(ok.header("access-control-allow-origin"), Some("http://app.example"), "{ok:?}");
+    let no = preflight("http://evil.example");
+    assert_eq!(no.header("access-control-allow-origin"), None, "{no:?}");
+    // Without the setting, no CORS headers at all.
+    let plain = start(ServeConfig::default(), small_engine());
+    let r = crate::client::request(plain.addr, "GET", "/health", &[("Origin", "http://app.example")], b"");
+    assert_eq!(r.header("access-control-allow-origin"), None);
+}
