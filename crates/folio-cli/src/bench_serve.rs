@@ -95,7 +95,9 @@ impl Server {
     }
 
     fn llama(exe: &Path, a: &ServeArgs, slots: usize) -> Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let child = Command::new(exe)
             .arg("-m")
             .arg(&a.model)
@@ -137,7 +139,10 @@ impl Server {
 
 fn get_status(addr: SocketAddr, path: &str) -> Result<u16> {
     let mut s = TcpStream::connect(addr)?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
     line.split_whitespace()
@@ -178,7 +183,10 @@ fn stream_one(addr: SocketAddr, body: &Value) -> Result<(Duration, usize)> {
         if v.get("error").is_some() {
             bail!("the stream failed: {v}");
         }
-        if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
+        if v["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+        {
             first.get_or_insert(t.elapsed());
             chunks += 1;
         }
@@ -194,7 +202,12 @@ struct Load {
 
 /// `clients` threads sending `prompts` (each `max_tokens` long, greedy, ignore_eos)
 /// one after another.
-fn drive(addr: SocketAddr, prompts: &[Vec<u32>], clients: usize, max_tokens: usize) -> Result<Load> {
+fn drive(
+    addr: SocketAddr,
+    prompts: &[Vec<u32>],
+    clients: usize,
+    max_tokens: usize,
+) -> Result<Load> {
     let queue = Arc::new(Mutex::new(prompts.to_vec()));
     let ttfts = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
@@ -209,13 +222,17 @@ fn drive(addr: SocketAddr, prompts: &[Vec<u32>], clients: usize, max_tokens: usi
                     let body = json!({"prompt": p, "max_tokens": max_tokens, "stream": true,
                         "temperature": 0, "ignore_eos": true, "cache_prompt": true});
                     let (ttft, _) = stream_one(addr, &body)?;
-                    ttfts.lock().unwrap_or_else(|e| e.into_inner()).push(ttft.as_secs_f64());
+                    ttfts
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(ttft.as_secs_f64());
                 }
             })
         })
         .collect();
     for h in handles {
-        h.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
+        h.join()
+            .map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
     }
     let wall = start.elapsed().as_secs_f64();
     let mut t = ttfts.lock().unwrap_or_else(|e| e.into_inner()).clone();

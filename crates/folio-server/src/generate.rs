@@ -28,7 +28,7 @@ pub async fn completions(
     let job = prepare(&st, Route::Completions, r).await?;
     let head = Head::new("cmpl", &st.config.model_name);
     if job.req.max_tokens == 0 && job.req.prompt_logprobs.is_none() {
-        return Ok(Json(echo_only(&head, &job)).into_response());
+        return Ok(echo_only(&head, &job));
     }
     let (run, first) = start(&st, &job).await?;
     let chunks = Completions {
@@ -156,17 +156,28 @@ fn prompt_tokens<'a>(
         .collect()
 }
 
-/// `echo` with nothing to generate and no log-probabilities: the prompts themselves.
-fn echo_only(head: &Head, job: &Job) -> Value {
+/// `echo` with nothing to generate and no log-probabilities: the prompts themselves,
+/// whole or as a stream.
+fn echo_only(head: &Head, job: &Job) -> Response {
     let n = job.req.n;
-    let choices: Vec<Value> = (0..job.choices())
-        .map(|i| json!({"index": i, "text": job.prompt_texts[i / n], "logprobs": null, "finish_reason": "length"}))
-        .collect();
+    let choice = |i: usize| json!({"index": i, "text": job.prompt_texts[i / n], "logprobs": null, "finish_reason": "length"});
     let prompt: usize = job.prompts.iter().map(Vec::len).sum();
-    head.object(
+    let usage = usage(prompt, 0, 0);
+    if job.stream {
+        let mut chunks: Vec<Value> = (0..job.choices())
+            .map(|i| chunk(head, "text_completion", job.include_usage, choice(i)))
+            .collect();
+        if job.include_usage {
+            chunks.push(head.object("text_completion", json!({"choices": [], "usage": usage})));
+        }
+        return sse::fixed(&chunks);
+    }
+    let choices: Vec<Value> = (0..job.choices()).map(choice).collect();
+    Json(head.object(
         "text_completion",
-        json!({"choices": choices, "usage": usage(prompt, 0, 0)}),
-    )
+        json!({"choices": choices, "usage": usage}),
+    ))
+    .into_response()
 }
 
 /// The body of a completion that is not streamed.
@@ -208,7 +219,12 @@ struct Completions {
 
 impl Completions {
     fn chunk(&self, choice: Value) -> Value {
-        chunk(&self.head, "text_completion", self.job.include_usage, choice)
+        chunk(
+            &self.head,
+            "text_completion",
+            self.job.include_usage,
+            choice,
+        )
     }
 }
 
@@ -316,7 +332,12 @@ impl Chat {
     fn chunk(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
         let choice =
             json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
-        chunk(&self.head, "chat.completion.chunk", self.job.include_usage, choice)
+        chunk(
+            &self.head,
+            "chat.completion.chunk",
+            self.job.include_usage,
+            choice,
+        )
     }
 }
 

@@ -145,7 +145,10 @@ pub fn job(
     if n.saturating_mul(prompts.len() as u64) > MAX_CHOICES as u64 {
         return Err(ApiError::invalid(
             "n",
-            format!("prompts × n is {} × {n}; one request makes at most {MAX_CHOICES} choices", prompts.len()),
+            format!(
+                "prompts × n is {} × {n}; one request makes at most {MAX_CHOICES} choices",
+                prompts.len()
+            ),
         ));
     }
     let stop = match r.stop {

@@ -36,6 +36,27 @@ fn frame(out: &mut Vec<u8>, v: &Value) {
     out.extend_from_slice(b"\n\n");
 }
 
+/// A stream of chunks known up front (nothing to compute), then `[DONE]`.
+pub fn fixed(chunks: &[Value]) -> Response {
+    let mut out = Vec::new();
+    for v in chunks {
+        frame(&mut out, v);
+    }
+    out.extend_from_slice(b"data: [DONE]\n\n");
+    event_stream(Body::from(out))
+}
+
+fn event_stream(body: Body) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
 /// The streaming response: `first` is the run's first event, already received (so
 /// errors found before any output were answered with a status instead).
 pub fn respond<C: Chunker>(run: Run, first: Tagged, chunker: C) -> Response {
@@ -88,12 +109,5 @@ pub fn respond<C: Chunker>(run: Run, first: Tagged, chunker: C) -> Response {
             }
         }
     });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response()
+    event_stream(Body::from_stream(stream))
 }

@@ -19,16 +19,29 @@ fn idle(a: SocketAddr) -> bool {
 #[test]
 fn hanging_up_a_stream_cancels_it_and_frees_its_pages() {
     let s = start(ServeConfig::default(), small_engine());
-    let mut open = open_stream(s.addr, "/v1/completions", &json!({"prompt": "Count to a thousand:", "max_tokens": 900, "ignore_eos": true, "stream": true}));
+    let mut open = open_stream(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "Count to a thousand:", "max_tokens": 900, "ignore_eos": true, "stream": true}),
+    );
     assert_eq!(open.status, 200);
     open.next_event().expect("a first chunk");
     open.next_event().expect("a second chunk");
-    assert_eq!(metric(s.addr, "folio:num_requests_running", "model_name"), 1.0);
+    assert_eq!(
+        metric(s.addr, "folio:num_requests_running", "model_name"),
+        1.0
+    );
     let t = Instant::now();
     drop(open);
-    assert!(eventually(5.0, || idle(s.addr)), "pages still held after the client left");
+    assert!(
+        eventually(5.0, || idle(s.addr)),
+        "pages still held after the client left"
+    );
     eprintln!("stream cancelled, pages back in {:?}", t.elapsed());
-    assert_eq!(metric(s.addr, "folio:requests_cancelled_total", "model_name"), 1.0);
+    assert_eq!(
+        metric(s.addr, "folio:requests_cancelled_total", "model_name"),
+        1.0
+    );
     let gen = metric(s.addr, "folio:generation_tokens_total", "model_name");
     assert_eq!(gen, 0.0, "a cancelled request never finished");
 }
@@ -37,16 +50,27 @@ fn hanging_up_a_stream_cancels_it_and_frees_its_pages() {
 fn hanging_up_before_a_whole_answer_cancels_it() {
     let s = start(ServeConfig::default(), small_engine());
     let mut c = connect(s.addr);
-    let body = json!({"prompt": "Count to a thousand:", "max_tokens": 900, "ignore_eos": true}).to_string();
+    let body = json!({"prompt": "Count to a thousand:", "max_tokens": 900, "ignore_eos": true})
+        .to_string();
     send(&mut c, "POST", "/v1/completions", &[], body.as_bytes());
-    assert!(eventually(10.0, || metric(s.addr, "folio:num_requests_running", "model_name") == 1.0));
+    assert!(eventually(10.0, || metric(
+        s.addr,
+        "folio:num_requests_running",
+        "model_name"
+    ) == 1.0));
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
     c.shutdown(Shutdown::Both).unwrap();
     drop(c);
-    assert!(eventually(5.0, || idle(s.addr)), "pages still held after the client left");
+    assert!(
+        eventually(5.0, || idle(s.addr)),
+        "pages still held after the client left"
+    );
     eprintln!("whole answer cancelled, pages back in {:?}", t.elapsed());
-    assert_eq!(metric(s.addr, "folio:requests_cancelled_total", "model_name"), 1.0);
+    assert_eq!(
+        metric(s.addr, "folio:requests_cancelled_total", "model_name"),
+        1.0
+    );
 }
 
 /// Reads a stream to its end: (the text, whether it ended with [DONE] and no error).
@@ -71,14 +95,19 @@ pub fn drain_stream(open: &mut crate::client::Open) -> (String, bool) {
 fn shutdown_lets_requests_in_flight_finish() {
     let mut s = start(ServeConfig::default(), small_engine());
     let body = json!({"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": true, "temperature": 0, "stream": true});
-    let mut opens: Vec<_> = (0..6).map(|_| open_stream(s.addr, "/v1/completions", &body)).collect();
+    let mut opens: Vec<_> = (0..6)
+        .map(|_| open_stream(s.addr, "/v1/completions", &body))
+        .collect();
     for o in &mut opens {
         o.next_event().expect("started");
     }
     s.signal_stop();
     for o in &mut opens {
         let (_, complete) = drain_stream(o);
-        assert!(complete, "an in-flight stream was cut off by a graceful shutdown");
+        assert!(
+            complete,
+            "an in-flight stream was cut off by a graceful shutdown"
+        );
     }
     s.stop().expect("serve returns cleanly");
 }

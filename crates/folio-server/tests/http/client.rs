@@ -22,12 +22,8 @@ impl Resp {
     }
 
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "not JSON ({e}): {:?}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
     }
 
     pub fn text(&self) -> String {
@@ -77,7 +73,13 @@ pub fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)
     s.write_all(body).expect("write body");
 }
 
-pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
     let mut s = connect(addr);
     send(&mut s, method, path, headers, body);
     let mut r = BufReader::new(s);

@@ -14,7 +14,10 @@ fn bad_requests_are_400_naming_the_field() {
     let a = s.addr;
     let raw = |body: &str| request(a, "POST", "/v1/completions", &[], body.as_bytes());
     let e = raw("{\"prompt\": \"hi\", ").error(400);
-    assert!(e["message"].as_str().unwrap().contains("not valid JSON"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("not valid JSON"),
+        "{e}"
+    );
     raw("").error(400);
     raw("[1, 2]").error(400);
     let e = raw(r#"{"prompt": "hi", "max_tokens": "ten"}"#).error(400);
@@ -52,9 +55,12 @@ fn bad_requests_are_400_naming_the_field() {
     assert!(e["message"].as_str().unwrap().contains("image_url"), "{e}");
     let e = chat(r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}"#).error(400);
     assert_eq!(e["param"], "logprobs");
-    let e = chat(r#"{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}"#).error(400);
+    let e =
+        chat(r#"{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}"#).error(400);
     assert_eq!(e["param"], "top_logprobs");
-    let ok = chat(r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 2}"#);
+    let ok = chat(
+        r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 2}"#,
+    );
     assert_eq!(ok.status, 200, "{}", ok.text());
 
     request(a, "POST", "/tokenize", &[], b"{}").error(400);
@@ -76,14 +82,31 @@ fn a_prompt_over_the_window_or_a_request_over_the_pool_is_400_with_the_limit() {
     assert_eq!(e["code"], "context_length_exceeded");
     assert!(e["message"].as_str().unwrap().contains("256"), "{e}");
     let text = "hello ".repeat(400);
-    let e = post(s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": text}]})).error(400);
+    let e = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": text}]}),
+    )
+    .error(400);
     assert_eq!(e["code"], "context_length_exceeded");
     // 100 prompt tokens + 100 to generate need 13 pages; the pool has 8.
     let p: Vec<u32> = (0..100).map(|i| 100 + i).collect();
-    let e = post(s.addr, "/v1/completions", &json!({"prompt": p, "max_tokens": 100})).error(400);
-    assert!(e["message"].as_str().unwrap().contains("whole pool has 8"), "{e}");
+    let e = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": p, "max_tokens": 100}),
+    )
+    .error(400);
+    assert!(
+        e["message"].as_str().unwrap().contains("whole pool has 8"),
+        "{e}"
+    );
     // What fits still runs.
-    let ok = post(s.addr, "/v1/completions", &json!({"prompt": p, "max_tokens": 4}));
+    let ok = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": p, "max_tokens": 4}),
+    );
     assert_eq!(ok.status, 200, "{}", ok.text());
 }
 
@@ -97,10 +120,23 @@ fn the_api_key_guards_the_api_but_not_health_or_metrics() {
     let body = json!({"prompt": "hi", "max_tokens": 2}).to_string();
     let e = request(s.addr, "POST", "/v1/completions", &[], body.as_bytes()).error(401);
     assert_eq!(e["code"], "invalid_api_key");
-    request(s.addr, "POST", "/v1/completions", &[("Authorization", "Bearer wrong")], body.as_bytes()).error(401);
+    request(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        &[("Authorization", "Bearer wrong")],
+        body.as_bytes(),
+    )
+    .error(401);
     request(s.addr, "GET", "/v1/models", &[], b"").error(401);
     request(s.addr, "POST", "/tokenize", &[], b"{\"content\":\"x\"}").error(401);
-    let ok = request(s.addr, "POST", "/v1/completions", &[("Authorization", "Bearer sekrit")], body.as_bytes());
+    let ok = request(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        &[("Authorization", "Bearer sekrit")],
+        body.as_bytes(),
+    );
     assert_eq!(ok.status, 200, "{}", ok.text());
     assert_eq!(get(s.addr, "/health").status, 200);
     assert_eq!(get(s.addr, "/metrics").status, 200);
@@ -163,9 +199,17 @@ fn mistakes_beside_a_running_stream_do_not_disturb_it() {
     let s = start(ServeConfig::default(), small_engine());
     let body = json!({"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "ignore_eos": true});
     let alone = post(s.addr, "/v1/completions", &body).json()["choices"][0]["text"].clone();
-    let mut streamed = open_stream(s.addr, "/v1/completions", &json!({"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "ignore_eos": true, "stream": true}));
+    let mut streamed = open_stream(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "ignore_eos": true, "stream": true}),
+    );
     assert_eq!(streamed.status, 200);
-    for bad in [r#"{"prompt": "#, r#"{"prompt": "x", "top_p": 7}"#, r#"{"prompt": [1, 2, 999999999]}"#] {
+    for bad in [
+        r#"{"prompt": "#,
+        r#"{"prompt": "x", "top_p": 7}"#,
+        r#"{"prompt": [1, 2, 999999999]}"#,
+    ] {
         let r = request(s.addr, "POST", "/v1/completions", &[], bad.as_bytes());
         assert_eq!(r.status, 400, "{}", r.text());
     }

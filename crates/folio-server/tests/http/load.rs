@@ -88,8 +88,15 @@ fn two_hundred_requests_at_32_with_a_quarter_hanging_up() {
             && metric(addr, "folio:kv_pages", "state=\"working\"") == 0.0
             && metric(addr, "folio:kv_pages", "state=\"committed\"") == 0.0
     };
-    assert!(eventually(5.0, idle), "{}", crate::client::get(addr, "/metrics").text());
+    assert!(
+        eventually(5.0, idle),
+        "{}",
+        crate::client::get(addr, "/metrics").text()
+    );
     let cancelled = metric(addr, "folio:requests_cancelled_total", "model_name");
-    assert!(cancelled >= 1.0 && cancelled <= hung_up as f64, "{cancelled} of {hung_up}");
+    assert!(
+        cancelled >= 1.0 && cancelled <= hung_up as f64,
+        "{cancelled} of {hung_up}"
+    );
     eprintln!("{complete} complete and identical to alone, {hung_up} hung up ({cancelled} cancelled mid-run)");
 }

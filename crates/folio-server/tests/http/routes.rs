@@ -7,7 +7,11 @@ use folio_server::ServeConfig;
 use serde_json::{json, Value};
 
 fn stream_text(events: &[String], field: &str) -> (String, Vec<Value>) {
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
     let chunks: Vec<Value> = events[..events.len() - 1]
         .iter()
         .map(|e| serde_json::from_str(e).unwrap())
@@ -34,7 +38,10 @@ fn streamed_and_whole_answers_agree() {
     assert_eq!(whole["object"], "text_completion");
     assert!(whole["id"].as_str().unwrap().starts_with("cmpl-"));
     let u = &whole["usage"];
-    assert_eq!(u["total_tokens"], json!(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()));
+    assert_eq!(
+        u["total_tokens"],
+        json!(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
+    );
     assert!(u["prompt_tokens_details"]["cached_tokens"].is_u64());
     let mut sreq = base.clone();
     sreq["stream"] = json!(true);
@@ -46,7 +53,10 @@ fn streamed_and_whole_answers_agree() {
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"], json!([]));
     assert_eq!(last["usage"]["completion_tokens"], u["completion_tokens"]);
-    let fin: Vec<&Value> = chunks.iter().filter(|c| c["choices"][0]["finish_reason"].is_string()).collect();
+    let fin: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["finish_reason"].is_string())
+        .collect();
     assert_eq!(fin.len(), 1);
 
     // Chat, the same way.
@@ -61,24 +71,56 @@ fn streamed_and_whole_answers_agree() {
     assert_eq!(json!(text), whole["choices"][0]["message"]["content"]);
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     assert_eq!(chunks[0]["object"], "chat.completion.chunk");
-    assert!(chunks.iter().all(|c| c.get("usage").is_none()), "no usage without include_usage");
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "no usage without include_usage"
+    );
 }
 
 #[test]
 fn several_prompts_and_n_samples_number_their_choices() {
     let s = start(ServeConfig::default(), small_engine());
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": ["One", "Two"], "n": 2, "max_tokens": 4, "temperature": 0.8, "seed": 7})).json();
-    let idx: Vec<u64> = r["choices"].as_array().unwrap().iter().map(|c| c["index"].as_u64().unwrap()).collect();
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": ["One", "Two"], "n": 2, "max_tokens": 4, "temperature": 0.8, "seed": 7}),
+    )
+    .json();
+    let idx: Vec<u64> = r["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
     assert_eq!(idx, [0, 1, 2, 3]);
     // Token-id prompts, and a list of them.
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": [[1, 504], [1, 2]], "max_tokens": 2})).json();
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": [[1, 504], [1, 2]], "max_tokens": 2}),
+    )
+    .json();
     assert_eq!(r["choices"].as_array().unwrap().len(), 2);
     // The same seed gives the same samples.
-    let a = post(s.addr, "/v1/completions", &json!({"prompt": "Once", "n": 3, "max_tokens": 8, "temperature": 1.0, "seed": 42})).json();
-    let b = post(s.addr, "/v1/completions", &json!({"prompt": "Once", "n": 3, "max_tokens": 8, "temperature": 1.0, "seed": 42})).json();
+    let a = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "Once", "n": 3, "max_tokens": 8, "temperature": 1.0, "seed": 42}),
+    )
+    .json();
+    let b = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "Once", "n": 3, "max_tokens": 8, "temperature": 1.0, "seed": 42}),
+    )
+    .json();
     assert_eq!(a["choices"], b["choices"]);
     // Streamed n = 3 chat: every index finishes once.
-    let r = post(s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "Hi"}], "n": 3, "max_tokens": 6, "stream": true}));
+    let r = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "n": 3, "max_tokens": 6, "stream": true}),
+    );
     let (_, chunks) = stream_text(&r.events(), "delta");
     let mut finished: Vec<u64> = chunks
         .iter()
@@ -93,25 +135,58 @@ fn several_prompts_and_n_samples_number_their_choices() {
 fn echo_scores_the_prompt_and_logprobs_have_openais_shapes() {
     let s = start(ServeConfig::default(), small_engine());
     let prompt = "The quick brown fox jumps over the lazy dog";
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "echo": true, "logprobs": 2, "max_tokens": 0})).json();
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "echo": true, "logprobs": 2, "max_tokens": 0}),
+    )
+    .json();
     let c = &r["choices"][0];
     assert_eq!(c["text"], prompt);
     let lp = &c["logprobs"];
-    let toks: Vec<&str> = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let toks: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
     assert_eq!(toks.concat(), prompt);
     assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
-    for (i, v) in lp["token_logprobs"].as_array().unwrap().iter().enumerate().skip(1) {
+    for (i, v) in lp["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .skip(1)
+    {
         assert!(v.as_f64().unwrap() <= 0.0);
         assert_eq!(lp["top_logprobs"][i].as_object().unwrap().len(), 2);
     }
     assert_eq!(r["usage"]["completion_tokens"], 0);
     // Streamed echo with generation: the prompt comes first, with its figures.
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": 3, "stream": true, "temperature": 0}));
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": 3, "stream": true, "temperature": 0}),
+    );
     let (text, _) = stream_text(&r.events(), "text");
     assert!(text.starts_with(prompt), "{text}");
     // Echo alone, nothing to compute.
-    let r = post(s.addr, "/v1/completions", &json!({"prompt": prompt, "echo": true, "max_tokens": 0})).json();
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "echo": true, "max_tokens": 0}),
+    )
+    .json();
     assert_eq!(r["choices"][0]["text"], prompt);
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "echo": true, "max_tokens": 0, "stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let (text, chunks) = stream_text(&r.events(), "text");
+    assert_eq!(text, prompt);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 0);
 
     let r = post(s.addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true, "top_logprobs": 3, "max_tokens": 5, "temperature": 0})).json();
     let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
@@ -135,13 +210,21 @@ fn a_shared_prefix_is_cached_and_salts_keep_tenants_apart() {
         if let Some(s) = salt {
             b["cache_salt"] = json!(s);
         }
-        post(s.addr, "/v1/completions", &b).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        post(s.addr, "/v1/completions", &b).json()["usage"]["prompt_tokens_details"]
+            ["cached_tokens"]
             .as_u64()
             .unwrap()
     };
     ask("First", None);
-    assert!(ask("Second", None) >= 256, "a 300-token shared prefix is mostly cached");
-    assert_eq!(ask("Third", Some("tenant-a")), 0, "another salt shares nothing");
+    assert!(
+        ask("Second", None) >= 256,
+        "a 300-token shared prefix is mostly cached"
+    );
+    assert_eq!(
+        ask("Third", Some("tenant-a")),
+        0,
+        "another salt shares nothing"
+    );
     assert!(ask("Fourth", Some("tenant-a")) >= 256);
     assert_eq!(ask("Fifth", Some("tenant-b")), 0);
     let hits = crate::client::metric(s.addr, "folio:prefix_cache_hits_total", "model_name");
@@ -151,18 +234,35 @@ fn a_shared_prefix_is_cached_and_salts_keep_tenants_apart() {
 #[test]
 fn tokenize_models_and_metrics() {
     let s = start(ServeConfig::default(), small_engine());
-    let t = post(s.addr, "/tokenize", &json!({"content": "Hello world", "with_pieces": true})).json();
+    let t = post(
+        s.addr,
+        "/tokenize",
+        &json!({"content": "Hello world", "with_pieces": true}),
+    )
+    .json();
     let ids = t["tokens"].clone();
     assert_eq!(t["count"], json!(ids.as_array().unwrap().len()));
-    assert_eq!(t["pieces"].as_array().unwrap().len(), ids.as_array().unwrap().len());
+    assert_eq!(
+        t["pieces"].as_array().unwrap().len(),
+        ids.as_array().unwrap().len()
+    );
     let d = post(s.addr, "/detokenize", &json!({"tokens": ids})).json();
     assert_eq!(d["content"], "Hello world");
-    let t2 = post(s.addr, "/tokenize", &json!({"messages": [{"role": "user", "content": "Hi"}]})).json();
+    let t2 = post(
+        s.addr,
+        "/tokenize",
+        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .json();
     assert!(t2["count"].as_u64().unwrap() > 3);
     let m = get(s.addr, "/v1/models").json();
     assert_eq!(m["object"], "list");
     assert_eq!(m["data"][0]["object"], "model");
-    post(s.addr, "/v1/completions", &json!({"prompt": "Hi", "max_tokens": 3, "n": 2}));
+    post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 3, "n": 2}),
+    );
     let text = get(s.addr, "/metrics").text();
     for name in [
         "folio:num_requests_running",
@@ -189,7 +289,10 @@ fn tokenize_models_and_metrics() {
         assert!(text.contains(&format!("state=\"{state}\"")), "{state}");
     }
     assert!(crate::client::metric(s.addr, "folio:forks_total", "model_name") >= 1.0);
-    assert_eq!(crate::client::metric(s.addr, "folio:generation_tokens_total", "model_name"), 6.0);
+    assert_eq!(
+        crate::client::metric(s.addr, "folio:generation_tokens_total", "model_name"),
+        6.0
+    );
 }
 
 #[test]
@@ -208,17 +311,30 @@ fn cors_answers_only_the_listed_origins() {
             &[
                 ("Origin", origin),
                 ("Access-Control-Request-Method", "POST"),
-                ("Access-Control-Request-Headers", "authorization,content-type"),
+                (
+                    "Access-Control-Request-Headers",
+                    "authorization,content-type",
+                ),
             ],
             b"",
         )
     };
     let ok = preflight("http://app.example");
-    assert_eq!(ok.header("access-control-allow-origin"), Some("http://app.example"), "{ok:?}");
+    assert_eq!(
+        ok.header("access-control-allow-origin"),
+        Some("http://app.example"),
+        "{ok:?}"
+    );
     let no = preflight("http://evil.example");
     assert_eq!(no.header("access-control-allow-origin"), None, "{no:?}");
     // Without the setting, no CORS headers at all.
     let plain = start(ServeConfig::default(), small_engine());
-    let r = crate::client::request(plain.addr, "GET", "/health", &[("Origin", "http://app.example")], b"");
+    let r = crate::client::request(
+        plain.addr,
+        "GET",
+        "/health",
+        &[("Origin", "http://app.example")],
+        b"",
+    );
     assert_eq!(r.header("access-control-allow-origin"), None);
 }

@@ -366,12 +366,14 @@ impl Scheduler {
             // The last row is the one to sample from.
             let l = &l[l.len() - vocab..];
             children.extend(self.fork_samples(kv, tok, i, l));
+            let before = self.seqs[i].tokens.len();
             match self.seqs[i].sample(tok, l, self.window) {
                 After::Continue => {}
                 After::Finished(why) => done.push((i, Some(why))),
                 After::Gone => done.push((i, None)),
             }
-            self.counters.generated_tokens += 1;
+            // Nothing is sampled when only the prompt was to be scored.
+            self.counters.generated_tokens += (self.seqs[i].tokens.len() - before) as u64;
         }
         // Retire from the back so indices stay valid.
         done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
@@ -435,7 +437,10 @@ impl Scheduler {
                 purpose: Purpose::Generate(Box::new(gen)),
                 ctx: None,
             };
-            match child.sample(tok, logits, self.window) {
+            let before = child.tokens.len();
+            let after = child.sample(tok, logits, self.window);
+            self.counters.generated_tokens += (child.tokens.len() - before) as u64;
+            match after {
                 After::Continue => out.push(child),
                 After::Finished(why) => {
                     child.finish(why);
@@ -444,7 +449,6 @@ impl Scheduler {
                 }
                 After::Gone => ended.push(child),
             }
-            self.counters.generated_tokens += 1;
         }
         for child in ended {
             self.retire(kv, child);

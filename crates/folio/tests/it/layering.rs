@@ -83,7 +83,10 @@ fn naming(dir: &str, forbidden: &[&str]) -> Vec<String> {
 
 #[test]
 fn the_cli_uses_only_the_public_facade() {
-    let bad = naming("crates/folio-cli/src", &["folio::kernels", "folio::internals"]);
+    let bad = naming(
+        "crates/folio-cli/src",
+        &["folio::kernels", "folio::internals"],
+    );
     assert!(
         bad.is_empty(),
         "the CLI reaches below the facade:\n{}",
