@@ -39,6 +39,13 @@ pub struct Args {
     /// The model's name in /v1/models and answers [default: the file's name].
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Seconds a context may sit idle before it is dropped (its committed pages stay
+    /// cached).
+    #[arg(long, default_value_t = 600.0)]
+    pub context_ttl: f64,
+    /// Most live contexts (/v1/contexts answers 429 above).
+    #[arg(long, default_value_t = 64)]
+    pub max_contexts: usize,
     /// Most token rows in one forward step (decode tokens plus prefill chunks).
     #[arg(long, default_value_t = 512)]
     pub max_batch_tokens: usize,
@@ -50,10 +57,15 @@ const DEFAULT_SEQUENCES: usize = 8;
 
 pub fn run(a: Args) -> Result<()> {
     let path = a.model.path()?;
-    anyhow::ensure!(
-        a.shutdown_timeout.is_finite() && a.shutdown_timeout >= 0.0,
-        "--shutdown-timeout must be a number of seconds ≥ 0"
-    );
+    for (flag, v) in [
+        ("--shutdown-timeout", a.shutdown_timeout),
+        ("--context-ttl", a.context_ttl),
+    ] {
+        anyhow::ensure!(
+            v.is_finite() && (0.0..=1e9).contains(&v),
+            "{flag} must be a number of seconds between 0 and 1e9"
+        );
+    }
     let name = a.model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map_or("folio".into(), |s| s.to_string_lossy().into_owned())
@@ -65,6 +77,8 @@ pub fn run(a: Args) -> Result<()> {
         max_queue: a.max_queue,
         shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
         cors_origins: a.cors_origin.clone(),
+        context_ttl: Duration::from_secs_f64(a.context_ttl),
+        max_contexts: a.max_contexts,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -4,12 +4,12 @@
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{generate, misc, ServeError};
+use crate::{contexts, generate, misc, ServeError};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use std::sync::Arc;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -23,6 +23,22 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .route("/v1/models", get(misc::models))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/contexts", post(contexts::create).get(contexts::list))
+        .route(
+            "/v1/contexts/{id}",
+            get(contexts::get).delete(contexts::delete),
+        )
+        .route("/v1/contexts/{id}/append", post(contexts::append))
+        .route("/v1/contexts/{id}/fork", post(contexts::fork))
+        .route("/v1/contexts/{id}/truncate", post(contexts::truncate))
+        .route("/v1/contexts/{id}/generate", post(contexts::generate))
+        .route(
+            "/v1/snapshots",
+            post(contexts::snapshot_save).get(contexts::snapshot_list),
+        )
+        .route("/v1/snapshots/{name}", delete(contexts::snapshot_delete))
+        .route("/v1/snapshots/{name}/load", post(contexts::snapshot_load))
+        .route("/v1/kv", get(contexts::kv))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .fallback(misc::not_found)

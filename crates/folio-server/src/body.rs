@@ -16,18 +16,33 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            let status = e.status();
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    status,
-                    "the request body is over the server's limit (--max-body)",
-                )
-            } else {
-                ApiError::new(status, e.body_text())
-            }
-        })?;
+        let RawBody(bytes) = RawBody::from_request(req, state).await?;
         parse(&bytes).map(JsonBody)
+    }
+}
+
+/// The body's bytes, read under the size limit (for routes that parse it twice or
+/// allow it empty).
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        Bytes::from_request(req, state)
+            .await
+            .map(RawBody)
+            .map_err(|e| {
+                let status = e.status();
+                if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        status,
+                        "the request body is over the server's limit (--max-body)",
+                    )
+                } else {
+                    ApiError::new(status, e.body_text())
+                }
+            })
     }
 }
 

@@ -31,8 +31,26 @@ pub async fn completions(
         return Ok(echo_only(&head, &job));
     }
     let (run, first) = start(&st, &job).await?;
+    answer_completion(st.ready()?.engine.clone(), head, job, run, first).await
+}
+
+pub async fn chat(State(st): St, JsonBody(r): JsonBody<GenRequest>) -> Result<Response, ApiError> {
+    let job = prepare(&st, Route::Chat, r).await?;
+    let head = Head::new("chatcmpl", &st.config.model_name);
+    let (run, first) = start(&st, &job).await?;
+    answer_chat(st.ready()?.engine.clone(), head, job, run, first).await
+}
+
+/// A started completion's answer: streamed or whole.
+pub async fn answer_completion(
+    engine: Engine,
+    head: Head,
+    job: Job,
+    run: Run,
+    first: Tagged,
+) -> Result<Response, ApiError> {
     let chunks = Completions {
-        engine: st.ready()?.engine.clone(),
+        engine,
         offsets: vec![0; job.choices()],
         tally: Tally::new(job.prompts.len(), job.req.n),
         head,
@@ -46,12 +64,16 @@ pub async fn completions(
     Ok(Json(chunks_body(tok, &chunks.head, &chunks.job, &tally)).into_response())
 }
 
-pub async fn chat(State(st): St, JsonBody(r): JsonBody<GenRequest>) -> Result<Response, ApiError> {
-    let job = prepare(&st, Route::Chat, r).await?;
-    let head = Head::new("chatcmpl", &st.config.model_name);
-    let (run, first) = start(&st, &job).await?;
+/// A started chat completion's answer: streamed or whole.
+pub async fn answer_chat(
+    engine: Engine,
+    head: Head,
+    job: Job,
+    run: Run,
+    first: Tagged,
+) -> Result<Response, ApiError> {
     let chunks = Chat {
-        engine: st.ready()?.engine.clone(),
+        engine,
         tally: Tally::new(1, job.req.n),
         head,
         job,
@@ -91,7 +113,7 @@ pub async fn chat(State(st): St, JsonBody(r): JsonBody<GenRequest>) -> Result<Re
 }
 
 /// Checks and tokenizes the request (off the async threads when the prompt is big).
-async fn prepare(st: &Arc<AppState>, route: Route, r: GenRequest) -> Result<Job, ApiError> {
+pub async fn prepare(st: &Arc<AppState>, route: Route, r: GenRequest) -> Result<Job, ApiError> {
     st.ready()?;
     let big = match (&r.prompt, &r.messages) {
         (Some(crate::api::PromptInput::Text(t)), _) => t.len() > BIG_PROMPT,
@@ -116,7 +138,11 @@ async fn prepare(st: &Arc<AppState>, route: Route, r: GenRequest) -> Result<Job,
 /// Submits the job and waits for its first event; an error there is the answer.
 async fn start(st: &Arc<AppState>, job: &Job) -> Result<(Run, Tagged), ApiError> {
     let engine = &st.ready()?.engine;
-    let mut run = Run::start(st, engine, job)?;
+    first_event(Run::start(st, engine, job)?).await
+}
+
+/// Waits for a run's first event; an error there is the answer.
+pub async fn first_event(mut run: Run) -> Result<(Run, Tagged), ApiError> {
     match run.next().await {
         Some(Tagged {
             event: Event::Error(e),

@@ -7,6 +7,7 @@
 //! from the engine.
 //!
 //! Modules: [`app`] (router and layers), `generate` (the two generation routes),
+//! `contexts` (the context and snapshot routes, `/v1/kv`),
 //! `params` (wire request → engine request), `api` (wire shapes), `answer` (answer
 //! shapes), `run` (one request's events and cancellation), `sse` (streams),
 //! `misc` (health, models, metrics, tokenize), `metrics`, `error`, `body`, `state`.
@@ -15,6 +16,7 @@ mod answer;
 mod api;
 pub mod app;
 mod body;
+mod contexts;
 mod error;
 mod generate;
 mod metrics;
@@ -50,6 +52,10 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     /// Origins allowed by CORS (none by default).
     pub cors_origins: Vec<String>,
+    /// Contexts idle longer than this are dropped (their committed pages stay cached).
+    pub context_ttl: Duration,
+    /// Most live contexts (429 above).
+    pub max_contexts: usize,
 }
 
 impl Default for ServeConfig {
@@ -61,6 +67,8 @@ impl Default for ServeConfig {
             max_queue: 256,
             shutdown_timeout: Duration::from_secs(30),
             cors_origins: Vec::new(),
+            context_ttl: Duration::from_secs(600),
+            max_contexts: 64,
         }
     }
 }
@@ -120,6 +128,20 @@ where
             }
         })
     };
+    let reaper = {
+        let st = st.clone();
+        let ttl = st.config.context_ttl;
+        tokio::spawn(async move {
+            let every = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+            loop {
+                tokio::time::sleep(every).await;
+                let n = st.contexts.reap(ttl);
+                if n > 0 {
+                    tracing::info!("dropped {n} contexts idle for more than {ttl:?}");
+                }
+            }
+        })
+    };
     let failure = Arc::new(std::sync::Mutex::new(None::<String>));
     let signal = {
         let st = st.clone();
@@ -147,6 +169,7 @@ where
         .with_graceful_shutdown(signal)
         .await?;
     loader.abort();
+    reaper.abort();
     if let Some(l) = st.loaded.get() {
         l.engine.shutdown();
     }

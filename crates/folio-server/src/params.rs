@@ -13,6 +13,9 @@ use folio::{Model, Prompt, Request, SamplingParams};
 pub enum Route {
     Completions,
     Chat,
+    /// A context's generation: the prompt (text or ids, optional) is appended to what
+    /// the context holds; the engine checks the window.
+    Context,
 }
 
 /// A checked request, ready to run.
@@ -47,7 +50,7 @@ pub const BIG_PROMPT: usize = 64 << 10;
 /// sequence holds.
 pub fn job(
     route: Route,
-    r: GenRequest,
+    mut r: GenRequest,
     model: &Model,
     template: Option<&ChatTemplate>,
     window: usize,
@@ -61,13 +64,13 @@ pub fn job(
                     "messages belong to /v1/chat/completions; this route takes a prompt",
                 ));
             }
-            let Some(p) = r.prompt else {
+            let Some(p) = r.prompt.take() else {
                 return Err(ApiError::invalid("prompt", "prompt is required"));
             };
             completion_prompts(p, model)?
         }
         Route::Chat => {
-            let Some(msgs) = r.messages else {
+            let Some(msgs) = r.messages.take() else {
                 return Err(ApiError::invalid("messages", "messages is required"));
             };
             let text = render_chat(&msgs, template, true)?;
@@ -76,8 +79,34 @@ pub fn job(
                 .map_err(folio::EngineError::from)?;
             (vec![ids], vec![text])
         }
+        Route::Context => {
+            if r.messages.is_some() {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "append messages with /append, then generate",
+                ));
+            }
+            let ids = match r.prompt.take() {
+                None => Vec::new(),
+                Some(PromptInput::Text(t)) => tok
+                    .try_encode(&t, false)
+                    .map_err(folio::EngineError::from)?,
+                Some(PromptInput::Tokens(ids)) => Prompt::Tokens(ids).tokens(model)?,
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "prompt",
+                        "a context takes one prompt: a string or token ids",
+                    ))
+                }
+            };
+            let text = tok.decode(&ids);
+            (vec![ids], vec![text])
+        }
     };
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if route == Route::Context {
+        return request_fields(route, r, prompts, prompt_texts, window);
+    }
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         let what = if prompts.len() > 1 {
             format!("prompt {i} is empty")
@@ -92,9 +121,19 @@ pub fn job(
             window,
         }));
     }
+    request_fields(route, r, prompts, prompt_texts, window - longest)
+}
 
+/// The sampling and answer fields of `r`; `room` is the most tokens left to generate.
+fn request_fields(
+    route: Route,
+    r: GenRequest,
+    prompts: Vec<Vec<u32>>,
+    prompt_texts: Vec<String>,
+    room: usize,
+) -> Result<Job, ApiError> {
     let echo = r.echo.unwrap_or(false);
-    if echo && route == Route::Chat {
+    if echo && route != Route::Completions {
         return Err(ApiError::invalid("echo", "echo is for /v1/completions"));
     }
     let logprobs = match (route, r.logprobs) {
@@ -108,7 +147,12 @@ pub fn job(
                 "logprobs must be a boolean here (top_logprobs says how many alternatives)",
             ))
         }
-        (Route::Completions, Some(LogprobsInput::Count(k))) => Some(count(Some(k), "logprobs")?),
+        (Route::Completions | Route::Context, Some(LogprobsInput::Count(k))) => {
+            Some(count(Some(k), "logprobs")?)
+        }
+        (Route::Context, Some(LogprobsInput::Flag(f))) => f
+            .then(|| count(r.top_logprobs, "top_logprobs"))
+            .transpose()?,
         (Route::Completions, Some(LogprobsInput::Flag(_))) => {
             return Err(ApiError::invalid(
                 "logprobs",
@@ -124,15 +168,14 @@ pub fn job(
     }
 
     let asked = match route {
-        Route::Chat => r.max_completion_tokens.or(r.max_tokens),
+        Route::Chat | Route::Context => r.max_completion_tokens.or(r.max_tokens),
         Route::Completions => r.max_tokens,
     };
     // OpenAI's defaults: 16 tokens for a completion, the rest of the window for a chat.
-    let room = window - longest;
     let max_tokens = match (asked, route) {
         (Some(m), _) => usize::try_from(m).unwrap_or(usize::MAX).min(room),
         (None, Route::Completions) => 16.min(room),
-        (None, Route::Chat) => room,
+        (None, Route::Chat | Route::Context) => room,
     };
     if max_tokens == 0 && !echo {
         return Err(ApiError::invalid(

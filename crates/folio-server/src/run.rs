@@ -7,11 +7,14 @@
 use crate::error::ApiError;
 use crate::params::Job;
 use crate::state::AppState;
-use folio::{Engine, EngineError, Event, Prompt};
+use folio::{Context, Engine, EngineError, Event, Prompt};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Hands one event to the run's channel; false when the run is gone.
+type Sink = Box<dyn Fn(Event) -> bool + Send + Sync>;
 
 /// An engine event and which prompt of the request it belongs to.
 pub struct Tagged {
@@ -39,6 +42,41 @@ impl Run {
     /// Submits one engine request per prompt of `job`. 503 when `--max-queue`
     /// requests already wait for their first token.
     pub fn start(state: &Arc<AppState>, engine: &Engine, job: &Job) -> Result<Run, ApiError> {
+        Self::begin(state, engine, job.choices(), |sink, ids| {
+            for (p, prompt) in job.prompts.iter().enumerate() {
+                let mut req = job.req.clone();
+                req.prompt = Prompt::Tokens(prompt.clone());
+                ids.push(engine.submit_with(req, sink(p))?);
+            }
+            Ok(())
+        })
+    }
+
+    /// Starts `job` as a generation of context `ctx` (a chat reply with `chat`). It
+    /// waits for the engine thread: call it off the async threads.
+    pub fn start_context(
+        state: &Arc<AppState>,
+        ctx: &Context,
+        job: &Job,
+        chat: bool,
+    ) -> Result<Run, ApiError> {
+        Self::begin(state, ctx.engine(), 1, |sink, ids| {
+            let mut req = job.req.clone();
+            req.prompt = Prompt::Tokens(job.prompts[0].clone());
+            ids.push(ctx.generate_with(req, chat, sink(0))?);
+            Ok(())
+        })
+    }
+
+    /// Takes a place in the queue and runs `submit`, which gets a maker of event sinks
+    /// (one per prompt) and records the engine's request ids. On failure the run drops
+    /// and cancels what was submitted.
+    fn begin(
+        state: &Arc<AppState>,
+        engine: &Engine,
+        choices: usize,
+        submit: impl FnOnce(&dyn Fn(usize) -> Sink, &mut Vec<u64>) -> Result<(), EngineError>,
+    ) -> Result<Run, ApiError> {
         let max = state.config.max_queue;
         if state
             .queued
@@ -62,16 +100,19 @@ impl Run {
             queued: true,
             first: None,
             last: None,
-            open: job.choices(),
+            open: choices,
             ended: false,
         };
-        for (p, ids) in job.prompts.iter().enumerate() {
-            let mut req = job.req.clone();
-            req.prompt = Prompt::Tokens(ids.clone());
+        let sink = |p: usize| -> Sink {
             let tx = tx.clone();
-            let sink = move |event| tx.send(Tagged { prompt: p, event }).is_ok();
-            // On failure the run drops here and cancels what was submitted.
-            run.ids.push(engine.submit_with(req, sink)?);
+            Box::new(move |event| tx.send(Tagged { prompt: p, event }).is_ok())
+        };
+        if let Err(e) = submit(&sink, &mut run.ids) {
+            run.ended = true; // refused: nothing ran, nothing to count as cancelled
+            for &id in &run.ids {
+                run.engine.cancel(id);
+            }
+            return Err(e.into());
         }
         Ok(run)
     }

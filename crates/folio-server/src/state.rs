@@ -22,6 +22,7 @@ pub struct AppState {
     pub config: ServeConfig,
     pub loaded: OnceLock<Loaded>,
     pub metrics: Metrics,
+    pub contexts: crate::contexts::Contexts,
     /// Requests submitted that have not yet produced an event.
     pub queued: AtomicUsize,
     /// Set at SIGINT/SIGTERM: health answers 503 and new requests are refused.
@@ -36,6 +37,7 @@ impl AppState {
             config,
             loaded: OnceLock::new(),
             metrics: Metrics::default(),
+            contexts: Default::default(),
             queued: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             started: unix_now(),

@@ -30,8 +30,11 @@ pub mod tokenizer;
 
 pub use engine::{
     forward_one, Completion, Context, ContextInfo, Engine, EngineConfig, EngineError, EngineStats,
-    Event, FinishReason, Prompt, Request, Role, Stream, TokenLogprob, Usage,
+    Event, FinishReason, Holder, PageEntry, PageMap, Prompt, Request, Role, Stream, TokenLogprob,
+    Usage,
 };
 pub use error::{ErrorKind, GgufError, TokenizerError};
-pub use kv::{BasicCache, Batch, KvDtype, KvError, KvSeq, Logits, PagedKv, SeqStep, SnapshotError};
+pub use kv::{
+    BasicCache, Batch, KvDtype, KvError, KvSeq, Logits, PageState, PagedKv, SeqStep, SnapshotError,
+};
 pub use model::{Model, ModelError, SamplingParams, StepError};

@@ -4,6 +4,7 @@
 
 mod cancel;
 mod client;
+mod contexts;
 mod errors;
 mod load;
 mod routes;

@@ -116,6 +116,13 @@ impl Contexts {
         self.map.values().filter_map(|c| c.table())
     }
 
+    /// The idle contexts' ids and tables.
+    pub fn tables_by_id(&self) -> impl Iterator<Item = (u64, &PageTable)> {
+        self.map
+            .iter()
+            .filter_map(|(&id, c)| c.table().map(|t| (id, t)))
+    }
+
     /// The context's state while it is idle (an error while a job of it runs).
     fn idle(&mut self, id: u64) -> Result<&mut CtxState, EngineError> {
         let c = self.map.get_mut(&id).ok_or(EngineError::NoContext(id))?;

@@ -6,6 +6,7 @@
 use super::context::{ContextInfo, Role};
 use super::core::{Call, Cmd, Core};
 use super::error::EngineError;
+use super::pagemap::PageMap;
 use super::request::{Completion, EngineConfig, EngineStats, Event, Request};
 use super::seq::Sink;
 use crate::model::Model;
@@ -153,6 +154,11 @@ impl Engine {
         Ok(Context::new(self.clone(), id))
     }
 
+    /// The pool page by page: state, references, who holds it (see [`PageMap`]).
+    pub fn page_map(&self) -> Result<PageMap, EngineError> {
+        self.call(|core| core.page_map())
+    }
+
     /// (free, cached) page counts: after a drain, every page is one or the other.
     pub fn idle_pages(&self) -> Result<(usize, usize), EngineError> {
         self.call(|c| c.page_counts())
@@ -263,6 +269,16 @@ impl Context {
         Self { engine, id }
     }
 
+    /// The context's id (as [`super::Holder::Context`] names it).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The engine it lives in.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// Appends token ids (computed at the next flush or generate).
     pub fn append_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
         let (id, t) = (self.id, tokens.to_vec());
@@ -325,28 +341,45 @@ impl Context {
         self.start(req, true)
     }
 
+    /// [`Context::generate`] (or with `chat`, [`Context::reply`]) whose events go to
+    /// `sink`, as with [`Engine::submit_with`]; returns the request id for
+    /// [`Engine::cancel`].
+    pub fn generate_with(
+        &self,
+        req: Request,
+        chat: bool,
+        sink: impl Fn(Event) -> bool + Send + Sync + 'static,
+    ) -> Result<u64, EngineError> {
+        self.start_sink(req, chat, Sink::new(sink))
+    }
+
     fn start(&self, req: Request, chat: bool) -> Result<Stream, EngineError> {
-        let id = self.id;
-        let rid = self
-            .engine
-            .shared
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = channel();
-        self.engine.call(move |c| {
-            let (kv, model, window) = (&mut c.kv, &c.model, c.sched.window);
-            let job = c
-                .contexts
-                .generate(kv, model, window, id, rid, req, chat, tx.into())?;
-            c.push_job(job);
-            Ok::<_, EngineError>(())
-        })??;
+        let rid = self.start_sink(req, chat, tx.into())?;
         Ok(Stream {
             id: rid,
             rx,
             shared: self.engine.shared.clone(),
             done: false,
         })
+    }
+
+    fn start_sink(&self, req: Request, chat: bool, tx: Sink) -> Result<u64, EngineError> {
+        let id = self.id;
+        let rid = self
+            .engine
+            .shared
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.engine.call(move |c| {
+            let (kv, model, window) = (&mut c.kv, &c.model, c.sched.window);
+            let job = c
+                .contexts
+                .generate(kv, model, window, id, rid, req, chat, tx)?;
+            c.push_job(job);
+            Ok::<_, EngineError>(())
+        })??;
+        Ok(rid)
     }
 
     /// A new context with the same tokens: committed pages shared, the partial page

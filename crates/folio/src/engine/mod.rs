@@ -24,6 +24,7 @@ mod context;
 mod core;
 mod error;
 mod handle;
+mod pagemap;
 mod request;
 mod scheduler;
 mod seq;
@@ -33,6 +34,7 @@ mod text;
 pub use context::{ContextInfo, Role};
 pub use error::EngineError;
 pub use handle::{Context, Engine, Stream};
+pub use pagemap::{Holder, PageEntry, PageMap};
 pub use request::{
     Completion, EngineConfig, EngineStats, Event, FinishReason, Prompt, Request, TokenLogprob,
     Usage, MAX_BATCH_TOKENS, MAX_LOGPROBS, MAX_N, STEP_TOKEN_BOUNDS,

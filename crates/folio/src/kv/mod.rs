@@ -57,5 +57,5 @@ pub use paged::{PagedKv, PagedSeq, PoolShape};
 pub use single::KvSeq;
 pub use snapshot::check_name as check_snapshot_name;
 pub use storage::KvStorage;
-pub use store::{PageId, PageState, Stats};
+pub use store::{PageId, PageState, PageView, Stats};
 pub use table::{holders, shared_pages, ForkGroup, PageTable};

@@ -154,6 +154,11 @@ impl PagedKv {
         &self.store.stats
     }
 
+    /// Every page as a page map shows it (index = page id).
+    pub fn page_views(&self) -> Vec<super::store::PageView> {
+        self.store.views()
+    }
+
     /// A page's state (an error for an id outside the pool).
     pub fn page_state(&self, id: PageId) -> Result<PageState, KvError> {
         self.store.state(id)

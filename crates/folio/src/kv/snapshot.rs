@@ -91,6 +91,11 @@ impl PagedKv {
         v
     }
 
+    /// Each snapshot's name and table.
+    pub fn pinned(&self) -> impl Iterator<Item = (&str, &PageTable)> {
+        self.snapshots.iter().map(|(n, t)| (n.as_str(), t))
+    }
+
     /// The tables the snapshots pin (for counting shared pages).
     pub fn pinned_tables(&self) -> impl Iterator<Item = &PageTable> {
         self.snapshots.values()

@@ -34,6 +34,20 @@ struct Page {
 
 const NO_LINK: u32 = u32::MAX;
 
+/// One page as a page map shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageView {
+    pub state: PageState,
+    /// Tables, groups and pins holding it.
+    pub refs: u32,
+    /// Token slots filled.
+    pub fill: usize,
+    /// Whether the prefix index finds it (committed or cached pages).
+    pub indexed: bool,
+    /// Cached pages: 0 is the next to be evicted.
+    pub lru_rank: Option<usize>,
+}
+
 /// Counters by page state and of the cache's work.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -347,6 +361,28 @@ impl PageStore {
         }
         self.pages[i as usize].prev = NO_LINK;
         self.pages[i as usize].next = NO_LINK;
+    }
+
+    /// Every page's state, refcount, fill, index membership and eviction rank: O(pages).
+    pub fn views(&self) -> Vec<PageView> {
+        let mut out: Vec<PageView> = self
+            .pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PageView {
+                state: p.state,
+                refs: p.refs,
+                fill: p.tokens.len(),
+                indexed: p
+                    .hash
+                    .is_some_and(|h| self.index.get(&h) == Some(&(i as u32))),
+                lru_rank: None,
+            })
+            .collect();
+        for (rank, id) in self.lru_order().into_iter().enumerate() {
+            out[id.0 as usize].lru_rank = Some(rank);
+        }
+        out
     }
 
     /// Cached pages from least to most recently used.
