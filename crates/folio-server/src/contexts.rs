@@ -168,7 +168,7 @@ fn info(id: &str, e: &Entry) -> Result<Value, ApiError> {
         "committed_pages": i.committed_pages,
         "working_pages": i.working_pages,
         "pending_tokens": i.pending_tokens,
-        "pending_pages": (i.pending_tokens + i.page_size - 1) / i.page_size,
+        "pending_pages": i.pending_tokens.div_ceil(i.page_size),
         "reserved_pages": i.spare_pages,
         "shared_pages": shared,
         "cache_salt": e.salt,
