@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test from a fresh clone: fetches the default model if missing, then
-# formatting, clippy and the whole test suite (tests run the real model).
+# formatting, clippy and the whole test suite (tests run the real model; the server's
+# tests use the official openai package and headless Chromium, which this installs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The web page's test drives Debian's headless Chromium through chromedriver.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    echo "installing chromium and chromium-driver (the web page's browser test)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo test --workspace --release --lib --bins --tests 2>&1

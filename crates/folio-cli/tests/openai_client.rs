@@ -1,7 +1,10 @@
-//! `folio serve` as a real OpenAI client sees it: the official `openai` Python
-//! package (in a venv at `target/openai-venv`, made and filled on first use) runs
+//! `folio serve` as its real clients see it, in a venv at `target/openai-venv` (made
+//! and filled on first use): the official `openai` Python package runs
 //! scripts/test_openai.py against a server started from the built binary, which must
-//! then stop cleanly on SIGTERM. Needs python3 (and PyPI the first time).
+//! then stop cleanly on SIGTERM; and Debian's headless `chromium`, driven by
+//! selenium through `chromedriver`, uses the web page (scripts/test_web.py). Needs
+//! python3 (and PyPI the first time); the browser test needs `chromium` and
+//! `chromium-driver` (scripts/test.sh installs them).
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -48,9 +51,9 @@ fn show(out: &Output) -> String {
     )
 }
 
-/// The venv's python, with `openai` importable: the venv and the package are made
+/// The venv's python, with `package` importable: the venv and the package are made
 /// the first time only.
-fn openai_python() -> PathBuf {
+fn venv_python(package: &str) -> PathBuf {
     let found = Command::new("python3").arg("--version").output();
     assert!(
         matches!(&found, Ok(o) if o.status.success()),
@@ -74,14 +77,14 @@ fn openai_python() -> PathBuf {
     }
     let has_openai = |python: &Path| {
         Command::new(python)
-            .args(["-c", "import openai"])
+            .args(["-c", &format!("import {package}")])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
     if !has_openai(&python) {
-        eprintln!("installing the openai package into {}", venv.display());
+        eprintln!("installing the {package} package into {}", venv.display());
         let out = Command::new(&python)
             .args([
                 "-m",
@@ -89,19 +92,19 @@ fn openai_python() -> PathBuf {
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
-                "openai",
+                package,
             ])
             .output()
             .expect("run pip");
         assert!(
             out.status.success(),
-            "pip install openai into {} failed: {}",
+            "pip install {package} into {} failed: {}",
             venv.display(),
             show(&out)
         );
         assert!(
             has_openai(&python),
-            "pip installed openai but {} cannot import it",
+            "pip installed {package} but {} cannot import it",
             python.display()
         );
     }
@@ -234,7 +237,7 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
 #[test]
 fn official_openai_client_against_the_real_server() {
     let began = Instant::now();
-    let python = openai_python();
+    let python = venv_python("openai");
     let (mut server, url) = Server::start();
     eprintln!("folio serve is ready at {url} ({:.1?})", began.elapsed());
 
@@ -268,4 +271,38 @@ fn official_openai_client_against_the_real_server() {
         "the official openai client passed; the server stopped on SIGTERM ({:.1?} in all)",
         began.elapsed()
     );
+}
+
+#[test]
+fn the_web_page_in_headless_chromium() {
+    for tool in ["chromium", "chromedriver"] {
+        let found = Command::new(tool).arg("--version").output();
+        assert!(
+            matches!(&found, Ok(o) if o.status.success()),
+            "{tool} is needed for the web page test: apt-get install chromium chromium-driver \
+             (scripts/test.sh does): {found:?}"
+        );
+    }
+    let python = venv_python("selenium");
+    let (mut server, url) = Server::start();
+    let base = url.trim_end_matches("/v1").to_string();
+    let shots = target_dir().join("web");
+    std::fs::create_dir_all(&shots).expect("make target/web");
+    let mut cmd = Command::new(&python);
+    cmd.arg(repo().join("scripts/test_web.py"))
+        .arg(&base)
+        .arg(&shots)
+        .env("PYTHONUNBUFFERED", "1")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost");
+    let out = output_within(cmd, SCRIPT_TIMEOUT);
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the web page test failed ({}); server stderr:\n{}",
+        out.status,
+        server.stderr()
+    );
+    assert!(server.terminate().success());
 }

@@ -18,6 +18,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
     let cfg = &st.config;
     let mut app = Router::new()
+        .route("/", get(misc::index))
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/v1/models", get(misc::models))

@@ -1,4 +1,4 @@
-//! The small routes: `/health`, `/v1/models`, `/metrics`, `/tokenize`,
+//! The small routes: the web page at `/`, `/health`, `/v1/models`, `/metrics`, `/tokenize`,
 //! `/detokenize`, and the envelope answers for unknown routes and wrong methods.
 
 use crate::answer::piece;
@@ -16,6 +16,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 type St = State<Arc<AppState>>;
+
+/// The web page: chat, the live page map and the context tree. One file, built
+/// into the binary; it talks to the API like any client.
+pub async fn index() -> Response {
+    (
+        [(header::CACHE_CONTROL, "no-cache")],
+        axum::response::Html(include_str!("../assets/index.html")),
+    )
+        .into_response()
+}
 
 /// 200 when requests are served; 503 while the model loads or the server drains.
 pub async fn health(State(st): St) -> Response {
