@@ -317,7 +317,7 @@ fn json_is_printed_even_when_the_request_fails() {
     assert!(v["error"]
         .as_str()
         .unwrap()
-        .contains("the pool can give it at most 1"));
+        .contains("the whole pool has 1"));
     assert_eq!(v["generated_ids"], serde_json::json!([]));
     // A snapshot problem is found before the generation, not after it.
     let dir = tempfile::tempdir().unwrap();
@@ -432,7 +432,7 @@ fn paged_and_basic_caches_give_the_same_greedy_text_at_every_page_size() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("KV pages; the pool can give it at most 1"),
+        err.contains("KV pages (prompt plus max_tokens); the whole pool has 1"),
         "{err}"
     );
 }

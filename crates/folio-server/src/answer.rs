@@ -64,20 +64,60 @@ pub fn chat_logprob(tok: &Tokenizer, id: u32, lp: &TokenLogprob) -> Value {
     e
 }
 
+/// Character offsets into a choice's text, token by token: bytes that end inside a
+/// UTF-8 sequence wait for the rest, so every token of one character starts at it.
+#[derive(Debug, Clone, Default)]
+pub struct Offsets {
+    chars: usize,
+    partial: Vec<u8>,
+}
+
+impl Offsets {
+    /// Where text with these bytes starts; then moves past them.
+    pub fn advance(&mut self, bytes: &[u8]) -> usize {
+        let at = self.chars;
+        self.partial.extend_from_slice(bytes);
+        match std::str::from_utf8(&self.partial) {
+            Ok(s) => {
+                self.chars += s.chars().count();
+                self.partial.clear();
+            }
+            Err(e) if e.error_len().is_some() => {
+                // Invalid bytes: counted as the replacement characters the text shows.
+                self.chars += String::from_utf8_lossy(&self.partial).chars().count();
+                self.partial.clear();
+            }
+            Err(e) => {
+                let valid = e.valid_up_to();
+                let s = String::from_utf8_lossy(&self.partial[..valid]);
+                self.chars += s.chars().count();
+                self.partial.drain(..valid);
+            }
+        }
+        at
+    }
+}
+
 /// The legacy completions' log-probabilities: parallel arrays over tokens, with
-/// character offsets into the choice's text starting at `offset`. A token without a
-/// figure (a prompt's first) has nulls.
+/// character offsets into the choice's text (`offsets` carries on from earlier
+/// chunks). The first `echoed` tokens are the prompt's, shown as the echoed text has
+/// them (special tokens as their text). A token without a figure (a prompt's first)
+/// has nulls.
 pub fn completion_logprobs(
     tok: &Tokenizer,
     tokens: &[(u32, Option<&TokenLogprob>)],
-    offset: &mut usize,
+    echoed: usize,
+    offsets: &mut Offsets,
 ) -> Value {
     let (mut pieces, mut lps, mut tops, mut offs) = (vec![], vec![], vec![], vec![]);
-    for &(id, lp) in tokens {
-        let p = piece(tok, id);
-        offs.push(*offset);
-        *offset += p.chars().count();
-        pieces.push(p);
+    for (i, &(id, lp)) in tokens.iter().enumerate() {
+        let mut bytes = tok.token_bytes(id);
+        if i < echoed && bytes.is_empty() {
+            // A control token: the echoed prompt shows its text.
+            bytes = tok.decode_special(&[id]).into_bytes();
+        }
+        offs.push(offsets.advance(&bytes));
+        pieces.push(String::from_utf8_lossy(&bytes).into_owned());
         lps.push(lp.map(|l| l.logprob));
         tops.push(lp.map(|l| {
             l.top

@@ -60,7 +60,7 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
             CorsLayer::new()
                 .allow_origin(AllowOrigin::list(origins))
                 .allow_methods([Method::GET, Method::POST, Method::DELETE])
-                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]),
+                .allow_headers(tower_http::cors::AllowHeaders::mirror_request()),
         );
     }
     Ok(app.with_state(st))

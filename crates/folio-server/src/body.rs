@@ -21,6 +21,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// How long a client may take to send a request's body.
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The body's bytes, read under the size limit (for routes that parse it twice or
 /// allow it empty).
 pub struct RawBody(pub Bytes);
@@ -29,20 +32,24 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        Bytes::from_request(req, state)
-            .await
-            .map(RawBody)
-            .map_err(|e| {
-                let status = e.status();
-                if status == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::new(
-                        status,
-                        "the request body is over the server's limit (--max-body)",
-                    )
-                } else {
-                    ApiError::new(status, e.body_text())
-                }
-            })
+        let read = tokio::time::timeout(BODY_TIMEOUT, Bytes::from_request(req, state));
+        let Ok(read) = read.await else {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive within {BODY_TIMEOUT:?}"),
+            ));
+        };
+        read.map(RawBody).map_err(|e| {
+            let status = e.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    status,
+                    "the request body is over the server's limit (--max-body)",
+                )
+            } else {
+                ApiError::new(status, e.body_text())
+            }
+        })
     }
 }
 

@@ -3,7 +3,7 @@
 //! before any output is a status, not a broken stream), then answer at once or as a
 //! stream.
 
-use crate::answer::{chat_logprob, completion_logprobs, finish_str, usage, Head, Tally};
+use crate::answer::{chat_logprob, completion_logprobs, finish_str, usage, Head, Offsets, Tally};
 use crate::api::GenRequest;
 use crate::body::JsonBody;
 use crate::error::ApiError;
@@ -51,7 +51,7 @@ pub async fn answer_completion(
 ) -> Result<Response, ApiError> {
     let chunks = Completions {
         engine,
-        offsets: vec![0; job.choices()],
+        offsets: vec![Offsets::default(); job.choices()],
         tally: Tally::new(job.prompts.len(), job.req.n),
         head,
         job,
@@ -217,13 +217,14 @@ fn chunks_body(tok: &Tokenizer, head: &Head, job: &Job, tally: &Tally) -> Value 
             let p = i / n;
             let mut text = String::new();
             let mut toks = Vec::new();
+            let echoed = if job.echo { job.prompts[p].len() } else { 0 };
             if job.echo {
                 text.push_str(&job.prompt_texts[p]);
                 toks = prompt_tokens(&job.prompts[p], tally.prompt_logprobs[p].as_ref());
             }
             text.push_str(&c.text);
             toks.extend(c.ids.iter().zip(&c.logprobs).map(|(&id, lp)| (id, lp.as_ref())));
-            let logprobs = job.logprobs.map(|_| completion_logprobs(tok, &toks, &mut 0));
+            let logprobs = job.logprobs.map(|_| completion_logprobs(tok, &toks, echoed, &mut Offsets::default()));
             json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": c.finish.map(finish_str)})
         })
         .collect();
@@ -239,7 +240,7 @@ struct Completions {
     head: Head,
     job: Job,
     /// Characters sent so far per choice (the logprobs' `text_offset`).
-    offsets: Vec<usize>,
+    offsets: Vec<Offsets>,
     tally: Tally,
 }
 
@@ -273,7 +274,7 @@ impl Chunker for Completions {
         (0..self.job.choices())
             .map(|i| {
                 let text = &self.job.prompt_texts[i / n];
-                self.offsets[i] = text.chars().count();
+                self.offsets[i].advance(text.as_bytes());
                 self.chunk(
                     json!({"index": i, "text": text, "logprobs": null, "finish_reason": null}),
                 )
@@ -295,7 +296,7 @@ impl Chunker for Completions {
             } => {
                 let i = t.prompt * n + index;
                 let logprobs = self.job.logprobs.map(|_| {
-                    completion_logprobs(tok, &[(id, logprob.as_ref())], &mut self.offsets[i])
+                    completion_logprobs(tok, &[(id, logprob.as_ref())], 0, &mut self.offsets[i])
                 });
                 if text.is_empty() && logprobs.is_none() {
                     return Vec::new();
@@ -319,7 +320,7 @@ impl Chunker for Completions {
                     .map(|k| {
                         let i = p * n + k;
                         let toks = prompt_tokens(&self.job.prompts[p], Some(&lps));
-                        let lp = completion_logprobs(tok, &toks, &mut self.offsets[i]);
+                        let lp = completion_logprobs(tok, &toks, toks.len(), &mut self.offsets[i]);
                         let text = &self.job.prompt_texts[p];
                         self.chunk(json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null}))
                     })

@@ -83,6 +83,45 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
+/// How long a client may take to send a request's head.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts connections until `signal` resolves; returns the handle that waits for
+/// the open ones. Each connection is HTTP/1.1 with a timeout on the request head.
+async fn accept(
+    listener: TcpListener,
+    app: axum::Router,
+    signal: impl Future<Output = ()>,
+) -> Result<hyper_util::server::graceful::GracefulShutdown, ServeError> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    tokio::pin!(signal);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut signal => return Ok(graceful),
+            conn = listener.accept() => match conn {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little, keep serving.
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+}
+
 /// Serves on `listener` until `shutdown` resolves. The routes answer at once (health
 /// says 503) while `load` builds the engine on a blocking thread; `on_ready` runs when
 /// it is up. At shutdown: health says 503 and new requests are refused, requests in
@@ -155,19 +194,30 @@ where
             }
             st.draining.store(true, Ordering::Relaxed);
             tracing::info!("shutting down: draining requests in flight (up to {grace:?})");
-            let st = st.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                if let Some(l) = st.loaded.get() {
-                    tracing::warn!("shutdown timeout: cancelling the requests still running");
-                    l.engine.shutdown();
-                }
-            });
         }
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(signal)
-        .await?;
+    let graceful = accept(listener, app, signal).await?;
+    // Draining: requests in flight run until the grace ends; then the engine stops
+    // (what still runs ends with an error event), and a moment later connections
+    // still open (a client that never finished sending its request) are left to be
+    // dropped with the runtime.
+    let stopper = {
+        let st = st.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if let Some(l) = st.loaded.get() {
+                tracing::warn!("shutdown timeout: cancelling the requests still running");
+                l.engine.shutdown();
+            }
+        })
+    };
+    if tokio::time::timeout(grace + Duration::from_secs(2), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown timeout are dropped");
+    }
+    stopper.abort();
     loader.abort();
     reaper.abort();
     if let Some(l) = st.loaded.get() {

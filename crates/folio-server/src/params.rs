@@ -42,6 +42,17 @@ impl Job {
 
 /// The most choices (prompts × n) one request makes.
 pub const MAX_CHOICES: usize = 256;
+/// The most prompt tokens one request carries over all its prompts (each prompt is
+/// also held to the window): one request must not queue hours of prefill.
+pub const MAX_REQUEST_TOKENS: usize = 65_536;
+/// Stop strings: how many, and their bytes in all.
+pub const MAX_STOPS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 4096;
+/// The longest `cache_salt`, in bytes.
+pub const MAX_SALT_BYTES: usize = 1024;
+/// An echo with log-probabilities sends prompt tokens × choices × (alternatives + 1)
+/// figures: at most this many.
+pub const MAX_ECHO_FIGURES: usize = 1 << 20;
 
 /// Prompts bigger than this are tokenized off the async runtime's threads.
 pub const BIG_PROMPT: usize = 64 << 10;
@@ -70,6 +81,12 @@ pub fn job(
             completion_prompts(p, model)?
         }
         Route::Chat => {
+            if r.prompt.is_some() {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "a prompt belongs to /v1/completions; this route takes messages",
+                ));
+            }
             let Some(msgs) = r.messages.take() else {
                 return Err(ApiError::invalid("messages", "messages is required"));
             };
@@ -120,6 +137,13 @@ pub fn job(
             len: longest,
             window,
         }));
+    }
+    let total: usize = prompts.iter().map(Vec::len).sum();
+    if total > MAX_REQUEST_TOKENS {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("the prompts hold {total} tokens in all; one request takes at most {MAX_REQUEST_TOKENS}: send them in several requests"),
+        ));
     }
     request_fields(route, r, prompts, prompt_texts, window - longest)
 }
@@ -202,6 +226,21 @@ fn request_fields(
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "a stop string must not be empty"));
     }
+    if stop.len() > MAX_STOPS || stop.iter().map(String::len).sum::<usize>() > MAX_STOP_BYTES {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {MAX_STOPS} stop strings of {MAX_STOP_BYTES} bytes in all"),
+        ));
+    }
+    if r.cache_salt
+        .as_ref()
+        .is_some_and(|s| s.len() > MAX_SALT_BYTES)
+    {
+        return Err(ApiError::invalid(
+            "cache_salt",
+            format!("cache_salt is at most {MAX_SALT_BYTES} bytes"),
+        ));
+    }
     let seed = match r.seed {
         None => fresh_seed(),
         Some(num) => num
@@ -210,6 +249,7 @@ fn request_fields(
             .ok_or_else(|| ApiError::invalid("seed", "seed must be an integer"))?,
     };
     let top_k = r.top_k.unwrap_or(0);
+    let r_sent_repetition = r.repetition_penalty.is_some();
     let sampling = SamplingParams {
         temperature: r.temperature.unwrap_or(1.0),
         // -1 (vLLM) and 0 (llama.cpp) both mean no cut.
@@ -229,6 +269,18 @@ fn request_fields(
     req.ignore_eos = r.ignore_eos.unwrap_or(false);
     req.logprobs = logprobs;
     req.prompt_logprobs = if echo { logprobs } else { None };
+    if let Some(k) = req.prompt_logprobs {
+        let tokens: usize = prompts.iter().map(Vec::len).sum();
+        let figures = tokens
+            .saturating_mul(usize::try_from(n).unwrap_or(usize::MAX))
+            .saturating_mul(k + 1);
+        if figures > MAX_ECHO_FIGURES {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("echo with logprobs would send {figures} figures (prompt tokens × n × (logprobs + 1)); at most {MAX_ECHO_FIGURES}: lower n or logprobs"),
+            ));
+        }
+    }
     req.n = usize::try_from(n).unwrap_or(usize::MAX);
     req.salt = r.cache_salt.map(String::into_bytes);
     if max_tokens == 0 && req.prompt_logprobs.is_none() {
@@ -238,7 +290,14 @@ fn request_fields(
         req.validate().map_err(ApiError::from)?;
         req.max_tokens = 0;
     } else {
-        req.validate().map_err(ApiError::from)?;
+        req.validate().map_err(|e| {
+            let mut e = ApiError::from(e);
+            // Name the field as the client sent it.
+            if e.param.as_deref() == Some("repeat_penalty") && r_sent_repetition {
+                e.param = Some("repetition_penalty".into());
+            }
+            e
+        })?;
     }
     let include_usage = r
         .stream_options
@@ -291,7 +350,7 @@ fn completion_prompts(
         PromptInput::Texts(ts) => (ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?, ts),
         PromptInput::Tokens(ids) => {
             let ids = ids_in_vocab(ids)?;
-            let text = tok.decode(&ids);
+            let text = tok.decode_special(&ids);
             (vec![ids], vec![text])
         }
         PromptInput::TokenLists(lists) => {
@@ -299,7 +358,7 @@ fn completion_prompts(
                 .into_iter()
                 .map(ids_in_vocab)
                 .collect::<Result<_, _>>()?;
-            let texts = ids.iter().map(|i| tok.decode(i)).collect();
+            let texts = ids.iter().map(|i| tok.decode_special(i)).collect();
             (ids, texts)
         }
     };
@@ -334,6 +393,12 @@ pub fn render_chat(
                 for p in parts {
                     match (&*p.kind, &p.text) {
                         ("text", Some(t)) => texts.push(t.as_str()),
+                        ("text", None) => {
+                            return Err(ApiError::invalid(
+                                format!("messages[{i}].content"),
+                                "a text part needs its text",
+                            ))
+                        }
                         (kind, _) => {
                             return Err(ApiError::invalid(
                                 format!("messages[{i}].content"),

@@ -224,3 +224,99 @@ fn mistakes_beside_a_running_stream_do_not_disturb_it() {
     }
     assert_eq!(json!(text), alone);
 }
+
+#[test]
+fn limits_that_keep_one_request_from_taking_the_server() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let stops: Vec<String> = (0..17).map(|i| format!("s{i}")).collect();
+    let e = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "hi", "stop": stops}),
+    )
+    .error(400);
+    assert_eq!(e["param"], "stop");
+    let e = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "hi", "stop": ["x".repeat(5000)]}),
+    )
+    .error(400);
+    assert_eq!(e["param"], "stop");
+    let e = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "hi", "cache_salt": "s".repeat(2000)}),
+    )
+    .error(400);
+    assert_eq!(e["param"], "cache_salt");
+    let many: Vec<Vec<u32>> = (0..256)
+        .map(|i| (0..300).map(|t| 100 + t + i).collect())
+        .collect();
+    let e = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": many, "max_tokens": 1}),
+    )
+    .error(400);
+    assert!(e["message"].as_str().unwrap().contains("65536"), "{e}");
+    let p: Vec<u32> = (0..900).map(|t| 100 + t).collect();
+    let e = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": p, "echo": true, "logprobs": 20, "n": 128, "max_tokens": 1}),
+    )
+    .error(400);
+    assert_eq!(e["param"], "logprobs");
+    let e = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .error(400);
+    assert_eq!(e["param"], "prompt");
+    let e = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "hi", "repetition_penalty": 0}),
+    )
+    .error(400);
+    assert_eq!(e["param"], "repetition_penalty");
+}
+
+#[test]
+fn a_client_that_never_finishes_its_request_head_is_cut_off() {
+    use std::io::{Read, Write};
+    let s = start(ServeConfig::default(), small_engine());
+    let mut c = crate::client::connect(s.addr);
+    c.write_all(b"POST /v1/completions HTTP/1.1\r\nHo").unwrap();
+    let t = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let _ = c.read_to_end(&mut buf); // the server closes (after a 408 or not)
+    let waited = t.elapsed();
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    assert!(
+        waited >= Duration::from_secs(5),
+        "closed too early: {waited:?}"
+    );
+    assert_eq!(get(s.addr, "/health").status, 200);
+}
+
+#[test]
+fn shutdown_ends_even_with_a_request_half_sent() {
+    use std::io::Write;
+    let cfg = ServeConfig {
+        shutdown_timeout: Duration::from_millis(300),
+        ..ServeConfig::default()
+    };
+    let s = start(cfg, small_engine());
+    let mut c = crate::client::connect(s.addr);
+    c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t = std::time::Instant::now();
+    s.stop().expect("serve returns");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    drop(c);
+}

@@ -171,6 +171,26 @@ fn echo_scores_the_prompt_and_logprobs_have_openais_shapes() {
     );
     let (text, _) = stream_text(&r.events(), "text");
     assert!(text.starts_with(prompt), "{text}");
+    // Offsets point into the text, whatever the tokens: special-token text, a
+    // character split over several tokens.
+    let tricky = "<|im_start|>user hi 😀 x";
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": tricky, "echo": true, "logprobs": 1, "max_tokens": 4, "temperature": 0}),
+    )
+    .json();
+    let text: Vec<char> = r["choices"][0]["text"].as_str().unwrap().chars().collect();
+    let lp = &r["choices"][0]["logprobs"];
+    let offs = lp["text_offset"].as_array().unwrap();
+    for (piece, off) in lp["tokens"].as_array().unwrap().iter().zip(offs) {
+        let (piece, off) = (piece.as_str().unwrap(), off.as_u64().unwrap() as usize);
+        assert!(off <= text.len());
+        if !piece.contains('\u{fffd}') {
+            let at: String = text[off..].iter().collect();
+            assert!(at.starts_with(piece), "{piece:?} at {off} of {text:?}");
+        }
+    }
     // Echo alone, nothing to compute.
     let r = post(
         s.addr,
