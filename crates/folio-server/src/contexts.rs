@@ -7,11 +7,11 @@
 //! thread, so they run off the async threads.
 
 use crate::answer::Head;
-use crate::api::{ChatMessage, Content, GenRequest};
+use crate::api::{ChatMessage, GenRequest};
 use crate::body::{JsonBody, RawBody};
 use crate::error::ApiError;
 use crate::generate::{answer_chat, answer_completion, first_event, prepare};
-use crate::params::Route;
+use crate::params::{message_text, Route};
 use crate::run::Run;
 use crate::state::{unix_now, AppState};
 use axum::extract::{Path, State};
@@ -258,28 +258,6 @@ fn role(r: &str, i: usize) -> Result<Role, ApiError> {
     }
 }
 
-fn text_of(c: &Option<Content>, i: usize) -> Result<String, ApiError> {
-    Ok(match c {
-        None => String::new(),
-        Some(Content::Text(t)) => t.clone(),
-        Some(Content::Parts(parts)) => {
-            let mut out = Vec::new();
-            for p in parts {
-                match (&*p.kind, &p.text) {
-                    ("text", Some(t)) => out.push(t.as_str()),
-                    (kind, _) => {
-                        return Err(ApiError::invalid(
-                            format!("messages[{i}].content"),
-                            format!("content parts of type {kind:?} are not supported"),
-                        ))
-                    }
-                }
-            }
-            out.join("\n")
-        }
-    })
-}
-
 pub async fn append(
     State(st): St,
     Path(id): Path<String>,
@@ -304,7 +282,7 @@ pub async fn append(
             let parsed: Vec<(Role, String)> = msgs
                 .iter()
                 .enumerate()
-                .map(|(i, m)| Ok((role(&m.role, i)?, text_of(&m.content, i)?)))
+                .map(|(i, m)| Ok((role(&m.role, i)?, message_text(&m.content, i)?)))
                 .collect::<Result<_, ApiError>>()?;
             for (r, t) in parsed {
                 e.ctx.message(r, &t)?;

@@ -385,31 +385,7 @@ pub fn render_chat(
     }
     let mut out = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.iter().enumerate() {
-        let content = match &m.content {
-            None => String::new(),
-            Some(Content::Text(t)) => t.clone(),
-            Some(Content::Parts(parts)) => {
-                let mut texts = Vec::new();
-                for p in parts {
-                    match (&*p.kind, &p.text) {
-                        ("text", Some(t)) => texts.push(t.as_str()),
-                        ("text", None) => {
-                            return Err(ApiError::invalid(
-                                format!("messages[{i}].content"),
-                                "a text part needs its text",
-                            ))
-                        }
-                        (kind, _) => {
-                            return Err(ApiError::invalid(
-                                format!("messages[{i}].content"),
-                                format!("content parts of type {kind:?} are not supported: this model reads text"),
-                            ))
-                        }
-                    }
-                }
-                texts.join("\n")
-            }
-        };
+        let content = message_text(&m.content, i)?;
         // OpenAI's newer name for the system role.
         let role = if m.role == "developer" {
             "system"
@@ -424,4 +400,36 @@ pub fn render_chat(
             format!("the chat template refused these messages: {e}"),
         )
     })
+}
+
+/// A message's text: a string, or its text parts joined by newlines (other parts are
+/// a 400 naming the message).
+pub fn message_text(c: &Option<Content>, i: usize) -> Result<String, ApiError> {
+    let Some(Content::Parts(parts)) = c else {
+        return Ok(match c {
+            Some(Content::Text(t)) => t.clone(),
+            _ => String::new(),
+        });
+    };
+    let mut texts = Vec::new();
+    for p in parts {
+        match (&*p.kind, &p.text) {
+            ("text", Some(t)) => texts.push(t.as_str()),
+            ("text", None) => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].content"),
+                    "a text part needs its text",
+                ))
+            }
+            (kind, _) => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].content"),
+                    format!(
+                        "content parts of type {kind:?} are not supported: this model reads text"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(texts.join("\n"))
 }
