@@ -3,7 +3,8 @@
 //!
 //! [`Scheduler::schedule`] walks the sequences first come, first served and gives each
 //! what the token budget (`max_batch_tokens`) and the pool allow: one token for a
-//! decoding sequence, a chunk of the prompt for a prefilling one. A sequence enters
+//! decoding sequence, a chunk of the prompt for a prefilling one (at most half the
+//! budget while other sequences have work, so the next ones always get a share). A sequence enters
 //! (admission) by attaching whatever prefix the index holds, then needs pages only for
 //! the rest. When a sequence cannot get its pages, cached pages are evicted (the store
 //! does that on reserve), then the newest sequence holding pages is preempted: its
@@ -211,6 +212,13 @@ impl Scheduler {
         };
         let mut admitting = true;
         let mut failed = Vec::new();
+        // While others have work, one prompt's chunk takes at most half the step, so
+        // a long prompt never holds a short one (or new decoders) out until it is done.
+        let chunk_cap = if self.seqs.len() > 1 {
+            (self.max_batch_tokens / 2).max(1)
+        } else {
+            self.max_batch_tokens
+        };
         for at in 0..order.len() {
             let i = order[at];
             if budget == 0 {
@@ -230,7 +238,7 @@ impl Scheduler {
                 let t = self.seqs[i].table.as_ref().expect("admitted");
                 (t.len(), t.num_pages())
             };
-            let want = self.seqs[i].pending().min(budget);
+            let want = self.seqs[i].pending().min(budget).min(chunk_cap);
             let need = |c: usize| (len + c).div_ceil(ps).saturating_sub(held);
             let mut c = want;
             while need(c) > kv.num_available() {

@@ -341,3 +341,45 @@ fn prompt_logprobs_are_the_teacher_forced_figures_bit_for_bit() {
     assert_eq!(a[0].ids, b[0].ids);
     assert_eq!(b[0].prompt_logprobs.len(), ids.len() - 1);
 }
+
+/// A long prompt does not hold a short one behind it until it is computed: each
+/// step, one prompt's chunk takes at most half the budget while others wait, so the
+/// short request (arriving second) finishes first. Counted in steps, not seconds.
+#[test]
+fn a_long_prompt_does_not_hold_a_short_one_back() {
+    let _g = serial();
+    let e = engine(512, 256);
+    let m = e.model();
+    let long: Vec<u32> = m
+        .tokenizer
+        .encode(
+            &"The lighthouse keeper wrote in his log every night. ".repeat(120),
+            true,
+        )
+        .into_iter()
+        .take(1500)
+        .collect();
+    let mut big = Request::new(Prompt::Tokens(long));
+    big.max_tokens = 1;
+    let mut small = Request::new(Prompt::Text("Hello".into()));
+    small.max_tokens = 2;
+    let big = e.submit(big).unwrap();
+    let small = e.submit(small).unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hs: Vec<_> = [("big", big), ("small", small)]
+        .into_iter()
+        .map(|(name, s)| {
+            let order = order.clone();
+            std::thread::spawn(move || {
+                let out = s.collect_all().unwrap();
+                let steps = out[0].usage.completion_tokens;
+                order.lock().unwrap().push(name);
+                steps
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["small", "big"]);
+}
