@@ -7,6 +7,7 @@ Prints one line per check; the first failed check raises (exit status 1).
 crates/folio-cli/tests/openai_client.rs runs it against a fresh server.
 """
 
+import json
 import math
 import re
 import sys
@@ -367,5 +368,72 @@ except openai.BadRequestError as e:
     assert e.status_code == 400, f"temperature -1: status {e.status_code}"
     assert e.param == "temperature", f"temperature -1: param {e.param!r} ({e.body})"
     ok(f"temperature -1: 400 {e.body['message'] if isinstance(e.body, dict) else e}")
+
+# --- structured output and tool calls -----------------------------------------------------
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 30}, "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+for temp in (0.0, 1.0):
+    r = client.chat.completions.create(
+        model=MODEL, messages=user("Invent a person."), max_tokens=100, temperature=temp, seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+    )
+    # Ended by the grammar (not cut by max_tokens), so the JSON is whole.
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
+    person = json.loads(r.choices[0].message.content)
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int), person
+ok(f"response_format json_schema: {person}")
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+r = client.chat.completions.create(
+    model=MODEL, messages=user("What is the weather in Paris?"), tools=[WEATHER],
+    tool_choice="required", max_tokens=60,
+)
+choice = r.choices[0]
+assert choice.finish_reason == "tool_calls", choice
+call = choice.message.tool_calls[0]
+args = json.loads(call.function.arguments)
+assert call.function.name == "get_weather" and set(args) == {"city", "unit"}, call
+ok(f"tool_choice required: {call.function.name}({args})")
+
+stream = client.chat.completions.create(
+    model=MODEL, messages=user("Weather in Oslo?"), tools=[WEATHER],
+    tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=60, stream=True,
+)
+name, pieces, finish = None, [], None
+for chunk in stream:
+    for c in chunk.choices:
+        for tc in c.delta.tool_calls or []:
+            name = name or tc.function.name
+            pieces.append(tc.function.arguments or "")
+        finish = c.finish_reason or finish
+args = json.loads("".join(pieces))
+assert name == "get_weather" and finish == "tool_calls" and set(args) == {"city", "unit"}, (name, pieces, finish)
+ok(f"named tool call streamed in {len(pieces)} argument deltas: {args}")
+
+try:
+    client.chat.completions.create(
+        model=MODEL, messages=user("hi"), max_tokens=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "frob"}}},
+    )
+    raise AssertionError("a schema that does not compile was accepted")
+except openai.BadRequestError as e:
+    assert e.param == "response_format", e.body
+    ok(f"bad schema: 400 {e.body['message']}")
 
 print(f"all checks passed in {time.monotonic() - START:.1f}s")

@@ -42,6 +42,75 @@ pub struct GenRequest {
     pub stream_options: Option<StreamOptions>,
     /// Requests with different salts never share KV pages.
     pub cache_salt: Option<String>,
+    /// OpenAI's structured output: `{"type": "text" | "json_object" | "json_schema"}`.
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM's and llama.cpp's ways of saying the same (and more).
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub structured_outputs: Option<StructuredOutputs>,
+    pub json_schema: Option<serde_json::Value>,
+    /// Chat: functions the model may call, and how it must.
+    pub tools: Option<Vec<ToolDef>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ToolDef {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize, Clone)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Value>,
+}
+
+/// `"none" | "auto" | "required"`, or `{"type": "function", "function": {"name"}}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(String),
+    Named { function: NamedFunction },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// Checked for its type only.
+    #[allow(dead_code)]
+    pub name: Option<String>,
+    pub schema: Option<serde_json::Value>,
+    /// Checked for its type only: the schema is always enforced.
+    #[allow(dead_code)]
+    pub strict: Option<bool>,
+}
+
+/// vLLM's `structured_outputs` (one of its fields).
+#[derive(Debug, Deserialize)]
+pub struct StructuredOutputs {
+    pub json: Option<serde_json::Value>,
+    pub regex: Option<String>,
+    pub choice: Option<Vec<String>>,
+    pub grammar: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -11,6 +11,7 @@ use crate::params::{self, Job, Route, BIG_PROMPT};
 use crate::run::{Run, Tagged};
 use crate::sse::{self, Chunker};
 use crate::state::AppState;
+use crate::tools;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -74,6 +75,7 @@ pub async fn answer_chat(
 ) -> Result<Response, ApiError> {
     let chunks = Chat {
         engine,
+        held: vec![String::new(); job.choices()],
         tally: Tally::new(1, job.req.n),
         head,
         job,
@@ -97,12 +99,26 @@ pub async fn answer_chat(
                     .collect();
                 json!({ "content": content })
             });
-            json!({
-                "index": i,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": logprobs,
-                "finish_reason": c.finish.map(finish_str),
-            })
+            let found = chunks
+                .job
+                .tools
+                .as_ref()
+                .and_then(|t| tools::extract(t, &c.text));
+            match found {
+                Some((calls, rest)) => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": rest,
+                                "tool_calls": tools::calls_json(&calls, &chunks.head.id, i)},
+                    "logprobs": logprobs,
+                    "finish_reason": "tool_calls",
+                }),
+                None => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": logprobs,
+                    "finish_reason": c.finish.map(finish_str),
+                }),
+            }
         })
         .collect();
     let body = chunks.head.object(
@@ -115,16 +131,31 @@ pub async fn answer_chat(
 /// Checks and tokenizes the request (off the async threads when the prompt is big).
 pub async fn prepare(st: &Arc<AppState>, route: Route, r: GenRequest) -> Result<Job, ApiError> {
     st.ready()?;
-    let big = match (&r.prompt, &r.messages) {
-        (Some(crate::api::PromptInput::Text(t)), _) => t.len() > BIG_PROMPT,
-        (Some(_), _) | (_, Some(_)) => true,
-        _ => false,
-    };
+    let constrained = r.response_format.is_some()
+        || r.guided_json.is_some()
+        || r.guided_regex.is_some()
+        || r.guided_choice.is_some()
+        || r.guided_grammar.is_some()
+        || r.structured_outputs.is_some()
+        || r.json_schema.is_some();
+    let big = constrained
+        || match (&r.prompt, &r.messages) {
+            (Some(crate::api::PromptInput::Text(t)), _) => t.len() > BIG_PROMPT,
+            (Some(_), _) | (_, Some(_)) => true,
+            _ => false,
+        };
     let st2 = st.clone();
     let make = move || {
         let l = st2.ready()?;
         let window = l.engine.window();
-        params::job(route, r, l.engine.model(), l.template.as_ref(), window)
+        params::job(
+            route,
+            r,
+            l.engine.model(),
+            l.template.as_ref(),
+            l.grammars.as_ref(),
+            window,
+        )
     };
     if big {
         tokio::task::spawn_blocking(make).await.map_err(|e| {
@@ -350,6 +381,8 @@ fn usage_chunk(head: &Head, object: &str, include: bool, tally: &Tally) -> Vec<V
 /// A streamed chat completion's chunks.
 struct Chat {
     engine: Engine,
+    /// Text held back per choice while tool calls are parsed out at the end.
+    held: Vec<String>,
     head: Head,
     job: Job,
     tally: Tally,
@@ -368,16 +401,37 @@ impl Chat {
     }
 }
 
+impl Chat {
+    /// A forced named call: its arguments stream as the output does.
+    fn named(&self) -> Option<&str> {
+        match self.job.tools.as_ref().map(|t| &t.mode) {
+            Some(tools::Mode::Named(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Tool calls are parsed out of the whole output: text is held back.
+    fn holds(&self) -> bool {
+        self.job.tools.is_some() && self.named().is_none()
+    }
+
+    fn args_delta(&self, index: usize, text: &str) -> Value {
+        let delta = json!({"tool_calls": [{"index": 0, "function": {"arguments": text}}]});
+        self.chunk(index, delta, Value::Null, None)
+    }
+}
+
 impl Chunker for Chat {
     fn start(&mut self) -> Vec<Value> {
         (0..self.job.choices())
             .map(|i| {
-                self.chunk(
-                    i,
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                    None,
-                )
+                let delta = match self.named() {
+                    Some(name) => json!({"role": "assistant", "content": null, "tool_calls": [{
+                        "index": 0, "id": format!("call_{}_{i}_0", self.head.id), "type": "function",
+                        "function": {"name": name, "arguments": ""}}]}),
+                    None => json!({"role": "assistant", "content": ""}),
+                };
+                self.chunk(i, delta, Value::Null, None)
             })
             .collect()
     }
@@ -391,6 +445,17 @@ impl Chunker for Chat {
                 text,
                 logprob,
             } => {
+                if self.holds() {
+                    self.held[index].push_str(&text);
+                    return Vec::new();
+                }
+                if self.named().is_some() {
+                    return if text.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![self.args_delta(index, &text)]
+                    };
+                }
                 let lp = match (&logprob, self.job.logprobs) {
                     (Some(lp), Some(_)) => {
                         json!({"content": [chat_logprob(&self.engine.model().tokenizer, id, lp)]})
@@ -409,6 +474,37 @@ impl Chunker for Chat {
                 ..
             } => {
                 let mut out = Vec::new();
+                if self.named().is_some() {
+                    if !text.is_empty() {
+                        out.push(self.args_delta(index, &text));
+                    }
+                    out.push(self.chunk(index, json!({}), Value::Null, Some("tool_calls")));
+                    return out;
+                }
+                let mut text = text;
+                if self.holds() {
+                    let all = std::mem::take(&mut self.held[index]) + &text;
+                    let found = self
+                        .job
+                        .tools
+                        .as_ref()
+                        .and_then(|t| tools::extract(t, &all));
+                    if let Some((calls, rest)) = found {
+                        let mut list = tools::calls_json(&calls, &self.head.id, index);
+                        for (k, c) in list.as_array_mut().into_iter().flatten().enumerate() {
+                            c["index"] = json!(k);
+                        }
+                        out.push(self.chunk(
+                            index,
+                            json!({"content": rest, "tool_calls": list}),
+                            Value::Null,
+                            None,
+                        ));
+                        out.push(self.chunk(index, json!({}), Value::Null, Some("tool_calls")));
+                        return out;
+                    }
+                    text = all;
+                }
                 if !text.is_empty() {
                     out.push(self.chunk(index, json!({"content": text}), Value::Null, None));
                 }

@@ -25,6 +25,7 @@ mod params;
 mod run;
 mod sse;
 mod state;
+mod tools;
 
 pub use error::ApiError;
 
@@ -81,6 +82,31 @@ pub enum ServeError {
     CorsOrigin(String),
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// The engine and what is built once beside it: the chat template and the grammar
+/// token table (a failure of either only disables what needs it, with a warning).
+fn with_extras(engine: Engine) -> Loaded {
+    let model = engine.model();
+    let template = match model.tokenizer.chat_template() {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!("the chat template does not compile ({e}): chat routes will answer 400");
+            None
+        }
+    };
+    let grammars = match folio::grammar::Grammars::new(&model.tokenizer, model.config.vocab) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            tracing::warn!("{e}: structured output will answer 400");
+            None
+        }
+    };
+    Loaded {
+        engine,
+        template,
+        grammars,
+    }
 }
 
 /// How long a client may take to send a request's head.
@@ -146,16 +172,10 @@ where
     let loader = {
         let st = st.clone();
         tokio::spawn(async move {
+            let load = move || load().map(with_extras);
             match tokio::task::spawn_blocking(load).await {
-                Ok(Ok(engine)) => {
-                    let template = match engine.model().tokenizer.chat_template() {
-                        Ok(t) => Some(t),
-                        Err(e) => {
-                            tracing::warn!("the chat template does not compile ({e}): chat routes will answer 400");
-                            None
-                        }
-                    };
-                    let _ = st.loaded.set(Loaded { engine, template });
+                Ok(Ok(loaded)) => {
+                    let _ = st.loaded.set(loaded);
                     on_ready();
                 }
                 Ok(Err(e)) => {

@@ -87,7 +87,7 @@ pub async fn tokenize(
     let (text, add_special) = match (r.content.or(r.prompt), r.messages) {
         (Some(t), None) => (t, r.add_special.unwrap_or(true)),
         (None, Some(m)) => (
-            render_chat(&m, l.template.as_ref(), true)?,
+            render_chat(&m, l.template.as_ref(), true, None)?,
             r.add_special.unwrap_or(true),
         ),
         _ => {

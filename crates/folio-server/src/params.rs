@@ -5,6 +5,8 @@
 
 use crate::api::{ChatMessage, Content, GenRequest, LogprobsInput, PromptInput, StopInput};
 use crate::error::ApiError;
+use crate::tools::{self, Tools};
+use folio::grammar::{GrammarSpec, Grammars};
 use folio::tokenizer::{ChatTemplate, Message};
 use folio::{Model, Prompt, Request, SamplingParams};
 
@@ -31,6 +33,8 @@ pub struct Job {
     pub echo: bool,
     /// Alternatives per token when log-probabilities were asked for.
     pub logprobs: Option<usize>,
+    /// Chat: the tools the model may or must call.
+    pub tools: Option<Tools>,
 }
 
 impl Job {
@@ -64,9 +68,11 @@ pub fn job(
     mut r: GenRequest,
     model: &Model,
     template: Option<&ChatTemplate>,
+    grammars: Option<&Grammars>,
     window: usize,
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
+    let (mut tool_plan, mut forced) = (None, None);
     let (prompts, prompt_texts) = match route {
         Route::Completions => {
             if r.messages.is_some() {
@@ -90,7 +96,13 @@ pub fn job(
             let Some(msgs) = r.messages.take() else {
                 return Err(ApiError::invalid("messages", "messages is required"));
             };
-            let text = render_chat(&msgs, template, true)?;
+            let plan = tools::plan(&mut r)?;
+            let shown = plan.as_ref().map(|(t, _)| tools::template_tools(t));
+            if let Some((t, g)) = plan {
+                tool_plan = Some(t);
+                forced = g;
+            }
+            let text = render_chat(&msgs, template, true, shown.as_ref())?;
             let ids = tok
                 .try_encode(&text, true)
                 .map_err(folio::EngineError::from)?;
@@ -122,7 +134,7 @@ pub fn job(
     };
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     if route == Route::Context {
-        return request_fields(route, r, prompts, prompt_texts, window);
+        return request_fields(route, r, prompts, prompt_texts, window, grammars, None);
     }
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         let what = if prompts.len() > 1 {
@@ -145,17 +157,52 @@ pub fn job(
             format!("the prompts hold {total} tokens in all; one request takes at most {MAX_REQUEST_TOKENS}: send them in several requests"),
         ));
     }
-    request_fields(route, r, prompts, prompt_texts, window - longest)
+    let mut job = request_fields(
+        route,
+        r,
+        prompts,
+        prompt_texts,
+        window - longest,
+        grammars,
+        forced,
+    )?;
+    job.tools = tool_plan;
+    Ok(job)
 }
 
 /// The sampling and answer fields of `r`; `room` is the most tokens left to generate.
 fn request_fields(
     route: Route,
-    r: GenRequest,
+    mut r: GenRequest,
     prompts: Vec<Vec<u32>>,
     prompt_texts: Vec<String>,
     room: usize,
+    grammars: Option<&Grammars>,
+    forced: Option<GrammarSpec>,
 ) -> Result<Job, ApiError> {
+    let asked = grammar_spec(&mut r)?;
+    if let (Some(_), Some((param, _))) = (&forced, &asked) {
+        return Err(ApiError::invalid(
+            *param,
+            "a forced tool call (tool_choice required or a named function) already constrains the output",
+        ));
+    }
+    let asked = asked.or(forced.map(|g| ("tools", g)));
+    let grammar = match asked {
+        None => None,
+        Some((param, spec)) => {
+            let gs = grammars.ok_or_else(|| {
+                ApiError::invalid(
+                    param,
+                    "structured output is not available for this model's vocabulary",
+                )
+            })?;
+            Some(
+                gs.compile(&spec)
+                    .map_err(|e| ApiError::invalid(param, e.to_string()))?,
+            )
+        }
+    };
     let echo = r.echo.unwrap_or(false);
     if echo && route != Route::Completions {
         return Err(ApiError::invalid("echo", "echo is for /v1/completions"));
@@ -283,6 +330,7 @@ fn request_fields(
     }
     req.n = usize::try_from(n).unwrap_or(usize::MAX);
     req.salt = r.cache_salt.map(String::into_bytes);
+    req.grammar = grammar;
     if max_tokens == 0 && req.prompt_logprobs.is_none() {
         // Echo without log-probabilities and nothing to generate: nothing to compute,
         // but the request must still be a valid one.
@@ -311,6 +359,7 @@ fn request_fields(
         include_usage,
         echo,
         logprobs,
+        tools: None,
     })
 }
 
@@ -373,6 +422,7 @@ pub fn render_chat(
     msgs: &[ChatMessage],
     template: Option<&ChatTemplate>,
     add_generation_prompt: bool,
+    tools: Option<&serde_json::Value>,
 ) -> Result<String, ApiError> {
     let Some(template) = template else {
         return Err(ApiError::invalid(
@@ -394,12 +444,14 @@ pub fn render_chat(
         };
         out.push(Message::new(role, &content));
     }
-    template.render(&out, add_generation_prompt).map_err(|e| {
-        ApiError::invalid(
-            "messages",
-            format!("the chat template refused these messages: {e}"),
-        )
-    })
+    template
+        .render_with_tools(&out, add_generation_prompt, tools)
+        .map_err(|e| {
+            ApiError::invalid(
+                "messages",
+                format!("the chat template refused these messages: {e}"),
+            )
+        })
 }
 
 /// A message's text: a string, or its text parts joined by newlines (other parts are
@@ -432,4 +484,88 @@ pub fn message_text(c: &Option<Content>, i: usize) -> Result<String, ApiError> {
         }
     }
     Ok(texts.join("\n"))
+}
+
+/// The grammar a request asks for, and the field it came in: OpenAI's
+/// `response_format`, vLLM's `guided_*` and `structured_outputs`, llama.cpp's
+/// `json_schema`. At most one source.
+fn grammar_spec(r: &mut GenRequest) -> Result<Option<(&'static str, GrammarSpec)>, ApiError> {
+    let schema = |param: &'static str, v: serde_json::Value| -> Result<GrammarSpec, ApiError> {
+        match v {
+            serde_json::Value::String(s) => serde_json::from_str(&s)
+                .map(GrammarSpec::JsonSchema)
+                .map_err(|e| ApiError::invalid(param, format!("{param} is not JSON: {e}"))),
+            serde_json::Value::Object(_) | serde_json::Value::Bool(true) => {
+                Ok(GrammarSpec::JsonSchema(v))
+            }
+            _ => Err(ApiError::invalid(
+                param,
+                format!("{param} must be a JSON schema (an object)"),
+            )),
+        }
+    };
+    let mut found: Vec<(&'static str, GrammarSpec)> = Vec::new();
+    if let Some(f) = r.response_format.take() {
+        match f.kind.as_str() {
+            "text" => {}
+            "json_object" => found.push(("response_format", GrammarSpec::JsonObject)),
+            "json_schema" => {
+                let s = f.json_schema.and_then(|j| j.schema).ok_or_else(|| {
+                    ApiError::invalid("response_format", "json_schema needs json_schema.schema")
+                })?;
+                found.push(("response_format", schema("response_format", s)?));
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!("response_format type {other:?}: use text, json_object or json_schema"),
+                ))
+            }
+        }
+    }
+    let so = r.structured_outputs.take();
+    let (so_json, so_regex, so_choice, so_grammar) = match so {
+        Some(s) => (s.json, s.regex, s.choice, s.grammar),
+        None => (None, None, None, None),
+    };
+    for (param, v) in [
+        ("guided_json", r.guided_json.take()),
+        ("json_schema", r.json_schema.take()),
+        ("structured_outputs", so_json),
+    ] {
+        if let Some(v) = v {
+            found.push((param, schema(param, v)?));
+        }
+    }
+    for (param, v) in [
+        ("guided_regex", r.guided_regex.take()),
+        ("structured_outputs", so_regex),
+    ] {
+        if let Some(v) = v {
+            found.push((param, GrammarSpec::Regex(v)));
+        }
+    }
+    for (param, v) in [
+        ("guided_choice", r.guided_choice.take()),
+        ("structured_outputs", so_choice),
+    ] {
+        if let Some(v) = v {
+            found.push((param, GrammarSpec::Choice(v)));
+        }
+    }
+    for (param, v) in [
+        ("guided_grammar", r.guided_grammar.take()),
+        ("structured_outputs", so_grammar),
+    ] {
+        if let Some(v) = v {
+            found.push((param, GrammarSpec::Lark(v)));
+        }
+    }
+    if found.len() > 1 {
+        return Err(ApiError::invalid(
+            found[1].0,
+            "give one structured-output source (response_format, guided_json, guided_regex, guided_choice, guided_grammar, structured_outputs or json_schema)",
+        ));
+    }
+    Ok(found.pop())
 }

@@ -16,6 +16,9 @@ pub struct Loaded {
     pub engine: Engine,
     /// `None` when the model's template does not compile (chat routes then say so).
     pub template: Option<ChatTemplate>,
+    /// The token table grammars compile against; `None` when the vocabulary cannot
+    /// serve one (structured output then answers 400).
+    pub grammars: Option<folio::grammar::Grammars>,
 }
 
 pub struct AppState {

@@ -18,6 +18,7 @@
 pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod grammar;
 #[doc(hidden)]
 pub mod internals;
 pub(crate) mod kernels;

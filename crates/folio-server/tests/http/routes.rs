@@ -358,3 +358,93 @@ fn cors_answers_only_the_listed_origins() {
     );
     assert_eq!(r.header("access-control-allow-origin"), None);
 }
+
+#[test]
+fn structured_output_and_tool_calls() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Answer."}], "max_tokens": 40, "temperature": 0.8, "seed": 1});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        post(a, "/v1/chat/completions", &b)
+    };
+    // vLLM's fields on both routes.
+    let r = chat(json!({"guided_choice": ["alpha", "beta"]})).json();
+    assert!(
+        ["alpha", "beta"].contains(&r["choices"][0]["message"]["content"].as_str().unwrap()),
+        "{r}"
+    );
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "Code:", "guided_regex": "[A-Z]{2}[0-9]{2}", "max_tokens": 10}),
+    )
+    .json();
+    let t = r["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        t.len() == 4
+            && t[..2].chars().all(|c| c.is_ascii_uppercase())
+            && t[2..].chars().all(|c| c.is_ascii_digit()),
+        "{t:?}"
+    );
+    let r = chat(
+        json!({"response_format": {"type": "json_object"}, "temperature": 0, "max_tokens": 200}),
+    )
+    .json();
+    assert_eq!(
+        r["choices"][0]["finish_reason"], "stop",
+        "ended by the grammar: {r}"
+    );
+    let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        serde_json::from_str::<Value>(text).unwrap().is_object(),
+        "{text}"
+    );
+    // Bad sources and conflicts are 400 before any work.
+    let e = chat(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "frob"}}}})).error(400);
+    assert_eq!(e["param"], "response_format");
+    let e =
+        chat(json!({"response_format": {"type": "json_object"}, "guided_regex": "a"})).error(400);
+    assert_eq!(e["param"], "guided_regex");
+    chat(json!({"response_format": {"type": "yaml"}})).error(400);
+    chat(json!({"guided_regex": "(unclosed"})).error(400);
+
+    // Tools: a forced call is always a valid call of the schema.
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"term": {"type": "string", "maxLength": 20}}, "required": ["term"], "additionalProperties": false}}}]);
+    let r = chat(json!({"tools": tools, "tool_choice": "required", "max_tokens": 150})).json();
+    let c = &r["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{r}");
+    let call = &c["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "lookup");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["term"].is_string(), "{args}");
+    let r = chat(
+        json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "lookup"}}, "stream": true, "max_tokens": 150}),
+    );
+    let mut arguments = String::new();
+    for e in r.events().iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(a) = v["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+        {
+            arguments.push_str(a);
+        }
+    }
+    assert!(
+        serde_json::from_str::<Value>(&arguments).unwrap()["term"].is_string(),
+        "{arguments}"
+    );
+    // tool_choice none: plain text.
+    let r = chat(json!({"tools": tools, "tool_choice": "none"})).json();
+    assert!(r["choices"][0]["message"]["tool_calls"].is_null(), "{r}");
+    let e = chat(
+        json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+    )
+    .error(400);
+    assert_eq!(e["param"], "tool_choice");
+    chat(json!({"tool_choice": "required"})).error(400);
+    chat(json!({"tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}})).error(400);
+}

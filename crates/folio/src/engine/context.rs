@@ -323,7 +323,7 @@ impl Contexts {
         if table.len() == tokens.len() {
             kv.truncate_to(&mut table, tokens.len() - 1);
         }
-        let g = Gen::new(
+        let mut g = Gen::new(
             &r.sampling,
             &r.stop,
             r.max_tokens,
@@ -331,6 +331,7 @@ impl Contexts {
             r.logprobs,
             tx,
         );
+        g.grammar = r.grammar;
         Ok(Job {
             req,
             tokens,

@@ -175,6 +175,7 @@ impl Core {
             tx,
         );
         g.prompt_logprobs = req.prompt_logprobs.map(|k| (k, Vec::new()));
+        g.grammar = req.grammar;
         g.forks = (1..req.n).collect();
         self.sched
             .push(id, toks, req.salt, Purpose::Generate(Box::new(g)), None);

@@ -23,6 +23,8 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Step(#[from] StepError),
+    #[error(transparent)]
+    Grammar(#[from] crate::grammar::GrammarError),
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("the prompt has {len} tokens; the context window holds {window} (prompt and at least one generated token)")]
@@ -58,6 +60,7 @@ impl EngineError {
             E::Snapshot(e) => e.kind(),
             E::Tokenizer(e) => e.kind(),
             E::Step(e) => e.kind(),
+            E::Grammar(e) => e.kind(),
             E::EmptyPrompt
             | E::TooLargeForPool { .. }
             | E::PromptTooLong { .. }

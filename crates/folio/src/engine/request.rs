@@ -151,6 +151,9 @@ pub struct Request {
     pub n: usize,
     /// Tenant salt: requests with different salts never share KV pages.
     pub salt: Option<Vec<u8>>,
+    /// Constrained decoding: only tokens this grammar allows are sampled, and the
+    /// output ends when it is complete (see [`crate::grammar`]).
+    pub grammar: Option<crate::grammar::Grammar>,
 }
 
 /// The most samples one request may ask for.
@@ -170,6 +173,7 @@ impl Request {
             prompt_logprobs: None,
             n: 1,
             salt: None,
+            grammar: None,
         }
     }
 

@@ -419,7 +419,7 @@ impl Scheduler {
         for k in forks {
             let mut params = g.sampler.params.clone();
             params.seed = params.seed.wrapping_add(k as u64);
-            let gen = Gen::new(
+            let mut gen = Gen::new(
                 &params,
                 g.text.stops(),
                 g.max_tokens,
@@ -427,6 +427,8 @@ impl Scheduler {
                 g.logprobs,
                 g.tx.clone(),
             );
+            // Each sample walks its own copy of the grammar, from the start.
+            gen.grammar = g.grammar.clone();
             // Without a page for the copy of the partial page, the sample starts
             // from the prefix cache instead.
             let table = s.table.as_mut().and_then(|t| kv.fork(t).ok());

@@ -60,6 +60,8 @@ pub(crate) struct Gen {
     /// The prompt's own log-probabilities, while they are being gathered: how many
     /// alternatives each, and those of prompt tokens `1..=len` so far.
     pub prompt_logprobs: Option<(usize, Vec<TokenLogprob>)>,
+    /// What the output must match, advanced by each sampled token.
+    pub grammar: Option<crate::grammar::Grammar>,
     pub tx: Sink,
     /// Samples still to fork from this one's prompt once it is computed (n > 1).
     pub forks: Vec<usize>,
@@ -110,6 +112,7 @@ impl Gen {
             ignore_eos,
             logprobs,
             prompt_logprobs: None,
+            grammar: None,
             tx,
             forks: Vec::new(),
         }
@@ -140,11 +143,41 @@ impl Seq {
             // Scoring only: the prompt's log-probabilities were the point.
             return After::Finished(FinishReason::Length);
         }
+        // A grammar leaves only the tokens it allows (the figures reported are those
+        // of the distribution sampled from).
+        let masked;
+        let logits = match g.grammar.as_mut() {
+            Some(gr) => {
+                let mut l = logits.to_vec();
+                if !gr.mask(&mut l) {
+                    tracing::warn!(
+                        req = self.req,
+                        "the grammar allows no token: the output ends"
+                    );
+                    return After::Finished(FinishReason::Stop);
+                }
+                masked = l;
+                &masked[..]
+            }
+            None => logits,
+        };
         let id = g.sampler.sample(logits, &self.tokens);
         self.tokens.push(id);
         g.generated += 1;
         let logprob = g.logprobs.map(|k| token_logprob(logits, id, k));
-        let eos = tok.is_eog(id) && !g.ignore_eos;
+        // Under a grammar, end-of-sequence comes only when the output is complete.
+        let eos = tok.is_eog(id) && (!g.ignore_eos || g.grammar.is_some());
+        let mut grammar_done = false;
+        if let (Some(gr), false) = (g.grammar.as_mut(), eos) {
+            let refused = !gr.advance(id);
+            if refused {
+                tracing::warn!(
+                    req = self.req,
+                    "the grammar refused a sampled token: the output ends"
+                );
+            }
+            grammar_done = refused || gr.is_done();
+        }
         let (text, stopped) = if eos {
             (String::new(), false)
         } else {
@@ -161,7 +194,7 @@ impl Seq {
         }
         if eos {
             After::Finished(FinishReason::Eos)
-        } else if stopped {
+        } else if stopped || grammar_done {
             After::Finished(FinishReason::Stop)
         } else if g.generated >= g.max_tokens || self.tokens.len() >= window {
             After::Finished(FinishReason::Length)

@@ -54,6 +54,17 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`ChatTemplate::render`] with `tools` (OpenAI's list of tool definitions, as
+    /// JSON) in the template's context, for templates that render them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, TokenizerError> {
         let msgs: Vec<_> = messages
             .iter()
             .map(|m| context! { role => m.role, content => m.content })
@@ -62,11 +73,13 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let tools = tools.map(minijinja::Value::from_serialize);
         tmpl.render(context! {
             messages => msgs,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos,
             eos_token => self.eos,
+            tools => tools,
         })
         .map_err(|e| TokenizerError::Template(e.to_string()))
     }

@@ -9,6 +9,7 @@ mod context;
 mod engine;
 mod fidelity;
 mod gguf_errors;
+mod grammar;
 mod kv_props;
 mod layering;
 mod paged;

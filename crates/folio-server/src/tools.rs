@@ -1,0 +1,266 @@
+//! Tool calls on `/v1/chat/completions`. With `tool_choice` `required` or a named
+//! function the output is constrained by a grammar to a valid call of the tools'
+//! JSON schemas, so it works on any model: a named function's output is its
+//! arguments; `required` is `{"name", "arguments"}` (a list of them with
+//! `parallel_tool_calls`). With `auto` the chat template renders the tools and the
+//! model's own Hermes-style `<tool_call>{"name", "arguments"}</tool_call>` blocks are
+//! parsed out of its text. The answer carries OpenAI's `tool_calls` and
+//! `finish_reason: "tool_calls"`.
+
+use crate::api::{FunctionDef, GenRequest, ToolChoice};
+use crate::error::ApiError;
+use folio::grammar::GrammarSpec;
+use serde_json::{json, Value};
+
+/// How the model is to call tools.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// Must call this function: the output is its arguments.
+    Named(String),
+    /// Must call one of the tools (several with `parallel`).
+    Required { parallel: bool },
+    /// May call them, in its own syntax.
+    Auto,
+}
+
+/// The tools of a request and how they are to be called.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    pub mode: Mode,
+    pub defs: Vec<FunctionDef>,
+}
+
+/// One call found in an output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub name: String,
+    /// The arguments as a JSON string (OpenAI's shape).
+    pub arguments: String,
+}
+
+/// Reads `tools` / `tool_choice` / `parallel_tool_calls`; returns the tools (none
+/// when absent or `tool_choice` is `none`) and the grammar a forced call needs.
+pub fn plan(r: &mut GenRequest) -> Result<Option<(Tools, Option<GrammarSpec>)>, ApiError> {
+    let defs: Vec<FunctionDef> = match r.tools.take() {
+        None => {
+            if r.tool_choice.is_some()
+                && !matches!(&r.tool_choice, Some(ToolChoice::Mode(m)) if m == "none")
+            {
+                return Err(ApiError::invalid("tool_choice", "tool_choice needs tools"));
+            }
+            return Ok(None);
+        }
+        Some(t) => t
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if t.kind != "function" {
+                    return Err(ApiError::invalid(
+                        format!("tools[{i}].type"),
+                        format!(
+                            "tool type {:?}: only \"function\" tools are supported",
+                            t.kind
+                        ),
+                    ));
+                }
+                if t.function.name.is_empty() {
+                    return Err(ApiError::invalid(
+                        format!("tools[{i}].function.name"),
+                        "a function needs a name",
+                    ));
+                }
+                Ok(t.function)
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    if defs.is_empty() {
+        return Ok(None);
+    }
+    let parallel = r.parallel_tool_calls.unwrap_or(true);
+    let mode = match r.tool_choice.take() {
+        None => Mode::Auto,
+        Some(ToolChoice::Mode(m)) => match m.as_str() {
+            "none" => return Ok(None),
+            "auto" => Mode::Auto,
+            "required" => Mode::Required { parallel },
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice {other:?}: use none, auto, required or a named function"),
+                ))
+            }
+        },
+        Some(ToolChoice::Named { function }) => {
+            if !defs.iter().any(|d| d.name == function.name) {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "tool_choice names {:?}, which is not among the tools",
+                        function.name
+                    ),
+                ));
+            }
+            Mode::Named(function.name)
+        }
+    };
+    let params = |d: &FunctionDef| {
+        d.parameters
+            .clone()
+            .unwrap_or_else(|| json!({"type": "object"}))
+    };
+    let grammar = match &mode {
+        Mode::Auto => None,
+        Mode::Named(name) => {
+            let d = defs
+                .iter()
+                .find(|d| &d.name == name)
+                .expect("checked above");
+            Some(GrammarSpec::JsonSchema(params(d)))
+        }
+        Mode::Required { parallel } => {
+            let one: Vec<Value> = defs
+                .iter()
+                .map(|d| {
+                    json!({"type": "object",
+                           "properties": {"name": {"const": d.name}, "arguments": params(d)},
+                           "required": ["name", "arguments"], "additionalProperties": false})
+                })
+                .collect();
+            let call = json!({"anyOf": one});
+            Some(GrammarSpec::JsonSchema(if *parallel {
+                json!({"type": "array", "items": call, "minItems": 1})
+            } else {
+                call
+            }))
+        }
+    };
+    Ok(Some((Tools { mode, defs }, grammar)))
+}
+
+/// The tools as the chat template sees them (`tools` in its context).
+pub fn template_tools(t: &Tools) -> Value {
+    Value::Array(
+        t.defs
+            .iter()
+            .map(|d| json!({"type": "function", "function": d}))
+            .collect(),
+    )
+}
+
+fn call_of(v: &Value) -> Option<Call> {
+    let name = v.get("name")?.as_str()?.to_string();
+    let args = v.get("arguments").cloned().unwrap_or(json!({}));
+    let arguments = match args {
+        Value::String(s) => s,
+        other => other.to_string(),
+    };
+    Some(Call { name, arguments })
+}
+
+/// The calls in a finished output, and the text left beside them (None when the
+/// output is no call at all).
+pub fn extract(t: &Tools, text: &str) -> Option<(Vec<Call>, Option<String>)> {
+    match &t.mode {
+        Mode::Named(name) => Some((
+            vec![Call {
+                name: name.clone(),
+                arguments: text.trim().to_string(),
+            }],
+            None,
+        )),
+        Mode::Required { .. } => {
+            let v: Value = serde_json::from_str(text.trim()).ok()?;
+            let calls: Vec<Call> = match &v {
+                Value::Array(a) => a.iter().filter_map(call_of).collect(),
+                other => call_of(other).into_iter().collect(),
+            };
+            (!calls.is_empty()).then_some((calls, None))
+        }
+        Mode::Auto => {
+            let (mut calls, mut rest, mut s) = (Vec::new(), String::new(), text);
+            while let Some(start) = s.find("<tool_call>") {
+                rest.push_str(&s[..start]);
+                let body = &s[start + "<tool_call>".len()..];
+                let (inner, after) = match body.find("</tool_call>") {
+                    Some(end) => (&body[..end], &body[end + "</tool_call>".len()..]),
+                    None => (body, ""),
+                };
+                match serde_json::from_str::<Value>(inner.trim())
+                    .ok()
+                    .as_ref()
+                    .and_then(call_of)
+                {
+                    Some(c) => calls.push(c),
+                    None => rest.push_str(&s[start..s.len() - after.len()]),
+                }
+                s = after;
+            }
+            rest.push_str(s);
+            if calls.is_empty() {
+                return None;
+            }
+            let rest = rest.trim();
+            Some((calls, (!rest.is_empty()).then(|| rest.to_string())))
+        }
+    }
+}
+
+/// OpenAI's `tool_calls` list; ids are `call_<answer id>_<choice>_<k>`.
+pub fn calls_json(calls: &[Call], id: &str, choice: usize) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                json!({"id": format!("call_{id}_{choice}_{k}"), "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(mode: Mode) -> Tools {
+        Tools {
+            mode,
+            defs: vec![FunctionDef {
+                name: "get_weather".into(),
+                description: None,
+                parameters: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn hermes_blocks_are_parsed_out_of_text() {
+        let t = tools(Mode::Auto);
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let (calls, rest) = extract(&t, text).unwrap();
+        assert_eq!(
+            calls,
+            [Call {
+                name: "get_weather".into(),
+                arguments: "{\"city\":\"Paris\"}".into()
+            }]
+        );
+        assert_eq!(rest.as_deref(), Some("Let me check."));
+        assert!(extract(&t, "no calls here").is_none());
+        assert!(extract(&t, "<tool_call>not json</tool_call>").is_none());
+    }
+
+    #[test]
+    fn required_calls_parse_one_or_a_list() {
+        let t = tools(Mode::Required { parallel: true });
+        let (calls, _) = extract(
+            &t,
+            r#"[{"name": "get_weather", "arguments": {"city": "Oslo"}}]"#,
+        )
+        .unwrap();
+        assert_eq!(calls.len(), 1);
+        let (calls, _) = extract(&t, r#"{"name": "get_weather", "arguments": {}}"#).unwrap();
+        assert_eq!(calls[0].arguments, "{}");
+    }
+}

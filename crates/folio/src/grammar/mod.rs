@@ -1,0 +1,195 @@
+//! Constrained decoding: a [`Grammar`] says which tokens may come next, and the
+//! sampled token advances it. The grammar engine is `llguidance` (the library behind
+//! llama.cpp's, vLLM's and mistral.rs's fastest structured output); this module
+//! gives it folio's vocabulary as its token table ([`Grammars`], built once per
+//! model) and compiles the sources users send ([`GrammarSpec`]: a JSON schema, any
+//! JSON object, a regex, a choice among strings, a Lark grammar). A source that
+//! does not compile is a [`GrammarError`] before any work.
+//!
+//! It sits beside the tokenizer: it reads token bytes, and the engine's sampler uses
+//! it. Nothing here touches pages or the model.
+
+use crate::tokenizer::Tokenizer;
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use std::fmt;
+use std::sync::Arc;
+use thiserror::Error;
+use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
+
+/// Why a grammar could not be built or used.
+#[derive(Debug, Clone, Error)]
+pub enum GrammarError {
+    #[error("the grammar does not compile: {0}")]
+    Compile(String),
+    #[error("the model's vocabulary cannot be used for grammars: {0}")]
+    Vocabulary(String),
+}
+
+impl GrammarError {
+    pub fn kind(&self) -> crate::ErrorKind {
+        match self {
+            GrammarError::Compile(_) => crate::ErrorKind::Invalid,
+            GrammarError::Vocabulary(_) => crate::ErrorKind::Internal,
+        }
+    }
+}
+
+/// What a request's output must match.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrammarSpec {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid under this schema.
+    JsonSchema(serde_json::Value),
+    /// Text matching this regular expression (whole).
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark syntax.
+    Lark(String),
+}
+
+/// The token table every grammar of one model shares.
+pub struct Grammars {
+    factory: ParserFactory,
+}
+
+impl fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Grammars")
+    }
+}
+
+impl Grammars {
+    /// The table for `tok`'s vocabulary, padded to `vocab` (the logits' width).
+    /// Control tokens are marked special, so grammar text never matches them.
+    pub fn new(tok: &Tokenizer, vocab: usize) -> Result<Self, GrammarError> {
+        let mut words = Vec::with_capacity(vocab);
+        for id in 0..vocab as u32 {
+            let bytes = tok.token_bytes(id);
+            if bytes.is_empty() {
+                let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                match tok.token_text(id) {
+                    Some(t) if !t.is_empty() => w.extend_from_slice(t.as_bytes()),
+                    _ => w.extend_from_slice(format!("<[{id}]>").as_bytes()),
+                }
+                words.push(w);
+            } else {
+                words.push(bytes);
+            }
+        }
+        let eos = tok
+            .eos
+            .or_else(|| (0..vocab as u32).find(|&i| tok.is_eog(i)))
+            .ok_or_else(|| GrammarError::Vocabulary("no end-of-sequence token".into()))?;
+        let info = TokRxInfo {
+            vocab_size: vocab as u32,
+            tok_eos: eos,
+            tok_bos: None,
+            tok_pad: None,
+            tok_unk: None,
+            tok_end_of_turn: None,
+        };
+        let trie = TokTrie::from(&info, &words);
+        let env: toktrie::TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
+        factory.set_stderr_log_level(0);
+        Ok(Self { factory })
+    }
+
+    /// Compiles `spec`; the error says what is wrong with it.
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        let top = match spec {
+            GrammarSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
+            }
+            GrammarSpec::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
+            GrammarSpec::Regex(r) => TopLevelGrammar::from_regex(r),
+            GrammarSpec::Choice(c) => {
+                if c.is_empty() {
+                    return Err(GrammarError::Compile("the choice list is empty".into()));
+                }
+                let alts: Vec<String> = c
+                    .iter()
+                    .map(|s| serde_json::Value::String(s.clone()).to_string())
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+            }
+            GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        };
+        let parser = self
+            .factory
+            .create_parser(top)
+            .map_err(|e| GrammarError::Compile(e.to_string()))?;
+        let m = Matcher::new(Ok(parser));
+        if let Some(e) = m.get_error() {
+            return Err(GrammarError::Compile(e));
+        }
+        Ok(Grammar(Box::new(m)))
+    }
+}
+
+/// JSON laid out as `json.dumps` does (`", "` and `": "`, no other whitespace)
+/// unless the schema sets its own layout under `x-guidance`: small models otherwise
+/// wander into runs of newlines that still parse but waste tokens.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+        });
+    }
+    schema
+}
+
+/// A compiled grammar and how far the output has come through it. Cloning gives an
+/// independent copy at the same point (an `n > 1` sample's own).
+pub struct Grammar(Box<Matcher>);
+
+impl Clone for Grammar {
+    fn clone(&self) -> Self {
+        Grammar(Box::new(self.0.deep_clone()))
+    }
+}
+
+impl fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Grammar")
+    }
+}
+
+impl Grammar {
+    /// Sets the logits of every token the grammar does not allow next to -inf
+    /// (once the grammar is complete, only end-of-sequence is allowed). Returns
+    /// false when it cannot say (an error state): the output then ends.
+    pub fn mask(&mut self, logits: &mut [f32]) -> bool {
+        let Ok(allowed) = self.0.compute_mask_or_eos() else {
+            return false;
+        };
+        let mut any = false;
+        for (i, l) in logits.iter_mut().enumerate() {
+            if allowed.is_allowed(i as u32) {
+                any |= l.is_finite() || *l == f32::INFINITY;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        any
+    }
+
+    /// Advances past the sampled `token`; false when the grammar refuses it.
+    pub fn advance(&mut self, token: u32) -> bool {
+        self.0.consume_token(token).is_ok()
+    }
+
+    /// Whether the output is complete: nothing but end-of-sequence may follow.
+    pub fn is_done(&self) -> bool {
+        self.0.is_stopped()
+    }
+
+    /// Whether the output so far is a complete match (end-of-sequence allowed).
+    pub fn is_accepting(&mut self) -> bool {
+        self.0.is_accepting().unwrap_or(false)
+    }
+}
