@@ -8,7 +8,7 @@
 use super::context::{Contexts, Job};
 use super::error::EngineError;
 use super::request::{EngineConfig, EngineStats, Event, Request};
-use super::scheduler::{check_fits, Scheduler};
+use super::scheduler::{check_fits, Plan, Scheduler};
 use super::seq::{Gen, Purpose, Sink};
 use crate::kv::{PageState, PagedKv};
 use crate::model::Model;
@@ -113,7 +113,8 @@ impl Core {
         let plan = self.sched.schedule(&mut self.kv);
         self.give_back_retired();
         let Some(plan) = plan else { return };
-        match self.model.forward(&plan.batch, self.kv.storage()) {
+        let forward = self.forward_with_masks(&plan);
+        match forward {
             Ok(logits) => {
                 let tok = &self.model.tokenizer;
                 self.sched.update(&mut self.kv, tok, plan, &logits);
@@ -124,6 +125,44 @@ impl Core {
             }
         }
         self.give_back_retired();
+    }
+
+    /// Runs the planned step. Grammar masks of the sequences that sample from it are
+    /// computed meanwhile on a thread of their own: a mask depends only on the
+    /// tokens already sampled, so constrained decoding costs no wall time when its
+    /// masks are ready before the logits.
+    fn forward_with_masks(
+        &mut self,
+        plan: &Plan,
+    ) -> Result<Vec<Vec<f32>>, crate::model::StepError> {
+        let sampling = |i: &usize, step: &crate::kv::SeqStep| {
+            step.logits != crate::kv::Logits::None && self.sched.seqs[*i].constrained()
+        };
+        let wanted: Vec<usize> = plan
+            .seqs
+            .iter()
+            .zip(&plan.batch.seqs)
+            .filter(|(i, s)| sampling(i, s))
+            .map(|(i, _)| *i)
+            .collect();
+        let (model, kv, seqs) = (&self.model, &mut self.kv, &mut self.sched.seqs);
+        if wanted.is_empty() {
+            return model.forward(&plan.batch, kv.storage());
+        }
+        std::thread::scope(|s| {
+            let masks = s.spawn(|| {
+                for (i, seq) in seqs.iter_mut().enumerate() {
+                    if wanted.contains(&i) {
+                        seq.prepare_mask();
+                    }
+                }
+            });
+            let out = model.forward(&plan.batch, kv.storage());
+            if masks.join().is_err() {
+                tracing::error!("computing grammar masks failed: they are computed at sampling");
+            }
+            out
+        })
     }
 
     /// Hands the tables of retired context jobs back to their contexts.

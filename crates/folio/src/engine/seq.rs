@@ -62,6 +62,8 @@ pub(crate) struct Gen {
     pub prompt_logprobs: Option<(usize, Vec<TokenLogprob>)>,
     /// What the output must match, advanced by each sampled token.
     pub grammar: Option<crate::grammar::Grammar>,
+    /// The grammar's tokens for the next sample, computed while the step ran.
+    pub next_allowed: Option<crate::grammar::Allowed>,
     pub tx: Sink,
     /// Samples still to fork from this one's prompt once it is computed (n > 1).
     pub forks: Vec<usize>,
@@ -113,6 +115,7 @@ impl Gen {
             logprobs,
             prompt_logprobs: None,
             grammar: None,
+            next_allowed: None,
             tx,
             forks: Vec::new(),
         }
@@ -149,7 +152,8 @@ impl Seq {
         let logits = match g.grammar.as_mut() {
             Some(gr) => {
                 let mut l = logits.to_vec();
-                if !gr.mask(&mut l) {
+                let allowed = g.next_allowed.take().or_else(|| gr.allowed());
+                if !allowed.is_some_and(|a| a.apply(&mut l)) {
                     tracing::warn!(
                         req = self.req,
                         "the grammar allows no token: the output ends"
@@ -201,6 +205,21 @@ impl Seq {
         } else {
             After::Continue
         }
+    }
+
+    /// Computes the grammar's allowed tokens for the next sample ahead of time (the
+    /// engine does it while the forward pass runs).
+    pub fn prepare_mask(&mut self) {
+        if let Purpose::Generate(g) = &mut self.purpose {
+            if let (Some(gr), None) = (g.grammar.as_mut(), &g.next_allowed) {
+                g.next_allowed = gr.allowed();
+            }
+        }
+    }
+
+    /// Whether it samples with a grammar.
+    pub fn constrained(&self) -> bool {
+        matches!(&self.purpose, Purpose::Generate(g) if g.grammar.is_some())
     }
 
     /// Whether the prompt's own log-probabilities are still being gathered (the

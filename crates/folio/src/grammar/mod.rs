@@ -131,6 +131,25 @@ impl Grammars {
     }
 }
 
+/// The set of tokens a grammar allows at one point.
+pub struct Allowed(toktrie::SimpleVob);
+
+impl Allowed {
+    /// Sets every other token's logit to -inf; false when no allowed token has a
+    /// finite logit.
+    pub fn apply(&self, logits: &mut [f32]) -> bool {
+        let mut any = false;
+        for (i, l) in logits.iter_mut().enumerate() {
+            if self.0.is_allowed(i as u32) {
+                any |= !l.is_nan() && *l != f32::NEG_INFINITY;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        any
+    }
+}
+
 /// JSON laid out as `json.dumps` does (`", "` and `": "`, no other whitespace)
 /// unless the schema sets its own layout under `x-guidance`: small models otherwise
 /// wander into runs of newlines that still parse but waste tokens.
@@ -160,22 +179,18 @@ impl fmt::Debug for Grammar {
 }
 
 impl Grammar {
-    /// Sets the logits of every token the grammar does not allow next to -inf
-    /// (once the grammar is complete, only end-of-sequence is allowed). Returns
-    /// false when it cannot say (an error state): the output then ends.
+    /// The tokens allowed next (once the grammar is complete, only end-of-sequence),
+    /// or `None` when it cannot say (an error state: the output then ends). It
+    /// depends only on the tokens already consumed, so it can be computed while the
+    /// forward pass that gives the next logits runs.
+    pub fn allowed(&mut self) -> Option<Allowed> {
+        self.0.compute_mask_or_eos().ok().map(Allowed)
+    }
+
+    /// Sets the logits of every token the grammar does not allow next to -inf;
+    /// false when no token is left.
     pub fn mask(&mut self, logits: &mut [f32]) -> bool {
-        let Ok(allowed) = self.0.compute_mask_or_eos() else {
-            return false;
-        };
-        let mut any = false;
-        for (i, l) in logits.iter_mut().enumerate() {
-            if allowed.is_allowed(i as u32) {
-                any |= l.is_finite() || *l == f32::INFINITY;
-            } else {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-        any
+        self.allowed().is_some_and(|a| a.apply(logits))
     }
 
     /// Advances past the sampled `token`; false when the grammar refuses it.
