@@ -238,6 +238,7 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
 fn official_openai_client_against_the_real_server() {
     let began = Instant::now();
     let python = venv_python("openai");
+    venv_python("jsonschema");
     let (mut server, url) = Server::start();
     eprintln!("folio serve is ready at {url} ({:.1?})", began.elapsed());
 
