@@ -39,6 +39,10 @@ pub struct Args {
     /// paged vs gather+dense attention time at 512, 2k and 8k tokens of context.
     #[arg(long)]
     pub batch_figures: bool,
+    /// Also print what structured output costs: decode tok/s of JSON-schema requests
+    /// vs the same requests unconstrained, alone and 16 at once, and compile times.
+    #[arg(long)]
+    pub grammar_figures: bool,
     /// llama.cpp's `llama-batched-bench` binary [default: $FOLIO_LLAMA_BATCHED_BENCH]:
     /// run in the same invocation for its aggregate decode figure at batch 16.
     #[arg(long, value_name = "PATH")]
@@ -166,6 +170,9 @@ pub fn run(a: Args) -> Result<()> {
     );
     if a.contention {
         crate::bench_contention::run(&a.model, &prompt, a.tg, reps)?;
+    }
+    if a.grammar_figures {
+        crate::bench_grammar::run(a.model.load()?, a.model.page_size, reps)?;
     }
     if a.kv_figures {
         kv_figures(&model, &a)?;

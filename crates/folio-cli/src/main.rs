@@ -3,6 +3,7 @@
 mod bench;
 mod bench_batch;
 mod bench_contention;
+mod bench_grammar;
 mod bench_serve;
 mod chat;
 mod figures;

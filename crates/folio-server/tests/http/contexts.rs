@@ -162,6 +162,21 @@ fn chat_messages_generate_replies_that_stay_in_the_context() {
             >= n1,
         "{u}"
     );
+    // A context generates under a grammar too.
+    ok(
+        a,
+        &format!("/v1/contexts/{id}/append"),
+        json!({"messages": [{"role": "user", "content": "Yes or no?"}]}),
+    );
+    let r = ok(
+        a,
+        &format!("/v1/contexts/{id}/generate"),
+        json!({"guided_choice": ["yes", "no"], "max_tokens": 5}),
+    );
+    assert!(
+        ["yes", "no"].contains(&r["choices"][0]["message"]["content"].as_str().unwrap()),
+        "{r}"
+    );
 }
 
 #[test]

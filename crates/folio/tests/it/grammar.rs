@@ -114,3 +114,67 @@ fn a_source_that_does_not_compile_is_an_error_before_any_work() {
         }
     }
 }
+
+/// A pool so small that the constrained samples preempt each other: each keeps its
+/// grammar state (the tokens it sampled stay; only their K/V is recomputed), so
+/// every output still matches.
+#[test]
+fn constrained_samples_survive_preemption_and_run_in_contexts() {
+    let model = Model::load(&common::model_path(), 2).unwrap();
+    let gs = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
+    let e = Engine::new(
+        model,
+        EngineConfig {
+            kv_pages: 12,
+            page_size: 16,
+            max_batch_tokens: 64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let schema = json!({"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 6, "maxItems": 6});
+    let g = gs.compile(&GrammarSpec::JsonSchema(schema)).unwrap();
+    let streams: Vec<_> = (0..4)
+        .map(|i| {
+            let mut r = Request::new(Prompt::Text(format!(
+                "List six words about the number {i}:"
+            )));
+            r.max_tokens = 120;
+            r.n = 2;
+            r.sampling.temperature = 1.0;
+            r.sampling.seed = i;
+            r.grammar = Some(g.clone());
+            e.submit(r).unwrap()
+        })
+        .collect();
+    for s in streams {
+        for c in s.collect_all().unwrap() {
+            let v: serde_json::Value =
+                serde_json::from_str(&c.text).unwrap_or_else(|err| panic!("{err}: {:?}", c.text));
+            assert_eq!(v.as_array().map(Vec::len), Some(6), "{v}");
+        }
+    }
+    let st = e.stats().unwrap();
+    assert!(
+        st.preemptions > 0,
+        "the pool was meant to force preemption: {st:?}"
+    );
+    eprintln!("{} preemptions", st.preemptions);
+
+    // A context generates under a grammar too, and keeps the result.
+    let ctx = e.context(None).unwrap();
+    ctx.append_text("Answer yes or no: is fire hot?").unwrap();
+    let mut r = Request::new(Prompt::Tokens(vec![]));
+    r.grammar = Some(
+        gs.compile(&GrammarSpec::Choice(vec![" yes".into(), " no".into()]))
+            .unwrap(),
+    );
+    let before = ctx.info().unwrap().seq_len;
+    let out = ctx.generate(r).unwrap().collect_all().unwrap();
+    assert!(
+        [" yes", " no"].contains(&out[0].text.as_str()),
+        "{:?}",
+        out[0].text
+    );
+    assert_eq!(ctx.info().unwrap().seq_len, before + out[0].ids.len());
+}

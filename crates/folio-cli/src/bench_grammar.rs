@@ -1,0 +1,127 @@
+//! `folio bench --grammar-figures`: what structured output costs. Decode tok/s of
+//! JSON-schema requests against the same requests unconstrained (same prompts, the
+//! same number of tokens), alone and 16 at once, taking turns each round; and the
+//! time to build the token table and to compile the schema.
+
+use crate::figures::{median, rounds};
+use anyhow::Result;
+use folio::grammar::{GrammarSpec, Grammars};
+use folio::{Engine, EngineConfig, Event, Model, Prompt, Request};
+use std::time::Instant;
+
+/// Decode tok/s of `reqs` run at once: tokens after each request's first, over the
+/// time from the first token to the last.
+fn decode_rate(engine: &Engine, reqs: Vec<Request>) -> Result<(f64, Vec<usize>)> {
+    let streams: Vec<_> = reqs
+        .into_iter()
+        .map(|r| engine.submit(r))
+        .collect::<Result<_, _>>()?;
+    let handles: Vec<_> = streams
+        .into_iter()
+        .map(|s| {
+            std::thread::spawn(move || {
+                let (mut first, mut last, mut n) = (None, Instant::now(), 0usize);
+                for ev in s {
+                    match ev {
+                        Event::Token { .. } => {
+                            let now = Instant::now();
+                            first.get_or_insert(now);
+                            last = now;
+                            n += 1;
+                        }
+                        Event::Done { .. } | Event::Error(_) => break,
+                        Event::PromptLogprobs(_) => {}
+                    }
+                }
+                (first.unwrap_or(last), last, n)
+            })
+        })
+        .collect();
+    let got: Vec<(Instant, Instant, usize)> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))
+        })
+        .collect::<Result<_>>()?;
+    let start = got.iter().map(|g| g.0).min().unwrap_or_else(Instant::now);
+    let end = got.iter().map(|g| g.1).max().unwrap_or(start);
+    let tokens: usize = got.iter().map(|g| g.2.saturating_sub(1)).sum();
+    let secs = (end - start).as_secs_f64().max(1e-9);
+    Ok((tokens as f64 / secs, got.iter().map(|g| g.2).collect()))
+}
+
+pub fn run(model: Model, page_size: usize, reps: usize) -> Result<()> {
+    let t = Instant::now();
+    let gs = Grammars::new(&model.tokenizer, model.config.vocab)?;
+    let table_ms = t.elapsed().as_secs_f64() * 1e3;
+    let schema = serde_json::json!({"type": "object", "properties": {
+        "title": {"type": "string", "maxLength": 24},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 8, "maxItems": 8},
+        "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+        "rating": {"type": "number", "minimum": 0, "maximum": 5}},
+        "required": ["title", "tags", "year", "rating"], "additionalProperties": false});
+    let spec = GrammarSpec::JsonSchema(schema);
+    let mut compile = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        gs.compile(&spec)?;
+        compile.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let grammar = gs.compile(&spec)?;
+    let engine = Engine::new(
+        model,
+        EngineConfig {
+            kv_pages: 2048,
+            page_size,
+            ..EngineConfig::default()
+        },
+    )?;
+    println!();
+    println!(
+        "Structured output: token table {table_ms:.0} ms (once per model), schema compile {:.2} ms (median of 20)",
+        median(&compile)
+    );
+    println!("| requests at once | constrained decode tok/s | unconstrained tok/s | ratio |");
+    println!("|------------------|--------------------------|---------------------|-------|");
+    for batch in [1usize, 16] {
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for round in 0..reps {
+            let prompt = |i: usize| format!("Describe film number {} as JSON:", 100 * round + i);
+            let constrained: Vec<Request> = (0..batch)
+                .map(|i| {
+                    let mut r = Request::new(Prompt::Text(prompt(i)));
+                    r.max_tokens = 300;
+                    r.sampling.temperature = 0.8;
+                    r.sampling.seed = i as u64;
+                    r.grammar = Some(grammar.clone());
+                    r
+                })
+                .collect();
+            let (rate, lens) = decode_rate(&engine, constrained)?;
+            with.push(rate);
+            let plain: Vec<Request> = (0..batch)
+                .map(|i| {
+                    let mut r = Request::new(Prompt::Text(prompt(i)));
+                    r.max_tokens = lens[i].max(1);
+                    r.ignore_eos = true;
+                    r.sampling.temperature = 0.8;
+                    r.sampling.seed = i as u64;
+                    r
+                })
+                .collect();
+            without.push(decode_rate(&engine, plain)?.0);
+        }
+        let (w, wo) = (median(&with), median(&without));
+        println!(
+            "| {batch:>16} | {w:>24.1} | {wo:>19.1} | {:>4.1}% |",
+            100.0 * w / wo
+        );
+        println!(
+            "  (rounds: constrained {} | unconstrained {})",
+            rounds(&with),
+            rounds(&without)
+        );
+    }
+    Ok(())
+}
