@@ -13,7 +13,9 @@ import re
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
+import jsonschema
 import openai
 
 if len(sys.argv) != 2:
@@ -435,5 +437,190 @@ try:
 except openai.BadRequestError as e:
     assert e.param == "response_format", e.body
     ok(f"bad schema: 400 {e.body['message']}")
+
+# --- many json_schema outputs, validated --------------------------------------------------
+# Each schema bounds its output (short strings, few items, bounded numbers), so every
+# answer must end by the grammar ("stop") well before max_tokens; each is then checked
+# with jsonschema. A "stop" output that fails validation is a server bug: those are
+# gathered in INVALID and reported whole.
+S = {"type": "string", "maxLength": 12}
+INT = {"type": "integer", "minimum": 0, "maximum": 100}
+NUM = {"type": "number", "minimum": -10, "maximum": 10}
+
+
+def obj(props, required=None):
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props) if required is None else required,
+        "additionalProperties": False,
+    }
+
+
+SCHEMAS = [
+    ("word", obj({"word": S})),
+    ("count", obj({"count": INT})),
+    ("temperature", obj({"celsius": {"type": "number", "minimum": -40, "maximum": 50}})),
+    ("flag", obj({"enabled": {"type": "boolean"}})),
+    ("nothing", obj({"value": {"type": "null"}})),
+    ("version", obj({"version": {"const": "v1"}, "build": {"type": "integer", "minimum": 1, "maximum": 999}})),
+    ("color", obj({"color": {"enum": ["red", "green", "blue"]}})),
+    ("code", obj({"code": {"type": "string", "pattern": "^[a-z]{3}-[0-9]{2}$"}})),
+    ("zip", obj({"zip": {"type": "string", "pattern": "^[0-9]{5}$"}})),
+    ("hex color", obj({"hex": {"type": "string", "pattern": "^#[0-9a-f]{6}$"}})),
+    ("date", obj({"date": {"type": "string", "pattern": "^20[0-9]{2}-[01][0-9]-[0-3][0-9]$"}})),
+    ("initials", obj({"initials": {"type": "string", "pattern": "^[A-Z]{2,3}$"}})),
+    ("person", obj({"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 120}})),
+    ("point", obj({"x": NUM, "y": NUM})),
+    ("rgb", obj({c: {"type": "integer", "minimum": 0, "maximum": 255} for c in ("r", "g", "b")})),
+    ("price", obj({"amount": {"type": "number", "minimum": 0, "maximum": 1000}, "currency": {"enum": ["USD", "EUR", "GBP"]}})),
+    ("rating", obj({"stars": {"type": "integer", "minimum": 1, "maximum": 5}, "comment": {"type": "string", "maxLength": 16}})),
+    ("percent", obj({"percent": {"type": "number", "minimum": 0, "maximum": 100}})),
+    ("negative", obj({"below_zero": {"type": "integer", "minimum": -50, "maximum": -1}})),
+    ("exclusive", obj({"n": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}})),
+    ("tags", obj({"tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 1, "maxItems": 3}})),
+    ("scores", obj({"scores": {"type": "array", "items": INT, "minItems": 2, "maxItems": 4}})),
+    ("exactly two", obj({"pair": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 2, "maxItems": 2}})),
+    ("bools", obj({"bits": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 4}})),
+    ("maybe empty", obj({"items": {"type": "array", "items": S, "maxItems": 2}})),
+    ("matrix", obj({"rows": {"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2, "maxItems": 2}}})),
+    ("tuple", obj({"entry": {"type": "array", "prefixItems": [S, INT, {"type": "boolean"}], "items": False, "minItems": 3, "maxItems": 3}})),
+    ("top-level array", {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 9}, "minItems": 1, "maxItems": 4}),
+    ("top-level enum", {"enum": ["yes", "no", "maybe"]}),
+    ("top-level integer", {"type": "integer", "minimum": 10, "maximum": 20}),
+    ("top-level string", {"type": "string", "pattern": "^[a-z]{4}$"}),
+    ("address", obj({"street": S, "city": S, "geo": obj({"lat": {"type": "number", "minimum": -90, "maximum": 90}, "lon": {"type": "number", "minimum": -180, "maximum": 180}})})),
+    ("company", obj({"name": S, "ceo": obj({"name": S, "since": {"type": "integer", "minimum": 1990, "maximum": 2025}})})),
+    ("deep", obj({"a": obj({"b": obj({"c": obj({"d": {"type": "integer", "minimum": 0, "maximum": 9}})})})})),
+    ("team", obj({"team": {"type": "array", "minItems": 1, "maxItems": 3, "items": obj({"name": {"type": "string", "maxLength": 10}, "lead": {"type": "boolean"}})}})),
+    ("order", obj({"id": {"type": "string", "pattern": "^ord-[0-9]{4}$"}, "lines": {"type": "array", "minItems": 1, "maxItems": 2, "items": obj({"sku": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"}, "qty": {"type": "integer", "minimum": 1, "maximum": 9}})}})),
+    ("optional nickname", obj({"name": S, "nickname": S}, required=["name"])),
+    ("all optional", obj({"a": {"type": "boolean"}, "b": {"type": "integer", "minimum": 0, "maximum": 5}}, required=[])),
+    ("optional nested", obj({"id": INT, "meta": obj({"note": S})}, required=["id"])),
+    ("optional list", obj({"title": S, "labels": {"type": "array", "items": {"enum": ["x", "y", "z"]}, "maxItems": 3}}, required=["title"])),
+    ("string or int", obj({"value": {"anyOf": [{"type": "string", "maxLength": 8}, {"type": "integer", "minimum": 0, "maximum": 99}]}})),
+    ("nullable", obj({"middle_name": {"anyOf": [{"type": "string", "maxLength": 10}, {"type": "null"}]}})),
+    ("type list", obj({"score": {"type": ["integer", "null"], "minimum": 0, "maximum": 10}})),
+    ("shape", obj({"shape": {"anyOf": [
+        obj({"kind": {"const": "circle"}, "r": {"type": "number", "minimum": 0, "maximum": 10}}),
+        obj({"kind": {"const": "square"}, "side": {"type": "integer", "minimum": 1, "maximum": 10}}),
+    ]}})),
+    ("one of", obj({"pick": {"oneOf": [{"const": 1}, {"const": "one"}, {"type": "boolean"}]}})),
+    ("anyOf enums", {"anyOf": [{"enum": ["north", "south"]}, {"enum": ["east", "west"]}]}),
+    ("consts", obj({"kind": {"const": "event"}, "version": {"const": 2}, "ok": {"const": True}})),
+    ("enum mixed", obj({"level": {"enum": [1, 2, 3, "max", None]}})),
+    ("enum list", obj({"days": {"type": "array", "items": {"enum": ["mon", "tue", "wed", "thu", "fri"]}, "minItems": 1, "maxItems": 3}})),
+    ("short strings", obj({"first": {"type": "string", "minLength": 2, "maxLength": 5}, "last": {"type": "string", "maxLength": 6}})),
+    ("empty string", obj({"blank": {"type": "string", "maxLength": 0}})),
+    ("single char", obj({"letter": {"type": "string", "pattern": "^[a-z]$"}})),
+    ("phone", obj({"phone": {"type": "string", "pattern": "^\\+[0-9]{2} [0-9]{3} [0-9]{4}$"}})),
+    ("ip", obj({"ip": {"type": "string", "pattern": "^[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}$"}})),
+    ("email", obj({"email": {"type": "string", "pattern": "^[a-z]{2,6}@[a-z]{2,6}\\.(com|org)$"}})),
+    ("defs", {
+        "$defs": {"pet": obj({"name": S, "species": {"enum": ["cat", "dog", "fish"]}})},
+        **obj({"owner": S, "pets": {"type": "array", "items": {"$ref": "#/$defs/pet"}, "minItems": 1, "maxItems": 2}}),
+    }),
+    ("recipe", obj({
+        "title": S,
+        "minutes": {"type": "integer", "minimum": 1, "maximum": 240},
+        "vegan": {"type": "boolean"},
+        "steps": {"type": "array", "items": {"type": "string", "maxLength": 16}, "minItems": 1, "maxItems": 3},
+    })),
+    ("book", obj({
+        "isbn": {"type": "string", "pattern": "^[0-9]{3}-[0-9]{5}$"},
+        "pages": {"type": "integer", "minimum": 1, "maximum": 2000},
+        "genre": {"enum": ["fiction", "poetry", "science"]},
+        "sequel": {"anyOf": [{"type": "string", "maxLength": 12}, {"type": "null"}]},
+    }, required=["isbn", "pages", "genre"])),
+    ("sensor", obj({
+        "id": {"type": "string", "pattern": "^s[0-9]{2}$"},
+        "readings": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}, "minItems": 1, "maxItems": 4},
+        "status": {"enum": ["ok", "fault"]},
+        "error": {"type": "null"},
+    })),
+]
+assert len(SCHEMAS) >= 50, len(SCHEMAS)
+assert len({name for name, _ in SCHEMAS}) == len(SCHEMAS), "schema names repeat"
+
+
+def structured(i, name, schema):
+    r = client.chat.completions.create(
+        model=MODEL, messages=user(f"Give an example of a {name} as JSON."),
+        max_tokens=200, temperature=0.7, seed=1000 + i,
+        response_format={"type": "json_schema", "json_schema": {
+            "name": re.sub(r"[^A-Za-z0-9_-]", "_", name), "schema": schema, "strict": True}},
+    )
+    return r.choices[0].finish_reason, r.choices[0].message.content
+
+
+began = time.monotonic()
+with ThreadPoolExecutor(max_workers=8) as pool:
+    answers = list(pool.map(lambda a: structured(*a), [(i, n, s) for i, (n, s) in enumerate(SCHEMAS)]))
+took = time.monotonic() - began
+CUT, INVALID = [], []
+for (name, schema), (finish, content) in zip(SCHEMAS, answers):
+    if finish != "stop":
+        CUT.append((name, finish, content))
+        continue
+    try:
+        jsonschema.validate(json.loads(content), schema)
+    except (ValueError, jsonschema.ValidationError) as e:
+        INVALID.append((name, schema, content, str(e).splitlines()[0]))
+for name, finish, content in CUT:
+    print(f"CUT  {name}: finish_reason {finish!r}: {content!r}", flush=True)
+for name, schema, content, why in INVALID:
+    print(f"INVALID  {name}: {why}\n  schema: {json.dumps(schema)}\n  output: {content!r}", flush=True)
+assert not CUT, f"json_schema: {len(CUT)} outputs not ended by the grammar: {[c[0] for c in CUT]}"
+assert not INVALID, f"json_schema: {len(INVALID)} outputs fail their schema (server bug): {[v[0] for v in INVALID]}"
+ok(f"json_schema: {len(SCHEMAS)} schemas, all valid, {took:.1f} s")
+
+EMAIL = r"[a-z]+@[a-z]+\.com"
+r = client.chat.completions.create(
+    model=MODEL, messages=user("Write an email address."), max_tokens=40, temperature=0.7, seed=5,
+    extra_body={"guided_regex": EMAIL},
+)
+content = r.choices[0].message.content
+assert r.choices[0].finish_reason == "stop", r.choices[0]
+assert re.fullmatch(EMAIL, content), f"guided_regex: {content!r} does not match {EMAIL}"
+ok(f"guided_regex: {content!r}")
+
+r = client.chat.completions.create(
+    model=MODEL, messages=user("Name a color."), max_tokens=10, temperature=0.7, seed=6,
+    extra_body={"guided_choice": ["red", "green", "blue"]},
+)
+content = r.choices[0].message.content
+assert r.choices[0].finish_reason == "stop", r.choices[0]
+assert content in ("red", "green", "blue"), f"guided_choice: {content!r}"
+ok(f"guided_choice: {content!r}")
+
+BOOKING = {
+    "type": "function",
+    "function": {
+        "name": "book_table",
+        "description": "Book a table at a restaurant",
+        "parameters": obj({
+            "restaurant": {"type": "string", "maxLength": 16},
+            "guests": {"type": "integer", "minimum": 1, "maximum": 12},
+            "time": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"},
+            "terrace": {"type": "boolean"},
+            "diet": {"type": "array", "items": {"enum": ["vegan", "halal", "kosher"]}, "maxItems": 2},
+        }, required=["restaurant", "guests", "time"]),
+    },
+}
+r = client.chat.completions.create(
+    model=MODEL, messages=user("Book a table for four at Luigi's at 8pm."), tools=[BOOKING],
+    tool_choice={"type": "function", "function": {"name": "book_table"}},
+    max_tokens=120, temperature=0.7, seed=8, n=3,
+)
+assert len(r.choices) == 3, f"tool call n=3: {len(r.choices)} choices"
+calls = []
+for ch in r.choices:
+    assert ch.finish_reason == "tool_calls", ch
+    (call,) = ch.message.tool_calls
+    assert call.function.name == "book_table", call
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, BOOKING["function"]["parameters"])
+    calls.append(args)
+ok(f"named tool call, n=3: 3 argument sets valid: {calls}")
 
 print(f"all checks passed in {time.monotonic() - START:.1f}s")
