@@ -138,12 +138,26 @@ impl Allowed {
     /// Sets every other token's logit to -inf; false when no allowed token has a
     /// finite logit.
     pub fn apply(&self, logits: &mut [f32]) -> bool {
+        // A word of the bitset at a time: most words are all-forbidden or
+        // all-allowed, so most of the vocabulary costs one comparison per 32 tokens.
+        let words = self.0.as_slice();
         let mut any = false;
-        for (i, l) in logits.iter_mut().enumerate() {
-            if self.0.is_allowed(i as u32) {
-                any |= !l.is_nan() && *l != f32::NEG_INFINITY;
-            } else {
-                *l = f32::NEG_INFINITY;
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let bits = words.get(w).copied().unwrap_or(0);
+            match bits {
+                0 => chunk.fill(f32::NEG_INFINITY),
+                u32::MAX => {
+                    any = any || chunk.iter().any(|l| !l.is_nan() && *l != f32::NEG_INFINITY);
+                }
+                _ => {
+                    for (b, l) in chunk.iter_mut().enumerate() {
+                        if bits >> b & 1 == 1 {
+                            any |= !l.is_nan() && *l != f32::NEG_INFINITY;
+                        } else {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
+                }
             }
         }
         any
