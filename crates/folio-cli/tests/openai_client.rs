@@ -54,6 +54,10 @@ fn show(out: &Output) -> String {
 /// The venv's python, with `package` importable: the venv and the package are made
 /// the first time only.
 fn venv_python(package: &str) -> PathBuf {
+    // The tests of this file run at once and share the venv: one makes or fills it
+    // at a time (two `python3 -m venv --clear` at once leave it without pip).
+    static VENV: Mutex<()> = Mutex::new(());
+    let _one = VENV.lock().unwrap_or_else(|e| e.into_inner());
     let found = Command::new("python3").arg("--version").output();
     assert!(
         matches!(&found, Ok(o) if o.status.success()),
