@@ -111,11 +111,11 @@ pub fn plan(r: &mut GenRequest) -> Result<Option<(Tools, Option<GrammarSpec>)>, 
     let grammar = match &mode {
         Mode::Auto => None,
         Mode::Named(name) => {
-            let d = defs
+            let schema = defs
                 .iter()
                 .find(|d| &d.name == name)
-                .expect("checked above");
-            Some(GrammarSpec::JsonSchema(params(d)))
+                .map_or_else(|| json!({"type": "object"}), params);
+            Some(GrammarSpec::JsonSchema(schema))
         }
         Mode::Required { parallel } => {
             let one: Vec<Value> = defs
