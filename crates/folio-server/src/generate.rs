@@ -7,7 +7,7 @@ use crate::answer::{chat_logprob, completion_logprobs, finish_str, usage, Head, 
 use crate::api::GenRequest;
 use crate::body::JsonBody;
 use crate::error::ApiError;
-use crate::params::{self, Job, Route, BIG_PROMPT};
+use crate::params::{self, Job, Route};
 use crate::run::{Run, Tagged};
 use crate::sse::{self, Chunker};
 use crate::state::AppState;
@@ -128,42 +128,24 @@ pub async fn answer_chat(
     Ok(Json(body).into_response())
 }
 
-/// Checks and tokenizes the request (off the async threads when the prompt is big).
+/// Checks and tokenizes the request, and compiles its grammar, off the async
+/// threads (any of them can take milliseconds).
 pub async fn prepare(st: &Arc<AppState>, route: Route, r: GenRequest) -> Result<Job, ApiError> {
     st.ready()?;
-    let constrained = r.response_format.is_some()
-        || r.guided_json.is_some()
-        || r.guided_regex.is_some()
-        || r.guided_choice.is_some()
-        || r.guided_grammar.is_some()
-        || r.structured_outputs.is_some()
-        || r.json_schema.is_some();
-    let big = constrained
-        || match (&r.prompt, &r.messages) {
-            (Some(crate::api::PromptInput::Text(t)), _) => t.len() > BIG_PROMPT,
-            (Some(_), _) | (_, Some(_)) => true,
-            _ => false,
-        };
     let st2 = st.clone();
-    let make = move || {
+    tokio::task::spawn_blocking(move || {
         let l = st2.ready()?;
-        let window = l.engine.window();
         params::job(
             route,
             r,
             l.engine.model(),
             l.template.as_ref(),
             l.grammars.as_ref(),
-            window,
+            l.engine.window(),
         )
-    };
-    if big {
-        tokio::task::spawn_blocking(make).await.map_err(|e| {
-            ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-        })?
-    } else {
-        make()
-    }
+    })
+    .await
+    .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
 }
 
 /// Submits the job and waits for its first event; an error there is the answer.

@@ -58,9 +58,6 @@ pub const MAX_SALT_BYTES: usize = 1024;
 /// figures: at most this many.
 pub const MAX_ECHO_FIGURES: usize = 1 << 20;
 
-/// Prompts bigger than this are tokenized off the async runtime's threads.
-pub const BIG_PROMPT: usize = 64 << 10;
-
 /// Checks `r` for `route` and tokenizes its prompt(s); `window` is the most tokens a
 /// sequence holds.
 pub fn job(

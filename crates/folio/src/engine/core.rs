@@ -151,10 +151,8 @@ impl Core {
         }
         std::thread::scope(|s| {
             let masks = s.spawn(|| {
-                for (i, seq) in seqs.iter_mut().enumerate() {
-                    if wanted.contains(&i) {
-                        seq.prepare_mask();
-                    }
+                for &i in &wanted {
+                    seqs[i].prepare_mask();
                 }
             });
             let out = model.forward(&plan.batch, kv.storage());

@@ -201,12 +201,6 @@ impl Grammar {
         self.0.compute_mask_or_eos().ok().map(Allowed)
     }
 
-    /// Sets the logits of every token the grammar does not allow next to -inf;
-    /// false when no token is left.
-    pub fn mask(&mut self, logits: &mut [f32]) -> bool {
-        self.allowed().is_some_and(|a| a.apply(logits))
-    }
-
     /// Advances past the sampled `token`; false when the grammar refuses it.
     pub fn advance(&mut self, token: u32) -> bool {
         self.0.consume_token(token).is_ok()
