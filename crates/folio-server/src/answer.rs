@@ -138,15 +138,42 @@ pub struct Choice {
     pub finish: Option<FinishReason>,
 }
 
-/// A run's events gathered: the choices (`n` per prompt, choice `p * n + i`), the
-/// prompts' own log-probabilities, and usage.
+/// A run's token counts: prompts once each (sample 0 reports them), completions of
+/// every sample.
+#[derive(Default)]
+pub struct Counts {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+impl Counts {
+    pub fn count(&mut self, ev: &Event) {
+        if let Event::Done { index, usage, .. } = ev {
+            self.completion_tokens += usage.completion_tokens;
+            if *index == 0 {
+                self.prompt_tokens += usage.prompt_tokens;
+                self.cached_tokens += usage.cached_tokens;
+            }
+        }
+    }
+
+    pub fn usage(&self) -> Value {
+        usage(
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens,
+        )
+    }
+}
+
+/// A run's events gathered for an answer that is not streamed: the choices (`n` per
+/// prompt, choice `p * n + i`), the prompts' own log-probabilities, and the counts.
 pub struct Tally {
     pub n: usize,
     pub choices: Vec<Choice>,
     pub prompt_logprobs: Vec<Option<Vec<TokenLogprob>>>,
-    pub prompt_tokens: usize,
-    pub cached_tokens: usize,
-    pub completion_tokens: usize,
+    pub counts: Counts,
 }
 
 impl Tally {
@@ -155,14 +182,13 @@ impl Tally {
             n,
             choices: (0..prompts * n).map(|_| Choice::default()).collect(),
             prompt_logprobs: vec![None; prompts],
-            prompt_tokens: 0,
-            cached_tokens: 0,
-            completion_tokens: 0,
+            counts: Counts::default(),
         }
     }
 
     /// Takes one event (errors are the caller's to handle).
     pub fn add(&mut self, t: &Tagged) {
+        self.counts.count(&t.event);
         match &t.event {
             Event::Token {
                 index,
@@ -179,17 +205,11 @@ impl Tally {
                 index,
                 text,
                 finish,
-                usage,
                 ..
             } => {
                 let c = &mut self.choices[t.prompt * self.n + index];
                 c.text.push_str(text);
                 c.finish = Some(*finish);
-                self.completion_tokens += usage.completion_tokens;
-                if *index == 0 {
-                    self.prompt_tokens += usage.prompt_tokens;
-                    self.cached_tokens += usage.cached_tokens;
-                }
             }
             Event::PromptLogprobs(lp) => self.prompt_logprobs[t.prompt] = Some(lp.clone()),
             Event::Error(_) => {}
@@ -197,11 +217,7 @@ impl Tally {
     }
 
     pub fn usage(&self) -> Value {
-        usage(
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.cached_tokens,
-        )
+        self.counts.usage()
     }
 }
 

@@ -3,7 +3,9 @@
 //! before any output is a status, not a broken stream), then answer at once or as a
 //! stream.
 
-use crate::answer::{chat_logprob, completion_logprobs, finish_str, usage, Head, Offsets, Tally};
+use crate::answer::{
+    chat_logprob, completion_logprobs, finish_str, usage, Counts, Head, Offsets, Tally,
+};
 use crate::api::GenRequest;
 use crate::body::JsonBody;
 use crate::error::ApiError;
@@ -53,14 +55,19 @@ pub async fn answer_completion(
     let chunks = Completions {
         engine,
         offsets: vec![Offsets::default(); job.choices()],
-        tally: Tally::new(job.prompts.len(), job.req.n),
+        counts: Counts::default(),
         head,
         job,
     };
     if chunks.job.stream {
         return Ok(sse::respond(run, first, chunks));
     }
-    let tally = collect(run, first, chunks.tally).await?;
+    let tally = collect(
+        run,
+        first,
+        Tally::new(chunks.job.prompts.len(), chunks.job.req.n),
+    )
+    .await?;
     let tok = &chunks.engine.model().tokenizer;
     Ok(Json(chunks_body(tok, &chunks.head, &chunks.job, &tally)).into_response())
 }
@@ -76,14 +83,14 @@ pub async fn answer_chat(
     let chunks = Chat {
         engine,
         held: vec![String::new(); job.choices()],
-        tally: Tally::new(1, job.req.n),
+        counts: Counts::default(),
         head,
         job,
     };
     if chunks.job.stream {
         return Ok(sse::respond(run, first, chunks));
     }
-    let tally = collect(run, first, chunks.tally).await?;
+    let tally = collect(run, first, Tally::new(1, chunks.job.req.n)).await?;
     let tok = &chunks.engine.model().tokenizer;
     let choices: Vec<Value> = tally
         .choices
@@ -254,7 +261,7 @@ struct Completions {
     job: Job,
     /// Characters sent so far per choice (the logprobs' `text_offset`).
     offsets: Vec<Offsets>,
-    tally: Tally,
+    counts: Counts,
 }
 
 impl Completions {
@@ -296,7 +303,7 @@ impl Chunker for Completions {
     }
 
     fn event(&mut self, t: Tagged) -> Vec<Value> {
-        self.tally.add(&t);
+        self.counts.count(&t.event);
         let engine = self.engine.clone();
         let tok = &engine.model().tokenizer;
         let n = self.job.req.n;
@@ -348,16 +355,16 @@ impl Chunker for Completions {
             &self.head,
             "text_completion",
             self.job.include_usage,
-            &self.tally,
+            &self.counts,
         )
     }
 }
 
-fn usage_chunk(head: &Head, object: &str, include: bool, tally: &Tally) -> Vec<Value> {
+fn usage_chunk(head: &Head, object: &str, include: bool, counts: &Counts) -> Vec<Value> {
     if !include {
         return Vec::new();
     }
-    vec![head.object(object, json!({"choices": [], "usage": tally.usage()}))]
+    vec![head.object(object, json!({"choices": [], "usage": counts.usage()}))]
 }
 
 /// A streamed chat completion's chunks.
@@ -367,7 +374,7 @@ struct Chat {
     held: Vec<String>,
     head: Head,
     job: Job,
-    tally: Tally,
+    counts: Counts,
 }
 
 impl Chat {
@@ -419,7 +426,7 @@ impl Chunker for Chat {
     }
 
     fn event(&mut self, t: Tagged) -> Vec<Value> {
-        self.tally.add(&t);
+        self.counts.count(&t.event);
         match t.event {
             Event::Token {
                 index,
@@ -502,7 +509,7 @@ impl Chunker for Chat {
             &self.head,
             "chat.completion.chunk",
             self.job.include_usage,
-            &self.tally,
+            &self.counts,
         )
     }
 }
