@@ -152,8 +152,12 @@ fn engine(st: &AppState) -> Result<Engine, ApiError> {
 
 /// A context's figures (it must be idle: 409 while it generates).
 fn info(id: &str, e: &Entry) -> Result<Value, ApiError> {
+    info_in(id, e, &e.ctx.engine().page_map()?)
+}
+
+/// [`info`] with the pool's page map already read (one map serves a whole list).
+fn info_in(id: &str, e: &Entry, map: &folio::PageMap) -> Result<Value, ApiError> {
     let i = e.ctx.info()?;
-    let map = e.ctx.engine().page_map()?;
     let me = Holder::Context(e.ctx.id());
     let shared = map
         .pages
@@ -209,15 +213,16 @@ pub async fn create(State(st): St, RawBody(body): RawBody) -> Result<Response, A
 }
 
 pub async fn list(State(st): St) -> Result<Response, ApiError> {
-    engine(&st)?;
+    let engine = engine(&st)?;
     let st2 = st.clone();
     let data = blocking(move || {
+        let map = engine.page_map()?;
         Ok(st2
             .contexts
             .list()
             .into_iter()
             .map(|(id, e)| {
-                info(&id, &e).unwrap_or_else(
+                info_in(&id, &e, &map).unwrap_or_else(
                     |_| json!({"id": id, "object": "context", "busy": true, "parent": e.parent}),
                 )
             })
