@@ -210,9 +210,4 @@ impl Grammar {
     pub fn is_done(&self) -> bool {
         self.0.is_stopped()
     }
-
-    /// Whether the output so far is a complete match (end-of-sequence allowed).
-    pub fn is_accepting(&mut self) -> bool {
-        self.0.is_accepting().unwrap_or(false)
-    }
 }
