@@ -2,4 +2,4 @@
 //! public surface: names here may change without notice.
 
 pub use crate::kernels::quant::{f16_to_f32, f32_to_f16};
-pub use crate::kernels::{isa, Isa, QMatrix, ThreadPool};
+pub use crate::kernels::{isa, runnable as runnable_isas, Isa, QMatrix, ThreadPool};

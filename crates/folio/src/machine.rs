@@ -6,7 +6,7 @@ use crate::error::PoolError;
 use crate::kernels::{self, ThreadPool};
 use std::time::Instant;
 
-/// The kernels in use: "avx2" or "scalar" (`FOLIO_ISA=scalar` forces the latter).
+/// The kernels in use: "avx512", "avx2" or "scalar" (`FOLIO_ISA` forces one the CPU runs).
 pub fn isa_name() -> String {
     kernels::isa().to_string()
 }

@@ -115,7 +115,11 @@ macro_rules! tile_kernel {
                             _mm256_cvtepi32_ps(p),
                             acc[r][c],
                         );
-                        macc[r][c] = wm[r].mul_add(x.s, macc[r][c]);
+                        // Formats without a min term (the signed ones) skip it: an
+                        // infinite `s` (f16 overflow of a huge block) must not make 0·∞.
+                        if !$signed {
+                            macc[r][c] = wm[r].mul_add(x.s, macc[r][c]);
+                        }
                     }
                 }
             }
@@ -362,6 +366,20 @@ pub unsafe fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
         // SAFETY: `xs` holds 32 floats.
         let v: [__m256; 4] =
             std::array::from_fn(|k| unsafe { _mm256_loadu_ps(xs[8 * k..].as_ptr()) });
+        let nan = _mm256_or_ps(
+            _mm256_or_ps(
+                _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[0]),
+                _mm256_cmp_ps::<_CMP_UNORD_Q>(v[1], v[1]),
+            ),
+            _mm256_or_ps(
+                _mm256_cmp_ps::<_CMP_UNORD_Q>(v[2], v[2]),
+                _mm256_cmp_ps::<_CMP_UNORD_Q>(v[3], v[3]),
+            ),
+        );
+        if _mm256_movemask_ps(nan) != 0 {
+            *blk = super::scalar::NAN_Q8;
+            continue;
+        }
         let m = _mm256_max_ps(
             _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
             _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),

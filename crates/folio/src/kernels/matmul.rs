@@ -185,20 +185,25 @@ impl QMatrix {
         let c = self.cols;
         if self.packed {
             #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx2 {
+            if isa.avx2() {
+                let (tile, a) = (self.tile_q4_1(r / 4), [act.q8_row(t, c)]);
                 let mut o = [[0f32; 1]; 4];
-                // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
-                unsafe {
-                    super::avx2::tile_q4_1x4::<1>(self.tile_q4_1(r / 4), [act.q8_row(t, c)], &mut o)
-                };
+                if isa.avx512() {
+                    // SAFETY: AVX-512 paths are only produced after running the features.
+                    unsafe { super::avx512::tile_q4_1x4::<1>(tile, a, &mut o) };
+                } else {
+                    // SAFETY: AVX2 paths are only produced after detecting avx2, fma, f16c.
+                    unsafe { super::avx2::tile_q4_1x4::<1>(tile, a, &mut o) };
+                }
                 return o[r % 4][0];
             }
             return scalar::dot_q4_1(&self.q4_1_row(r), act.q8_row(t, c));
         }
         let b = self.row(r);
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2 {
-            // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
+        if isa.avx2() {
+            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
+            // (The AVX-512 path's 4-row Q8_0 tiles give these kernels' bits.)
             unsafe {
                 use super::avx2;
                 return match self.ty {
@@ -455,7 +460,77 @@ fn run_tile(
     out: &OutView,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && w.packed {
+    if isa.avx512() && w.packed {
+        let tile = w.tile_q4_1(r0 / 4);
+        let real = r1 - r0;
+        // Up to eight activation rows per call: every (row, column) gets the same
+        // arithmetic whatever the width.
+        let mut t = t0;
+        while t < n {
+            let k = (n - t).min(8);
+            let mut o = [[0f32; 8]; 4];
+            macro_rules! go {
+                ($($c:literal)*) => {
+                    match k {
+                        $($c => {
+                            let a: [&[BlockQ8]; $c] = std::array::from_fn(|c| act.q8_row(t + c, w.cols));
+                            let mut oc = [[0f32; $c]; 4];
+                            // SAFETY: AVX-512 paths are only produced after running the features.
+                            unsafe { super::avx512::tile_q4_1x4::<$c>(tile, a, &mut oc) };
+                            for (d, s) in o.iter_mut().zip(oc) {
+                                d[..$c].copy_from_slice(&s);
+                            }
+                        })*
+                        _ => unreachable!(),
+                    }
+                };
+            }
+            go!(1 2 3 4 5 6 7 8);
+            for (r, row) in o.iter().enumerate().take(real) {
+                for (c, &v) in row.iter().enumerate().take(k) {
+                    out.write((t + c) * w.rows + r0 + r, v);
+                }
+            }
+            t += k;
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512() && r1 - r0 == ROW_TILE && w.ty == GgmlType::Q8_0 {
+        let rows: [&[BlockQ8_0]; ROW_TILE] =
+            std::array::from_fn(|r| bytemuck::cast_slice(w.row(r0 + r)));
+        let mut t = t0;
+        while t < n {
+            let k = (n - t).min(4);
+            let mut o = [[0f32; 4]; ROW_TILE];
+            macro_rules! go {
+                ($($c:literal)*) => {
+                    match k {
+                        $($c => {
+                            let a: [&[BlockQ8]; $c] = std::array::from_fn(|c| act.q8_row(t + c, w.cols));
+                            let mut oc = [[0f32; $c]; ROW_TILE];
+                            // SAFETY: AVX-512 paths are only produced after running the features.
+                            unsafe { super::avx512::tile_q8_0::<$c>(rows, a, &mut oc) };
+                            for (d, s) in o.iter_mut().zip(oc) {
+                                d[..$c].copy_from_slice(&s);
+                            }
+                        })*
+                        _ => unreachable!(),
+                    }
+                };
+            }
+            go!(1 2 3 4);
+            for (r, row) in o.iter().enumerate() {
+                for (c, &v) in row.iter().enumerate().take(k) {
+                    out.write((t + c) * w.rows + r0 + r, v);
+                }
+            }
+            t += k;
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() && w.packed {
         let tile = w.tile_q4_1(r0 / 4);
         let real = r1 - r0;
         let emit = |t: usize, o: &[[f32; 3]; 4], k: usize| {
@@ -472,7 +547,7 @@ fn run_tile(
             let k = (n - t).min(3);
             let q = |c: usize| act.q8_row(t + c, w.cols);
             let mut o = [[0f32; 3]; 4];
-            // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
+            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
             unsafe {
                 use super::avx2::tile_q4_1x4;
                 match k {
@@ -499,14 +574,14 @@ fn run_tile(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2
+    if isa.avx2()
         && r1 - r0 == ROW_TILE
         && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
     {
         let mut t = t0;
         while t + 2 <= n {
             let mut o = [[0f32; 2]; ROW_TILE];
-            // SAFETY: Isa::Avx2 is only produced after detecting avx2, fma and f16c.
+            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
             unsafe { w.tile_avx2::<ROW_TILE, 2>(r0, act, t, &mut o) };
             for (r, row) in o.iter().enumerate() {
                 for (c, &v) in row.iter().enumerate() {

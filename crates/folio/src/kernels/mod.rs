@@ -5,12 +5,15 @@
 //! - `quant`: `#[repr(C)]` block structs of every weight format, with size asserts.
 //! - `scalar`: the reference twin of every kernel.
 //! - `avx2`: AVX2/FMA/F16C kernels, chosen at run time.
+//! - `avx512`: AVX-512 (F, BW, VL, VNNI) twins of the matmul kernels, where the CPU runs
+//!   them; every other kernel of that path is the AVX2 one.
 //! - `matmul`: [`QMatrix`] (weights laid out for the kernels) and the threaded matmul.
 //! - `pool`: a persistent thread pool, one barrier per parallel region; tasks are claimed
 //!   dynamically and waiting threads park, so more threads than cores degrade gracefully.
 //!
-//! The instruction set is detected once ([`isa`]); `FOLIO_ISA=scalar` forces the scalar
-//! twins (used by tests and to measure what SIMD buys).
+//! The instruction set is detected once ([`isa`]) by CPUID and, for AVX-512, by running
+//! an AVX-512 instruction in a child process: some CPUs list AVX-512 and fault on it.
+//! `FOLIO_ISA=scalar|avx2|avx512` forces a path (tests, and measuring what SIMD buys).
 
 #![allow(unsafe_code)]
 
@@ -21,51 +24,50 @@ pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+mod detect;
 
 pub use matmul::{matmul, Activations, QMatrix};
 pub use pool::ThreadPool;
 
-use std::sync::OnceLock;
+pub use detect::{detect, isa, runnable};
 
-/// The instruction set the kernels use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The instruction set the kernels use. Each path includes the ones before it: the
+/// AVX-512 path runs AVX2 kernels wherever it has no kernel of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     Scalar,
     Avx2,
+    Avx512,
+}
+
+impl Isa {
+    /// Whether the AVX2 + FMA + F16C kernels may run (checked at detection).
+    pub fn avx2(self) -> bool {
+        self >= Isa::Avx2
+    }
+
+    /// Whether the AVX-512 (F, BW, VL, VNNI) kernels may run (checked at detection,
+    /// by executing one).
+    pub fn avx512(self) -> bool {
+        self >= Isa::Avx512
+    }
+
+    /// The name `FOLIO_ISA` takes and `bench` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
 }
 
 impl std::fmt::Display for Isa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Isa::Scalar => "scalar",
-            Isa::Avx2 => "avx2",
-        })
+        f.write_str(self.name())
     }
-}
-
-/// The best instruction set this CPU supports (or `FOLIO_ISA=scalar`).
-pub fn isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        if std::env::var("FOLIO_ISA").is_ok_and(|v| v == "scalar") {
-            return Isa::Scalar;
-        }
-        detect()
-    })
-}
-
-/// What the CPU supports, ignoring any override.
-pub fn detect() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            return Isa::Avx2;
-        }
-    }
-    Isa::Scalar
 }
 
 #[cfg(test)]
@@ -73,8 +75,8 @@ pub fn detect() -> Isa {
 pub fn dot_f16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
-        Isa::Avx2 => unsafe { avx2::dot_f16(w, x) },
+        // SAFETY: AVX2 paths are only ever produced by `detect` after checking the features.
+        i if i.avx2() => unsafe { avx2::dot_f16(w, x) },
         _ => scalar::dot_f16(w, x),
     }
 }
@@ -170,7 +172,7 @@ pub fn attend_runs(
     assert!(n > 0 && q.len() == acc.len() && q.len().is_multiple_of(n));
     let hd = q.len() / n;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && hd == 64 {
+    if isa.avx2() && hd == 64 {
         let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
         // At most four queries per call (their accumulators mostly stay in registers).
         let mut g = 0;
@@ -184,8 +186,8 @@ pub fn attend_runs(
             macro_rules! go {
                 ($f32:expr, $($k:literal)*) => {
                     match k {
-                        // SAFETY: Isa::Avx2 is only produced by `detect` after checking
-                        // avx2, fma and f16c.
+                        // SAFETY: AVX2 paths are only produced by `detect` after
+                        // checking avx2, fma and f16c.
                         $($k => unsafe { avx2::attend_runs_64::<$f32, $k>(q, runs, stride, scale, st, acc) },)*
                         _ => unreachable!(),
                     }
@@ -216,8 +218,8 @@ pub fn round_f16(x: &[f32], out: &mut Vec<f32>) {
 pub fn quantize_q8(isa: Isa, x: &[f32], out: &mut [quant::BlockQ8]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
-        Isa::Avx2 => unsafe { avx2::quantize_q8(x, out) },
+        // SAFETY: AVX2 paths are only ever produced by `detect` after checking the features.
+        i if i.avx2() => unsafe { avx2::quantize_q8(x, out) },
         _ => scalar::quantize_q8(x, out),
     }
 }
@@ -226,8 +228,8 @@ pub fn quantize_q8(isa: Isa, x: &[f32], out: &mut [quant::BlockQ8]) {
 pub fn swiglu(isa: Isa, gate: &mut [f32], up: &[f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Isa::Avx2 is only ever produced by `detect` after checking the features.
-        Isa::Avx2 => unsafe { avx2::swiglu(gate, up) },
+        // SAFETY: AVX2 paths are only ever produced by `detect` after checking the features.
+        i if i.avx2() => unsafe { avx2::swiglu(gate, up) },
         _ => scalar::swiglu(gate, up),
     }
 }

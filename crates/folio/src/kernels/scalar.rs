@@ -14,6 +14,10 @@ use super::quant::*;
 /// times the Q4_1 minimum is not negligible).
 pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
     for (blk, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        if xs.iter().any(|v| v.is_nan()) {
+            *blk = NAN_Q8;
+            continue;
+        }
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
@@ -28,6 +32,14 @@ pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
     }
 }
 
+/// The block a NaN input quantizes to: NaN scales, so that every dot product with it is
+/// NaN (and the step fails as non-finite) on every path, whatever the weights.
+pub const NAN_Q8: BlockQ8 = BlockQ8 {
+    d: f32::NAN,
+    s: f32::NAN,
+    qs: [0; QK],
+};
+
 /// Quantizes `x` (a multiple of 256 long) into Q8_K blocks.
 pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     for (blk, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
@@ -38,9 +50,10 @@ pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
                 max = v;
             }
         }
-        if amax == 0.0 {
+        let nan = xs.iter().any(|v| v.is_nan());
+        if amax == 0.0 || nan {
             *blk = BlockQ8K {
-                d: 0.0,
+                d: if nan { f32::NAN } else { 0.0 },
                 qs: [0; QK_K],
                 bsums: [0; 16],
             };

@@ -3,7 +3,7 @@
 
 use super::matmul::{matmul, Activations, QMatrix};
 use super::quant::*;
-use super::{detect, scalar, Isa, ThreadPool};
+use super::{detect, runnable, scalar, Isa, ThreadPool};
 use crate::gguf::GgmlType;
 use crate::rng::SplitMix64;
 
@@ -69,35 +69,93 @@ fn run(isa: Isa, w: &QMatrix, x: &[f32], n: usize, threads: usize) -> Vec<f32> {
     out
 }
 
+/// The SIMD paths this CPU runs; a path it lacks is named on stderr (skipped, not silent).
+fn simd_paths() -> Vec<Isa> {
+    for missing in [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&i| i > detect())
+    {
+        eprintln!("skipped: this CPU does not run the {missing} kernels");
+    }
+    runnable()
+        .into_iter()
+        .filter(|&i| i != Isa::Scalar)
+        .collect()
+}
+
 #[test]
 fn simd_matches_scalar_on_random_data() {
-    if detect() == Isa::Scalar {
-        eprintln!("no SIMD on this CPU: nothing to compare");
-        return;
-    }
     let mut rng = SplitMix64(7);
-    let (rows, cols, n) = (13, 512, 5);
+    let (rows, cols, n) = (13, 512, 11);
     for ty in TYPES {
         let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
         let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
         let a = run(Isa::Scalar, &w, &x, n, 1);
-        let b = run(detect(), &w, &x, n, 2);
-        // Magnitude of the terms, for a tolerance relative to what was summed.
-        let mut deq = vec![0f32; cols];
-        for r in 0..rows {
-            w.dequant_row(r, &mut deq);
-            for t in 0..n {
-                let mag: f32 = deq
-                    .iter()
-                    .zip(&x[t * cols..])
-                    .map(|(p, q)| (p * q).abs())
-                    .sum();
-                let (s, v) = (a[t * rows + r], b[t * rows + r]);
-                assert!(
-                    (s - v).abs() <= 1e-5 * mag + 1e-6,
-                    "{ty}: row {r} token {t}: scalar {s} simd {v} (magnitude {mag})"
-                );
-            }
+        for isa in simd_paths() {
+            let b = run(isa, &w, &x, n, 2);
+            close_to_scalar(&w, &x, n, &a, &b, &format!("{ty} on {isa}"));
+        }
+    }
+}
+
+/// Each of `b` within float-summation error of `a`, relative to the terms' magnitude.
+fn close_to_scalar(w: &QMatrix, x: &[f32], n: usize, a: &[f32], b: &[f32], what: &str) {
+    let (rows, cols) = (w.rows, w.cols);
+    // Magnitude of the terms, for a tolerance relative to what was summed.
+    let mut deq = vec![0f32; cols];
+    for r in 0..rows {
+        w.dequant_row(r, &mut deq);
+        for t in 0..n {
+            let mag: f32 = deq
+                .iter()
+                .zip(&x[t * cols..])
+                .map(|(p, q)| (p * q).abs())
+                .sum();
+            let (s, v) = (a[t * rows + r], b[t * rows + r]);
+            assert!(
+                (s - v).abs() <= 1e-5 * mag + 1e-6,
+                "{what}: row {r} token {t}: scalar {s} simd {v} (magnitude {mag})"
+            );
+        }
+    }
+}
+
+/// The AVX-512 path keeps the AVX2 path's bits where its kernels keep the lanes (Q8_0,
+/// and every format without an AVX-512 kernel of its own); Q4_1 differs by summation
+/// order only (checked against scalar above).
+#[test]
+fn avx512_matmul_gives_the_avx2_bits_except_q4_1() {
+    if !detect().avx512() {
+        eprintln!("skipped: this CPU does not run the avx512 kernels");
+        return;
+    }
+    let mut rng = SplitMix64(23);
+    // Rows past a multiple of four exercise the tails; 37 tokens every tile width.
+    let (rows, cols, n) = (30, 768, 37);
+    for ty in TYPES.into_iter().filter(|&t| t != GgmlType::Q4_1) {
+        let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
+        let a = run(Isa::Avx2, &w, &x, n, 2);
+        let b = run(Isa::Avx512, &w, &x, n, 2);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b), "{ty}");
+    }
+}
+
+/// Blocks so large that their f16 sum `s` overflows: the signed formats (no min term)
+/// must still give the scalar twin's finite result on every path.
+#[test]
+fn huge_activations_stay_finite_for_signed_formats() {
+    let mut rng = SplitMix64(29);
+    let (rows, cols, n) = (8, 256, 3);
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
+        let x: Vec<f32> = (0..n * cols).map(|_| 5000.0 + rng.signed_f32()).collect();
+        let a = run(Isa::Scalar, &w, &x, n, 1);
+        assert!(a.iter().all(|v| v.is_finite()), "{ty}: scalar");
+        for isa in simd_paths() {
+            let b = run(isa, &w, &x, n, 2);
+            assert!(b.iter().all(|v| v.is_finite()), "{ty} on {isa}: {b:?}");
         }
     }
 }
@@ -127,19 +185,19 @@ fn quantized_dot_is_close_to_the_dequantized_dot() {
 #[test]
 fn matmul_results_do_not_depend_on_batch_or_threads() {
     let mut rng = SplitMix64(3);
-    let (rows, cols, n) = (22, 256, 7);
+    let (rows, cols, n) = (22, 256, 13);
     for ty in TYPES {
         let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
         let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32()).collect();
         // 5 threads: more than a small machine's cores, so fewer threads claim the tasks.
-        for threads in [2, 5] {
-            let all = run(detect(), &w, &x, n, threads);
+        for (isa, threads) in runnable().into_iter().flat_map(|i| [(i, 2), (i, 5)]) {
+            let all = run(isa, &w, &x, n, threads);
             for t in 0..n {
-                let alone = run(detect(), &w, &x[t * cols..(t + 1) * cols], 1, 1);
+                let alone = run(isa, &w, &x[t * cols..(t + 1) * cols], 1, 1);
                 assert_eq!(
                     &all[t * rows..(t + 1) * rows],
                     &alone[..],
-                    "{ty}, {threads} threads: token {t}"
+                    "{ty} on {isa}, {threads} threads: token {t}"
                 );
             }
         }
@@ -222,6 +280,9 @@ fn q8_quantization_is_identical_on_every_path() {
     let mut x: Vec<f32> = (0..32 * 64).map(|_| rng.signed_f32() * 10.0).collect();
     x[40] = 0.5; // exact ties round to even on both paths
     x[64..96].fill(0.0);
+    // A NaN anywhere in a block makes the whole block NaN-scaled, on every path.
+    x[100] = f32::NAN;
+    x[160..192].fill(f32::NAN);
     let zero = BlockQ8 {
         d: 0.0,
         s: 0.0,
@@ -230,6 +291,7 @@ fn q8_quantization_is_identical_on_every_path() {
     let (mut a, mut b) = (vec![zero; 64], vec![zero; 64]);
     scalar::quantize_q8(&x, &mut a);
     super::quantize_q8(detect(), &x, &mut b);
+    assert!(a[3].d.is_nan() && a[5].d.is_nan() && !a[4].d.is_nan());
     for (p, q) in a.iter().zip(&b) {
         assert_eq!(
             (p.d.to_bits(), p.s.to_bits(), p.qs),
@@ -357,7 +419,7 @@ fn attention_simd_is_bit_identical_to_scalar() {
 /// the one-row kernel that follows ggml's lane layout, for every column count it runs.
 #[test]
 fn packed_q4_1_tile_is_bit_identical_to_the_row_kernel() {
-    if detect() != Isa::Avx2 {
+    if !detect().avx2() {
         eprintln!("no AVX2 on this CPU: nothing to compare");
         return;
     }
@@ -450,7 +512,7 @@ fn same_float(a: f32, b: f32) -> bool {
 
 #[test]
 fn expf_table_simd_is_bit_identical_to_scalar() {
-    if detect() != Isa::Avx2 {
+    if !detect().avx2() {
         eprintln!("no AVX2 on this CPU: nothing to compare");
         return;
     }
@@ -479,7 +541,7 @@ fn expf_table_equals_glibc() {
         target_os = "linux",
         target_env = "gnu",
         target_arch = "x86_64"
-    )) && detect() == Isa::Avx2)
+    )) && detect().avx2())
     {
         eprintln!("not glibc on x86-64 with FMA: nothing to compare");
         return;

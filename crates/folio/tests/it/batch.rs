@@ -1,24 +1,37 @@
 //! The batched forward step over many sequences: a sequence's logits are the same bits
 //! alone or in any batch, prefilled whole or in chunks, cold or from the prefix cache,
-//! at any page size and thread count; paged attention equals dense-gather attention.
+//! at any page size and thread count, on every kernel path the CPU runs; paged
+//! attention equals dense-gather attention.
 
 use crate::common;
 
 use crate::common::{forward_tables, ModelExt};
 use folio::gguf::GgmlType;
-use folio::internals::{f16_to_f32, f32_to_f16, isa, ThreadPool};
+use folio::internals::{f16_to_f32, f32_to_f16, isa, runnable_isas, Isa, ThreadPool};
 use folio::kv::{
     BasicCache, Batch, KvRows, KvSeq, KvStorage, Logits, PageId, PageTable, PagedKv, SeqStep,
 };
 use folio::model::{attention, Heads, Model, StepError, SPLIT_KEYS};
 use folio::rng::SplitMix64;
 
-fn tiny(threads: usize) -> (tempfile::TempDir, Model) {
+fn tiny(threads: usize, isa: Isa) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     folio::tiny::write_model(&path, 5, GgmlType::Q4_1).unwrap();
-    let m = Model::load(&path, threads).unwrap();
+    let m = Model::load(&path, threads).unwrap().with_isa(isa);
     (dir, m)
+}
+
+/// Every kernel path the CPU runs; those it lacks are named (skipped, not silent).
+fn paths() -> Vec<Isa> {
+    let run = runnable_isas();
+    for missing in [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|i| !run.contains(i))
+    {
+        eprintln!("skipped: this CPU does not run the {missing} kernels");
+    }
+    run
 }
 
 /// `n` token lists; some share long prefixes with earlier ones.
@@ -103,7 +116,8 @@ fn batched(
         for (&(i, at, n), got) in chosen.iter().zip(&out) {
             assert!(
                 got[..] == want[i][at * v..(at + n) * v],
-                "sequence {i}, positions {at}..{}, page size {page_size}, warm {warm}",
+                "{}: sequence {i}, positions {at}..{}, page size {page_size}, warm {warm}",
+                m.isa(),
                 at + n
             );
         }
@@ -113,8 +127,14 @@ fn batched(
 
 #[test]
 fn batched_logits_equal_single_sequence_runs_bit_for_bit() {
-    let (_d1, one) = tiny(1);
-    let (_d2, two) = tiny(2);
+    for isa in paths() {
+        batched_equals_alone_on(isa);
+    }
+}
+
+fn batched_equals_alone_on(isa: Isa) {
+    let (_d1, one) = tiny(1, isa);
+    let (_d2, two) = tiny(2, isa);
     let mut rng = SplitMix64(77);
     let mut warm_hits = 0;
     for case in 0..6 {
@@ -141,7 +161,7 @@ fn batched_logits_equal_single_sequence_runs_bit_for_bit() {
         let got = two.run(&mut kv.seq(&mut t), rest, Logits::All).unwrap();
         assert!(
             got[..] == want[0][hit * two.config.vocab..],
-            "case {case}: warm"
+            "{isa}, case {case}: warm"
         );
     }
     assert!(warm_hits > 0, "the warm runs found no prefix");
@@ -149,7 +169,14 @@ fn batched_logits_equal_single_sequence_runs_bit_for_bit() {
 
 #[test]
 fn the_default_model_batched_equals_alone_including_split_k() {
-    let m = Model::load(&common::model_path(), 2).unwrap();
+    // The scalar path is covered on the tiny model above (the default one is slow there).
+    for isa in paths().into_iter().filter(|&i| i != Isa::Scalar) {
+        default_model_batched_equals_alone_on(isa);
+    }
+}
+
+fn default_model_batched_equals_alone_on(isa: Isa) {
+    let m = Model::load(&common::model_path(), 2).unwrap().with_isa(isa);
     let mut rng = SplitMix64(3);
     let v = m.config.vocab;
     // One sequence long enough for split-K attention (more than SPLIT_KEYS keys).
@@ -177,7 +204,7 @@ fn the_default_model_batched_equals_alone_including_split_k() {
     for (i, s) in seqs.iter().enumerate() {
         let mut c = m.new_cache(s.len());
         let want = m.run(&mut c, s, Logits::Last).unwrap();
-        assert!(got[i] == want, "sequence {i} ({} tokens)", s.len());
+        assert!(got[i] == want, "{isa}: sequence {i} ({} tokens)", s.len());
     }
 }
 
@@ -379,7 +406,7 @@ fn halves(rows: KvRows<'_>, kvd: usize) -> Vec<f32> {
 
 #[test]
 fn a_batch_whose_pages_do_not_hold_its_positions_is_refused_and_writes_nothing() {
-    let (_d, m) = tiny(1);
+    let (_d, m) = tiny(1, isa());
     let mut kv = m.new_paged(8, 4, 64);
     let mut t = kv.new_table(None);
     let before = m

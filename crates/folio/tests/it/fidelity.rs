@@ -1,20 +1,31 @@
 //! folio against llama.cpp on the default model (fixtures made by
 //! `scripts/make_fixtures.py`, whose doc says which llama.cpp numbers they hold):
-//! identical prompt token ids, and teacher-forced top-5 log-probabilities within
-//! PRODUCT.md's tolerances (mean ≤ 0.03, max ≤ 0.25 nats; same top token wherever
-//! llama.cpp's top two are more than 0.1 nats apart).
+//! identical prompt token ids, and teacher-forced top-5 log-probabilities.
+//!
+//! The fixtures come from llama.cpp's AVX2 build. folio's AVX2 path keeps that build's
+//! summation order, so there it is held to PRODUCT.md's old tolerances (mean ≤ 0.03,
+//! max ≤ 0.25 nats; same top token wherever llama.cpp's top two are more than 0.1 nats
+//! apart). Other paths sum in other orders, which the 8-bit rounding of every matmul
+//! input turns into ~0.08 nats, as between llama.cpp's own AVX2 and AVX-512 builds:
+//! their distance is reported here, and held to the exact model in `fidelity_f64.rs`.
 
 use crate::common;
 
 use crate::common::ModelExt;
+use folio::internals::{runnable_isas, Isa};
 use folio::kv::Logits;
 use folio::model::sampler::{argmax, log_softmax};
 use folio::model::Model;
 use std::sync::OnceLock;
 
+/// The default model on the AVX2 path (or the best path, on a CPU without AVX2).
 fn model() -> &'static Model {
     static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| Model::load(&common::model_path(), 0).expect("load the default model"))
+    M.get_or_init(|| {
+        Model::load(&common::model_path(), 0)
+            .expect("load the default model")
+            .with_isa(Isa::Avx2)
+    })
 }
 
 #[test]
@@ -50,9 +61,8 @@ struct Fidelity {
 
 /// Teacher-forces every fixture sequence through folio in one batched pass and compares
 /// the top-5 log-probabilities; also runs free-running greedy decoding.
-fn compare(file: &str) -> Fidelity {
+fn compare(m: &Model, file: &str) -> Fidelity {
     let fx = common::fixtures(file);
-    let m = model();
     let vocab = m.config.vocab;
     let (mut sum, mut max, mut values, mut top_checked, mut greedy_same) = (0f64, 0f64, 0, 0, 0);
     let mut top_mismatches = Vec::new();
@@ -110,7 +120,11 @@ fn compare(file: &str) -> Fidelity {
 
 #[test]
 fn teacher_forced_logprobs_match_llama_cpp() {
-    let f = compare("llama_cpp.json");
+    if !runnable_isas().contains(&Isa::Avx2) {
+        eprintln!("skipped: this CPU does not run the avx2 kernels (llama.cpp's order)");
+        return;
+    }
+    let f = compare(model(), "llama_cpp.json");
     eprintln!(
         "vs llama.cpp (flash attention on, its default): top-5 logprob |diff| mean {:.4}, \
          max {:.4} over {} values; top token checked at {} positions, {} differ; \
@@ -136,7 +150,7 @@ fn teacher_forced_logprobs_match_llama_cpp() {
 /// default one, so this is reported, not held to the tolerance.
 #[test]
 fn report_distance_to_llama_cpp_without_flash_attention() {
-    let f = compare("llama_cpp_fa_off.json");
+    let f = compare(model(), "llama_cpp_fa_off.json");
     eprintln!(
         "vs llama.cpp (flash attention off): top-5 logprob |diff| mean {:.4}, max {:.4}; \
          top token differs at {}/{} confident positions; greedy identical {}/{}",
@@ -152,4 +166,27 @@ fn report_distance_to_llama_cpp_without_flash_attention() {
         "far from llama.cpp even without flash attention: {}",
         f.mean
     );
+}
+
+/// The paths that do not keep llama.cpp's AVX2 order: their distance from llama.cpp's
+/// AVX2 build, reported (the exact model is their reference: `fidelity_f64.rs`).
+#[test]
+fn report_distance_to_llama_cpp_on_the_other_paths() {
+    for isa in runnable_isas().into_iter().filter(|&i| i > Isa::Avx2) {
+        let m = Model::load(&common::model_path(), 0)
+            .expect("load the default model")
+            .with_isa(isa);
+        let f = compare(&m, "llama_cpp.json");
+        eprintln!(
+            "{isa} path vs llama.cpp's AVX2 build: top-5 logprob |diff| mean {:.4}, max \
+             {:.4}; top token differs at {}/{} confident positions; greedy identical {}/{}",
+            f.mean,
+            f.max,
+            f.top_mismatches.len(),
+            f.top_checked,
+            f.greedy_same,
+            f.cases
+        );
+        assert!(f.mean < 0.2, "{isa}: far from llama.cpp: {}", f.mean);
+    }
 }

@@ -8,6 +8,7 @@ mod config;
 mod context;
 mod engine;
 mod fidelity;
+mod fidelity_f64;
 mod gguf_errors;
 mod grammar;
 mod kv_props;

@@ -1,0 +1,192 @@
+//! AVX-512 (F, BW, VL, VNNI) matmul kernels, chosen at run time when the CPU runs them
+//! (see `detect.rs`; the path's other kernels are the AVX2 ones).
+//!
+//! `vpdpbusd` multiplies unsigned by signed bytes and sums four products into each
+//! 32-bit lane in one instruction: exact integer sums, where AVX2 needs two
+//! instructions (`maddubs`, `madd`). Then, per 32-weight block, the lanes go to float
+//! and are scaled.
+//! - Q8_0 (`tile_q8_0`) keeps the AVX2 kernel's lanes (8 per row, lane k = weights
+//!   4k..4k+3 of the block) and its reductions, so it gives the AVX2 path's bits.
+//! - Q4_1 (`tile_q4_1x4`, the default model's format) puts four rows in one vector, 4
+//!   lanes per row, each lane summing 8 products (4 of the low nibbles, 4 of the high):
+//!   half the float work of 8 lanes per row. Its bits differ from the AVX2 path's by
+//!   summation order only; every (row, column) gets the same instructions whatever the
+//!   tile width, so batch invariance holds on this path as on the others. (A variant
+//!   that kept the AVX2 lanes, and so llama.cpp's AVX2 bits, prefilled at 0.83x of this
+//!   one on a Zen 4: pp512 595-636 tok/s against 715-770.)
+//!
+//! Every function here is `unsafe` only because it is compiled for CPU features the
+//! caller must have checked; slices are indexed with bounds checks.
+#![allow(unsafe_code)]
+
+use super::quant::*;
+use std::arch::x86_64::*;
+
+/// Runs one 512-bit VNNI instruction (and a zmm xor): `detect` executes this in a child
+/// process before choosing the AVX-512 path.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn probe() {
+    // SAFETY: register-only instructions of the features this function requires.
+    unsafe {
+        std::arch::asm!(
+            "vpxord {z}, {z}, {z}",
+            "vpdpbusd {z}, {z}, {z}",
+            z = out(zmm_reg) _,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+}
+
+/// How far ahead (in blocks) the tile kernels prefetch weights (as the AVX2 ones).
+const PREFETCH_BLOCKS: usize = 4;
+
+/// Four packed Q4_1 rows × C activation rows: `out[r][c] = dot(row r, a[c])`.
+///
+/// The tile's 64 nibble bytes (16 per row) load as one vector, split into low and high
+/// nibbles; each activation block's halves are broadcast to the four rows' lanes. Lane
+/// 4r+k then holds row r's products of weights 4k..4k+3 and 16+4k..16+4k+3, scaled by
+/// d_r·d_x and accumulated over blocks; the min terms m_r·s_x accumulate as in the AVX2
+/// kernel. The four lanes of a row are summed in a fixed order at the end.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_q4_1x4<const C: usize>(
+    w: &[BlockQ4_1x4],
+    a: [&[BlockQ8]; C],
+    out: &mut [[f32; C]; 4],
+) {
+    let nb = a[0].len();
+    assert!(w.len() >= nb);
+    assert!(a.iter().all(|x| x.len() == nb));
+    let low4 = _mm512_set1_epi8(0x0F);
+    // Lane l of a 16-lane vector belongs to row l / 4.
+    let row_of = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let mut acc = [_mm512_setzero_ps(); C];
+    let mut macc = [_mm256_setzero_ps(); C];
+    for i in 0..nb {
+        let ahead = w.as_ptr().wrapping_add(i + PREFETCH_BLOCKS) as *const i8;
+        // Prefetching never faults, whatever the address.
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        let b = &w[i];
+        // SAFETY: `dm` is 8 halves (16 bytes); `qs` is 4 × 16 contiguous bytes.
+        let (dm, raw) = unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(b.dm.as_ptr() as *const __m128i)),
+                _mm512_loadu_si512(b.qs.as_ptr() as *const __m512i),
+            )
+        };
+        let d = _mm512_permutexvar_ps(row_of, _mm512_castps256_ps512(dm));
+        let wl = _mm512_and_si512(raw, low4);
+        let wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        for c in 0..C {
+            let x = &a[c][i];
+            let q = x.qs.as_ptr() as *const __m128i;
+            // SAFETY: `qs` is 32 readable bytes: two 16-byte loads.
+            let (al, ah) = unsafe {
+                (
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(q)),
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(q.add(1))),
+                )
+            };
+            let p =
+                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, al), wh, ah);
+            let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
+            acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[c]);
+            // Lanes 4..7: fma(m_r, s_x, acc), the min terms.
+            macc[c] = _mm256_fmadd_ps(dm, _mm256_set1_ps(x.s), macc[c]);
+        }
+    }
+    for c in 0..C {
+        let mut v = [0f32; 16];
+        let mut m = [0f32; 8];
+        // SAFETY: `v` is 16 floats, `m` 8.
+        unsafe {
+            _mm512_storeu_ps(v.as_mut_ptr(), acc[c]);
+            _mm256_storeu_ps(m.as_mut_ptr(), macc[c]);
+        }
+        for (r, row) in out.iter_mut().enumerate() {
+            let l = &v[4 * r..4 * r + 4];
+            row[c] = ((l[0] + l[2]) + (l[1] + l[3])) + m[4 + r];
+        }
+    }
+}
+
+/// The AVX2 kernel's horizontal sum of 8 lanes (halves, then pairs), the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// Four Q8_0 rows × C activation rows with the lanes, scalings and reductions of the
+/// AVX2 `tile_q8_0` (so its bits): two rows per vector, 8 lanes each. The signed
+/// weights are offset to unsigned (w + 128, a bit flip) for `vpdpbusd`, and 128·Σa,
+/// the same for every row, is taken off the exact integer sums.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_q8_0<const C: usize>(
+    w: [&[BlockQ8_0]; 4],
+    a: [&[BlockQ8]; C],
+    out: &mut [[f32; C]; 4],
+) {
+    let nb = a[0].len();
+    assert!(w.iter().all(|r| r.len() >= nb));
+    assert!(a.iter().all(|x| x.len() == nb));
+    let flip = _mm512_set1_epi8(-128);
+    // acc[p][c]: rows 2p (lanes 0..7) and 2p+1 (lanes 8..15), column c.
+    let mut acc = [[_mm512_setzero_ps(); C]; 2];
+    for i in 0..nb {
+        for row in &w {
+            let ahead = row.as_ptr().wrapping_add(i + 2 * PREFETCH_BLOCKS) as *const i8;
+            // Prefetching never faults, whatever the address.
+            _mm_prefetch::<_MM_HINT_T0>(ahead);
+        }
+        // SAFETY: each block's `qs` is 32 readable bytes.
+        let load = |r: usize| unsafe { _mm256_loadu_si256(w[r][i].qs.as_ptr() as *const __m256i) };
+        let wu: [__m512i; 2] = std::array::from_fn(|p| {
+            let pair = _mm512_inserti64x4(_mm512_castsi256_si512(load(2 * p)), load(2 * p + 1), 1);
+            _mm512_xor_si512(pair, flip)
+        });
+        // SAFETY: same CPU features as this function.
+        let wd: [f32; 4] = std::array::from_fn(|r| unsafe { h2f(w[r][i].d) });
+        for c in 0..C {
+            let x = &a[c][i];
+            // SAFETY: `qs` is 32 readable bytes.
+            let av = unsafe {
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qs.as_ptr() as *const __m256i))
+            };
+            let bias = _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, av);
+            for p in 0..2 {
+                let dot =
+                    _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[p], av), bias);
+                // The AVX2 kernel's scale, d_w · d_x in f32, per row.
+                let sc = _mm512_castpd_ps(_mm512_insertf64x4(
+                    _mm512_castps_pd(_mm512_set1_ps(wd[2 * p] * x.d)),
+                    _mm256_castps_pd(_mm256_set1_ps(wd[2 * p + 1] * x.d)),
+                    1,
+                ));
+                acc[p][c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(dot), acc[p][c]);
+            }
+        }
+    }
+    for c in 0..C {
+        for p in 0..2 {
+            let halves = [
+                _mm512_castps512_ps256(acc[p][c]),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][c]), 1)),
+            ];
+            for (k, h) in halves.into_iter().enumerate() {
+                // `+ 0.0`: the AVX2 kernel adds its (zero) min terms, which turns -0 to +0.
+                // SAFETY: same CPU features as this function.
+                out[2 * p + k][c] = unsafe { hsum(h) } + 0.0;
+            }
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn h2f(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}

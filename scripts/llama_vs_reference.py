@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Measures llama.cpp builds against the exact model: writes the "llama_cpp" figures of
+crates/folio/tests/fixtures/reference_f64.json (made first by scripts/reference_f64.py).
+
+For each build: teacher-force every case's seq = prompt_ids + greedy_ids the way
+scripts/make_fixtures.py runs llama.cpp (one token per step, flash attention on, one
+thread, logits of every step), then over every (position, token of the reference's
+top-5) take |llama.cpp's logprob - the reference's|: "mean" and "max" are what
+tests/it/fidelity_f64.rs holds folio to. Also: "greedy_same", the prompts whose
+free-running greedy continuation (one token per step, as make_fixtures.py) equals the
+reference's own ("reference_greedy_ids"); "top_differs", the teacher-forced positions
+whose top token is not the reference's, with the largest gap between the reference's top
+two among them ("top_differs_max_gap"); "per_case", each case's [sum, max, count] of
+the same |differences| (the test forms a subset's figures from them);
+"vs_llama_cpp_json", the same mean/max against llama_cpp.json's top-5 (which build made
+that file: ~0 for the AVX2 one).
+
+The builds: llama.cpp from llama-cpp-python 0.3.36's sdist (vendor/llama.cpp, commit
+0c1e570), shared libraries loaded by the llama_cpp package through LLAMA_CPP_LIB_PATH;
+SRC=llama_cpp_python-0.3.36/vendor/llama.cpp:
+
+    # AVX-512 (GGML_NATIVE=OFF; AVX, AVX2, FMA, F16C, AVX512, VBMI, VNNI, BF16; no AMX)
+    cmake -S $SRC -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON \
+      -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
+      -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+      -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON
+    # AVX2 only
+    cmake -S $SRC -B build-avx2 -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON \
+      -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF \
+      -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+    nice -n 19 cmake --build build-avx2 -j2 --target llama
+
+    python3 scripts/llama_vs_reference.py models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        avx512=/work/llama/build/bin avx2=/work/llama/build-avx2/bin
+
+A build that needs an instruction the CPU lacks cannot be measured here: run it where it
+can, the figures of the other builds are kept.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+REF = "crates/folio/tests/fixtures/reference_f64.json"
+FIXTURES = "crates/folio/tests/fixtures/llama_cpp.json"
+N_GEN = 48
+
+
+def log_softmax(row):
+    row = row.astype(np.float64)
+    m = row.max()
+    return row - (m + np.log(np.exp(row - m).sum()))
+
+
+def worker(model_path):
+    """Runs in a process whose LLAMA_CPP_LIB_PATH names the build; prints its figures."""
+    import llama_cpp
+    from llama_cpp import Llama
+
+    ref = json.load(open(REF))
+    fx = {c["name"]: c for c in json.load(open(FIXTURES))["cases"]}
+    llm = Llama(model_path=model_path, n_ctx=2048, n_batch=2048, logits_all=True,
+                n_threads=1, n_threads_batch=1, verbose=False, seed=0, flash_attn=True)
+    eos = llm.token_eos()
+    sum_d = max_d = 0.0
+    n = 0
+    fsum = fmax = 0.0
+    fn = 0
+    greedy_same = 0
+    top_checked = 0
+    top_differs = []
+    max_gap = 0.0
+    per_case = {}
+    for case in ref["cases"]:
+        csum, cmax, cn = 0.0, 0.0, 0
+        seq = case["prompt_ids"] + case["greedy_ids"]
+        llm.reset()
+        for t in seq[:-1]:
+            llm.eval([t])
+        for i, top in enumerate(case["top5"]):
+            lp = log_softmax(llm.scores[i])
+            for tok, want in top:
+                d = abs(float(lp[tok]) - want)
+                csum += d
+                cmax = max(cmax, d)
+                cn += 1
+            for tok, want in fx[case["name"]]["top5"][i]:
+                d = abs(float(lp[tok]) - want)
+                fsum += d
+                fmax = max(fmax, d)
+                fn += 1
+            top_checked += 1
+            if int(np.argmax(lp)) != top[0][0]:
+                gap = top[0][1] - top[1][1]
+                top_differs.append(f"{case['name']}@{i}")
+                max_gap = max(max_gap, gap)
+        per_case[case["name"]] = [round(csum, 6), round(cmax, 6), cn]
+        sum_d += csum
+        max_d = max(max_d, cmax)
+        n += cn
+        # Free-running greedy, one token per step.
+        llm.reset()
+        for t in case["prompt_ids"]:
+            llm.eval([t])
+        gen = []
+        for _ in range(N_GEN):
+            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            gen.append(nxt)
+            if nxt == eos:
+                break
+            llm.eval([nxt])
+        greedy_same += gen == case["reference_greedy_ids"]
+        print(f"{case['name']}: greedy {'=' if gen == case['reference_greedy_ids'] else '!='}"
+              f" reference", file=sys.stderr)
+    info = llama_cpp.llama_print_system_info()
+    out = {
+        "mean": round(sum_d / n, 6),
+        "max": round(max_d, 6),
+        "values": n,
+        "greedy_same": f"{greedy_same} of {len(ref['cases'])}",
+        "top_differs": f"{len(top_differs)} of {top_checked}",
+        "top_differs_max_gap": round(max_gap, 6),
+        "vs_llama_cpp_json": {"mean": round(fsum / fn, 6), "max": round(fmax, 6)},
+        "per_case": per_case,
+        "llama_cpp_python": llama_cpp.__version__,
+        "system_info": info.decode() if isinstance(info, bytes) else str(info),
+    }
+    print(json.dumps(out))
+
+
+def cmake_flags(lib):
+    """The GGML_* switches of the build whose bin/ is lib, from its CMakeCache.txt."""
+    cache = os.path.join(os.path.dirname(os.path.abspath(lib)), "CMakeCache.txt")
+    if not os.path.exists(cache):
+        return None
+    keep = ("GGML_NATIVE", "GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_AVX512",
+            "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16", "GGML_AMX_TILE",
+            "GGML_AMX_INT8", "GGML_AMX_BF16", "GGML_OPENMP", "CMAKE_BUILD_TYPE")
+    flags = {}
+    for line in open(cache):
+        k, _, v = line.strip().partition("=")
+        k = k.split(":")[0]
+        if k in keep:
+            flags[k] = v
+    return " ".join(f"{k}={flags[k]}" for k in keep if k in flags)
+
+
+def main():
+    if sys.argv[1] == "--worker":
+        worker(sys.argv[2])
+        return
+    model_path = sys.argv[1]
+    builds = [a.split("=", 1) for a in sys.argv[2:]]
+    doc = json.load(open(REF))
+    figures = doc.get("llama_cpp", {}).get("builds", {})
+    for name, lib in builds:
+        env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib)
+        r = subprocess.run([sys.executable, __file__, "--worker", model_path], env=env,
+                           stdout=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            print(f"{name}: failed ({r.returncode}), figures not updated", file=sys.stderr)
+            continue
+        fig = json.loads(r.stdout.strip().splitlines()[-1])
+        fig = {"lib": lib, "flags": cmake_flags(lib), **fig}
+        figures[name] = fig
+        print(f"{name}: {json.dumps(fig)}", file=sys.stderr)
+    doc["llama_cpp"] = {
+        "commit": "ggml-org/llama.cpp 0c1e570 (llama-cpp-python 0.3.36's sdist)",
+        "how": "teacher-forced one token per step, flash attention on, one thread (as "
+               "scripts/make_fixtures.py); mean/max |llama.cpp logprob - reference logprob| "
+               "over every position's reference top-5",
+        "builds": figures,
+    }
+    with open(REF, "w") as f:
+        json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""Makes crates/folio/tests/fixtures/reference_f64.json: the exact model's view of the
+fixture prompts.
+
+"Exact model": the function the quantized weights of the GGUF define, evaluated in
+float64 with numpy. Every weight is the float64 value its block encodes (Q4_1: d*q + m,
+Q8_0: d*q, F32 as stored), and nothing is rounded on the way: no 8-bit quantization of
+matmul inputs, no f16 K/V, no f32 accumulation, exact powers in RoPE. folio and every
+llama.cpp build are approximations of this function; tests/it/fidelity_f64.rs measures
+how far folio is from it, against how far llama.cpp is (scripts/llama_vs_reference.py
+writes llama.cpp's figures into the same file).
+
+    python3 -m venv venv && venv/bin/pip install numpy gguf   # gguf: llama.cpp's gguf-py
+    venv/bin/python scripts/reference_f64.py models/SmolLM2-135M-Instruct.Q4_1.gguf
+    venv/bin/python scripts/llama_vs_reference.py ...           # see its doc
+
+The sequences are the ones crates/folio/tests/fixtures/llama_cpp.json holds (prompt ids
++ llama.cpp's greedy continuation), teacher-forced: top5[i] is the exact model's five
+most likely next tokens after seq[..=i], as [id, logprob] (float64 log-softmax, rounded
+to 6 decimals), for every i < len(seq) - 1, as in llama_cpp.json. Each case also holds
+the exact model's own free-running greedy continuation of the prompt
+("reference_greedy_ids", 48 tokens or up to end of generation).
+
+The forward pass is the llama architecture as GGUF stores it: token embedding; per layer
+RMSNorm (the file's epsilon), Q/K/V projections, RoPE in ggml's "normal" layout (rotate
+the adjacent pairs (x[2i], x[2i+1]) of each head by pos * base^(-2i/n_rot); the
+converter permutes Hugging Face's Q/K rows so that this is the model's rotation),
+causal softmax attention with scale 1/sqrt(head_dim) and grouped-query heads (query
+head h reads KV head h // (n_head / n_head_kv)), output projection, residual; RMSNorm,
+SwiGLU (silu(gate) * up, then down), residual; final RMSNorm and the output head
+(output.weight, or the tied token embedding when the file has none).
+
+Checks run every time: each dequantized tensor against gguf-py's own float32
+dequantization, and --check-rope compares this rotation with the other ("neox") one on
+the llama.cpp fixtures (the right one agrees with llama.cpp's top token almost
+everywhere; the wrong one does not).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+N_GEN = 48
+TOP = 5
+
+
+def field(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def weight64(t):
+    """The exact float64 values of tensor t, shaped (rows, row length)."""
+    data = np.asarray(t.data)
+    if t.tensor_type == QT.Q4_1:
+        # A block is f16 d, f16 m, 16 bytes of nibbles: value = d * q + m. gguf-py
+        # computes that sum in float32, which can round; so dequantize with m zeroed
+        # (d * q: 11 x 4 significant bits, exact in float32) and add m in float64.
+        raw = data.view(np.uint8).reshape(-1, 20).copy()
+        m = raw[:, 2:4].copy().view(np.float16).astype(np.float64)
+        raw[:, 2:4] = 0
+        dq = dequantize(raw.reshape(data.shape), QT.Q4_1).astype(np.float64)
+        w = (dq.reshape(-1, 32) + m).reshape(dq.shape)
+    elif t.tensor_type in (QT.F32, QT.F16, QT.Q8_0, QT.Q4_0):
+        # Exact in float32 already: F32/F16 as stored, Q8_0 d * q (11 x 7 bits),
+        # Q4_0 d * (q - 8) (11 x 4 bits).
+        w = dequantize(data, t.tensor_type).astype(np.float64)
+    else:
+        sys.exit(f"{t.name}: {t.tensor_type.name} has no exact float64 path here")
+    ref = dequantize(data, t.tensor_type).astype(np.float64)
+    err = np.abs(w - ref).max() if w.size else 0.0
+    assert err <= 2.0**-23 * max(np.abs(ref).max(), 1e-30), (t.name, err)
+    return w
+
+
+class Model:
+    def __init__(self, path):
+        r = GGUFReader(path)
+        arch = field(r, "general.architecture")
+        if arch != "llama":
+            sys.exit(f"architecture {arch!r}: only llama is written here")
+        p = arch + "."
+        self.n_layer = int(field(r, p + "block_count"))
+        self.n_embd = int(field(r, p + "embedding_length"))
+        self.n_head = int(field(r, p + "attention.head_count"))
+        self.n_head_kv = int(field(r, p + "attention.head_count_kv", self.n_head))
+        self.head_dim = self.n_embd // self.n_head
+        self.n_rot = int(field(r, p + "rope.dimension_count", self.head_dim))
+        self.eps = float(field(r, p + "attention.layer_norm_rms_epsilon"))
+        self.base = float(field(r, p + "rope.freq_base", 10000.0))
+        self.eos = int(field(r, "tokenizer.ggml.eos_token_id"))
+        if field(r, p + "rope.scaling.type") not in (None, "none"):
+            sys.exit("rope scaling is not written here")
+        self.hparams = {
+            "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head,
+            "n_head_kv": self.n_head_kv, "head_dim": self.head_dim, "n_rot": self.n_rot,
+            "rms_eps": self.eps, "rope_base": self.base, "eos": self.eos,
+        }
+        self.w = {t.name: weight64(t) for t in r.tensors}
+        if "output.weight" not in self.w:
+            self.w["output.weight"] = self.w["token_embd.weight"]
+        self.neox = False
+
+    def rope(self, x, pos):
+        """x: (T, heads, head_dim), rotated in place of its first n_rot dims."""
+        half = self.n_rot // 2
+        inv = self.base ** (-2.0 * np.arange(half, dtype=np.float64) / self.n_rot)
+        ang = pos[:, None].astype(np.float64) * inv[None, :]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        if self.neox:  # the other layout, for --check-rope only
+            a, b = x[..., :half].copy(), x[..., half:self.n_rot].copy()
+            x[..., :half] = a * cos - b * sin
+            x[..., half:self.n_rot] = a * sin + b * cos
+        else:
+            a, b = x[..., 0:self.n_rot:2].copy(), x[..., 1:self.n_rot:2].copy()
+            x[..., 0:self.n_rot:2] = a * cos - b * sin
+            x[..., 1:self.n_rot:2] = a * sin + b * cos
+        return x
+
+    def norm(self, x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def forward(self, ids, cache):
+        """Logits (T, vocab) of ids appended to cache (a list of per-layer (K, V))."""
+        W = self.w
+        T = len(ids)
+        p0 = cache[0][0].shape[0] if cache else 0
+        pos = np.arange(p0, p0 + T)
+        x = W["token_embd.weight"][np.asarray(ids)]
+        hd, nh, nkv = self.head_dim, self.n_head, self.n_head_kv
+        group = nh // nkv
+        mask = np.where(np.arange(p0 + T)[None, :] <= pos[:, None], 0.0, -np.inf)
+        new_cache = []
+        for l in range(self.n_layer):
+            b = f"blk.{l}."
+            h = self.norm(x, W[b + "attn_norm.weight"])
+            q = self.rope((h @ W[b + "attn_q.weight"].T).reshape(T, nh, hd), pos)
+            k = self.rope((h @ W[b + "attn_k.weight"].T).reshape(T, nkv, hd), pos)
+            v = (h @ W[b + "attn_v.weight"].T).reshape(T, nkv, hd)
+            if cache:
+                k = np.concatenate([cache[l][0], k])
+                v = np.concatenate([cache[l][1], v])
+            new_cache.append((k, v))
+            o = np.empty((T, nh, hd))
+            for hh in range(nh):
+                kv = hh // group
+                s = q[:, hh, :] @ k[:, kv, :].T / np.sqrt(hd) + mask
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                o[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
+            x = x + o.reshape(T, nh * hd) @ W[b + "attn_output.weight"].T
+            h = self.norm(x, W[b + "ffn_norm.weight"])
+            g = h @ W[b + "ffn_gate.weight"].T
+            u = h @ W[b + "ffn_up.weight"].T
+            with np.errstate(over="ignore"):
+                act = g / (1.0 + np.exp(-g))
+            x = x + (act * u) @ W[b + "ffn_down.weight"].T
+        cache[:] = new_cache
+        x = self.norm(x, W["output_norm.weight"])
+        return x @ W["output.weight"].T
+
+
+def log_softmax(logits):
+    m = logits.max(axis=-1, keepdims=True)
+    return logits - (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))
+
+
+def top5(lp):
+    idx = np.argsort(-lp, kind="stable")[:TOP]
+    return [[int(j), round(float(lp[j]), 6)] for j in idx]
+
+
+def greedy(model, prompt):
+    cache = []
+    logits = model.forward(prompt, cache)[-1]
+    out = []
+    for _ in range(N_GEN):
+        t = int(np.argmax(logits))
+        out.append(t)
+        if t == model.eos:
+            break
+        logits = model.forward([t], cache)[-1]
+    return out
+
+
+def check_rope(model, cases):
+    """Top-token agreement with llama.cpp's fixtures under either rotation layout."""
+    for neox in (False, True):
+        model.neox = neox
+        same = total = 0
+        for c in cases:
+            seq = c["prompt_ids"] + c["greedy_ids"]
+            lp = log_softmax(model.forward(seq[:-1], []))
+            for i, t in enumerate(c["top5"]):
+                same += int(np.argmax(lp[i])) == t[0][0]
+                total += 1
+        print(f"rope {'neox' if neox else 'normal (adjacent pairs)'}: top token as "
+              f"llama.cpp's at {same}/{total} positions", file=sys.stderr)
+    model.neox = False
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("out", nargs="?", default="crates/folio/tests/fixtures/reference_f64.json")
+    ap.add_argument("--fixtures", default="crates/folio/tests/fixtures/llama_cpp.json")
+    ap.add_argument("--check-rope", action="store_true",
+                    help="only compare the two RoPE layouts against llama.cpp's fixtures")
+    args = ap.parse_args()
+    fx = json.load(open(args.fixtures))
+    t0 = time.time()
+    model = Model(args.model)
+    print(f"loaded in {time.time() - t0:.1f}s: {model.hparams}", file=sys.stderr)
+    if args.check_rope:
+        check_rope(model, fx["cases"][:3])
+        return
+    cases = []
+    for c in fx["cases"]:
+        t0 = time.time()
+        seq = c["prompt_ids"] + c["greedy_ids"]
+        lp = log_softmax(model.forward(seq[:-1], []))
+        top = [top5(row) for row in lp]
+        ref_greedy = greedy(model, c["prompt_ids"])
+        agree = sum(int(np.argmax(row)) == t[0][0] for row, t in zip(lp, c["top5"]))
+        print(f"{c['name']}: {len(seq) - 1} positions, top token as llama_cpp.json's at "
+              f"{agree}, own greedy {'=' if ref_greedy == c['greedy_ids'] else '!='} "
+              f"llama_cpp.json's ({time.time() - t0:.1f}s)", file=sys.stderr)
+        cases.append({"name": c["name"], "prompt_ids": c["prompt_ids"],
+                      "greedy_ids": c["greedy_ids"], "reference_greedy_ids": ref_greedy,
+                      "top5": top})
+    doc = {}
+    if os.path.exists(args.out):  # keep llama_vs_reference.py's figures
+        old = json.load(open(args.out))
+        if "llama_cpp" in old:
+            doc["llama_cpp"] = old["llama_cpp"]
+    doc = {
+        "made_by": "python3 scripts/reference_f64.py " + " ".join(sys.argv[1:]),
+        "model_sha256": fx.get("model_sha256"),
+        "note": "float64 evaluation of the quantized weights (exact dequantized values, no "
+                "activation or K/V rounding). seq = prompt_ids + greedy_ids (llama_cpp.json's "
+                "sequences); top5[i] = the exact model's 5 most likely next tokens after "
+                "seq[..=i] as [id, logprob], every position i < len(seq) - 1; "
+                "reference_greedy_ids = its own free-running greedy continuation of the prompt. "
+                "llama_cpp: each llama.cpp build's distance from top5 "
+                "(scripts/llama_vs_reference.py).",
+        "hparams": model.hparams,
+        "cases": cases,
+        **doc,
+    }
+    with open(args.out, "w") as f:
+        json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
