@@ -448,6 +448,39 @@ pub fn matmul(
     });
 }
 
+/// Runs a four-row tile kernel over activation rows `t0..n` in calls as wide as the
+/// widest width listed (the rest in one narrower call), and writes the first `real`
+/// rows' results. Every (row, column) gets the same arithmetic whatever the width.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_columns {
+    ($w:expr, $act:expr, $out:expr, $r0:expr, $real:expr, $t0:expr, $n:expr,
+     |$a:ident, $o:ident| $call:expr, $($c:literal)*) => {{
+        let widest = [$($c),*].into_iter().max().unwrap_or(1);
+        let mut t = $t0;
+        while t < $n {
+            let k = ($n - t).min(widest);
+            let mut all = [[0f32; 8]; 4];
+            match k {
+                $($c => {
+                    let $a: [&[BlockQ8]; $c] = std::array::from_fn(|c| $act.q8_row(t + c, $w.cols));
+                    let mut $o = [[0f32; $c]; 4];
+                    $call;
+                    for (d, s) in all.iter_mut().zip($o) {
+                        d[..$c].copy_from_slice(&s);
+                    }
+                })*
+                _ => unreachable!("widths cover 1..=widest"),
+            }
+            for (r, row) in all.iter().enumerate().take($real) {
+                for (c, &v) in row.iter().enumerate().take(k) {
+                    $out.write((t + c) * $w.rows + $r0 + r, v);
+                }
+            }
+            t += k;
+        }
+    }};
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_tile(
     isa: Isa,
@@ -462,71 +495,20 @@ fn run_tile(
     #[cfg(target_arch = "x86_64")]
     if isa.avx512() && w.packed {
         let tile = w.tile_q4_1(r0 / 4);
-        let real = r1 - r0;
-        // Up to eight activation rows per call: every (row, column) gets the same
-        // arithmetic whatever the width.
-        let mut t = t0;
-        while t < n {
-            let k = (n - t).min(8);
-            let mut o = [[0f32; 8]; 4];
-            macro_rules! go {
-                ($($c:literal)*) => {
-                    match k {
-                        $($c => {
-                            let a: [&[BlockQ8]; $c] = std::array::from_fn(|c| act.q8_row(t + c, w.cols));
-                            let mut oc = [[0f32; $c]; 4];
-                            // SAFETY: AVX-512 paths are only produced after running the features.
-                            unsafe { super::avx512::tile_q4_1x4::<$c>(tile, a, &mut oc) };
-                            for (d, s) in o.iter_mut().zip(oc) {
-                                d[..$c].copy_from_slice(&s);
-                            }
-                        })*
-                        _ => unreachable!(),
-                    }
-                };
-            }
-            go!(1 2 3 4 5 6 7 8);
-            for (r, row) in o.iter().enumerate().take(real) {
-                for (c, &v) in row.iter().enumerate().take(k) {
-                    out.write((t + c) * w.rows + r0 + r, v);
-                }
-            }
-            t += k;
-        }
+        // SAFETY: AVX-512 paths are only produced after running the features.
+        by_columns!(w, act, out, r0, r1 - r0, t0, n, |a, o| unsafe {
+            super::avx512::tile_q4_1x4(tile, a, &mut o)
+        }, 1 2 3 4 5 6 7 8);
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if isa.avx512() && r1 - r0 == ROW_TILE && w.ty == GgmlType::Q8_0 {
         let rows: [&[BlockQ8_0]; ROW_TILE] =
             std::array::from_fn(|r| bytemuck::cast_slice(w.row(r0 + r)));
-        let mut t = t0;
-        while t < n {
-            let k = (n - t).min(4);
-            let mut o = [[0f32; 4]; ROW_TILE];
-            macro_rules! go {
-                ($($c:literal)*) => {
-                    match k {
-                        $($c => {
-                            let a: [&[BlockQ8]; $c] = std::array::from_fn(|c| act.q8_row(t + c, w.cols));
-                            let mut oc = [[0f32; $c]; ROW_TILE];
-                            // SAFETY: AVX-512 paths are only produced after running the features.
-                            unsafe { super::avx512::tile_q8_0::<$c>(rows, a, &mut oc) };
-                            for (d, s) in o.iter_mut().zip(oc) {
-                                d[..$c].copy_from_slice(&s);
-                            }
-                        })*
-                        _ => unreachable!(),
-                    }
-                };
-            }
-            go!(1 2 3 4);
-            for (r, row) in o.iter().enumerate() {
-                for (c, &v) in row.iter().enumerate().take(k) {
-                    out.write((t + c) * w.rows + r0 + r, v);
-                }
-            }
-            t += k;
-        }
+        // SAFETY: AVX-512 paths are only produced after running the features.
+        by_columns!(w, act, out, r0, ROW_TILE, t0, n, |a, o| unsafe {
+            super::avx512::tile_q8_0(rows, a, &mut o)
+        }, 1 2 3 4);
         return;
     }
     #[cfg(target_arch = "x86_64")]
