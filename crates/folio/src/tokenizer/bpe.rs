@@ -7,9 +7,131 @@
 //! its pair is still adjacent and still has that rank, so the merge order is exactly the
 //! naive one (lowest rank first, leftmost among equals) without rescanning the word after
 //! every merge, which made a long run of one character quadratic.
+//!
+//! Symbols are texts, as in llama.cpp, whose merges join two texts whatever the
+//! vocabulary holds: a symbol is a token id, or an extra id (from the vocabulary's size
+//! up) for a text the vocabulary lacks: a byte's character with no token, or a merge's
+//! part or result that is no token. A byte with no token is such a symbol, not a gap:
+//! no merge names it, so it keeps its neighbours apart (`}` `\x14` `$` stays `}` `$`,
+//! never `}$`). A word's final symbol with no token becomes the tokens of its single
+//! bytes, those that are tokens (the byte character of a missing byte is not ASCII, so
+//! the byte disappears).
 
+use super::TokenizerError;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+
+/// A byte-level BPE vocabulary: the merges over symbols and what symbols emit.
+pub struct Bpe {
+    merges: Merges,
+    /// Each byte's symbol (the token of its character, or an extra symbol).
+    byte_syms: Box<[u32; 256]>,
+    /// The vocabulary's size: symbols from here on are extra.
+    n_tokens: u32,
+    /// What extra symbol `n_tokens + i` emits: the tokens of its text's single bytes.
+    extra_out: Vec<Vec<u32>>,
+}
+
+impl Bpe {
+    /// The vocabulary of `n_tokens` tokens (`ids`: each text's id) and `merges`
+    /// ("left right", best first; of two equal pairs the first counts).
+    pub fn new(
+        ids: &HashMap<String, u32>,
+        n_tokens: u32,
+        merges: &[String],
+    ) -> Result<Self, TokenizerError> {
+        let mut extra: HashMap<String, u32> = HashMap::new();
+        let mut extra_texts: Vec<String> = Vec::new();
+        let mut sym = |t: &str| -> Result<u32, TokenizerError> {
+            if let Some(&id) = ids.get(t) {
+                return Ok(id);
+            }
+            if let Some(&id) = extra.get(t) {
+                return Ok(id);
+            }
+            // Symbol ids stay below `NONE`, the merge loop's end marker.
+            let id = u32::try_from(extra_texts.len())
+                .ok()
+                .and_then(|k| n_tokens.checked_add(k))
+                .filter(|&id| id < NONE)
+                .ok_or_else(|| TokenizerError::BadVocab("too many merge symbols".into()))?;
+            extra.insert(t.to_string(), id);
+            extra_texts.push(t.to_string());
+            Ok(id)
+        };
+        let mut table = HashMap::with_capacity(merges.len());
+        for (rank, m) in merges.iter().enumerate() {
+            // The separator is the first space after the first character (a part is
+            // never empty).
+            let at = m
+                .char_indices()
+                .skip(1)
+                .find(|&(_, c)| c == ' ')
+                .map(|(i, _)| i)
+                .ok_or_else(|| TokenizerError::BadVocab(format!("merge {m:?} has no space")))?;
+            let (a, b) = (&m[..at], &m[at + 1..]);
+            let key = (sym(a)?, sym(b)?);
+            let merged = sym(&format!("{a}{b}"))?;
+            table.entry(key).or_insert((rank as u32, merged));
+        }
+        let mut byte_syms = Box::new([0u32; 256]);
+        for (slot, c) in byte_syms.iter_mut().zip(byte_to_char()) {
+            *slot = sym(c.encode_utf8(&mut [0u8; 4]))?;
+        }
+        let extra_out = extra_texts
+            .iter()
+            .map(|t| {
+                t.bytes()
+                    .filter(u8::is_ascii)
+                    .filter_map(|b| ids.get(char::from(b).encode_utf8(&mut [0u8; 4])).copied())
+                    .collect()
+            })
+            .collect();
+        Ok(Self {
+            merges: Merges::new(table),
+            byte_syms,
+            n_tokens,
+            extra_out,
+        })
+    }
+
+    /// Appends the tokens of one pre-tokenized `word` to `out`.
+    pub fn encode_word(
+        &self,
+        word: &str,
+        syms: &mut Vec<u32>,
+        scratch: &mut Scratch,
+        out: &mut Vec<u32>,
+    ) {
+        syms.clear();
+        syms.extend(word.bytes().map(|b| self.byte_syms[b as usize]));
+        self.merges.apply(syms, scratch);
+        self.emit(syms, out);
+    }
+
+    /// [`Bpe::encode_word`] with the naive merge loop: the tests' reference.
+    #[cfg(test)]
+    pub fn encode_word_naive(&self, word: &str, out: &mut Vec<u32>) {
+        let mut syms: Vec<u32> = word.bytes().map(|b| self.byte_syms[b as usize]).collect();
+        self.merges.apply_naive(&mut syms);
+        self.emit(&syms, out);
+    }
+
+    fn emit(&self, syms: &[u32], out: &mut Vec<u32>) {
+        for &s in syms {
+            match s.checked_sub(self.n_tokens) {
+                None => out.push(s),
+                Some(i) => {
+                    let toks = &self.extra_out[i as usize];
+                    if toks.is_empty() {
+                        tracing::debug!(symbol = i, "a symbol with no token is dropped");
+                    }
+                    out.extend_from_slice(toks);
+                }
+            }
+        }
+    }
+}
 
 /// GPT-2's reversible map from bytes to printable characters.
 pub fn byte_to_char() -> [char; 256] {

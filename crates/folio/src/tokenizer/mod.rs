@@ -13,8 +13,10 @@
 
 mod bpe;
 mod pretok;
+mod pyjson;
 mod spm;
 mod template;
+mod unicode_classes;
 
 pub use bpe::byte_to_char;
 pub use template::{ChatTemplate, Message, CHATML};
@@ -40,9 +42,7 @@ pub const MAX_INPUT_BYTES: usize = 16 << 20;
 enum Kind {
     Bpe {
         pre: pretok::PreTokenizer,
-        merges: bpe::Merges,
-        /// The token of each byte's character (`None`: missing from the vocabulary).
-        byte_ids: Box<[Option<u32>; 256]>,
+        bpe: bpe::Bpe,
         char_byte: HashMap<char, u8>,
     },
     Spm {
@@ -121,24 +121,14 @@ impl Tokenizer {
         let bos = id_key("tokenizer.ggml.bos_token_id")?;
         let eos = id_key("tokenizer.ggml.eos_token_id")?;
         let eot = id_key("tokenizer.ggml.eot_token_id")?;
+        // A text twice in the vocabulary means its last id, as in llama.cpp.
         let mut ids = HashMap::with_capacity(n);
         for (i, t) in tokens.iter().enumerate() {
-            ids.entry(t.clone()).or_insert(i as u32);
+            ids.insert(t.clone(), i as u32);
         }
         let kind = match model.as_str() {
             "gpt2" => {
                 let merges = strings(g.get("tokenizer.ggml.merges"), "tokenizer.ggml.merges")?;
-                let mut table = HashMap::with_capacity(merges.len());
-                for (rank, m) in merges.iter().enumerate() {
-                    let (a, b) = m.split_once(' ').ok_or_else(|| {
-                        TokenizerError::BadVocab(format!("merge {m:?} has no space"))
-                    })?;
-                    if let (Some(&ia), Some(&ib), Some(&ic)) =
-                        (ids.get(a), ids.get(b), ids.get(&format!("{a}{b}")))
-                    {
-                        table.entry((ia, ib)).or_insert((rank as u32, ic));
-                    }
-                }
                 let pre_name = g
                     .get("tokenizer.ggml.pre")
                     .and_then(Value::as_str)
@@ -149,14 +139,9 @@ impl Tokenizer {
                     .enumerate()
                     .map(|(b, &c)| (c, b as u8))
                     .collect();
-                let mut byte_ids = Box::new([None; 256]);
-                for (slot, c) in byte_ids.iter_mut().zip(byte_char) {
-                    *slot = ids.get(&*c.encode_utf8(&mut [0u8; 4])).copied();
-                }
                 Kind::Bpe {
                     pre: pretok::PreTokenizer::for_name(pre_name)?,
-                    merges: bpe::Merges::new(table),
-                    byte_ids,
+                    bpe: bpe::Bpe::new(&ids, n as u32, &merges)?,
                     char_byte,
                 }
             }
@@ -281,17 +266,29 @@ impl Tokenizer {
     /// is for text the caller already bounds; [`Tokenizer::try_encode`] is the
     /// capped entry point, with identical output for the text it accepts.
     pub fn encode(&self, text: &str, add_special: bool) -> Vec<u32> {
-        self.encode_with(text, add_special, |s, prev_special, out| {
+        self.encode_with(text, add_special, true, |s, prev_special, out| {
+            self.encode_raw(s, prev_special, out)
+        })
+    }
+
+    /// Like [`Tokenizer::encode`], but the text of control and unknown-typed tokens
+    /// (`<|im_start|>`) stays text, as llama.cpp tokenizes with `parse_special` off;
+    /// user-defined tokens are still matched whole. For text that must never become
+    /// control tokens.
+    pub fn encode_literal(&self, text: &str, add_special: bool) -> Vec<u32> {
+        self.encode_with(text, add_special, false, |s, prev_special, out| {
             self.encode_raw(s, prev_special, out)
         })
     }
 
     /// BOS (when asked and wanted), then each fragment of `text`: a special token as
-    /// itself, raw text through `raw(text, after_a_special, out)`.
+    /// itself, raw text through `raw(text, after_a_special, out)`. Without
+    /// `parse_control`, only user-defined tokens are special.
     fn encode_with(
         &self,
         text: &str,
         add_special: bool,
+        parse_control: bool,
         raw: impl Fn(&str, bool, &mut Vec<u32>),
     ) -> Vec<u32> {
         let mut out = Vec::new();
@@ -299,7 +296,7 @@ impl Tokenizer {
             out.extend(self.bos);
         }
         let mut prev_special = true;
-        for frag in self.partition(text) {
+        for frag in self.partition(text, parse_control) {
             match frag {
                 Fragment::Special(id) => {
                     out.push(id);
@@ -317,9 +314,12 @@ impl Tokenizer {
     /// Splits `text` at special-token text: each special in turn, longest first, within
     /// the raw fragments the longer ones left. O(n) per special token that occurs (a
     /// substring search each), so O(n · specials) at worst.
-    fn partition<'t>(&self, text: &'t str) -> Vec<Fragment<'t>> {
+    fn partition<'t>(&self, text: &'t str, parse_control: bool) -> Vec<Fragment<'t>> {
         let mut frags = vec![Fragment::Raw(text)];
         for (sp, id) in &self.specials {
+            if !parse_control && self.types[*id as usize] != TYPE_USER_DEFINED {
+                continue;
+            }
             if !text.contains(sp.as_str()) {
                 continue;
             }
@@ -347,24 +347,11 @@ impl Tokenizer {
 
     fn encode_raw(&self, text: &str, prev_special: bool, out: &mut Vec<u32>) {
         match &self.kind {
-            Kind::Bpe {
-                pre,
-                merges,
-                byte_ids,
-                ..
-            } => {
+            Kind::Bpe { pre, bpe, .. } => {
                 let mut syms: Vec<u32> = Vec::new();
                 let mut scratch = bpe::Scratch::default();
                 for word in pre.split(text) {
-                    syms.clear();
-                    for &b in word.as_bytes() {
-                        match byte_ids[b as usize] {
-                            Some(id) => syms.push(id),
-                            None => tracing::warn!(byte = b, "byte missing from the vocabulary"),
-                        }
-                    }
-                    merges.apply(&mut syms, &mut scratch);
-                    out.extend_from_slice(&syms);
+                    bpe.encode_word(word, &mut syms, &mut scratch, out);
                 }
             }
             Kind::Spm {
@@ -393,31 +380,26 @@ impl Tokenizer {
     /// (quadratic): the reference of the differential tests.
     #[cfg(test)]
     fn encode_naive(&self, text: &str, add_special: bool) -> Vec<u32> {
-        self.encode_with(text, add_special, |s, prev_special, out| match &self.kind {
-            Kind::Bpe { pre, merges, .. } => {
-                let byte_char = bpe::byte_to_char();
-                for word in pre.split(s) {
-                    let mut syms: Vec<u32> = Vec::with_capacity(word.len());
-                    for &b in word.as_bytes() {
-                        let c = byte_char[b as usize];
-                        let mut buf = [0u8; 4];
-                        if let Some(&id) = self.ids.get(&*c.encode_utf8(&mut buf)) {
-                            syms.push(id);
-                        }
+        self.encode_with(
+            text,
+            add_special,
+            true,
+            |s, prev_special, out| match &self.kind {
+                Kind::Bpe { pre, bpe, .. } => {
+                    for word in pre.split(s) {
+                        bpe.encode_word_naive(word, out);
                     }
-                    merges.apply_naive(&mut syms);
-                    out.extend(syms);
                 }
-            }
-            Kind::Spm {
-                scores,
-                add_space_prefix,
-                ..
-            } => {
-                let s = self.spm_text(s, *add_space_prefix && prev_special);
-                spm::encode_naive(&s, &self.ids, scores, &self.types, out);
-            }
-        })
+                Kind::Spm {
+                    scores,
+                    add_space_prefix,
+                    ..
+                } => {
+                    let s = self.spm_text(s, *add_space_prefix && prev_special);
+                    spm::encode_naive(&s, &self.ids, scores, &self.types, out);
+                }
+            },
+        )
     }
 
     /// The bytes a token stands for in output text. Control tokens render as nothing.
@@ -471,6 +453,22 @@ impl Tokenizer {
     }
 }
 
+/// How many bytes at the end of `bytes` are the start of a character that more bytes
+/// could still complete (0 to 3). Invalid sequences before it do not matter: they are
+/// U+FFFD whatever follows.
+fn unfinished_tail(bytes: &[u8]) -> usize {
+    let mut at = 0;
+    loop {
+        match std::str::from_utf8(&bytes[at..]) {
+            Ok(_) => return 0,
+            Err(e) => match e.error_len() {
+                None => return bytes.len() - at - e.valid_up_to(),
+                Some(bad) => at += e.valid_up_to() + bad,
+            },
+        }
+    }
+}
+
 enum Fragment<'t> {
     Raw(&'t str),
     Special(u32),
@@ -484,28 +482,17 @@ pub struct StreamDecoder {
 }
 
 impl StreamDecoder {
-    /// The text that `id` completes (possibly empty).
+    /// The text that `id` completes (possibly empty): every byte so far, invalid UTF-8
+    /// as U+FFFD, except an unfinished character at the end, which waits for the bytes
+    /// that may complete it. So the pieces always add up to [`Tokenizer::decode`] of
+    /// the same ids, and a piece never changes once given.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
         self.pending.extend(tok.token_bytes(id));
-        match std::str::from_utf8(&self.pending) {
-            Ok(s) => {
-                let s = s.to_string();
-                self.pending.clear();
-                s
-            }
-            Err(e) if e.error_len().is_none() => {
-                // An incomplete character at the end: emit what is whole, keep the rest.
-                let valid = e.valid_up_to();
-                let s = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
-                self.pending.drain(..valid);
-                s
-            }
-            Err(_) => {
-                let s = String::from_utf8_lossy(&self.pending).into_owned();
-                self.pending.clear();
-                s
-            }
-        }
+        let keep = unfinished_tail(&self.pending);
+        let cut = self.pending.len() - keep;
+        let s = String::from_utf8_lossy(&self.pending[..cut]).into_owned();
+        self.pending.drain(..cut);
+        s
     }
 
     /// Whatever is still held back (an unfinished character), lossily.
@@ -608,6 +595,90 @@ mod tests {
         assert_eq!(d.push(&t, t.token_id("<0xA9>").unwrap()), "é");
         assert_eq!(d.push(&t, t.token_id("<0xC3>").unwrap()), "");
         assert_eq!(d.finish(), "\u{FFFD}");
+    }
+
+    #[test]
+    fn stream_decoder_holds_back_a_partial_character_after_invalid_bytes() {
+        let t = spm();
+        let id = |b: u8| t.token_id(&format!("<0x{b:02X}>")).unwrap();
+        // E4 then 20 C3 in one step: E4 is invalid at once (a space follows), C3 may
+        // still become é: only the U+FFFD and the space are final.
+        let mut d = StreamDecoder::default();
+        assert_eq!(d.push(&t, id(0xE4)), "");
+        assert_eq!(d.push(&t, id(0x20)), "\u{FFFD} ");
+        let mut d = StreamDecoder::default();
+        let ids = [0xE4, 0xFF, 0xC3, 0xA9, 0x80, 0xF0, 0x9F, 0x98, 0x80, 0xE4];
+        let pieces: String = ids.iter().map(|&b| d.push(&t, id(b))).collect();
+        assert_eq!(
+            pieces + &d.finish(),
+            t.decode(&ids.map(id)),
+            "the pieces add up to the decode"
+        );
+        assert_eq!(
+            t.decode(&ids.map(id)),
+            "\u{FFFD}\u{FFFD}é\u{FFFD}😀\u{FFFD}"
+        );
+    }
+
+    /// A byte-level BPE vocabulary (the `gpt2` pre-tokenizer): every byte's character
+    /// but those of `missing`, then `extra` tokens, and `merges` ("left right").
+    fn gpt2_with(missing: &[u8], extra: &[&str], merges: &[&str]) -> Tokenizer {
+        let chars = bpe::byte_to_char();
+        let mut tokens: Vec<String> = (0..=255u8)
+            .filter(|b| !missing.contains(b))
+            .map(|b| chars[b as usize].to_string())
+            .collect();
+        tokens.extend(extra.iter().map(|t| t.to_string()));
+        let s = |v: &str| Value::String(v.into());
+        let mut w = GgufWriter::new();
+        w.meta("tokenizer.ggml.model", s("gpt2"))
+            .meta("tokenizer.ggml.pre", s("gpt2"))
+            .meta(
+                "tokenizer.ggml.tokens",
+                Value::Array(tokens.iter().map(|t| s(t)).collect()),
+            )
+            .meta(
+                "tokenizer.ggml.merges",
+                Value::Array(merges.iter().map(|m| s(m)).collect()),
+            );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("gpt2.gguf");
+        std::fs::write(&p, w.to_bytes()).unwrap();
+        Tokenizer::from_gguf(&Gguf::open(&p).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_byte_with_no_token_keeps_its_neighbours_apart() {
+        // "}$" is a token, 0x14 is none: "}\x14$" is one pre-tokenizer word, and the
+        // byte between them is dropped without letting them merge.
+        let t = gpt2_with(&[0x14], &["}$"], &["} $"]);
+        let id = |s: &str| t.token_id(s).unwrap();
+        assert_eq!(t.encode("}$", false), vec![id("}$")]);
+        assert_eq!(t.encode("}\x14$", false), vec![id("}"), id("$")]);
+        assert_eq!(
+            t.encode("}\x14\x14$}$", false),
+            vec![id("}"), id("$"), id("}$")]
+        );
+        assert_eq!(t.encode("\x14", false), Vec::<u32>::new());
+        // A merge may name the missing byte's character: it merges like any other.
+        let c14 = bpe::byte_to_char()[0x14];
+        let t = gpt2_with(&[0x14], &[&format!("}}{c14}")], &[&format!("}} {c14}")]);
+        let id = |s: &str| t.token_id(s).unwrap();
+        assert_eq!(
+            t.encode("}\x14$", false),
+            vec![id(&format!("}}{c14}")), id("$")]
+        );
+    }
+
+    #[test]
+    fn merges_join_texts_even_through_a_text_that_is_no_token() {
+        // "ab" is no token, but "a b" merges and "ab c" then makes "abc": llama.cpp ranks
+        // pairs of texts. A word left on "ab" falls back to the tokens of its bytes.
+        let t = gpt2_with(&[], &["abc"], &["a b", "ab c"]);
+        let id = |s: &str| t.token_id(s).unwrap();
+        assert_eq!(t.encode("abc", false), vec![id("abc")]);
+        assert_eq!(t.encode("abd", false), vec![id("a"), id("b"), id("d")]);
+        assert_eq!(t.decode(&t.encode("abd abc", false)), "abd abc");
     }
 
     /// The default model's tokenizer (SmolLM2: byte-level BPE, 49k tokens, the smollm

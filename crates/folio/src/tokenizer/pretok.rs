@@ -23,7 +23,15 @@
 //! the last match ended, and no alternative here looks past the end of the run of
 //! letters, digits, symbols or whitespace it stands in, so a split is linear in the
 //! text (the tokenizer's tests time 1 MiB runs of each kind).
+//!
+//! Letters and numbers (`\p{L}`, `\p{N}`) are those of one Unicode version, spelled
+//! out from `unicode_classes.rs` (15.1, llama.cpp's: its tables come from that
+//! version), not the regex crate's own, which follow each release of Unicode: a
+//! character assigned later (U+1366C, a letter since 16.0) would otherwise be a letter
+//! to folio and an unassigned symbol to llama.cpp, split differently, and tokenize
+//! differently. `\s` is Unicode's White_Space, unchanged for many versions.
 
+use super::unicode_classes::{LETTER, NUMBER};
 use crate::error::TokenizerError;
 use regex_automata::meta::Regex;
 use regex_automata::util::captures::Captures;
@@ -48,23 +56,43 @@ struct Pattern {
 }
 
 impl Pattern {
-    /// The regex as llama.cpp writes it (with the lookahead).
+    /// The regex as llama.cpp writes it (with the lookahead), classes pinned.
     #[cfg(test)]
     fn llama_cpp_form(&self) -> String {
-        match self.tail {
+        pinned(&match self.tail {
             Tail::None => self.head.to_string(),
             Tail::Lookahead => format!(r"{}|\s+(?!\S)", self.head),
             Tail::LookaheadOrOne => format!(r"{}|\s+(?!\S)|\s+", self.head),
-        }
+        })
     }
 
-    /// The regex folio runs: the tail as capture group 1, matched greedily.
+    /// The regex folio runs: the tail as capture group 1, matched greedily; classes
+    /// pinned.
     fn linear_form(&self) -> String {
-        match self.tail {
+        pinned(&match self.tail {
             Tail::None => self.head.to_string(),
             Tail::Lookahead | Tail::LookaheadOrOne => format!(r"(?:{})|(\s+)", self.head),
-        }
+        })
     }
+}
+
+/// `pattern` with `\p{L}` and `\p{N}` replaced by the pinned Unicode version's sets (a
+/// class inside a class is their union, so `[^\s\p{L}\p{N}]` keeps its meaning).
+fn pinned(pattern: &str) -> String {
+    pattern
+        .replace(r"\p{L}", &class(LETTER))
+        .replace(r"\p{N}", &class(NUMBER))
+}
+
+/// A regex class of inclusive code point ranges.
+fn class(ranges: &[(u32, u32)]) -> String {
+    let mut s = String::with_capacity(ranges.len() * 20 + 2);
+    s.push('[');
+    for &(a, b) in ranges {
+        s.push_str(&format!(r"\x{{{a:X}}}-\x{{{b:X}}}"));
+    }
+    s.push(']');
+    s
 }
 
 const DIGITS: Pattern = Pattern {
@@ -264,6 +292,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn letters_and_numbers_are_unicode_15_1s() {
+        let smollm = PreTokenizer::for_name("smollm").unwrap();
+        // U+1366C became a letter in Unicode 16.0: here it is unassigned, a symbol that
+        // takes the apostrophe with it ("'s" is not split off after it).
+        assert_eq!(smollm.split("\u{1366C}'s"), vec!["\u{1366C}'", "s"]);
+        // U+10D40 (a Garay digit since 16.0) is no number: no split of its own.
+        assert_eq!(smollm.split("!\u{10D40}?"), vec!["!\u{10D40}?"]);
+        // Letters and numbers of 15.1 and before are.
+        assert_eq!(smollm.split("!\u{2EBF0}٣"), vec!["!", "\u{2EBF0}", "٣"]);
     }
 
     #[test]

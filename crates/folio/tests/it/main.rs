@@ -16,3 +16,4 @@ mod layering;
 mod paged;
 mod quant_reference;
 mod tiny_model;
+mod tokenizer_parity;
