@@ -19,6 +19,7 @@
 //! caller must have checked; slices are indexed with bounds checks.
 #![allow(unsafe_code)]
 
+use super::avx2::{h2f, hsum};
 use super::quant::*;
 use std::arch::x86_64::*;
 
@@ -110,16 +111,6 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
     }
 }
 
-/// The AVX2 kernel's horizontal sum of 8 lanes (halves, then pairs), the same bits.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
-}
-
 /// Four Q8_0 rows × C activation rows with the lanes, scalings and reductions of the
 /// AVX2 `tile_q8_0` (so its bits): two rows per vector, 8 lanes each. The signed
 /// weights are offset to unsigned (w + 128, a bit flip) for `vpdpbusd`, and 128·Σa,
@@ -178,15 +169,9 @@ pub unsafe fn tile_q8_0<const C: usize>(
             ];
             for (k, h) in halves.into_iter().enumerate() {
                 // `+ 0.0`: the AVX2 kernel adds its (zero) min terms, which turns -0 to +0.
-                // SAFETY: same CPU features as this function.
+                // SAFETY: same CPU features as this function (`hsum` is the AVX2 one).
                 out[2 * p + k][c] = unsafe { hsum(h) } + 0.0;
             }
         }
     }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn h2f(h: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }

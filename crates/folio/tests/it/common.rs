@@ -37,6 +37,36 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
+/// A fixture case teacher-forced through `m` in one pass (prompt_ids + greedy_ids):
+/// for each position of its `top5`, folio's log-probabilities of the next token and the
+/// fixture's top-5 `[id, logprob]` there; `visit` also gets |folio − fixture| for each
+/// of the five.
+pub fn teacher_forced(
+    m: &Model,
+    case: &serde_json::Value,
+    mut visit: impl FnMut(usize, &[f32], &[serde_json::Value], &[f64]),
+) {
+    let vocab = m.config.vocab;
+    let seq: Vec<u32> = ids(&case["prompt_ids"])
+        .into_iter()
+        .chain(ids(&case["greedy_ids"]))
+        .collect();
+    let mut cache = m.new_cache(seq.len());
+    let logits = m
+        .run(&mut cache, &seq[..seq.len() - 1], Logits::All)
+        .unwrap();
+    for (i, top) in case["top5"].as_array().unwrap().iter().enumerate() {
+        let row = &logits[i * vocab..(i + 1) * vocab];
+        let lp = folio::model::sampler::log_softmax(row);
+        let top = top.as_array().unwrap();
+        let diffs: Vec<f64> = top
+            .iter()
+            .map(|e| (lp[e[0].as_u64().unwrap() as usize] - e[1].as_f64().unwrap()).abs())
+            .collect();
+        visit(i, row, top, &diffs);
+    }
+}
+
 use folio::kv::{BasicCache, KvDtype, KvSeq, Logits, PagedKv};
 use folio::model::{Sampler, SamplingParams};
 use folio::tokenizer::StreamDecoder;

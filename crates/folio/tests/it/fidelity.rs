@@ -14,7 +14,7 @@ use crate::common;
 use crate::common::ModelExt;
 use folio::internals::{runnable_isas, Isa};
 use folio::kv::Logits;
-use folio::model::sampler::{argmax, log_softmax};
+use folio::model::sampler::argmax;
 use folio::model::Model;
 use std::sync::OnceLock;
 
@@ -59,11 +59,27 @@ struct Fidelity {
     cases: usize,
 }
 
+impl Fidelity {
+    /// The figures in one line, after `what`.
+    fn line(&self, what: &str) -> String {
+        format!(
+            "{what}: top-5 logprob |diff| mean {:.4}, max {:.4} over {} values; top token \
+             differs at {}/{} confident positions; free-running greedy identical {}/{}",
+            self.mean,
+            self.max,
+            self.values,
+            self.top_mismatches.len(),
+            self.top_checked,
+            self.greedy_same,
+            self.cases
+        )
+    }
+}
+
 /// Teacher-forces every fixture sequence through folio in one batched pass and compares
 /// the top-5 log-probabilities; also runs free-running greedy decoding.
 fn compare(m: &Model, file: &str) -> Fidelity {
     let fx = common::fixtures(file);
-    let vocab = m.config.vocab;
     let (mut sum, mut max, mut values, mut top_checked, mut greedy_same) = (0f64, 0f64, 0, 0, 0);
     let mut top_mismatches = Vec::new();
     let cases = fx["cases"].as_array().unwrap();
@@ -71,17 +87,8 @@ fn compare(m: &Model, file: &str) -> Fidelity {
         let name = case["name"].as_str().unwrap();
         let prompt = common::ids(&case["prompt_ids"]);
         let gen = common::ids(&case["greedy_ids"]);
-        let seq: Vec<u32> = prompt.iter().chain(&gen).copied().collect();
-        let mut cache = m.new_cache(seq.len());
-        let logits = m
-            .run(&mut cache, &seq[..seq.len() - 1], Logits::All)
-            .unwrap();
-        for (i, top) in case["top5"].as_array().unwrap().iter().enumerate() {
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            let lp = log_softmax(row);
-            let top = top.as_array().unwrap();
-            for e in top {
-                let d = (lp[e[0].as_u64().unwrap() as usize] - e[1].as_f64().unwrap()).abs();
+        common::teacher_forced(m, case, |i, row, top, diffs| {
+            for &d in diffs {
                 sum += d;
                 max = max.max(d);
                 values += 1;
@@ -92,9 +99,9 @@ fn compare(m: &Model, file: &str) -> Fidelity {
                     top_mismatches.push(format!("{name}@{i}"));
                 }
             }
-        }
+        });
         // Free-running greedy decoding, one token per step as llama.cpp ran it.
-        let mut cache = m.new_cache(seq.len() + 1);
+        let mut cache = m.new_cache(prompt.len() + gen.len() + 1);
         let mut l = m.run(&mut cache, &prompt, Logits::Last).unwrap();
         let mut ours = Vec::new();
         for _ in 0..gen.len() {
@@ -126,16 +133,8 @@ fn teacher_forced_logprobs_match_llama_cpp() {
     }
     let f = compare(model(), "llama_cpp.json");
     eprintln!(
-        "vs llama.cpp (flash attention on, its default): top-5 logprob |diff| mean {:.4}, \
-         max {:.4} over {} values; top token checked at {} positions, {} differ; \
-         free-running greedy identical for {}/{} prompts",
-        f.mean,
-        f.max,
-        f.values,
-        f.top_checked,
-        f.top_mismatches.len(),
-        f.greedy_same,
-        f.cases
+        "{}",
+        f.line("vs llama.cpp (flash attention on, its default)")
     );
     assert!(
         f.top_mismatches.is_empty(),
@@ -151,16 +150,7 @@ fn teacher_forced_logprobs_match_llama_cpp() {
 #[test]
 fn report_distance_to_llama_cpp_without_flash_attention() {
     let f = compare(model(), "llama_cpp_fa_off.json");
-    eprintln!(
-        "vs llama.cpp (flash attention off): top-5 logprob |diff| mean {:.4}, max {:.4}; \
-         top token differs at {}/{} confident positions; greedy identical {}/{}",
-        f.mean,
-        f.max,
-        f.top_mismatches.len(),
-        f.top_checked,
-        f.greedy_same,
-        f.cases
-    );
+    eprintln!("{}", f.line("vs llama.cpp (flash attention off)"));
     assert!(
         f.mean < 0.2,
         "far from llama.cpp even without flash attention: {}",
@@ -178,14 +168,8 @@ fn report_distance_to_llama_cpp_on_the_other_paths() {
             .with_isa(isa);
         let f = compare(&m, "llama_cpp.json");
         eprintln!(
-            "{isa} path vs llama.cpp's AVX2 build: top-5 logprob |diff| mean {:.4}, max \
-             {:.4}; top token differs at {}/{} confident positions; greedy identical {}/{}",
-            f.mean,
-            f.max,
-            f.top_mismatches.len(),
-            f.top_checked,
-            f.greedy_same,
-            f.cases
+            "{}",
+            f.line(&format!("{isa} path vs llama.cpp's AVX2 build"))
         );
         assert!(f.mean < 0.2, "{isa}: far from llama.cpp: {}", f.mean);
     }

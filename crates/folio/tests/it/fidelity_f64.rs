@@ -17,7 +17,7 @@
 use crate::common::{self, ModelExt};
 use folio::internals::{runnable_isas, Isa};
 use folio::kv::Logits;
-use folio::model::sampler::{argmax, log_softmax};
+use folio::model::sampler::argmax;
 use folio::model::Model;
 use serde_json::Value;
 use std::time::Instant;
@@ -44,25 +44,14 @@ struct Distance {
 /// Teacher-forces each case's sequence in one pass (as fidelity.rs's `compare`) and
 /// measures |folio's logprob - the exact model's| over the exact model's top-5.
 fn distance(m: &Model, cases: &[&Value], greedy: bool) -> Distance {
-    let vocab = m.config.vocab;
     let (mut sum, mut max, mut values, mut positions) = (0f64, 0f64, 0, 0);
     let mut top_differs = Vec::new();
     let mut greedy_same = 0;
     for case in cases {
         let name = case["name"].as_str().unwrap();
         let prompt = common::ids(&case["prompt_ids"]);
-        let gen = common::ids(&case["greedy_ids"]);
-        let seq: Vec<u32> = prompt.iter().chain(&gen).copied().collect();
-        let mut cache = m.new_cache(seq.len());
-        let logits = m
-            .run(&mut cache, &seq[..seq.len() - 1], Logits::All)
-            .unwrap();
-        for (i, top) in case["top5"].as_array().unwrap().iter().enumerate() {
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            let lp = log_softmax(row);
-            let top = top.as_array().unwrap();
-            for e in top {
-                let d = (lp[e[0].as_u64().unwrap() as usize] - e[1].as_f64().unwrap()).abs();
+        common::teacher_forced(m, case, |i, row, top, diffs| {
+            for &d in diffs {
                 sum += d;
                 max = max.max(d);
                 values += 1;
@@ -72,7 +61,7 @@ fn distance(m: &Model, cases: &[&Value], greedy: bool) -> Distance {
                 let gap = top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap();
                 top_differs.push((format!("{name}@{i}"), gap));
             }
-        }
+        });
         if greedy {
             let want = common::ids(&case["reference_greedy_ids"]);
             let mut cache = m.new_cache(prompt.len() + want.len() + 1);
