@@ -5,21 +5,24 @@
 //! 32-bit lane in one instruction: exact integer sums, where AVX2 needs two
 //! instructions (`maddubs`, `madd`). Then, per 32-weight block, the lanes go to float
 //! and are scaled.
-//! - Q8_0 (`tile_q8_0`) keeps the AVX2 kernel's lanes (8 per row, lane k = weights
-//!   4k..4k+3 of the block) and its reductions, so it gives the AVX2 path's bits.
 //! - Q4_1 (`tile_q4_1x4`, the default model's format) puts four rows in one vector, 4
 //!   lanes per row, each lane summing 8 products (4 of the low nibbles, 4 of the high):
-//!   half the float work of 8 lanes per row. Its bits differ from the AVX2 path's by
-//!   summation order only; every (row, column) gets the same instructions whatever the
-//!   tile width, so batch invariance holds on this path as on the others. (A variant
-//!   that kept the AVX2 lanes, and so llama.cpp's AVX2 bits, prefilled at 0.83x of this
-//!   one on a Zen 4: pp512 595-636 tok/s against 715-770.)
+//!   half the float work of 8 lanes per row. (A variant that kept the AVX2 lanes, and
+//!   so llama.cpp's AVX2 bits, prefilled at 0.83x of this one on a Zen 4: pp512
+//!   595-636 tok/s against 715-770.)
+//! - Q8_0 (`tile_q8_0`, the default model's output head) the same way, its rows' block
+//!   halves gathered four to a vector. (The variant with AVX2's lanes and bits decoded
+//!   16 sequences at 518-526 tok/s against 529-618.)
+//!
+//! Their bits differ from the AVX2 path's by summation order only; every (row, column)
+//! gets the same instructions whatever the tile width, so batch invariance holds on
+//! this path as on the others.
 //!
 //! Every function here is `unsafe` only because it is compiled for CPU features the
 //! caller must have checked; slices are indexed with bounds checks.
 #![allow(unsafe_code)]
 
-use super::avx2::{h2f, hsum};
+use super::avx2::h2f;
 use super::quant::*;
 use std::arch::x86_64::*;
 
@@ -111,10 +114,10 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
     }
 }
 
-/// Four Q8_0 rows × C activation rows with the lanes, scalings and reductions of the
-/// AVX2 `tile_q8_0` (so its bits): two rows per vector, 8 lanes each. The signed
-/// weights are offset to unsigned (w + 128, a bit flip) for `vpdpbusd`, and 128·Σa,
-/// the same for every row, is taken off the exact integer sums.
+/// Four Q8_0 rows × C activation rows, 4 lanes per row as `tile_q4_1x4`: each row's
+/// block halves (bytes 0..16, 16..32) gathered into two vectors of four rows, its signs
+/// moved onto the activations (|w| · ±a, exact) for `vpdpbusd`, so lane 4r+k sums row
+/// r's products of weights 4k..4k+3 and 16+4k..16+4k+3.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn tile_q8_0<const C: usize>(
     w: [&[BlockQ8_0]; 4],
@@ -124,54 +127,56 @@ pub unsafe fn tile_q8_0<const C: usize>(
     let nb = a[0].len();
     assert!(w.iter().all(|r| r.len() >= nb));
     assert!(a.iter().all(|x| x.len() == nb));
-    let flip = _mm512_set1_epi8(-128);
-    // acc[p][c]: rows 2p (lanes 0..7) and 2p+1 (lanes 8..15), column c.
-    let mut acc = [[_mm512_setzero_ps(); C]; 2];
+    let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
         for row in &w {
             let ahead = row.as_ptr().wrapping_add(i + 2 * PREFETCH_BLOCKS) as *const i8;
             // Prefetching never faults, whatever the address.
             _mm_prefetch::<_MM_HINT_T0>(ahead);
         }
-        // SAFETY: each block's `qs` is 32 readable bytes.
-        let load = |r: usize| unsafe { _mm256_loadu_si256(w[r][i].qs.as_ptr() as *const __m256i) };
-        let wu: [__m512i; 2] = std::array::from_fn(|p| {
-            let pair = _mm512_inserti64x4(_mm512_castsi256_si512(load(2 * p)), load(2 * p + 1), 1);
-            _mm512_xor_si512(pair, flip)
-        });
+        // SAFETY: each block's `qs` is 32 readable bytes: two 16-byte halves.
+        let half = |r: usize, h: usize| unsafe {
+            _mm_loadu_si128((w[r][i].qs.as_ptr() as *const __m128i).add(h))
+        };
+        let gather = |h: usize| {
+            let lo = _mm256_inserti128_si256(_mm256_castsi128_si256(half(0, h)), half(1, h), 1);
+            let hi = _mm256_inserti128_si256(_mm256_castsi128_si256(half(2, h)), half(3, h), 1);
+            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+        };
+        let (wl, wh) = (gather(0), gather(1));
+        let (nl, nh) = (_mm512_movepi8_mask(wl), _mm512_movepi8_mask(wh));
+        let (ul, uh) = (_mm512_abs_epi8(wl), _mm512_abs_epi8(wh));
         // SAFETY: same CPU features as this function.
         let wd: [f32; 4] = std::array::from_fn(|r| unsafe { h2f(w[r][i].d) });
+        let d = _mm512_setr_ps(
+            wd[0], wd[0], wd[0], wd[0], wd[1], wd[1], wd[1], wd[1], wd[2], wd[2], wd[2], wd[2],
+            wd[3], wd[3], wd[3], wd[3],
+        );
         for c in 0..C {
             let x = &a[c][i];
-            // SAFETY: `qs` is 32 readable bytes.
-            let av = unsafe {
-                _mm512_broadcast_i64x4(_mm256_loadu_si256(x.qs.as_ptr() as *const __m256i))
+            let q = x.qs.as_ptr() as *const __m128i;
+            // SAFETY: `qs` is 32 readable bytes: two 16-byte loads.
+            let (al, ah) = unsafe {
+                (
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(q)),
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(q.add(1))),
+                )
             };
-            let bias = _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, av);
-            for p in 0..2 {
-                let dot =
-                    _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[p], av), bias);
-                // The AVX2 kernel's scale, d_w · d_x in f32, per row.
-                let sc = _mm512_castpd_ps(_mm512_insertf64x4(
-                    _mm512_castps_pd(_mm512_set1_ps(wd[2 * p] * x.d)),
-                    _mm256_castps_pd(_mm256_set1_ps(wd[2 * p + 1] * x.d)),
-                    1,
-                ));
-                acc[p][c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(dot), acc[p][c]);
-            }
+            let zero = _mm512_setzero_si512();
+            let sl = _mm512_mask_sub_epi8(al, nl, zero, al);
+            let sh = _mm512_mask_sub_epi8(ah, nh, zero, ah);
+            let p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, ul, sl), uh, sh);
+            let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
+            acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[c]);
         }
     }
     for c in 0..C {
-        for p in 0..2 {
-            let halves = [
-                _mm512_castps512_ps256(acc[p][c]),
-                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][c]), 1)),
-            ];
-            for (k, h) in halves.into_iter().enumerate() {
-                // `+ 0.0`: the AVX2 kernel adds its (zero) min terms, which turns -0 to +0.
-                // SAFETY: same CPU features as this function (`hsum` is the AVX2 one).
-                out[2 * p + k][c] = unsafe { hsum(h) } + 0.0;
-            }
+        let mut v = [0f32; 16];
+        // SAFETY: `v` is 16 floats.
+        unsafe { _mm512_storeu_ps(v.as_mut_ptr(), acc[c]) };
+        for (r, row) in out.iter_mut().enumerate() {
+            let l = &v[4 * r..4 * r + 4];
+            row[c] = (l[0] + l[2]) + (l[1] + l[3]);
         }
     }
 }

@@ -203,7 +203,6 @@ impl QMatrix {
         #[cfg(target_arch = "x86_64")]
         if isa.avx2() {
             // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
-            // (The AVX-512 path's 4-row Q8_0 tiles give these kernels' bits.)
             unsafe {
                 use super::avx2;
                 return match self.ty {
@@ -508,7 +507,7 @@ fn run_tile(
         // SAFETY: AVX-512 paths are only produced after running the features.
         by_columns!(w, act, out, r0, ROW_TILE, t0, n, |a, o| unsafe {
             super::avx512::tile_q8_0(rows, a, &mut o)
-        }, 1 2 3 4);
+        }, 1 2 3 4 5 6 7 8);
         return;
     }
     #[cfg(target_arch = "x86_64")]
