@@ -771,3 +771,56 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
         }
     }
 }
+
+/// Four packed Q8_0 rows × C activation rows: the same arithmetic per (row, column) as
+/// `tile_q8_0` on GGUF rows (so the same bits, llama.cpp's AVX2 ones), each row's 32
+/// weights put back together from the tile's two halves.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_q8_0x4<const C: usize>(
+    w: &[BlockQ8_0x4],
+    a: [&[BlockQ8]; C],
+    out: &mut [[f32; C]; 4],
+) {
+    let nb = a[0].len();
+    assert!(w.len() >= nb);
+    assert!(a.iter().all(|x| x.len() == nb));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); C]; 4];
+    for i in 0..nb {
+        let ahead = w.as_ptr().wrapping_add(i + PREFETCH_BLOCKS / 2) as *const i8;
+        // Prefetching never faults, whatever the address.
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128));
+        let b = &w[i];
+        let half = |h: usize| b.qs[h].as_ptr() as *const __m128i;
+        // SAFETY: each half is 16 readable bytes.
+        let wq: [__m256i; 4] = std::array::from_fn(|r| unsafe {
+            _mm256_set_m128i(_mm_loadu_si128(half(4 + r)), _mm_loadu_si128(half(r)))
+        });
+        // SAFETY: same CPU features as this function.
+        let wd: [f32; 4] = std::array::from_fn(|r| unsafe { h2f(b.d[r]) });
+        for c in 0..C {
+            let x = &a[c][i];
+            // SAFETY: same CPU features as this function.
+            let av = unsafe { load32(&x.qs) };
+            for r in 0..4 {
+                let u = _mm256_sign_epi8(wq[r], wq[r]);
+                let s = _mm256_sign_epi8(av, wq[r]);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
+                acc[r][c] = _mm256_fmadd_ps(
+                    _mm256_set1_ps(wd[r] * x.d),
+                    _mm256_cvtepi32_ps(p),
+                    acc[r][c],
+                );
+            }
+        }
+    }
+    for r in 0..4 {
+        for c in 0..C {
+            // `+ 0.0`: `tile_q8_0` adds its (zero) min terms, which turns -0 to +0.
+            // SAFETY: same CPU features as this function.
+            out[r][c] = unsafe { hsum(acc[r][c]) } + 0.0;
+        }
+    }
+}

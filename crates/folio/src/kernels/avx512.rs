@@ -10,9 +10,10 @@
 //!   half the float work of 8 lanes per row. (A variant that kept the AVX2 lanes, and
 //!   so llama.cpp's AVX2 bits, prefilled at 0.83x of this one on a Zen 4: pp512
 //!   595-636 tok/s against 715-770.)
-//! - Q8_0 (`tile_q8_0`, the default model's output head) the same way, its rows' block
-//!   halves gathered four to a vector. (The variant with AVX2's lanes and bits decoded
-//!   16 sequences at 518-526 tok/s against 529-618.)
+//! - Q8_0 (`tile_q8_0`, the default model's output head) the same way, from tiles
+//!   packed at load with four rows' first halves together and their second halves
+//!   together. (The variant with AVX2's lanes and bits, on GGUF rows, decoded 16
+//!   sequences at 518-526 tok/s against 529-618.)
 //!
 //! Their bits differ from the AVX2 path's by summation order only; every (row, column)
 //! gets the same instructions whatever the tile width, so batch invariance holds on
@@ -22,7 +23,6 @@
 //! caller must have checked; slices are indexed with bounds checks.
 #![allow(unsafe_code)]
 
-use super::avx2::h2f;
 use super::quant::*;
 use std::arch::x86_64::*;
 
@@ -114,44 +114,39 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
     }
 }
 
-/// Four Q8_0 rows × C activation rows, 4 lanes per row as `tile_q4_1x4`: each row's
-/// block halves (bytes 0..16, 16..32) gathered into two vectors of four rows, its signs
-/// moved onto the activations (|w| · ±a, exact) for `vpdpbusd`, so lane 4r+k sums row
-/// r's products of weights 4k..4k+3 and 16+4k..16+4k+3.
+/// Four packed Q8_0 rows × C activation rows, 4 lanes per row as `tile_q4_1x4`: the
+/// tile's first halves of four rows are one 64-byte load, its second halves another;
+/// the weights' signs move onto the activations (|w| · ±a, exact) for `vpdpbusd`, so
+/// lane 4r+k sums row r's products of weights 4k..4k+3 and 16+4k..16+4k+3.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn tile_q8_0<const C: usize>(
-    w: [&[BlockQ8_0]; 4],
+    w: &[BlockQ8_0x4],
     a: [&[BlockQ8]; C],
     out: &mut [[f32; C]; 4],
 ) {
     let nb = a[0].len();
-    assert!(w.iter().all(|r| r.len() >= nb));
+    assert!(w.len() >= nb);
     assert!(a.iter().all(|x| x.len() == nb));
+    let row_of = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
-        for row in &w {
-            let ahead = row.as_ptr().wrapping_add(i + 2 * PREFETCH_BLOCKS) as *const i8;
-            // Prefetching never faults, whatever the address.
-            _mm_prefetch::<_MM_HINT_T0>(ahead);
-        }
-        // SAFETY: each block's `qs` is 32 readable bytes: two 16-byte halves.
-        let half = |r: usize, h: usize| unsafe {
-            _mm_loadu_si128((w[r][i].qs.as_ptr() as *const __m128i).add(h))
+        let ahead = w.as_ptr().wrapping_add(i + PREFETCH_BLOCKS) as *const i8;
+        // Prefetching never faults, whatever the address.
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128));
+        let b = &w[i];
+        // SAFETY: `qs` is 8 × 16 contiguous bytes, `d` 4 halves (8 bytes).
+        let (wl, wh, dh) = unsafe {
+            (
+                _mm512_loadu_si512(b.qs.as_ptr() as *const __m512i),
+                _mm512_loadu_si512(b.qs[4].as_ptr() as *const __m512i),
+                _mm_loadl_epi64(b.d.as_ptr() as *const __m128i),
+            )
         };
-        let gather = |h: usize| {
-            let lo = _mm256_inserti128_si256(_mm256_castsi128_si256(half(0, h)), half(1, h), 1);
-            let hi = _mm256_inserti128_si256(_mm256_castsi128_si256(half(2, h)), half(3, h), 1);
-            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-        };
-        let (wl, wh) = (gather(0), gather(1));
         let (nl, nh) = (_mm512_movepi8_mask(wl), _mm512_movepi8_mask(wh));
         let (ul, uh) = (_mm512_abs_epi8(wl), _mm512_abs_epi8(wh));
-        // SAFETY: same CPU features as this function.
-        let wd: [f32; 4] = std::array::from_fn(|r| unsafe { h2f(w[r][i].d) });
-        let d = _mm512_setr_ps(
-            wd[0], wd[0], wd[0], wd[0], wd[1], wd[1], wd[1], wd[1], wd[2], wd[2], wd[2], wd[2],
-            wd[3], wd[3], wd[3], wd[3],
-        );
+        let d = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(_mm_cvtph_ps(dh)));
         for c in 0..C {
             let x = &a[c][i];
             let q = x.qs.as_ptr() as *const __m128i;

@@ -16,9 +16,10 @@ use crate::gguf::GgmlType;
 /// A weight matrix of `rows` × `cols` in one of the supported formats, copied out of the
 /// file into 8-byte-aligned memory at load time.
 ///
-/// NOTE: Q4_1 (the default model's type) is repacked at load into tiles of four rows
-/// ([`BlockQ4_1x4`]), tile-major; rows past the last multiple of four are zero padding.
-/// Every other type keeps GGUF's row-major blocks.
+/// NOTE: Q4_1 (the default model's type) and Q8_0 (its output head) are repacked at load
+/// into tiles of four rows ([`BlockQ4_1x4`], [`BlockQ8_0x4`]), tile-major, so a 4-row
+/// kernel reads one stream; rows past the last multiple of four are zero padding. Every
+/// other type keeps GGUF's row-major blocks.
 pub struct QMatrix {
     pub ty: GgmlType,
     pub rows: usize,
@@ -55,6 +56,9 @@ impl QMatrix {
         }
         if ty == GgmlType::Q4_1 {
             return Some(Self::pack_q4_1(rows, cols, row_bytes, bytes));
+        }
+        if ty == GgmlType::Q8_0 {
+            return Some(Self::pack_q8_0(rows, cols, row_bytes, bytes));
         }
         let mut data = vec![0u64; bytes.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
@@ -99,12 +103,66 @@ impl QMatrix {
         }
     }
 
-    /// The packed tile holding rows 4t..4t+4 (packed Q4_1 only).
-    fn tile_q4_1(&self, t: usize) -> &[BlockQ4_1x4] {
+    fn pack_q8_0(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
+        let nb = cols / QK;
+        let tiles = rows.div_ceil(4);
+        let size = std::mem::size_of::<BlockQ8_0x4>();
+        let mut data = vec![0u64; (tiles * nb * size).div_ceil(8)];
+        let packed: &mut [BlockQ8_0x4] = bytemuck::cast_slice_mut(
+            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..tiles * nb * size],
+        );
+        for r in 0..rows {
+            let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+            for (b, raw) in row
+                .chunks_exact(std::mem::size_of::<BlockQ8_0>())
+                .enumerate()
+            {
+                let blk: BlockQ8_0 = bytemuck::pod_read_unaligned(raw);
+                let t = &mut packed[(r / 4) * nb + b];
+                t.d[r % 4] = blk.d;
+                t.qs[r % 4].copy_from_slice(&blk.qs[..QK / 2]);
+                t.qs[4 + r % 4].copy_from_slice(&blk.qs[QK / 2..]);
+            }
+        }
+        Self {
+            ty: GgmlType::Q8_0,
+            rows,
+            cols,
+            row_bytes,
+            packed: true,
+            data,
+        }
+    }
+
+    /// The packed tile holding rows 4t..4t+4, as blocks of type `T` (the packed format).
+    fn tile<T: bytemuck::Pod>(&self, t: usize) -> &[T] {
         let nb = self.cols / QK;
-        let size = std::mem::size_of::<BlockQ4_1x4>();
+        let size = std::mem::size_of::<T>();
         let all: &[u8] = bytemuck::cast_slice(&self.data);
         bytemuck::cast_slice(&all[t * nb * size..(t + 1) * nb * size])
+    }
+
+    /// The packed Q4_1 tile holding rows 4t..4t+4.
+    fn tile_q4_1(&self, t: usize) -> &[BlockQ4_1x4] {
+        self.tile(t)
+    }
+
+    /// The packed Q8_0 tile holding rows 4t..4t+4.
+    fn tile_q8_0(&self, t: usize) -> &[BlockQ8_0x4] {
+        self.tile(t)
+    }
+
+    /// Row r of a packed Q8_0 matrix as GGUF blocks.
+    fn q8_0_row(&self, r: usize) -> Vec<BlockQ8_0> {
+        self.tile_q8_0(r / 4)
+            .iter()
+            .map(|t| {
+                let mut qs = [0i8; QK];
+                qs[..QK / 2].copy_from_slice(&t.qs[r % 4]);
+                qs[QK / 2..].copy_from_slice(&t.qs[4 + r % 4]);
+                BlockQ8_0 { d: t.d[r % 4], qs }
+            })
+            .collect()
     }
 
     /// Row r of a packed Q4_1 matrix as GGUF blocks.
@@ -160,7 +218,10 @@ impl QMatrix {
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
         let out = &mut out[..self.cols];
         if self.packed {
-            return scalar::dequant_q4_1(&self.q4_1_row(r), out);
+            return match self.ty {
+                GgmlType::Q8_0 => scalar::dequant_q8_0(&self.q8_0_row(r), out),
+                _ => scalar::dequant_q4_1(&self.q4_1_row(r), out),
+            };
         }
         let b = self.row(r);
         match self.ty {
@@ -183,6 +244,21 @@ impl QMatrix {
     /// dot(row r, activation row t) through the per-pair kernels.
     fn dot(&self, isa: Isa, r: usize, act: &Activations, t: usize) -> f32 {
         let c = self.cols;
+        if self.packed && self.ty == GgmlType::Q8_0 {
+            let a = [act.q8_row(t, c)];
+            let mut o = [[0f32; 1]; 4];
+            #[cfg(target_arch = "x86_64")]
+            if isa.avx512() {
+                // SAFETY: AVX-512 paths are only produced after running the features.
+                unsafe { super::avx512::tile_q8_0(self.tile_q8_0(r / 4), a, &mut o) };
+                return o[r % 4][0];
+            } else if isa.avx2() {
+                // SAFETY: AVX2 paths are only produced after detecting avx2, fma, f16c.
+                unsafe { super::avx2::tile_q8_0x4(self.tile_q8_0(r / 4), a, &mut o) };
+                return o[r % 4][0];
+            }
+            return scalar::dot_q8_0(&self.q8_0_row(r), a[0]);
+        }
         if self.packed {
             #[cfg(target_arch = "x86_64")]
             if isa.avx2() {
@@ -492,7 +568,7 @@ fn run_tile(
     out: &OutView,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() && w.packed {
+    if isa.avx512() && w.packed && w.ty == GgmlType::Q4_1 {
         let tile = w.tile_q4_1(r0 / 4);
         // SAFETY: AVX-512 paths are only produced after running the features.
         by_columns!(w, act, out, r0, r1 - r0, t0, n, |a, o| unsafe {
@@ -501,17 +577,23 @@ fn run_tile(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() && r1 - r0 == ROW_TILE && w.ty == GgmlType::Q8_0 {
-        let rows: [&[BlockQ8_0]; ROW_TILE] =
-            std::array::from_fn(|r| bytemuck::cast_slice(w.row(r0 + r)));
-        // SAFETY: AVX-512 paths are only produced after running the features.
-        by_columns!(w, act, out, r0, ROW_TILE, t0, n, |a, o| unsafe {
-            super::avx512::tile_q8_0(rows, a, &mut o)
-        }, 1 2 3 4 5 6 7 8);
+    if isa.avx2() && w.packed && w.ty == GgmlType::Q8_0 {
+        let tile = w.tile_q8_0(r0 / 4);
+        if isa.avx512() {
+            // SAFETY: AVX-512 paths are only produced after running the features.
+            by_columns!(w, act, out, r0, r1 - r0, t0, n, |a, o| unsafe {
+                super::avx512::tile_q8_0(tile, a, &mut o)
+            }, 1 2 3 4 5 6 7 8);
+        } else {
+            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
+            by_columns!(w, act, out, r0, r1 - r0, t0, n, |a, o| unsafe {
+                super::avx2::tile_q8_0x4(tile, a, &mut o)
+            }, 1 2);
+        }
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && w.packed {
+    if isa.avx2() && w.packed && w.ty == GgmlType::Q4_1 {
         let tile = w.tile_q4_1(r0 / 4);
         let real = r1 - r0;
         let emit = |t: usize, o: &[[f32; 3]; 4], k: usize| {

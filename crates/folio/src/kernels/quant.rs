@@ -65,6 +65,16 @@ pub struct BlockQ4_1x4 {
     pub qs: [[u8; QK / 2]; 4],
 }
 
+/// Four rows' Q8_0 blocks at the same column, packed at load time: the four scales,
+/// then the rows' first 16 weights (row 0..3), then their last 16. A 4-row kernel reads
+/// one stream, and each half of four rows is one 64-byte load.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ8_0x4 {
+    pub d: [u16; 4],
+    pub qs: [[i8; QK / 2]; 8],
+}
+
 /// 8-bit activations for the 32-element formats: x ≈ d * q; `s` = d * Σq, which lets
 /// offset formats (Q4_0's -8, Q4_1's min) fold their constant term into one multiply.
 #[repr(C)]
@@ -91,6 +101,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 const _: () = assert!(std::mem::size_of::<BlockQ8>() == 40);
 const _: () = assert!(std::mem::size_of::<BlockQ4_1x4>() == 80);
+const _: () = assert!(std::mem::size_of::<BlockQ8_0x4>() == 136);
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
 
 #[inline]

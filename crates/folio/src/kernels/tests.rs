@@ -559,3 +559,37 @@ fn expf_table_equals_glibc() {
     }
     assert_eq!(bad, 0);
 }
+
+/// The packed four-row Q8_0 kernel of the AVX2 path must give exactly the bits of the
+/// row kernel that follows ggml's lanes (llama.cpp's AVX2 build's), tails included.
+#[test]
+fn packed_q8_0_matmul_is_bit_identical_to_the_row_kernel() {
+    if !detect().avx2() {
+        eprintln!("skipped: this CPU does not run the avx2 kernels");
+        return;
+    }
+    let mut rng = SplitMix64(31);
+    let (rows, cols, n) = (10, 576, 5);
+    let nb = cols / QK;
+    let bytes = random_weights(&mut rng, GgmlType::Q8_0, rows, cols);
+    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(&bytes);
+    let w = QMatrix::new(GgmlType::Q8_0, rows, cols, &bytes).unwrap();
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 4.0).collect();
+    let got = run(Isa::Avx2, &w, &x, n, 2);
+    for t in 0..n {
+        let mut q = vec![bytemuck::Zeroable::zeroed(); nb];
+        scalar::quantize_q8(&x[t * cols..(t + 1) * cols], &mut q);
+        for r in 0..rows {
+            let mut want = [[0f32; 1]; 1];
+            // SAFETY: AVX2, FMA and F16C were detected above.
+            unsafe {
+                super::avx2::tile_q8_0::<1, 1>([&blocks[r * nb..(r + 1) * nb]], [&q], &mut want)
+            };
+            assert_eq!(
+                got[t * rows + r].to_bits(),
+                want[0][0].to_bits(),
+                "row {r} token {t}"
+            );
+        }
+    }
+}
