@@ -58,6 +58,15 @@ pub struct Args {
     /// thread more than the cores.
     #[arg(long)]
     pub contention: bool,
+    /// Also print long-context figures: prefill tok/s at 512, 2048 and 8000 tokens and
+    /// decode tok/s at depths 0, 2048 and 8000, beside llama.cpp's `llama-bench` (see
+    /// --llama-bench) in the same rounds.
+    #[arg(long)]
+    pub long_figures: bool,
+    /// llama.cpp's `llama-bench` binary [default: $FOLIO_LLAMA_BENCH]: measured with
+    /// --long-figures in the same rounds as folio.
+    #[arg(long, value_name = "PATH")]
+    pub llama_bench: Option<std::path::PathBuf>,
     /// Most token rows in one engine step (decode tokens plus prefill chunks).
     #[arg(long, default_value_t = 512)]
     pub max_batch_tokens: usize,
@@ -168,6 +177,20 @@ pub fn run(a: Args) -> Result<()> {
             .map(|l| format!(", llama.cpp {:.0}%", 100.0 * l.1 / limit))
             .unwrap_or_default()
     );
+    if a.long_figures {
+        let path = a.model.path()?;
+        crate::bench_long::run(
+            &model,
+            &base,
+            &crate::bench_long::LongArgs {
+                page_size: a.model.page_size,
+                reps,
+                threads,
+                model_path: &path,
+                llama_bench: llama_tool(&a, &a.llama_bench, "FOLIO_LLAMA_BENCH"),
+            },
+        )?;
+    }
     if a.contention {
         crate::bench_contention::run(&a.model, &prompt, a.tg, reps)?;
     }

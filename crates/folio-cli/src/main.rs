@@ -4,6 +4,7 @@ mod bench;
 mod bench_batch;
 mod bench_contention;
 mod bench_grammar;
+mod bench_long;
 mod bench_serve;
 mod chat;
 mod figures;

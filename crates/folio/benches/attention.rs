@@ -6,6 +6,10 @@
 //! as a real decode step finds them, and the four variants run in rotation so drift
 //! hits all alike; each figure is the best of 30.
 //!
+//! Then prefill: a block of query rows at the end of a long context (every row of the
+//! block at its own position, causal), as a long prompt's last chunk runs it; the figure
+//! is the time per (query head, key) pair, best of 5.
+//!
 //! `cargo bench -p folio --bench attention [-- --threads N]`
 
 use folio::internals::{isa, ThreadPool};
@@ -130,6 +134,57 @@ fn main() {
             gath * 1e3,
             ord / den,
             gath / scat
+        );
+    }
+    prefill(&pool);
+}
+
+/// Time per (query head, key) pair of a prefill block: `rows` consecutive query rows
+/// ending at position `ctx - 1`, over pages in order.
+fn prefill(pool: &ThreadPool) {
+    let kvd = HEADS.n_kv_heads * HEADS.head_dim;
+    let d = HEADS.n_heads * HEADS.head_dim;
+    println!();
+    println!(
+        "prefill block, every row causal at its own position, kernels {}",
+        folio::machine::isa_name()
+    );
+    println!("| context | rows | ms | ns per (query head, key) pair |");
+    println!("|---------|------|----|-------------------------------|");
+    for (ctx, rows) in [(2048usize, 256usize), (8192, 256)] {
+        let mut rng = SplitMix64(ctx as u64 + 1);
+        let mut solo = PagedKv::new(ctx.div_ceil(PAGE) + 1, PAGE, 1, kvd, ctx, b"bench");
+        let mut alone = solo.new_table(None);
+        for p in 0..ctx {
+            let k: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
+            let v: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
+            fill(&mut solo, &mut alone, p, &k, &v);
+        }
+        let q: Vec<f32> = (0..d * rows).map(|_| rng.signed_f32()).collect();
+        let list: Vec<(usize, usize)> = (ctx - rows..ctx).map(|p| (0, p)).collect();
+        let pairs: usize = list.iter().map(|r| r.1 + 1).sum::<usize>() * HEADS.n_heads;
+        let mut out = vec![0f32; d * rows];
+        let b = reader(alone.pages(), PAGE, ctx);
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            attention(
+                pool,
+                isa(),
+                HEADS,
+                solo.storage(),
+                &b,
+                0,
+                &list,
+                &q,
+                &mut out,
+            );
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "| {ctx:>7} | {rows:>4} | {:>6.2} | {:>29.3} |",
+            best * 1e3,
+            best * 1e9 / pairs as f64
         );
     }
 }

@@ -5,6 +5,7 @@
 //! - `quant`: `#[repr(C)]` block structs of every weight format, with size asserts.
 //! - `scalar`: the reference twin of every kernel.
 //! - `avx2`: AVX2/FMA/F16C kernels, chosen at run time.
+//! - `attend`: prefill attention in query blocks (rows sharing each tile of K/V).
 //! - `avx512`: AVX-512 (F, BW, VL, VNNI) twins of the matmul kernels, where the CPU runs
 //!   them; every other kernel of that path is the AVX2 one.
 //! - `matmul`: [`QMatrix`] (weights laid out for the kernels) and the threaded matmul.
@@ -17,6 +18,7 @@
 
 #![allow(unsafe_code)]
 
+mod attend;
 pub mod matmul;
 pub mod pool;
 pub mod quant;
@@ -28,6 +30,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 mod detect;
 
+pub use attend::attend_block;
 pub use matmul::{matmul, Activations, QMatrix};
 pub use pool::ThreadPool;
 
@@ -209,8 +212,14 @@ pub fn attend_runs(
 }
 
 /// `out` = `x` rounded to f16 precision (the query of llama.cpp's flash attention).
+#[cfg(test)]
 pub fn round_f16(x: &[f32], out: &mut Vec<f32>) {
     out.clear();
+    round_f16_into(x, out);
+}
+
+/// Appends `x` rounded to f16 precision to `out`.
+pub fn round_f16_into(x: &[f32], out: &mut Vec<f32>) {
     out.extend(x.iter().map(|&v| quant::f16_to_f32(quant::f32_to_f16(v))));
 }
 

@@ -418,6 +418,98 @@ fn attention_simd_is_bit_identical_to_scalar() {
     }
 }
 
+/// A block of query rows through `attend_block` (keys in pages, each row with its own
+/// causal limit) gives every query exactly the bits the scalar kernel gives it alone
+/// over its keys in one run, on every path, for f16 and f32 K/V.
+#[test]
+fn attention_block_gives_each_row_its_bits_alone() {
+    use super::{KvRows, KvRun};
+    let mut rng = SplitMix64(23);
+    let (n, stride, off) = (700, 192, 64);
+    let kf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 2.0).collect();
+    let vf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 3.0).collect();
+    let k16: Vec<u16> = kf.iter().map(|&x| f32_to_f16(x)).collect();
+    let v16: Vec<u16> = vf.iter().map(|&x| f32_to_f16(x)).collect();
+    for f32_kv in [false, true] {
+        let rows_at = |p: usize| {
+            let at = p * stride + off;
+            if f32_kv {
+                (KvRows::F32(&kf[at..]), KvRows::F32(&vf[at..]))
+            } else {
+                (KvRows::F16(&k16[at..]), KvRows::F16(&v16[at..]))
+            }
+        };
+        // The keys 0..len as pages of `page` keys.
+        let paged = |len: usize, page: usize| -> Vec<KvRun> {
+            (0..len)
+                .step_by(page)
+                .map(|p| {
+                    let (k, v) = rows_at(p);
+                    KvRun {
+                        k,
+                        v,
+                        n: page.min(len - p),
+                    }
+                })
+                .collect()
+        };
+        for (g, rows, page, len) in [
+            (3, 16, 16, 700),
+            (3, 5, 7, 300),
+            (1, 1, 16, 33),
+            (2, 20, 1, 90),
+            (4, 9, 64, 700),
+        ] {
+            let q: Vec<f32> = (0..rows * g * 64).map(|_| rng.signed_f32() * 4.0).collect();
+            let mut qk = q.clone();
+            if !f32_kv {
+                super::round_f16(&q, &mut qk);
+            }
+            // Consecutive positions ending at the last key, as a prefill block has, and
+            // some rows with other limits.
+            let keys: Vec<usize> = (0..rows)
+                .map(|r| match r % 4 {
+                    3 => 1 + rng.below(len as u64) as usize,
+                    _ => len - (rows - 1 - r).min(len - 1),
+                })
+                .collect();
+            let mut want_state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
+            let mut want_acc = vec![0f32; rows * g * 64];
+            for (r, &reach) in keys.iter().enumerate() {
+                for h in 0..g {
+                    let i = r * g + h;
+                    let st = &mut want_state[i];
+                    scalar::attend_runs(
+                        &qk[i * 64..(i + 1) * 64],
+                        &paged(reach, usize::MAX),
+                        stride,
+                        0.125,
+                        (&mut st.0, &mut st.1),
+                        &mut want_acc[i * 64..(i + 1) * 64],
+                    );
+                }
+            }
+            for isa in runnable() {
+                let mut state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
+                let mut acc = vec![0f32; rows * g * 64];
+                super::attend_block(
+                    isa,
+                    &qk,
+                    &keys,
+                    &paged(len, page),
+                    stride,
+                    0.125,
+                    &mut state,
+                    &mut acc,
+                );
+                let what = format!("{isa}, {g} heads, {rows} rows, page {page}, f32 {f32_kv}");
+                assert_eq!(want_state, state, "{what}");
+                assert_eq!(want_acc, acc, "{what}");
+            }
+        }
+    }
+}
+
 /// The packed four-row Q4_1 kernel (two rows per vector) must give exactly the bits of
 /// the one-row kernel that follows ggml's lane layout, for every column count it runs.
 #[test]

@@ -2,14 +2,16 @@
 //! K/V, read page run by page run from a [`KvStorage`] through the pages its
 //! [`Batch`] step names, with no dense copy of the history. Causal by position: the row at position `p` reads keys `0..=p`.
 //!
-//! Work is split into units of (row, KV head, key chunk): the query heads that share a
-//! KV head run together, so each key is loaded once for all of them, and a query's keys
-//! are cut into chunks of [`SPLIT_KEYS`] (split-K), so one long decode spreads over
-//! every thread.
+//! Work is split into units of (block of rows, KV head, key chunk): the query heads that
+//! share a KV head run together, so each key is loaded once for all of them; up to
+//! [`ROW_BLOCK`] rows of one sequence at consecutive positions (a prefill) go through
+//! each tile of keys together, so each page is read from memory once per block; and a
+//! query's keys are cut into chunks of [`SPLIT_KEYS`] (split-K), so one long decode
+//! spreads over every thread.
 //! The cut points depend only on the position, never on the batch or the thread count,
 //! and each unit's reduction runs keys in order; the chunks' partial softmax states are
 //! then combined in chunk order. So a row's output is the same bits whatever else runs
-//! in the step and however many threads run it.
+//! in the step, whichever rows share its block and however many threads run it.
 //!
 //! NOTE: the arithmetic is that of llama.cpp's CPU flash attention (its default): the
 //! query rounded to f16, an online softmax over the keys in order, and the value
@@ -33,13 +35,22 @@ pub struct Heads {
     pub head_dim: usize,
 }
 
-/// One (row, KV head, key range) piece of work: all query heads of that KV head.
+/// Query rows per block: consecutive positions of one sequence that go through each
+/// tile of K/V together (`kernels::attend_block`), so a prefill reads each page once per
+/// block instead of once per row. It changes no row's arithmetic.
+pub const ROW_BLOCK: usize = 16;
+
+/// One (block of rows, KV head, key chunk) piece of work: all query heads of that KV
+/// head, for the block's rows `r0..r1` that reach the chunk (those before `r0` end
+/// before it). Its partial states start at `off` in the partial buffer, one per row.
 #[derive(Clone, Copy)]
 struct Unit {
-    row: u32,
+    r0: u32,
+    r1: u32,
     kv_head: u32,
     k0: u32,
     k1: u32,
+    off: usize,
 }
 
 /// Grouped-query attention of `q` (`rows.len()` rows of `n_heads · head_dim`) into `out`
@@ -65,27 +76,53 @@ pub fn attention<S: KvStorage + ?Sized>(
     } = heads;
     let (group, kv_dim, d) = (nh / nkv, nkv * hd, nh * hd);
     let scale = 1.0 / (hd as f32).sqrt();
+    // Each unit leaves, per row and query head of its group, the partial state
+    // [max, sum, acc(hd)].
+    let stride = group * (hd + 2);
     let mut units = Vec::new();
-    for (r, &(_, pos)) in rows.iter().enumerate() {
+    let mut off = 0;
+    let mut b0 = 0;
+    while b0 < rows.len() {
+        // A block: up to ROW_BLOCK rows of one sequence at consecutive positions.
+        let mut b1 = b0 + 1;
+        while b1 < rows.len()
+            && b1 - b0 < ROW_BLOCK
+            && rows[b1].0 == rows[b0].0
+            && rows[b1].1 == rows[b1 - 1].1 + 1
+        {
+            b1 += 1;
+        }
+        let last = rows[b1 - 1].1;
         for kh in 0..nkv {
-            for k0 in (0..=pos).step_by(SPLIT_KEYS) {
-                let k1 = (k0 + SPLIT_KEYS).min(pos + 1);
+            for k0 in (0..=last).step_by(SPLIT_KEYS) {
+                // The rows that reach this chunk: a suffix of the block.
+                let r0 = (b0..b1).find(|&r| rows[r].1 >= k0).unwrap_or(b1);
                 units.push(Unit {
-                    row: r as u32,
+                    r0: r0 as u32,
+                    r1: b1 as u32,
                     kv_head: kh as u32,
                     k0: k0 as u32,
-                    k1: k1 as u32,
+                    k1: (k0 + SPLIT_KEYS).min(last + 1) as u32,
+                    off,
                 });
+                off += (b1 - r0) * stride;
             }
         }
+        b0 = b1;
     }
+    // The work of a unit: the keys its rows read.
+    let work = |u: &Unit| -> u64 {
+        (u.r0..u.r1)
+            .map(|r| (rows[r as usize].1 + 1).min(u.k1 as usize) as u64 - u64::from(u.k0))
+            .sum()
+    };
     // Contiguous runs of units with about equal keys each.
     let threads = pool.parallelism().min(units.len()).max(1);
-    let total: u64 = units.iter().map(|u| u64::from(u.k1 - u.k0)).sum();
+    let total: u64 = units.iter().map(work).sum();
     let mut bounds = vec![0usize];
     let mut acc = 0u64;
     for (i, u) in units.iter().enumerate() {
-        acc += u64::from(u.k1 - u.k0);
+        acc += work(u);
         if bounds.len() < threads && acc * threads as u64 >= total * bounds.len() as u64 {
             bounds.push(i + 1);
         }
@@ -93,14 +130,12 @@ pub fn attention<S: KvStorage + ?Sized>(
     while bounds.len() <= threads {
         bounds.push(units.len());
     }
-    // Each unit leaves, per query head of its group, the partial state
-    // [max, sum, acc(hd)].
-    let stride = group * (hd + 2);
-    let mut partial = vec![0f32; units.len() * stride];
+    let at = |i: usize| units.get(i).map_or(off, |u| u.off);
+    let mut partial = vec![0f32; off];
     let mut parts: Vec<Mutex<&mut [f32]>> = Vec::with_capacity(threads);
     let mut rest = &mut partial[..];
     for t in 0..threads {
-        let (mine, tail) = rest.split_at_mut((bounds[t + 1] - bounds[t]) * stride);
+        let (mine, tail) = rest.split_at_mut(at(bounds[t + 1]) - at(bounds[t]));
         parts.push(Mutex::new(mine));
         rest = tail;
     }
@@ -113,15 +148,16 @@ pub fn attention<S: KvStorage + ?Sized>(
         if t >= threads {
             return;
         }
-        let mut qh = Vec::with_capacity(group * hd);
-        let mut acc = vec![0f32; group * hd];
-        let mut state = vec![(0f32, 0f32); group];
+        let mut qh = Vec::with_capacity(ROW_BLOCK * group * hd);
+        let mut acc = vec![0f32; ROW_BLOCK * group * hd];
+        let mut state = vec![(0f32, 0f32); ROW_BLOCK * group];
+        let mut keys = Vec::with_capacity(ROW_BLOCK);
         let mut runs = Vec::new();
-        let mut last = (u32::MAX, u32::MAX);
         let mut unit = |owner: usize, i: usize| {
             let u = &units[bounds[owner] + i];
-            let (r, kh) = (u.row as usize, u.kv_head as usize);
-            let (step, off) = (&batch.seqs[rows[r].0], kh * hd);
+            let (r0, r1, kh) = (u.r0 as usize, u.r1 as usize, u.kv_head as usize);
+            let (n, w) = (r1 - r0, group * hd);
+            let (step, off) = (&batch.seqs[rows[r0].0], kh * hd);
             // The unit's keys as page runs, then one kernel call over all of them.
             runs.clear();
             let mut p = u.k0 as usize;
@@ -136,25 +172,28 @@ pub fn attention<S: KvStorage + ?Sized>(
                 });
                 p += n;
             }
-            if last != (u.row, u.kv_head) {
-                // The group's query heads are adjacent in the row.
-                let qs = &q[r * d + kh * group * hd..r * d + (kh + 1) * group * hd];
-                // With f16 K/V the queries are rounded to f16 too, as llama.cpp does.
-                match runs.first().map(|r| r.k) {
-                    Some(kernels::KvRows::F16(_)) => kernels::round_f16(qs, &mut qh),
-                    _ => {
-                        qh.clear();
-                        qh.extend_from_slice(qs);
-                    }
+            // The group's query heads are adjacent in the row. With f16 K/V the queries
+            // are rounded to f16 too, as llama.cpp does.
+            let f16 = matches!(runs.first().map(|r| r.k), Some(kernels::KvRows::F16(_)));
+            qh.clear();
+            keys.clear();
+            for r in r0..r1 {
+                let qs = &q[r * d + kh * w..r * d + (kh + 1) * w];
+                if f16 {
+                    kernels::round_f16_into(qs, &mut qh);
+                } else {
+                    qh.extend_from_slice(qs);
                 }
-                last = (u.row, u.kv_head);
+                keys.push((rows[r].1 + 1).min(u.k1 as usize) - u.k0 as usize);
             }
+            let (state, acc) = (&mut state[..n * group], &mut acc[..n * w]);
             state.fill((f32::NEG_INFINITY, 0.0));
             acc.fill(0.0);
-            kernels::attend_runs(isa, &qh, &runs, kv_dim, scale, &mut state, &mut acc);
+            kernels::attend_block(isa, &qh, &keys, &runs, kv_dim, scale, state, acc);
             let mut part = parts[owner].lock().unwrap_or_else(|e| e.into_inner());
-            let out = part[i * stride..(i + 1) * stride].chunks_exact_mut(hd + 2);
-            for ((o, st), a) in out.zip(&state).zip(acc.chunks_exact(hd)) {
+            let base = u.off - at(bounds[owner]);
+            let out = part[base..base + n * stride].chunks_exact_mut(hd + 2);
+            for ((o, st), a) in out.zip(state.iter()).zip(acc.chunks_exact(hd)) {
                 o[0] = st.0;
                 o[1] = st.1;
                 o[2..].copy_from_slice(a);
@@ -172,29 +211,43 @@ pub fn attention<S: KvStorage + ?Sized>(
     drop(parts);
     // Combine each (row, head)'s chunks in order.
     let mut i = 0;
+    let mut mine = Vec::new();
     while i < units.len() {
-        let (r, kh) = (units[i].row as usize, units[i].kv_head as usize);
+        // The units of one (block, KV head): its chunks in order.
+        let (b1, kh) = (units[i].r1, units[i].kv_head as usize);
         let mut j = i;
-        while j < units.len()
-            && (units[j].row, units[j].kv_head) == (units[i].row, units[i].kv_head)
-        {
+        while j < units.len() && (units[j].r1, units[j].kv_head) == (b1, units[i].kv_head) {
             j += 1;
         }
-        for g in 0..group {
-            let h = kh * group + g;
-            let part = |c: usize| &partial[c * stride + g * (hd + 2)..][..hd + 2];
-            let mx = (i..j).map(|c| part(c)[0]).fold(f32::NEG_INFINITY, f32::max);
-            let o = &mut out[r * d + h * hd..r * d + (h + 1) * hd];
-            o.fill(0.0);
-            let mut sum = 0f32;
-            for c in i..j {
-                let part = part(c);
-                let w = (part[0] - mx).exp();
-                sum += part[1] * w;
-                o.iter_mut().zip(&part[2..]).for_each(|(y, a)| *y += a * w);
+        for r in units[i].r0..b1 {
+            // The partial states of row r, chunk by chunk.
+            mine.clear();
+            mine.extend(
+                units[i..j]
+                    .iter()
+                    .filter(|u| u.r0 <= r)
+                    .map(|u| u.off + (r - u.r0) as usize * stride),
+            );
+            let r = r as usize;
+            for g in 0..group {
+                let h = kh * group + g;
+                let part = |c: usize| &partial[c + g * (hd + 2)..][..hd + 2];
+                let mx = mine
+                    .iter()
+                    .map(|&c| part(c)[0])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let o = &mut out[r * d + h * hd..r * d + (h + 1) * hd];
+                o.fill(0.0);
+                let mut sum = 0f32;
+                for &c in &mine {
+                    let part = part(c);
+                    let w = (part[0] - mx).exp();
+                    sum += part[1] * w;
+                    o.iter_mut().zip(&part[2..]).for_each(|(y, a)| *y += a * w);
+                }
+                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                o.iter_mut().for_each(|y| *y *= inv);
             }
-            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-            o.iter_mut().for_each(|y| *y *= inv);
         }
         i = j;
     }

@@ -13,7 +13,7 @@ mod weights;
 
 /// The most threads `Model::load` accepts.
 pub use crate::kernels::pool::MAX_THREADS;
-pub use attention::{attention, Heads, SPLIT_KEYS};
+pub use attention::{attention, Heads, ROW_BLOCK, SPLIT_KEYS};
 pub use config::{Config, RopeStyle};
 pub use error::{ModelError, StepError};
 pub use llama::Model;

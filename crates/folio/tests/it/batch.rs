@@ -11,7 +11,7 @@ use folio::internals::{f16_to_f32, f32_to_f16, isa, runnable_isas, Isa, ThreadPo
 use folio::kv::{
     BasicCache, Batch, KvRows, KvSeq, KvStorage, Logits, PageId, PageTable, PagedKv, SeqStep,
 };
-use folio::model::{attention, Heads, Model, StepError, SPLIT_KEYS};
+use folio::model::{attention, Heads, Model, StepError, ROW_BLOCK, SPLIT_KEYS};
 use folio::rng::SplitMix64;
 
 fn tiny(threads: usize, isa: Isa) -> (tempfile::TempDir, Model) {
@@ -205,6 +205,67 @@ fn default_model_batched_equals_alone_on(isa: Isa) {
         let mut c = m.new_cache(s.len());
         let want = m.run(&mut c, s, Logits::Last).unwrap();
         assert!(got[i] == want, "{isa}: sequence {i} ({} tokens)", s.len());
+    }
+}
+
+#[test]
+fn a_long_prompt_gives_the_same_bits_whole_chunked_or_block_by_block() {
+    // The scalar path is covered on the tiny model (the default one is slow there).
+    for isa in paths().into_iter().filter(|&i| i != Isa::Scalar) {
+        long_prompt_invariance_on(isa);
+    }
+}
+
+/// A prompt over two split-K boundaries, prefilled whole (contiguous cache), in chunks
+/// of odd sizes beside another sequence (pages of 16), and one row block at a time
+/// (pages of 7, chunks of ROW_BLOCK rows that start mid-block): the last token's logits
+/// must be the same bits (each depends on every row's attention through the K/V).
+fn long_prompt_invariance_on(isa: Isa) {
+    let m = Model::load(&common::model_path(), 2).unwrap().with_isa(isa);
+    let v = m.config.vocab;
+    let n = 2 * SPLIT_KEYS + 60;
+    let prompt: Vec<u32> = (0..n).map(|i| (i * 7919 % v) as u32).collect();
+    let mut c = m.new_cache(n);
+    let want = m.run(&mut c, &prompt, Logits::Last).unwrap();
+    // Chunks of odd sizes, batched with a short sequence that decodes beside them.
+    let mut kv = m.new_paged(2 * n.div_ceil(16) + 16, 16, 4096);
+    let (mut a, mut b) = (kv.new_table(None), kv.new_table(None));
+    let other: Vec<u32> = (0..n).map(|i| (i * 31 % v) as u32).collect();
+    let mut at = 0;
+    let mut got = Vec::new();
+    for (i, size) in [700, 13, 1, 350, 16, 17].into_iter().cycle().enumerate() {
+        let end = (at + size).min(n);
+        let want_logits = if end == n { Logits::Last } else { Logits::None };
+        let steps: Vec<(&[u32], Logits)> = vec![
+            (&prompt[at..end], want_logits),
+            (&other[i..i + 1], Logits::Last),
+        ];
+        let out = forward_tables(&m, &mut kv, &mut [&mut a, &mut b], &steps).unwrap();
+        at = end;
+        if at == n {
+            got = out[0].clone();
+            break;
+        }
+    }
+    assert!(got == want, "{isa}: {n} tokens in chunks of odd sizes");
+    // One row block per step, the blocks offset from the step's start.
+    let mut kv = m.new_paged(n.div_ceil(7) + 4, 7, 4096);
+    let mut t = kv.new_table(None);
+    let mut at = 0;
+    while at < n {
+        let end = (at + if at == 0 { 5 } else { ROW_BLOCK }).min(n);
+        let want_logits = if end == n { Logits::Last } else { Logits::None };
+        let out = forward_tables(
+            &m,
+            &mut kv,
+            &mut [&mut t],
+            &[(&prompt[at..end], want_logits)],
+        )
+        .unwrap();
+        if end == n {
+            assert!(out[0] == want, "{isa}: {n} tokens one row block at a time");
+        }
+        at = end;
     }
 }
 
