@@ -510,11 +510,12 @@ unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
 /// and converted once for all of them, and their accumulators' dependency chains (an
 /// f16 rounding after every key) interleave instead of waiting on one another. Each
 /// query gets exactly the operations the single-query scalar twin does, so the same
-/// bits. With f16 K/V (`F32 = false`) the accumulators are rounded to f16 after every
-/// step; with f32 K/V nothing is rounded. `q` and `acc` hold the G queries' 64 values
-/// each, back to back; `state[g]` is query g's (running max, running sum).
+/// bits. `F32`: the K/V rows are f32 (else f16). `ROUND`: the accumulators are rounded
+/// to f16 after every step, as llama.cpp's flash attention keeps them (only with f16
+/// K/V; else they stay f32). `q` and `acc` hold the G queries' 64 values each, back to
+/// back; `state[g]` is query g's (running max, running sum).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attend_runs_64<const F32: bool, const G: usize>(
+pub unsafe fn attend_runs_64<const F32: bool, const ROUND: bool, const G: usize>(
     q: &[f32],
     runs: &[super::KvRun],
     stride: usize,
@@ -546,12 +547,12 @@ pub unsafe fn attend_runs_64<const F32: bool, const G: usize>(
         }
     }
     #[inline(always)]
-    unsafe fn round<const F32: bool>(v: __m256) -> __m256 {
-        if F32 {
-            v
-        } else {
+    unsafe fn round<const ROUND: bool>(v: __m256) -> __m256 {
+        if ROUND {
             // SAFETY: same CPU features as the caller.
             unsafe { round_f16(v) }
+        } else {
+            v
         }
     }
     let size = if F32 { 4 } else { 2 };
@@ -655,7 +656,7 @@ pub unsafe fn attend_runs_64<const F32: bool, const G: usize>(
                         let msv = _mm256_set1_ps(ms);
                         for a in av[g].iter_mut() {
                             // SAFETY: same CPU features as this function.
-                            *a = unsafe { round::<F32>(_mm256_mul_ps(*a, msv)) };
+                            *a = unsafe { round::<ROUND>(_mm256_mul_ps(*a, msv)) };
                         }
                     } else {
                         vs = e[g][k];
@@ -670,7 +671,7 @@ pub unsafe fn attend_runs_64<const F32: bool, const G: usize>(
                     let v = unsafe { load8::<F32>(vr, i) };
                     for (a, vs) in av.iter_mut().zip(&vsv) {
                         // SAFETY: same CPU features as this function.
-                        a[i] = unsafe { round::<F32>(_mm256_fmadd_ps(v, *vs, a[i])) };
+                        a[i] = unsafe { round::<ROUND>(_mm256_fmadd_ps(v, *vs, a[i])) };
                     }
                 }
             }

@@ -57,6 +57,15 @@ impl Isa {
         self >= Isa::Avx512
     }
 
+    /// Whether attention over f16 K/V keeps llama.cpp's flash-attention value
+    /// accumulator (rounded to f16 after every key): the scalar and AVX2 paths, which
+    /// give llama.cpp's AVX2 bits. The AVX-512 path, whose matmuls sum in their own
+    /// order anyway, keeps it in f32: those round trips were a third of the time of each
+    /// (query, key) pair. (The query is rounded to f16 on every path.)
+    pub fn f16_attention(self) -> bool {
+        self != Isa::Avx512
+    }
+
     /// The name `FOLIO_ISA` takes and `bench` prints.
     pub fn name(self) -> &'static str {
         match self {
@@ -161,9 +170,26 @@ pub struct KvRun<'a> {
 /// Continues the online softmax of `state.len()` queries that share their keys (the
 /// query heads of one KV head) over runs of keys: `q` and `acc` hold each query's
 /// `head_dim` values back to back, `state[g]` its (running max, running sum). Each query
-/// gets the bits `scalar::attend_runs` gives it alone, however many share the call.
+/// gets the bits `scalar::attend_runs` gives it alone, however many share the call,
+/// with the path's rounding ([`Isa::f16_attention`]).
 pub fn attend_runs(
     isa: Isa,
+    q: &[f32],
+    runs: &[KvRun],
+    stride: usize,
+    scale: f32,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+) {
+    attend_runs_as(isa, isa.f16_attention(), q, runs, stride, scale, state, acc)
+}
+
+/// [`attend_runs`] with the f16 rounding chosen (`round`), on `isa`'s kernels: tests
+/// compare every kernel with its scalar twin both ways.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_runs_as(
+    isa: Isa,
+    round: bool,
     q: &[f32],
     runs: &[KvRun],
     stride: usize,
@@ -187,19 +213,19 @@ pub fn attend_runs(
                 &mut acc[64 * g..64 * (g + k)],
             );
             macro_rules! go {
-                ($f32:expr, $($k:literal)*) => {
+                ($f32:expr, $round:expr, $($k:literal)*) => {
                     match k {
                         // SAFETY: AVX2 paths are only produced by `detect` after
                         // checking avx2, fma and f16c.
-                        $($k => unsafe { avx2::attend_runs_64::<$f32, $k>(q, runs, stride, scale, st, acc) },)*
+                        $($k => unsafe { avx2::attend_runs_64::<$f32, $round, $k>(q, runs, stride, scale, st, acc) },)*
                         _ => unreachable!(),
                     }
                 };
             }
-            if f32_rows {
-                go!(true, 1 2 3 4)
-            } else {
-                go!(false, 1 2 3 4)
+            match (f32_rows, round) {
+                (true, _) => go!(true, false, 1 2 3 4),
+                (false, true) => go!(false, true, 1 2 3 4),
+                (false, false) => go!(false, false, 1 2 3 4),
             }
             g += k;
         }
@@ -207,7 +233,7 @@ pub fn attend_runs(
     }
     let _ = isa;
     for ((q, st), acc) in q.chunks_exact(hd).zip(state).zip(acc.chunks_exact_mut(hd)) {
-        scalar::attend_runs(q, runs, stride, scale, (&mut st.0, &mut st.1), acc);
+        scalar::attend_runs(q, runs, stride, scale, (&mut st.0, &mut st.1), acc, round);
     }
 }
 

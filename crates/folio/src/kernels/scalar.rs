@@ -411,9 +411,9 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 /// Continues one query's online softmax over runs of keys: in each run, key `p`'s K and
 /// V rows (head size `q.len()`) start at element `p * stride` of its `k` and `v`.
 /// `acc` is the value accumulator; `m` the running maximum score and `sum` the running
-/// sum of exp(score − m). With f16 K/V, `q` must already be rounded to f16 and the
-/// accumulator is kept at f16 precision after every step (stored as f32), as
-/// llama.cpp's CPU flash attention keeps it; with f32 K/V nothing is rounded. Feeding
+/// sum of exp(score − m). With f16 K/V, `q` must already be rounded to f16, and with
+/// `round` the accumulator is kept at f16 precision after every step (stored as f32),
+/// as llama.cpp's CPU flash attention keeps it; otherwise nothing is rounded. Feeding
 /// the keys in any split into runs or calls gives the same bits.
 pub fn attend_runs(
     q: &[f32],
@@ -422,11 +422,12 @@ pub fn attend_runs(
     scale: f32,
     state: (&mut f32, &mut f32),
     acc: &mut [f32],
+    round: bool,
 ) {
     let (m, sum) = state;
     let hd = q.len();
     for run in runs {
-        let f16 = matches!(run.k, super::KvRows::F16(_));
+        let f16 = round && matches!(run.k, super::KvRows::F16(_));
         let round = |x: f32| if f16 { f16_to_f32(f32_to_f16(x)) } else { x };
         for p in 0..run.n {
             let s = dot_lanes(hd, |i| run.k.get(p * stride + i), q) * scale;

@@ -313,7 +313,9 @@ fn attention_simd_is_bit_identical_to_scalar() {
     let k16: Vec<u16> = kf.iter().map(|&x| f32_to_f16(x)).collect();
     let v16: Vec<u16> = vf.iter().map(|&x| f32_to_f16(x)).collect();
     let off = 64; // the second KV head of rows `stride` elements apart
-    for f32_kv in [false, true] {
+                  // Both roundings on every kernel (the AVX2 path rounds to f16, the AVX-512 path
+                  // does not; f32 K/V never rounds).
+    for (f32_kv, round) in [(false, true), (false, false), (true, true)] {
         let rows = |x16: &'static [u16], x32: &'static [f32]| {
             if f32_kv {
                 KvRows::F32(x32)
@@ -352,10 +354,28 @@ fn attention_simd_is_bit_identical_to_scalar() {
                 },
             ];
             if cut.is_multiple_of(2) {
-                super::attend_runs(isa, q, &runs, stride, 0.125, &mut state, &mut acc);
+                super::attend_runs_as(isa, round, q, &runs, stride, 0.125, &mut state, &mut acc);
             } else {
-                super::attend_runs(isa, q, &runs[..1], stride, 0.125, &mut state, &mut acc);
-                super::attend_runs(isa, q, &runs[1..], stride, 0.125, &mut state, &mut acc);
+                super::attend_runs_as(
+                    isa,
+                    round,
+                    q,
+                    &runs[..1],
+                    stride,
+                    0.125,
+                    &mut state,
+                    &mut acc,
+                );
+                super::attend_runs_as(
+                    isa,
+                    round,
+                    q,
+                    &runs[1..],
+                    stride,
+                    0.125,
+                    &mut state,
+                    &mut acc,
+                );
             }
             acc.chunks(64)
                 .zip(&state)
@@ -375,7 +395,8 @@ fn attention_simd_is_bit_identical_to_scalar() {
                     .chunks(64)
                     .flat_map(|qi| run(Isa::Scalar, qi, len, len))
                     .collect();
-                let what = format!("{g} queries, {len} keys, cut {cut}, f32 {f32_kv}");
+                let what =
+                    format!("{g} queries, {len} keys, cut {cut}, f32 {f32_kv}, round {round}");
                 assert_eq!(alone, run(detect(), &qk, len, cut), "{what}");
                 assert_eq!(alone, run(Isa::Scalar, &qk, len, cut), "scalar {what}");
             }
@@ -388,7 +409,7 @@ fn attention_simd_is_bit_identical_to_scalar() {
             }
             let a = run(Isa::Scalar, &qk, len, len);
             for cut in [0, 1, 16, 299] {
-                let what = format!("{len} keys, cut {cut}, f32 {f32_kv}");
+                let what = format!("{len} keys, cut {cut}, f32 {f32_kv}, round {round}");
                 assert_eq!(a, run(detect(), &qk, len, cut), "{what}");
                 assert_eq!(a, run(Isa::Scalar, &qk, len, cut), "scalar {what}");
             }
@@ -473,23 +494,29 @@ fn attention_block_gives_each_row_its_bits_alone() {
                     _ => len - (rows - 1 - r).min(len - 1),
                 })
                 .collect();
-            let mut want_state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
-            let mut want_acc = vec![0f32; rows * g * 64];
-            for (r, &reach) in keys.iter().enumerate() {
-                for h in 0..g {
-                    let i = r * g + h;
-                    let st = &mut want_state[i];
-                    scalar::attend_runs(
-                        &qk[i * 64..(i + 1) * 64],
-                        &paged(reach, usize::MAX),
-                        stride,
-                        0.125,
-                        (&mut st.0, &mut st.1),
-                        &mut want_acc[i * 64..(i + 1) * 64],
-                    );
+            // Each query alone over its keys in one run, with the path's rounding.
+            let alone = |round: bool| {
+                let mut want_state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
+                let mut want_acc = vec![0f32; rows * g * 64];
+                for (r, &reach) in keys.iter().enumerate() {
+                    for h in 0..g {
+                        let i = r * g + h;
+                        let st = &mut want_state[i];
+                        scalar::attend_runs(
+                            &qk[i * 64..(i + 1) * 64],
+                            &paged(reach, usize::MAX),
+                            stride,
+                            0.125,
+                            (&mut st.0, &mut st.1),
+                            &mut want_acc[i * 64..(i + 1) * 64],
+                            round,
+                        );
+                    }
                 }
-            }
+                (want_state, want_acc)
+            };
             for isa in runnable() {
+                let (want_state, want_acc) = alone(isa.f16_attention());
                 let mut state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
                 let mut acc = vec![0f32; rows * g * 64];
                 super::attend_block(
