@@ -63,6 +63,26 @@ unsafe fn load32u(p: &[u8]) -> __m256i {
 /// How far ahead (in blocks) the tile kernels prefetch weights.
 const PREFETCH_BLOCKS: usize = 8;
 
+/// The blocks a packed 4-row tile kernel runs over: the activations' common length,
+/// checked against the tile's.
+pub(super) fn tile_blocks<T>(w: &[T], a: &[&[BlockQ8]]) -> usize {
+    let nb = a[0].len();
+    assert!(w.len() >= nb);
+    assert!(a.iter().all(|x| x.len() == nb));
+    nb
+}
+
+/// Starts loading the `lines` cache lines from the start of `w[at]` (an address past
+/// the end is fine: prefetching never faults, whatever the address).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch<T>(w: &[T], at: usize, lines: usize) {
+    let p = w.as_ptr().wrapping_add(at) as *const i8;
+    for l in 0..lines {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l));
+    }
+}
+
 /// Generates an R×C register-tiled dot-product kernel for a 32-element weight format
 /// against 8-bit activations: `out[r][c] = dot(w[r], a[c])`. Each (r, c) pair runs
 /// the same instruction sequence whatever R and C are, so a result never depends on
@@ -704,9 +724,7 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
     a: [&[BlockQ8]; C],
     out: &mut [[f32; C]; 4],
 ) {
-    let nb = a[0].len();
-    assert!(w.len() >= nb);
-    assert!(a.iter().all(|x| x.len() == nb));
+    let nb = tile_blocks(w, &a);
     let ones = _mm256_set1_epi16(1);
     let low4 = _mm256_set1_epi8(0x0F);
     // Scale lanes of row pair p: d_{2p} in lanes 0..3, d_{2p+1} in lanes 4..7.
@@ -718,10 +736,7 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
     let mut acc = [[[_mm256_setzero_ps(); C]; 2]; 2];
     let mut macc = [_mm256_setzero_ps(); C];
     for i in 0..nb {
-        let ahead = w.as_ptr().wrapping_add(i + PREFETCH_BLOCKS / 2) as *const i8;
-        // Prefetching never faults, whatever the address.
-        _mm_prefetch::<_MM_HINT_T0>(ahead);
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        prefetch(w, i + PREFETCH_BLOCKS / 2, 2);
         let b = &w[i];
         // SAFETY: `dm` is 8 halves (16 bytes).
         let dm = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(b.dm.as_ptr() as *const __m128i)) };
@@ -782,17 +797,11 @@ pub unsafe fn tile_q8_0x4<const C: usize>(
     a: [&[BlockQ8]; C],
     out: &mut [[f32; C]; 4],
 ) {
-    let nb = a[0].len();
-    assert!(w.len() >= nb);
-    assert!(a.iter().all(|x| x.len() == nb));
+    let nb = tile_blocks(w, &a);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); C]; 4];
     for i in 0..nb {
-        let ahead = w.as_ptr().wrapping_add(i + PREFETCH_BLOCKS / 2) as *const i8;
-        // Prefetching never faults, whatever the address.
-        _mm_prefetch::<_MM_HINT_T0>(ahead);
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128));
+        prefetch(w, i + PREFETCH_BLOCKS / 2, 3);
         let b = &w[i];
         let half = |h: usize| b.qs[h].as_ptr() as *const __m128i;
         // SAFETY: each half is 16 readable bytes.

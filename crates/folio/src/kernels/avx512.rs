@@ -23,6 +23,7 @@
 //! caller must have checked; slices are indexed with bounds checks.
 #![allow(unsafe_code)]
 
+use super::avx2::{prefetch, tile_blocks};
 use super::quant::*;
 use std::arch::x86_64::*;
 
@@ -57,19 +58,14 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
     a: [&[BlockQ8]; C],
     out: &mut [[f32; C]; 4],
 ) {
-    let nb = a[0].len();
-    assert!(w.len() >= nb);
-    assert!(a.iter().all(|x| x.len() == nb));
+    let nb = tile_blocks(w, &a);
     let low4 = _mm512_set1_epi8(0x0F);
     // Lane l of a 16-lane vector belongs to row l / 4.
     let row_of = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     let mut acc = [_mm512_setzero_ps(); C];
     let mut macc = [_mm256_setzero_ps(); C];
     for i in 0..nb {
-        let ahead = w.as_ptr().wrapping_add(i + PREFETCH_BLOCKS) as *const i8;
-        // Prefetching never faults, whatever the address.
-        _mm_prefetch::<_MM_HINT_T0>(ahead);
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        prefetch(w, i + PREFETCH_BLOCKS, 2);
         let b = &w[i];
         // SAFETY: `dm` is 8 halves (16 bytes); `qs` is 4 × 16 contiguous bytes.
         let (dm, raw) = unsafe {
@@ -124,17 +120,11 @@ pub unsafe fn tile_q8_0<const C: usize>(
     a: [&[BlockQ8]; C],
     out: &mut [[f32; C]; 4],
 ) {
-    let nb = a[0].len();
-    assert!(w.len() >= nb);
-    assert!(a.iter().all(|x| x.len() == nb));
+    let nb = tile_blocks(w, &a);
     let row_of = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
-        let ahead = w.as_ptr().wrapping_add(i + PREFETCH_BLOCKS) as *const i8;
-        // Prefetching never faults, whatever the address.
-        _mm_prefetch::<_MM_HINT_T0>(ahead);
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128));
+        prefetch(w, i + PREFETCH_BLOCKS, 3);
         let b = &w[i];
         // SAFETY: `qs` is 8 × 16 contiguous bytes, `d` 4 halves (8 bytes).
         let (wl, wh, dh) = unsafe {
