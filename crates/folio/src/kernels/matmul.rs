@@ -96,29 +96,35 @@ impl QMatrix {
         })
     }
 
-    fn pack_q4_1(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
+    /// Packs GGUF rows of blocks `B` into 4-row tiles `T`, tile-major: `put(tile, r % 4,
+    /// block)` stores one row's block into its tile. Rows past the last multiple of four
+    /// stay zero.
+    fn pack<B: bytemuck::Pod, T: bytemuck::Pod>(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        row_bytes: usize,
+        bytes: &[u8],
+        put: impl Fn(&mut T, usize, B),
+    ) -> Self {
         let nb = cols / QK;
-        let tiles = rows.div_ceil(4);
-        let size = std::mem::size_of::<BlockQ4_1x4>();
-        let mut data = weight_buffer((tiles * nb * size).div_ceil(8));
-        let packed: &mut [BlockQ4_1x4] = bytemuck::cast_slice_mut(
-            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..tiles * nb * size],
-        );
+        let size = std::mem::size_of::<T>();
+        let len = rows.div_ceil(4) * nb * size;
+        let mut data = weight_buffer(len.div_ceil(8));
+        let packed: &mut [T] =
+            bytemuck::cast_slice_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len]);
         for r in 0..rows {
             let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
-            for (b, raw) in row
-                .chunks_exact(std::mem::size_of::<BlockQ4_1>())
-                .enumerate()
-            {
-                let blk: BlockQ4_1 = bytemuck::pod_read_unaligned(raw);
-                let t = &mut packed[(r / 4) * nb + b];
-                t.dm[r % 4] = blk.d;
-                t.dm[4 + r % 4] = blk.m;
-                t.qs[r % 4] = blk.qs;
+            for (b, raw) in row.chunks_exact(std::mem::size_of::<B>()).enumerate() {
+                put(
+                    &mut packed[(r / 4) * nb + b],
+                    r % 4,
+                    bytemuck::pod_read_unaligned(raw),
+                );
             }
         }
         Self {
-            ty: GgmlType::Q4_1,
+            ty,
             rows,
             cols,
             row_bytes,
@@ -127,35 +133,22 @@ impl QMatrix {
         }
     }
 
+    fn pack_q4_1(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
+        let put = |t: &mut BlockQ4_1x4, k: usize, blk: BlockQ4_1| {
+            t.dm[k] = blk.d;
+            t.dm[4 + k] = blk.m;
+            t.qs[k] = blk.qs;
+        };
+        Self::pack(GgmlType::Q4_1, rows, cols, row_bytes, bytes, put)
+    }
+
     fn pack_q8_0(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
-        let nb = cols / QK;
-        let tiles = rows.div_ceil(4);
-        let size = std::mem::size_of::<BlockQ8_0x4>();
-        let mut data = weight_buffer((tiles * nb * size).div_ceil(8));
-        let packed: &mut [BlockQ8_0x4] = bytemuck::cast_slice_mut(
-            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..tiles * nb * size],
-        );
-        for r in 0..rows {
-            let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
-            for (b, raw) in row
-                .chunks_exact(std::mem::size_of::<BlockQ8_0>())
-                .enumerate()
-            {
-                let blk: BlockQ8_0 = bytemuck::pod_read_unaligned(raw);
-                let t = &mut packed[(r / 4) * nb + b];
-                t.d[r % 4] = blk.d;
-                t.qs[r % 4].copy_from_slice(&blk.qs[..QK / 2]);
-                t.qs[4 + r % 4].copy_from_slice(&blk.qs[QK / 2..]);
-            }
-        }
-        Self {
-            ty: GgmlType::Q8_0,
-            rows,
-            cols,
-            row_bytes,
-            packed: true,
-            data,
-        }
+        let put = |t: &mut BlockQ8_0x4, k: usize, blk: BlockQ8_0| {
+            t.d[k] = blk.d;
+            t.qs[k].copy_from_slice(&blk.qs[..QK / 2]);
+            t.qs[4 + k].copy_from_slice(&blk.qs[QK / 2..]);
+        };
+        Self::pack(GgmlType::Q8_0, rows, cols, row_bytes, bytes, put)
     }
 
     /// The packed tile holding rows 4t..4t+4, as blocks of type `T` (the packed format).
