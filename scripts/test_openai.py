@@ -428,6 +428,34 @@ args = json.loads("".join(pieces))
 assert name == "get_weather" and finish == "tool_calls" and set(args) == {"city", "unit"}, (name, pieces, finish)
 ok(f"named tool call streamed in {len(pieces)} argument deltas: {args}")
 
+# `required` calls stream too: each call's name once it is whole, then its arguments as
+# they are generated; greedy, they reassemble to the whole answer's calls.
+whole = client.chat.completions.create(
+    model=MODEL, messages=user("Weather in Rome and in Oslo?"), tools=[WEATHER],
+    tool_choice="required", max_tokens=80, temperature=0,
+)
+stream = client.chat.completions.create(
+    model=MODEL, messages=user("Weather in Rome and in Oslo?"), tools=[WEATHER],
+    tool_choice="required", max_tokens=80, temperature=0, stream=True,
+)
+calls, deltas, finish = {}, 0, None
+for chunk in stream:
+    for c in chunk.choices:
+        for tc in c.delta.tool_calls or []:
+            deltas += 1
+            got = calls.setdefault(tc.index, {"id": None, "name": None, "args": ""})
+            got["id"] = got["id"] or tc.id
+            got["name"] = got["name"] or (tc.function.name if tc.function else None)
+            got["args"] += (tc.function.arguments or "") if tc.function else ""
+        finish = c.finish_reason or finish
+want = whole.choices[0].message.tool_calls
+assert finish == whole.choices[0].finish_reason == "tool_calls", (finish, whole.choices[0])
+assert len(calls) == len(want) and deltas > 2 * len(want), (calls, deltas)
+for k, w in enumerate(want):
+    assert calls[k]["name"] == w.function.name and calls[k]["id"], (calls[k], w)
+    assert json.loads(calls[k]["args"]) == json.loads(w.function.arguments), (calls[k], w)
+ok(f"required tool calls streamed in {deltas} deltas: {[(c['name'], c['args']) for c in calls.values()]}")
+
 try:
     client.chat.completions.create(
         model=MODEL, messages=user("hi"), max_tokens=4,

@@ -18,7 +18,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use folio::tokenizer::Tokenizer;
-use folio::{Engine, Event, TokenLogprob};
+use folio::{Engine, Event, FinishReason, TokenLogprob};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -83,6 +83,7 @@ pub async fn answer_chat(
     let chunks = Chat {
         engine,
         held: vec![String::new(); job.choices()],
+        calls: (0..job.choices()).map(|_| Default::default()).collect(),
         counts: Counts::default(),
         head,
         job,
@@ -370,8 +371,11 @@ fn usage_chunk(head: &Head, object: &str, include: bool, counts: &Counts) -> Vec
 /// A streamed chat completion's chunks.
 struct Chat {
     engine: Engine,
-    /// Text held back per choice while tool calls are parsed out at the end.
+    /// Text held back per choice while tool calls are parsed out at the end (`auto`),
+    /// or kept in case a `required` output turns out to hold no call.
     held: Vec<String>,
+    /// Per choice, the `required` calls revealed so far, and how many.
+    calls: Vec<(tools::CallStream, usize)>,
     head: Head,
     job: Job,
     counts: Counts,
@@ -399,9 +403,44 @@ impl Chat {
         }
     }
 
-    /// Tool calls are parsed out of the whole output: text is held back.
+    /// Tool calls are parsed out of the whole output: text is held back (`auto`).
     fn holds(&self) -> bool {
-        self.job.tools.is_some() && self.named().is_none()
+        matches!(
+            self.job.tools.as_ref().map(|t| &t.mode),
+            Some(tools::Mode::Auto)
+        )
+    }
+
+    /// `required` calls stream as the constrained JSON reveals them.
+    fn streams_calls(&self) -> bool {
+        matches!(
+            self.job.tools.as_ref().map(|t| &t.mode),
+            Some(tools::Mode::Required { .. })
+        )
+    }
+
+    /// The chunks for a `required` output's next piece of text.
+    fn call_deltas(&mut self, index: usize, text: &str) -> Vec<Value> {
+        self.held[index].push_str(text);
+        let (stream, begun) = &mut self.calls[index];
+        let reveals = stream.push(text);
+        let mut out = Vec::new();
+        for r in reveals {
+            let call = match r {
+                tools::Reveal::Begin { k, name } => {
+                    *begun += 1;
+                    json!({"index": k, "id": format!("call_{}_{index}_{k}", self.head.id),
+                           "type": "function", "function": {"name": name, "arguments": ""}})
+                }
+                tools::Reveal::Args { k, text } => {
+                    json!({"index": k, "function": {"arguments": text}})
+                }
+            };
+            out.push(json!({"tool_calls": [call]}));
+        }
+        out.into_iter()
+            .map(|d| self.chunk(index, d, Value::Null, None))
+            .collect()
     }
 
     fn args_delta(&self, index: usize, text: &str) -> Value {
@@ -438,6 +477,9 @@ impl Chunker for Chat {
                     self.held[index].push_str(&text);
                     return Vec::new();
                 }
+                if self.streams_calls() {
+                    return self.call_deltas(index, &text);
+                }
                 if self.named().is_some() {
                     return if text.is_empty() {
                         Vec::new()
@@ -470,7 +512,23 @@ impl Chunker for Chat {
                     out.push(self.chunk(index, json!({}), Value::Null, Some("tool_calls")));
                     return out;
                 }
+                if self.streams_calls() {
+                    out = self.call_deltas(index, &text);
+                    if self.calls[index].1 > 0 {
+                        let finish = match finish {
+                            FinishReason::Length => "length",
+                            FinishReason::Eos | FinishReason::Stop => "tool_calls",
+                        };
+                        out.push(self.chunk(index, json!({}), Value::Null, Some(finish)));
+                        return out;
+                    }
+                    // No call began (cut short): the text goes out as content.
+                    out.clear();
+                }
                 let mut text = text;
+                if self.streams_calls() {
+                    text = std::mem::take(&mut self.held[index]);
+                }
                 if self.holds() {
                     let all = std::mem::take(&mut self.held[index]) + &text;
                     let found = self
