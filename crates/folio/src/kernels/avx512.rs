@@ -45,6 +45,41 @@ pub unsafe fn probe() {
 /// How far ahead (in blocks) the tile kernels prefetch weights (as the AVX2 ones).
 const PREFETCH_BLOCKS: usize = 4;
 
+/// Lane l of a 16-lane vector belongs to row l / 4: the index vector that spreads four
+/// rows' scales over their lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn rows_of_lanes() -> __m512i {
+    _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+}
+
+/// An activation block's first and last 16 values, each broadcast to all four rows.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn halves(x: &BlockQ8) -> (__m512i, __m512i) {
+    let q = x.qs.as_ptr() as *const __m128i;
+    // SAFETY: `qs` is 32 readable bytes: two 16-byte loads.
+    unsafe {
+        (
+            _mm512_broadcast_i32x4(_mm_loadu_si128(q)),
+            _mm512_broadcast_i32x4(_mm_loadu_si128(q.add(1))),
+        )
+    }
+}
+
+/// Each row's sum of its four lanes (lanes 4r..4r+4), in one fixed order.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn row_sums(acc: __m512) -> [f32; 4] {
+    let mut v = [0f32; 16];
+    // SAFETY: `v` is 16 floats.
+    unsafe { _mm512_storeu_ps(v.as_mut_ptr(), acc) };
+    std::array::from_fn(|r| {
+        let l = &v[4 * r..4 * r + 4];
+        (l[0] + l[2]) + (l[1] + l[3])
+    })
+}
+
 /// Four packed Q4_1 rows × C activation rows: `out[r][c] = dot(row r, a[c])`.
 ///
 /// The tile's 64 nibble bytes (16 per row) load as one vector, split into low and high
@@ -60,8 +95,7 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
 ) {
     let nb = tile_blocks(w, &a);
     let low4 = _mm512_set1_epi8(0x0F);
-    // Lane l of a 16-lane vector belongs to row l / 4.
-    let row_of = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let row_of = rows_of_lanes();
     let mut acc = [_mm512_setzero_ps(); C];
     let mut macc = [_mm256_setzero_ps(); C];
     for i in 0..nb {
@@ -79,14 +113,7 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
         let wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
         for c in 0..C {
             let x = &a[c][i];
-            let q = x.qs.as_ptr() as *const __m128i;
-            // SAFETY: `qs` is 32 readable bytes: two 16-byte loads.
-            let (al, ah) = unsafe {
-                (
-                    _mm512_broadcast_i32x4(_mm_loadu_si128(q)),
-                    _mm512_broadcast_i32x4(_mm_loadu_si128(q.add(1))),
-                )
-            };
+            let (al, ah) = halves(x);
             let p =
                 _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, al), wh, ah);
             let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
@@ -96,16 +123,13 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
         }
     }
     for c in 0..C {
-        let mut v = [0f32; 16];
         let mut m = [0f32; 8];
-        // SAFETY: `v` is 16 floats, `m` 8.
-        unsafe {
-            _mm512_storeu_ps(v.as_mut_ptr(), acc[c]);
-            _mm256_storeu_ps(m.as_mut_ptr(), macc[c]);
-        }
+        // SAFETY: `m` is 8 floats.
+        unsafe { _mm256_storeu_ps(m.as_mut_ptr(), macc[c]) };
+        // SAFETY: same CPU features as this function.
+        let sums = unsafe { row_sums(acc[c]) };
         for (r, row) in out.iter_mut().enumerate() {
-            let l = &v[4 * r..4 * r + 4];
-            row[c] = ((l[0] + l[2]) + (l[1] + l[3])) + m[4 + r];
+            row[c] = sums[r] + m[4 + r];
         }
     }
 }
@@ -121,7 +145,7 @@ pub unsafe fn tile_q8_0<const C: usize>(
     out: &mut [[f32; C]; 4],
 ) {
     let nb = tile_blocks(w, &a);
-    let row_of = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let row_of = rows_of_lanes();
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
         prefetch(w, i + PREFETCH_BLOCKS, 3);
@@ -139,14 +163,7 @@ pub unsafe fn tile_q8_0<const C: usize>(
         let d = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(_mm_cvtph_ps(dh)));
         for c in 0..C {
             let x = &a[c][i];
-            let q = x.qs.as_ptr() as *const __m128i;
-            // SAFETY: `qs` is 32 readable bytes: two 16-byte loads.
-            let (al, ah) = unsafe {
-                (
-                    _mm512_broadcast_i32x4(_mm_loadu_si128(q)),
-                    _mm512_broadcast_i32x4(_mm_loadu_si128(q.add(1))),
-                )
-            };
+            let (al, ah) = halves(x);
             let zero = _mm512_setzero_si512();
             let sl = _mm512_mask_sub_epi8(al, nl, zero, al);
             let sh = _mm512_mask_sub_epi8(ah, nh, zero, ah);
@@ -156,12 +173,10 @@ pub unsafe fn tile_q8_0<const C: usize>(
         }
     }
     for c in 0..C {
-        let mut v = [0f32; 16];
-        // SAFETY: `v` is 16 floats.
-        unsafe { _mm512_storeu_ps(v.as_mut_ptr(), acc[c]) };
+        // SAFETY: same CPU features as this function.
+        let sums = unsafe { row_sums(acc[c]) };
         for (r, row) in out.iter_mut().enumerate() {
-            let l = &v[4 * r..4 * r + 4];
-            row[c] = (l[0] + l[2]) + (l[1] + l[3]);
+            row[c] = sums[r];
         }
     }
 }
