@@ -456,6 +456,35 @@ for k, w in enumerate(want):
     assert json.loads(calls[k]["args"]) == json.loads(w.function.arguments), (calls[k], w)
 ok(f"required tool calls streamed in {deltas} deltas: {[(c['name'], c['args']) for c in calls.values()]}")
 
+# `auto`: the model's own Hermes-style blocks are parsed out of its text. The default
+# model never writes them by itself, so a regex (vLLM's guided_regex) makes it write
+# content, then two blocks; the real server parses them, whole and streamed.
+HERMES = (r'Let me check\.\n<tool_call>\n\{"name": "get_weather", "arguments": '
+          r'\{"city": "(Paris|Oslo)", "unit": "c"\}\}\n</tool_call>\n<tool_call>\n'
+          r'\{"name": "get_weather", "arguments": \{"city": "Rome", "unit": "f"\}\}\n</tool_call>')
+auto = dict(model=MODEL, messages=user("Weather in Paris and Rome?"), tools=[WEATHER],
+            tool_choice="auto", max_tokens=400, temperature=0, extra_body={"guided_regex": HERMES})
+whole = client.chat.completions.create(**auto)
+choice = whole.choices[0]
+assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check.", choice
+want = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+assert len(want) == 2 and want[1] == ("get_weather", {"city": "Rome", "unit": "f"}), want
+content, calls, deltas, finish = "", {}, 0, None
+for chunk in client.chat.completions.create(**auto, stream=True):
+    for c in chunk.choices:
+        content += c.delta.content or ""
+        for tc in c.delta.tool_calls or []:
+            deltas += 1
+            got = calls.setdefault(tc.index, {"id": None, "name": None, "args": ""})
+            got["id"] = got["id"] or tc.id
+            got["name"] = got["name"] or (tc.function.name if tc.function else None)
+            got["args"] += (tc.function.arguments or "") if tc.function else ""
+        finish = c.finish_reason or finish
+assert finish == "tool_calls" and content.strip() == "Let me check." and "<tool" not in content, (finish, content)
+assert [(c["name"], json.loads(c["args"])) for c in calls.values()] == want, (calls, want)
+assert all(c["id"] for c in calls.values()) and deltas > 2 * len(want), (calls, deltas)
+ok(f"tool_choice auto: content {content.strip()!r}, {len(want)} Hermes calls streamed in {deltas} deltas")
+
 try:
     client.chat.completions.create(
         model=MODEL, messages=user("hi"), max_tokens=4,

@@ -13,6 +13,7 @@ use crate::params::{self, Job, Route};
 use crate::run::{Run, Tagged};
 use crate::sse::{self, Chunker};
 use crate::state::AppState;
+use crate::tool_stream::{AutoPiece, AutoStream, CallStream, Reveal};
 use crate::tools;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -84,6 +85,7 @@ pub async fn answer_chat(
         engine,
         held: vec![String::new(); job.choices()],
         calls: (0..job.choices()).map(|_| Default::default()).collect(),
+        auto: (0..job.choices()).map(|_| Default::default()).collect(),
         counts: Counts::default(),
         head,
         job,
@@ -371,11 +373,12 @@ fn usage_chunk(head: &Head, object: &str, include: bool, counts: &Counts) -> Vec
 /// A streamed chat completion's chunks.
 struct Chat {
     engine: Engine,
-    /// Text held back per choice while tool calls are parsed out at the end (`auto`),
-    /// or kept in case a `required` output turns out to hold no call.
+    /// Text kept per choice in case a `required` output turns out to hold no call.
     held: Vec<String>,
     /// Per choice, the `required` calls revealed so far, and how many.
-    calls: Vec<(tools::CallStream, usize)>,
+    calls: Vec<(CallStream, usize)>,
+    /// Per choice, an `auto` output's content and calls as they stream.
+    auto: Vec<AutoStream>,
     head: Head,
     job: Job,
     counts: Counts,
@@ -403,8 +406,8 @@ impl Chat {
         }
     }
 
-    /// Tool calls are parsed out of the whole output: text is held back (`auto`).
-    fn holds(&self) -> bool {
+    /// The model may call tools in its own syntax (`auto`).
+    fn auto(&self) -> bool {
         matches!(
             self.job.tools.as_ref().map(|t| &t.mode),
             Some(tools::Mode::Auto)
@@ -424,23 +427,39 @@ impl Chat {
         self.held[index].push_str(text);
         let (stream, begun) = &mut self.calls[index];
         let reveals = stream.push(text);
-        let mut out = Vec::new();
-        for r in reveals {
-            let call = match r {
-                tools::Reveal::Begin { k, name } => {
-                    *begun += 1;
-                    json!({"index": k, "id": format!("call_{}_{index}_{k}", self.head.id),
-                           "type": "function", "function": {"name": name, "arguments": ""}})
-                }
-                tools::Reveal::Args { k, text } => {
-                    json!({"index": k, "function": {"arguments": text}})
-                }
-            };
-            out.push(json!({"tool_calls": [call]}));
-        }
-        out.into_iter()
-            .map(|d| self.chunk(index, d, Value::Null, None))
+        *begun += reveals
+            .iter()
+            .filter(|r| matches!(r, Reveal::Begin { .. }))
+            .count();
+        reveals
+            .into_iter()
+            .map(|r| self.call_chunk(index, r))
             .collect()
+    }
+
+    /// The chunks for an `auto` output's pieces.
+    fn auto_chunks(&self, index: usize, pieces: Vec<AutoPiece>) -> Vec<Value> {
+        pieces
+            .into_iter()
+            .map(|p| match p {
+                AutoPiece::Content(text) => {
+                    self.chunk(index, json!({"content": text}), Value::Null, None)
+                }
+                AutoPiece::Call(r) => self.call_chunk(index, r),
+            })
+            .collect()
+    }
+
+    /// One revealed piece of a call as its `tool_calls` delta.
+    fn call_chunk(&self, index: usize, r: Reveal) -> Value {
+        let call = match r {
+            Reveal::Begin { k, name } => {
+                json!({"index": k, "id": format!("call_{}_{index}_{k}", self.head.id),
+                       "type": "function", "function": {"name": name, "arguments": ""}})
+            }
+            Reveal::Args { k, text } => json!({"index": k, "function": {"arguments": text}}),
+        };
+        self.chunk(index, json!({"tool_calls": [call]}), Value::Null, None)
     }
 
     fn args_delta(&self, index: usize, text: &str) -> Value {
@@ -473,9 +492,9 @@ impl Chunker for Chat {
                 text,
                 logprob,
             } => {
-                if self.holds() {
-                    self.held[index].push_str(&text);
-                    return Vec::new();
+                if self.auto() {
+                    let pieces = self.auto[index].push(&text);
+                    return self.auto_chunks(index, pieces);
                 }
                 if self.streams_calls() {
                     return self.call_deltas(index, &text);
@@ -529,28 +548,17 @@ impl Chunker for Chat {
                 if self.streams_calls() {
                     text = std::mem::take(&mut self.held[index]);
                 }
-                if self.holds() {
-                    let all = std::mem::take(&mut self.held[index]) + &text;
-                    let found = self
-                        .job
-                        .tools
-                        .as_ref()
-                        .and_then(|t| tools::extract(t, &all));
-                    if let Some((calls, rest)) = found {
-                        let mut list = tools::calls_json(&calls, &self.head.id, index);
-                        for (k, c) in list.as_array_mut().into_iter().flatten().enumerate() {
-                            c["index"] = json!(k);
-                        }
-                        out.push(self.chunk(
-                            index,
-                            json!({"content": rest, "tool_calls": list}),
-                            Value::Null,
-                            None,
-                        ));
-                        out.push(self.chunk(index, json!({}), Value::Null, Some("tool_calls")));
-                        return out;
-                    }
-                    text = all;
+                if self.auto() {
+                    let mut pieces = self.auto[index].push(&text);
+                    pieces.extend(self.auto[index].finish());
+                    out = self.auto_chunks(index, pieces);
+                    let finish = match finish {
+                        _ if self.auto[index].calls() == 0 => finish_str(finish),
+                        FinishReason::Length => "length",
+                        FinishReason::Eos | FinishReason::Stop => "tool_calls",
+                    };
+                    out.push(self.chunk(index, json!({}), Value::Null, Some(finish)));
+                    return out;
                 }
                 if !text.is_empty() {
                     out.push(self.chunk(index, json!({"content": text}), Value::Null, None));

@@ -25,6 +25,7 @@ mod params;
 mod run;
 mod sse;
 mod state;
+mod tool_stream;
 mod tools;
 
 pub use error::ApiError;

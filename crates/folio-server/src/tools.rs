@@ -5,9 +5,8 @@
 //! `parallel_tool_calls`). With `auto` the chat template renders the tools and the
 //! model's own Hermes-style `<tool_call>{"name", "arguments"}</tool_call>` blocks are
 //! parsed out of its text. The answer carries OpenAI's `tool_calls` and
-//! `finish_reason: "tool_calls"`. Streamed, a named call's arguments and `required`
-//! calls (`CallStream`: each name once whole, then its arguments) go out as they are
-//! generated; `auto` output is held and parsed at the end.
+//! `finish_reason: "tool_calls"`. Streamed, every mode's calls go out as they are
+//! generated (see `tool_stream`).
 
 use crate::api::{FunctionDef, GenRequest, ToolChoice};
 use crate::error::ApiError;
@@ -221,157 +220,6 @@ pub fn calls_json(calls: &[Call], id: &str, choice: usize) -> Value {
     )
 }
 
-/// What the streamed output of a `required` call has revealed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reveal {
-    /// Call `k` has begun: its name is whole.
-    Begin { k: usize, name: String },
-    /// More of call `k`'s arguments, as raw JSON text.
-    Args { k: usize, text: String },
-}
-
-/// Follows the grammar-constrained JSON of `required` calls (`{"name", "arguments"}`,
-/// or a list of them) as it streams, so each call's name goes out once it is whole and
-/// its arguments as they are generated. The grammar guarantees the shape; this only
-/// tracks strings and nesting.
-#[derive(Debug, Default)]
-pub struct CallStream {
-    /// Nesting depth of objects and arrays outside the arguments.
-    depth: usize,
-    /// The depth inside a call object (1 for one call, 2 in a list); 0 until known.
-    call_depth: usize,
-    calls: usize,
-    /// A string at call level (a key or the name) being read, raw.
-    string: Option<String>,
-    escape: bool,
-    /// The last key read at call level.
-    key: String,
-    /// Inside the arguments value: its own depth, and whether in a string there.
-    args: Option<(usize, bool)>,
-    /// After `"arguments":`, waiting for the value's first character.
-    args_next: bool,
-}
-
-impl CallStream {
-    /// Feeds more output; returns what it reveals, in order.
-    pub fn push(&mut self, text: &str) -> Vec<Reveal> {
-        let mut out: Vec<Reveal> = Vec::new();
-        let mut args = String::new();
-        for ch in text.chars() {
-            if let Some((depth, in_str)) = self.args.as_mut() {
-                let ends = match (*in_str, ch) {
-                    (true, _) if self.escape => {
-                        self.escape = false;
-                        false
-                    }
-                    (true, '\\') => {
-                        self.escape = true;
-                        false
-                    }
-                    (true, '"') => {
-                        *in_str = false;
-                        *depth == 0
-                    }
-                    (true, _) => false,
-                    (false, '"') => {
-                        *in_str = true;
-                        false
-                    }
-                    (false, '{' | '[') => {
-                        *depth += 1;
-                        false
-                    }
-                    (false, '}' | ']') if *depth == 0 => {
-                        // A bare value ends where its call object does.
-                        self.args = None;
-                        Self::flush(&mut out, self.calls, &mut args);
-                        self.close();
-                        continue;
-                    }
-                    (false, '}' | ']') => {
-                        *depth -= 1;
-                        *depth == 0
-                    }
-                    (false, ',') if *depth == 0 => {
-                        self.args = None;
-                        Self::flush(&mut out, self.calls, &mut args);
-                        continue;
-                    }
-                    _ => false,
-                };
-                args.push(ch);
-                if ends {
-                    self.args = None;
-                    Self::flush(&mut out, self.calls, &mut args);
-                }
-                continue;
-            }
-            if let Some(raw) = self.string.as_mut() {
-                raw.push(ch);
-                if self.escape {
-                    self.escape = false;
-                } else if ch == '\\' {
-                    self.escape = true;
-                } else if ch == '"' {
-                    let raw = self.string.take().unwrap_or_default();
-                    let value: String = serde_json::from_str(&raw).unwrap_or_default();
-                    if self.key == "name" {
-                        out.push(Reveal::Begin {
-                            k: self.calls,
-                            name: value,
-                        });
-                        self.key.clear();
-                    } else {
-                        self.key = value;
-                    }
-                }
-                continue;
-            }
-            if self.args_next && !ch.is_whitespace() {
-                self.args_next = false;
-                self.args = Some((0, false));
-                // Re-read this character as the value's first.
-                out.extend(self.push(&ch.to_string()));
-                continue;
-            }
-            match ch {
-                '{' | '[' => {
-                    self.depth += 1;
-                    if self.call_depth == 0 {
-                        self.call_depth = if ch == '[' { 2 } else { 1 };
-                    }
-                }
-                '}' | ']' => self.close(),
-                '"' if self.depth == self.call_depth => self.string = Some("\"".into()),
-                ':' if self.depth == self.call_depth && self.key == "arguments" => {
-                    self.args_next = true;
-                    self.key.clear();
-                }
-                _ => {}
-            }
-        }
-        Self::flush(&mut out, self.calls, &mut args);
-        out
-    }
-
-    /// A `}` or `]` outside the arguments: a call object ends at call level.
-    fn close(&mut self) {
-        if self.depth == self.call_depth {
-            self.calls += 1;
-        }
-        self.depth = self.depth.saturating_sub(1);
-    }
-
-    fn flush(out: &mut Vec<Reveal>, k: usize, args: &mut String) {
-        if !args.is_empty() {
-            out.push(Reveal::Args {
-                k,
-                text: std::mem::take(args),
-            });
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,51 +250,6 @@ mod tests {
         assert_eq!(rest.as_deref(), Some("Let me check."));
         assert!(extract(&t, "no calls here").is_none());
         assert!(extract(&t, "<tool_call>not json</tool_call>").is_none());
-    }
-
-    /// Streamed in pieces of any size, the calls' names and arguments add up to what
-    /// `extract` finds in the whole output.
-    #[test]
-    fn required_calls_stream_as_they_are_generated() {
-        let t = tools(Mode::Required { parallel: true });
-        for text in [
-            r#"{"name":"get_weather","arguments":{"city":"Pa\"ris}","n":[1,{"a":2}]}}"#,
-            r#"[{"name":"get_weather","arguments":{"city":"Oslo"}},{"name":"get_weather","arguments":{}}]"#,
-            r#"{"name": "get_weather", "arguments": 42}"#,
-            r#"[ {"arguments": "x,}", "name": "get_weather"} ]"#,
-        ] {
-            let (want, _) = extract(&t, text).unwrap();
-            for size in [1, 2, 3, 7, 1000] {
-                let mut s = CallStream::default();
-                let chars: Vec<char> = text.chars().collect();
-                let mut got: Vec<Call> = Vec::new();
-                let mut args: Vec<String> = Vec::new();
-                for piece in chars.chunks(size) {
-                    for r in s.push(&piece.iter().collect::<String>()) {
-                        match r {
-                            Reveal::Begin { k, name } => {
-                                assert_eq!(k, got.len(), "{text}");
-                                got.push(Call {
-                                    name,
-                                    arguments: String::new(),
-                                });
-                            }
-                            Reveal::Args { k, text } => {
-                                args.resize(args.len().max(k + 1), String::new());
-                                args[k].push_str(&text);
-                            }
-                        }
-                    }
-                }
-                assert_eq!(got.len(), want.len(), "{text} in pieces of {size}");
-                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(g.name, w.name);
-                    let a: Value = serde_json::from_str(&args[k]).unwrap();
-                    let b: Value = serde_json::from_str(&w.arguments).unwrap_or(json!(w.arguments));
-                    assert_eq!(a, b, "{text} in pieces of {size}: call {k}");
-                }
-            }
-        }
     }
 
     #[test]
