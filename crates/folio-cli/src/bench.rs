@@ -5,10 +5,12 @@
 use crate::figures::{median, rounds, speeds};
 use crate::opts::KvKind;
 use crate::opts::ModelArgs;
+use crate::report::{figure, Report};
 use anyhow::{Context, Result};
 use folio::kv::{BasicCache, KvSeq, Logits, PagedKv};
 use folio::model::sampler::argmax;
 use folio::{forward_one, Model};
+use serde_json::json;
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
@@ -74,6 +76,14 @@ pub struct Args {
     /// --serve-figures by the same HTTP client under the same loads as folio's server.
     #[arg(long, value_name = "PATH")]
     pub llama_server: Option<std::path::PathBuf>,
+    /// Every figure set: --long-figures, --batch-figures, --kv-figures,
+    /// --grammar-figures and --serve-figures (not --contention).
+    #[arg(long)]
+    pub all: bool,
+    /// Also write the figures as JSON to PATH, with the machine and the command
+    /// (`scripts/bench_plots.py` turns it into plots and docs/BENCHMARKS.md).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<std::path::PathBuf>,
 }
 
 const TEXT: &str = "The history of the printing press begins long before Gutenberg, with movable type made of baked clay and later cast in bronze. ";
@@ -85,7 +95,15 @@ enum OneSeq {
 
 const LLAMA_BENCH: &str = include_str!("../../../scripts/llama_bench.py");
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
+    if a.all {
+        a.long_figures = true;
+        a.batch_figures = true;
+        a.kv_figures = true;
+        a.grammar_figures = true;
+        a.serve_figures = true;
+    }
+    let mut report = Report::default();
     let model = a.model.load()?;
     let threads = model.threads();
     let reps = a.reps as usize;
@@ -177,9 +195,22 @@ pub fn run(a: Args) -> Result<()> {
             .map(|l| format!(", llama.cpp {:.0}%", 100.0 * l.1 / limit))
             .unwrap_or_default()
     );
+    report.add(
+        "single",
+        json!({
+            "pp": {"tokens": a.pp, "folio": figure(pp, &pps),
+                   "llama": llama.map(|l| figure(l.0, &l_pps))},
+            "tg": {"tokens": a.tg, "folio": figure(tg, &tgs),
+                   "llama": llama.map(|l| figure(l.1, &l_tgs))},
+            "weights_bytes_per_token": model.bytes_per_token(),
+            "decode_ceiling_tok_s": limit,
+            "llama_tool": llama.map(|_| "llama-cpp-python (flash attention on)"),
+        }),
+    );
     if a.long_figures {
         let path = a.model.path()?;
         crate::bench_long::run(
+            &mut report,
             &model,
             &base,
             &crate::bench_long::LongArgs {
@@ -195,28 +226,34 @@ pub fn run(a: Args) -> Result<()> {
         crate::bench_contention::run(&a.model, &prompt, a.tg, reps)?;
     }
     if a.grammar_figures {
-        crate::bench_grammar::run(a.model.load()?, a.model.page_size, reps)?;
+        crate::bench_grammar::run(&mut report, a.model.load()?, a.model.page_size, reps)?;
     }
     if a.kv_figures {
-        kv_figures(&model, &a)?;
+        kv_figures(&mut report, &model, &a)?;
     }
     if a.batch_figures {
         let exe = llama_tool(&a, &a.llama_batched_bench, "FOLIO_LLAMA_BATCHED_BENCH");
         let path = a.model.path()?;
         let llama = exe.as_deref().map(|e| (e, path.as_path(), threads));
-        crate::bench_batch::run(&model, a.model.page_size, reps, llama)?;
+        crate::bench_batch::run(&mut report, &model, a.model.page_size, reps, llama)?;
     }
     if a.serve_figures {
         let pages = a.model.pool_pages(&model, a.model.page_size, 200_000)?;
         drop(model);
-        crate::bench_serve::run(crate::bench_serve::ServeArgs {
-            model: a.model.path()?,
-            threads,
-            page_size: a.model.page_size,
-            kv_pages: pages,
-            max_batch_tokens: a.max_batch_tokens,
-            llama_server: llama_tool(&a, &a.llama_server, "FOLIO_LLAMA_SERVER"),
-        })?;
+        crate::bench_serve::run(
+            &mut report,
+            crate::bench_serve::ServeArgs {
+                model: a.model.path()?,
+                threads,
+                page_size: a.model.page_size,
+                kv_pages: pages,
+                max_batch_tokens: a.max_batch_tokens,
+                llama_server: llama_tool(&a, &a.llama_server, "FOLIO_LLAMA_SERVER"),
+            },
+        )?;
+    }
+    if let Some(path) = &a.json {
+        report.write(path, crate::report::machine(threads, bw))?;
     }
     Ok(())
 }
@@ -236,7 +273,7 @@ fn llama_tool(
 }
 
 /// The paged cache's figures, each next to its contiguous baseline.
-fn kv_figures(model: &Model, a: &Args) -> Result<()> {
+fn kv_figures(report: &mut Report, model: &Model, a: &Args) -> Result<()> {
     let c = &model.config;
     let ps = a.model.page_size;
     let max_ctx = c.context_length;
@@ -289,6 +326,26 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
         "- sequences in a 1 GiB KV budget (same lengths): paged {fit_paged} | contiguous {fit_contig} ({:.1}x)",
         fit_paged as f64 / fit_contig.max(1) as f64
     );
+    let per_seq_paged = paged as f64 * token_bytes as f64 / lens.len() as f64;
+    let per_seq_contig = (max_ctx * token_bytes) as f64;
+    println!(
+        "- KV bytes per sequence (same lengths, mean {:.0} tokens): paged {:.2} MiB | contiguous {:.2} MiB ({:.1}x less)",
+        used as f64 / lens.len() as f64,
+        per_seq_paged / (1 << 20) as f64,
+        per_seq_contig / (1 << 20) as f64,
+        per_seq_contig / per_seq_paged
+    );
+    let mut figures = json!({
+        "page_size": ps,
+        "model_context": max_ctx,
+        "token_bytes": token_bytes,
+        "sequences": lens.len(),
+        "mean_tokens": used as f64 / lens.len() as f64,
+        "slots_wasted_pct": {"paged": 100.0 * (paged - used) as f64 / paged as f64,
+                             "contiguous": 100.0 * (contiguous - used) as f64 / contiguous as f64},
+        "bytes_per_sequence": {"paged": per_seq_paged, "contiguous": per_seq_contig},
+        "sequences_per_gib": {"paged": fit_paged, "contiguous": fit_contig},
+    });
     // Fork cost: a table of n tokens, forked 200 times (each fork released again).
     for n in [1024usize, 32 * 1024] {
         let mut kv = pool(n.div_ceil(ps) + 4, usize::MAX);
@@ -304,11 +361,12 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
             let f = kv.fork(&mut t)?;
             kv.release(f)?;
         }
+        let us = start.elapsed().as_secs_f64() * 1e6 / reps as f64;
         println!(
-            "- fork at {n} tokens of context: {:.2} µs ({} committed pages shared through one fork group, no per-page reference)",
-            start.elapsed().as_secs_f64() * 1e6 / reps as f64,
+            "- fork at {n} tokens of context: {us:.2} µs ({} committed pages shared through one fork group, no per-page reference)",
             t.num_pages()
         );
+        figures[format!("fork_us_at_{n}")] = json!(us);
     }
     // Prefill of a 2000-token prompt, cold, then as a new request whose prefix is indexed.
     let base = model.tokenizer.encode(TEXT, false);
@@ -333,6 +391,8 @@ fn kv_figures(model: &Model, a: &Args) -> Result<()> {
         warm * 1e3,
         100.0 * warm / cold
     );
+    figures["ttft_2000_tokens_s"] = json!({"cold": cold, "warm": warm, "cached_tokens": hit});
+    report.add("kv", figures);
     Ok(())
 }
 

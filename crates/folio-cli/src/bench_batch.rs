@@ -1,14 +1,17 @@
 //! `folio bench --batch-figures`: the batched step's figures. Aggregate decode tok/s of
-//! B sequences stepping together (B = 1 … 32) with our own B = 1 as the baseline.
+//! B sequences stepping together (B = 1 … 32) with our own B = 1 as the baseline, and
+//! llama.cpp's `llama-batched-bench` at the same batch sizes in the same rounds.
 //! (Attention through scattered pages vs gather + dense is a kernel micro-benchmark:
 //! `cargo bench -p folio --bench attention`.)
 
 use crate::figures::{baseline_output, median, rounds as round_list};
+use crate::report::{figure, Report};
 use anyhow::Result;
 use folio::kv::{Batch, Logits, PageTable, PagedKv};
 use folio::model::sampler::argmax;
 use folio::rng::SplitMix64;
 use folio::Model;
+use serde_json::json;
 use std::path::Path;
 use std::time::Instant;
 
@@ -20,6 +23,7 @@ const SIZES: [usize; 6] = [1, 2, 4, 8, 16, 32];
 /// `llama` = (its `llama-batched-bench`, the model, threads) is given), so all of them
 /// see the same machine; medians are reported.
 pub fn run(
+    report: &mut Report,
     model: &Model,
     page_size: usize,
     reps: usize,
@@ -27,65 +31,83 @@ pub fn run(
 ) -> Result<()> {
     let reps = reps.max(1);
     let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); SIZES.len()];
-    let mut theirs = Vec::new();
+    let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); SIZES.len()];
     for _ in 0..reps {
         for (b, r) in SIZES.iter().zip(rounds.iter_mut()) {
             r.push(aggregate_decode(model, page_size, *b, 32, 32)?);
         }
         if let Some((exe, gguf, threads)) = llama {
-            theirs.extend(llama_batched(exe, gguf, threads)?);
+            for (t, v) in theirs.iter_mut().zip(llama_batched(exe, gguf, threads)?) {
+                t.extend(v);
+            }
         }
     }
     println!();
     println!(
-        "Batched decode (each sequence: its own 32-token prompt, then 32 greedy steps together; medians of {reps} rounds)"
+        "Batched decode (each sequence: its own 32-token prompt, then 32 greedy steps together; medians of {reps} rounds{})",
+        if llama.is_some() {
+            "; llama.cpp: llama-batched-bench -npp 32 -ntg 32, S_TG"
+        } else {
+            "; llama.cpp not measured: pass --llama-batched-bench PATH or set FOLIO_LLAMA_BATCHED_BENCH"
+        }
     );
-    println!("| batch | aggregate tok/s | per sequence tok/s | vs batch 1 | rounds |");
-    println!("|-------|-----------------|--------------------|------------|--------|");
+    println!("| batch | aggregate tok/s | per sequence tok/s | vs batch 1 | llama.cpp tok/s | folio / llama.cpp | rounds |");
+    println!("|-------|-----------------|--------------------|------------|-----------------|-------------------|--------|");
     let meds: Vec<f64> = rounds.iter().map(|r| median(r)).collect();
-    for ((b, tps), r) in SIZES.iter().zip(&meds).zip(&rounds) {
+    let mut rows = Vec::new();
+    for (((b, tps), r), t) in SIZES.iter().zip(&meds).zip(&rounds).zip(&theirs) {
+        let l = (!t.is_empty()).then(|| median(t));
         println!(
-            "| {b:>5} | {tps:>15.1} | {:>18.1} | {:>9.2}x | {} |",
+            "| {b:>5} | {tps:>15.1} | {:>18.1} | {:>9.2}x | {:>15} | {:>17} | {}{} |",
             tps / *b as f64,
             tps / meds[0],
-            round_list(r)
+            l.map_or("-".into(), |l| format!("{l:.1}")),
+            l.map_or("-".into(), |l| format!("{:.2}x", tps / l)),
+            round_list(r),
+            if t.is_empty() {
+                String::new()
+            } else {
+                format!(" / llama.cpp {}", round_list(t))
+            }
         );
+        rows.push(json!({"batch": b, "folio": figure(*tps, r),
+                         "llama": l.map(|l| figure(l, t))}));
     }
-    if !theirs.is_empty() {
-        let at16 = meds[SIZES.iter().position(|&b| b == 16).expect("16 is a size")];
-        let l = median(&theirs);
-        println!(
-            "batch 16: {at16:.1} tok/s = {:.2}x llama.cpp's batched figure ({l:.1} tok/s; rounds {})",
-            at16 / l,
-            round_list(&theirs)
-        );
-    }
-
+    report.add(
+        "batch",
+        json!({"prompt_tokens": 32, "decode_steps": 32, "sizes": rows}),
+    );
     Ok(())
 }
 
-/// llama.cpp's aggregate decode tok/s of 16 sequences (32-token prompts, 32 steps),
-/// from its `llama-batched-bench` run now with the same model and threads.
-fn llama_batched(exe: &Path, model: &Path, threads: usize) -> Result<Option<f64>> {
+/// llama.cpp's aggregate decode tok/s at each of [`SIZES`] (32-token prompts, 32
+/// steps), from one `llama-batched-bench` run now with the same model and threads.
+fn llama_batched(exe: &Path, model: &Path, threads: usize) -> Result<Vec<Option<f64>>> {
     let t = threads.to_string();
+    let npl = SIZES.map(|b| b.to_string()).join(",");
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["-m"])
         .arg(model)
         .args([
-            "-c", "4096", "-b", "2048", "-ub", "512", "-npp", "32", "-ntg", "32", "-npl", "16",
+            "-c", "4096", "-b", "2048", "-ub", "512", "-npp", "32", "-ntg", "32", "-npl", &npl,
         ])
         .args(["-t", &t, "-tb", &t]);
     let Some(out) = baseline_output(&mut cmd, "llama-batched-bench")? else {
-        return Ok(None);
+        return Ok(vec![None; SIZES.len()]);
     };
-    // The table row `| PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | ...`.
+    // The table rows `| PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | ...`.
     let text = String::from_utf8_lossy(&out);
-    Ok(text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split('|').map(str::trim).collect();
-        (f.len() > 8 && f[3] == "16")
-            .then(|| f[8].parse().ok())
-            .flatten()
-    }))
+    Ok(SIZES
+        .iter()
+        .map(|b| {
+            text.lines().find_map(|l| {
+                let f: Vec<&str> = l.split('|').map(str::trim).collect();
+                (f.len() > 8 && f[3] == b.to_string())
+                    .then(|| f[8].parse().ok())
+                    .flatten()
+            })
+        })
+        .collect())
 }
 
 /// Tokens per second of `b` sequences decoding `steps` tokens in lockstep.

@@ -4,9 +4,11 @@
 //! time to build the token table and to compile the schema.
 
 use crate::figures::{median, rounds};
+use crate::report::{figure, Report};
 use anyhow::Result;
 use folio::grammar::{GrammarSpec, Grammars};
 use folio::{Engine, EngineConfig, Event, Model, Prompt, Request};
+use serde_json::json;
 use std::time::Instant;
 
 /// Decode tok/s of `reqs` run at once: tokens after each request's first, over the
@@ -51,7 +53,7 @@ fn decode_rate(engine: &Engine, reqs: Vec<Request>) -> Result<(f64, Vec<usize>)>
     Ok((tokens as f64 / secs, got.iter().map(|g| g.2).collect()))
 }
 
-pub fn run(model: Model, page_size: usize, reps: usize) -> Result<()> {
+pub fn run(report: &mut Report, model: Model, page_size: usize, reps: usize) -> Result<()> {
     let t = Instant::now();
     let gs = Grammars::new(&model.tokenizer, model.config.vocab)?;
     let table_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -84,6 +86,9 @@ pub fn run(model: Model, page_size: usize, reps: usize) -> Result<()> {
     );
     println!("| requests at once | constrained decode tok/s | unconstrained tok/s | ratio |");
     println!("|------------------|--------------------------|---------------------|-------|");
+    let mut rec = serde_json::Map::new();
+    rec.insert("token_table_ms".into(), json!(table_ms));
+    rec.insert("schema_compile_ms".into(), json!(median(&compile)));
     for batch in [1usize, 16] {
         let (mut with, mut without) = (Vec::new(), Vec::new());
         for round in 0..reps {
@@ -122,6 +127,11 @@ pub fn run(model: Model, page_size: usize, reps: usize) -> Result<()> {
             rounds(&with),
             rounds(&without)
         );
+        rec.insert(
+            format!("batch_{batch}"),
+            json!({"constrained": figure(w, &with), "unconstrained": figure(wo, &without)}),
+        );
     }
+    report.add("grammar", rec.into());
     Ok(())
 }

@@ -4,10 +4,12 @@
 //! same threads) in the same rounds when its path is given, the two taking turns.
 
 use crate::figures::{baseline_output, median, rounds};
+use crate::report::{figure, Report};
 use anyhow::Result;
 use folio::kv::{KvSeq, Logits, PagedKv};
 use folio::model::sampler::argmax;
 use folio::{forward_one, Model};
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -30,7 +32,7 @@ pub struct LongArgs<'a> {
 /// One round's figures: pp tok/s per PP, decode tok/s per DEPTH.
 type Round = ([f64; 3], [f64; 3]);
 
-pub fn run(model: &Model, prompt_text: &[u32], a: &LongArgs) -> Result<()> {
+pub fn run(report: &mut Report, model: &Model, prompt_text: &[u32], a: &LongArgs) -> Result<()> {
     let most = PP.iter().chain(&DEPTH).copied().max().unwrap_or(0) + TG + 1;
     let prompt: Vec<u32> = prompt_text.iter().cycle().take(most).copied().collect();
     let dtype = folio::kv::KvDtype::F16;
@@ -55,6 +57,7 @@ pub fn run(model: &Model, prompt_text: &[u32], a: &LongArgs) -> Result<()> {
     println!("| test          | folio tok/s | llama.cpp tok/s | folio / llama.cpp |");
     println!("|---------------|-------------|-----------------|-------------------|");
     let mut notes = Vec::new();
+    let mut rec = serde_json::Map::new();
     let mut row = |name: String, pick: &dyn Fn(&Round) -> f64| {
         let o: Vec<f64> = ours.iter().map(pick).collect();
         let t: Vec<f64> = theirs.iter().map(pick).collect();
@@ -66,6 +69,11 @@ pub fn run(model: &Model, prompt_text: &[u32], a: &LongArgs) -> Result<()> {
             (format!("{tm:.1}"), format!("{:.2}x", om / tm))
         };
         println!("| {name:<13} | {om:>11.1} | {tm:>15} | {ratio:>17} |");
+        rec.insert(
+            name.clone(),
+            json!({"folio": figure(om, &o),
+                   "llama": (!t.is_empty()).then(|| figure(median(&t), &t))}),
+        );
         notes.push(format!(
             "{name}: folio {}{}",
             rounds(&o),
@@ -90,6 +98,14 @@ pub fn run(model: &Model, prompt_text: &[u32], a: &LongArgs) -> Result<()> {
     if a.llama_bench.is_none() {
         println!("(llama.cpp not measured: pass --llama-bench PATH or set FOLIO_LLAMA_BENCH)");
     }
+    rec.insert(
+        "llama_tool".into(),
+        json!(a
+            .llama_bench
+            .as_ref()
+            .map(|_| "llama-bench, flash attention on")),
+    );
+    report.add("long", rec.into());
     Ok(())
 }
 

@@ -3,10 +3,11 @@
 //! same client over the same OpenAI route (`/v1/completions`, streamed, token-id
 //! prompts, greedy, `ignore_eos`) under the same loads: 1, 16 and 32 concurrent
 //! clients, with distinct 100-token prompts and with prompts sharing a 1000-token
-//! prefix; each load runs on folio, then on llama.cpp, before the next. Then folio's
-//! TTFT of a 2000-token prompt cold vs with its prefix cached, and each server's peak
-//! RSS.
+//! prefix; each load runs on folio, then on llama.cpp, before the next. Then each
+//! server's TTFT of a 2000-token prompt cold vs with its prefix cached, and each
+//! server's peak RSS.
 
+use crate::report::Report;
 use anyhow::{bail, Context, Result};
 use folio::Model;
 use serde_json::{json, Value};
@@ -198,6 +199,8 @@ struct Load {
     output_tok_s: f64,
     ttft_p50: f64,
     ttft_p95: f64,
+    /// Every request's TTFT, ascending.
+    ttfts: Vec<f64>,
 }
 
 /// `clients` threads sending `prompts` (each `max_tokens` long, greedy, ignore_eos)
@@ -242,10 +245,11 @@ fn drive(
         output_tok_s: (prompts.len() * max_tokens) as f64 / wall,
         ttft_p50: pct(0.5),
         ttft_p95: pct(0.95),
+        ttfts: t,
     })
 }
 
-pub fn run(a: ServeArgs) -> Result<()> {
+pub fn run(report: &mut Report, a: ServeArgs) -> Result<()> {
     let model = Model::load(&a.model, 1)?;
     let max_tokens = 64;
     let folio = Server::folio(&a)?;
@@ -274,6 +278,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     println!("| prompts                  | clients | server    | output tok/s | TTFT p50 s | TTFT p95 s | vs llama.cpp |");
     println!("|--------------------------|---------|-----------|--------------|------------|------------|--------------|");
     let mut seed = 1u64;
+    let mut loads = Vec::new();
     for shared in [false, true] {
         for clients in [1usize, 16, 32] {
             seed += 1000;
@@ -301,36 +306,57 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     }
                     Some(f) => format!("folio {:.2}x", f / r.output_tok_s),
                 };
+                let what = if shared {
+                    "shared 1000-token prefix"
+                } else {
+                    "distinct 100 tokens"
+                };
                 println!(
-                    "| {:<24} | {clients:>7} | {:<9} | {:>12.1} | {:>10.2} | {:>10.2} | {ratio:>12} |",
-                    if shared { "shared 1000-token prefix" } else { "distinct 100 tokens" },
-                    s.name,
-                    r.output_tok_s,
-                    r.ttft_p50,
-                    r.ttft_p95,
+                    "| {what:<24} | {clients:>7} | {:<9} | {:>12.1} | {:>10.2} | {:>10.2} | {ratio:>12} |",
+                    s.name, r.output_tok_s, r.ttft_p50, r.ttft_p95,
+                );
+                loads.push(
+                    json!({"prompts": what, "shared_prefix": shared, "clients": clients,
+                    "requests": prompts.len(), "server": s.name, "output_tok_s": r.output_tok_s,
+                    "ttft_p50_s": r.ttft_p50, "ttft_p95_s": r.ttft_p95, "ttfts_s": r.ttfts}),
                 );
             }
         }
     }
 
-    // Warm-prefix TTFT on folio: the same 2000-token prefix, a new 20-token question.
+    // Warm-prefix TTFT on each server: the same 2000-token prefix, a new 20-token
+    // question (a fresh prefix, so neither server has seen it before the cold request).
     let prefix = text_tokens(&model, 4242, 2000);
-    let ttft = |suffix_seed: u64| -> Result<f64> {
+    let ttft = |addr: SocketAddr, suffix_seed: u64| -> Result<f64> {
         let mut p = prefix.clone();
         p.extend(text_tokens(&model, suffix_seed, 20));
-        let body = json!({"prompt": p, "max_tokens": 1, "stream": true, "temperature": 0});
-        Ok(stream_one(folio.addr, &body)?.0.as_secs_f64())
+        let body = json!({"prompt": p, "max_tokens": 1, "stream": true, "temperature": 0,
+            "cache_prompt": true});
+        Ok(stream_one(addr, &body)?.0.as_secs_f64())
     };
-    let cold = ttft(1)?;
-    let warm = ttft(2)?;
-    println!(
-        "folio, 2000-token prefix over HTTP: TTFT cold {cold:.2} s, warm {warm:.3} s = {:.1}% of cold",
-        100.0 * warm / cold
-    );
+    let mut warm_cold = serde_json::Map::new();
+    for s in &servers {
+        let cold = ttft(s.addr, 1)?;
+        let warm = ttft(s.addr, 2)?;
+        println!(
+            "{}, 2000-token prefix over HTTP: TTFT cold {cold:.2} s, warm {warm:.3} s = {:.1}% of cold",
+            s.name,
+            100.0 * warm / cold
+        );
+        warm_cold.insert(s.name.into(), json!({"cold_s": cold, "warm_s": warm}));
+    }
+    let mut rss = serde_json::Map::new();
     for s in &servers {
         if let Some(mib) = s.peak_rss_mib() {
             println!("{} server peak RSS: {mib:.0} MiB", s.name);
+            rss.insert(s.name.into(), json!(mib));
         }
     }
+    report.add(
+        "serve",
+        json!({"route": "/v1/completions", "max_tokens": max_tokens, "threads": a.threads,
+               "llama_server": llama.as_ref().map(|_| "llama-server, 32 slots of 1200 tokens"),
+               "loads": loads, "prefix_2000_ttft": warm_cold, "peak_rss_mib": rss}),
+    );
     Ok(())
 }

@@ -10,6 +10,7 @@ mod chat;
 mod figures;
 mod generate;
 mod opts;
+mod report;
 mod serve;
 
 use clap::{Parser, Subcommand};
