@@ -17,15 +17,19 @@ dir=target/llama
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 
-if [ ! -x "$dir/build/bin/llama-batched-bench" ] || [ ! -x "$dir/build/bin/llama-server" ] \
-    || [ ! -x "$dir/build/bin/llama-bench" ]; then
-    if [ ! -d "$dir/src" ]; then
+fetch() {
+    if [ ! -d "$dir/src/llama_cpp" ]; then
         echo "build_llama: fetching llama-cpp-python $VERSION's sdist" >&2
         python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
             --disable-pip-version-check "llama-cpp-python==$VERSION" -d "$dir/sdist"
         mkdir -p "$dir/src"
         tar xzf "$dir"/sdist/llama_cpp_python-*.tar.gz -C "$dir/src" --strip-components=1
     fi
+}
+
+if [ ! -x "$dir/build/bin/llama-batched-bench" ] || [ ! -x "$dir/build/bin/llama-server" ] \
+    || [ ! -x "$dir/build/bin/llama-bench" ]; then
+    fetch
     command -v cmake >/dev/null || python3 -m pip install --quiet cmake
     cat >"$dir/probe.c" <<'C'
 #include <setjmp.h>
@@ -55,6 +59,7 @@ C
 fi
 
 if [ ! -x "$dir/venv/bin/python" ]; then
+    fetch
     python3 -m venv "$dir/venv"
     "$dir/venv/bin/pip" install --quiet --disable-pip-version-check numpy typing_extensions \
         diskcache jinja2
