@@ -42,12 +42,13 @@ impl Core {
         let (shape, window) = cfg.validate(&model)?;
         let mut kv = PagedKv::with_shape(shape, window, &model.fingerprint());
         if let Some(dir) = &cfg.snapshot_dir {
-            let (restored, skipped) = kv.open_snapshot_dir(dir)?;
+            let (_, skipped) = kv.open_snapshot_dir(dir)?;
             for e in skipped {
                 tracing::warn!("snapshot skipped: {e}");
             }
-            if !restored.is_empty() {
-                tracing::info!(?restored, "snapshots restored");
+            // Says which save each one is (a save cut short leaves the one before).
+            for (name, tokens) in kv.snapshot_list() {
+                tracing::info!("snapshot {name:?} restored: {tokens} tokens");
             }
         }
         Ok(Self {
@@ -268,6 +269,27 @@ impl Core {
         pages.sort_unstable();
         pages.dedup();
         pages.len()
+    }
+
+    /// Checks the page store's invariants against every table and page held: running
+    /// and retired sequences, idle contexts and their spare pages, snapshots. Returns
+    /// the first violation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let tables = self
+            .sched
+            .seqs
+            .iter()
+            .chain(&self.sched.retired)
+            .filter_map(|s| s.table.as_ref())
+            .chain(self.contexts.tables())
+            .chain(self.kv.pinned_tables());
+        let mut holders = crate::kv::holders(tables, self.kv.num_pages());
+        for p in self.contexts.spare_pages() {
+            if let Some(h) = holders.get_mut(p.0 as usize) {
+                *h += 1;
+            }
+        }
+        self.kv.check(&holders)
     }
 
     /// (free, cached) page counts: after a drain, every page is one or the other.
