@@ -104,7 +104,7 @@ impl Run {
             deadline: state
                 .config
                 .request_timeout
-                .map(|limit| (tokio::time::Instant::now() + limit, limit)),
+                .and_then(|limit| Some((tokio::time::Instant::now().checked_add(limit)?, limit))),
             queued: true,
             first: None,
             last: None,

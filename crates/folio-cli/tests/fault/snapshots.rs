@@ -103,6 +103,7 @@ fn sigkill_mid_save_restarts_with_the_old_snapshot_or_the_new_never_a_corrupt_on
     let save_time = t.elapsed();
     assert_eq!(r["tokens"], saved);
     let per_token = size(&snap).unwrap() / saved;
+    let first = saved;
     let mut outcomes = Vec::new();
     for k in 0..KILLS {
         // The next save: the last one plus 16 tokens, from a context loaded from it.
@@ -159,7 +160,8 @@ fn sigkill_mid_save_restarts_with_the_old_snapshot_or_the_new_never_a_corrupt_on
         assert!(!log.contains("snapshot skipped: ") || left_tmp, "{log}");
         if left_tmp {
             assert!(
-                log.contains("an interrupted save of snapshot \"big\""),
+                log.contains("an interrupted save of snapshot \"big\"")
+                    && log.contains(&format!("(restored: {restored} tokens)")),
                 "{log}"
             );
             assert!(size(&tmp).is_none(), "the temporary file is removed");
@@ -186,7 +188,7 @@ fn sigkill_mid_save_restarts_with_the_old_snapshot_or_the_new_never_a_corrupt_on
     );
     assert_eq!(g["usage"]["completion_tokens"], 2, "{g}");
     eprintln!(
-        "a save of {saved} tokens takes {save_time:?}; {}",
+        "a save of {first} tokens takes {save_time:?}; {}",
         outcomes.join("; ")
     );
 }

@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 const CLIENTS: u64 = 8;
 /// Live contexts one client keeps at most.
-const CONTEXTS_PER_CLIENT: usize = 3;
+const CONTEXTS_PER_CLIENT: usize = 2;
 /// A context longer than this is truncated rather than grown (the window is 1024).
-const CONTEXT_TOKENS: u64 = 400;
+const CONTEXT_TOKENS: u64 = 200;
 
 const QUESTIONS: [&str; 8] = [
     "What is the capital of France?",
@@ -241,12 +241,12 @@ fn client(sh: &Shared, seed: u64) {
         let ctx_path = |what: &str| format!("{}/{what}", base.as_deref().unwrap_or(""));
         match op {
             Op::Completion => {
-                let body = merge(json!({"prompt": prompt(&mut rng)}), sampling(&mut rng, 24));
+                let body = merge(json!({"prompt": prompt(&mut rng)}), sampling(&mut rng, 40));
                 generate(sh, &mut rng, "/v1/completions", body);
             }
             Op::Chat => {
                 let msgs = json!([{"role": "user", "content": prompt(&mut rng)}]);
-                let body = merge(json!({"messages": msgs}), sampling(&mut rng, 24));
+                let body = merge(json!({"messages": msgs}), sampling(&mut rng, 40));
                 generate(sh, &mut rng, "/v1/chat/completions", body);
             }
             Op::Create | Op::Fork => {
@@ -312,9 +312,9 @@ fn soak_of_random_requests_ends_with_every_page_free_or_cached_and_memory_flat()
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
-    // 160 pages of 16 tokens: eight clients, n up to 3 and contexts need more, so
+    // 48 pages of 16 tokens: eight clients, n up to 3 and contexts need more, so
     // cached pages are evicted and running sequences preempted.
-    let s = server::start(&["--ctx", "1024", "--kv-pages", "160", "--max-contexts", "24"]);
+    let s = server::start(&["--ctx", "1024", "--kv-pages", "48", "--max-contexts", "16"]);
     let sh = Arc::new(Shared {
         addr: s.addr,
         pid: s.pid(),

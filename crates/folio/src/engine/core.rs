@@ -43,11 +43,21 @@ impl Core {
         let mut kv = PagedKv::with_shape(shape, window, &model.fingerprint());
         if let Some(dir) = &cfg.snapshot_dir {
             let (_, skipped) = kv.open_snapshot_dir(dir)?;
+            let restored = kv.snapshot_list();
             for e in skipped {
-                tracing::warn!("snapshot skipped: {e}");
+                // A save cut short: say which save of that name came back instead.
+                let kept = match &e {
+                    crate::kv::SnapshotError::Interrupted { name, .. } => {
+                        match restored.iter().find(|(n, _)| n == name) {
+                            Some((_, tokens)) => format!(" (restored: {tokens} tokens)"),
+                            None => " (no complete save of it: none restored)".into(),
+                        }
+                    }
+                    _ => String::new(),
+                };
+                tracing::warn!("snapshot skipped: {e}{kept}");
             }
-            // Says which save each one is (a save cut short leaves the one before).
-            for (name, tokens) in kv.snapshot_list() {
+            for (name, tokens) in &restored {
                 tracing::info!("snapshot {name:?} restored: {tokens} tokens");
             }
         }
