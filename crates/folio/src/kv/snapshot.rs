@@ -360,7 +360,7 @@ fn remove_interrupted(dir: &Path) -> Vec<SnapshotError> {
             });
         }
     }
-    out.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+    out.sort_by_key(|e| e.to_string());
     out
 }
 
