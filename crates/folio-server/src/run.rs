@@ -151,6 +151,7 @@ impl Run {
             },
             Err(limit) => {
                 tracing::warn!("a request ran past --request-timeout ({limit:?}): stopped");
+                self.state.metrics.timed_out.fetch_add(1, Ordering::Relaxed);
                 Tagged {
                     prompt: 0,
                     event: Event::Error(EngineError::TimedOut { limit }),

@@ -98,6 +98,10 @@ fn a_request_past_its_timeout_is_stopped_with_503_and_its_pages_freed() {
     let last: serde_json::Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     assert_eq!(last["error"]["code"], "request_timeout", "{last}");
     assert!(eventually(5.0, || idle(a)), "{}", get(a, "/metrics").text());
+    assert_eq!(
+        metric(a, "folio:requests_timed_out_total", "model_name"),
+        2.0
+    );
     // What fits in the limit still runs.
     let ok = post(
         a,
