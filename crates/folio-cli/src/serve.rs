@@ -49,6 +49,14 @@ pub struct Args {
     /// Most token rows in one forward step (decode tokens plus prefill chunks).
     #[arg(long, default_value_t = 512)]
     pub max_batch_tokens: usize,
+    /// Most tokens one choice may generate: a larger max_tokens is 400 (a request
+    /// without one gets at most this).
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens_cap: usize,
+    /// Seconds one request may run, queue included, before it is stopped (503, or an
+    /// error event ending its stream); 0: no limit.
+    #[arg(long, default_value_t = 600.0)]
+    pub request_timeout: f64,
 }
 
 /// Full-length sequences the default pool holds (`--kv-memory` or `--kv-pages` set
@@ -57,9 +65,11 @@ const DEFAULT_SEQUENCES: usize = 8;
 
 pub fn run(a: Args) -> Result<()> {
     let path = a.model.path()?;
+    anyhow::ensure!(a.max_tokens_cap >= 1, "--max-tokens-cap must be at least 1");
     for (flag, v) in [
         ("--shutdown-timeout", a.shutdown_timeout),
         ("--context-ttl", a.context_ttl),
+        ("--request-timeout", a.request_timeout),
     ] {
         anyhow::ensure!(
             v.is_finite() && (0.0..=1e9).contains(&v),
@@ -79,6 +89,9 @@ pub fn run(a: Args) -> Result<()> {
         cors_origins: a.cors_origin.clone(),
         context_ttl: Duration::from_secs_f64(a.context_ttl),
         max_contexts: a.max_contexts,
+        max_tokens: a.max_tokens_cap,
+        request_timeout: (a.request_timeout > 0.0)
+            .then(|| Duration::from_secs_f64(a.request_timeout)),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -86,6 +99,7 @@ pub fn run(a: Args) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        survive_file_size_limit();
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", a.host, a.port))?;
@@ -136,6 +150,28 @@ fn warm(path: &Path) -> std::io::Result<()> {
     }
     bar.finish_and_clear();
     Ok(())
+}
+
+/// A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, whose default
+/// action kills the process: with a handler installed the write fails with EFBIG
+/// instead, and a snapshot save reports it (the previous save is kept) like a full
+/// disk. The handler only logs.
+fn survive_file_size_limit() {
+    #[cfg(target_os = "linux")]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        const SIGXFSZ: i32 = 25;
+        match signal(SignalKind::from_raw(SIGXFSZ)) {
+            Ok(mut s) => {
+                tokio::spawn(async move {
+                    while s.recv().await.is_some() {
+                        tracing::warn!("a write went past the file-size limit (SIGXFSZ)");
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot handle SIGXFSZ: {e}"),
+        }
+    }
 }
 
 /// Resolves at the first SIGINT or SIGTERM.

@@ -40,6 +40,7 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .route("/v1/snapshots/{name}", delete(contexts::snapshot_delete))
         .route("/v1/snapshots/{name}/load", post(contexts::snapshot_load))
         .route("/v1/kv", get(contexts::kv))
+        .route("/v1/kv/check", get(contexts::kv_check))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .fallback(misc::not_found)

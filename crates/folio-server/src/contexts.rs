@@ -1,5 +1,6 @@
 //! The context API over HTTP: contexts a client builds up, forks in O(1), rolls
-//! back, generates into, and pins as snapshots; and `/v1/kv`, the pool page by page.
+//! back, generates into, and pins as snapshots; `/v1/kv`, the pool page by page, and
+//! `/v1/kv/check`, the page store's invariants checked between two steps.
 //! Each server context is a `folio::Context` under an id (`ctx-N`), with its salt,
 //! its parent (for the context tree) and its last use: contexts idle longer than
 //! `--context-ttl` are dropped (their committed pages stay cached), and at most
@@ -401,20 +402,24 @@ pub async fn snapshot_save(
     engine(&st)?;
     let e = st.contexts.get(&s.context)?;
     let name = s.name.clone();
-    blocking(move || Ok(e.ctx.save(&s.name)?)).await?;
+    let tokens = blocking(move || {
+        e.ctx.save(&s.name)?;
+        Ok(e.ctx.info()?.seq_len)
+    })
+    .await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"name": name, "object": "snapshot", "context": s.context})),
+        Json(json!({"name": name, "object": "snapshot", "context": s.context, "tokens": tokens})),
     )
         .into_response())
 }
 
 pub async fn snapshot_list(State(st): St) -> Result<Response, ApiError> {
     let engine = engine(&st)?;
-    let names = blocking(move || Ok(engine.snapshots()?)).await?;
-    let data: Vec<Value> = names
+    let list = blocking(move || Ok(engine.snapshot_list()?)).await?;
+    let data: Vec<Value> = list
         .iter()
-        .map(|n| json!({"name": n, "object": "snapshot"}))
+        .map(|(n, tokens)| json!({"name": n, "object": "snapshot", "tokens": tokens}))
         .collect();
     Ok(Json(json!({"object": "list", "data": data})).into_response())
 }
@@ -441,6 +446,21 @@ pub async fn snapshot_delete(
     let n = name.clone();
     blocking(move || Ok(Context::delete(&engine, &n)?)).await?;
     Ok(Json(json!({"name": name, "object": "snapshot", "deleted": true})).into_response())
+}
+
+/// `GET /v1/kv/check`: the page store's invariants (every page's state and
+/// references against every table, the free list, the eviction order, the prefix
+/// index), checked between two steps. 200 when they hold; a violation is a bug: 500
+/// naming the first page at fault. It walks every page: a debug route, behind the
+/// API key like the rest of /v1.
+pub async fn kv_check(State(st): St) -> Result<Response, ApiError> {
+    let engine = engine(&st)?;
+    let pages = blocking(move || {
+        engine.check_invariants()?;
+        Ok(engine.stats()?.pages_total)
+    })
+    .await?;
+    Ok(Json(json!({"object": "kv.check", "ok": true, "pages": pages})).into_response())
 }
 
 fn state_str(s: PageState) -> &'static str {

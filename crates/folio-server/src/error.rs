@@ -93,9 +93,14 @@ impl From<EngineError> for ApiError {
             EngineError::Tokenizer(_) | EngineError::EmptyPrompt => {
                 out.param = Some("prompt".into())
             }
+            EngineError::TimedOut { .. } => {
+                out.message.push_str(" (--request-timeout)");
+                out.code = Some("request_timeout");
+            }
             _ => {}
         }
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        // A request stopped by its time limit would only be stopped again.
+        if status == StatusCode::SERVICE_UNAVAILABLE && !matches!(e, EngineError::TimedOut { .. }) {
             out.retry_after = Some(1);
         }
         if status == StatusCode::INTERNAL_SERVER_ERROR {

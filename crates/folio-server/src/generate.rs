@@ -152,6 +152,7 @@ pub async fn prepare(st: &Arc<AppState>, route: Route, r: GenRequest) -> Result<
             l.template.as_ref(),
             l.grammars.as_ref(),
             l.engine.window(),
+            st2.config.max_tokens,
         )
     })
     .await

@@ -58,6 +58,11 @@ pub struct ServeConfig {
     pub context_ttl: Duration,
     /// Most live contexts (429 above).
     pub max_contexts: usize,
+    /// Most tokens one choice may generate (a larger `max_tokens` is 400).
+    pub max_tokens: usize,
+    /// How long one request may run, queue included, before it is stopped (503, or an
+    /// error event ending its stream); `None`: no limit.
+    pub request_timeout: Option<Duration>,
 }
 
 impl Default for ServeConfig {
@@ -71,6 +76,8 @@ impl Default for ServeConfig {
             cors_origins: Vec::new(),
             context_ttl: Duration::from_secs(600),
             max_contexts: 64,
+            max_tokens: 4096,
+            request_timeout: Some(Duration::from_secs(600)),
         }
     }
 }

@@ -88,6 +88,8 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     /// Requests that failed (an error answer or an error event).
     pub failed: AtomicU64,
+    /// Requests stopped by `--request-timeout` (counted in `failed` too).
+    pub timed_out: AtomicU64,
     pub ttft: Histogram,
     pub per_token: Histogram,
     pub e2e: Histogram,
@@ -104,6 +106,7 @@ impl Default for Metrics {
             finished: [AtomicU64::new(0), AtomicU64::new(0)],
             cancelled: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY),
             per_token: Histogram::new(PER_TOKEN),
             e2e: Histogram::new(LATENCY),
@@ -175,6 +178,12 @@ impl Metrics {
             "requests_failed_total",
             "Requests answered with an error.",
             get(&self.failed),
+        );
+        counter(
+            &mut out,
+            "requests_timed_out_total",
+            "Requests stopped by --request-timeout (also counted as failed).",
+            get(&self.timed_out),
         );
         self.ttft.render(
             &mut out,

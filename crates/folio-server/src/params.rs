@@ -59,7 +59,7 @@ pub const MAX_SALT_BYTES: usize = 1024;
 pub const MAX_ECHO_FIGURES: usize = 1 << 20;
 
 /// Checks `r` for `route` and tokenizes its prompt(s); `window` is the most tokens a
-/// sequence holds.
+/// sequence holds, `cap` the most one choice may generate (`--max-tokens-cap`).
 pub fn job(
     route: Route,
     mut r: GenRequest,
@@ -67,6 +67,7 @@ pub fn job(
     template: Option<&ChatTemplate>,
     grammars: Option<&Grammars>,
     window: usize,
+    cap: usize,
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
     let (mut tool_plan, mut forced) = (None, None);
@@ -131,7 +132,15 @@ pub fn job(
     };
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     if route == Route::Context {
-        return request_fields(route, r, prompts, prompt_texts, window, grammars, None);
+        return request_fields(
+            route,
+            r,
+            prompts,
+            prompt_texts,
+            (window, cap),
+            grammars,
+            None,
+        );
     }
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         let what = if prompts.len() > 1 {
@@ -159,7 +168,7 @@ pub fn job(
         r,
         prompts,
         prompt_texts,
-        window - longest,
+        (window - longest, cap),
         grammars,
         forced,
     )?;
@@ -167,13 +176,14 @@ pub fn job(
     Ok(job)
 }
 
-/// The sampling and answer fields of `r`; `room` is the most tokens left to generate.
+/// The sampling and answer fields of `r`; `room` is the most tokens left to generate
+/// in the window, `cap` the most one choice may generate.
 fn request_fields(
     route: Route,
     mut r: GenRequest,
     prompts: Vec<Vec<u32>>,
     prompt_texts: Vec<String>,
-    room: usize,
+    (room, cap): (usize, usize),
     grammars: Option<&Grammars>,
     forced: Option<GrammarSpec>,
 ) -> Result<Job, ApiError> {
@@ -239,11 +249,22 @@ fn request_fields(
         Route::Chat | Route::Context => r.max_completion_tokens.or(r.max_tokens),
         Route::Completions => r.max_tokens,
     };
-    // OpenAI's defaults: 16 tokens for a completion, the rest of the window for a chat.
+    if let Some(m) = asked.filter(|&m| m > cap as u64) {
+        let name = match (route, r.max_completion_tokens.is_some()) {
+            (Route::Chat | Route::Context, true) => "max_completion_tokens",
+            _ => "max_tokens",
+        };
+        return Err(ApiError::invalid(
+            name,
+            format!("{name} is {m}; this server generates at most {cap} tokens per choice (--max-tokens-cap)"),
+        ));
+    }
+    // OpenAI's defaults: 16 tokens for a completion, the rest of the window for a chat
+    // (within the cap).
     let max_tokens = match (asked, route) {
         (Some(m), _) => usize::try_from(m).unwrap_or(usize::MAX).min(room),
-        (None, Route::Completions) => 16.min(room),
-        (None, Route::Chat | Route::Context) => room,
+        (None, Route::Completions) => 16.min(room).min(cap),
+        (None, Route::Chat | Route::Context) => room.min(cap),
     };
     if max_tokens == 0 && !echo {
         return Err(ApiError::invalid(

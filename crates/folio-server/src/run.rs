@@ -2,7 +2,9 @@
 //! async channel, and their end. Dropping a `Run` before its samples finished (the
 //! client went away, streaming or not: the handler's future or the response body is
 //! dropped) cancels every engine request at once, so their pages go back before the
-//! next step. Request metrics are recorded here, as the events pass.
+//! next step. A run that outlives `--request-timeout` (queue included) ends with
+//! [`EngineError::TimedOut`] and is cancelled the same way. Request metrics are
+//! recorded here, as the events pass.
 
 use crate::error::ApiError;
 use crate::params::Job;
@@ -28,6 +30,8 @@ pub struct Run {
     ids: Vec<u64>,
     rx: UnboundedReceiver<Tagged>,
     started: Instant,
+    /// When the run is stopped (`--request-timeout`), and the limit.
+    deadline: Option<(tokio::time::Instant, std::time::Duration)>,
     /// Holds one place in the queue until the first event arrives.
     queued: bool,
     first: Option<Instant>,
@@ -97,6 +101,10 @@ impl Run {
             ids: Vec::new(),
             rx,
             started: Instant::now(),
+            deadline: state
+                .config
+                .request_timeout
+                .and_then(|limit| Some((tokio::time::Instant::now().checked_add(limit)?, limit))),
             queued: true,
             first: None,
             last: None,
@@ -129,12 +137,26 @@ impl Run {
         if self.ended {
             return None;
         }
-        let t = match self.rx.recv().await {
-            Some(t) => t,
-            None => Tagged {
+        let got = match self.deadline {
+            Some((at, limit)) => tokio::time::timeout_at(at, self.rx.recv())
+                .await
+                .map_err(|_| limit),
+            None => Ok(self.rx.recv().await),
+        };
+        let t = match got {
+            Ok(Some(t)) => t,
+            Ok(None) => Tagged {
                 prompt: 0,
                 event: Event::Error(EngineError::Closed),
             },
+            Err(limit) => {
+                tracing::warn!("a request ran past --request-timeout ({limit:?}): stopped");
+                self.state.metrics.timed_out.fetch_add(1, Ordering::Relaxed);
+                Tagged {
+                    prompt: 0,
+                    event: Event::Error(EngineError::TimedOut { limit }),
+                }
+            }
         };
         self.leave_queue();
         let m = &self.state.metrics;

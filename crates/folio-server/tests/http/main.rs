@@ -6,6 +6,8 @@ mod cancel;
 mod client;
 mod contexts;
 mod errors;
+mod limits;
 mod load;
+mod preempt;
 mod routes;
 mod server;

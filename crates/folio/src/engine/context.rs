@@ -116,6 +116,11 @@ impl Contexts {
         self.map.values().filter_map(|c| c.table())
     }
 
+    /// Pages reserved ahead by every context (working pages, one holder each).
+    pub fn spare_pages(&self) -> impl Iterator<Item = PageId> + '_ {
+        self.map.values().flat_map(|c| c.spare.iter().copied())
+    }
+
     /// The idle contexts' ids and tables.
     pub fn tables_by_id(&self) -> impl Iterator<Item = (u64, &PageTable)> {
         self.map

@@ -42,12 +42,23 @@ impl Core {
         let (shape, window) = cfg.validate(&model)?;
         let mut kv = PagedKv::with_shape(shape, window, &model.fingerprint());
         if let Some(dir) = &cfg.snapshot_dir {
-            let (restored, skipped) = kv.open_snapshot_dir(dir)?;
+            let (_, skipped) = kv.open_snapshot_dir(dir)?;
+            let restored = kv.snapshot_list();
             for e in skipped {
-                tracing::warn!("snapshot skipped: {e}");
+                // A save cut short: say which save of that name came back instead.
+                let kept = match &e {
+                    crate::kv::SnapshotError::Interrupted { name, .. } => {
+                        match restored.iter().find(|(n, _)| n == name) {
+                            Some((_, tokens)) => format!(" (restored: {tokens} tokens)"),
+                            None => " (no complete save of it: none restored)".into(),
+                        }
+                    }
+                    _ => String::new(),
+                };
+                tracing::warn!("snapshot skipped: {e}{kept}");
             }
-            if !restored.is_empty() {
-                tracing::info!(?restored, "snapshots restored");
+            for (name, tokens) in &restored {
+                tracing::info!("snapshot {name:?} restored: {tokens} tokens");
             }
         }
         Ok(Self {
@@ -268,6 +279,27 @@ impl Core {
         pages.sort_unstable();
         pages.dedup();
         pages.len()
+    }
+
+    /// Checks the page store's invariants against every table and page held: running
+    /// and retired sequences, idle contexts and their spare pages, snapshots. Returns
+    /// the first violation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let tables = self
+            .sched
+            .seqs
+            .iter()
+            .chain(&self.sched.retired)
+            .filter_map(|s| s.table.as_ref())
+            .chain(self.contexts.tables())
+            .chain(self.kv.pinned_tables());
+        let mut holders = crate::kv::holders(tables, self.kv.num_pages());
+        for p in self.contexts.spare_pages() {
+            if let Some(h) = holders.get_mut(p.0 as usize) {
+                *h += 1;
+            }
+        }
+        self.kv.check(&holders)
     }
 
     /// (free, cached) page counts: after a drain, every page is one or the other.

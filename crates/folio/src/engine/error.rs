@@ -33,6 +33,8 @@ pub enum EngineError {
     PoolTooSmall { needed: usize, available: usize },
     #[error("the request needs {needed} KV pages (prompt plus max_tokens); the whole pool has {pages}: ask for fewer tokens")]
     TooLargeForPool { needed: usize, pages: usize },
+    #[error("the request ran longer than its time limit of {limit:?} and was stopped")]
+    TimedOut { limit: std::time::Duration },
     #[error("{name}: {reason}")]
     Param { name: &'static str, reason: String },
     #[error("engine configuration: {name} {reason}")]
@@ -54,7 +56,7 @@ impl EngineError {
     pub fn kind(&self) -> ErrorKind {
         use EngineError as E;
         match self {
-            E::Closed | E::PoolTooSmall { .. } => ErrorKind::Unavailable,
+            E::Closed | E::PoolTooSmall { .. } | E::TimedOut { .. } => ErrorKind::Unavailable,
             E::Internal(_) => ErrorKind::Internal,
             E::Kv(e) => e.kind(),
             E::Snapshot(e) => e.kind(),

@@ -148,6 +148,20 @@ impl Engine {
         self.call(|core| core.kv.snapshot_names())
     }
 
+    /// Each snapshot's name and token count, sorted by name.
+    pub fn snapshot_list(&self) -> Result<Vec<(String, usize)>, EngineError> {
+        self.call(|core| core.kv.snapshot_list())
+    }
+
+    /// Checks the page store's invariants (states, reference counts against every
+    /// table, free list, eviction order, prefix index) between two steps; a violation
+    /// is [`EngineError::Internal`] naming the first page at fault. For tests and the
+    /// server's debug route: it walks every page.
+    pub fn check_invariants(&self) -> Result<(), EngineError> {
+        self.call(|core| core.check_invariants())?
+            .map_err(|e| EngineError::Internal(format!("page store invariant broken: {e}")))
+    }
+
     /// A new, empty context (optionally salted per tenant).
     pub fn context(&self, salt: Option<Vec<u8>>) -> Result<Context, EngineError> {
         let id = self.call(move |core| core.contexts.new_context(&core.kv, salt))?;

@@ -62,21 +62,40 @@ pub enum SnapshotError {
         path: PathBuf,
         error: Arc<std::io::Error>,
     },
+    /// The disk (or the process's file-size limit) is full: nothing of the new save
+    /// stays, and the previous file of that name is untouched.
+    #[error("{path}: {error}: the disk is full or the file-size limit was reached; the snapshot was not saved and the previous save of this name, if any, is kept")]
+    NoSpace {
+        path: PathBuf,
+        error: Arc<std::io::Error>,
+    },
     #[error("{path}: {reason}")]
     Corrupt { path: PathBuf, reason: String },
+    /// A save that never completed (the process was killed while writing it): its
+    /// temporary file is removed at start and the last complete save stays.
+    #[error("{path}: an interrupted save of snapshot {name:?} ({bytes} bytes written) was removed; the last complete save of {name:?}, if any, is the one restored")]
+    Interrupted {
+        path: PathBuf,
+        name: String,
+        bytes: u64,
+    },
     #[error("{0} is not a directory: the snapshot directory must be one (or not exist yet)")]
     NotADirectory(PathBuf),
 }
 
 impl SnapshotError {
-    /// A missing or misnamed snapshot is the caller's; files that cannot be read or
-    /// written are the server's.
+    /// A missing or misnamed snapshot is the caller's; a full disk is a resource
+    /// running out (like pages); files that cannot be read or written are the server's.
     pub fn kind(&self) -> ErrorKind {
         match self {
             SnapshotError::NotFound(_) => ErrorKind::NotFound,
             SnapshotError::BadName(_) | SnapshotError::NotADirectory(_) => ErrorKind::Invalid,
             SnapshotError::Kv(e) => e.kind(),
-            SnapshotError::Io { .. } | SnapshotError::Corrupt { .. } => ErrorKind::Internal,
+            // Full disk: the server cannot store now; freeing space fixes it.
+            SnapshotError::NoSpace { .. } => ErrorKind::Unavailable,
+            SnapshotError::Io { .. }
+            | SnapshotError::Corrupt { .. }
+            | SnapshotError::Interrupted { .. } => ErrorKind::Internal,
         }
     }
 }

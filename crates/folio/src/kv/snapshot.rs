@@ -12,6 +12,7 @@ pub use super::error::SnapshotError;
 use super::paged::PagedKv;
 use super::table::PageTable;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"FOLIOSNP";
 const VERSION: u32 = 1;
@@ -84,6 +85,17 @@ impl PagedKv {
         Ok(())
     }
 
+    /// Each snapshot's name and token count, sorted by name.
+    pub fn snapshot_list(&self) -> Vec<(String, usize)> {
+        let mut v: Vec<(String, usize)> = self
+            .snapshots
+            .iter()
+            .map(|(n, t)| (n.clone(), t.len()))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Names of the snapshots held, sorted.
     pub fn snapshot_names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.snapshots.keys().cloned().collect();
@@ -102,7 +114,9 @@ impl PagedKv {
     }
 
     /// Keeps snapshots in `dir` from now on, and restores the ones already there.
-    /// Returns what was restored and, separately, each file that was skipped and why.
+    /// Returns what was restored and, separately, each file that was skipped and why
+    /// (a temporary file left by a save that never completed is removed and reported
+    /// as [`SnapshotError::Interrupted`]).
     pub fn open_snapshot_dir(
         &mut self,
         dir: &Path,
@@ -128,6 +142,7 @@ impl PagedKv {
             .filter(|p| p.extension().is_some_and(|x| x == "snap"))
             .collect();
         entries.sort();
+        skipped.extend(remove_interrupted(dir));
         for path in entries {
             match self.read_file(&path) {
                 Ok((name, table)) => {
@@ -166,18 +181,16 @@ impl PagedKv {
         }
         b.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(&b).to_le_bytes());
         let path = dir.join(format!("{name}.snap"));
-        let tmp = dir.join(format!(".{name}.snap.tmp"));
-        let io = |source: std::io::Error| SnapshotError::Io {
-            path: path.clone(),
-            error: source.into(),
-        };
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp).map_err(io)?;
-            f.write_all(&b).map_err(io)?;
-            f.sync_all().map_err(io)?;
+        let tmp = temp_path(dir, name);
+        // NOTE: the old file is never opened: the new one is written whole and synced
+        // under a temporary name, then renamed over it (atomic). A process killed at
+        // any moment leaves the old file or the new one, plus at most a temporary file
+        // that the next start removes. A failed write removes its temporary file.
+        let written = write_synced(&tmp, &b).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io_error(&path, e));
         }
-        std::fs::rename(&tmp, &path).map_err(io)?;
         if let Ok(d) = std::fs::File::open(dir) {
             let _ = d.sync_all();
         }
@@ -286,6 +299,69 @@ impl PagedKv {
         self.store.commit_full(&mut t)?;
         Ok((name, t))
     }
+}
+
+/// The temporary name a save of `name` is written under (hidden, and not `.snap`, so
+/// it is never restored).
+fn temp_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!(".{name}.snap.tmp"))
+}
+
+/// Creates `path` afresh, writes `bytes` and syncs them to the disk.
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// A write error on `path`: a full disk (ENOSPC, EDQUOT) or a file-size limit (EFBIG)
+/// is [`SnapshotError::NoSpace`], anything else [`SnapshotError::Io`].
+fn io_error(path: &Path, e: std::io::Error) -> SnapshotError {
+    // Linux's numbers (ErrorKind::StorageFull and friends are newer than our MSRV).
+    const EFBIG: i32 = 27;
+    const ENOSPC: i32 = 28;
+    const EDQUOT: i32 = 122;
+    let path = path.to_path_buf();
+    let error = Arc::new(e);
+    if matches!(error.raw_os_error(), Some(EFBIG | ENOSPC | EDQUOT)) {
+        SnapshotError::NoSpace { path, error }
+    } else {
+        SnapshotError::Io { path, error }
+    }
+}
+
+/// Removes the temporary files of saves that never completed (the process was killed
+/// while writing); each is reported.
+fn remove_interrupted(dir: &Path) -> Vec<SnapshotError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.filter_map(Result::ok) {
+        let file = e.file_name();
+        let Some(name) = file
+            .to_str()
+            .and_then(|f| f.strip_prefix('.'))
+            .and_then(|f| f.strip_suffix(".snap.tmp"))
+        else {
+            continue;
+        };
+        if check_name(name).is_err() {
+            continue;
+        }
+        let path = e.path();
+        let bytes = e.metadata().map_or(0, |m| m.len());
+        if std::fs::remove_file(&path).is_ok() {
+            out.push(SnapshotError::Interrupted {
+                path,
+                name: name.to_string(),
+                bytes,
+            });
+        }
+    }
+    out.sort_by_key(|e| e.to_string());
+    out
 }
 
 /// Reads `path` whole but never more than `limit` + 1 bytes (a file that grows, or a

@@ -398,15 +398,38 @@ impl PageStore {
 
     /// Checks every invariant of the module doc against `holders[i]`, the number of
     /// tables and pins holding page i. Returns a description of the first violation.
+    /// O(pages): membership of the free list and the LRU list is counted once (a page
+    /// listed twice, or an LRU list that loops, is a violation too).
     pub fn check(&self, holders: &[u32]) -> Result<(), String> {
-        let lru = self.lru_order();
+        let n = self.pages.len();
+        let mut free_count = vec![0u32; n];
+        for &f in &self.free {
+            match free_count.get_mut(f as usize) {
+                Some(c) => *c += 1,
+                None => return Err(format!("the free list names page {f}, outside the pool")),
+            }
+        }
+        let mut lru_count = vec![0u32; n];
+        let mut at = self.lru_head;
+        let mut steps = 0;
+        while at != NO_LINK {
+            steps += 1;
+            match lru_count.get_mut(at as usize) {
+                Some(c) if steps <= n => *c += 1,
+                _ => return Err("the LRU list loops or leaves the pool".into()),
+            }
+            at = self.pages[at as usize].next;
+        }
         for (i, p) in self.pages.iter().enumerate() {
             let h = holders.get(i).copied().unwrap_or(0);
             let indexed = p
                 .hash
                 .is_some_and(|x| self.index.get(&x) == Some(&(i as u32)));
-            let in_free = self.free.contains(&(i as u32));
-            let in_lru = lru.contains(&PageId(i as u32));
+            if free_count[i] > 1 || lru_count[i] > 1 {
+                return Err(format!("page {i} is listed twice (free list or LRU)"));
+            }
+            let in_free = free_count[i] == 1;
+            let in_lru = lru_count[i] == 1;
             let ok = match p.state {
                 PageState::Free => h == 0 && p.refs == 0 && !indexed && in_free && !in_lru,
                 PageState::Working => h == 1 && p.refs == 1 && !indexed && !in_free && !in_lru,

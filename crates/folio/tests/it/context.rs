@@ -100,6 +100,11 @@ fn fork_shares_pages_and_truncate_never_touches_the_shared_ones() {
     // b rolls back across a committed boundary and diverges; a is unchanged.
     b.truncate(5).unwrap();
     assert_eq!(b.tokens().unwrap().len(), 9);
+    // The page store's invariants hold with the shared pages, the copied one and a
+    // context's pages reserved ahead.
+    b.reserve_working_pages(2).unwrap();
+    e.check_invariants().unwrap();
+    b.release_working_pages(2).unwrap();
     let gb = b.generate(greedy(4)).unwrap().collect_all().unwrap();
     assert_eq!(gb[0].ids.len(), 4);
     assert_eq!(
@@ -113,10 +118,12 @@ fn fork_shares_pages_and_truncate_never_touches_the_shared_ones() {
         .unwrap();
     let gc = c.generate(greedy(4)).unwrap().collect_all().unwrap();
     assert_eq!(ga[0].ids, gc[0].ids);
+    e.check_invariants().unwrap();
     drop((a, b, c));
     let st = e.stats().unwrap();
     let (free, cached) = e.idle_pages().unwrap();
     assert_eq!(free + cached, 64, "{st:?}");
+    e.check_invariants().unwrap();
 }
 
 #[test]

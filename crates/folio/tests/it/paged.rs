@@ -300,3 +300,63 @@ fn snapshot_files_that_are_not_regular_or_too_large_are_skipped_unread() {
     let err = kv.open_snapshot_dir(&file).unwrap_err();
     assert!(matches!(err, SnapshotError::NotADirectory(_)), "{err}");
 }
+
+#[test]
+fn a_save_cut_short_leaves_the_old_file_and_its_temporary_file_is_removed_at_start() {
+    use folio::kv::SnapshotError;
+    let (_d, m) = tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let mut kv = m.new_paged(12, 8, 512);
+    kv.open_snapshot_dir(dir.path()).unwrap();
+    let mut t = kv.new_table(None);
+    m.run(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
+        .unwrap();
+    kv.save("s", &mut t).unwrap();
+    let old = std::fs::read(dir.path().join("s.snap")).unwrap();
+    // A newer save killed halfway: its temporary file holds part of a file.
+    let tmp = dir.path().join(".s.snap.tmp");
+    std::fs::write(&tmp, &old[..old.len() / 2]).unwrap();
+    let mut kv2 = m.new_paged(12, 8, 512);
+    let (names, skipped) = kv2.open_snapshot_dir(dir.path()).unwrap();
+    assert_eq!(names, vec!["s".to_string()]);
+    assert!(
+        matches!(&skipped[..], [SnapshotError::Interrupted { name, bytes, .. }]
+            if name == "s" && *bytes == (old.len() / 2) as u64),
+        "{skipped:?}"
+    );
+    assert!(!tmp.exists());
+    assert_eq!(kv2.snapshot_list(), vec![("s".to_string(), 20)]);
+    assert_eq!(std::fs::read(dir.path().join("s.snap")).unwrap(), old);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_save_onto_a_full_disk_is_no_space_and_keeps_the_old_snapshot() {
+    use folio::kv::SnapshotError;
+    let (_d, m) = tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let mut kv = m.new_paged(12, 8, 512);
+    kv.open_snapshot_dir(dir.path()).unwrap();
+    let mut t = kv.new_table(None);
+    m.run(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
+        .unwrap();
+    kv.save("s", &mut t).unwrap();
+    let old = std::fs::read(dir.path().join("s.snap")).unwrap();
+    m.run(&mut kv.seq(&mut t), &prompt(&m, 30)[20..], Logits::Last)
+        .unwrap();
+    // The temporary file lands on /dev/full: every write fails with ENOSPC.
+    let tmp = dir.path().join(".s.snap.tmp");
+    std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+    let err = kv.save("s", &mut t).unwrap_err();
+    assert!(matches!(err, SnapshotError::NoSpace { .. }), "{err}");
+    assert_eq!(err.kind(), folio::ErrorKind::Unavailable);
+    assert!(err.to_string().contains("previous save"), "{err}");
+    // The old snapshot stays pinned and on disk; the failed save's file is gone.
+    assert_eq!(kv.snapshot_list(), vec![("s".to_string(), 20)]);
+    assert_eq!(std::fs::read(dir.path().join("s.snap")).unwrap(), old);
+    assert!(std::fs::symlink_metadata(&tmp).is_err());
+    kv.release(t).unwrap();
+    let mut kv2 = m.new_paged(12, 8, 512);
+    kv2.open_snapshot_dir(dir.path()).unwrap();
+    assert_eq!(kv2.snapshot_list(), vec![("s".to_string(), 20)]);
+}
