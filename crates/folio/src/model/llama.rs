@@ -1,8 +1,9 @@
-//! The llama-family forward pass (every architecture of [`super::config::Arch`]: their
-//! differences are per-layer branches, none inside a token loop): one step over a planned ragged [`Batch`] (each
+//! The llama-family forward pass: one step over a planned ragged [`Batch`] (each
 //! sequence's new tokens: a whole prompt or a chunk of it in one matrix pass, or one
 //! decode token), K/V written to and read from a [`KvStorage`] by page id; logits out.
 //! The batch's pages are reserved by whoever planned it: a step never allocates.
+//! Every architecture of [`super::config::Arch`] runs here: their differences are
+//! branches per layer (or per step), none inside a token loop.
 
 use super::attention::{attention_with, Heads, Scores};
 use super::config::{Activation, Config};
