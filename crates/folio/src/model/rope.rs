@@ -213,3 +213,45 @@ pub fn llama3_factors(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The NOTE at the top: unscaled, the table is the plain recurrence, bit for bit
+    /// (the default model's RoPE did not move when scaling came in).
+    #[test]
+    fn unscaled_table_is_the_plain_recurrence_bit_for_bit() {
+        let rope = Rope {
+            style: RopeStyle::Adjacent,
+            dims: 64,
+            base: 10000.0,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            corr_dims: [0.0, 0.0],
+            factors: None,
+        };
+        let mut table = Vec::new();
+        for pos in [0, 1, 7, 1000, 8191] {
+            rope.table(pos, &mut table);
+            let scale = 10000f32.powf(-2.0 / 64.0);
+            let mut theta = pos as f32;
+            for &(cos, sin) in &table {
+                assert_eq!(cos.to_bits(), theta.cos().to_bits(), "cos at {pos}");
+                assert_eq!(sin.to_bits(), theta.sin().to_bits(), "sin at {pos}");
+                theta *= scale;
+            }
+        }
+    }
+
+    /// Llama 3's divisors: 1 for the fastest frequencies, the factor for the slowest,
+    /// never decreasing between.
+    #[test]
+    fn llama3_factors_run_from_one_to_the_factor() {
+        let f = llama3_factors(64, 500000.0, 8.0, 1.0, 4.0, 8192);
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[31], 8.0);
+        assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
+    }
+}
