@@ -168,6 +168,37 @@ fn new_layers_give_identical_logits_whole_or_one_at_a_time() {
     }
 }
 
+/// Gemma 3's sliding-window pattern given as a flag per layer reads as the same
+/// layers as the period it replaces (3 in the fixture: local, local, global).
+#[test]
+fn sliding_window_pattern_as_flags_equals_the_period() {
+    let flags = Value::Array(vec![
+        Value::Bool(true),
+        Value::Bool(true),
+        Value::Bool(false),
+    ]);
+    let dir = with_meta(
+        "gemma3.gguf",
+        "gemma3.attention.sliding_window_pattern",
+        flags,
+    );
+    let by_flags = Model::load(&dir.path().join("m.gguf"), 2).unwrap();
+    let by_period = load("gemma3");
+    assert_eq!(
+        by_flags.config.layers, by_period.config.layers,
+        "layer kinds differ"
+    );
+    let seq: Vec<u32> = (0..40).map(|i| (i * 7 % 200) as u32).collect();
+    let run = |m: &Model| {
+        let mut cache = m.new_cache(seq.len());
+        m.run(&mut cache, &seq, Logits::All).unwrap()
+    };
+    assert!(
+        run(&by_flags.with_isa(Isa::Avx2)) == run(&by_period),
+        "logits differ"
+    );
+}
+
 /// `file` rewritten with `key` set to `value`.
 fn with_meta(file: &str, key: &str, value: Value) -> tempfile::TempDir {
     let g = Gguf::open(&path(file)).unwrap();
