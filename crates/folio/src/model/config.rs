@@ -183,12 +183,12 @@ impl Config {
         // Which layers slide: Gemma 2 every other one (from the first), Gemma 3 five
         // in six, unless the metadata gives the pattern (a period, or a flag per
         // layer); llama and Mistral every layer when the metadata names a window.
-        // Phi-3's window is ignored, as llama.cpp ignores it.
+        // Qwen's and Phi-3's windows are ignored, as llama.cpp ignores them.
         let window = opt_int("attention.sliding_window")?;
         let window = match kind {
             Arch::Gemma2 => Some(window.unwrap_or(4096)),
-            Arch::Phi3 => None,
-            _ => window,
+            Arch::Llama | Arch::Gemma3 => window,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => None,
         };
         let sliding: Vec<bool> = match (window, kind) {
             (None, _) => vec![false; n_layers],
