@@ -230,13 +230,13 @@ impl Config {
         // Gemma 3's 10000) and, on Gemma 3, no scaling (its scaling is for its global
         // layers).
         let rope_local = gemma.then(|| {
-            let mut r = rope.clone();
             let default = if kind == Arch::Gemma3 {
                 10000.0
             } else {
                 rope.base
             };
-            r.base = float("rope.freq_base_swa").unwrap_or(default);
+            let base = float("rope.freq_base_swa").unwrap_or(default);
+            let mut r = rope.clone().with_base(base);
             if kind == Arch::Gemma3 {
                 r.freq_scale = 1.0;
             }

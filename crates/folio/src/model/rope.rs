@@ -32,8 +32,10 @@ pub struct Rope {
     pub ext_factor: f32,
     /// Multiplies cos and sin (YaRN's magnitude correction; 1 = none).
     pub attn_factor: f32,
-    /// YaRN's correction range, in rotated pairs.
+    /// YaRN's correction range, in rotated pairs (from `yarn`, for this `base`).
     pub corr_dims: [f32; 2],
+    /// YaRN's original context and (beta_fast, beta_slow).
+    pub yarn: (usize, [f32; 2]),
     /// A divisor per frequency (`dims / 2` of them): Llama 3's scaling.
     pub factors: Option<Vec<f32>>,
 }
@@ -80,6 +82,7 @@ impl Rope {
             ext_factor: 0.0,
             attn_factor: float("rope.scaling.attn_factor").unwrap_or(1.0),
             corr_dims: [0.0, 0.0],
+            yarn: (n_ctx_orig, [32.0, 1.0]),
             factors: None,
         };
         match ty {
@@ -90,7 +93,8 @@ impl Rope {
                 rope.ext_factor = float("rope.scaling.yarn_ext_factor").unwrap_or(1.0);
                 let beta_fast = float("rope.scaling.yarn_beta_fast").unwrap_or(32.0);
                 let beta_slow = float("rope.scaling.yarn_beta_slow").unwrap_or(1.0);
-                rope.corr_dims = corr_dims(dims, n_ctx_orig, base, beta_fast, beta_slow);
+                rope.yarn = (n_ctx_orig, [beta_fast, beta_slow]);
+                rope = rope.with_base(base);
                 if rope.ext_factor != 0.0 {
                     // The magnitude correction the table applies, cancelled here and
                     // replaced by the model's own (as llama.cpp sets its attn_factor).
@@ -124,6 +128,15 @@ impl Rope {
             }
         }
         Ok(rope)
+    }
+
+    /// The same RoPE on another base (YaRN's correction range follows it, as ggml
+    /// computes it from each layer's base).
+    pub fn with_base(mut self, base: f32) -> Self {
+        let (n_ctx_orig, [fast, slow]) = self.yarn;
+        self.base = base;
+        self.corr_dims = corr_dims(self.dims, n_ctx_orig, base, fast, slow);
+        self
     }
 
     /// cos/sin of every rotated pair at position `pos`, as ggml computes them: the angle
@@ -230,6 +243,7 @@ mod tests {
             ext_factor: 0.0,
             attn_factor: 1.0,
             corr_dims: [0.0, 0.0],
+            yarn: (4096, [32.0, 1.0]),
             factors: None,
         };
         let mut table = Vec::new();
