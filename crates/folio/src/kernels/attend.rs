@@ -17,7 +17,8 @@ pub const TILE_KEYS: usize = 32;
 /// hold the rows back to back, each `state.len() / keys.len()` queries (the query heads
 /// of one KV head) of `head_dim` values; `state` holds each query's (running max,
 /// running sum) in the same order. Each query gets the bits `attend_runs` gives it
-/// alone over its keys, whatever the block.
+/// alone over its keys, whatever the block. `cap` ≠ 0 soft-caps the scores
+/// ([`super::attend_runs_capped`]).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_block(
     isa: Isa,
@@ -26,6 +27,7 @@ pub fn attend_block(
     runs: &[KvRun],
     stride: usize,
     scale: f32,
+    cap: f32,
     state: &mut [(f32, f32)],
     acc: &mut [f32],
 ) {
@@ -43,7 +45,7 @@ pub fn attend_block(
         // One row (a decode step): all its keys in one call, so the kernel prefetches
         // each page while it reads the one before.
         slice_runs(runs, 0, most, stride, &mut tile);
-        super::attend_runs(isa, q, &tile, stride, scale, state, acc);
+        super::attend_runs_capped(isa, q, &tile, stride, scale, cap, state, acc);
         return;
     }
     let mut cut = Vec::with_capacity(TILE_KEYS + 1);
@@ -62,12 +64,13 @@ pub fn attend_block(
                 slice_runs(&tile, 0, end - t0, stride, &mut cut);
                 &cut[..]
             };
-            super::attend_runs(
+            super::attend_runs_capped(
                 isa,
                 &q[r * width..(r + 1) * width],
                 these,
                 stride,
                 scale,
+                cap,
                 &mut state[r * group..(r + 1) * group],
                 &mut acc[r * width..(r + 1) * width],
             );

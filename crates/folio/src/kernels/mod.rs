@@ -237,6 +237,33 @@ pub(crate) fn attend_runs_as(
     }
 }
 
+/// [`attend_runs`] with soft-capped scores (`cap` ≠ 0: see
+/// `scalar::attend_runs_capped`). Capped scores run the scalar kernel on every path
+/// (only Gemma 2 caps them); `cap` = 0 is [`attend_runs`].
+#[allow(clippy::too_many_arguments)]
+pub fn attend_runs_capped(
+    isa: Isa,
+    q: &[f32],
+    runs: &[KvRun],
+    stride: usize,
+    scale: f32,
+    cap: f32,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+) {
+    if cap == 0.0 {
+        return attend_runs(isa, q, runs, stride, scale, state, acc);
+    }
+    let n = state.len();
+    assert!(n > 0 && q.len() == acc.len() && q.len().is_multiple_of(n));
+    let hd = q.len() / n;
+    let round = isa.f16_attention();
+    for ((q, st), acc) in q.chunks_exact(hd).zip(state).zip(acc.chunks_exact_mut(hd)) {
+        let st = (&mut st.0, &mut st.1);
+        scalar::attend_runs_capped(q, runs, stride, scale, cap, st, acc, round);
+    }
+}
+
 /// `out` = `x` rounded to f16 precision (the query of llama.cpp's flash attention).
 #[cfg(test)]
 pub fn round_f16(x: &[f32], out: &mut Vec<f32>) {

@@ -424,13 +424,33 @@ pub fn attend_runs(
     acc: &mut [f32],
     round: bool,
 ) {
+    attend_runs_capped(q, runs, stride, scale, 0.0, state, acc, round)
+}
+
+/// [`attend_runs`] with soft-capped scores: with `cap` ≠ 0 each score
+/// `s = q·k · scale` becomes `cap · tanh(s)` (the caller has divided `scale` by `cap`),
+/// as ggml's flash attention caps them.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_runs_capped(
+    q: &[f32],
+    runs: &[super::KvRun],
+    stride: usize,
+    scale: f32,
+    cap: f32,
+    state: (&mut f32, &mut f32),
+    acc: &mut [f32],
+    round: bool,
+) {
     let (m, sum) = state;
     let hd = q.len();
     for run in runs {
         let f16 = round && matches!(run.k, super::KvRows::F16(_));
         let round = |x: f32| if f16 { f16_to_f32(f32_to_f16(x)) } else { x };
         for p in 0..run.n {
-            let s = dot_lanes(hd, |i| run.k.get(p * stride + i), q) * scale;
+            let mut s = dot_lanes(hd, |i| run.k.get(p * stride + i), q) * scale;
+            if cap != 0.0 {
+                s = cap * s.tanh();
+            }
             let (mut ms, mut vs) = (1f32, 1f32);
             if s > *m {
                 ms = expf_table(*m - s);

@@ -526,6 +526,7 @@ fn attention_block_gives_each_row_its_bits_alone() {
                     &paged(len, page),
                     stride,
                     0.125,
+                    0.0,
                     &mut state,
                     &mut acc,
                 );

@@ -57,15 +57,51 @@ struct Unit {
     off: usize,
 }
 
+/// How a layer turns query·key products into softmax inputs, and which keys it sees.
+#[derive(Debug, Clone, Copy)]
+pub struct Scores {
+    /// Multiplies every product (1/sqrt(head_dim), or 1 where Q was scaled already).
+    pub scale: f32,
+    /// Scores become `cap · tanh(score / cap)` (Gemma 2).
+    pub softcap: Option<f32>,
+    /// A query at position `p` sees keys `p + 1 - w ..= p` only (sliding window).
+    pub window: Option<usize>,
+}
+
 /// Grouped-query attention of `q` (`rows.len()` rows of `n_heads · head_dim`) into `out`
 /// (same shape). `rows[r] = (seq, pos)`: row `r` belongs to sequence `seq` of `batch` and
 /// sits at position `pos`, whose K/V (and all before it) are already written to the
-/// pages `batch.seqs[seq]` names.
+/// pages `batch.seqs[seq]` names. Scores scaled by 1/sqrt(head_dim), every key up to
+/// the row's own.
 #[allow(clippy::too_many_arguments)]
 pub fn attention<S: KvStorage + ?Sized>(
     pool: &ThreadPool,
     isa: Isa,
     heads: Heads,
+    kv: &S,
+    batch: &Batch,
+    layer: usize,
+    rows: &[(usize, usize)],
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let scores = Scores {
+        scale: 1.0 / (heads.head_dim as f32).sqrt(),
+        softcap: None,
+        window: None,
+    };
+    attention_with(pool, isa, heads, scores, kv, batch, layer, rows, q, out)
+}
+
+/// [`attention`] with the layer's own [`Scores`]. With a window each row is a block of
+/// its own whose first chunk starts at its window's first key (the later chunks at
+/// the fixed cut points), so a row's bits still depend on its position only.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_with<S: KvStorage + ?Sized>(
+    pool: &ThreadPool,
+    isa: Isa,
+    heads: Heads,
+    scores: Scores,
     kv: &S,
     batch: &Batch,
     layer: usize,
@@ -79,7 +115,18 @@ pub fn attention<S: KvStorage + ?Sized>(
         head_dim: hd,
     } = heads;
     let (group, kv_dim, d) = (nh / nkv, nkv * hd, nh * hd);
-    let scale = 1.0 / (hd as f32).sqrt();
+    // As ggml's flash attention: with a cap, the scale is divided by it before tanh.
+    let (scale, cap) = match scores.softcap {
+        Some(cap) => (scores.scale / cap, cap),
+        None => (scores.scale, 0.0),
+    };
+    let block_rows = if scores.window.is_some() {
+        1
+    } else {
+        ROW_BLOCK
+    };
+    // The first key a row at `pos` sees.
+    let first = |pos: usize| scores.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     // Each unit leaves, per row and query head of its group, the partial state
     // [max, sum, acc(hd)].
     let stride = group * (hd + 2);
@@ -90,22 +137,24 @@ pub fn attention<S: KvStorage + ?Sized>(
         // A block: up to ROW_BLOCK rows of one sequence at consecutive positions.
         let mut b1 = b0 + 1;
         while b1 < rows.len()
-            && b1 - b0 < ROW_BLOCK
+            && b1 - b0 < block_rows
             && rows[b1].0 == rows[b0].0
             && rows[b1].1 == rows[b1 - 1].1 + 1
         {
             b1 += 1;
         }
         let last = rows[b1 - 1].1;
+        // With a window the block is one row, whose keys start at `lo`.
+        let lo = first(rows[b0].1);
         for kh in 0..nkv {
-            for k0 in (0..=last).step_by(SPLIT_KEYS) {
+            for k0 in (lo - lo % SPLIT_KEYS..=last).step_by(SPLIT_KEYS) {
                 // The rows that reach this chunk: a suffix of the block.
                 let r0 = (b0..b1).find(|&r| rows[r].1 >= k0).unwrap_or(b1);
                 units.push(Unit {
                     r0: r0 as u32,
                     r1: b1 as u32,
                     kv_head: kh as u32,
-                    k0: k0 as u32,
+                    k0: k0.max(lo) as u32,
                     k1: (k0 + SPLIT_KEYS).min(last + 1) as u32,
                     off,
                 });
@@ -193,7 +242,7 @@ pub fn attention<S: KvStorage + ?Sized>(
             let (state, acc) = (&mut state[..n * group], &mut acc[..n * w]);
             state.fill((f32::NEG_INFINITY, 0.0));
             acc.fill(0.0);
-            kernels::attend_block(isa, &qh, &keys, &runs, kv_dim, scale, state, acc);
+            kernels::attend_block(isa, &qh, &keys, &runs, kv_dim, scale, cap, state, acc);
             let mut part = parts[owner].lock().unwrap_or_else(|e| e.into_inner());
             let base = u.off - at(bounds[owner]);
             let out = part[base..base + n * stride].chunks_exact_mut(hd + 2);

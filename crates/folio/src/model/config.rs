@@ -1,19 +1,55 @@
-//! Hyper-parameters of a llama-family model, read from GGUF metadata.
+//! Hyper-parameters of a llama-family model, read from GGUF metadata: the architecture
+//! (what differs from the llama block), the shape, the RoPE and which layers slide.
 
 use super::error::ModelError;
+pub use super::rope::{Rope, RopeStyle};
 use crate::gguf::{Gguf, Value};
 
-/// RoPE variants: llama rotates adjacent pairs, NeoX rotates halves.
+/// The architectures folio runs, by their `general.architecture` names.
+pub const SUPPORTED: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"];
+
+/// An architecture folio runs: each is the llama block with the differences below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    Adjacent,
-    Halves,
+pub enum Arch {
+    /// Llama 1-3, Mistral, SmolLM: the baseline.
+    Llama,
+    /// Biases on Q, K and V; NeoX RoPE.
+    Qwen2,
+    /// Per-head RMSNorm on Q and K; NeoX RoPE.
+    Qwen3,
+    /// Fused QKV and gate/up tensors (split at load); NeoX RoPE.
+    Phi3,
+    /// GeGLU, post-norms, embedding scaling, attention and final logit soft-capping,
+    /// alternating sliding-window and global layers; NeoX RoPE.
+    Gemma2,
+    /// Gemma 2 without attention soft-capping, with Q/K norms, five local layers to a
+    /// global one, and a RoPE of their own for the local layers.
+    Gemma3,
+}
+
+/// The feed-forward activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// silu(gate) · up.
+    SwiGlu,
+    /// gelu(gate) · up, with gelu's tanh approximation.
+    GeGlu,
+}
+
+/// How one layer attends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerSpec {
+    /// Keys a query sees: its own and the `w - 1` before it; `None` = all before it.
+    pub window: Option<usize>,
+    /// Whether the layer uses the local RoPE (`Config::rope_local`).
+    pub local_rope: bool,
 }
 
 /// What the forward pass needs to know about the model's shape.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub arch: String,
+    pub kind: Arch,
     pub n_layers: usize,
     pub dim: usize,
     pub ffn_dim: usize,
@@ -22,12 +58,26 @@ pub struct Config {
     pub head_dim: usize,
     pub vocab: usize,
     pub context_length: usize,
-    pub rope_base: f32,
-    pub rope_dims: usize,
-    pub rope_style: RopeStyle,
+    pub rope: Rope,
+    /// The RoPE of local (sliding-window) layers where it differs (Gemma).
+    pub rope_local: Option<Rope>,
     pub norm_eps: f32,
     /// Whether q/k/v projections carry biases (qwen2).
     pub qkv_bias: bool,
+    /// Per-head RMSNorm on Q and K before RoPE (qwen3, gemma3).
+    pub qk_norm: bool,
+    /// RMSNorm after attention and after the feed-forward, before each residual add.
+    pub post_norms: bool,
+    pub activation: Activation,
+    /// Multiplies the embedding rows (Gemma: sqrt(dim)).
+    pub embed_scale: Option<f32>,
+    /// Multiplies Q after RoPE, the kernel's own scale then being 1 (Gemma, Phi-3).
+    pub q_scale: Option<f32>,
+    /// Attention scores become `cap · tanh(score / cap)`.
+    pub attn_softcap: Option<f32>,
+    /// Logits become `cap · tanh(logit / cap)`.
+    pub final_softcap: Option<f32>,
+    pub layers: Vec<LayerSpec>,
 }
 
 impl Config {
@@ -38,10 +88,19 @@ impl Config {
             .and_then(Value::as_str)
             .ok_or_else(|| ModelError::MissingKey("general.architecture".into()))?
             .to_string();
-        let (rope_style, qkv_bias) = match arch.as_str() {
-            "llama" => (RopeStyle::Adjacent, false),
-            "qwen2" => (RopeStyle::Halves, true),
-            _ => return Err(ModelError::UnsupportedArchitecture(arch)),
+        let kind = match arch.as_str() {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "phi3" => Arch::Phi3,
+            "gemma2" => Arch::Gemma2,
+            "gemma3" => Arch::Gemma3,
+            _ => {
+                return Err(ModelError::UnsupportedArchitecture {
+                    arch,
+                    supported: SUPPORTED.join(", "),
+                })
+            }
         };
         let key = |k: &str| format!("{arch}.{k}");
         let int = |k: &str| -> Result<usize, ModelError> {
@@ -62,26 +121,37 @@ impl Config {
             }
             Ok(v as usize)
         };
-        let float = |k: &str, default: f64| -> f32 {
-            g.get(&key(k)).and_then(Value::as_f64).unwrap_or(default) as f32
+        let opt_int = |k: &str| -> Result<Option<usize>, ModelError> {
+            match g.get(&key(k)) {
+                Some(_) => int(k).map(Some),
+                None => Ok(None),
+            }
         };
+        let float = |k: &str| g.get(&key(k)).and_then(Value::as_f64).map(|v| v as f32);
         let n_layers = int("block_count")?;
         let dim = int("embedding_length")?;
         let ffn_dim = int("feed_forward_length")?;
         let n_heads = int("attention.head_count")?;
-        let n_kv_heads = match g.get(&key("attention.head_count_kv")) {
-            Some(_) => int("attention.head_count_kv")?,
-            None => n_heads,
-        };
+        let n_kv_heads = opt_int("attention.head_count_kv")?.unwrap_or(n_heads);
         let context_length = int("context_length").unwrap_or(2048);
         let bad = |k: &str, reason: String| ModelError::BadMetadata {
             key: key(k),
             reason,
         };
-        if !dim.is_multiple_of(n_heads) {
+        let head_dim = match opt_int("attention.key_length")? {
+            Some(hd) => hd,
+            None if dim.is_multiple_of(n_heads) => dim / n_heads,
+            None => {
+                return Err(bad(
+                    "attention.head_count",
+                    format!("{n_heads} does not divide {dim}"),
+                ))
+            }
+        };
+        if opt_int("attention.value_length")?.is_some_and(|v| v != head_dim) {
             return Err(bad(
-                "attention.head_count",
-                format!("{n_heads} does not divide {dim}"),
+                "attention.value_length",
+                format!("differs from the key length {head_dim}"),
             ));
         }
         if !n_heads.is_multiple_of(n_kv_heads) {
@@ -90,12 +160,7 @@ impl Config {
                 format!("{n_kv_heads} does not divide {n_heads} heads"),
             ));
         }
-        let head_dim = dim / n_heads;
-        let rope_dims = g
-            .get(&key("rope.dimension_count"))
-            .and_then(Value::as_u64)
-            .map(|v| v as usize)
-            .unwrap_or(head_dim);
+        let rope_dims = opt_int("rope.dimension_count")?.unwrap_or(head_dim);
         if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
             return Err(bad(
                 "rope.dimension_count",
@@ -107,10 +172,89 @@ impl Config {
             .and_then(Value::as_array)
             .map(|a| a.len())
             .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?;
-        let rope_base = float("rope.freq_base", 10000.0);
-        let norm_eps = float("attention.layer_norm_rms_epsilon", 1e-5);
+        let norm_eps = float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5);
+        let style = match kind {
+            Arch::Llama => RopeStyle::Adjacent,
+            _ => RopeStyle::Halves,
+        };
+        let rope = Rope::from_gguf(g, &arch, style, rope_dims, context_length)?;
+        let gemma = matches!(kind, Arch::Gemma2 | Arch::Gemma3);
+
+        // Which layers slide: Gemma 2 every other one (from the first), Gemma 3 five
+        // in six, unless the metadata gives the pattern (a period, or a flag per
+        // layer); llama and Mistral every layer when the metadata names a window.
+        // Qwen's and Phi-3's windows are ignored, as llama.cpp ignores them.
+        let window = opt_int("attention.sliding_window")?;
+        let window = match kind {
+            Arch::Gemma2 => Some(window.unwrap_or(4096)),
+            Arch::Llama | Arch::Gemma3 => window,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => None,
+        };
+        let sliding: Vec<bool> = match (window, kind) {
+            (None, _) => vec![false; n_layers],
+            (Some(_), Arch::Gemma2 | Arch::Gemma3) => {
+                let pattern_key = key("attention.sliding_window_pattern");
+                match g.get(&pattern_key) {
+                    Some(Value::Array(flags)) => {
+                        let flags: Option<Vec<bool>> = flags.iter().map(Value::as_bool).collect();
+                        match flags {
+                            Some(f) if f.len() == n_layers => f,
+                            _ => {
+                                return Err(bad(
+                                    "attention.sliding_window_pattern",
+                                    format!("not {n_layers} booleans"),
+                                ))
+                            }
+                        }
+                    }
+                    _ => {
+                        let default = if kind == Arch::Gemma2 { 2 } else { 6 };
+                        let n = match g.get(&pattern_key) {
+                            Some(_) => int("attention.sliding_window_pattern")?,
+                            None => default,
+                        };
+                        (0..n_layers).map(|l| l % n < n - 1).collect()
+                    }
+                }
+            }
+            (Some(_), _) => vec![true; n_layers],
+        };
+        let layers = sliding
+            .iter()
+            .map(|&s| LayerSpec {
+                window: window.filter(|_| s),
+                local_rope: s && gemma,
+            })
+            .collect();
+        // Gemma's local layers: a base of their own (by default Gemma 2's global one,
+        // Gemma 3's 10000) and, on Gemma 3, no scaling (its scaling is for its global
+        // layers).
+        let rope_local = gemma.then(|| {
+            let default = if kind == Arch::Gemma3 {
+                10000.0
+            } else {
+                rope.base
+            };
+            let base = float("rope.freq_base_swa").unwrap_or(default);
+            let mut r = rope.clone().with_base(base);
+            if kind == Arch::Gemma3 {
+                r.freq_scale = 1.0;
+            }
+            r
+        });
+        let softcap = |k: &str| float(k).filter(|&c| c != 0.0);
+        let attn_softcap = match kind {
+            Arch::Gemma2 => Some(softcap("attn_logit_softcapping").unwrap_or(50.0)),
+            _ => None,
+        };
+        let final_softcap = match kind {
+            Arch::Gemma2 => Some(softcap("final_logit_softcapping").unwrap_or(30.0)),
+            Arch::Gemma3 => softcap("final_logit_softcapping"),
+            _ => None,
+        };
         Ok(Self {
-            arch,
+            arch: arch.clone(),
+            kind,
             n_layers,
             dim,
             ffn_dim,
@@ -119,16 +263,43 @@ impl Config {
             head_dim,
             vocab,
             context_length,
-            rope_base,
-            rope_dims,
-            rope_style,
+            rope,
+            rope_local,
             norm_eps,
-            qkv_bias,
+            qkv_bias: kind == Arch::Qwen2,
+            qk_norm: matches!(kind, Arch::Qwen3 | Arch::Gemma3),
+            post_norms: gemma,
+            activation: if gemma {
+                Activation::GeGlu
+            } else {
+                Activation::SwiGlu
+            },
+            embed_scale: gemma.then(|| (dim as f32).sqrt()),
+            q_scale: match kind {
+                Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 => Some(1.0 / (head_dim as f32).sqrt()),
+                _ => None,
+            },
+            attn_softcap,
+            final_softcap,
+            layers,
         })
     }
 
     /// Width of one token's K (or V) across the KV heads.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// Width of one token's Q (and of the attention output) across the heads.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// The RoPE layer `l` applies.
+    pub fn rope_of(&self, l: usize) -> &Rope {
+        match &self.rope_local {
+            Some(r) if self.layers[l].local_rope => r,
+            _ => &self.rope,
+        }
     }
 }

@@ -11,8 +11,10 @@ use thiserror::Error;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?} (folio runs llama-family models: llama)")]
-    UnsupportedArchitecture(String),
+    #[error("unsupported architecture {arch:?} (folio runs: {supported})")]
+    UnsupportedArchitecture { arch: String, supported: String },
+    #[error("unsupported RoPE scaling type {ty:?} (folio reads: {supported})")]
+    UnsupportedRopeScaling { ty: String, supported: String },
     #[error("metadata key {0:?} is missing")]
     MissingKey(String),
     #[error("metadata key {key:?}: {reason}")]

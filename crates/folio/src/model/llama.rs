@@ -2,9 +2,11 @@
 //! sequence's new tokens: a whole prompt or a chunk of it in one matrix pass, or one
 //! decode token), K/V written to and read from a [`KvStorage`] by page id; logits out.
 //! The batch's pages are reserved by whoever planned it: a step never allocates.
+//! Every architecture of [`super::config::Arch`] runs here: their differences are
+//! branches per layer (or per step), none inside a token loop.
 
-use super::attention::{attention, Heads};
-use super::config::Config;
+use super::attention::{attention_with, Heads, Scores};
+use super::config::{Activation, Config};
 use super::error::{ModelError, StepError};
 use super::ops;
 use super::weights::Weights;
@@ -38,9 +40,18 @@ impl Model {
         let g = Gguf::open(path)?;
         // The whole file identifies the model (prefix hashes, snapshots).
         let fingerprint = xxhash_rust::xxh3::xxh3_128(g.bytes()).to_le_bytes();
-        let config = Config::from_gguf(&g)?;
+        let mut config = Config::from_gguf(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
         let weights = Weights::load(&g, &config)?;
+        if let Some(f) = &weights.rope_freqs {
+            if config.rope.factors.is_some() {
+                return Err(ModelError::BadMetadata {
+                    key: format!("{}.rope.scaling.type", config.arch),
+                    reason: "per-frequency factors given twice (metadata and rope_freqs)".into(),
+                });
+            }
+            config.rope.factors = Some(f.clone());
+        }
         tracing::info!(
             arch = %config.arch, layers = config.n_layers, dim = config.dim,
             threads, isa = %kernels::isa(), "model loaded"
@@ -165,26 +176,36 @@ impl Model {
         let steps = &batch.seqs;
         let c = &self.config;
         let n = rows.len();
-        let (d, kvd, f) = (c.dim, c.kv_dim(), c.ffn_dim);
+        let (d, qd, kvd, f, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.head_dim);
         let w = &self.weights;
         let heads = Heads {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
+            head_dim: hd,
         };
 
         let mut x = vec![0f32; n * d];
         let tokens = steps.iter().flat_map(|s| s.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
             w.embed.dequant_row(t as usize, row);
+            if let Some(s) = c.embed_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
         }
-        let mut tables = vec![Vec::new(); n];
-        for (t, &(_, pos)) in tables.iter_mut().zip(rows) {
-            ops::rope_table(c, pos, t);
-        }
+        // Each row's cos/sin, per RoPE the layers use (Gemma's local layers have one
+        // of their own).
+        let table = |rope: &super::rope::Rope| {
+            let mut t = vec![Vec::new(); n];
+            for (t, &(_, pos)) in t.iter_mut().zip(rows) {
+                rope.table(pos, t);
+            }
+            t
+        };
+        let tables = table(&c.rope);
+        let tables_local = c.rope_local.as_ref().map(table);
         let mut h = vec![0f32; n * d];
-        let (mut q, mut k, mut v) = (vec![0f32; n * d], vec![0f32; n * kvd], vec![0f32; n * kvd]);
-        let mut att = vec![0f32; n * d];
+        let (mut q, mut k, mut v) = (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd]);
+        let mut att = vec![0f32; n * qd];
         let mut o = vec![0f32; n * d];
         let (mut gate, mut up) = (vec![0f32; n * f], vec![0f32; n * f]);
         let mut act = Activations::default();
@@ -213,7 +234,7 @@ impl Model {
                 &mut [(&l.wq, &mut q), (&l.wk, &mut k), (&l.wv, &mut v)],
             );
             for (bias, out, width) in [
-                (&l.bq, &mut q, d),
+                (&l.bq, &mut q, qd),
                 (&l.bk, &mut k, kvd),
                 (&l.bv, &mut v, kvd),
             ] {
@@ -223,21 +244,47 @@ impl Model {
                     }
                 }
             }
-            for (x, width) in [(&mut q, d), (&mut k, kvd)] {
+            let (rope, tables) = match (&tables_local, c.layers[li].local_rope) {
+                (Some(t), true) => (c.rope_of(li), t),
+                _ => (&c.rope, &tables),
+            };
+            for (x, width, qk_norm) in [(&mut q, qd, &l.q_norm), (&mut k, kvd, &l.k_norm)] {
                 pool.rows_mut(x, width, par, &|r, xs| {
+                    if let Some(g) = qk_norm {
+                        ops::rms_norm_in_place(xs, g, c.norm_eps);
+                    }
                     for (row, t) in xs.chunks_exact_mut(width).zip(&tables[r..]) {
-                        ops::rope(c, t, row);
+                        rope.rotate(hd, t, row);
                     }
                 });
+            }
+            if let Some(s) = c.q_scale {
+                q.iter_mut().for_each(|v| *v *= s);
             }
             for (i, &(s, pos)) in rows.iter().enumerate() {
                 let (ki, vi) = (&k[i * kvd..(i + 1) * kvd], &v[i * kvd..(i + 1) * kvd]);
                 let (page, slot) = steps[s].slot(pos);
                 kv.write(page.0, li, slot, ki, vi);
             }
-            attention(pool, self.isa, heads, &*kv, batch, li, rows, &q, &mut att);
-            act.set(&att, n, d);
+            let scores = Scores {
+                scale: if c.q_scale.is_some() {
+                    1.0
+                } else {
+                    1.0 / (hd as f32).sqrt()
+                },
+                softcap: c.attn_softcap,
+                window: c.layers[li].window,
+            };
+            attention_with(
+                pool, self.isa, heads, scores, &*kv, batch, li, rows, &q, &mut att,
+            );
+            act.set(&att, n, qd);
             matmul(pool, self.isa, &mut act, &mut [(&l.wo, &mut o)]);
+            if let Some(g) = &l.post_attn_norm {
+                pool.rows_mut(&mut o, d, par, &|_, os| {
+                    ops::rms_norm_in_place(os, g, c.norm_eps)
+                });
+            }
             add(&mut x, &o);
 
             norm(&x, &l.ffn_norm, &mut h);
@@ -249,10 +296,19 @@ impl Model {
                 &mut [(&l.w_gate, &mut gate), (&l.w_up, &mut up)],
             );
             pool.rows_mut(&mut gate, f, par, &|r, g| {
-                kernels::swiglu(self.isa, g, &up[r * f..r * f + g.len()])
+                let up = &up[r * f..r * f + g.len()];
+                match c.activation {
+                    Activation::SwiGlu => kernels::swiglu(self.isa, g, up),
+                    Activation::GeGlu => ops::geglu(g, up),
+                }
             });
             act.set(&gate, n, f);
             matmul(pool, self.isa, &mut act, &mut [(&l.w_down, &mut o)]);
+            if let Some(g) = &l.post_ffn_norm {
+                pool.rows_mut(&mut o, d, par, &|_, os| {
+                    ops::rms_norm_in_place(os, g, c.norm_eps)
+                });
+            }
             add(&mut x, &o);
         }
 
@@ -285,6 +341,9 @@ impl Model {
             &mut act,
             &mut [(w.head(), &mut logits)],
         );
+        if let Some(cap) = c.final_softcap {
+            ops::softcap(&mut logits, cap);
+        }
         let mut out = Vec::with_capacity(steps.len());
         let mut at = 0;
         for st in steps {

@@ -8,13 +8,15 @@ mod config;
 mod error;
 mod llama;
 mod ops;
+mod rope;
 pub mod sampler;
 mod weights;
 
 /// The most threads `Model::load` accepts.
 pub use crate::kernels::pool::MAX_THREADS;
-pub use attention::{attention, Heads, ROW_BLOCK, SPLIT_KEYS};
-pub use config::{Config, RopeStyle};
+pub use attention::{attention, attention_with, Heads, Scores, ROW_BLOCK, SPLIT_KEYS};
+pub use config::{Activation, Arch, Config, LayerSpec, SUPPORTED};
 pub use error::{ModelError, StepError};
 pub use llama::Model;
+pub use rope::{Rope, RopeStyle, SCALING_TYPES};
 pub use sampler::{Sampler, SamplingParams};

@@ -1,6 +1,6 @@
 //! Typed weight handles, resolved by GGUF tensor name and shape-checked at load time.
 
-use super::config::Config;
+use super::config::{Arch, Config};
 use super::error::ModelError;
 use crate::gguf::{GgmlType, Gguf};
 use crate::kernels::QMatrix;
@@ -14,11 +14,18 @@ pub struct Layer {
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of Q and K (`head_dim` each).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
     pub wo: QMatrix,
+    /// RMSNorm of the attention output before its residual add (Gemma).
+    pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub w_gate: QMatrix,
     pub w_up: QMatrix,
     pub w_down: QMatrix,
+    /// RMSNorm of the feed-forward output before its residual add (Gemma).
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// All the weights of the model.
@@ -28,11 +35,15 @@ pub struct Weights {
     pub out_norm: Vec<f32>,
     /// `None` when the output head is tied to the embedding.
     pub output: Option<QMatrix>,
+    /// RoPE frequency divisors (`rope_freqs.weight`: Llama 3's scaling as llama.cpp's
+    /// converter stores it).
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl Weights {
     pub fn load(g: &Gguf, c: &Config) -> Result<Self, ModelError> {
         let (d, kv, f) = (c.dim as u64, c.kv_dim() as u64, c.ffn_dim as u64);
+        let (qd, hd) = (c.q_dim() as u64, c.head_dim as u64);
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -43,23 +54,65 @@ impl Weights {
                     Ok(None)
                 }
             };
+            let norm = |s: &str, len: u64, present: bool| -> Result<Option<Vec<f32>>, ModelError> {
+                present.then(|| vector(g, &n(s), len)).transpose()
+            };
+            // Phi-3 stores Q, K and V as one matrix, and gate and up as one: their
+            // rows are split here, so the forward pass sees the usual matrices.
+            let [wq, wk, wv] = match g.tensor(&n("attn_qkv.weight")) {
+                Some(_) => split(g, &n("attn_qkv.weight"), d, [qd, kv, kv])?,
+                None => [
+                    matrix(g, &n("attn_q.weight"), d, qd)?,
+                    matrix(g, &n("attn_k.weight"), d, kv)?,
+                    matrix(g, &n("attn_v.weight"), d, kv)?,
+                ],
+            };
+            let [w_gate, w_up] = match g.tensor(&n("ffn_gate.weight")) {
+                Some(_) => [
+                    matrix(g, &n("ffn_gate.weight"), d, f)?,
+                    matrix(g, &n("ffn_up.weight"), d, f)?,
+                ],
+                None => split(g, &n("ffn_up.weight"), d, [f, f])?,
+            };
             layers.push(Layer {
                 attn_norm: vector(g, &n("attn_norm.weight"), d)?,
-                wq: matrix(g, &n("attn_q.weight"), d, d)?,
-                wk: matrix(g, &n("attn_k.weight"), d, kv)?,
-                wv: matrix(g, &n("attn_v.weight"), d, kv)?,
-                bq: bias("attn_q.bias", d)?,
+                wq,
+                wk,
+                wv,
+                bq: bias("attn_q.bias", qd)?,
                 bk: bias("attn_k.bias", kv)?,
                 bv: bias("attn_v.bias", kv)?,
-                wo: matrix(g, &n("attn_output.weight"), d, d)?,
+                q_norm: norm("attn_q_norm.weight", hd, c.qk_norm)?,
+                k_norm: norm("attn_k_norm.weight", hd, c.qk_norm)?,
+                wo: matrix(g, &n("attn_output.weight"), qd, d)?,
+                post_attn_norm: norm("post_attention_norm.weight", d, c.post_norms)?,
                 ffn_norm: vector(g, &n("ffn_norm.weight"), d)?,
-                w_gate: matrix(g, &n("ffn_gate.weight"), d, f)?,
-                w_up: matrix(g, &n("ffn_up.weight"), d, f)?,
+                w_gate,
+                w_up,
                 w_down: matrix(g, &n("ffn_down.weight"), f, d)?,
+                post_ffn_norm: norm("post_ffw_norm.weight", d, c.post_norms)?,
             });
         }
+        // Gemma 2's head is its embedding even where the file holds an output matrix,
+        // as llama.cpp reads it.
         let output = match g.tensor("output.weight") {
-            Some(_) => Some(matrix(g, "output.weight", d, c.vocab as u64)?),
+            Some(_) if c.kind != Arch::Gemma2 => {
+                Some(matrix(g, "output.weight", d, c.vocab as u64)?)
+            }
+            _ => None,
+        };
+        // Phi-3's long-context variants switch between two factor sets by context
+        // size (llama.cpp's longrope): not run yet, refused rather than ignored.
+        for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            if g.tensor(name).is_some() || g.tensor(&format!("blk.0.{name}")).is_some() {
+                return Err(ModelError::UnsupportedRopeScaling {
+                    ty: format!("longrope ({name})"),
+                    supported: super::rope::SCALING_TYPES.join(", "),
+                });
+            }
+        }
+        let rope_freqs = match g.tensor("rope_freqs.weight") {
+            Some(_) => Some(vector(g, "rope_freqs.weight", c.rope.dims as u64 / 2)?),
             None => None,
         };
         Ok(Self {
@@ -67,6 +120,7 @@ impl Weights {
             layers,
             out_norm: vector(g, "output_norm.weight", d)?,
             output,
+            rope_freqs,
         })
     }
 
@@ -130,4 +184,40 @@ fn vector(g: &Gguf, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {
     let mut v = vec![0f32; len as usize];
     m.dequant_row(0, &mut v);
     Ok(v)
+}
+
+/// The matrix `name` of `cols` columns and `parts`' rows in all, as one matrix per part
+/// (consecutive rows, in order).
+fn split<const N: usize>(
+    g: &Gguf,
+    name: &str,
+    cols: u64,
+    parts: [u64; N],
+) -> Result<[QMatrix; N], ModelError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    let rows: u64 = parts.iter().sum();
+    if t.dims != [cols, rows] {
+        return Err(ModelError::BadShape {
+            name: name.into(),
+            got: t.dims.clone(),
+            expected: vec![cols, rows],
+        });
+    }
+    let unsupported = || ModelError::UnsupportedType {
+        name: name.into(),
+        ty: t.ty.to_string(),
+    };
+    let row_bytes = t.ty.row_bytes(cols).ok_or_else(unsupported)? as usize;
+    let bytes = g.tensor_bytes(t);
+    let mut at = 0;
+    let mut out = Vec::with_capacity(N);
+    for p in parts {
+        let len = p as usize * row_bytes;
+        let part = bytes.get(at..at + len).ok_or_else(unsupported)?;
+        out.push(QMatrix::new(t.ty, p as usize, cols as usize, part).ok_or_else(unsupported)?);
+        at += len;
+    }
+    out.try_into().map_err(|_| unsupported())
 }

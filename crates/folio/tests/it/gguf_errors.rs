@@ -201,7 +201,9 @@ fn models_folio_cannot_run_are_refused_by_name() {
         &|k, _| (k == "general.architecture").then(|| Value::String("mamba".into())),
         None,
     );
-    assert!(matches!(load(&arch), Err(ModelError::UnsupportedArchitecture(a)) if a == "mamba"));
+    assert!(
+        matches!(load(&arch), Err(ModelError::UnsupportedArchitecture { arch, .. }) if arch == "mamba")
+    );
     let missing = rebuild(&|_, _| None, Some("blk.1.ffn_down.weight"));
     assert!(
         matches!(load(&missing), Err(ModelError::MissingTensor(t)) if t == "blk.1.ffn_down.weight")

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod architectures;
 mod batch;
 mod config;
 mod context;
