@@ -332,9 +332,15 @@ impl QMatrix {
                     GgmlType::BF16 => avx2::dot_bf16(bytemuck::cast_slice(b), act.f32_row(t, c)),
                     GgmlType::Q4_K => avx2::dot_q4k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
                     GgmlType::Q6_K => avx2::dot_q6k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
-                    GgmlType::Q2_K => avx2::dot_q2k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
-                    GgmlType::Q3_K => avx2::dot_q3k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
-                    GgmlType::Q5_K => avx2::dot_q5k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
+                    GgmlType::Q2_K => {
+                        super::avx2_kquants::dot_q2k(bytemuck::cast_slice(b), act.q8k_row(t, c))
+                    }
+                    GgmlType::Q3_K => {
+                        super::avx2_kquants::dot_q3k(bytemuck::cast_slice(b), act.q8k_row(t, c))
+                    }
+                    GgmlType::Q5_K => {
+                        super::avx2_kquants::dot_q5k(bytemuck::cast_slice(b), act.q8k_row(t, c))
+                    }
                     GgmlType::Q4_0
                     | GgmlType::Q4_1
                     | GgmlType::Q5_0
