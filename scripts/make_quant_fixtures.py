@@ -16,7 +16,10 @@ from gguf.quants import dequantize
 
 random.seed(1234)
 BLOCKS = {T.Q4_0: (32, 18, [0]), T.Q4_1: (32, 20, [0, 2]), T.Q8_0: (32, 34, [0]),
-          T.Q4_K: (256, 144, [0, 2]), T.Q6_K: (256, 210, [208])}
+          T.Q4_K: (256, 144, [0, 2]), T.Q6_K: (256, 210, [208]),
+          # Added later, after the first five so that their random blocks stay the same.
+          T.Q5_0: (32, 22, [0]), T.Q5_1: (32, 24, [0, 2]), T.IQ4_NL: (32, 18, [0]),
+          T.Q2_K: (256, 84, [80, 82]), T.Q3_K: (256, 110, [108]), T.Q5_K: (256, 176, [0, 2])}
 
 
 def f16(x):

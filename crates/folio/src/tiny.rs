@@ -2,6 +2,11 @@
 //! layers, width 64, a byte-level BPE vocabulary of 261 tokens and a ChatML template.
 //! Tests use it to run the whole load → tokenize → forward → sample path in
 //! milliseconds; its output is noise, but deterministic noise.
+//!
+//! A wider variant (width 256, FFN 512: the K-quants need rows of 256) stores its
+//! matrices in any weight format folio computes with, one format throughout or a mix
+//! like llama.cpp's Q4_K_M / Q5_K_M ([`Formats`]); `scripts/make_format_fixtures.py`
+//! runs llama.cpp on the same files.
 
 use crate::gguf::{GgmlType, GgufWriter, Value};
 use crate::kernels::quant::f32_to_f16;
@@ -15,7 +20,99 @@ pub const KV_HEADS: u32 = 2;
 pub const LAYERS: u32 = 2;
 pub const CONTEXT: u32 = 512;
 
-/// Random weight bytes of `rows` × `cols` in `ty` (F32, F16, Q4_1 or Q8_0).
+/// Shape of the wide variant.
+pub const WIDE_DIM: u64 = 256;
+pub const WIDE_FFN: u64 = 512;
+
+/// Which format each matrix of a wide tiny model takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Formats {
+    /// Every matrix, the token embedding (also the output head) included.
+    Uniform(GgmlType),
+    /// A K-quant mix as llama.cpp's `_M` presets make it: the token embedding (tied
+    /// output head) and layer 0's `attn_v` and `ffn_down` in Q6_K, the rest in `base`.
+    KMix(GgmlType),
+}
+
+/// The seed of the wide models compared with llama.cpp.
+pub const FORMAT_SEED: u64 = 15;
+
+/// The wide models compared with llama.cpp, by name: each format of issue 15 alone,
+/// and Q4_K_M- and Q5_K_M-like mixes.
+pub const FORMAT_MODELS: [(&str, Formats); 8] = [
+    ("Q5_0", Formats::Uniform(GgmlType::Q5_0)),
+    ("Q5_1", Formats::Uniform(GgmlType::Q5_1)),
+    ("IQ4_NL", Formats::Uniform(GgmlType::IQ4_NL)),
+    ("Q2_K", Formats::Uniform(GgmlType::Q2_K)),
+    ("Q3_K", Formats::Uniform(GgmlType::Q3_K)),
+    ("Q5_K", Formats::Uniform(GgmlType::Q5_K)),
+    ("Q4_K_M", Formats::KMix(GgmlType::Q4_K)),
+    ("Q5_K_M", Formats::KMix(GgmlType::Q5_K)),
+];
+
+impl Formats {
+    /// The format of tensor `name` (without the `blk.N.` prefix) of layer `layer`
+    /// (`None` for the token embedding).
+    fn of(self, layer: Option<u32>, name: &str) -> GgmlType {
+        match self {
+            Formats::Uniform(ty) => ty,
+            Formats::KMix(base) => match (layer, name) {
+                (None, _) => GgmlType::Q6_K,
+                (Some(0), "attn_v.weight" | "ffn_down.weight") => GgmlType::Q6_K,
+                _ => base,
+            },
+        }
+    }
+}
+
+/// Offsets and magnitudes (low, spread) of the f16 scale fields of a block of `ty`:
+/// chosen so that weights come out with a standard deviation near 0.05 (the narrow
+/// model's 0.12 scaled by 1/√width: larger weights make attention nearly one-hot and
+/// the random model chaotic, its outputs swinging with every rounding).
+fn scale_fields(ty: GgmlType) -> &'static [(usize, f32, f32)] {
+    match ty {
+        GgmlType::Q4_0 => &[(0, 0.01, 0.01)],
+        GgmlType::Q5_0 => &[(0, 0.004, 0.004)],
+        GgmlType::Q5_1 => &[(0, 0.004, 0.001), (2, -0.07, 0.0)],
+        GgmlType::IQ4_NL => &[(0, 0.0006, 0.0003)],
+        GgmlType::Q2_K => &[(80, 0.003, 0.001), (82, 0.003, 0.001)],
+        GgmlType::Q3_K => &[(108, 0.0008, 0.0004)],
+        GgmlType::Q4_K => &[(0, 0.0002, 0.0001), (2, 0.0015, 0.0007)],
+        GgmlType::Q5_K => &[(0, 0.0001, 0.00005), (2, 0.0015, 0.0007)],
+        GgmlType::Q6_K => &[(208, 0.00003, 0.00001)],
+        _ => &[],
+    }
+}
+
+/// Narrows the random integer sub-block scales (and mins) of a K-quant block to the
+/// upper half of their range, with either sign where they are signed: a quantizer gives
+/// the sub-blocks of normal weights scales of one order of magnitude, whereas random
+/// bytes give some sub-blocks tens of times the scale of their neighbours: outliers that make a
+/// random model sensitive to every rounding (its log-probabilities then move by tenths
+/// of a nat between two correct implementations).
+fn narrow_sub_scales(ty: GgmlType, b: &mut [u8]) {
+    match ty {
+        // Low nibble the scale, high the min: both 8..16.
+        GgmlType::Q2_K => b[..16].iter_mut().for_each(|x| *x |= 0x88),
+        // 6-bit scale = (4 low bits | 2 high bits << 4) - 32: the high fields 0 or 3
+        // give -32..-16 or 16..32.
+        GgmlType::Q3_K => b[104..108].iter_mut().for_each(|x| *x = (*x & 0x55) * 3),
+        // Bit 5 of every 6-bit scale and min (bits 5 and 7 of the first eight bytes).
+        GgmlType::Q4_K | GgmlType::Q5_K => b[4..12].iter_mut().for_each(|x| *x |= 0xA0),
+        // i8 scales: 64..128 or -128..-64.
+        GgmlType::Q6_K => b[192..208].iter_mut().for_each(|x| {
+            *x = if *x & 0x80 != 0 {
+                0x80 | (*x & 0x3F)
+            } else {
+                0x40 | (*x & 0x3F)
+            }
+        }),
+        _ => {}
+    }
+}
+
+/// Random weight bytes of `rows` × `cols` in `ty` (F32, F16, Q4_1, Q8_0, or a format
+/// listed in [`scale_fields`]).
 fn weights(rng: &mut SplitMix64, ty: GgmlType, rows: u64, cols: u64) -> Vec<u8> {
     let n = (rows * cols) as usize;
     match ty {
@@ -44,12 +141,43 @@ fn weights(rng: &mut SplitMix64, ty: GgmlType, rows: u64, cols: u64) -> Vec<u8> 
                 b
             })
             .collect(),
+        other if !scale_fields(other).is_empty() => {
+            let (be, bb) = other.block_layout();
+            (0..n / be as usize)
+                .flat_map(|_| {
+                    let mut b: Vec<u8> = (0..bb).map(|_| rng.next_u64() as u8).collect();
+                    narrow_sub_scales(other, &mut b);
+                    for &(at, low, spread) in scale_fields(other) {
+                        let v = low + rng.signed_f32().abs() * spread;
+                        b[at..at + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes());
+                    }
+                    b
+                })
+                .collect()
+        }
         other => panic!("tiny model weights of type {other} are not generated"),
     }
 }
 
 /// The GGUF bytes of a tiny model with matrices of type `ty`.
 pub fn model_bytes(seed: u64, ty: GgmlType) -> Vec<u8> {
+    build(seed, DIM, FFN, |layer, _| match layer {
+        None => GgmlType::Q8_0,
+        Some(_) => ty,
+    })
+}
+
+/// The GGUF bytes of a wide tiny model (width [`WIDE_DIM`], FFN [`WIDE_FFN`]) whose
+/// matrices take `formats`.
+pub fn wide_model_bytes(seed: u64, formats: Formats) -> Vec<u8> {
+    build(seed, WIDE_DIM, WIDE_FFN, |layer, name| {
+        formats.of(layer, name)
+    })
+}
+
+/// A tiny model of width `dim` and FFN `ffn`; `ty(layer, name)` gives each matrix's
+/// format (`None`: the token embedding).
+fn build(seed: u64, dim: u64, ffn: u64, ty: impl Fn(Option<u32>, &str) -> GgmlType) -> Vec<u8> {
     let mut rng = SplitMix64(seed);
     let byte_char = crate::tokenizer::byte_to_char();
     let mut tokens: Vec<String> = byte_char.iter().map(|c| c.to_string()).collect();
@@ -70,8 +198,8 @@ pub fn model_bytes(seed: u64, ty: GgmlType) -> Vec<u8> {
         .meta("general.name", s("folio-tiny"))
         .meta("llama.block_count", Value::U32(LAYERS))
         .meta("llama.context_length", Value::U32(CONTEXT))
-        .meta("llama.embedding_length", Value::U32(DIM as u32))
-        .meta("llama.feed_forward_length", Value::U32(FFN as u32))
+        .meta("llama.embedding_length", Value::U32(dim as u32))
+        .meta("llama.feed_forward_length", Value::U32(ffn as u32))
         .meta("llama.attention.head_count", Value::U32(HEADS))
         .meta("llama.attention.head_count_kv", Value::U32(KV_HEADS))
         .meta("llama.rope.freq_base", Value::F32(10000.0))
@@ -95,19 +223,21 @@ pub fn model_bytes(seed: u64, ty: GgmlType) -> Vec<u8> {
         .meta("tokenizer.ggml.add_bos_token", Value::Bool(false))
         .meta("tokenizer.chat_template", s(crate::tokenizer::CHATML));
     let norm = |rng: &mut SplitMix64| -> Vec<u8> {
-        (0..DIM)
+        (0..dim)
             .flat_map(|_| (1.0 + rng.signed_f32() * 0.1).to_le_bytes())
             .collect()
     };
-    let kv = DIM / HEADS as u64 * KV_HEADS as u64;
+    let kv = dim / HEADS as u64 * KV_HEADS as u64;
+    let embd = ty(None, "token_embd.weight");
     w.tensor(
         "token_embd.weight",
-        &[DIM, vocab],
-        GgmlType::Q8_0,
-        weights(&mut rng, GgmlType::Q8_0, vocab, DIM),
+        &[dim, vocab],
+        embd,
+        weights(&mut rng, embd, vocab, dim),
     );
     for l in 0..LAYERS {
         let mut t = |name: &str, cols: u64, rows: u64, rng: &mut SplitMix64| {
+            let ty = ty(Some(l), name);
             w.tensor(
                 &format!("blk.{l}.{name}"),
                 &[cols, rows],
@@ -115,27 +245,27 @@ pub fn model_bytes(seed: u64, ty: GgmlType) -> Vec<u8> {
                 weights(rng, ty, rows, cols),
             );
         };
-        t("attn_q.weight", DIM, DIM, &mut rng);
-        t("attn_k.weight", DIM, kv, &mut rng);
-        t("attn_v.weight", DIM, kv, &mut rng);
-        t("attn_output.weight", DIM, DIM, &mut rng);
-        t("ffn_gate.weight", DIM, FFN, &mut rng);
-        t("ffn_up.weight", DIM, FFN, &mut rng);
-        t("ffn_down.weight", FFN, DIM, &mut rng);
+        t("attn_q.weight", dim, dim, &mut rng);
+        t("attn_k.weight", dim, kv, &mut rng);
+        t("attn_v.weight", dim, kv, &mut rng);
+        t("attn_output.weight", dim, dim, &mut rng);
+        t("ffn_gate.weight", dim, ffn, &mut rng);
+        t("ffn_up.weight", dim, ffn, &mut rng);
+        t("ffn_down.weight", ffn, dim, &mut rng);
         w.tensor(
             &format!("blk.{l}.attn_norm.weight"),
-            &[DIM],
+            &[dim],
             GgmlType::F32,
             norm(&mut rng),
         );
         w.tensor(
             &format!("blk.{l}.ffn_norm.weight"),
-            &[DIM],
+            &[dim],
             GgmlType::F32,
             norm(&mut rng),
         );
     }
-    w.tensor("output_norm.weight", &[DIM], GgmlType::F32, norm(&mut rng));
+    w.tensor("output_norm.weight", &[dim], GgmlType::F32, norm(&mut rng));
     w.to_bytes()
 }
 

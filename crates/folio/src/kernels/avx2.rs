@@ -54,7 +54,7 @@ unsafe fn load32(p: &[i8; 32]) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load32u(p: &[u8]) -> __m256i {
+pub(super) unsafe fn load32u(p: &[u8]) -> __m256i {
     assert!(p.len() >= 32);
     // SAFETY: the assert above guarantees 32 readable bytes.
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
@@ -165,6 +165,43 @@ tile_kernel!(tile_q4_1, BlockQ4_1, signed = false, |b| (
 ));
 tile_kernel!(tile_q8_0, BlockQ8_0, signed = true, |b| (
     load32(&b.qs),
+    h2f(b.d),
+    0.0
+));
+
+/// Bit j of the little-endian `qh` as 0x10 in byte j (the fifth bit of Q5_0/Q5_1).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fifth_bits(qh: &[u8; 4]) -> __m256i {
+    let v = _mm256_set1_epi32(i32::from_le_bytes(*qh));
+    // Byte j takes byte j / 8 of `qh` (both lanes hold all four), then tests bit j % 8.
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let on = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, spread), bit), bit);
+    _mm256_and_si256(on, _mm256_set1_epi8(0x10))
+}
+
+tile_kernel!(tile_q5_0, BlockQ5_0, signed = true, |b| (
+    _mm256_sub_epi8(
+        _mm256_or_si256(nibbles(&b.qs), fifth_bits(&b.qh)),
+        _mm256_set1_epi8(16)
+    ),
+    h2f(b.d),
+    0.0
+));
+tile_kernel!(tile_q5_1, BlockQ5_1, signed = false, |b| (
+    _mm256_or_si256(nibbles(&b.qs), fifth_bits(&b.qh)),
+    h2f(b.d),
+    h2f(b.m)
+));
+tile_kernel!(tile_iq4nl, BlockIq4Nl, signed = true, |b| (
+    _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_VALUES.as_ptr() as *const __m128i)),
+        nibbles(&b.qs)
+    ),
     h2f(b.d),
     0.0
 ));

@@ -2,7 +2,7 @@
 //! `out[t][r] = dot(W[r], x[t])` over a batch of activation rows.
 //!
 //! Activations are quantized once per input to the format the weights' dot product
-//! wants (8-bit blocks for Q4_0/Q4_1/Q8_0, Q8_K for the K-quants, f32 for float
+//! wants (8-bit blocks for the 32-element formats, Q8_K for the K-quants, f32 for float
 //! weights), and several matrices that read the same input (Q, K, V; gate, up) run in
 //! one parallel region, split by row tiles across threads. Every output element is
 //! computed by exactly one thread with a fixed reduction order, so results do not depend
@@ -65,7 +65,22 @@ impl QMatrix {
     /// Whether folio can compute with weights of type `ty`.
     pub fn supports(ty: GgmlType) -> bool {
         use GgmlType::*;
-        matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q8_0 | Q4_K | Q6_K)
+        matches!(
+            ty,
+            F32 | F16
+                | BF16
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | IQ4_NL
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+        )
     }
 
     /// Copies `bytes` (rows × row_bytes) into a matrix. `None` if the type is not
@@ -220,8 +235,15 @@ impl QMatrix {
 
     pub fn act_kind(&self) -> ActKind {
         match self.ty {
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => ActKind::Q8,
-            GgmlType::Q4_K | GgmlType::Q6_K => ActKind::Q8K,
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL => ActKind::Q8,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                ActKind::Q8K
+            }
             _ => ActKind::F32,
         }
     }
@@ -254,6 +276,12 @@ impl QMatrix {
             GgmlType::Q8_0 => scalar::dequant_q8_0(bytemuck::cast_slice(b), out),
             GgmlType::Q4_K => scalar::dequant_q4k(bytemuck::cast_slice(b), out),
             GgmlType::Q6_K => scalar::dequant_q6k(bytemuck::cast_slice(b), out),
+            GgmlType::Q5_0 => scalar::dequant_q5_0(bytemuck::cast_slice(b), out),
+            GgmlType::Q5_1 => scalar::dequant_q5_1(bytemuck::cast_slice(b), out),
+            GgmlType::IQ4_NL => scalar::dequant_iq4nl(bytemuck::cast_slice(b), out),
+            GgmlType::Q2_K => scalar::dequant_q2k(bytemuck::cast_slice(b), out),
+            GgmlType::Q3_K => scalar::dequant_q3k(bytemuck::cast_slice(b), out),
+            GgmlType::Q5_K => scalar::dequant_q5k(bytemuck::cast_slice(b), out),
             _ => unreachable!("QMatrix::new admits supported types only"),
         }
     }
@@ -304,7 +332,21 @@ impl QMatrix {
                     GgmlType::BF16 => avx2::dot_bf16(bytemuck::cast_slice(b), act.f32_row(t, c)),
                     GgmlType::Q4_K => avx2::dot_q4k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
                     GgmlType::Q6_K => avx2::dot_q6k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
-                    GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+                    GgmlType::Q2_K => {
+                        super::avx2_kquants::dot_q2k(bytemuck::cast_slice(b), act.q8k_row(t, c))
+                    }
+                    GgmlType::Q3_K => {
+                        super::avx2_kquants::dot_q3k(bytemuck::cast_slice(b), act.q8k_row(t, c))
+                    }
+                    GgmlType::Q5_K => {
+                        super::avx2_kquants::dot_q5k(bytemuck::cast_slice(b), act.q8k_row(t, c))
+                    }
+                    GgmlType::Q4_0
+                    | GgmlType::Q4_1
+                    | GgmlType::Q5_0
+                    | GgmlType::Q5_1
+                    | GgmlType::Q8_0
+                    | GgmlType::IQ4_NL => {
                         let mut o = [[0f32; 1]; 1];
                         self.tile_avx2::<1, 1>(r, act, t, &mut o);
                         o[0][0]
@@ -323,6 +365,12 @@ impl QMatrix {
             GgmlType::Q8_0 => scalar::dot_q8_0(bytemuck::cast_slice(b), act.q8_row(t, c)),
             GgmlType::Q4_K => scalar::dot_q4k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
             GgmlType::Q6_K => scalar::dot_q6k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
+            GgmlType::Q5_0 => scalar::dot_q5_0(bytemuck::cast_slice(b), act.q8_row(t, c)),
+            GgmlType::Q5_1 => scalar::dot_q5_1(bytemuck::cast_slice(b), act.q8_row(t, c)),
+            GgmlType::IQ4_NL => scalar::dot_iq4nl(bytemuck::cast_slice(b), act.q8_row(t, c)),
+            GgmlType::Q2_K => scalar::dot_q2k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
+            GgmlType::Q3_K => scalar::dot_q3k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
+            GgmlType::Q5_K => scalar::dot_q5k(bytemuck::cast_slice(b), act.q8k_row(t, c)),
             _ => unreachable!("QMatrix::new admits supported types only"),
         }
     }
@@ -353,6 +401,9 @@ impl QMatrix {
             GgmlType::Q4_0 => go!(tile_q4_0, BlockQ4_0),
             GgmlType::Q4_1 => go!(tile_q4_1, BlockQ4_1),
             GgmlType::Q8_0 => go!(tile_q8_0, BlockQ8_0),
+            GgmlType::Q5_0 => go!(tile_q5_0, BlockQ5_0),
+            GgmlType::Q5_1 => go!(tile_q5_1, BlockQ5_1),
+            GgmlType::IQ4_NL => go!(tile_iq4nl, BlockIq4Nl),
             _ => unreachable!("tiles exist for the 32-element formats only"),
         }
     }
@@ -656,7 +707,15 @@ fn run_tile(
     #[cfg(target_arch = "x86_64")]
     if isa.avx2()
         && r1 - r0 == ROW_TILE
-        && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        && matches!(
+            w.ty,
+            GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q8_0
+                | GgmlType::IQ4_NL
+        )
     {
         let mut t = t0;
         while t + 2 <= n {

@@ -4,7 +4,8 @@
 //! # Layout
 //! - `quant`: `#[repr(C)]` block structs of every weight format, with size asserts.
 //! - `scalar`: the reference twin of every kernel.
-//! - `avx2`: AVX2/FMA/F16C kernels, chosen at run time.
+//! - `avx2`: AVX2/FMA/F16C kernels, chosen at run time; `avx2_kquants`: its Q2_K, Q3_K and
+//!   Q5_K dots.
 //! - `attend`: prefill attention in query blocks (rows sharing each tile of K/V).
 //! - `avx512`: AVX-512 (F, BW, VL, VNNI) twins of the matmul kernels, where the CPU runs
 //!   them; every other kernel of that path is the AVX2 one.
@@ -26,6 +27,8 @@ pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 mod detect;

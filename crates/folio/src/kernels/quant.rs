@@ -56,6 +56,75 @@ pub struct BlockQ6K {
     pub d: u16,
 }
 
+/// Q5_0: 32 weights = d * (q - 16), q in 0..32: the low 4 bits as Q4_0's nibbles, bit 4
+/// of weight j is bit j of `qh` (little-endian u32).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ5_0 {
+    pub d: u16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// Q5_1: 32 weights = d * q + m, q in 0..32; bits as Q5_0.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ5_1 {
+    pub d: u16,
+    pub m: u16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// IQ4_NL: 32 weights = d * IQ4NL_VALUES[q], q a 4-bit index; nibble order as Q4_0.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockIq4Nl {
+    pub d: u16,
+    pub qs: [u8; QK / 2],
+}
+
+/// The 16 levels of IQ4_NL, a non-uniform grid denser near zero (GGUF's fixed table).
+pub const IQ4NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// Q2_K: 256 weights in 16 sub-blocks of 16; `scales[s]` holds sub-block s's 4-bit scale
+/// (low nibble) and 4-bit min (high); q is 2 bits; weight = d * sc * q - dmin * m.
+/// Weight 128n + 32k + l is bits 2k..2k+2 of `qs[32n + l]`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ2K {
+    pub scales: [u8; QK_K / 16],
+    pub qs: [u8; QK_K / 4],
+    pub d: u16,
+    pub dmin: u16,
+}
+
+/// Q3_K: 256 weights in 16 sub-blocks of 16 with signed 6-bit scales (minus 32, packed
+/// in `scales`); q is 2 low bits (laid out as Q2_K's) and a high bit in `hmask` (bit k
+/// of `hmask[l]` for weight 32k + l) that, when clear, subtracts 4; weight = d * sc * q.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ3K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; 12],
+    pub d: u16,
+}
+
+/// Q5_K: Q4_K's scales and nibbles plus a fifth bit per weight (bit k of `qh[l]` for
+/// weight 32k + l); weight = d * sc * q - dmin * m, q in 0..32.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ5K {
+    pub d: u16,
+    pub dmin: u16,
+    pub scales: [u8; 12],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+
 /// Four rows' Q4_1 blocks at the same column, packed at load time so a kernel converts
 /// the four scales and four mins with one instruction: `dm` = [d0..d3, m0..m3].
 #[repr(C)]
@@ -99,6 +168,12 @@ const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
+const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
+const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
+const _: () = assert!(std::mem::size_of::<BlockIq4Nl>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
+const _: () = assert!(std::mem::size_of::<BlockQ3K>() == 110);
+const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 const _: () = assert!(std::mem::size_of::<BlockQ8>() == 40);
 const _: () = assert!(std::mem::size_of::<BlockQ4_1x4>() == 80);
 const _: () = assert!(std::mem::size_of::<BlockQ8_0x4>() == 136);
@@ -130,4 +205,16 @@ pub fn q4k_scale_min(j: usize, s: &[u8; 12]) -> (u8, u8) {
             (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
         )
     }
+}
+
+/// The 16 signed scales (-32..32) of a Q3_K block, one per sub-block of 16: the low 4
+/// bits from `s[0..8]` (low nibbles for 0..8, high for 8..16), the high 2 bits from
+/// `s[8..12]` (bits 2(k/4).. of byte 8 + k%4).
+#[inline]
+pub fn q3k_scales(s: &[u8; 12]) -> [i8; 16] {
+    std::array::from_fn(|k| {
+        let lo = if k < 8 { s[k] & 0xF } else { s[k - 8] >> 4 };
+        let hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+        (lo | (hi << 4)) as i8 - 32
+    })
 }

@@ -142,6 +142,122 @@ pub fn dequant_q6k(w: &[BlockQ6K], out: &mut [f32]) {
     }
 }
 
+/// The 32 five-bit values (0..32) of a Q5_0/Q5_1 block, in element order.
+pub fn q5_values(qh: &[u8; 4], qs: &[u8; QK / 2]) -> [u8; QK] {
+    let h = u32::from_le_bytes(*qh);
+    std::array::from_fn(|j| {
+        let lo = if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 };
+        lo | ((((h >> j) & 1) as u8) << 4)
+    })
+}
+
+pub fn dequant_q5_0(w: &[BlockQ5_0], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        for (o, q) in y.iter_mut().zip(q5_values(&b.qh, &b.qs)) {
+            *o = d * (q as i32 - 16) as f32;
+        }
+    }
+}
+
+pub fn dequant_q5_1(w: &[BlockQ5_1], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK)) {
+        let (d, m) = (f16_to_f32(b.d), f16_to_f32(b.m));
+        for (o, q) in y.iter_mut().zip(q5_values(&b.qh, &b.qs)) {
+            *o = d * q as f32 + m;
+        }
+    }
+}
+
+/// The 32 table values of an IQ4_NL block, in element order.
+pub fn iq4nl_values(b: &BlockIq4Nl) -> [i8; QK] {
+    std::array::from_fn(|j| {
+        let i = if j < 16 {
+            b.qs[j] & 0xF
+        } else {
+            b.qs[j - 16] >> 4
+        };
+        IQ4NL_VALUES[i as usize]
+    })
+}
+
+pub fn dequant_iq4nl(w: &[BlockIq4Nl], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        for (o, v) in y.iter_mut().zip(iq4nl_values(b)) {
+            *o = d * v as f32;
+        }
+    }
+}
+
+/// The 256 two-bit values (0..4) of a Q2_K or Q3_K `qs`, in element order.
+pub fn q2_values(qs: &[u8; QK_K / 4]) -> [u8; QK_K] {
+    std::array::from_fn(|i| {
+        let (n, k, l) = (i / 128, (i / 32) % 4, i % 32);
+        (qs[32 * n + l] >> (2 * k)) & 3
+    })
+}
+
+pub fn dequant_q2k(w: &[BlockQ2K], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
+        let q = q2_values(&b.qs);
+        for (s, ys) in y.chunks_exact_mut(16).enumerate() {
+            let dl = d * (b.scales[s] & 0xF) as f32;
+            let ml = dmin * (b.scales[s] >> 4) as f32;
+            for (l, o) in ys.iter_mut().enumerate() {
+                *o = dl * q[16 * s + l] as f32 - ml;
+            }
+        }
+    }
+}
+
+/// The 256 signed three-bit values (-4..4) of a Q3_K block, in element order.
+pub fn q3k_values(b: &BlockQ3K) -> [i8; QK_K] {
+    let lo = q2_values(&b.qs);
+    std::array::from_fn(|i| {
+        let high = (b.hmask[i % 32] >> (i / 32)) & 1;
+        lo[i] as i8 - if high == 0 { 4 } else { 0 }
+    })
+}
+
+pub fn dequant_q3k(w: &[BlockQ3K], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = f16_to_f32(b.d);
+        let (q, sc) = (q3k_values(b), q3k_scales(&b.scales));
+        for (s, ys) in y.chunks_exact_mut(16).enumerate() {
+            let dl = d * sc[s] as f32;
+            for (l, o) in ys.iter_mut().enumerate() {
+                *o = dl * q[16 * s + l] as f32;
+            }
+        }
+    }
+}
+
+/// The 256 five-bit values (0..32) of a Q5_K block, in element order.
+pub fn q5k_values(b: &BlockQ5K) -> [u8; QK_K] {
+    std::array::from_fn(|i| {
+        let (c, l) = (i / 64, i % 32);
+        let q = b.qs[32 * c + l];
+        let lo = if (i / 32) % 2 == 0 { q & 0xF } else { q >> 4 };
+        lo | (((b.qh[l] >> (i / 32)) & 1) << 4)
+    })
+}
+
+pub fn dequant_q5k(w: &[BlockQ5K], out: &mut [f32]) {
+    for (b, y) in w.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
+        let q = q5k_values(b);
+        for (j, ys) in y.chunks_exact_mut(32).enumerate() {
+            let (sc, m) = q4k_scale_min(j, &b.scales);
+            let (dl, ml) = (d * sc as f32, dmin * m as f32);
+            for (l, o) in ys.iter_mut().enumerate() {
+                *o = dl * q[32 * j + l] as f32 - ml;
+            }
+        }
+    }
+}
+
 pub fn dequant_f16(w: &[u16], out: &mut [f32]) {
     for (o, &h) in out.iter_mut().zip(w) {
         *o = f16_to_f32(h);
@@ -226,6 +342,99 @@ pub fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
             sumi += b.scales[s] as i32 * isum;
         }
         acc += x.d * f16_to_f32(b.d) * sumi as f32;
+    }
+    acc
+}
+
+/// Σ (q - 16) · a over one row, per block scaled by d_w · d_a.
+pub fn dot_q5_0(w: &[BlockQ5_0], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let isum: i32 = q5_values(&b.qh, &b.qs)
+            .iter()
+            .zip(&x.qs)
+            .map(|(&q, &v)| (q as i32 - 16) * v as i32)
+            .sum();
+        acc += f16_to_f32(b.d) * x.d * isum as f32;
+    }
+    acc
+}
+
+pub fn dot_q5_1(w: &[BlockQ5_1], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let isum: i32 = q5_values(&b.qh, &b.qs)
+            .iter()
+            .zip(&x.qs)
+            .map(|(&q, &v)| q as i32 * v as i32)
+            .sum();
+        acc += f16_to_f32(b.d) * x.d * isum as f32 + f16_to_f32(b.m) * x.s;
+    }
+    acc
+}
+
+pub fn dot_iq4nl(w: &[BlockIq4Nl], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let isum: i32 = iq4nl_values(b)
+            .iter()
+            .zip(&x.qs)
+            .map(|(&q, &v)| q as i32 * v as i32)
+            .sum();
+        acc += f16_to_f32(b.d) * x.d * isum as f32;
+    }
+    acc
+}
+
+/// The K-quant dots below sum each block exactly in integers and scale it in one fixed
+/// float expression; their SIMD twins do the same, so the two give the same bits.
+pub fn dot_q2k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let q = q2_values(&b.qs);
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for s in 0..16 {
+            let isum: i32 = (16 * s..16 * s + 16)
+                .map(|i| q[i] as i32 * x.qs[i] as i32)
+                .sum();
+            sumi += (b.scales[s] & 0xF) as i32 * isum;
+            summ += (b.scales[s] >> 4) as i32 * x.bsums[s] as i32;
+        }
+        acc += x.d * (f16_to_f32(b.d) * sumi as f32 - f16_to_f32(b.dmin) * summ as f32);
+    }
+    acc
+}
+
+pub fn dot_q3k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let (q, sc) = (q3k_values(b), q3k_scales(&b.scales));
+        let mut sumi = 0i32;
+        for (s, &scale) in sc.iter().enumerate() {
+            let isum: i32 = (16 * s..16 * s + 16)
+                .map(|i| q[i] as i32 * x.qs[i] as i32)
+                .sum();
+            sumi += scale as i32 * isum;
+        }
+        acc += x.d * f16_to_f32(b.d) * sumi as f32;
+    }
+    acc
+}
+
+pub fn dot_q5k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let q = q5k_values(b);
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for j in 0..8 {
+            let (sc, m) = q4k_scale_min(j, &b.scales);
+            let isum: i32 = (32 * j..32 * j + 32)
+                .map(|i| q[i] as i32 * x.qs[i] as i32)
+                .sum();
+            sumi += sc as i32 * isum;
+            summ += m as i32 * (x.bsums[2 * j] as i32 + x.bsums[2 * j + 1] as i32);
+        }
+        acc += x.d * (f16_to_f32(b.d) * sumi as f32 - f16_to_f32(b.dmin) * summ as f32);
     }
     acc
 }

@@ -34,9 +34,11 @@ pub(crate) fn random_weights(
             for _ in 0..n / be as usize {
                 let mut b: Vec<u8> = (0..bb).map(|_| rng.next_u64() as u8).collect();
                 let scales: &[usize] = match ty {
-                    GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
-                    GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
+                    GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
+                    GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
                     GgmlType::Q6_K => &[208],
+                    GgmlType::Q3_K => &[108],
+                    GgmlType::Q2_K => &[80, 82],
                     _ => unreachable!(),
                 };
                 for &o in scales {
@@ -49,14 +51,20 @@ pub(crate) fn random_weights(
     }
 }
 
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 14] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
 
@@ -145,13 +153,37 @@ fn avx512_matmul_gives_the_avx2_bits_except_q4_1_and_q8_0() {
     }
 }
 
+/// The Q2_K, Q3_K and Q5_K kernels sum each block exactly in integers and scale it in
+/// the scalar twin's float steps: every SIMD path gives the scalar bits.
+#[test]
+fn k_quant_simd_is_bit_identical_to_scalar_for_q2_k_q3_k_q5_k() {
+    let mut rng = SplitMix64(37);
+    let (rows, cols, n) = (9, 1024, 5);
+    for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_K] {
+        let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
+        let mut x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
+        // A block whose largest value is positive quantizes it to -128: the extreme.
+        x[300] = 9.0;
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let a = run(Isa::Scalar, &w, &x, n, 1);
+        for isa in simd_paths() {
+            assert_eq!(bits(&a), bits(&run(isa, &w, &x, n, 2)), "{ty} on {isa}");
+        }
+    }
+}
+
 /// Blocks so large that their f16 sum `s` overflows: the signed formats (no min term)
 /// must still give the scalar twin's finite result on every path.
 #[test]
 fn huge_activations_stay_finite_for_signed_formats() {
     let mut rng = SplitMix64(29);
     let (rows, cols, n) = (8, 256, 3);
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::IQ4_NL,
+    ] {
         let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
         let x: Vec<f32> = (0..n * cols).map(|_| 5000.0 + rng.signed_f32()).collect();
         let a = run(Isa::Scalar, &w, &x, n, 1);

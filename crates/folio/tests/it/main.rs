@@ -10,6 +10,7 @@ mod context;
 mod engine;
 mod fidelity;
 mod fidelity_f64;
+mod formats;
 mod gguf_errors;
 mod grammar;
 mod kv_props;
