@@ -395,6 +395,10 @@ impl Tokenizer {
     /// substring search each), so O(n · specials) at worst. A token with `LSTRIP` or
     /// `RSTRIP` takes the whitespace (C's `isspace`) before or after it in its fragment.
     fn partition<'t>(&self, text: &'t str, parse_control: bool) -> Vec<Fragment<'t>> {
+        // No text, no fragment (so no SentencePiece space prefix either).
+        if text.is_empty() {
+            return Vec::new();
+        }
         let mut frags = vec![Fragment::Raw(text)];
         for (sp, id) in &self.specials {
             let a = self.attrs[*id as usize];
