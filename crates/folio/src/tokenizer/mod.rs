@@ -15,6 +15,7 @@ mod bpe;
 mod pretok;
 mod pyjson;
 mod spm;
+mod strftime;
 mod template;
 mod unicode_classes;
 

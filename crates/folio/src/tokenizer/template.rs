@@ -13,19 +13,25 @@
 //! rendered once on a small conversation at load, and an error naming something unknown
 //! fails the load.
 
-use super::pyjson;
+use super::{pyjson, strftime};
 use crate::error::TokenizerError;
-use minijinja::value::{Kwargs, Value};
+use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{context, Environment, Error, ErrorKind};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 /// ChatML, for models whose file carries no template.
 pub const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-/// One chat message.
+/// One chat message: a role, its text, and any other fields the template may read
+/// (OpenAI's `tool_calls` on an assistant message, `tool_call_id` and `name` on a tool
+/// result, `reasoning_content`), each present only when set, as templates test
+/// `'tool_calls' in message` and `message.tool_calls is defined`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Message {
@@ -33,7 +39,25 @@ impl Message {
         Self {
             role: role.into(),
             content: content.into(),
+            fields: serde_json::Map::new(),
         }
+    }
+
+    /// The message with one more field (a later `role` or `content` is ignored).
+    pub fn with(mut self, key: &str, value: serde_json::Value) -> Self {
+        if key != "role" && key != "content" {
+            self.fields.insert(key.to_string(), value);
+        }
+        self
+    }
+
+    /// The message as the template sees it: `role`, `content`, then the other fields.
+    fn to_value(&self) -> Value {
+        let mut m = serde_json::Map::with_capacity(2 + self.fields.len());
+        m.insert("role".into(), self.role.clone().into());
+        m.insert("content".into(), self.content.clone().into());
+        m.extend(self.fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Value::from_serialize(serde_json::Value::Object(m))
     }
 }
 
@@ -42,7 +66,13 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// The time `strftime_now` formats, in seconds since the epoch (UTC); `NOW` reads the
+    /// clock at each render.
+    now: Arc<AtomicI64>,
 }
+
+/// `ChatTemplate::now` when it reads the clock.
+const NOW: i64 = i64::MIN;
 
 impl ChatTemplate {
     /// Compiles `source`; `bos`/`eos` are the texts templates may refer to.
@@ -58,15 +88,42 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_filter("tojson", tojson);
+        env.add_filter("items", items);
+        env.add_filter("length", length);
+        env.add_filter("count", length);
+        let now = Arc::new(AtomicI64::new(NOW));
+        let clock = now.clone();
+        env.add_function(
+            "strftime_now",
+            move |format: String| -> Result<String, Error> {
+                let t = match clock.load(Ordering::Relaxed) {
+                    NOW => std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs() as i64),
+                    t => t,
+                };
+                strftime::format(&format, t).map_err(|e| {
+                    Error::new(ErrorKind::InvalidOperation, format!("strftime_now: {e}"))
+                })
+            },
+        );
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| TokenizerError::Template(e.to_string()))?;
         let t = Self {
             env,
             bos: bos.into(),
             eos: eos.into(),
+            now,
         };
         t.check_supported()?;
         Ok(t)
+    }
+
+    /// The template with `strftime_now` fixed at `epoch_seconds` (UTC) instead of the
+    /// clock: for renders that must not depend on the day (tests, parity checks).
+    pub fn with_now(self, epoch_seconds: i64) -> Self {
+        self.now.store(epoch_seconds, Ordering::Relaxed);
+        self
     }
 
     /// Renders a short conversation once: an error that names something folio lacks
@@ -126,10 +183,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String, Error> {
-        let msgs: Vec<_> = messages
-            .iter()
-            .map(|m| context! { role => m.role, content => m.content })
-            .collect();
+        let msgs: Vec<Value> = messages.iter().map(Message::to_value).collect();
         let tmpl = self.env.get_template("chat")?;
         let tools = tools.map(Value::from_serialize);
         tmpl.render(context! {
@@ -140,6 +194,44 @@ impl ChatTemplate {
             tools => tools,
         })
     }
+}
+
+/// jinja2's `length` (and `count`): 0 for an undefined value, as Python's `len` of
+/// jinja2's `Undefined` (templates test `tool.parameters.properties | length == 0`),
+/// the number of characters, items or keys otherwise.
+fn length(value: &Value) -> Result<usize, Error> {
+    if value.is_undefined() {
+        return Ok(0);
+    }
+    value.len().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("length: a value of kind {} has no length", value.kind()),
+        )
+    })
+}
+
+/// jinja2's `items` filter: a mapping's (key, value) pairs in order, nothing for an
+/// undefined value (templates apply it to optional fields such as a tool's
+/// `parameters.properties`), an error for anything else.
+fn items(value: &Value) -> Result<Value, Error> {
+    if value.is_undefined() {
+        return Ok(Value::from(Vec::<Value>::new()));
+    }
+    if value.kind() != ValueKind::Map {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "items: can only get item pairs from a mapping",
+        ));
+    }
+    let pairs = value
+        .try_iter()?
+        .map(|k| {
+            let v = value.get_item(&k)?;
+            Ok(Value::from(vec![k, v]))
+        })
+        .collect::<Result<Vec<Value>, Error>>()?;
+    Ok(Value::from(pairs))
 }
 
 /// The `tojson` filter as transformers defines it: Python's `json.dumps(value,
