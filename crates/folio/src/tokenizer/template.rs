@@ -126,33 +126,85 @@ impl ChatTemplate {
         self
     }
 
-    /// Renders a short conversation once: an error that names something folio lacks
-    /// becomes the load error; any other (a template refusing these messages with
-    /// `raise_exception`, say) is left to the requests that meet it.
+    /// Renders probe conversations at load: plain ones (a user turn; system, user,
+    /// assistant, user; user, assistant, user) and tool-using ones (`tools`, an
+    /// assistant's tool call and its result), each with and without the generation
+    /// prompt. The load fails if any render meets something folio lacks (an unknown
+    /// function, filter, test, method or block), or if every plain conversation fails
+    /// (a template that renders no conversation at all). A template refusing some
+    /// conversations (Gemma's "no system role", a tool-call format it does not take)
+    /// is its right: those refusals are left to the requests that meet them.
     fn check_supported(&self) -> Result<(), TokenizerError> {
-        let probe = [
-            Message::new("system", "You are helpful."),
-            Message::new("user", "Hello"),
-            Message::new("assistant", "Hi!"),
-            Message::new("user", "Bye"),
+        let tools = serde_json::json!([{
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "description": "The city."}},
+                    "required": ["city"]
+                }
+            }
+        }]);
+        let call = serde_json::json!([{
+            "id": "call00001",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}}
+        }]);
+        let plain = [
+            vec![Message::new("user", "Hello")],
+            vec![
+                Message::new("system", "You are helpful."),
+                Message::new("user", "Hello"),
+                Message::new("assistant", "Hi!"),
+                Message::new("user", "Bye"),
+            ],
+            vec![
+                Message::new("user", "Hello"),
+                Message::new("assistant", "Hi!"),
+                Message::new("user", "Bye"),
+            ],
         ];
-        for gen in [false, true] {
-            if let Err(e) = self.render_value(&probe, gen, None) {
-                if matches!(
-                    e.kind(),
-                    ErrorKind::UnknownFunction
-                        | ErrorKind::UnknownFilter
-                        | ErrorKind::UnknownTest
-                        | ErrorKind::UnknownMethod
-                        | ErrorKind::UnknownBlock
-                ) {
-                    return Err(TokenizerError::Template(format!(
-                        "the chat template uses something folio does not support: {e}"
-                    )));
+        let with_tools = [
+            vec![Message::new("user", "Weather in Paris?")],
+            vec![
+                Message::new("user", "Weather in Paris?"),
+                Message::new("assistant", "").with("tool_calls", call),
+                Message::new("tool", "{\"temperature\": 21}")
+                    .with("tool_call_id", "call00001".into())
+                    .with("name", "get_weather".into()),
+                Message::new("assistant", "21 degrees."),
+            ],
+        ];
+        let mut first_error = None;
+        let mut plain_ok = false;
+        let probes = plain
+            .iter()
+            .map(|m| (m, None, true))
+            .chain(with_tools.iter().map(|m| (m, Some(&tools), false)));
+        for (messages, tools, is_plain) in probes {
+            for gen in [false, true] {
+                match self.render_value(messages, gen, tools) {
+                    Ok(_) => plain_ok |= is_plain,
+                    Err(e) if is_unsupported(&e) => {
+                        return Err(TokenizerError::Template(format!(
+                            "the chat template uses something folio does not support: {e}"
+                        )));
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
                 }
             }
         }
-        Ok(())
+        match (plain_ok, first_error) {
+            (false, Some(e)) => Err(TokenizerError::Template(format!(
+                "the chat template renders no conversation (a user turn, with or without a \
+                 system message): {e}"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Renders the conversation; with `add_generation_prompt` the text ends where the
@@ -194,6 +246,18 @@ impl ChatTemplate {
             tools => tools,
         })
     }
+}
+
+/// Whether a render error names something folio's template engine lacks.
+fn is_unsupported(e: &Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::UnknownFunction
+            | ErrorKind::UnknownFilter
+            | ErrorKind::UnknownTest
+            | ErrorKind::UnknownMethod
+            | ErrorKind::UnknownBlock
+    )
 }
 
 /// jinja2's `length` (and `count`): 0 for an undefined value, as Python's `len` of
@@ -336,7 +400,11 @@ mod tests {
 
     #[test]
     fn a_template_needing_what_folio_lacks_fails_at_load() {
-        let e = ChatTemplate::new("{{ strftime_now('%d') }}{{ messages[0].content }}", "", "");
+        let e = ChatTemplate::new(
+            "{{ frobnicate_now('%d') }}{{ messages[0].content }}",
+            "",
+            "",
+        );
         assert!(
             matches!(&e, Err(TokenizerError::Template(m)) if m.contains("does not support")),
             "{:?}",
@@ -353,12 +421,104 @@ mod tests {
     }
 
     #[test]
-    fn a_broken_template_is_an_error() {
+    fn a_broken_template_is_an_error_at_load() {
         assert!(ChatTemplate::new("{% for %}", "", "").is_err());
-        let t = ChatTemplate::new("{{ raise_exception('no') }}", "", "").unwrap();
+        // Refuses every conversation: no request could ever render.
+        let e = ChatTemplate::new("{{ raise_exception('no') }}", "", "");
+        assert!(
+            matches!(&e, Err(TokenizerError::Template(m)) if m.contains("renders no conversation") && m.contains("no")),
+            "{:?}",
+            e.err()
+        );
+        let e = ChatTemplate::new("{{ messages[0].content | int + 1 }}{{ 1 / 0 }}", "", "");
+        assert!(e.is_err());
+        // Something unknown only on the tool path still fails the load.
+        let e = ChatTemplate::new(
+            "{% for m in messages %}{% if m.tool_calls %}{{ m.tool_calls | frobnicate }}{% endif %}{{ m.content }}{% endfor %}",
+            "",
+            "",
+        );
+        assert!(
+            matches!(&e, Err(TokenizerError::Template(m)) if m.contains("does not support")),
+            "{:?}",
+            e.err()
+        );
+        // A template that refuses tools (or a system message) but renders a user turn loads.
+        let t = ChatTemplate::new(
+            "{% if tools %}{{ raise_exception('no tools') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
         assert!(matches!(
-            t.render(&[], false),
-            Err(TokenizerError::Template(_))
+            t.render_with_tools(&[], false, Some(&serde_json::json!([1]))),
+            Err(TokenizerError::Template(m)) if m.contains("no tools")
         ));
+    }
+
+    #[test]
+    fn messages_carry_tool_calls_and_results_to_the_template() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if 'tool_calls' in m %}{% for c in m.tool_calls %}[{{ c.function.name }}({{ c.function.arguments | tojson }}) {{ c.id }}]{% endfor %}{% endif %}{% if m.tool_call_id is defined %}<{{ m.tool_call_id }}>{% endif %}|{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let call =
+            serde_json::json!([{"id": "abc", "function": {"name": "f", "arguments": {"x": 1}}}]);
+        let msgs = [
+            Message::new("user", "go"),
+            Message::new("assistant", "").with("tool_calls", call),
+            Message::new("tool", "42").with("tool_call_id", "abc".into()),
+        ];
+        assert_eq!(
+            t.render(&msgs, false).unwrap(),
+            "user:go|assistant:[f({\"x\": 1}) abc]|tool:42<abc>|"
+        );
+        // role and content are the message's own.
+        let m = Message::new("user", "a").with("content", "b".into());
+        assert_eq!(m.content, "a");
+        assert!(m.fields.is_empty());
+    }
+
+    #[test]
+    fn items_and_length_take_undefined_as_empty_as_jinja2_does() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{{ m.nothing | length }}{{ m.content | length }}{% for k, v in m.nothing | items %}x{% endfor %}{% for k, v in {'a': 1, 'b': 2} | items %}{{ k }}{{ v }}{% endfor %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(
+            t.render(&[Message::new("user", "日本")], false).unwrap(),
+            "02a1b2"
+        );
+        let t = ChatTemplate::new(
+            "{{ messages[0].content }}{% if messages | length > 1 %}{{ messages[1].content | items }}{% endif %}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert!(t
+            .render(
+                &[Message::new("user", "a"), Message::new("user", "b")],
+                false
+            )
+            .is_err());
+    }
+
+    #[test]
+    fn strftime_now_formats_the_given_time() {
+        let t = ChatTemplate::new(
+            "{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%Y-%m-%d') }}{{ messages | length }}",
+            "",
+            "",
+        )
+        .unwrap()
+        .with_now(1_736_936_430);
+        assert_eq!(t.render(&[], false).unwrap(), "15 Jan 2025|2025-01-150");
+        let t = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
+        let year: i32 = t.render(&[], false).unwrap().parse().unwrap();
+        assert!(year >= 2025, "the clock's year: {year}");
     }
 }

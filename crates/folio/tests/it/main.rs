@@ -7,6 +7,7 @@ mod batch;
 mod config;
 mod context;
 mod engine;
+mod family_templates;
 mod family_tokenizers;
 mod fidelity;
 mod fidelity_f64;
