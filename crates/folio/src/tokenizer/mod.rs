@@ -2,6 +2,16 @@
 //! (`gpt2`) and SentencePiece (`llama`), special tokens, the add-BOS rule, streaming
 //! detokenization, and the chat template.
 //!
+//! Faithful to llama.cpp for the families folio runs: Llama 3 (the llama3 pre-tokenizer:
+//! a word that is a token is taken whole, BOS by default), Qwen2/2.5/3 (qwen2), Mistral
+//! (SentencePiece with byte fallback; tekken for Nemo and Small 3), Gemma 2/3 and Phi-3
+//! (SentencePiece; Phi-3's special tokens swallow the whitespace after them), SmolLM2.
+//! Token attributes follow llama.cpp's: texts that end a generation (`</s>`, `<|end|>`,
+//! ...) are control tokens whatever their stored type; control and unknown tokens
+//! render as nothing, unused ones too. Decoding joins the tokens' pieces as llama.cpp's
+//! server streams them (`llama_detokenize`'s space clean-up is not applied).
+//! `scripts/parity/` holds the differential harness and the fixtures' generators.
+//!
 //! Special-token text in the input (such as `<|im_start|>`) becomes the special token,
 //! longest match first, as llama.cpp does with `parse_special`.
 //!
@@ -107,7 +117,7 @@ enum Kind {
         bpe: bpe::Bpe,
         char_byte: HashMap<char, u8>,
         /// A word that is a token is that token, unmerged (llama3, tekken).
-        whole_words: Option<[char; 256]>,
+        whole_words: Option<Box<[char; 256]>>,
     },
     Spm {
         scores: Vec<f32>,
@@ -211,7 +221,7 @@ impl Tokenizer {
                     pre: pretok::PreTokenizer::for_name(pre_name)?,
                     bpe: bpe::Bpe::new(&ids, n as u32, &merges)?,
                     char_byte,
-                    whole_words: bpe_whole_words(pre_name).then_some(byte_char),
+                    whole_words: bpe_whole_words(pre_name).then(|| Box::new(byte_char)),
                 }
             }
             "llama" => {
@@ -469,8 +479,8 @@ impl Tokenizer {
 
     /// The token that `word` is as a whole, when the pre-tokenizer takes whole words
     /// (`byte_char` given) and the vocabulary has one (of any type, as in llama.cpp).
-    fn whole_word(&self, byte_char: &Option<[char; 256]>, word: &str) -> Option<u32> {
-        let chars = byte_char.as_ref()?;
+    fn whole_word(&self, byte_char: &Option<Box<[char; 256]>>, word: &str) -> Option<u32> {
+        let chars = byte_char.as_deref()?;
         let text: String = word.bytes().map(|b| chars[b as usize]).collect();
         self.ids.get(&text).copied()
     }

@@ -322,6 +322,17 @@ mod tests {
     }
 
     #[test]
+    fn tekken_splits_words_at_case_changes() {
+        let tekken = PreTokenizer::for_name("tekken").unwrap();
+        assert_eq!(
+            tekken.split("HelloWorld 2024/x"),
+            vec!["Hello", "World", " ", "2", "0", "2", "4", "/x"]
+        );
+        assert_eq!(tekken.split("ÉCOLEécole"), vec!["ÉCOLEécole"]);
+        assert_eq!(tekken.split("aBC"), vec!["a", "BC"]);
+    }
+
+    #[test]
     fn letters_and_numbers_are_unicode_15_1s() {
         let smollm = PreTokenizer::for_name("smollm").unwrap();
         // U+1366C became a letter in Unicode 16.0: here it is unassigned, a symbol that
@@ -341,6 +352,8 @@ mod tests {
         assert_eq!(gpt2.split("a\tb  "), vec!["a", "\t", "b", "  "]);
         let llama3 = PreTokenizer::for_name("llama3").unwrap();
         assert_eq!(llama3.split("a\t\tb"), vec!["a", "\t", "\tb"]);
+        // ASCII contractions only: 'ſ is punctuation then a word.
+        assert_eq!(llama3.split("x'S'ſ"), vec!["x", "'S", "'ſ"]);
         assert_eq!(llama3.split("a \u{3000}1"), vec!["a", " ", "\u{3000}", "1"]);
     }
 }

@@ -4,14 +4,21 @@
 //! Templates are written for Hugging Face transformers, which renders them with Python's
 //! jinja2, so the environment is set up as transformers sets up its own:
 //! `trim_blocks` and `lstrip_blocks` on (a block tag's line leaves no blank line or
-//! indentation behind), `{% break %}` / `{% continue %}`, `raise_exception(msg)`, and
-//! `tojson` as Python's `json.dumps` (`pyjson.rs`). `scripts/parity/template_parity.py`
-//! renders with both on random conversations and compares the strings.
+//! indentation behind), `{% break %}` / `{% continue %}`, `raise_exception(msg)`,
+//! `strftime_now(format)` (UTC; `strftime.rs`), and `tojson` as Python's `json.dumps`
+//! (`pyjson.rs`). jinja2's `items` and `length` replace minijinja's, which refuse an
+//! undefined value where jinja2 sees an empty one. Messages carry any field besides role
+//! and content (`tool_calls`, `tool_call_id`, `name`), present only when set.
+//! `scripts/parity/template_parity.py` and `family_templates.py` (the families' own
+//! templates, with tool calls) render with both on random conversations and compare.
 //!
-//! A template that calls a function, filter, test or method folio lacks (transformers'
-//! `strftime_now`, say) is refused when it is compiled, not at the first request: it is
-//! rendered once on a small conversation at load, and an error naming something unknown
-//! fails the load.
+//! A template is rendered at load on probe conversations (plain and tool-using): one
+//! that calls a function, filter, test or method folio lacks, on any path the probes
+//! take, or that renders none of the plain conversations, fails the load, not the
+//! first request.
+//!
+//! Known difference: jinja2 refuses to loop over `none` (`{% for t in tools %}` with no
+//! tools), minijinja loops zero times; folio renders where Python would raise.
 
 use super::{pyjson, strftime};
 use crate::error::TokenizerError;
