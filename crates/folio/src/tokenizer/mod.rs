@@ -663,8 +663,13 @@ mod tests {
     /// A SentencePiece vocabulary: `<unk>`, `<s>`, `</s>`, the 256 byte tokens, then
     /// `pieces` as (text, score, token type).
     fn spm_with(pieces: &[(String, f32, i32)]) -> Tokenizer {
+        spm_named(pieces, "", TYPE_CONTROL)
+    }
+
+    /// [`spm_with`] for a model called `name` whose `</s>` has type `eos_type`.
+    fn spm_named(pieces: &[(String, f32, i32)], name: &str, eos_type: i32) -> Tokenizer {
         let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
-        let mut types = vec![2, 3, 3];
+        let mut types = vec![2, 3, eos_type];
         let mut scores = vec![0.0f32; 3];
         for b in 0..=255u8 {
             tokens.push(format!("<0x{b:02X}>"));
@@ -693,6 +698,9 @@ mod tests {
             )
             .meta("tokenizer.ggml.bos_token_id", Value::U32(1))
             .meta("tokenizer.ggml.eos_token_id", Value::U32(2));
+        if !name.is_empty() {
+            w.meta("general.name", s(name));
+        }
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("spm.gguf");
         std::fs::write(&p, w.to_bytes()).unwrap();
@@ -718,6 +726,37 @@ mod tests {
         // Special text is the special token; no space prefix right after it... but the
         // text after a special starts a new fragment.
         assert_eq!(t.encode("<s>hello", false), vec![1, id("▁hello")]);
+    }
+
+    #[test]
+    fn end_of_generation_text_is_a_control_token_and_phi3_specials_take_the_space_after() {
+        let pieces = [("▁".to_string(), -1.0, 1), ("a".to_string(), -2.0, 1)];
+        for (name, rstrip) in [("Phi3", true), ("phi-3-mini", true), ("Llama", false)] {
+            // `</s>` stored as user-defined: llama.cpp makes it control (it ends turns).
+            let t = spm_named(&pieces, name, TYPE_USER_DEFINED);
+            let (sp, a) = (t.token_id("▁").unwrap(), t.token_id("a").unwrap());
+            assert!(t.is_eog(2));
+            assert!(t.token_bytes(2).is_empty(), "control: no text");
+            assert_eq!(t.decode_special(&[2]), "</s>");
+            // The space prefix after a special token, then the spaces left.
+            let after = if rstrip {
+                vec![sp, a]
+            } else {
+                vec![sp, sp, sp, a]
+            };
+            assert_eq!(t.encode("</s> \n a", false)[..1], [2], "{name}");
+            assert_eq!(
+                t.encode("</s>  a", false),
+                [&[2][..], &after[..]].concat(),
+                "{name}"
+            );
+            // <s> never strips; as control text without parsing, </s> stays text.
+            assert_eq!(t.encode("<s>  a", false), vec![1, sp, sp, sp, a], "{name}");
+            assert!(!t.encode_literal("</s>", false).contains(&2));
+        }
+        // An empty text is no fragment: not even the space prefix.
+        assert_eq!(spm().encode("", false), Vec::<u32>::new());
+        assert_eq!(spm().encode("", true), vec![1]);
     }
 
     #[test]
