@@ -17,8 +17,13 @@
 //! take, or that renders none of the plain conversations, fails the load, not the
 //! first request.
 //!
-//! Known difference: jinja2 refuses to loop over `none` (`{% for t in tools %}` with no
-//! tools), minijinja loops zero times; folio renders where Python would raise.
+//! Output prints values as Python's `str` does (`None`, `True`, `1e-07`), and the
+//! `iterable` test is jinja2's (`none` is not iterable).
+//!
+//! Known differences: jinja2 refuses to loop over `none` (`{% for t in tools %}` with no
+//! tools), minijinja loops zero times, so folio renders where Python would raise; and a
+//! float joined to a string (`'x' + 1e-07`, `~`) reads `0.0000001` where Python's
+//! `str` gives `1e-07` (only printed floats follow Python).
 
 use super::{pyjson, strftime};
 use crate::error::TokenizerError;
@@ -95,6 +100,17 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_filter("tojson", tojson);
+        env.set_formatter(python_formatter);
+        env.add_test("iterable", |v: &Value| {
+            matches!(
+                v.kind(),
+                ValueKind::Undefined
+                    | ValueKind::String
+                    | ValueKind::Seq
+                    | ValueKind::Map
+                    | ValueKind::Iterable
+            )
+        });
         env.add_filter("items", items);
         env.add_filter("length", length);
         env.add_filter("count", length);
@@ -253,6 +269,29 @@ impl ChatTemplate {
             tools => tools,
         })
     }
+}
+
+/// `{{ value }}` as Python's `str` prints it: `None`, `True`, `False`, and floats in
+/// Python's `repr` (`1e-07`, `1e+21`, `3.0`, `nan`, `inf`); everything else as minijinja
+/// prints it (no HTML escaping: autoescape is off).
+fn python_formatter(
+    out: &mut minijinja::Output,
+    state: &minijinja::State,
+    value: &Value,
+) -> Result<(), Error> {
+    let text = match value.kind() {
+        ValueKind::None => "None".to_string(),
+        ValueKind::Bool => if value.is_true() { "True" } else { "False" }.to_string(),
+        ValueKind::Number if !value.is_integer() => match f64::try_from(value.clone()) {
+            Ok(x) if x.is_nan() => "nan".to_string(),
+            Ok(x) if x.is_infinite() => if x > 0.0 { "inf" } else { "-inf" }.to_string(),
+            Ok(x) => pyjson::float_repr(x),
+            Err(_) => return minijinja::escape_formatter(out, state, value),
+        },
+        _ => return minijinja::escape_formatter(out, state, value),
+    };
+    out.write_str(&text)
+        .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
 }
 
 /// Whether a render error names something folio's template engine lacks.
@@ -512,6 +551,20 @@ mod tests {
                 false
             )
             .is_err());
+    }
+
+    #[test]
+    fn values_print_as_python_prints_them() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{{ m.content }}{% endfor %}|{{ none }}|{{ true }} {{ false }}|{{ 1e-07 }} {{ 1e21 }} {{ 3.0 }} {{ 0.5 }} {{ 7 }}|{{ none is iterable }} {{ 3 is iterable }} {{ 'ab' is iterable }} {{ [] is iterable }} {{ nothing is iterable }}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(
+            t.render(&[Message::new("user", "<a&b>")], false).unwrap(),
+            "<a&b>|None|True False|1e-07 1e+21 3.0 0.5 7|False False True True True"
+        );
     }
 
     #[test]
