@@ -11,11 +11,13 @@ What agreement means (checked for every text, and for random id sequences):
            add_special alternating.
   pieces   each token's bytes (`Tokenizer::token_bytes`) == llama_token_to_piece
            (special off): byte-exact, invalid UTF-8 included.
-  bytes    all of them == llama_detokenize (remove_special off, unparse_special off).
+  bytes    all of them == the llama.cpp pieces joined (what its server streams; not
+           llama_detokenize, which also strips a SentencePiece leading space and
+           "cleans" spaces before punctuation for most BPE vocabularies).
   decode   `Tokenizer::decode` == those bytes decoded with every maximal invalid
            subsequence as one U+FFFD (Python's errors="replace" and Rust's
            from_utf8_lossy follow the same rule); decode_special likewise against
-           llama_detokenize with unparse_special on.
+           the pieces with special on.
   stream   the engine's StreamDecoder, fed token by token then finished: the pieces
            concatenate to the decode, and after each token the text shown so far is
            exactly the lossy decode of the bytes so far minus a trailing incomplete
@@ -79,7 +81,11 @@ def incomplete_tail(b: bytes) -> int:
 def check_decode(llama, ids, answer, bad):
     """Appends (check, detail) for every disagreement of folio's decode answer."""
     pieces = [llama.piece(i, False) for i in ids]
-    want_bytes = llama.detokenize(ids, False)
+    # The text is the pieces joined, as llama.cpp's server streams it: its
+    # llama_detokenize also drops a SentencePiece first token's leading space and, for
+    # most byte-level BPE vocabularies, "cleans" spaces before punctuation (" ." and
+    # " 's"), which would change the text a model wrote.
+    want_bytes = b"".join(pieces)
     got_pieces = [bytes.fromhex(p) for p in answer["pieces"]]
     if got_pieces != pieces:
         i = next(k for k in range(len(ids)) if got_pieces[k] != pieces[k])
@@ -89,7 +95,7 @@ def check_decode(llama, ids, answer, bad):
     text = lossy(want_bytes)
     if answer["text"] != text:
         bad.append(("decode", {"folio": answer["text"], "llama": text}))
-    special = lossy(llama.detokenize(ids, True))
+    special = lossy(b"".join(llama.piece(i, True) for i in ids))
     if answer["special_text"] != special:
         bad.append(("decode_special", {"folio": answer["special_text"], "llama": special}))
     stream = answer["stream"]

@@ -141,11 +141,15 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// One chat message. `content` may be a string, a list of parts, or absent.
+/// One chat message. `content` may be a string, a list of parts, or absent. Its other
+/// fields (`tool_calls` on an assistant message, `tool_call_id` and `name` on a tool
+/// result) go to the chat template as they are.
 #[derive(Debug, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: Option<Content>,
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]

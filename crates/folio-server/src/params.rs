@@ -460,7 +460,11 @@ pub fn render_chat(
         } else {
             &m.role
         };
-        out.push(Message::new(role, &content));
+        let mut msg = Message::new(role, &content);
+        for (k, v) in m.fields.iter().filter(|(_, v)| !v.is_null()) {
+            msg = msg.with(k, v.clone());
+        }
+        out.push(msg);
     }
     template
         .render_with_tools(&out, add_generation_prompt, tools)
@@ -586,4 +590,33 @@ fn grammar_spec(r: &mut GenRequest) -> Result<Option<(&'static str, GrammarSpec)
         ));
     }
     Ok(found.pop())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_messages_pass_tool_calls_and_tool_results_to_the_template() {
+        let template = ChatTemplate::new(
+            "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}[{{ c.function.name }} {{ c.function.arguments }} {{ c.id }}]{% endfor %}{% endif %}{% if m.tool_call_id is defined %}<{{ m.tool_call_id }}>{% endif %}{% if 'refusal' in m %}!{% endif %}|{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let msgs: Vec<ChatMessage> = serde_json::from_value(serde_json::json!([
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "refusal": null, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21"},
+        ]))
+        .unwrap();
+        let text = render_chat(&msgs, Some(&template), false, None).unwrap();
+        // A null field is left out, as if absent.
+        assert_eq!(
+            text,
+            "user:Weather?|assistant:[get_weather {\"city\": \"Paris\"} call_1]|tool:21<call_1>|"
+        );
+    }
 }

@@ -13,7 +13,8 @@
 //!   and the text pieces a streamed answer shows, token by token, from the
 //!   [`StreamDecoder`] the engine streams with (one piece per token, then the final
 //!   flush: no stop strings, so nothing else is held back).
-//! - `render` `{messages: [{role, content}], add_generation_prompt, tools?, template?}`
+//! - `render` `{messages: [{role, content, ...}], add_generation_prompt, tools?, template?,
+//!   bos_token?, eos_token?, now?}` (`now`: `strftime_now`'s time, with `template`)
 //!   → `{text}` or `{error}`: the model's chat template, or `template` (source) if given.
 //! - `info` → `{vocab, bos, eos, adds_bos, template}`.
 //!
@@ -96,15 +97,28 @@ fn render(
         .iter()
         .map(|m| {
             let field = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("");
-            Message::new(field("role"), field("content"))
+            let mut msg = Message::new(field("role"), field("content"));
+            for (k, v) in m.as_object().into_iter().flatten() {
+                msg = msg.with(k, v.clone());
+            }
+            msg
         })
         .collect();
     let own;
     let template = match req.get("template").and_then(Value::as_str) {
         Some(source) => {
             let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("");
-            own = ChatTemplate::new(source, text(tok.bos), text(tok.eos))
-                .map_err(|e| e.to_string())?;
+            let given = |k: &str, id| req.get(k).and_then(Value::as_str).unwrap_or(text(id));
+            let mut t = ChatTemplate::new(
+                source,
+                given("bos_token", tok.bos),
+                given("eos_token", tok.eos),
+            )
+            .map_err(|e| e.to_string())?;
+            if let Some(now) = req.get("now").and_then(Value::as_i64) {
+                t = t.with_now(now);
+            }
+            own = t;
             &own
         }
         None => model_template

@@ -2,6 +2,16 @@
 //! (`gpt2`) and SentencePiece (`llama`), special tokens, the add-BOS rule, streaming
 //! detokenization, and the chat template.
 //!
+//! Faithful to llama.cpp for the families folio runs: Llama 3 (the llama3 pre-tokenizer:
+//! a word that is a token is taken whole, BOS by default), Qwen2/2.5/3 (qwen2), Mistral
+//! (SentencePiece with byte fallback; tekken for Nemo and Small 3), Gemma 2/3 and Phi-3
+//! (SentencePiece; Phi-3's special tokens swallow the whitespace after them), SmolLM2.
+//! Token attributes follow llama.cpp's: texts that end a generation (`</s>`, `<|end|>`,
+//! ...) are control tokens whatever their stored type; control and unknown tokens
+//! render as nothing, unused ones too. Decoding joins the tokens' pieces as llama.cpp's
+//! server streams them (`llama_detokenize`'s space clean-up is not applied).
+//! `scripts/parity/` holds the differential harness and the fixtures' generators.
+//!
 //! Special-token text in the input (such as `<|im_start|>`) becomes the special token,
 //! longest match first, as llama.cpp does with `parse_special`.
 //!
@@ -15,6 +25,7 @@ mod bpe;
 mod pretok;
 mod pyjson;
 mod spm;
+mod strftime;
 mod template;
 mod unicode_classes;
 
@@ -26,10 +37,71 @@ use crate::gguf::{Gguf, Value};
 use std::collections::HashMap;
 
 /// GGUF token types.
+const TYPE_NORMAL: i32 = 1;
+const TYPE_UNKNOWN: i32 = 2;
 const TYPE_CONTROL: i32 = 3;
 const TYPE_USER_DEFINED: i32 = 4;
-const TYPE_UNKNOWN: i32 = 2;
+const TYPE_UNUSED: i32 = 5;
 const TYPE_BYTE: i32 = 6;
+
+/// Token attributes, as llama.cpp derives them from the GGUF types and then adjusts
+/// them by token text and model name (a token may be both user-defined and control).
+mod attr {
+    pub const UNKNOWN: u16 = 1 << 0;
+    pub const UNUSED: u16 = 1 << 1;
+    pub const NORMAL: u16 = 1 << 2;
+    pub const CONTROL: u16 = 1 << 3;
+    pub const USER_DEFINED: u16 = 1 << 4;
+    pub const BYTE: u16 = 1 << 5;
+    /// Whitespace before the token's text in the input belongs to the token.
+    pub const LSTRIP: u16 = 1 << 6;
+    /// Whitespace after the token's text in the input belongs to the token.
+    pub const RSTRIP: u16 = 1 << 7;
+}
+
+/// The attributes of a GGUF token type (an undefined type has none).
+fn type_attr(ty: i32) -> u16 {
+    match ty {
+        TYPE_NORMAL => attr::NORMAL,
+        TYPE_UNKNOWN => attr::UNKNOWN,
+        TYPE_CONTROL => attr::CONTROL,
+        TYPE_USER_DEFINED => attr::USER_DEFINED,
+        TYPE_UNUSED => attr::UNUSED,
+        TYPE_BYTE => attr::BYTE,
+        _ => 0,
+    }
+}
+
+/// Texts that end a generation whatever their stored type: llama.cpp makes each such
+/// token a control token (so it renders as nothing and, with special-token parsing
+/// off, stays text) and stops on it.
+const EOG_TEXTS: [&str; 10] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "<end_of_utterance>",
+];
+
+/// Byte-level BPE pre-tokenizers (by `tokenizer.ggml.pre`) under which a word that is
+/// itself a token is that token, without merges, and a BOS is added unless the file
+/// says otherwise (llama.cpp's `ignore_merges` and `add_bos`).
+fn bpe_whole_words(pre: &str) -> bool {
+    matches!(
+        pre,
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "tekken"
+    )
+}
+
+/// C's `isspace`: what llama.cpp strips beside an lstrip/rstrip special token.
+fn c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
 
 /// The most input bytes [`Tokenizer::try_encode`] accepts: 16 MiB. A prompt that fits a
 /// context window is far smaller (128k tokens of prose is about 0.5 MiB), so the cap
@@ -44,6 +116,8 @@ enum Kind {
         pre: pretok::PreTokenizer,
         bpe: bpe::Bpe,
         char_byte: HashMap<char, u8>,
+        /// A word that is a token is that token, unmerged (llama3, tekken).
+        whole_words: Option<Box<[char; 256]>>,
     },
     Spm {
         scores: Vec<f32>,
@@ -58,6 +132,8 @@ pub struct Tokenizer {
     kind: Kind,
     tokens: Vec<String>,
     types: Vec<i32>,
+    /// Each token's `attr` flags.
+    attrs: Vec<u16>,
     ids: HashMap<String, u32>,
     /// Special tokens matched in raw text, longest text first.
     specials: Vec<(String, u32)>,
@@ -126,6 +202,7 @@ impl Tokenizer {
         for (i, t) in tokens.iter().enumerate() {
             ids.insert(t.clone(), i as u32);
         }
+        let default_bos;
         let kind = match model.as_str() {
             "gpt2" => {
                 let merges = strings(g.get("tokenizer.ggml.merges"), "tokenizer.ggml.merges")?;
@@ -139,13 +216,16 @@ impl Tokenizer {
                     .enumerate()
                     .map(|(b, &c)| (c, b as u8))
                     .collect();
+                default_bos = bpe_whole_words(pre_name);
                 Kind::Bpe {
                     pre: pretok::PreTokenizer::for_name(pre_name)?,
                     bpe: bpe::Bpe::new(&ids, n as u32, &merges)?,
                     char_byte,
+                    whole_words: bpe_whole_words(pre_name).then(|| Box::new(byte_char)),
                 }
             }
             "llama" => {
+                default_bos = true;
                 let scores = match g.get("tokenizer.ggml.scores").and_then(Value::as_array) {
                     Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
                     None => vec![0.0; n],
@@ -161,35 +241,44 @@ impl Tokenizer {
             }
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
-        let default_bos = matches!(kind, Kind::Spm { .. });
         let add_bos = g
             .get("tokenizer.ggml.add_bos_token")
             .and_then(Value::as_bool)
             .unwrap_or(default_bos);
+        let mut attrs: Vec<u16> = types.iter().map(|&t| type_attr(t)).collect();
+        let mut eog: Vec<u32> = eos.into_iter().chain(eot).collect();
+        for (i, t) in tokens.iter().enumerate() {
+            if EOG_TEXTS.contains(&t.as_str()) {
+                attrs[i] |= attr::CONTROL;
+                if !eog.contains(&(i as u32)) {
+                    eog.push(i as u32);
+                }
+            }
+        }
+        let is_special = |a: u16| a & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0;
+        // Phi-3's special tokens swallow the whitespace after them (llama.cpp sets this
+        // by the model's name: its tokenizer.json says so, the GGUF does not).
+        let name = g
+            .get("general.name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_lowercase();
+        if name.contains("phi-3") || name.contains("phi3") {
+            for (a, t) in attrs.iter_mut().zip(&tokens) {
+                let keep = matches!(t.as_str(), "<unk>" | "<s>" | "<|endoftext|>");
+                if (is_special(*a) || t == "</s>") && !keep {
+                    *a |= attr::RSTRIP;
+                }
+            }
+        }
         let mut specials: Vec<(String, u32)> = tokens
             .iter()
-            .zip(&types)
+            .zip(&attrs)
             .enumerate()
-            .filter(|(_, (t, &ty))| {
-                !t.is_empty() && matches!(ty, TYPE_CONTROL | TYPE_USER_DEFINED | TYPE_UNKNOWN)
-            })
+            .filter(|(_, (t, &a))| !t.is_empty() && is_special(a))
             .map(|(i, (t, _))| (t.clone(), i as u32))
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        const EOG_TEXTS: [&str; 6] = [
-            "<|eot_id|>",
-            "<|im_end|>",
-            "<|end|>",
-            "<end_of_turn>",
-            "<|endoftext|>",
-            "<|end_of_text|>",
-        ];
-        let mut eog: Vec<u32> = eos.into_iter().chain(eot).collect();
-        for (t, id) in &specials {
-            if EOG_TEXTS.contains(&t.as_str()) && !eog.contains(id) {
-                eog.push(*id);
-            }
-        }
         let chat_template = g
             .get("tokenizer.chat_template")
             .and_then(Value::as_str)
@@ -198,6 +287,7 @@ impl Tokenizer {
             kind,
             tokens,
             types,
+            attrs,
             ids,
             specials,
             bos,
@@ -313,11 +403,17 @@ impl Tokenizer {
 
     /// Splits `text` at special-token text: each special in turn, longest first, within
     /// the raw fragments the longer ones left. O(n) per special token that occurs (a
-    /// substring search each), so O(n · specials) at worst.
+    /// substring search each), so O(n · specials) at worst. A token with `LSTRIP` or
+    /// `RSTRIP` takes the whitespace (C's `isspace`) before or after it in its fragment.
     fn partition<'t>(&self, text: &'t str, parse_control: bool) -> Vec<Fragment<'t>> {
+        // No text, no fragment (so no SentencePiece space prefix either).
+        if text.is_empty() {
+            return Vec::new();
+        }
         let mut frags = vec![Fragment::Raw(text)];
         for (sp, id) in &self.specials {
-            if !parse_control && self.types[*id as usize] != TYPE_USER_DEFINED {
+            let a = self.attrs[*id as usize];
+            if !parse_control && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
                 continue;
             }
             if !text.contains(sp.as_str()) {
@@ -330,11 +426,18 @@ impl Tokenizer {
                     continue;
                 };
                 while let Some(at) = s.find(sp.as_str()) {
-                    if at > 0 {
-                        next.push(Fragment::Raw(&s[..at]));
+                    let mut left = &s[..at];
+                    if a & attr::LSTRIP != 0 {
+                        left = left.trim_end_matches(|c: char| c.is_ascii() && c_space(c as u8));
+                    }
+                    if !left.is_empty() {
+                        next.push(Fragment::Raw(left));
                     }
                     next.push(Fragment::Special(*id));
                     s = &s[at + sp.len()..];
+                    if a & attr::RSTRIP != 0 {
+                        s = s.trim_start_matches(|c: char| c.is_ascii() && c_space(c as u8));
+                    }
                 }
                 if !s.is_empty() {
                     next.push(Fragment::Raw(s));
@@ -347,11 +450,20 @@ impl Tokenizer {
 
     fn encode_raw(&self, text: &str, prev_special: bool, out: &mut Vec<u32>) {
         match &self.kind {
-            Kind::Bpe { pre, bpe, .. } => {
+            Kind::Bpe {
+                pre,
+                bpe,
+                whole_words,
+                ..
+            } => {
                 let mut syms: Vec<u32> = Vec::new();
                 let mut scratch = bpe::Scratch::default();
                 for word in pre.split(text) {
-                    bpe.encode_word(word, &mut syms, &mut scratch, out);
+                    if let Some(id) = self.whole_word(whole_words, word) {
+                        out.push(id);
+                    } else {
+                        bpe.encode_word(word, &mut syms, &mut scratch, out);
+                    }
                 }
             }
             Kind::Spm {
@@ -363,6 +475,14 @@ impl Tokenizer {
                 spm::encode(&s, &self.ids, scores, &self.types, fallback, out);
             }
         }
+    }
+
+    /// The token that `word` is as a whole, when the pre-tokenizer takes whole words
+    /// (`byte_char` given) and the vocabulary has one (of any type, as in llama.cpp).
+    fn whole_word(&self, byte_char: &Option<Box<[char; 256]>>, word: &str) -> Option<u32> {
+        let chars = byte_char.as_deref()?;
+        let text: String = word.bytes().map(|b| chars[b as usize]).collect();
+        self.ids.get(&text).copied()
     }
 
     /// SentencePiece's view of a raw fragment: an optional leading space, and every
@@ -385,9 +505,17 @@ impl Tokenizer {
             add_special,
             true,
             |s, prev_special, out| match &self.kind {
-                Kind::Bpe { pre, bpe, .. } => {
+                Kind::Bpe {
+                    pre,
+                    bpe,
+                    whole_words,
+                    ..
+                } => {
                     for word in pre.split(s) {
-                        bpe.encode_word_naive(word, out);
+                        match self.whole_word(whole_words, word) {
+                            Some(id) => out.push(id),
+                            None => bpe.encode_word_naive(word, out),
+                        }
                     }
                 }
                 Kind::Spm {
@@ -407,36 +535,41 @@ impl Tokenizer {
         self.piece(id, false)
     }
 
+    /// A token's bytes as llama.cpp's `llama_token_to_piece` gives them: control and
+    /// unknown tokens only with `special`, user-defined ones as their text, normal ones
+    /// decoded (byte-level characters, or U+2581 as a space), byte tokens as their
+    /// byte, and anything else (unused, undefined) as nothing.
     fn piece(&self, id: u32, special: bool) -> Vec<u8> {
         let Some(t) = self.tokens.get(id as usize) else {
             return Vec::new();
         };
-        let ty = self.types[id as usize];
-        if ty == TYPE_CONTROL {
+        let a = self.attrs[id as usize];
+        if a & (attr::CONTROL | attr::UNKNOWN) != 0 {
             return if special {
                 t.as_bytes().to_vec()
             } else {
                 Vec::new()
             };
         }
-        if ty == TYPE_USER_DEFINED {
+        if a & attr::USER_DEFINED != 0 {
             return t.as_bytes().to_vec();
         }
-        match &self.kind {
-            Kind::Bpe { char_byte, .. } => t
-                .chars()
-                .map(|c| char_byte.get(&c).copied())
-                .collect::<Option<Vec<u8>>>()
-                .unwrap_or_else(|| t.as_bytes().to_vec()),
-            Kind::Spm { .. } => {
-                if ty == TYPE_BYTE {
-                    if let Some(b) = spm::byte_token_value(t) {
-                        return vec![b];
-                    }
-                }
-                t.replace('\u{2581}', " ").into_bytes()
+        if a & attr::NORMAL != 0 {
+            return match &self.kind {
+                Kind::Bpe { char_byte, .. } => t
+                    .chars()
+                    .map(|c| char_byte.get(&c).copied())
+                    .collect::<Option<Vec<u8>>>()
+                    .unwrap_or_else(|| t.as_bytes().to_vec()),
+                Kind::Spm { .. } => t.replace('\u{2581}', " ").into_bytes(),
+            };
+        }
+        if a & attr::BYTE != 0 {
+            if let Some(b) = spm::byte_token_value(t) {
+                return vec![b];
             }
         }
+        Vec::new()
     }
 
     /// Detokenizes `ids` (invalid UTF-8 becomes U+FFFD).
@@ -530,8 +663,13 @@ mod tests {
     /// A SentencePiece vocabulary: `<unk>`, `<s>`, `</s>`, the 256 byte tokens, then
     /// `pieces` as (text, score, token type).
     fn spm_with(pieces: &[(String, f32, i32)]) -> Tokenizer {
+        spm_named(pieces, "", TYPE_CONTROL)
+    }
+
+    /// [`spm_with`] for a model called `name` whose `</s>` has type `eos_type`.
+    fn spm_named(pieces: &[(String, f32, i32)], name: &str, eos_type: i32) -> Tokenizer {
         let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
-        let mut types = vec![2, 3, 3];
+        let mut types = vec![2, 3, eos_type];
         let mut scores = vec![0.0f32; 3];
         for b in 0..=255u8 {
             tokens.push(format!("<0x{b:02X}>"));
@@ -560,6 +698,9 @@ mod tests {
             )
             .meta("tokenizer.ggml.bos_token_id", Value::U32(1))
             .meta("tokenizer.ggml.eos_token_id", Value::U32(2));
+        if !name.is_empty() {
+            w.meta("general.name", s(name));
+        }
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("spm.gguf");
         std::fs::write(&p, w.to_bytes()).unwrap();
@@ -585,6 +726,37 @@ mod tests {
         // Special text is the special token; no space prefix right after it... but the
         // text after a special starts a new fragment.
         assert_eq!(t.encode("<s>hello", false), vec![1, id("▁hello")]);
+    }
+
+    #[test]
+    fn end_of_generation_text_is_a_control_token_and_phi3_specials_take_the_space_after() {
+        let pieces = [("▁".to_string(), -1.0, 1), ("a".to_string(), -2.0, 1)];
+        for (name, rstrip) in [("Phi3", true), ("phi-3-mini", true), ("Llama", false)] {
+            // `</s>` stored as user-defined: llama.cpp makes it control (it ends turns).
+            let t = spm_named(&pieces, name, TYPE_USER_DEFINED);
+            let (sp, a) = (t.token_id("▁").unwrap(), t.token_id("a").unwrap());
+            assert!(t.is_eog(2));
+            assert!(t.token_bytes(2).is_empty(), "control: no text");
+            assert_eq!(t.decode_special(&[2]), "</s>");
+            // The space prefix after a special token, then the spaces left.
+            let after = if rstrip {
+                vec![sp, a]
+            } else {
+                vec![sp, sp, sp, a]
+            };
+            assert_eq!(t.encode("</s> \n a", false)[..1], [2], "{name}");
+            assert_eq!(
+                t.encode("</s>  a", false),
+                [&[2][..], &after[..]].concat(),
+                "{name}"
+            );
+            // <s> never strips; as control text without parsing, </s> stays text.
+            assert_eq!(t.encode("<s>  a", false), vec![1, sp, sp, sp, a], "{name}");
+            assert!(!t.encode_literal("</s>", false).contains(&2));
+        }
+        // An empty text is no fragment: not even the space prefix.
+        assert_eq!(spm().encode("", false), Vec::<u32>::new());
+        assert_eq!(spm().encode("", true), vec![1]);
     }
 
     #[test]

@@ -53,16 +53,21 @@ enum Tail {
 struct Pattern {
     head: &'static str,
     tail: Tail,
+    /// The head as llama.cpp writes it, where it differs (lookarounds that `head`
+    /// spells as class intersections): the tests' reference.
+    #[cfg_attr(not(test), allow(dead_code))]
+    lookaround_head: Option<&'static str>,
 }
 
 impl Pattern {
     /// The regex as llama.cpp writes it (with the lookahead), classes pinned.
     #[cfg(test)]
     fn llama_cpp_form(&self) -> String {
+        let head = self.lookaround_head.unwrap_or(self.head);
         pinned(&match self.tail {
-            Tail::None => self.head.to_string(),
-            Tail::Lookahead => format!(r"{}|\s+(?!\S)", self.head),
-            Tail::LookaheadOrOne => format!(r"{}|\s+(?!\S)|\s+", self.head),
+            Tail::None => head.to_string(),
+            Tail::Lookahead => format!(r"{head}|\s+(?!\S)"),
+            Tail::LookaheadOrOne => format!(r"{head}|\s+(?!\S)|\s+"),
         })
     }
 
@@ -98,18 +103,36 @@ fn class(ranges: &[(u32, u32)]) -> String {
 const DIGITS: Pattern = Pattern {
     head: r"\p{N}",
     tail: Tail::None,
+    lookaround_head: None,
 };
 const GPT2: Pattern = Pattern {
     head: r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+",
     tail: Tail::Lookahead,
+    lookaround_head: None,
 };
+// The contractions are ASCII-only in either case, as llama.cpp adapts them from the
+// tokenizer.json's `(?i:'s|...)`: a Unicode case-insensitive match would also take
+// `'ſ` (long s) and `'K` (Kelvin sign), which llama.cpp splits otherwise.
 const LLAMA3: Pattern = Pattern {
-    head: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+",
+    head: r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+",
     tail: Tail::LookaheadOrOne,
+    lookaround_head: None,
 };
 const QWEN2: Pattern = Pattern {
-    head: r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+",
+    head: r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+",
     tail: Tail::LookaheadOrOne,
+    lookaround_head: None,
+};
+/// Mistral's tekken (Nemo, Small 3): a word is optional upper-case letters then
+/// lower-case ones, or the reverse, where "upper" is any letter but a-z and "lower" any
+/// letter but A-Z (llama.cpp's lookahead form of the original's `\p{Lu}`/`\p{Ll}`
+/// classes), one digit at a time.
+const TEKKEN: Pattern = Pattern {
+    head: r"[^\r\n\p{L}\p{N}]?[\p{L}&&[^a-z]]*[\p{L}&&[^A-Z]]+|[^\r\n\p{L}\p{N}]?[\p{L}&&[^a-z]]+[\p{L}&&[^A-Z]]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+",
+    tail: Tail::LookaheadOrOne,
+    lookaround_head: Some(
+        r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+",
+    ),
 };
 
 /// The patterns llama.cpp uses for `name` (`tokenizer.ggml.pre`).
@@ -118,8 +141,11 @@ fn patterns(name: &str) -> Vec<Pattern> {
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => {
             vec![DIGITS, GPT2]
         }
-        "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "pixtral" => vec![LLAMA3],
-        "qwen2" | "deepseek-r1-qwen" => vec![QWEN2],
+        "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "pixtral" | "dbrx" | "smaug-bpe" => {
+            vec![LLAMA3]
+        }
+        "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" => vec![QWEN2],
+        "tekken" => vec![TEKKEN],
         "gpt2" | "gpt-2" | "mpt" | "olmo" | "jais" | "default" | "" => vec![GPT2],
         other => {
             tracing::warn!(pre = other, "unknown pre-tokenizer; using gpt2's");
@@ -262,7 +288,8 @@ mod tests {
             " ", " ", "  ", "\t", "\n", "\r\n", "\r", "\u{a0}", "\u{3000}", "\u{2028}", "\u{85}",
             "\u{b}", "\u{c}", "a", "Z", "é", "ж", "ع", "中", "ſ", "'", "'s", "'S", "'ll", "'LL",
             "'re", "'ve", "'m", "'d", "'t", "1", "٣", "Ⅻ", "½", "!", "...", "-", "\u{301}", "😀",
-            "👍🏽", "\u{200d}", "\0", "\u{7f}", "\u{1b}", "_", "x1", "\n\n",
+            "👍🏽", "\u{200d}", "\0", "\u{7f}", "\u{1b}", "_", "x1", "\n\n", "'ſ", "'K", "Ab", "aB",
+            "ÉCOLE", "école", "/", "ǅ",
         ];
         let mut s = String::new();
         for _ in 0..len {
@@ -277,7 +304,7 @@ mod tests {
     #[test]
     fn linear_splits_equal_the_backtracking_engine_on_random_text() {
         let mut rng = SplitMix64(0x5eed_7e47);
-        for name in ["smollm", "llama3", "qwen2", "gpt2"] {
+        for name in ["smollm", "llama3", "qwen2", "gpt2", "tekken"] {
             let p = PreTokenizer::for_name(name).unwrap();
             let reference: Vec<fancy_regex::Regex> = patterns(name)
                 .iter()
@@ -292,6 +319,17 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn tekken_splits_words_at_case_changes() {
+        let tekken = PreTokenizer::for_name("tekken").unwrap();
+        assert_eq!(
+            tekken.split("HelloWorld 2024/x"),
+            vec!["Hello", "World", " ", "2", "0", "2", "4", "/x"]
+        );
+        assert_eq!(tekken.split("ÉCOLEécole"), vec!["ÉCOLEécole"]);
+        assert_eq!(tekken.split("aBC"), vec!["a", "BC"]);
     }
 
     #[test]
@@ -314,6 +352,8 @@ mod tests {
         assert_eq!(gpt2.split("a\tb  "), vec!["a", "\t", "b", "  "]);
         let llama3 = PreTokenizer::for_name("llama3").unwrap();
         assert_eq!(llama3.split("a\t\tb"), vec!["a", "\t", "\tb"]);
+        // ASCII contractions only: 'ſ is punctuation then a word.
+        assert_eq!(llama3.split("x'S'ſ"), vec!["x", "'S", "'ſ"]);
         assert_eq!(llama3.split("a \u{3000}1"), vec!["a", " ", "\u{3000}", "1"]);
     }
 }

@@ -22,6 +22,19 @@ pub fn model_path() -> PathBuf {
     p
 }
 
+/// One of llama.cpp's vocab-only GGUFs (`ggml-vocab-NAME.gguf`, with its `.inp` and
+/// `.out` test texts), fetched by `scripts/setup.sh` into `models/vocab/`. A missing
+/// file is a failure with instructions, never a skip.
+pub fn vocab_path(name: &str) -> PathBuf {
+    let p = root().join(format!("models/vocab/ggml-vocab-{name}.gguf"));
+    assert!(
+        p.exists(),
+        "{} is missing: run `scripts/setup.sh` (it fetches the tokenizer vocabularies)",
+        p.display()
+    );
+    p
+}
+
 pub fn fixtures(name: &str) -> serde_json::Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")

@@ -8,6 +8,8 @@ mod batch;
 mod config;
 mod context;
 mod engine;
+mod family_templates;
+mod family_tokenizers;
 mod fidelity;
 mod fidelity_f64;
 mod formats;
