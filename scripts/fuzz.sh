@@ -49,11 +49,13 @@ if [[ "$what" == cmin ]]; then
     nice -n 19 cargo afl cmin -i "$tmp" -o "$out/cmin" -t 5000 -- "$bin" "$target" >/dev/null
     rm -rf "$tmp"
     # Seeds and regression inputs (crash-*) keep their names; the rest of the corpus
-    # becomes the minimised set, less what duplicates them.
+    # becomes the minimised set, less what duplicates them and inputs over 32 KiB
+    # (variants of the 100 KB tiny model: the committed corpus stays small).
     find "$corpus" -type f ! -name 'seed-*' ! -name 'crash-*' -delete
     kept=$(sha256sum "$corpus"/* | cut -d' ' -f1)
     i=0
     for f in "$out"/cmin/*; do
+        [[ $(stat -c %s "$f") -le 32768 ]] || continue
         sum=$(sha256sum "$f" | cut -d' ' -f1)
         grep -q "$sum" <<<"$kept" && continue
         cp "$f" "$corpus/$(printf 'min-%04d' "$i")"
