@@ -190,12 +190,19 @@ pub struct CreateContext {
     pub system: Option<String>,
 }
 
+impl CreateContext {
+    /// The body of `POST /v1/contexts`: JSON, or nothing (blank) for the defaults.
+    pub fn from_body(body: &[u8]) -> Result<Self, ApiError> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            Ok(Self::default())
+        } else {
+            crate::body::parse(body)
+        }
+    }
+}
+
 pub async fn create(State(st): St, RawBody(body): RawBody) -> Result<Response, ApiError> {
-    let c: CreateContext = if body.iter().all(u8::is_ascii_whitespace) {
-        CreateContext::default()
-    } else {
-        crate::body::parse(&body)?
-    };
+    let c = CreateContext::from_body(&body)?;
     let engine = engine(&st)?;
     let st2 = st.clone();
     let v = blocking(move || {
@@ -252,6 +259,33 @@ pub struct Append {
     pub messages: Option<Vec<ChatMessage>>,
 }
 
+/// What an [`Append`] adds, checked whole before any of it is appended.
+pub enum Appended {
+    Text(String),
+    Tokens(Vec<u32>),
+    Messages(Vec<(Role, String)>),
+}
+
+impl Append {
+    /// Exactly one of text, tokens and messages, each message's role and text checked.
+    pub fn checked(self) -> Result<Appended, ApiError> {
+        match (self.text, self.tokens, self.messages) {
+            (Some(t), None, None) => Ok(Appended::Text(t)),
+            (None, Some(t), None) => Ok(Appended::Tokens(t)),
+            (None, None, Some(msgs)) => msgs
+                .iter()
+                .enumerate()
+                .map(|(i, m)| Ok((role(&m.role, i)?, message_text(&m.content, i)?)))
+                .collect::<Result<_, ApiError>>()
+                .map(Appended::Messages),
+            _ => Err(ApiError::invalid(
+                "text",
+                "give exactly one of text, tokens and messages",
+            )),
+        }
+    }
+}
+
 fn role(r: &str, i: usize) -> Result<Role, ApiError> {
     match r {
         "system" | "developer" => Ok(Role::System),
@@ -271,29 +305,17 @@ pub async fn append(
 ) -> Result<Response, ApiError> {
     engine(&st)?;
     let e = st.contexts.get(&id)?;
-    let given = [a.text.is_some(), a.tokens.is_some(), a.messages.is_some()];
-    if given.iter().filter(|&&g| g).count() != 1 {
-        return Err(ApiError::invalid(
-            "text",
-            "give exactly one of text, tokens and messages",
-        ));
-    }
+    let a = a.checked()?;
     let v = blocking(move || {
-        if let Some(t) = &a.text {
-            e.ctx.append_text(t)?;
-        } else if let Some(t) = &a.tokens {
-            e.ctx.append_tokens(t)?;
-        } else if let Some(msgs) = &a.messages {
-            // Checked whole before any is appended.
-            let parsed: Vec<(Role, String)> = msgs
-                .iter()
-                .enumerate()
-                .map(|(i, m)| Ok((role(&m.role, i)?, message_text(&m.content, i)?)))
-                .collect::<Result<_, ApiError>>()?;
-            for (r, t) in parsed {
-                e.ctx.message(r, &t)?;
+        match a {
+            Appended::Text(t) => e.ctx.append_text(&t)?,
+            Appended::Tokens(t) => e.ctx.append_tokens(&t)?,
+            Appended::Messages(parsed) => {
+                for (r, t) in parsed {
+                    e.ctx.message(r, &t)?;
+                }
+                e.chat.store(true, Ordering::Relaxed);
             }
-            e.chat.store(true, Ordering::Relaxed);
         }
         info(&id, &e)
     })

@@ -10,7 +10,8 @@
 //! `contexts` (the context and snapshot routes, `/v1/kv`),
 //! `params` (wire request → engine request), `api` (wire shapes), `answer` (answer
 //! shapes), `run` (one request's events and cancellation), `sse` (streams),
-//! `misc` (health, models, metrics, tokenize), `metrics`, `error`, `body`, `state`.
+//! `misc` (health, models, metrics, tokenize), `metrics`, `error`, `body`, `state`;
+//! `fuzzing` (the body checks alone, for the fuzz targets).
 
 mod answer;
 mod api;
@@ -18,6 +19,8 @@ pub mod app;
 mod body;
 mod contexts;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod generate;
 mod metrics;
 mod misc;

@@ -265,7 +265,7 @@ impl PagedKv {
             };
             return Err(corrupt(&format!(
                 "made with another K/V element type ({} bytes per token; this pool stores {dtype}, {} bytes per token)",
-                2 * u32_at(32),
+                2 * u64::from(u32_at(32)),
                 2 * self.arena.slot_halves()
             )));
         }

@@ -1,0 +1,77 @@
+//! The routes' request-body checks, reachable without a server or an engine, for the
+//! fuzz targets in `fuzz/` (not an API: hidden from the docs, free to change). Each
+//! route does here exactly what its handler does with a body before any work is
+//! queued: parse it, then check it and tokenize its prompt (and compile its grammar),
+//! with the same functions the handlers call.
+
+use crate::api::GenRequest;
+use crate::body::parse;
+use crate::contexts::{Append, CreateContext, GenerateExtra, Save, Truncate};
+use crate::error::ApiError;
+use crate::params::{job, Route};
+use folio::grammar::Grammars;
+use folio::tokenizer::ChatTemplate;
+use folio::Model;
+
+/// A route that takes a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyRoute {
+    /// `POST /v1/completions`
+    Completions,
+    /// `POST /v1/chat/completions`
+    Chat,
+    /// `POST /v1/contexts`
+    ContextCreate,
+    /// `POST /v1/contexts/{id}/append`
+    ContextAppend,
+    /// `POST /v1/contexts/{id}/truncate`
+    ContextTruncate,
+    /// `POST /v1/contexts/{id}/generate`
+    ContextGenerate,
+    /// `POST /v1/snapshots`
+    SnapshotSave,
+}
+
+impl BodyRoute {
+    /// Every route, in a fixed order (a fuzz input's first byte picks one).
+    pub const ALL: [BodyRoute; 7] = [
+        BodyRoute::Completions,
+        BodyRoute::Chat,
+        BodyRoute::ContextCreate,
+        BodyRoute::ContextAppend,
+        BodyRoute::ContextTruncate,
+        BodyRoute::ContextGenerate,
+        BodyRoute::SnapshotSave,
+    ];
+}
+
+/// What the server loaded beside the engine: the model, its chat template and grammar
+/// table (either may be missing, as in the server), and the window.
+pub struct Loaded<'a> {
+    pub model: &'a Model,
+    pub template: Option<&'a ChatTemplate>,
+    pub grammars: Option<&'a Grammars>,
+    pub window: usize,
+}
+
+/// Parses and checks `body` as `route` would; `Ok` where the route would go on to run
+/// it. How many prompts' tokens a generation route would run is returned (0 for the
+/// others).
+pub fn check_body(route: BodyRoute, body: &[u8], l: &Loaded) -> Result<usize, ApiError> {
+    let gen = |route: Route, r: GenRequest| {
+        job(route, r, l.model, l.template, l.grammars, l.window)
+            .map(|j| j.prompts.iter().map(Vec::len).sum())
+    };
+    match route {
+        BodyRoute::Completions => gen(Route::Completions, parse(body)?),
+        BodyRoute::Chat => gen(Route::Chat, parse(body)?),
+        BodyRoute::ContextGenerate => {
+            let _: GenerateExtra = parse(body)?;
+            gen(Route::Context, parse(body)?)
+        }
+        BodyRoute::ContextCreate => CreateContext::from_body(body).map(|_| 0),
+        BodyRoute::ContextAppend => parse::<Append>(body)?.checked().map(|_| 0),
+        BodyRoute::ContextTruncate => parse::<Truncate>(body).map(|_| 0),
+        BodyRoute::SnapshotSave => parse::<Save>(body).map(|_| 0),
+    }
+}

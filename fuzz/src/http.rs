@@ -1,0 +1,44 @@
+//! The HTTP body target: the first byte picks a route (of
+//! [`folio_server::fuzzing::BodyRoute::ALL`]), the rest is its body, checked as the
+//! route checks it (parse, validate, tokenize, compile the grammar) against the
+//! default model with its template and grammar table, in its full context window.
+//! Property: a refusal is a client error (4xx), never a server error.
+
+use crate::fixtures;
+use folio::grammar::Grammars;
+use folio_server::fuzzing::{check_body, BodyRoute, Loaded};
+use std::sync::OnceLock;
+
+fn loaded() -> &'static Loaded<'static> {
+    static L: OnceLock<Loaded<'static>> = OnceLock::new();
+    static G: OnceLock<Option<Grammars>> = OnceLock::new();
+    L.get_or_init(|| {
+        let model = fixtures::model();
+        let grammars = G.get_or_init(|| Grammars::new(&model.tokenizer, model.config.vocab).ok());
+        Loaded {
+            model,
+            template: Some(fixtures::template()),
+            grammars: grammars.as_ref(),
+            window: model.config.context_length,
+        }
+    })
+}
+
+pub fn warm_up() {
+    loaded();
+}
+
+pub fn run(data: &[u8]) {
+    let Some((&pick, body)) = data.split_first() else {
+        return;
+    };
+    let route = BodyRoute::ALL[pick as usize % BodyRoute::ALL.len()];
+    if let Err(e) = check_body(route, body, loaded()) {
+        assert!(
+            e.status.is_client_error(),
+            "{route:?}: {} {}",
+            e.status,
+            e.message
+        );
+    }
+}
