@@ -20,6 +20,7 @@ fn loaded() -> &'static Loaded<'static> {
             template: Some(fixtures::template()),
             grammars: grammars.as_ref(),
             window: model.config.context_length,
+            max_tokens_cap: folio_server::ServeConfig::default().max_tokens,
         }
     })
 }

@@ -46,12 +46,14 @@ impl BodyRoute {
 }
 
 /// What the server loaded beside the engine: the model, its chat template and grammar
-/// table (either may be missing, as in the server), and the window.
+/// table (either may be missing, as in the server), the window and the `max_tokens`
+/// cap (`--max-tokens-cap`).
 pub struct Loaded<'a> {
     pub model: &'a Model,
     pub template: Option<&'a ChatTemplate>,
     pub grammars: Option<&'a Grammars>,
     pub window: usize,
+    pub max_tokens_cap: usize,
 }
 
 /// Parses and checks `body` as `route` would; `Ok` where the route would go on to run
@@ -59,7 +61,7 @@ pub struct Loaded<'a> {
 /// others).
 pub fn check_body(route: BodyRoute, body: &[u8], l: &Loaded) -> Result<usize, ApiError> {
     let gen = |route: Route, r: GenRequest| {
-        job(route, r, l.model, l.template, l.grammars, l.window)
+        job(route, r, l.model, l.template, l.grammars, l.window, l.max_tokens_cap)
             .map(|j| j.prompts.iter().map(Vec::len).sum())
     };
     match route {
