@@ -34,6 +34,9 @@ pub(crate) struct Core {
     pub kv: PagedKv,
     pub sched: Scheduler,
     pub contexts: Contexts,
+    /// Whether plain requests give up the pages their sliding window has left
+    /// (`EngineConfig::free_window_pages`).
+    free_window_pages: bool,
 }
 
 impl Core {
@@ -66,6 +69,7 @@ impl Core {
             kv,
             sched: Scheduler::new(cfg.max_batch_tokens, window),
             contexts: Contexts::default(),
+            free_window_pages: cfg.free_window_pages,
         })
     }
 
@@ -129,6 +133,7 @@ impl Core {
             Ok(logits) => {
                 let tok = &self.model.tokenizer;
                 self.sched.update(&mut self.kv, tok, plan, &logits);
+                self.forget_out_of_window();
             }
             Err(e) => {
                 tracing::error!("forward step failed: {e}");
@@ -136,6 +141,26 @@ impl Core {
             }
         }
         self.give_back_retired();
+    }
+
+    /// After a step's commit: when every layer of the model slides, each plain request
+    /// gives up the committed pages that no later query reads (they become cached).
+    /// Context jobs keep theirs: a context reads its tokens back from its pages.
+    fn forget_out_of_window(&mut self) {
+        if !self.free_window_pages {
+            return;
+        }
+        let config = &self.model.config;
+        for s in self.sched.seqs.iter_mut().filter(|s| s.ctx.is_none()) {
+            let Some(t) = s.table.as_mut() else { continue };
+            let Some(pos) = config.kv_needed_from(t.len()) else {
+                return; // some layer is global: every page stays
+            };
+            match self.kv.forget(t, pos) {
+                Ok(n) => self.sched.counters.window_pages_released += n as u64,
+                Err(e) => tracing::error!("releasing pages behind the sliding window: {e}"),
+            }
+        }
     }
 
     /// Runs the planned step. Grammar masks of the sequences that sample from it are
@@ -252,6 +277,7 @@ impl Core {
             waiting: seqs.iter().filter(|s| s.table.is_none()).count(),
             requests_done: c.requests_done,
             forks: c.forks + self.contexts.forks,
+            window_pages_released: c.window_pages_released,
             step_tokens: c.step_tokens.to_vec(),
             step_tokens_sum: c.step_tokens_sum,
         }
@@ -274,7 +300,11 @@ impl Core {
         let mut pages: Vec<u32> = self
             .kv
             .pinned_tables()
-            .flat_map(|t| (0..t.num_pages()).map(|i| t.page(i).0))
+            .flat_map(|t| {
+                (0..t.num_pages())
+                    .filter(|&i| t.holds(i))
+                    .map(|i| t.page(i).0)
+            })
             .collect();
         pages.sort_unstable();
         pages.dedup();

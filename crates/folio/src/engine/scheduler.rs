@@ -50,6 +50,8 @@ pub(crate) struct Counters {
     pub steps: u64,
     pub requests_done: u64,
     pub forks: u64,
+    /// Pages plain requests gave up once out of every layer's sliding window.
+    pub window_pages_released: u64,
     /// Steps by token rows (see [`super::request::STEP_TOKEN_BOUNDS`]), and the rows.
     pub step_tokens: [u64; STEP_TOKEN_BOUNDS.len() + 1],
     pub step_tokens_sum: u64,
