@@ -34,9 +34,6 @@ pub(crate) struct Core {
     pub kv: PagedKv,
     pub sched: Scheduler,
     pub contexts: Contexts,
-    /// Whether plain requests give up the pages their sliding window has left
-    /// (`EngineConfig::free_window_pages`).
-    free_window_pages: bool,
 }
 
 impl Core {
@@ -64,12 +61,15 @@ impl Core {
                 tracing::info!("snapshot {name:?} restored: {tokens} tokens");
             }
         }
+        let mut sched = Scheduler::new(cfg.max_batch_tokens, window);
+        if cfg.free_window_pages {
+            sched.sliding_window = model.config.sliding_window();
+        }
         Ok(Self {
             model,
             kv,
-            sched: Scheduler::new(cfg.max_batch_tokens, window),
+            sched,
             contexts: Contexts::default(),
-            free_window_pages: cfg.free_window_pages,
         })
     }
 
@@ -133,7 +133,7 @@ impl Core {
             Ok(logits) => {
                 let tok = &self.model.tokenizer;
                 self.sched.update(&mut self.kv, tok, plan, &logits);
-                self.forget_out_of_window();
+                self.sched.forget_out_of_window(&mut self.kv);
             }
             Err(e) => {
                 tracing::error!("forward step failed: {e}");
@@ -141,26 +141,6 @@ impl Core {
             }
         }
         self.give_back_retired();
-    }
-
-    /// After a step's commit: when every layer of the model slides, each plain request
-    /// gives up the committed pages that no later query reads (they become cached).
-    /// Context jobs keep theirs: a context reads its tokens back from its pages.
-    fn forget_out_of_window(&mut self) {
-        if !self.free_window_pages {
-            return;
-        }
-        let config = &self.model.config;
-        for s in self.sched.seqs.iter_mut().filter(|s| s.ctx.is_none()) {
-            let Some(t) = s.table.as_mut() else { continue };
-            let Some(pos) = config.kv_needed_from(t.len()) else {
-                return; // some layer is global: every page stays
-            };
-            match self.kv.forget(t, pos) {
-                Ok(n) => self.sched.counters.window_pages_released += n as u64,
-                Err(e) => tracing::error!("releasing pages behind the sliding window: {e}"),
-            }
-        }
     }
 
     /// Runs the planned step. Grammar masks of the sequences that sample from it are
@@ -229,7 +209,8 @@ impl Core {
                     window,
                 });
             }
-            check_fits(&self.kv, window, toks.len(), req.max_tokens)?;
+            let sliding = self.sched.most_pages_held(self.kv.page_size());
+            check_fits(&self.kv, window, toks.len(), req.max_tokens, sliding)?;
             Ok(toks)
         });
         let toks = match checked {

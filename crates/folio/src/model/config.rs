@@ -95,7 +95,12 @@ impl Config {
     /// after: a query at `p` sees keys `p + 1 - w ..= p` (see [`LayerSpec::window`]), so
     /// keys before `len + 1 - w` are never read again. `None` when some layer is global.
     pub fn kv_needed_from(&self, len: usize) -> Option<usize> {
-        self.sliding_window().map(|w| (len + 1).saturating_sub(w))
+        self.sliding_window().map(|w| Self::first_key(w, len))
+    }
+
+    /// The first key a query at position `pos` or after reads through a window of `w`.
+    pub fn first_key(w: usize, pos: usize) -> usize {
+        (pos + 1).saturating_sub(w)
     }
 
     /// Reads the config of a supported architecture.

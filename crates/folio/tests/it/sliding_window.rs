@@ -113,20 +113,7 @@ fn forgetting_pages_out_of_the_window_gives_identical_logits_and_bounded_pages()
 
 /// The completions, and (pages released by windows, forks made).
 fn run(free_window_pages: bool, reqs: &[Request]) -> (Vec<Vec<Completion>>, (u64, u64)) {
-    let m = load("llama_swa");
-    let e = Engine::new(
-        m,
-        EngineConfig {
-            kv_pages: 64,
-            page_size: PAGE,
-            // Prompts are prefilled in chunks: pages are forgotten between chunks,
-            // before `n > 1` forks the prompt.
-            max_batch_tokens: 8,
-            free_window_pages,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let e = engine(64, free_window_pages);
     let out = reqs
         .iter()
         .map(|r| e.submit(r.clone()).unwrap().collect_all().unwrap())
@@ -135,6 +122,22 @@ fn run(free_window_pages: bool, reqs: &[Request]) -> (Vec<Vec<Completion>>, (u64
     let stats = e.stats().unwrap();
     assert_eq!(stats.pages_free + stats.pages_cached, stats.pages_total);
     (out, (stats.window_pages_released, stats.forks))
+}
+
+fn engine(kv_pages: usize, free_window_pages: bool) -> Engine {
+    Engine::new(
+        load("llama_swa"),
+        EngineConfig {
+            kv_pages,
+            page_size: PAGE,
+            // Prompts are prefilled in chunks: pages are forgotten between chunks,
+            // before `n > 1` forks the prompt.
+            max_batch_tokens: 8,
+            free_window_pages,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn bits(cs: &[Completion]) -> Vec<(Vec<u32>, Vec<u32>)> {
@@ -153,17 +156,22 @@ fn bits(cs: &[Completion]) -> Vec<(Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
-#[test]
-fn engine_gives_identical_tokens_with_page_freeing_on_and_off() {
+fn greedy(prompt_len: usize, max_tokens: usize) -> Request {
     let m = load("llama_swa");
-    let mut greedy = Request::new(Prompt::Tokens(prompt(&m, 30)));
-    greedy.max_tokens = 50;
-    greedy.ignore_eos = true;
-    greedy.logprobs = Some(3);
-    greedy.sampling = SamplingParams {
+    let mut r = Request::new(Prompt::Tokens(prompt(&m, prompt_len)));
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.logprobs = Some(3);
+    r.sampling = SamplingParams {
         temperature: 0.0,
         ..Default::default()
     };
+    r
+}
+
+#[test]
+fn engine_gives_identical_tokens_with_page_freeing_on_and_off() {
+    let greedy = greedy(30, 50);
     let mut two = greedy.clone();
     two.n = 2;
     two.sampling = SamplingParams {
@@ -183,4 +191,29 @@ fn engine_gives_identical_tokens_with_page_freeing_on_and_off() {
     assert_eq!((released_off, forks_off), (0, 1));
     assert!(released_on > 0);
     assert_eq!(forks_on, 1);
+}
+
+/// 90 tokens need 23 pages of 4; the pool has 16. Freeing, a sequence holds at most
+/// (8 - 1 + 8) / 4 + 1 = 5 at once (window 8, steps of 8 tokens), so it is admitted
+/// and runs to the end, with the same tokens as in a pool that holds it all.
+#[test]
+fn a_pool_too_small_for_the_whole_sequence_runs_it_when_pages_are_freed() {
+    let r = greedy(30, 60);
+    let small = engine(16, true);
+    let out = small.submit(r.clone()).unwrap().collect_all().unwrap();
+    small.check_invariants().unwrap();
+    let (big, _) = run(false, std::slice::from_ref(&r));
+    assert_eq!(out[0].ids.len(), 60);
+    assert!(bits(&out) == bits(&big[0]), "completions differ");
+    let refused = engine(16, false).submit(r).unwrap().collect_all();
+    assert!(
+        matches!(
+            refused,
+            Err(folio::EngineError::TooLargeForPool {
+                needed: 23,
+                pages: 16
+            })
+        ),
+        "{refused:?}"
+    );
 }
