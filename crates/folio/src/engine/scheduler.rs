@@ -228,7 +228,8 @@ impl Scheduler {
         } else {
             kv.reuse_prefix(&mut t, &s.tokens)
         };
-        if let Some(w) = self.sliding_window {
+        // A context's job (readmitted after a preemption) keeps its pages.
+        if let (Some(w), None) = (self.sliding_window, &s.ctx) {
             Self::forget(kv, &mut t, w, &mut self.counters);
         }
         s.queued.get_or_insert_with(|| s.arrived.elapsed());

@@ -79,6 +79,7 @@ impl PartialEq for PageTable {
             && self.root == o.root
             && self.num_committed() == o.num_committed()
             && self.tail_hash() == o.tail_hash()
+            && self.held_from == o.held_from
     }
 }
 

@@ -105,6 +105,17 @@ fn forgetting_pages_out_of_the_window_gives_identical_logits_and_bounded_pages()
         Err(KvError::Forgotten { .. })
     ));
     kv_free.check(&holders([&t_free], n_pages)).unwrap();
+    // Dropping tokens of the held pages works as before.
+    kv_free.truncate(&mut t_free, 2).unwrap();
+    assert_eq!(t_free.len(), total - 2);
+    kv_free.check(&holders([&t_free], n_pages)).unwrap();
+    // Keeping a prefix that reaches into them empties the table instead.
+    assert_eq!(kv_free.truncate_to(&mut t_free, 4), 0);
+    assert_eq!(
+        (t_free.len(), t_free.held_from(), t_free.num_pages()),
+        (0, 0, 0)
+    );
+    kv_free.check(&holders([&t_free], n_pages)).unwrap();
     kv_free.release(t_free).unwrap();
     kv_keep.release(t_keep).unwrap();
     kv_free.check(&vec![0; n_pages]).unwrap();
