@@ -310,7 +310,8 @@ impl Contexts {
         if len >= window {
             return Err(EngineError::PromptTooLong { len, window });
         }
-        check_fits(kv, window, len, r.max_tokens)?;
+        // A context's job keeps all its pages (it reads its tokens back).
+        check_fits(kv, window, len, r.max_tokens, None)?;
         let mut table = c.table.take().expect("idle");
         let mut tokens = match kv.read_tokens(&table) {
             Ok(t) => t,

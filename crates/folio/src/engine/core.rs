@@ -61,10 +61,14 @@ impl Core {
                 tracing::info!("snapshot {name:?} restored: {tokens} tokens");
             }
         }
+        let mut sched = Scheduler::new(cfg.max_batch_tokens, window);
+        if cfg.free_window_pages {
+            sched.sliding_window = model.config.sliding_window();
+        }
         Ok(Self {
             model,
             kv,
-            sched: Scheduler::new(cfg.max_batch_tokens, window),
+            sched,
             contexts: Contexts::default(),
         })
     }
@@ -129,6 +133,7 @@ impl Core {
             Ok(logits) => {
                 let tok = &self.model.tokenizer;
                 self.sched.update(&mut self.kv, tok, plan, &logits);
+                self.sched.forget_out_of_window(&mut self.kv);
             }
             Err(e) => {
                 tracing::error!("forward step failed: {e}");
@@ -204,7 +209,8 @@ impl Core {
                     window,
                 });
             }
-            check_fits(&self.kv, window, toks.len(), req.max_tokens)?;
+            let sliding = self.sched.most_pages_held(self.kv.page_size());
+            check_fits(&self.kv, window, toks.len(), req.max_tokens, sliding)?;
             Ok(toks)
         });
         let toks = match checked {
@@ -252,6 +258,7 @@ impl Core {
             waiting: seqs.iter().filter(|s| s.table.is_none()).count(),
             requests_done: c.requests_done,
             forks: c.forks + self.contexts.forks,
+            window_pages_released: c.window_pages_released,
             step_tokens: c.step_tokens.to_vec(),
             step_tokens_sum: c.step_tokens_sum,
         }
@@ -274,7 +281,11 @@ impl Core {
         let mut pages: Vec<u32> = self
             .kv
             .pinned_tables()
-            .flat_map(|t| (0..t.num_pages()).map(|i| t.page(i).0))
+            .flat_map(|t| {
+                (0..t.num_pages())
+                    .filter(|&i| t.holds(i))
+                    .map(|i| t.page(i).0)
+            })
             .collect();
         pages.sort_unstable();
         pages.dedup();

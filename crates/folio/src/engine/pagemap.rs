@@ -51,7 +51,7 @@ impl Core {
             })
             .collect();
         let mut hold = |t: &PageTable, h: Holder| {
-            for i in 0..t.num_pages() {
+            for i in (0..t.num_pages()).filter(|&i| t.holds(i)) {
                 if let Some(p) = pages.get_mut(t.page(i).0 as usize) {
                     if !p.holders.contains(&h) {
                         p.holders.push(h.clone());

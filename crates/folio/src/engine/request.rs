@@ -25,6 +25,10 @@ pub struct EngineConfig {
     pub snapshot_dir: Option<PathBuf>,
     /// Element type of the stored K/V.
     pub kv_dtype: KvDtype,
+    /// When every layer of the model slides (Mistral-style), a plain request gives up
+    /// the pages that left the window as it goes (they become cached). Off, each keeps
+    /// all its pages until it ends (same results, more pages held).
+    pub free_window_pages: bool,
 }
 
 impl Default for EngineConfig {
@@ -36,6 +40,7 @@ impl Default for EngineConfig {
             max_seq_tokens: None,
             snapshot_dir: None,
             kv_dtype: KvDtype::F16,
+            free_window_pages: true,
         }
     }
 }
@@ -327,6 +332,9 @@ pub struct EngineStats {
     pub requests_done: u64,
     /// Forks made: `n > 1` samples and [`crate::Context::fork`].
     pub forks: u64,
+    /// Pages plain requests gave up once they left every layer's sliding window
+    /// (`EngineConfig::free_window_pages`).
+    pub window_pages_released: u64,
     /// Steps by their token rows: `step_tokens[i]` steps had at most
     /// `STEP_TOKEN_BOUNDS[i]` rows (and more than the bound before); the last entry
     /// counts the steps above every bound.

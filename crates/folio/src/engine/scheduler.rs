@@ -22,15 +22,18 @@ use crate::kv::{Batch, KvError, Logits, PageTable, PagedKv};
 use crate::tokenizer::Tokenizer;
 
 /// Refuses up front a sample that could never finish: its prompt and `max_tokens`
-/// (capped at the window) need more pages than the whole pool has.
+/// (capped at the window) need more pages than the whole pool has. A sequence that
+/// frees the pages its sliding window left holds at most `sliding` pages at once.
 pub(crate) fn check_fits(
     kv: &PagedKv,
     window: usize,
     prompt: usize,
     max_tokens: usize,
+    sliding: Option<usize>,
 ) -> Result<(), EngineError> {
     let longest = prompt.saturating_add(max_tokens).min(window);
     let needed = longest.div_ceil(kv.page_size());
+    let needed = sliding.map_or(needed, |most| needed.min(most));
     if needed > kv.num_pages() {
         return Err(EngineError::TooLargeForPool {
             needed,
@@ -50,6 +53,8 @@ pub(crate) struct Counters {
     pub steps: u64,
     pub requests_done: u64,
     pub forks: u64,
+    /// Pages plain requests gave up once out of every layer's sliding window.
+    pub window_pages_released: u64,
     /// Steps by token rows (see [`super::request::STEP_TOKEN_BOUNDS`]), and the rows.
     pub step_tokens: [u64; STEP_TOKEN_BOUNDS.len() + 1],
     pub step_tokens_sum: u64,
@@ -70,6 +75,9 @@ pub(crate) struct Scheduler {
     /// The most tokens a sequence may hold.
     pub window: usize,
     pub counters: Counters,
+    /// The widest window when every layer of the model slides and plain requests free
+    /// the pages it left (`EngineConfig::free_window_pages`); `None` otherwise.
+    pub sliding_window: Option<usize>,
     /// Finished or failed sequences that belong to a context: the core hands their
     /// tables back (others release their pages here).
     pub retired: Vec<Seq>,
@@ -83,7 +91,36 @@ impl Scheduler {
             max_batch_tokens,
             window,
             counters: Counters::default(),
+            sliding_window: None,
             retired: Vec::new(),
+        }
+    }
+
+    /// The most pages a plain sequence holds at once when it frees the pages its window
+    /// left: after a step it keeps the `w - 1` positions before the next query, and a
+    /// step adds at most `max_batch_tokens` positions after them.
+    pub fn most_pages_held(&self, page_size: usize) -> Option<usize> {
+        self.sliding_window
+            .map(|w| (w - 1 + self.max_batch_tokens).div_ceil(page_size) + 1)
+    }
+
+    /// Every plain request gives up the committed pages that no later query reads
+    /// (they become cached). Context jobs keep theirs: a context reads its tokens back
+    /// from its pages. After each step's commit, and at admission (a prefix attached
+    /// from the cache may reach far behind the window).
+    pub fn forget_out_of_window(&mut self, kv: &mut PagedKv) {
+        let Some(w) = self.sliding_window else { return };
+        for s in self.seqs.iter_mut().filter(|s| s.ctx.is_none()) {
+            if let Some(t) = s.table.as_mut() {
+                Self::forget(kv, t, w, &mut self.counters);
+            }
+        }
+    }
+
+    fn forget(kv: &mut PagedKv, t: &mut PageTable, w: usize, counters: &mut Counters) {
+        match kv.forget(t, crate::model::Config::first_key(w, t.len())) {
+            Ok(n) => counters.window_pages_released += n as u64,
+            Err(e) => tracing::error!("releasing pages behind the sliding window: {e}"),
         }
     }
 
@@ -191,6 +228,10 @@ impl Scheduler {
         } else {
             kv.reuse_prefix(&mut t, &s.tokens)
         };
+        // A context's job (readmitted after a preemption) keeps its pages.
+        if let (Some(w), None) = (self.sliding_window, &s.ctx) {
+            Self::forget(kv, &mut t, w, &mut self.counters);
+        }
         s.queued.get_or_insert_with(|| s.arrived.elapsed());
         if s.cached.is_none() {
             s.cached = Some(hit.min(s.prompt_len));

@@ -34,6 +34,10 @@ pub enum KvError {
     PageFull(u32),
     #[error("cannot drop {wanted} tokens from a page holding {fill}")]
     TruncateTooFar { wanted: usize, fill: usize },
+    /// The table gave up its first pages (they left every layer's sliding window): what
+    /// needs them (reading its tokens back, a snapshot, truncating into them) cannot be.
+    #[error("the sequence no longer holds its first {pages} pages (they left the sliding window): {needed} needs them")]
+    Forgotten { pages: usize, needed: &'static str },
 }
 
 impl KvError {

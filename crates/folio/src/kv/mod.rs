@@ -26,7 +26,8 @@
 //! NOTE: invariants (checked by `PageStore::check` in the property tests):
 //! - a working page has exactly one owner and is never in the prefix index;
 //! - a committed page is full, immutable, indexed, and its refcount equals the number
-//!   of page tables (and pins) that hold it;
+//!   of page tables (and pins) that hold it (a table no longer holds the pages it
+//!   forgot: see `table.rs`);
 //! - a cached page is committed with refcount 0: still indexed, reclaimable in LRU order;
 //! - a free page is in no table and not indexed.
 

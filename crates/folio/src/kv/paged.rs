@@ -225,6 +225,15 @@ impl PagedKv {
         self.store.release_table(t)
     }
 
+    /// Gives up `t`'s references to its own committed pages wholly before token position
+    /// `pos`, which no later query reads (a model whose every layer slides: see
+    /// `Model::kv_needed_from`). They become cached like any released committed page.
+    /// Afterwards `t`'s tokens cannot be read back, saved, or truncated into those
+    /// pages ([`KvError::Forgotten`]). Returns the pages released.
+    pub fn forget(&mut self, t: &mut PageTable, pos: usize) -> Result<usize, KvError> {
+        self.store.forget(t, pos)
+    }
+
     /// Drops the last `n` tokens of `t`; crossing into a committed page copies its kept
     /// slots into a fresh working page (the committed page is never written).
     pub fn truncate(&mut self, t: &mut PageTable, n: usize) -> Result<(), KvError> {
@@ -234,11 +243,15 @@ impl PagedKv {
     }
 
     /// Keeps at most `len` tokens of `t`. Without a page for the copy-on-write of a
-    /// committed last page, that whole page goes too (the caller recomputes from
-    /// there): returns the length kept.
+    /// committed last page, that whole page goes too, and a table that forgot the
+    /// pages before `len` is emptied (the caller recomputes from there): returns the
+    /// length kept.
     pub fn truncate_to(&mut self, t: &mut PageTable, len: usize) -> usize {
         let n = t.len().saturating_sub(len);
-        if self.truncate(t, n).is_err() {
+        if let Err(KvError::Forgotten { .. }) = self.truncate(t, n) {
+            // Its first pages are gone: nothing before them can be kept.
+            self.clear(t);
+        } else if t.len() > len {
             let n = t.len() - len / self.page_size() * self.page_size();
             let _ = self.truncate(t, n);
         }
@@ -253,8 +266,13 @@ impl PagedKv {
     /// Keeps the longest prefix of `prompt` that `t` holds (short of its last token),
     /// then attaches further full pages of the prompt that the index holds (another
     /// sequence's) by reference, and below page granularity copies the matching slots
-    /// of a cached page that continues the chain. Returns the length `t` now holds.
+    /// of a cached page that continues the chain. Returns the length `t` now holds. A
+    /// table that forgot pages is emptied first.
     pub fn reuse_prefix(&mut self, t: &mut PageTable, prompt: &[u32]) -> usize {
+        if t.held_from() > 0 {
+            // Its tokens cannot be compared any more: start it afresh.
+            self.clear(t);
+        }
         let have = self.read_tokens(t).unwrap_or_default();
         let common = have.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         self.truncate_to(t, common.min(prompt.len().saturating_sub(1)));
@@ -310,6 +328,14 @@ impl PagedKv {
     /// Gives back one reference to a page (a reserved working page is freed).
     pub fn release_page(&mut self, p: PageId) -> Result<(), KvError> {
         self.store.release(p)
+    }
+
+    /// Releases every page of `t`, leaving it empty (same chain root).
+    fn clear(&mut self, t: &mut PageTable) {
+        let fresh = PageTable::new(t.root);
+        if let Err(e) = self.store.release_table(std::mem::replace(t, fresh)) {
+            tracing::error!("releasing a table's pages: {e}");
+        }
     }
 
     pub(super) fn apply_copies(&mut self) {

@@ -1,5 +1,6 @@
 //! Sequence-level operations on page tables: append a token (committing each page as it
-//! fills), attach an indexed prefix, fork, truncate with copy-on-write, release.
+//! fills), attach an indexed prefix, fork, truncate with copy-on-write, release, and
+//! forget the leading pages a sliding window has left.
 //! Every operation either succeeds or leaves the table and the store as they were.
 
 use super::store::{KvError, PageId, PageState, PageStore};
@@ -82,12 +83,15 @@ impl PageStore {
         };
         let (start, end) = (t.shared_end(), t.num_committed());
         if end > start {
+            // Forgotten own pages (committed, at the front) become the group's gap: it
+            // takes no reference on them.
+            let gap = t.forgotten_own();
             let mut ids = t.shared.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
             ids.extend(t.own.drain(..end - start));
             let group = ForkGroup {
                 tail: t.tail_hash(),
                 parent: t.shared.take(),
-                start,
+                start: start + gap,
                 ids,
             };
             t.hashes.clear();
@@ -101,7 +105,8 @@ impl PageStore {
     }
 
     /// Makes pages `keep..` of `t` held one reference each (leaving fork groups that
-    /// reach past `keep`), so they can be dropped or replaced. Cannot fail.
+    /// reach past `keep`), so they can be dropped or replaced. Fails (changing nothing)
+    /// only when that would move forgotten pages.
     fn unshare_from(&mut self, t: &mut PageTable, keep: usize) -> Result<(), KvError> {
         let old_end = t.shared_end();
         if keep >= old_end {
@@ -116,6 +121,13 @@ impl PageStore {
             g = group.parent.clone();
         }
         let new_end = g.as_ref().map_or(0, |x| x.end());
+        // Below `held_from` the groups may have gaps (forgotten pages): never moved.
+        if new_end < t.held_from {
+            return Err(KvError::Forgotten {
+                pages: t.held_from,
+                needed: "truncating behind the fork point",
+            });
+        }
         let moved: Vec<PageId> = (new_end..old_end).map(|i| t.page(i)).collect();
         let mut hashes = Vec::with_capacity(moved.len() + t.hashes.len());
         for &p in &moved {
@@ -157,8 +169,15 @@ impl PageStore {
         let new_len = t.len.saturating_sub(n);
         let keep_pages = new_len.div_ceil(ps);
         let keep_in_last = new_len - (keep_pages.saturating_sub(1)) * ps;
-        // Pages to drop or copy must be held by this table alone.
         let full = new_len / ps;
+        // Pages from `full` on are dropped or copied: forgotten ones cannot be.
+        if full < t.held_from {
+            return Err(KvError::Forgotten {
+                pages: t.held_from,
+                needed: "truncating into them",
+            });
+        }
+        // Pages to drop or copy must be held by this table alone.
         if full < t.shared_end() {
             self.unshare_from(t, full)?;
         }
@@ -208,14 +227,40 @@ impl PageStore {
 
     /// Releases every page of a table.
     pub fn release_table(&mut self, t: PageTable) -> Result<(), KvError> {
-        for &p in &t.own {
+        for &p in &t.own[t.forgotten_own()..] {
             self.release(p)?;
         }
         self.release_group(t.shared)
     }
 
-    /// The tokens a table holds, read back through its pages.
+    /// Gives up the table's references to its own committed pages that lie wholly
+    /// before token position `pos` (no later query reads them: they left every layer's
+    /// sliding window). Released committed pages become cached, as any released page;
+    /// pages held by fork groups stay until the group goes. Returns the pages released.
+    pub fn forget(&mut self, t: &mut PageTable, pos: usize) -> Result<usize, KvError> {
+        let target = (pos / self.page_size()).min(t.num_committed());
+        let se = t.shared_end();
+        let from = t.held_from.max(se);
+        if target <= from {
+            return Ok(0);
+        }
+        // Committed pages: releasing cannot fail for a consistent table.
+        for i in from..target {
+            self.release(t.own[i - se])?;
+        }
+        t.held_from = target;
+        Ok(target - from)
+    }
+
+    /// The tokens a table holds, read back through its pages (an error once it forgot
+    /// some: their tokens may be gone).
     pub fn read_tokens(&self, t: &PageTable) -> Result<Vec<u32>, KvError> {
+        if t.held_from > 0 {
+            return Err(KvError::Forgotten {
+                pages: t.held_from,
+                needed: "reading its tokens back",
+            });
+        }
         let mut out = Vec::with_capacity(t.len);
         for i in 0..t.num_pages() {
             out.extend_from_slice(self.tokens(t.page(i))?);

@@ -8,6 +8,7 @@
 //! page_size u32, slot_halves u32, n_tokens u64, tokens [u32], then for every token
 //! its K/V halves [u16; slot_halves], then xxh3-128 of everything before it.
 
+use super::error::KvError;
 pub use super::error::SnapshotError;
 use super::paged::PagedKv;
 use super::table::PageTable;
@@ -38,6 +39,13 @@ impl PagedKv {
     /// and, with a snapshot directory, writes it to disk.
     pub fn save(&mut self, name: &str, table: &mut PageTable) -> Result<(), SnapshotError> {
         check_name(name)?;
+        if table.held_from() > 0 {
+            return Err(KvError::Forgotten {
+                pages: table.held_from(),
+                needed: "a snapshot",
+            }
+            .into());
+        }
         let pinned = self.fork(table)?;
         if let Some(dir) = self.snapshot_dir.clone() {
             if let Err(e) = self.write_file(&dir, name, &pinned) {

@@ -9,6 +9,15 @@
 //! committed pages. A group keeps the ids of all pages it covers (its parents' too), so
 //! any page is found in O(1); building that list is the one proportional cost, paid
 //! once per group, when a fork finds committed pages no group holds yet.
+//!
+//! NOTE: forgotten pages (sliding-window models). A table may give up its references
+//! to leading committed pages that no later query will read (`PageStore::forget`).
+//! `held_from` is the first page from which on every page is held; pages before it may
+//! not be (their ids stay in the table, stale: another sequence may own them now, so
+//! they are never released, retained or read again). Only a table's own pages are ever
+//! forgotten, so they are a prefix of `own` (`held_from - shared_end()` of them); a
+//! fork moves them into the new group's gap: the group's `start` is past them, and the
+//! pages between its parent's end and `start` are held by nobody.
 
 use super::hash::PageHash;
 use super::store::PageId;
@@ -21,7 +30,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct ForkGroup {
     pub(crate) parent: Option<Arc<ForkGroup>>,
-    /// The group holds pages `start..ids.len()`; its parents hold the ones before.
+    /// The group holds pages `start..ids.len()`; its parents hold the ones before their
+    /// own end, and pages between the parent's end and `start` were forgotten before
+    /// the fork (nobody holds them).
     pub(crate) start: usize,
     /// Ids of every page the group covers, from page 0 (lookups).
     pub(crate) ids: Vec<PageId>,
@@ -54,6 +65,9 @@ pub struct PageTable {
     pub(crate) hashes: Vec<PageHash>,
     /// The fork group holding `pages[..shared_end()]`.
     pub(crate) shared: Option<Arc<ForkGroup>>,
+    /// Every page from this one on is held; the ones before may have been forgotten
+    /// (see the module doc). 0 for a table that never forgot a page.
+    pub(crate) held_from: usize,
 }
 
 /// Two tables are equal when they hold the same pages for the same tokens (however
@@ -65,6 +79,7 @@ impl PartialEq for PageTable {
             && self.root == o.root
             && self.num_committed() == o.num_committed()
             && self.tail_hash() == o.tail_hash()
+            && self.held_from == o.held_from
     }
 }
 
@@ -79,6 +94,7 @@ impl PageTable {
             root,
             hashes: Vec::new(),
             shared: None,
+            held_from: 0,
         }
     }
 
@@ -91,6 +107,7 @@ impl PageTable {
             root: self.root,
             hashes: self.hashes.clone(),
             shared: self.shared.clone(),
+            held_from: self.held_from,
         }
     }
 
@@ -127,6 +144,43 @@ impl PageTable {
         self.len == 0
     }
 
+    /// The first page from which on the table holds every page; the pages before it may
+    /// have been forgotten (0 when none was).
+    pub fn held_from(&self) -> usize {
+        self.held_from
+    }
+
+    /// Own pages forgotten: `own[..n]` are stale ids.
+    pub(crate) fn forgotten_own(&self) -> usize {
+        self.held_from
+            .saturating_sub(self.shared_end())
+            .min(self.own.len())
+    }
+
+    /// Whether the table (or one of its fork groups) holds page `i`: false for a
+    /// forgotten page, whose id in [`PageTable::pages`] is stale.
+    pub fn holds(&self, i: usize) -> bool {
+        if i >= self.num_pages() {
+            return false;
+        }
+        if i >= self.held_from {
+            return true;
+        }
+        if i >= self.shared_end() {
+            return false; // an own page before `held_from`: forgotten
+        }
+        // The group covering `i` holds it unless `i` is in its gap.
+        let mut g = self.shared.as_ref();
+        while let Some(group) = g {
+            let parent_end = group.parent.as_ref().map_or(0, |p| p.end());
+            if i >= parent_end {
+                return i >= group.start;
+            }
+            g = group.parent.as_ref();
+        }
+        false
+    }
+
     /// Pages in the table.
     pub fn num_pages(&self) -> usize {
         self.shared_end() + self.own.len()
@@ -140,7 +194,8 @@ impl PageTable {
         }
     }
 
-    /// The pages in order (a copy, for inspection).
+    /// The pages in order (a copy, for inspection; ids of forgotten pages are stale, see
+    /// [`PageTable::holds`]).
     pub fn pages(&self) -> Vec<PageId> {
         let mut v = self
             .shared
@@ -163,7 +218,7 @@ pub fn holders<'a>(tables: impl IntoIterator<Item = &'a PageTable>, n_pages: usi
     let mut h = vec![0u32; n_pages];
     let mut seen: HashSet<*const ForkGroup> = HashSet::new();
     for t in tables {
-        for p in &t.own {
+        for p in &t.own[t.forgotten_own()..] {
             h[p.0 as usize] += 1;
         }
         let mut g = t.shared.as_ref();
@@ -185,7 +240,7 @@ pub fn holders<'a>(tables: impl IntoIterator<Item = &'a PageTable>, n_pages: usi
 pub fn shared_pages<'a>(tables: impl IntoIterator<Item = &'a PageTable>, n_pages: usize) -> usize {
     let mut users = vec![0u32; n_pages];
     for t in tables {
-        for i in 0..t.num_pages() {
+        for i in (0..t.num_pages()).filter(|&i| t.holds(i)) {
             users[t.page(i).0 as usize] += 1;
         }
     }

@@ -14,6 +14,8 @@ enum Op {
     Fork(usize),
     Truncate(usize, usize),
     Drop(usize),
+    /// Forget the pages wholly before position `len - n` (a sliding window of `n`).
+    Forget(usize, usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -24,6 +26,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0usize..4).prop_map(Op::Fork),
         (0usize..4, 0usize..6).prop_map(|(c, n)| Op::Truncate(c, n)),
         (0usize..4).prop_map(Op::Drop),
+        (0usize..4, 0usize..8).prop_map(|(c, n)| Op::Forget(c, n)),
     ]
 }
 
@@ -78,10 +81,33 @@ proptest! {
                 }
                 Op::Truncate(c, n) if c < live.len() => {
                     let snapshot = live[c].0.content();
+                    let full = live[c].1.len().saturating_sub(n) / page_size;
                     match store.truncate(&mut live[c].0, n) {
-                        Ok(()) => { let l = live[c].1.len().saturating_sub(n); live[c].1.truncate(l); }
+                        Ok(()) => {
+                            prop_assert!(full >= live[c].0.held_from());
+                            let l = live[c].1.len().saturating_sub(n);
+                            live[c].1.truncate(l);
+                        }
                         Err(KvError::OutOfPages { .. }) => prop_assert_eq!(live[c].0.content(), snapshot),
+                        Err(KvError::Forgotten { .. }) => {
+                            prop_assert!(live[c].0.held_from() > 0);
+                            prop_assert_eq!(live[c].0.content(), snapshot);
+                        }
                         Err(e) => prop_assert!(false, "truncate: {e}"),
+                    }
+                }
+                Op::Forget(c, n) if c < live.len() => {
+                    let t = &mut live[c].0;
+                    let pos = t.len().saturating_sub(n);
+                    let (before_from, se) = (t.held_from(), t.shared_end());
+                    let held_before: Vec<bool> = (0..t.num_pages()).map(|i| t.holds(i)).collect();
+                    let released = store.forget(t, pos).unwrap();
+                    // Exactly the own committed pages wholly before `pos` not yet forgotten.
+                    let target = (pos / page_size).min(t.num_committed());
+                    prop_assert_eq!(released, target.saturating_sub(before_from.max(se)));
+                    for (i, &was) in held_before.iter().enumerate() {
+                        let gone = i >= se.max(before_from) && i < target;
+                        prop_assert_eq!(t.holds(i), was && !gone, "page {}", i);
                     }
                 }
                 Op::Drop(c) if c < live.len() => {
@@ -91,8 +117,19 @@ proptest! {
                 _ => {}
             }
             for (t, want) in &live {
-                prop_assert_eq!(&store.read_tokens(t).unwrap(), want);
                 prop_assert_eq!(t.len(), want.len());
+                if t.held_from() == 0 {
+                    prop_assert_eq!(&store.read_tokens(t).unwrap(), want);
+                } else {
+                    let forgotten = matches!(store.read_tokens(t), Err(KvError::Forgotten { .. }));
+                    prop_assert!(forgotten);
+                }
+                // Every page still held holds the oracle's tokens.
+                for i in (0..t.num_pages()).filter(|&i| t.holds(i)) {
+                    let end = ((i + 1) * page_size).min(want.len());
+                    prop_assert_eq!(store.tokens(t.page(i)).unwrap(), &want[i * page_size..end]);
+                }
+                prop_assert!((t.held_from()..t.num_pages()).all(|i| t.holds(i)));
             }
             let h = holders(&store, &live);
             if let Err(e) = store.check(&h) { prop_assert!(false, "{}", e); }
@@ -183,5 +220,79 @@ fn fork_takes_no_reference_per_committed_page() {
     assert_eq!(
         store.count(PageState::Free) + store.count(PageState::Cached),
         80
+    );
+}
+
+#[test]
+fn forgetting_releases_the_pages_before_the_window_and_forks_skip_them() {
+    let mut store = PageStore::new(12, 2);
+    let root = Hasher128::root(b"m", 2, b"");
+    let mut a = PageTable::new(root);
+    for t in 0..9u32 {
+        store.append(&mut a, t).unwrap();
+    }
+    let pages = a.pages();
+    // Pages 0..4 hold tokens 0..8 (committed), page 4 holds token 8.
+    // Position 5: pages 0 and 1 lie wholly before it; page 2 holds token 5.
+    assert_eq!(store.forget(&mut a, 5).unwrap(), 2);
+    assert_eq!(a.held_from(), 2);
+    assert_eq!(
+        store.lru_order(),
+        vec![pages[0], pages[1]],
+        "cached, not freed"
+    );
+    assert_eq!(store.refcount(pages[2]).unwrap(), 1);
+    store.check(&super::holders([&a], 12)).unwrap();
+    // Forgetting again up to the same place releases nothing (no double release).
+    assert_eq!(store.forget(&mut a, 5).unwrap(), 0);
+    assert_eq!(store.forget(&mut a, 3).unwrap(), 0);
+    store.check(&super::holders([&a], 12)).unwrap();
+    assert_eq!(
+        store.read_tokens(&a),
+        Err(KvError::Forgotten {
+            pages: 2,
+            needed: "reading its tokens back"
+        })
+    );
+    // A fork takes no reference on the forgotten pages.
+    let mut b = store.fork(&mut a).unwrap();
+    assert_eq!(a.shared_end(), 4);
+    assert_eq!((a.holds(1), a.holds(2), b.holds(1)), (false, true, false));
+    store.check(&super::holders([&a, &b], 12)).unwrap();
+    // The child forgets nothing more of the shared pages: they are the group's.
+    assert_eq!(store.forget(&mut b, 9).unwrap(), 0);
+    // Truncating into the forgotten pages is refused, and changes nothing.
+    let before = b.content();
+    assert!(matches!(
+        store.truncate(&mut b, 6),
+        Err(KvError::Forgotten { pages: 2, .. })
+    ));
+    assert_eq!(b.content(), before);
+    // Behind the fork point the group would have to be split at its gap: refused too.
+    assert!(matches!(
+        store.truncate(&mut b, 3),
+        Err(KvError::Forgotten {
+            needed: "truncating behind the fork point",
+            ..
+        })
+    ));
+    assert_eq!(b.content(), before);
+    // Truncating the table's own pages works.
+    store.truncate(&mut b, 1).unwrap();
+    assert_eq!(b.len(), 8);
+    store.check(&super::holders([&a, &b], 12)).unwrap();
+    // Evicting the forgotten pages (another sequence reuses them) harms no table.
+    let other = store.reserve_n(store.num_available()).unwrap();
+    assert!(other.contains(&pages[0]) && other.contains(&pages[1]));
+    for p in other {
+        store.release(p).unwrap();
+    }
+    store.release_table(a).unwrap();
+    store.check(&super::holders([&b], 12)).unwrap();
+    store.release_table(b).unwrap();
+    store.check(&[0; 12]).unwrap();
+    assert_eq!(
+        store.count(PageState::Free) + store.count(PageState::Cached),
+        12
     );
 }

@@ -81,6 +81,28 @@ pub struct Config {
 }
 
 impl Config {
+    /// The widest window when every layer slides (Mistral-style); `None` when any layer
+    /// attends to all keys (a global layer reads every page, as Gemma's do).
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.layers
+            .iter()
+            .map(|l| l.window)
+            .try_fold(0, |m, w| w.map(|w| m.max(w)))
+            .filter(|&w| w > 0)
+    }
+
+    /// From which position on K/V may still be read by queries at positions `len` and
+    /// after: a query at `p` sees keys `p + 1 - w ..= p` (see [`LayerSpec::window`]), so
+    /// keys before `len + 1 - w` are never read again. `None` when some layer is global.
+    pub fn kv_needed_from(&self, len: usize) -> Option<usize> {
+        self.sliding_window().map(|w| Self::first_key(w, len))
+    }
+
+    /// The first key a query at position `pos` or after reads through a window of `w`.
+    pub fn first_key(w: usize, pos: usize) -> usize {
+        (pos + 1).saturating_sub(w)
+    }
+
     /// Reads the config of a supported architecture.
     pub fn from_gguf(g: &Gguf) -> Result<Self, ModelError> {
         let arch = g

@@ -19,5 +19,6 @@ mod kv_props;
 mod layering;
 mod paged;
 mod quant_reference;
+mod sliding_window;
 mod tiny_model;
 mod tokenizer_parity;
