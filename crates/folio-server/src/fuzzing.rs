@@ -61,8 +61,16 @@ pub struct Loaded<'a> {
 /// others).
 pub fn check_body(route: BodyRoute, body: &[u8], l: &Loaded) -> Result<usize, ApiError> {
     let gen = |route: Route, r: GenRequest| {
-        job(route, r, l.model, l.template, l.grammars, l.window, l.max_tokens_cap)
-            .map(|j| j.prompts.iter().map(Vec::len).sum())
+        job(
+            route,
+            r,
+            l.model,
+            l.template,
+            l.grammars,
+            l.window,
+            l.max_tokens_cap,
+        )
+        .map(|j| j.prompts.iter().map(Vec::len).sum())
     };
     match route {
         BodyRoute::Completions => gen(Route::Completions, parse(body)?),
