@@ -7,6 +7,7 @@
 #   scripts/bench.sh                 # everything; builds llama.cpp first (minutes)
 #   scripts/bench.sh --no-llama      # folio's figures alone
 #   REPS=5 scripts/bench.sh          # rounds per figure (default 3)
+#   FIGURES="--serve-figures" scripts/bench.sh   # other figure sets than --all
 #
 # llama.cpp comes from scripts/build_llama.sh (the sources inside llama-cpp-python's
 # sdist, built for this machine's ISA); when it cannot be built, folio's figures are
@@ -26,7 +27,8 @@ else
     echo "bench: llama.cpp could not be built: folio's figures alone" >&2
     flags+=(--no-llama)
 fi
-target/release/folio bench --all --reps "${REPS:-3}" --json "$out/latest.json" "${flags[@]}" \
+# shellcheck disable=SC2086 # FIGURES is a list of flags
+target/release/folio bench ${FIGURES:---all} --reps "${REPS:-3}" --json "$out/latest.json" "${flags[@]}" \
     | tee "$out/latest.txt"
 
 if [ ! -x target/plot-venv/bin/python ]; then

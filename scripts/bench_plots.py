@@ -94,7 +94,7 @@ def ttft(rec, path):
 def cold_warm(rec, path):
     fig, ax = plt.subplots(figsize=(6, 4))
     names, cold, warm = [], [], []
-    for server, v in rec["serve"]["prefix_2000_ttft"].items():
+    for server, v in rec["serve"]["prefix_ttft"].items():
         names.append(server)
         cold.append(v["cold_s"])
         warm.append(v["warm_s"])
@@ -107,7 +107,7 @@ def cold_warm(rec, path):
     ax.set_xticks(list(xs), names)
     ax.set_yscale("log")
     ax.set_ylabel("TTFT, s (log)")
-    ax.set_title("2000-token prefix + new question, over HTTP")
+    ax.set_title(f"{rec['serve']['prefix_tokens']}-token prefix + new question, over HTTP")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -191,9 +191,9 @@ def markdown(rec, plots):
             out.append(f"| {l['prompts']} | {l['clients']} | {l['server']} | {l['output_tok_s']:.1f} | "
                        f"{l['ttft_p50_s']:.2f} | {l['ttft_p95_s']:.2f} | {r} |")
         out += ["", "![cold vs warm](bench/ttft_cold_warm.svg)", "",
-                "| server | TTFT cold (2000-token prefix) | warm (prefix cached) | peak RSS MiB |",
+                f"| server | TTFT cold ({sv['prefix_tokens']}-token prefix) | warm (prefix cached) | peak RSS MiB |",
                 "|---|---|---|---|"]
-        for server, v in sv["prefix_2000_ttft"].items():
+        for server, v in sv["prefix_ttft"].items():
             rss = sv["peak_rss_mib"].get(server)
             out.append(f"| {server} | {v['cold_s']:.2f} s | {v['warm_s'] * 1e3:.0f} ms | {num(rss, 0)} |")
         out.append("")

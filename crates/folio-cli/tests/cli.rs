@@ -1,23 +1,12 @@
 //! The `folio` binary as a user runs it: real model, real processes, real pipes.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+#[allow(dead_code)]
+#[path = "common/server.rs"]
+mod server;
 
-fn model() -> PathBuf {
-    let p = std::env::var_os("FOLIO_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/setup.sh",
-        p.display()
-    );
-    p
-}
+use server::model;
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
 
 fn folio(args: &[&str], stdin: Option<&str>) -> Output {
     folio_with(args, stdin, &[])

@@ -6,31 +6,21 @@
 //! python3 (and PyPI the first time); the browser test needs `chromium` and
 //! `chromium-driver` (scripts/test.sh installs them).
 
-use std::io::{BufRead, BufReader, Read};
+#[allow(dead_code)]
+#[path = "common/server.rs"]
+mod server;
+
+use server::Server;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn model() -> PathBuf {
-    let p = std::env::var_os("FOLIO_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/setup.sh",
-        p.display()
-    );
-    p
 }
 
 /// The cargo target folder the binary was built in (`target/release/folio` → `target`).
@@ -115,102 +105,43 @@ fn venv_python(package: &str) -> PathBuf {
     python
 }
 
-/// A running `folio serve`; dropping it kills the server if it still runs (a test
-/// that panicked), and its stderr is kept for failure messages.
-struct Server {
-    child: Child,
-    stderr: Arc<Mutex<String>>,
+/// Starts `folio serve` on a free port; returns it and the OpenAI base URL its ready
+/// line gives (`http://127.0.0.1:PORT/v1`).
+fn start() -> (Server, String) {
+    let server = server::start(&[]);
+    let line = &server.ready_line;
+    let url = line
+        .split_once("(OpenAI API: ")
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .filter(|u| u.starts_with("http://") && u.ends_with("/v1"))
+        .unwrap_or_else(|| panic!("unexpected ready line: {line:?}"))
+        .to_string();
+    assert!(
+        line.starts_with("folio: serving "),
+        "unexpected ready line: {line:?}"
+    );
+    (server, url)
 }
 
-impl Server {
-    /// Starts the server on a free port and waits for its ready line; returns the
-    /// server and the OpenAI base URL (`http://127.0.0.1:PORT/v1`).
-    fn start() -> (Self, String) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_folio"))
-            .args(["serve", "--port", "0"])
-            .env("FOLIO_MODEL", model())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn folio serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err_pipe = child.stderr.take().unwrap();
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err_pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let (tx, rx) = mpsc::channel();
-        let out_pipe = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            // Reads to the end, so the server never writes into a closed pipe.
-            for line in BufReader::new(out_pipe).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let server = Self { child, stderr };
-        let line = match rx.recv_timeout(READY_TIMEOUT) {
-            Ok(line) => line,
-            Err(e) => panic!(
-                "no ready line from folio serve within {READY_TIMEOUT:?} ({e}); stderr:\n{}",
-                server.stderr()
-            ),
-        };
-        let url = line
-            .split_once("(OpenAI API: ")
-            .and_then(|(_, rest)| rest.strip_suffix(')'))
-            .filter(|u| u.starts_with("http://") && u.ends_with("/v1"))
-            .unwrap_or_else(|| panic!("unexpected ready line: {line:?}"))
-            .to_string();
+/// Sends SIGTERM and waits for the server to exit.
+fn terminate(server: &mut Server) -> ExitStatus {
+    let pid = server.child.id().to_string();
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -TERM {pid} failed: {sent}");
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    loop {
+        if let Some(status) = server.child.try_wait().expect("wait for folio serve") {
+            return status;
+        }
         assert!(
-            line.starts_with("folio: serving "),
-            "unexpected ready line: {line:?}"
+            Instant::now() < deadline,
+            "folio serve still runs {EXIT_TIMEOUT:?} after SIGTERM; stderr:\n{}",
+            server.stderr()
         );
-        (server, url)
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// Sends SIGTERM and waits for the server to exit.
-    fn terminate(&mut self) -> ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -TERM {pid} failed: {sent}");
-        let deadline = Instant::now() + EXIT_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait for folio serve") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "folio serve still runs {EXIT_TIMEOUT:?} after SIGTERM; stderr:\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -243,7 +174,7 @@ fn official_openai_client_against_the_real_server() {
     let began = Instant::now();
     let python = venv_python("openai");
     venv_python("jsonschema");
-    let (mut server, url) = Server::start();
+    let (mut server, url) = start();
     eprintln!("folio serve is ready at {url} ({:.1?})", began.elapsed());
 
     let script = repo().join("scripts/test_openai.py");
@@ -266,7 +197,7 @@ fn official_openai_client_against_the_real_server() {
         server.stderr()
     );
 
-    let status = server.terminate();
+    let status = terminate(&mut server);
     assert!(
         status.success(),
         "folio serve exited with {status} after SIGTERM; stderr:\n{}",
@@ -289,7 +220,7 @@ fn the_web_page_in_headless_chromium() {
         );
     }
     let python = venv_python("selenium");
-    let (mut server, url) = Server::start();
+    let (mut server, url) = start();
     let base = url.trim_end_matches("/v1").to_string();
     let shots = target_dir().join("web");
     std::fs::create_dir_all(&shots).expect("make target/web");
@@ -309,5 +240,5 @@ fn the_web_page_in_headless_chromium() {
         out.status,
         server.stderr()
     );
-    assert!(server.terminate().success());
+    assert!(terminate(&mut server).success());
 }

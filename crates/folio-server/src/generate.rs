@@ -120,7 +120,8 @@ pub async fn answer_chat(
                     "message": {"role": "assistant", "content": rest,
                                 "tool_calls": tools::calls_json(&calls, &chunks.head.id, i)},
                     "logprobs": logprobs,
-                    "finish_reason": "tool_calls",
+                    // Cut short by max_tokens, a call's arguments may be incomplete.
+                    "finish_reason": c.finish.map_or("tool_calls", call_finish),
                 }),
                 None => json!({
                     "index": i,
@@ -371,6 +372,15 @@ fn usage_chunk(head: &Head, object: &str, include: bool, counts: &Counts) -> Vec
     vec![head.object(object, json!({"choices": [], "usage": counts.usage()}))]
 }
 
+/// The finish reason of an output that holds tool calls: `length` when max_tokens cut
+/// it short (a call's arguments may be incomplete), else `tool_calls`.
+fn call_finish(finish: FinishReason) -> &'static str {
+    match finish {
+        FinishReason::Length => "length",
+        FinishReason::Eos | FinishReason::Stop => "tool_calls",
+    }
+}
+
 /// A streamed chat completion's chunks.
 struct Chat {
     engine: Engine,
@@ -529,16 +539,14 @@ impl Chunker for Chat {
                     if !text.is_empty() {
                         out.push(self.args_delta(index, &text));
                     }
-                    out.push(self.chunk(index, json!({}), Value::Null, Some("tool_calls")));
+                    let finish = call_finish(finish);
+                    out.push(self.chunk(index, json!({}), Value::Null, Some(finish)));
                     return out;
                 }
                 if self.streams_calls() {
                     out = self.call_deltas(index, &text);
                     if self.calls[index].1 > 0 {
-                        let finish = match finish {
-                            FinishReason::Length => "length",
-                            FinishReason::Eos | FinishReason::Stop => "tool_calls",
-                        };
+                        let finish = call_finish(finish);
                         out.push(self.chunk(index, json!({}), Value::Null, Some(finish)));
                         return out;
                     }
@@ -553,10 +561,10 @@ impl Chunker for Chat {
                     let mut pieces = self.auto[index].push(&text);
                     pieces.extend(self.auto[index].finish());
                     out = self.auto_chunks(index, pieces);
-                    let finish = match finish {
-                        _ if self.auto[index].calls() == 0 => finish_str(finish),
-                        FinishReason::Length => "length",
-                        FinishReason::Eos | FinishReason::Stop => "tool_calls",
+                    let finish = if self.auto[index].calls() == 0 {
+                        finish_str(finish)
+                    } else {
+                        call_finish(finish)
                     };
                     out.push(self.chunk(index, json!({}), Value::Null, Some(finish)));
                     return out;

@@ -289,20 +289,9 @@ fn partial_tag(s: &str, tag: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::FunctionDef;
-    use crate::tools::{extract, Call, Mode, Tools};
+    use crate::tools::tests::tools;
+    use crate::tools::{extract, Call, Mode};
     use serde_json::{json, Value};
-
-    fn tools(mode: Mode) -> Tools {
-        Tools {
-            mode,
-            defs: vec![FunctionDef {
-                name: "get_weather".into(),
-                description: None,
-                parameters: None,
-            }],
-        }
-    }
 
     /// Streamed in pieces of any size, the calls' names and arguments add up to what
     /// `extract` finds in the whole output.

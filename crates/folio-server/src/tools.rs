@@ -221,10 +221,11 @@ pub fn calls_json(calls: &[Call], id: &str, choice: usize) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn tools(mode: Mode) -> Tools {
+    /// One tool, `get_weather`, called as `mode` says.
+    pub(crate) fn tools(mode: Mode) -> Tools {
         Tools {
             mode,
             defs: vec![FunctionDef {

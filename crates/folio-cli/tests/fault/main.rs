@@ -10,6 +10,7 @@
 #[allow(dead_code)]
 #[path = "../../../folio-server/tests/http/client.rs"]
 mod client;
+#[path = "../common/server.rs"]
 mod server;
 mod snapshots;
 mod soak;

@@ -1,5 +1,7 @@
-//! A `folio serve` child process on a free port: its address from the ready line,
-//! its stderr kept (the log says which snapshot was restored), SIGKILL on demand.
+//! Shared by the CLI's test binaries: the default model's path, and a `folio serve`
+//! child process on a free port: its address and ready line, its stderr kept (for
+//! failure messages; the log says which snapshot was restored), SIGKILL on demand,
+//! killed when dropped.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -26,6 +28,8 @@ pub fn model() -> PathBuf {
 pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The line that said the server is ready.
+    pub ready_line: String,
     stderr: Arc<Mutex<String>>,
 }
 
@@ -80,6 +84,7 @@ fn start_with(mut cmd: Command, args: &[&str]) -> Server {
     let mut server = Server {
         child,
         addr: "127.0.0.1:1".parse().unwrap(),
+        ready_line: String::new(),
         stderr,
     };
     let line = rx
@@ -95,6 +100,7 @@ fn start_with(mut cmd: Command, args: &[&str]) -> Server {
         .and_then(|(_, rest)| rest.split_whitespace().next())
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("unexpected ready line: {line:?}"));
+    server.ready_line = line;
     server
 }
 
