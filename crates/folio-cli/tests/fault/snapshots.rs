@@ -2,24 +2,13 @@
 //! while saving. The file on disk is always a whole save (the old one or the new),
 //! the server says which, and a failed save keeps the old one.
 
-use crate::client::{get, post, request};
+use crate::client::{get, ok, post, request};
 use crate::server;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-fn ok(a: SocketAddr, path: &str, body: Value) -> Value {
-    let r = post(a, path, &body);
-    assert!(
-        r.status == 200 || r.status == 201,
-        "{path}: {} {}",
-        r.status,
-        r.text()
-    );
-    r.json()
-}
 
 /// Token ids for a context: `n` of them, deterministic, inside the vocabulary.
 fn tokens(n: usize, salt: usize) -> Vec<u32> {

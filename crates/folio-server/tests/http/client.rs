@@ -95,6 +95,18 @@ pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Resp {
 }
 
 /// Reads the status line and headers.
+/// POSTs `body` and returns the JSON answer, which must be 200 or 201.
+pub fn ok(a: SocketAddr, path: &str, body: Value) -> Value {
+    let r = post(a, path, &body);
+    assert!(
+        r.status == 200 || r.status == 201,
+        "{path}: {} {}",
+        r.status,
+        r.text()
+    );
+    r.json()
+}
+
 pub fn read_head(r: &mut impl BufRead) -> (u16, Vec<(String, String)>) {
     let mut line = String::new();
     r.read_line(&mut line).expect("status line");

@@ -2,24 +2,13 @@
 //! truncating into a shared page leaves the other branch intact, snapshots outlive
 //! the server process and serve prefix hits, and bad ids and bodies are 404 / 400.
 
-use crate::client::{get, post, request};
+use crate::client::{get, ok, post, request};
 use crate::server::{engine, small_engine, start, start_with};
 use folio::EngineConfig;
 use folio_server::ServeConfig;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::Duration;
-
-fn ok(a: SocketAddr, path: &str, body: Value) -> Value {
-    let r = post(a, path, &body);
-    assert!(
-        r.status == 200 || r.status == 201,
-        "{path}: {} {}",
-        r.status,
-        r.text()
-    );
-    r.json()
-}
 
 fn greedy(a: SocketAddr, id: &str, n: usize) -> String {
     let r = ok(

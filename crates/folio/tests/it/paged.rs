@@ -4,7 +4,7 @@
 
 use crate::common::{generate, GenerateParams, ModelExt};
 use folio::gguf::GgmlType;
-use folio::kv::{KvSeq, Logits};
+use folio::kv::{KvSeq, Logits, PageTable, PagedKv};
 use folio::model::Model;
 use folio::{EngineError, KvError};
 
@@ -301,18 +301,25 @@ fn snapshot_files_that_are_not_regular_or_too_large_are_skipped_unread() {
     assert!(matches!(err, SnapshotError::NotADirectory(_)), "{err}");
 }
 
-#[test]
-fn a_save_cut_short_leaves_the_old_file_and_its_temporary_file_is_removed_at_start() {
-    use folio::kv::SnapshotError;
-    let (_d, m) = tiny();
+/// A pool with a snapshot directory, a 20-token sequence in it saved as "s", and the
+/// bytes of that save.
+fn saved_once(m: &Model) -> (tempfile::TempDir, PagedKv, PageTable, Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
     let mut kv = m.new_paged(12, 8, 512);
     kv.open_snapshot_dir(dir.path()).unwrap();
     let mut t = kv.new_table(None);
-    m.run(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
+    m.run(&mut kv.seq(&mut t), &prompt(m, 20), Logits::Last)
         .unwrap();
     kv.save("s", &mut t).unwrap();
     let old = std::fs::read(dir.path().join("s.snap")).unwrap();
+    (dir, kv, t, old)
+}
+
+#[test]
+fn a_save_cut_short_leaves_the_old_file_and_its_temporary_file_is_removed_at_start() {
+    use folio::kv::SnapshotError;
+    let (_d, m) = tiny();
+    let (dir, _kv, _t, old) = saved_once(&m);
     // A newer save killed halfway: its temporary file holds part of a file.
     let tmp = dir.path().join(".s.snap.tmp");
     std::fs::write(&tmp, &old[..old.len() / 2]).unwrap();
@@ -334,14 +341,7 @@ fn a_save_cut_short_leaves_the_old_file_and_its_temporary_file_is_removed_at_sta
 fn a_save_onto_a_full_disk_is_no_space_and_keeps_the_old_snapshot() {
     use folio::kv::SnapshotError;
     let (_d, m) = tiny();
-    let dir = tempfile::tempdir().unwrap();
-    let mut kv = m.new_paged(12, 8, 512);
-    kv.open_snapshot_dir(dir.path()).unwrap();
-    let mut t = kv.new_table(None);
-    m.run(&mut kv.seq(&mut t), &prompt(&m, 20), Logits::Last)
-        .unwrap();
-    kv.save("s", &mut t).unwrap();
-    let old = std::fs::read(dir.path().join("s.snap")).unwrap();
+    let (dir, mut kv, mut t, old) = saved_once(&m);
     m.run(&mut kv.seq(&mut t), &prompt(&m, 30)[20..], Logits::Last)
         .unwrap();
     // The temporary file lands on /dev/full: every write fails with ENOSPC.
