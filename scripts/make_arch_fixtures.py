@@ -24,6 +24,7 @@ import sys
 import numpy as np
 import gguf
 from llama_cpp import Llama, __version__
+from llama_teacher import log_softmax, teacher_forced
 
 DIM = 64
 FFN = 128
@@ -264,33 +265,13 @@ def build(out_dir):
     return models, out, {"llama3_meta": (path, "llama3")}
 
 
-def log_softmax(row):
-    row = row.astype(np.float64)
-    mx = row.max()
-    return row - (mx + np.log(np.exp(row - mx).sum()))
-
-
 def reference(path):
     llm = Llama(model_path=path, n_ctx=CONTEXT, n_batch=CONTEXT, logits_all=True,
                 n_threads=1, n_threads_batch=1, verbose=False, seed=0, flash_attn=True)
     cases = []
     for name, text in PROMPTS.items():
-        toks = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-        llm.reset()
-        for t in toks:
-            llm.eval([t])
-        gen = []
-        for _ in range(N_GEN):
-            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            gen.append(nxt)
-            llm.eval([nxt])
-        seq = toks + gen
-        top, gaps = [], []
-        for i in range(len(seq) - 1):
-            lp = log_softmax(llm.scores[i])
-            idx = np.argsort(-lp)[:TOP]
-            top.append([[int(j), round(float(lp[j]), 6)] for j in idx])
-            gaps.append(float(lp[idx[0]] - lp[idx[1]]))
+        toks, gen, top, gaps = teacher_forced(llm, text, N_GEN, TOP, add_bos=False,
+                                              stop_at_eos=False, digits=6)
         cases.append({"name": name, "text": text, "prompt_ids": toks,
                       "greedy_ids": gen, "top5": top})
         print(f"{os.path.basename(path)} {name}: {len(toks)} prompt tokens, smallest top-1 gap "

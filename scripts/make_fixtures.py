@@ -22,8 +22,8 @@ batched logits differ from its one-step ones by ~0.045 nats on average.
 import json
 import sys
 
-import numpy as np
 from llama_cpp import Llama, __version__
+from llama_teacher import teacher_forced
 
 LONG = " ".join(
     [
@@ -89,12 +89,6 @@ N_GEN = 48
 TOP = 5
 
 
-def log_softmax(row):
-    row = row.astype(np.float64)
-    m = row.max()
-    return row - (m + np.log(np.exp(row - m).sum()))
-
-
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     flash = "--no-flash-attn" not in sys.argv
@@ -102,27 +96,9 @@ def main():
     out = args[1] if len(args) > 1 else "crates/folio/tests/fixtures/llama_cpp.json"
     llm = Llama(model_path=path, n_ctx=2048, n_batch=2048, logits_all=True,
                 n_threads=1, n_threads_batch=1, verbose=False, seed=0, flash_attn=flash)
-    eos = llm.token_eos()
     cases = []
     for name, text in PROMPTS.items():
-        toks = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-        llm.reset()
-        for t in toks:
-            llm.eval([t])
-        gen = []
-        for _ in range(N_GEN):
-            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            gen.append(nxt)
-            if nxt == eos:
-                break
-            llm.eval([nxt])
-        seq = toks + gen
-        # Teacher forcing: the scores of every step above (prompt, then continuation).
-        top = []
-        for i in range(len(seq) - 1):
-            lp = log_softmax(llm.scores[i])
-            idx = np.argsort(-lp)[:TOP]
-            top.append([[int(j), round(float(lp[j]), 5)] for j in idx])
+        toks, gen, top, _ = teacher_forced(llm, text, N_GEN, TOP)
         cases.append({"name": name, "text": text, "prompt_ids": toks,
                       "greedy_ids": gen, "top5": top})
         print(f"{name}: {len(toks)} prompt tokens, {len(gen)} generated", file=sys.stderr)

@@ -30,6 +30,7 @@ from llama_cpp import Llama, __version__
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference_f64  # noqa: E402
+from llama_teacher import teacher_forced  # noqa: E402
 
 # The formats here have no hand-written exact float64 path in reference_f64: take
 # gguf-py's float32 dequantization (d * scale rounds once, far below the 8-bit
@@ -52,12 +53,6 @@ def fnv1a64(data):
     return h
 
 
-def log_softmax(row):
-    row = row.astype(np.float64)
-    m = row.max()
-    return row - (m + np.log(np.exp(row - m).sum()))
-
-
 def add_exact(path, cases):
     """Adds exact_top5 to each case; returns llama.cpp's (mean, max) distance from it."""
     model = reference_f64.Model(path)
@@ -74,26 +69,9 @@ def add_exact(path, cases):
 def run(path):
     llm = Llama(model_path=path, n_ctx=256, n_batch=256, logits_all=True, n_threads=1,
                 n_threads_batch=1, verbose=False, seed=0, flash_attn=True)
-    eos = llm.token_eos()
     cases = []
     for name, text in PROMPTS.items():
-        toks = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-        llm.reset()
-        for t in toks:
-            llm.eval([t])
-        gen = []
-        for _ in range(N_GEN):
-            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            gen.append(nxt)
-            if nxt == eos:
-                break
-            llm.eval([nxt])
-        seq = toks + gen
-        top = []
-        for i in range(len(seq) - 1):
-            lp = log_softmax(llm.scores[i])
-            idx = np.argsort(-lp)[:TOP]
-            top.append([[int(j), round(float(lp[j]), 5)] for j in idx])
+        toks, gen, top, _ = teacher_forced(llm, text, N_GEN, TOP)
         cases.append({"name": name, "text": text, "prompt_ids": toks, "greedy_ids": gen,
                       "top5": top})
     return cases
