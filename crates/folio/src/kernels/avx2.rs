@@ -8,6 +8,7 @@
 //! caller must have checked; slices are indexed with bounds checks.
 #![allow(unsafe_code)]
 
+use super::avxvnni::sums;
 use super::quant::*;
 use std::arch::x86_64::*;
 
@@ -86,17 +87,17 @@ pub(super) fn prefetch<T>(w: &[T], at: usize, lines: usize) {
 /// Generates an R×C register-tiled dot-product kernel for a 32-element weight format
 /// against 8-bit activations: `out[r][c] = dot(w[r], a[c])`. Each (r, c) pair runs
 /// the same instruction sequence whatever R and C are, so a result never depends on
-/// how rows were tiled (the batch-invariance that determinism rests on).
+/// how rows were tiled (the batch-invariance that determinism rests on). `D` is the
+/// 8-bit dot step (`avxvnni::MADD` or `VEX`: the same sums, so the same bits).
 macro_rules! tile_kernel {
     ($name:ident, $blk:ty, signed = $signed:expr, |$b:ident| ($q:expr, $d:expr, $m:expr)) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $name<const R: usize, const C: usize>(
+        pub unsafe fn $name<const D: u8, const R: usize, const C: usize>(
             w: [&[$blk]; R],
             a: [&[BlockQ8]; C],
             out: &mut [[f32; C]; R],
         ) {
             let nb = a[0].len();
-            let ones = _mm256_set1_epi16(1);
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             let mut macc = [[0f32; C]; R];
             for i in 0..nb {
@@ -129,7 +130,8 @@ macro_rules! tile_kernel {
                         } else {
                             (wq[r], av)
                         };
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
+                        // SAFETY: the caller guarantees step D's instruction.
+                        let p = unsafe { sums::<D>(u, s) };
                         acc[r][c] = _mm256_fmadd_ps(
                             _mm256_set1_ps(wd[r] * x.d),
                             _mm256_cvtepi32_ps(p),
@@ -754,15 +756,14 @@ pub unsafe fn attend_runs_64<const F32: bool, const ROUND: bool, const G: usize>
 /// "low" accumulator is lane k (k < 4) of row 2p's usual accumulator, or lane k - 4 of
 /// row 2p+1's; the "high" one holds lanes 4..7 the same way. Every lane sees the same
 /// fused multiply-adds in the same order as `tile_q4_1`; the halves are put back
-/// together before the horizontal sum.
+/// together before the horizontal sum. `D` is the 8-bit dot step, as there.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q4_1x4<const C: usize>(
+pub unsafe fn tile_q4_1x4<const D: u8, const C: usize>(
     w: &[BlockQ4_1x4],
     a: [&[BlockQ8]; C],
     out: &mut [[f32; C]; 4],
 ) {
     let nb = tile_blocks(w, &a);
-    let ones = _mm256_set1_epi16(1);
     let low4 = _mm256_set1_epi8(0x0F);
     // Scale lanes of row pair p: d_{2p} in lanes 0..3, d_{2p+1} in lanes 4..7.
     let pair = [
@@ -800,8 +801,8 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
                     )
                 };
                 let sc = _mm256_permutevar8x32_ps(dv[c], *lanes);
-                let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(wl, al), ones);
-                let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(wh, ah), ones);
+                // SAFETY: the caller guarantees step D's instruction.
+                let (pl, ph) = unsafe { (sums::<D>(wl, al), sums::<D>(wh, ah)) };
                 acc[p][0][c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(pl), acc[p][0][c]);
                 acc[p][1][c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(ph), acc[p][1][c]);
             }
@@ -827,15 +828,15 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
 
 /// Four packed Q8_0 rows × C activation rows: the same arithmetic per (row, column) as
 /// `tile_q8_0` on GGUF rows (so the same bits, llama.cpp's AVX2 ones), each row's 32
-/// weights put back together from the tile's two halves.
+/// weights put back together from the tile's two halves. `D` is the 8-bit dot step,
+/// as there.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q8_0x4<const C: usize>(
+pub unsafe fn tile_q8_0x4<const D: u8, const C: usize>(
     w: &[BlockQ8_0x4],
     a: [&[BlockQ8]; C],
     out: &mut [[f32; C]; 4],
 ) {
     let nb = tile_blocks(w, &a);
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); C]; 4];
     for i in 0..nb {
         prefetch(w, i + PREFETCH_BLOCKS / 2, 3);
@@ -854,7 +855,8 @@ pub unsafe fn tile_q8_0x4<const C: usize>(
             for r in 0..4 {
                 let u = _mm256_sign_epi8(wq[r], wq[r]);
                 let s = _mm256_sign_epi8(av, wq[r]);
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
+                // SAFETY: the caller guarantees step D's instruction.
+                let p = unsafe { sums::<D>(u, s) };
                 acc[r][c] = _mm256_fmadd_ps(
                     _mm256_set1_ps(wd[r] * x.d),
                     _mm256_cvtepi32_ps(p),

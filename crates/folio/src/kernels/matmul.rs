@@ -13,6 +13,21 @@ use super::quant::*;
 use super::{scalar, Isa};
 use crate::gguf::GgmlType;
 
+/// Runs `$body` with `$d` bound to the 8-bit dot step of `isa`'s AVX2 kernels (a
+/// const: `avxvnni::VEX` on the AVX-VNNI path, else `avxvnni::MADD`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_dot {
+    ($isa:expr, $d:ident => $body:expr) => {
+        if $isa.avx_vnni() {
+            const $d: u8 = super::avxvnni::VEX;
+            $body
+        } else {
+            const $d: u8 = super::avxvnni::MADD;
+            $body
+        }
+    };
+}
+
 /// A weight matrix of `rows` × `cols` in one of the supported formats, copied out of the
 /// file into 8-byte-aligned memory at load time.
 ///
@@ -298,8 +313,10 @@ impl QMatrix {
                 unsafe { super::avx512::tile_q8_0(self.tile_q8_0(r / 4), a, &mut o) };
                 return o[r % 4][0];
             } else if isa.avx2() {
-                // SAFETY: AVX2 paths are only produced after detecting avx2, fma, f16c.
-                unsafe { super::avx2::tile_q8_0x4(self.tile_q8_0(r / 4), a, &mut o) };
+                let tile = self.tile_q8_0(r / 4);
+                // SAFETY: AVX2 paths are only produced after detecting avx2, fma, f16c,
+                // and the AVX-VNNI one after running its `vpdpbusd`.
+                with_dot!(isa, D => unsafe { super::avx2::tile_q8_0x4::<D, 1>(tile, a, &mut o) });
                 return o[r % 4][0];
             }
             return scalar::dot_q8_0(&self.q8_0_row(r), a[0]);
@@ -313,8 +330,9 @@ impl QMatrix {
                     // SAFETY: AVX-512 paths are only produced after running the features.
                     unsafe { super::avx512::tile_q4_1x4::<1>(tile, a, &mut o) };
                 } else {
-                    // SAFETY: AVX2 paths are only produced after detecting avx2, fma, f16c.
-                    unsafe { super::avx2::tile_q4_1x4::<1>(tile, a, &mut o) };
+                    // SAFETY: AVX2 paths are only produced after detecting avx2, fma,
+                    // f16c, and the AVX-VNNI one after running its `vpdpbusd`.
+                    with_dot!(isa, D => unsafe { super::avx2::tile_q4_1x4::<D, 1>(tile, a, &mut o) });
                 }
                 return o[r % 4][0];
             }
@@ -348,7 +366,7 @@ impl QMatrix {
                     | GgmlType::Q8_0
                     | GgmlType::IQ4_NL => {
                         let mut o = [[0f32; 1]; 1];
-                        self.tile_avx2::<1, 1>(r, act, t, &mut o);
+                        with_dot!(isa, D => self.tile_avx2::<D, 1, 1>(r, act, t, &mut o));
                         o[0][0]
                     }
                     _ => unreachable!("QMatrix::new admits supported types only"),
@@ -375,12 +393,13 @@ impl QMatrix {
         }
     }
 
-    /// R rows from `r0` × C activation rows from `t0` through an AVX2 register tile.
+    /// R rows from `r0` × C activation rows from `t0` through an AVX2 register tile,
+    /// with the 8-bit dot step `D`.
     ///
     /// # Safety
-    /// The CPU must support avx2, fma and f16c.
+    /// The CPU must support avx2, fma and f16c, and step `D`'s instruction.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn tile_avx2<const R: usize, const C: usize>(
+    unsafe fn tile_avx2<const D: u8, const R: usize, const C: usize>(
         &self,
         r0: usize,
         act: &Activations,
@@ -394,7 +413,7 @@ impl QMatrix {
                 let w: [&[$blk]; R] =
                     std::array::from_fn(|r| bytemuck::cast_slice(self.row(r0 + r)));
                 // SAFETY: the caller guarantees the CPU features.
-                unsafe { avx2::$k::<R, C>(w, a, out) }
+                unsafe { avx2::$k::<D, R, C>(w, a, out) }
             }};
         }
         match self.ty {
@@ -653,10 +672,11 @@ fn run_tile(
                 super::avx512::tile_q8_0(tile, a, &mut o)
             }, 1 2 3 4 5 6 7 8);
         } else {
-            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
-            by_columns!(w, act, out, r0, r1 - r0, t0, n, |a, o| unsafe {
-                super::avx2::tile_q8_0x4(tile, a, &mut o)
-            }, 1 2);
+            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
+            // and the AVX-VNNI one after running its `vpdpbusd`.
+            with_dot!(isa, D => by_columns!(w, act, out, r0, r1 - r0, t0, n, |a, o| unsafe {
+                super::avx2::tile_q8_0x4::<D, _>(tile, a, &mut o)
+            }, 1 2));
         }
         return;
     }
@@ -678,27 +698,28 @@ fn run_tile(
             let k = (n - t).min(3);
             let q = |c: usize| act.q8_row(t + c, w.cols);
             let mut o = [[0f32; 3]; 4];
-            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
-            unsafe {
+            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
+            // and the AVX-VNNI one after running its `vpdpbusd`.
+            with_dot!(isa, D => unsafe {
                 use super::avx2::tile_q4_1x4;
                 match k {
-                    3 => tile_q4_1x4::<3>(tile, [q(0), q(1), q(2)], &mut o),
+                    3 => tile_q4_1x4::<D, 3>(tile, [q(0), q(1), q(2)], &mut o),
                     2 => {
                         let mut o2 = [[0f32; 2]; 4];
-                        tile_q4_1x4::<2>(tile, [q(0), q(1)], &mut o2);
+                        tile_q4_1x4::<D, 2>(tile, [q(0), q(1)], &mut o2);
                         for (d, s) in o.iter_mut().zip(o2) {
                             d[..2].copy_from_slice(&s);
                         }
                     }
                     _ => {
                         let mut o1 = [[0f32; 1]; 4];
-                        tile_q4_1x4::<1>(tile, [q(0)], &mut o1);
+                        tile_q4_1x4::<D, 1>(tile, [q(0)], &mut o1);
                         for (d, s) in o.iter_mut().zip(o1) {
                             d[0] = s[0];
                         }
                     }
                 }
-            }
+            });
             emit(t, &o, k);
             t += k;
         }
@@ -720,8 +741,9 @@ fn run_tile(
         let mut t = t0;
         while t + 2 <= n {
             let mut o = [[0f32; 2]; ROW_TILE];
-            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
-            unsafe { w.tile_avx2::<ROW_TILE, 2>(r0, act, t, &mut o) };
+            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
+            // and the AVX-VNNI one after running its `vpdpbusd`.
+            with_dot!(isa, D => unsafe { w.tile_avx2::<D, ROW_TILE, 2>(r0, act, t, &mut o) });
             for (r, row) in o.iter().enumerate() {
                 for (c, &v) in row.iter().enumerate() {
                     out.write((t + c) * w.rows + r0 + r, v);
@@ -732,7 +754,7 @@ fn run_tile(
         if t < n {
             let mut o = [[0f32; 1]; ROW_TILE];
             // SAFETY: as above.
-            unsafe { w.tile_avx2::<ROW_TILE, 1>(r0, act, t, &mut o) };
+            with_dot!(isa, D => unsafe { w.tile_avx2::<D, ROW_TILE, 1>(r0, act, t, &mut o) });
             for (r, row) in o.iter().enumerate() {
                 out.write(t * w.rows + r0 + r, row[0]);
             }

@@ -9,13 +9,16 @@
 //! - `attend`: prefill attention in query blocks (rows sharing each tile of K/V).
 //! - `avx512`: AVX-512 (F, BW, VL, VNNI) twins of the matmul kernels, where the CPU runs
 //!   them; every other kernel of that path is the AVX2 one.
+//! - `avxvnni`: the AVX2 path with its 8-bit dot products done by AVX-VNNI's 256-bit
+//!   `vpdpbusd` (VEX), for CPUs that run that and not AVX-512; the same bits as AVX2.
 //! - `matmul`: [`QMatrix`] (weights laid out for the kernels) and the threaded matmul.
 //! - `pool`: a persistent thread pool, one barrier per parallel region; tasks are claimed
 //!   dynamically and waiting threads park, so more threads than cores degrade gracefully.
 //!
-//! The instruction set is detected once ([`isa`]) by CPUID and, for AVX-512, by running
-//! an AVX-512 instruction in a child process: some CPUs list AVX-512 and fault on it.
-//! `FOLIO_ISA=scalar|avx2|avx512` forces a path (tests, and measuring what SIMD buys).
+//! The instruction set is detected once ([`isa`]) by CPUID and, for AVX-512 and
+//! AVX-VNNI, by running one of their instructions in a child process: some CPUs list an
+//! extension and fault on it. `FOLIO_ISA=scalar|avx2|avxvnni|avx512` forces a path the
+//! CPU runs (tests, and measuring what SIMD buys).
 
 #![allow(unsafe_code)]
 
@@ -31,20 +34,26 @@ pub(crate) mod avx2;
 pub(crate) mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avxvnni;
 mod detect;
 
 pub use attend::attend_block;
 pub use matmul::{matmul, Activations, QMatrix};
 pub use pool::ThreadPool;
 
-pub use detect::{detect, isa, runnable};
+pub use detect::{detect, isa, runnable, runnable_at_most};
 
-/// The instruction set the kernels use. Each path includes the ones before it: the
-/// AVX-512 path runs AVX2 kernels wherever it has no kernel of its own.
+/// The instruction set the kernels use. Each SIMD path includes AVX2: the AVX-512 path
+/// runs AVX2 kernels wherever it has no kernel of its own, and the AVX-VNNI path is
+/// the AVX2 path with VNNI's 8-bit dot products. The order is the order of preference,
+/// not of inclusion: a CPU that runs AVX-512 may fault on AVX-VNNI (AMD Zen 4), so
+/// which paths run is [`runnable`], never "everything up to the best".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     Scalar,
     Avx2,
+    AvxVnni,
     Avx512,
 }
 
@@ -58,6 +67,13 @@ impl Isa {
     /// by executing one).
     pub fn avx512(self) -> bool {
         self >= Isa::Avx512
+    }
+
+    /// Whether the AVX2 kernels' 8-bit dot products use AVX-VNNI's 256-bit `vpdpbusd`
+    /// (checked at detection, by executing one). Only on the AVX-VNNI path: the AVX-512
+    /// path has its own VNNI kernels, and a CPU running AVX-512 may fault on this one.
+    pub fn avx_vnni(self) -> bool {
+        self == Isa::AvxVnni
     }
 
     /// Whether attention over f16 K/V keeps llama.cpp's flash-attention value
@@ -74,6 +90,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
         }
     }
@@ -301,3 +318,7 @@ pub fn swiglu(isa: Isa, gate: &mut [f32], up: &[f32]) {
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+mod tests_vnni;
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+mod vnni_emulator;

@@ -1,6 +1,8 @@
 //! SIMD kernels against their scalar twins on random data, and the batch-invariance of
 //! the matmul.
 
+#[cfg(target_arch = "x86_64")]
+use super::avxvnni::MADD;
 use super::matmul::{matmul, Activations, QMatrix};
 use super::quant::*;
 use super::{detect, runnable, scalar, Isa, ThreadPool};
@@ -51,7 +53,7 @@ pub(crate) fn random_weights(
     }
 }
 
-const TYPES: [GgmlType; 14] = [
+pub(crate) const TYPES: [GgmlType; 14] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -68,7 +70,7 @@ const TYPES: [GgmlType; 14] = [
     GgmlType::Q6_K,
 ];
 
-fn run(isa: Isa, w: &QMatrix, x: &[f32], n: usize, threads: usize) -> Vec<f32> {
+pub(crate) fn run(isa: Isa, w: &QMatrix, x: &[f32], n: usize, threads: usize) -> Vec<f32> {
     let pool = ThreadPool::new(threads).unwrap();
     let mut act = Activations::default();
     act.set(x, n, w.cols);
@@ -79,9 +81,9 @@ fn run(isa: Isa, w: &QMatrix, x: &[f32], n: usize, threads: usize) -> Vec<f32> {
 
 /// The SIMD paths this CPU runs; a path it lacks is named on stderr (skipped, not silent).
 fn simd_paths() -> Vec<Isa> {
-    for missing in [Isa::Avx2, Isa::Avx512]
+    for missing in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512]
         .into_iter()
-        .filter(|&i| i > detect())
+        .filter(|i| !runnable().contains(i))
     {
         eprintln!("skipped: this CPU does not run the {missing} kernels");
     }
@@ -107,7 +109,7 @@ fn simd_matches_scalar_on_random_data() {
 }
 
 /// Each of `b` within float-summation error of `a`, relative to the terms' magnitude.
-fn close_to_scalar(w: &QMatrix, x: &[f32], n: usize, a: &[f32], b: &[f32], what: &str) {
+pub(crate) fn close_to_scalar(w: &QMatrix, x: &[f32], n: usize, a: &[f32], b: &[f32], what: &str) {
     let (rows, cols) = (w.rows, w.cols);
     // Magnitude of the terms, for a tolerance relative to what was summed.
     let mut deq = vec![0f32; cols];
@@ -615,15 +617,19 @@ fn packed_q4_1_tile_is_bit_identical_to_the_row_kernel() {
     let mut got3 = [[0f32; 3]; 4];
     // SAFETY: AVX2, FMA and F16C were detected above.
     unsafe {
-        super::avx2::tile_q4_1x4::<1>(&packed, [&acts[0]], &mut got1);
-        super::avx2::tile_q4_1x4::<2>(&packed, [&acts[1], &acts[0]], &mut got2);
-        super::avx2::tile_q4_1x4::<3>(&packed, [&acts[2], &acts[1], &acts[0]], &mut got3);
+        super::avx2::tile_q4_1x4::<MADD, 1>(&packed, [&acts[0]], &mut got1);
+        super::avx2::tile_q4_1x4::<MADD, 2>(&packed, [&acts[1], &acts[0]], &mut got2);
+        super::avx2::tile_q4_1x4::<MADD, 3>(&packed, [&acts[2], &acts[1], &acts[0]], &mut got3);
     }
     for r in 0..rows {
         for (c, a) in acts.iter().enumerate() {
             // SAFETY: as above.
             unsafe {
-                super::avx2::tile_q4_1::<1, 1>([&blocks[r * nb..(r + 1) * nb]], [a], &mut want)
+                super::avx2::tile_q4_1::<MADD, 1, 1>(
+                    [&blocks[r * nb..(r + 1) * nb]],
+                    [a],
+                    &mut want,
+                )
             };
             let w = want[0][0].to_bits();
             assert_eq!(got3[r][2 - c].to_bits(), w, "row {r} act {c} (3 columns)");
@@ -735,7 +741,11 @@ fn packed_q8_0_matmul_is_bit_identical_to_the_row_kernel() {
             let mut want = [[0f32; 1]; 1];
             // SAFETY: AVX2, FMA and F16C were detected above.
             unsafe {
-                super::avx2::tile_q8_0::<1, 1>([&blocks[r * nb..(r + 1) * nb]], [&q], &mut want)
+                super::avx2::tile_q8_0::<MADD, 1, 1>(
+                    [&blocks[r * nb..(r + 1) * nb]],
+                    [&q],
+                    &mut want,
+                )
             };
             assert_eq!(
                 got[t * rows + r].to_bits(),

@@ -68,13 +68,9 @@ impl Model {
 
     /// The same model on another instruction-set path (tests and benchmarks compare
     /// them; the weights' layout serves every path). A path this CPU does not run is
-    /// replaced by the best one it does, with a log line.
+    /// replaced by the best one it runs below it, with a log line.
     pub fn with_isa(mut self, isa: Isa) -> Self {
-        let best = kernels::detect();
-        if isa > best {
-            tracing::warn!(wanted = %isa, using = %best, "this CPU cannot run the kernel path");
-        }
-        self.isa = isa.min(best);
+        self.isa = kernels::runnable_at_most(isa);
         self
     }
 
