@@ -6,7 +6,8 @@ use crate::error::PoolError;
 use crate::kernels::{self, ThreadPool};
 use std::time::Instant;
 
-/// The kernels in use: "avx512", "avx2" or "scalar" (`FOLIO_ISA` forces one the CPU runs).
+/// The kernels in use: "avx512", "avxvnni", "avx2" or "scalar" (`FOLIO_ISA` forces one
+/// the CPU runs).
 pub fn isa_name() -> String {
     kernels::isa().to_string()
 }

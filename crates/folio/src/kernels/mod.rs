@@ -42,7 +42,9 @@ pub use attend::attend_block;
 pub use matmul::{matmul, Activations, QMatrix};
 pub use pool::ThreadPool;
 
-pub use detect::{detect, isa, runnable, runnable_at_most};
+#[cfg(test)]
+pub use detect::detect;
+pub use detect::{isa, runnable, runnable_at_most};
 
 /// The instruction set the kernels use. Each SIMD path includes AVX2: the AVX-512 path
 /// runs AVX2 kernels wherever it has no kernel of its own, and the AVX-VNNI path is

@@ -25,7 +25,7 @@ fn tiny(threads: usize, isa: Isa) -> (tempfile::TempDir, Model) {
 /// Every kernel path the CPU runs; those it lacks are named (skipped, not silent).
 fn paths() -> Vec<Isa> {
     let run = runnable_isas();
-    for missing in [Isa::Avx2, Isa::Avx512]
+    for missing in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512]
         .into_iter()
         .filter(|i| !run.contains(i))
     {

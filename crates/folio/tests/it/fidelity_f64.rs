@@ -154,7 +154,7 @@ fn teacher_forced_logprobs_no_farther_from_exact_model_than_llama_cpp() {
     let runnable = runnable_isas();
     let mut failures = Vec::new();
     let mut lines = vec![llama.clone()];
-    for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+    for isa in [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
         if !runnable.contains(&isa) {
             println!("exact-model fidelity on {isa}: skipped, this CPU cannot run that path");
             continue;
