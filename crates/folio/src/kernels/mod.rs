@@ -323,4 +323,4 @@ pub(crate) mod tests;
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
 mod tests_vnni;
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
-mod vnni_emulator;
+pub(crate) mod vnni_emulator;

@@ -7,7 +7,6 @@
 //! arithmetic on real hardware.
 
 use super::avxvnni::{sums, EVEX, MADD, VEX};
-use super::detect::runs_in_child;
 use super::quant::*;
 use super::tests::{close_to_scalar, random_weights, run, TYPES};
 use super::{runnable, scalar, vnni_emulator, Isa, QMatrix};
@@ -170,37 +169,6 @@ fn matmul_gives_the_avx2_bits() -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `f` in a forked child with the SIGILL emulator installed; its outcome (how many
-/// instructions it emulated, or its error or panic) is written to stderr there. True if
-/// it passed.
-fn passes_under_the_emulator(f: fn() -> Result<(), String>) -> bool {
-    runs_in_child(|| {
-        vnni_emulator::install();
-        let msg = match std::panic::catch_unwind(f) {
-            Ok(Ok(())) => {
-                let n = vnni_emulator::EMULATED.load(std::sync::atomic::Ordering::Relaxed);
-                format!("{n} vpdpbusd emulated, all checks passed")
-            }
-            Ok(Err(e)) => e,
-            Err(p) => p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default(),
-        };
-        let failed = !msg.ends_with("passed");
-        let msg = format!("emulated avxvnni: {msg}\n");
-        // SAFETY: writes a valid buffer to stderr (no lock: the child of a threaded
-        // process), then ends a failed child.
-        unsafe {
-            libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
-            if failed {
-                libc::_exit(1);
-            }
-        }
-    })
-}
-
 /// Everything above on the VEX step; in the emulator's child, it must have emulated.
 fn all_checks_on_vex(emulated: bool) -> Result<(), String> {
     // SAFETY: the CPU runs avx2, fma, f16c (checked by the callers) and AVX-VNNI, or
@@ -242,7 +210,7 @@ fn avxvnni_path_gives_the_avx2_bits_under_the_sigill_emulator() {
         return;
     }
     assert!(
-        passes_under_the_emulator(|| all_checks_on_vex(true)),
+        vnni_emulator::passes_under_the_emulator(|| all_checks_on_vex(true)),
         "the AVX-VNNI path under the SIGILL emulator (its message is on stderr)"
     );
 }

@@ -130,6 +130,38 @@ extern "C" fn on_sigill(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc:
     }
 }
 
+/// Runs `f` in a forked child with the emulator installed; its outcome (how many
+/// instructions it emulated, or its error or panic) is written to stderr there. True if
+/// it passed.
+pub(crate) fn passes_under_the_emulator(f: fn() -> Result<(), String>) -> bool {
+    super::detect::runs_in_child(|| {
+        install();
+        let (passed, msg) = match std::panic::catch_unwind(f) {
+            Ok(Ok(())) => {
+                let n = EMULATED.load(Ordering::Relaxed);
+                (true, format!("{n} vpdpbusd emulated, all checks passed"))
+            }
+            Ok(Err(e)) => (false, e),
+            Err(p) => (
+                false,
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default(),
+            ),
+        };
+        let msg = format!("emulated avxvnni: {msg}\n");
+        // SAFETY: writes a valid buffer to stderr (no lock: the child of a threaded
+        // process), then ends a failed child.
+        unsafe {
+            libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+            if !passed {
+                libc::_exit(1);
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,6 +74,14 @@ impl Model {
         self
     }
 
+    /// [`Model::with_isa`] without checking that the CPU runs the path: for tests that
+    /// run it under an emulator.
+    #[cfg(test)]
+    pub(crate) fn with_isa_unchecked(mut self, isa: Isa) -> Self {
+        self.isa = isa;
+        self
+    }
+
     /// The instruction-set path the kernels take.
     pub fn isa(&self) -> Isa {
         self.isa

@@ -12,6 +12,9 @@ mod rope;
 pub mod sampler;
 mod weights;
 
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+mod tests_avxvnni;
+
 /// The most threads `Model::load` accepts.
 pub use crate::kernels::pool::MAX_THREADS;
 pub use attention::{attention, attention_with, Heads, Scores, ROW_BLOCK, SPLIT_KEYS};
