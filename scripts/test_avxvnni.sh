@@ -20,7 +20,7 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
         print(m["executable"])' | tail -1)
-"$bin" kernels::detect kernels::tests_vnni kernels::vnni_emulator --nocapture 2>&1 |
+"$bin" kernels::detect kernels::tests_vnni kernels::vnni_emulator model::tests_avxvnni --nocapture --test-threads=1 2>&1 |
     grep -E "this CPU runs|skipped|emulated|^test |test result"
 
 [ "${1:-}" = "--qemu" ] || exit 0
