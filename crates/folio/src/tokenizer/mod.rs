@@ -443,18 +443,21 @@ impl Tokenizer {
         self.add_bos && self.bos.is_some()
     }
 
-    /// The model's chat template, or ChatML when the file has none.
+    /// The model's chat template, or ChatML when the file has none. When the tokenizer
+    /// adds a BOS token, a leading BOS text in a render is removed (see
+    /// [`ChatTemplate::dropping_leading_bos`]).
     pub fn chat_template(&self) -> Result<ChatTemplate, TokenizerError> {
         let text = |id: Option<u32>| {
             id.and_then(|i| self.token_text(i))
                 .unwrap_or("")
                 .to_string()
         };
-        ChatTemplate::new(
+        Ok(ChatTemplate::new(
             self.chat_template.as_deref().unwrap_or(CHATML),
             &text(self.bos),
             &text(self.eos),
-        )
+        )?
+        .dropping_leading_bos(self.adds_bos()))
     }
 
     /// Tokenizes `text` if it is at most [`MAX_INPUT_BYTES`] long, checked before any
