@@ -2,7 +2,7 @@
 """Vocab-only GGUFs of families that have no vocabulary file here, derived from llama.cpp's
 own (`models/vocab/`, fetched by scripts/setup.sh): Gemma's SentencePiece (gemma, gemma2,
 gemma3: no space prefix, Gemma's control and user-defined tokens, byte fallback),
-Mistral Nemo's tekken pre-tokenizer, and every other `tokenizer.ggml.pre` name that
+Qwen2.5's tool-call and fill-in-the-middle tokens, Mistral Nemo's tekken pre-tokenizer, and every other `tokenizer.ggml.pre` name that
 folio maps, each on Llama 3's byte-level BPE vocabulary.
 
 Each derivation is a small spec (DERIVED below): a base vocabulary, metadata to set,
@@ -130,6 +130,14 @@ DERIVED = {
         "tokenizer.chat_template": ["template", "google-gemma-2-2b-it.jinja"]}),
     "gemma3": gemma("gemma3", GEMMA3_IMAGE, lambda ids: {
         "tokenizer.chat_template": ["template", "google-gemma-2-2b-it.jinja"]}),
+    # Qwen2.5: its tool-call and fill-in-the-middle tokens in place of the base's
+    # placeholders (user-defined there, as in Qwen2.5's own files); llama.cpp finds the
+    # FIM ones by text, makes them control tokens and stops on pad, repo and file_sep.
+    "qwen2.5": {"base": "qwen2", "rename": {
+        "151657": "<tool_call>", "151658": "</tool_call>", "151659": "<|fim_prefix|>",
+        "151660": "<|fim_middle|>", "151661": "<|fim_suffix|>", "151662": "<|fim_pad|>",
+        "151663": "<|repo_name|>", "151664": "<|file_sep|>",
+    }},
     # Mistral Nemo / Small 3: tekken, and Mistral's control tokens in place of some of
     # Llama 3's (control-typed already).
     "tekken": bpe("tekken", set={

@@ -84,6 +84,12 @@ PRE_CASES = [
     "snake_case camelCase PascalCase SCREAMING_CASE", "3.14159 1,000,000 -42", "ﬁ ﬀ Ⅻ ⅻ",
 ]
 
+# Qwen2.5's tool-call (user-defined) and FIM (control by text) tokens.
+QWEN25_CASES = [
+    "<|fim_prefix|>def f():<|fim_suffix|>\n    return 1<|fim_middle|>", "<|repo_name|>r\n<|file_sep|>a.py\nx",
+    "<|fim_pad|><|fim_pad|>", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>", " <tool_call> <|file_sep|> ",
+]
+
 # Byte tokens (SentencePiece) that split characters across tokens.
 BYTE_SEQS = [
     [0xE4, 0xB8], [0xE4, 0xB8, 0xAD], [0xE4, 0x20, 0xC3, 0xA9], [0xF0, 0x9F, 0x98, 0x80, 0xE4],
@@ -127,7 +133,12 @@ def main():
     ap.add_argument("--vocab-dir", default=os.path.join(ROOT, "models", "vocab"))
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--texts", type=int, default=70, help="corpus texts per vocabulary")
+    ap.add_argument("--only", nargs="*", help="redo these vocabularies, keep the fixture's others")
     args = ap.parse_args()
+    old = {}
+    if args.only:
+        with open(args.out, encoding="utf-8") as f:
+            old = json.load(f)["vocabs"]
 
     fixture = {
         "about": "llama.cpp's tokenization (llama-cpp-python 0.3.36's vendored llama.cpp, "
@@ -140,6 +151,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="family-vocab-")
     corpora = {}
     for v in VOCABS + list(DERIVED):
+        if args.only and v not in args.only:
+            fixture["vocabs"][v] = old[v]  # each vocabulary's cases depend on it alone
+            continue
         spec = DERIVED.get(v)
         if spec:
             from derived_vocabs import derive
@@ -167,6 +181,8 @@ def main():
             texts += GEMMA_CASES
         if v == "tekken":
             texts += PRE_CASES
+        if v == "qwen2.5":
+            texts += QWEN25_CASES
         for s in rng.sample(specials, min(6, len(specials))):
             texts.append(f"a {s} b{s}\n{s[:-1]}")
         encode = []

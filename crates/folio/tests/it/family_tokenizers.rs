@@ -3,8 +3,9 @@
 //! (`qwen2`), SentencePiece with byte fallback (`llama-spm`: Llama 2, Mistral) and
 //! Phi-3 (`phi-3`); and vocabularies derived from them for the families that have no
 //! vocabulary file here (`scripts/parity/derived_vocabs.py`): Gemma 1/2/3's
-//! SentencePiece (no space prefix, Gemma's control and user-defined tokens), Mistral's
-//! tekken, and Llama 3's vocabulary under every other pre-tokenizer name folio maps.
+//! SentencePiece (no space prefix, Gemma's control and user-defined tokens), Qwen2.5's
+//! tool-call and fill-in-the-middle tokens, Mistral's tekken, and Llama 3's vocabulary
+//! under every other pre-tokenizer name folio maps.
 //! Each derived file is built here, with folio's `GgufWriter`, from the spec the
 //! fixture holds. Two references: the test texts that ship with each file (`.inp`,
 //! and `.out`: Hugging Face tokenizers' ids, which llama.cpp's own test requires), and
@@ -140,7 +141,14 @@ fn fixture_vocabs() -> Vec<String> {
     let vocabs = fixture()["vocabs"].as_object().unwrap();
     let names: Vec<String> = vocabs.keys().cloned().collect();
     assert!(names.len() >= 30, "{names:?}");
-    for must in ["gemma", "gemma2", "gemma3", "tekken", "pre-default"] {
+    for must in [
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "qwen2.5",
+        "tekken",
+        "pre-default",
+    ] {
         assert!(names.iter().any(|n| n == must), "{must} in the fixture");
     }
     names
