@@ -246,7 +246,7 @@ fn each_familys_decoding_and_streaming_match_llama_cpp_on_every_fixture() {
                 "{name}: {ids:?} with control tokens as text"
             );
             let mut d = StreamDecoder::default();
-            let mut stream: Vec<String> = ids.iter().map(|&i| d.push(&t, i)).collect();
+            let mut stream: Vec<String> = ids.iter().map(|&i| d.push(t, i)).collect();
             stream.push(d.finish());
             let want: Vec<&str> = case["stream"]
                 .as_array()
