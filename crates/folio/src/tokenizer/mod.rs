@@ -75,17 +75,108 @@ fn type_attr(ty: i32) -> u16 {
 /// Texts that end a generation whatever their stored type: llama.cpp makes each such
 /// token a control token (so it renders as nothing and, with special-token parsing
 /// off, stays text) and stops on it.
-const EOG_TEXTS: [&str; 10] = [
+const EOG_TEXTS: [&str; 22] = [
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
-    "<|end_of_text|>",
     "</s>",
     "<|eom_id|>",
     "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
     "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "[e~[",
+];
+
+/// The fill-in-the-middle tokens, by kind: the GGUF keys that name them (the current
+/// one, then a deprecated one), the texts llama.cpp recognizes them by when no key does,
+/// and whether the kind ends a generation (pad, repo and file separator do). A token
+/// found by its text becomes a control token.
+const FIM: [(&[&str], &[&str], bool); 6] = [
+    (
+        &[
+            "tokenizer.ggml.fim_pre_token_id",
+            "tokenizer.ggml.prefix_token_id",
+        ],
+        &[
+            "<|fim_prefix|>",
+            "<fim-prefix>",
+            "<fim_prefix>",
+            "<\u{ff5c}fim\u{2581}begin\u{ff5c}>",
+            "<PRE>",
+            "\u{2581}<PRE>",
+            "<|code_prefix|>",
+            "<|prefix|>",
+        ],
+        false,
+    ),
+    (
+        &[
+            "tokenizer.ggml.fim_suf_token_id",
+            "tokenizer.ggml.suffix_token_id",
+        ],
+        &[
+            "<|fim_suffix|>",
+            "<fim-suffix>",
+            "<fim_suffix>",
+            "<\u{ff5c}fim\u{2581}hole\u{ff5c}>",
+            "<SUF>",
+            "\u{2581}<SUF>",
+            "<|code_suffix|>",
+            "<|suffix|>",
+        ],
+        false,
+    ),
+    (
+        &[
+            "tokenizer.ggml.fim_mid_token_id",
+            "tokenizer.ggml.middle_token_id",
+        ],
+        &[
+            "<|fim_middle|>",
+            "<fim-middle>",
+            "<fim_middle>",
+            "<\u{ff5c}fim\u{2581}end\u{ff5c}>",
+            "<MID>",
+            "\u{2581}<MID>",
+            "<|code_middle|>",
+            "<|middle|>",
+        ],
+        false,
+    ),
+    (
+        &["tokenizer.ggml.fim_pad_token_id"],
+        &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
+        true,
+    ),
+    (
+        &["tokenizer.ggml.fim_rep_token_id"],
+        &[
+            "<|fim_repo|>",
+            "<|repo_name|>",
+            "<fim-repo>",
+            "<REPO>",
+            "<reponame>",
+        ],
+        true,
+    ),
+    (
+        &["tokenizer.ggml.fim_sep_token_id"],
+        &["<|file_sep|>"],
+        true,
+    ),
 ];
 
 /// Byte-level BPE pre-tokenizers (by `tokenizer.ggml.pre`) under which a word that is
@@ -94,7 +185,16 @@ const EOG_TEXTS: [&str; 10] = [
 fn bpe_whole_words(pre: &str) -> bool {
     matches!(
         pre,
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "tekken"
+        "llama3"
+            | "llama-v3"
+            | "llama-bpe"
+            | "falcon3"
+            | "falcon-h1"
+            | "pixtral"
+            | "midm-2.0"
+            | "lfm2"
+            | "jina-v5-nano"
+            | "tekken"
     )
 }
 
@@ -197,6 +297,7 @@ impl Tokenizer {
         let bos = id_key("tokenizer.ggml.bos_token_id")?;
         let eos = id_key("tokenizer.ggml.eos_token_id")?;
         let eot = id_key("tokenizer.ggml.eot_token_id")?;
+        let eom = id_key("tokenizer.ggml.eom_token_id")?;
         // A text twice in the vocabulary means its last id, as in llama.cpp.
         let mut ids = HashMap::with_capacity(n);
         for (i, t) in tokens.iter().enumerate() {
@@ -246,7 +347,27 @@ impl Tokenizer {
             .and_then(Value::as_bool)
             .unwrap_or(default_bos);
         let mut attrs: Vec<u16> = types.iter().map(|&t| type_attr(t)).collect();
-        let mut eog: Vec<u32> = eos.into_iter().chain(eot).collect();
+        let mut eog: Vec<u32> = eos.into_iter().chain(eot).chain(eom).collect();
+        // Fill-in-the-middle tokens: by key, else by text (then made control tokens).
+        for (keys, texts, ends) in FIM {
+            let mut id = None;
+            for k in keys {
+                id = id.or(id_key(k)?);
+            }
+            if id.is_none() {
+                // llama.cpp takes the first it meets in a hash map's order; real
+                // vocabularies have one text of each kind, so the lowest id here.
+                id = texts.iter().filter_map(|t| ids.get(*t).copied()).min();
+                if let Some(i) = id {
+                    attrs[i as usize] |= attr::CONTROL;
+                }
+            }
+            if let Some(i) = id.filter(|_| ends) {
+                if !eog.contains(&i) {
+                    eog.push(i);
+                }
+            }
+        }
         for (i, t) in tokens.iter().enumerate() {
             if EOG_TEXTS.contains(&t.as_str()) {
                 attrs[i] |= attr::CONTROL;
@@ -322,18 +443,21 @@ impl Tokenizer {
         self.add_bos && self.bos.is_some()
     }
 
-    /// The model's chat template, or ChatML when the file has none.
+    /// The model's chat template, or ChatML when the file has none. When the tokenizer
+    /// adds a BOS token, a leading BOS text in a render is removed (see
+    /// [`ChatTemplate::dropping_leading_bos`]).
     pub fn chat_template(&self) -> Result<ChatTemplate, TokenizerError> {
         let text = |id: Option<u32>| {
             id.and_then(|i| self.token_text(i))
                 .unwrap_or("")
                 .to_string()
         };
-        ChatTemplate::new(
+        Ok(ChatTemplate::new(
             self.chat_template.as_deref().unwrap_or(CHATML),
             &text(self.bos),
             &text(self.eos),
-        )
+        )?
+        .dropping_leading_bos(self.adds_bos()))
     }
 
     /// Tokenizes `text` if it is at most [`MAX_INPUT_BYTES`] long, checked before any

@@ -24,14 +24,14 @@
 //! letters, digits, symbols or whitespace it stands in, so a split is linear in the
 //! text (the tokenizer's tests time 1 MiB runs of each kind).
 //!
-//! Letters and numbers (`\p{L}`, `\p{N}`) are those of one Unicode version, spelled
-//! out from `unicode_classes.rs` (15.1, llama.cpp's: its tables come from that
-//! version), not the regex crate's own, which follow each release of Unicode: a
+//! Letters, numbers and punctuation (`\p{L}`, `\p{N}`, `\p{P}`) are those of one
+//! Unicode version, spelled out from `unicode_classes.rs` (15.1, llama.cpp's: its
+//! tables come from that version), not the regex crate's own, which follow each release of Unicode: a
 //! character assigned later (U+1366C, a letter since 16.0) would otherwise be a letter
 //! to folio and an unassigned symbol to llama.cpp, split differently, and tokenize
 //! differently. `\s` is Unicode's White_Space, unchanged for many versions.
 
-use super::unicode_classes::{LETTER, NUMBER};
+use super::unicode_classes::{LETTER, NUMBER, PUNCTUATION};
 use crate::error::TokenizerError;
 use regex_automata::meta::Regex;
 use regex_automata::util::captures::Captures;
@@ -81,12 +81,13 @@ impl Pattern {
     }
 }
 
-/// `pattern` with `\p{L}` and `\p{N}` replaced by the pinned Unicode version's sets (a
-/// class inside a class is their union, so `[^\s\p{L}\p{N}]` keeps its meaning).
+/// `pattern` with `\p{L}`, `\p{N}` and `\p{P}` replaced by the pinned Unicode version's
+/// sets (a class inside a class is their union, so `[^\s\p{L}\p{N}]` keeps its meaning).
 fn pinned(pattern: &str) -> String {
     pattern
         .replace(r"\p{L}", &class(LETTER))
         .replace(r"\p{N}", &class(NUMBER))
+        .replace(r"\p{P}", &class(PUNCTUATION))
 }
 
 /// A regex class of inclusive code point ranges.
@@ -102,6 +103,24 @@ fn class(ranges: &[(u32, u32)]) -> String {
 
 const DIGITS: Pattern = Pattern {
     head: r"\p{N}",
+    tail: Tail::None,
+    lookaround_head: None,
+};
+/// llama.cpp's default (a vocabulary without a pre-tokenizer name, or `default`):
+/// punctuation runs, then GPT-2's split, then number runs, then runs of three ASCII
+/// digits. The punctuation set is Unicode's and a few ASCII symbols (not the backtick).
+const DEFAULT_PUNCT: Pattern = Pattern {
+    head: r"[\p{P}\$\+<=>\^~\|]+",
+    tail: Tail::None,
+    lookaround_head: None,
+};
+const DEFAULT_NUMBERS: Pattern = Pattern {
+    head: r"\p{N}+",
+    tail: Tail::None,
+    lookaround_head: None,
+};
+const DEFAULT_ASCII_DIGITS: Pattern = Pattern {
+    head: r"[0-9][0-9][0-9]",
     tail: Tail::None,
     lookaround_head: None,
 };
@@ -135,18 +154,23 @@ const TEKKEN: Pattern = Pattern {
     ),
 };
 
-/// The patterns llama.cpp uses for `name` (`tokenizer.ggml.pre`).
+/// The patterns llama.cpp uses for `name` (`tokenizer.ggml.pre`; a file without one is
+/// `default`). Names llama.cpp does not know (it refuses the file) get GPT-2's, with a
+/// warning.
 fn patterns(name: &str) -> Vec<Pattern> {
     match name {
-        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => {
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b"
+        | "mellum2" => {
             vec![DIGITS, GPT2]
         }
-        "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "pixtral" | "dbrx" | "smaug-bpe" => {
-            vec![LLAMA3]
-        }
-        "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" => vec![QWEN2],
+        "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" => vec![LLAMA3],
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan"
+        | "solar-open" | "grok-2" => vec![QWEN2],
         "tekken" => vec![TEKKEN],
-        "gpt2" | "gpt-2" | "mpt" | "olmo" | "jais" | "default" | "" => vec![GPT2],
+        "gpt2" | "gpt-2" | "phi-2" | "gigachat" | "a.x-4.0" | "mellum" | "exaone4" | "mpt"
+        | "olmo" | "jais" | "trillion" | "granite-docling" => vec![GPT2],
+        "default" | "" => vec![DEFAULT_PUNCT, GPT2, DEFAULT_NUMBERS, DEFAULT_ASCII_DIGITS],
         other => {
             tracing::warn!(pre = other, "unknown pre-tokenizer; using gpt2's");
             vec![GPT2]
@@ -304,7 +328,7 @@ mod tests {
     #[test]
     fn linear_splits_equal_the_backtracking_engine_on_random_text() {
         let mut rng = SplitMix64(0x5eed_7e47);
-        for name in ["smollm", "llama3", "qwen2", "gpt2", "tekken"] {
+        for name in ["smollm", "llama3", "qwen2", "gpt2", "tekken", "default"] {
             let p = PreTokenizer::for_name(name).unwrap();
             let reference: Vec<fancy_regex::Regex> = patterns(name)
                 .iter()
@@ -330,6 +354,16 @@ mod tests {
         );
         assert_eq!(tekken.split("ÉCOLEécole"), vec!["ÉCOLEécole"]);
         assert_eq!(tekken.split("aBC"), vec!["a", "BC"]);
+    }
+
+    #[test]
+    fn default_splits_punctuation_then_words_then_numbers_then_ascii_digit_triples() {
+        let default = PreTokenizer::for_name("default").unwrap();
+        assert_eq!(
+            default.split("a+b=c!? `x` 12345 ٣٣٣٣"),
+            vec!["a", "+", "b", "=", "c", "!?", " `", "x", "`", " ", "123", "45", " ", "٣٣٣٣"]
+        );
+        assert_eq!(default.split("«x»…"), vec!["«", "x", "»…"]);
     }
 
     #[test]

@@ -78,6 +78,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// Whether a render's leading BOS text is removed (the tokenizer adds the BOS).
+    drop_bos: bool,
     /// The time `strftime_now` formats, in seconds since the epoch (UTC); `NOW` reads the
     /// clock at each render.
     now: Arc<AtomicI64>,
@@ -136,6 +138,7 @@ impl ChatTemplate {
             env,
             bos: bos.into(),
             eos: eos.into(),
+            drop_bos: false,
             now,
         };
         t.check_supported()?;
@@ -146,6 +149,15 @@ impl ChatTemplate {
     /// clock: for renders that must not depend on the day (tests, parity checks).
     pub fn with_now(self, epoch_seconds: i64) -> Self {
         self.now.store(epoch_seconds, Ordering::Relaxed);
+        self
+    }
+
+    /// The template for a tokenizer that adds the BOS token itself (`add_bos`): a
+    /// render that starts with the BOS text (Gemma's and Llama 3's templates write
+    /// `{{ bos_token }}` first) has it removed, as llama.cpp's server does, so the
+    /// prompt gets one BOS token, not two.
+    pub fn dropping_leading_bos(mut self, drop: bool) -> Self {
+        self.drop_bos = drop;
         self
     }
 
@@ -248,8 +260,13 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String, TokenizerError> {
-        self.render_value(messages, add_generation_prompt, tools)
-            .map_err(|e| TokenizerError::Template(e.to_string()))
+        let text = self
+            .render_value(messages, add_generation_prompt, tools)
+            .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        Ok(match text.strip_prefix(self.bos.as_str()) {
+            Some(rest) if self.drop_bos && !self.bos.is_empty() => rest.to_string(),
+            _ => text,
+        })
     }
 
     fn render_value(
