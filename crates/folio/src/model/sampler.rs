@@ -46,6 +46,11 @@ impl Default for SamplingParams {
     }
 }
 
+/// The most rejection draws a constrained sample makes before it masks (see
+/// [`Sampler::sample_constrained`]); each costs a random number and one question to
+/// the grammar.
+pub const REJECTION_DRAWS: usize = 8;
+
 /// A sampler with its own seeded random stream.
 pub struct Sampler {
     pub params: SamplingParams,
@@ -83,7 +88,7 @@ impl Sampler {
         if self.params.temperature <= 0.0 {
             return argmax(&l);
         }
-        let s = self.shortlist(&self.ranked(&l, 0), l.len());
+        let s = self.shortlist(&self.ranked(&l), l.len());
         self.draw(&s.cand)
     }
 
@@ -104,11 +109,12 @@ impl Sampler {
     /// Where none applies and there is no nucleus cut, nor a top-k cut that binds
     /// (the masked candidates are then the allowed ones among the unmasked ones):
     ///
-    /// 4. Rejection: one draw among the unmasked candidates stands if the grammar
-    ///    takes it (and the best token, which min-p is relative to). Else the caller
-    ///    masks and `sample` draws a second number: P(x) = p(x) + (1 − p(A))·p(x)/p(A)
-    ///    = p(x)/p(A), the masked distribution exactly, from another use of the
-    ///    stream than masking first would make.
+    /// 4. Rejection: when the grammar takes the best token (which min-p is relative
+    ///    to), up to [`REJECTION_DRAWS`] draws among the unmasked candidates, the
+    ///    first the grammar takes standing. After as many refusals the caller masks
+    ///    and `sample` draws once more: P(x) = p(x)·Σ_{t<R} (1 − p(A))^t +
+    ///    (1 − p(A))^R·p(x)/p(A) = p(x)/p(A), the masked distribution exactly, from
+    ///    another use of the stream than masking first would make.
     ///
     /// So a seed still gives the same tokens run after run: every choice here
     /// depends only on the logits and the grammar's state.
@@ -137,7 +143,7 @@ impl Sampler {
             let first = best(&l, max_checks).into_iter().find(|c| ask(c.0))?;
             return finite(&first).then_some(first.0);
         }
-        let ranked = self.ranked(&l, max_checks);
+        let ranked = self.ranked(&l);
         if !ranked.first().is_some_and(finite) {
             return None;
         }
@@ -145,7 +151,7 @@ impl Sampler {
         if s.cand.len() <= max_checks && self.mask_keeps(&s) && s.cand.iter().all(|c| ask(c.0)) {
             return Some(self.draw(&s.cand));
         }
-        if let Some(kept) = self.scan(&ranked, l.len(), &mut ask, max_checks) {
+        if let Some(kept) = self.scan(&l, &ranked, l.len(), &mut ask, max_checks) {
             if !kept.first().is_some_and(finite) {
                 return None;
             }
@@ -154,10 +160,16 @@ impl Sampler {
         }
         let p = &self.params;
         if p.top_p >= 1.0 && matches!(s.end, End::Vocab | End::MinP) {
-            let best = s.cand[0].0;
-            let x = self.draw(&s.cand);
-            if ask(x) && (s.end != End::MinP || ask(best)) {
-                return Some(x);
+            // Min-p is relative to the best token; masked, to the best allowed one.
+            if s.end == End::MinP && !ask(s.cand[0].0) {
+                return None;
+            }
+            let probs = softmax_of(&s.cand, p.temperature);
+            for _ in 0..REJECTION_DRAWS {
+                let x = self.pick(&s.cand, &probs);
+                if ask(x) {
+                    return Some(x);
+                }
             }
         }
         None
@@ -193,13 +205,14 @@ impl Sampler {
     }
 
     /// The masked candidates before the nucleus and min-p cuts, found by asking down
-    /// `ranked` (all of a `vocab`-token ranking, or at least its best `max_checks`):
+    /// the ranking of `l` (`ranked`, its head so far, is ranked further as needed):
     /// the first k allowed tokens, or fewer where the rest cannot matter: with no
     /// nucleus cut, once a token fails min-p against the best allowed one (as would
     /// every later token); with a nucleus cut under top-k, once its end is known
     /// (`nucleus_settled`). `None` when none of these ends within `max_checks` tokens.
     fn scan(
         &self,
+        l: &[f32],
         ranked: &[(u32, f32)],
         vocab: usize,
         ask: &mut dyn FnMut(u32) -> bool,
@@ -217,10 +230,15 @@ impl Sampler {
             return None;
         }
         let mut kept: Vec<(u32, f32)> = Vec::new();
-        for (i, &c) in ranked.iter().enumerate() {
-            if i >= max_checks {
-                return None;
+        let mut ranked = std::borrow::Cow::Borrowed(ranked);
+        for i in 0..max_checks {
+            // Past the head ranked so far: rank as far as the questions may go.
+            if i + 1 >= ranked.len() && ranked.len() < vocab {
+                ranked = std::borrow::Cow::Owned(best(l, (max_checks + 1).min(vocab)));
             }
+            let Some(&c) = ranked.get(i) else {
+                break;
+            };
             if let (true, Some(b)) = (early, kept.first()) {
                 if (c.1 - b.1).exp() < p.min_p {
                     return Some(kept);
@@ -291,12 +309,11 @@ impl Sampler {
         l
     }
 
-    /// The tokens best first (ties by id): the best top-k (at least `at_least`)
-    /// under a top-k cut, else all.
-    fn ranked(&self, l: &[f32], at_least: usize) -> Vec<(u32, f32)> {
+    /// The tokens best first (ties by id): the best k under a top-k cut, else all.
+    fn ranked(&self, l: &[f32]) -> Vec<(u32, f32)> {
         let k = self.params.top_k;
         if k > 0 && k < l.len() {
-            best(l, k.max(at_least))
+            best(l, k)
         } else {
             best(l, l.len())
         }
@@ -348,10 +365,15 @@ impl Sampler {
     /// one a mask left at zero).
     fn draw(&mut self, cand: &[(u32, f32)]) -> u32 {
         let probs = softmax_of(cand, self.params.temperature);
+        self.pick(cand, &probs)
+    }
+
+    /// [`Sampler::draw`] with the probabilities at the temperature given.
+    fn pick(&mut self, cand: &[(u32, f32)], probs: &[f32]) -> u32 {
         let r = self.rng.unit_f32();
         let mut acc = 0.0;
         let mut last = cand.first().map_or(0, |c| c.0);
-        for (&(id, _), &pr) in cand.iter().zip(&probs) {
+        for (&(id, _), &pr) in cand.iter().zip(probs) {
             acc += pr;
             if r < acc {
                 return id;
