@@ -93,7 +93,8 @@ impl Sampler {
     }
 
     /// Samples under a grammar without its mask: `allowed` says whether the grammar
-    /// takes one token, and is asked about at most `max_checks` distinct tokens.
+    /// takes one token, and is asked about at most `max_checks` tokens down the
+    /// ranking, plus at most `REJECTION_DRAWS + 1` for rejection draws.
     /// `None` means the caller must mask the logits and call [`Sampler::sample`].
     ///
     /// The token is the one `sample` gives for the masked logits with the same random
