@@ -91,6 +91,7 @@ pub fn run(report: &mut Report, model: Model, page_size: usize, reps: usize) -> 
     rec.insert("schema_compile_ms".into(), json!(median(&compile)));
     for batch in [1usize, 16] {
         let (mut with, mut without) = (Vec::new(), Vec::new());
+        let (mut checked, mut masked) = (0u64, 0u64);
         for round in 0..reps {
             let prompt = |i: usize| format!("Describe film number {} as JSON:", 100 * round + i);
             let constrained: Vec<Request> = (0..batch)
@@ -103,7 +104,11 @@ pub fn run(report: &mut Report, model: Model, page_size: usize, reps: usize) -> 
                     r
                 })
                 .collect();
+            let before = engine.stats()?;
             let (rate, lens) = decode_rate(&engine, constrained)?;
+            let after = engine.stats()?;
+            checked += after.grammar_checked - before.grammar_checked;
+            masked += after.grammar_masked - before.grammar_masked;
             with.push(rate);
             let plain: Vec<Request> = (0..batch)
                 .map(|i| {
@@ -127,9 +132,15 @@ pub fn run(report: &mut Report, model: Model, page_size: usize, reps: usize) -> 
             rounds(&with),
             rounds(&without)
         );
+        let share = 100.0 * checked as f64 / (checked + masked).max(1) as f64;
+        println!(
+            "  (constrained samples decided without a mask: {checked} of {}, {share:.1}%)",
+            checked + masked
+        );
         rec.insert(
             format!("batch_{batch}"),
-            json!({"constrained": figure(w, &with), "unconstrained": figure(wo, &without)}),
+            json!({"constrained": figure(w, &with), "unconstrained": figure(wo, &without),
+                   "samples_without_mask": checked, "samples_masked": masked}),
         );
     }
     report.add("grammar", rec.into());

@@ -62,6 +62,9 @@ impl Core {
             }
         }
         let mut sched = Scheduler::new(cfg.max_batch_tokens, window);
+        sched.grammar.checks = cfg.grammar_checks;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        sched.grammar.spare_core = cores > model.threads();
         if cfg.free_window_pages {
             sched.sliding_window = model.config.sliding_window();
         }
@@ -143,16 +146,19 @@ impl Core {
         self.give_back_retired();
     }
 
-    /// Runs the planned step. Grammar masks of the sequences that sample from it are
-    /// computed meanwhile on a thread of their own: a mask depends only on the
-    /// tokens already sampled, so constrained decoding costs no wall time when its
-    /// masks are ready before the logits.
+    /// Runs the planned step. Grammar masks that the step's samples will likely need
+    /// are computed meanwhile on a thread of their own: a mask depends only on the
+    /// tokens already sampled. Most constrained samples need none (the sampler asks
+    /// the grammar about single tokens), and a mask computed for nothing takes a
+    /// core from the forward pass: so masks are computed ahead only where a core is
+    /// spare, for the samples whose last sample needed one.
     fn forward_with_masks(
         &mut self,
         plan: &Plan,
     ) -> Result<Vec<Vec<f32>>, crate::model::StepError> {
+        let steps = &self.sched.grammar;
         let sampling = |i: &usize, step: &crate::kv::SeqStep| {
-            step.logits != crate::kv::Logits::None && self.sched.seqs[*i].constrained()
+            step.logits != crate::kv::Logits::None && self.sched.seqs[*i].wants_mask_ahead(steps)
         };
         let wanted: Vec<usize> = plan
             .seqs
@@ -161,6 +167,7 @@ impl Core {
             .filter(|(i, s)| sampling(i, s))
             .map(|(i, _)| *i)
             .collect();
+        self.sched.grammar.masks_ahead += wanted.len() as u64;
         let (model, kv, seqs) = (&self.model, &mut self.kv, &mut self.sched.seqs);
         if wanted.is_empty() {
             return model.forward(&plan.batch, kv.storage());
@@ -261,6 +268,10 @@ impl Core {
             window_pages_released: c.window_pages_released,
             step_tokens: c.step_tokens.to_vec(),
             step_tokens_sum: c.step_tokens_sum,
+            grammar_checked: self.sched.grammar.checked,
+            grammar_masked: self.sched.grammar.masked,
+            grammar_masks_ahead: self.sched.grammar.masks_ahead,
+            grammar_masks_ahead_used: self.sched.grammar.masks_ahead_used,
         }
     }
 

@@ -29,6 +29,12 @@ pub struct EngineConfig {
     /// the pages that left the window as it goes (they become cached). Off, each keeps
     /// all its pages until it ends (same results, more pages held).
     pub free_window_pages: bool,
+    /// Under a grammar, ask it about single tokens and compute its mask of the whole
+    /// vocabulary only where that does not decide the sample (see
+    /// `Sampler::sample_constrained`: greedy and cut samples give the same tokens).
+    /// Off, every constrained sample masks first: the reference the tests compare
+    /// with.
+    pub grammar_checks: bool,
 }
 
 impl Default for EngineConfig {
@@ -41,6 +47,7 @@ impl Default for EngineConfig {
             snapshot_dir: None,
             kv_dtype: KvDtype::F16,
             free_window_pages: true,
+            grammar_checks: true,
         }
     }
 }
@@ -341,6 +348,15 @@ pub struct EngineStats {
     pub step_tokens: Vec<u64>,
     /// Token rows over all steps.
     pub step_tokens_sum: u64,
+    /// Constrained samples decided by asking the grammar about single tokens (no
+    /// mask computed).
+    pub grammar_checked: u64,
+    /// Constrained samples drawn from logits masked by the grammar.
+    pub grammar_masked: u64,
+    /// Grammar masks computed ahead, beside the forward pass (for the samples whose
+    /// previous sample needed one), and how many of them a sample used.
+    pub grammar_masks_ahead: u64,
+    pub grammar_masks_ahead_used: u64,
 }
 
 /// Bucket bounds of [`EngineStats::step_tokens`] (vLLM's for `iteration_tokens_total`).

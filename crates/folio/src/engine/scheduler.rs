@@ -17,7 +17,7 @@
 
 use super::error::EngineError;
 use super::request::STEP_TOKEN_BOUNDS;
-use super::seq::{After, Gen, Purpose, Seq};
+use super::seq::{After, Gen, GrammarSteps, Purpose, Seq};
 use crate::kv::{Batch, KvError, Logits, PageTable, PagedKv};
 use crate::tokenizer::Tokenizer;
 
@@ -75,6 +75,8 @@ pub(crate) struct Scheduler {
     /// The most tokens a sequence may hold.
     pub window: usize,
     pub counters: Counters,
+    /// How constrained samples are drawn, and their counts.
+    pub grammar: GrammarSteps,
     /// The widest window when every layer of the model slides and plain requests free
     /// the pages it left (`EngineConfig::free_window_pages`); `None` otherwise.
     pub sliding_window: Option<usize>,
@@ -91,6 +93,14 @@ impl Scheduler {
             max_batch_tokens,
             window,
             counters: Counters::default(),
+            grammar: GrammarSteps {
+                checks: true,
+                spare_core: false,
+                checked: 0,
+                masked: 0,
+                masks_ahead: 0,
+                masks_ahead_used: 0,
+            },
             sliding_window: None,
             retired: Vec::new(),
         }
@@ -416,7 +426,7 @@ impl Scheduler {
             let l = &l[l.len() - vocab..];
             children.extend(self.fork_samples(kv, tok, i, l));
             let before = self.seqs[i].tokens.len();
-            match self.seqs[i].sample(tok, l, self.window) {
+            match self.seqs[i].sample(tok, l, self.window, &mut self.grammar) {
                 After::Continue => {}
                 After::Finished(why) => done.push((i, Some(why))),
                 After::Gone => done.push((i, None)),
@@ -489,7 +499,7 @@ impl Scheduler {
                 ctx: None,
             };
             let before = child.tokens.len();
-            let after = child.sample(tok, logits, self.window);
+            let after = child.sample(tok, logits, self.window, &mut self.grammar);
             self.counters.generated_tokens += (child.tokens.len() - before) as u64;
             match after {
                 After::Continue => out.push(child),

@@ -6,6 +6,11 @@
 //! JSON object, a regex, a choice among strings, a Lark grammar). A source that
 //! does not compile is a [`GrammarError`] before any work.
 //!
+//! A grammar answers two questions: whether it takes one token next
+//! ([`Grammar::accepts`], a walk of that token's bytes) and which tokens it allows
+//! ([`Grammar::allowed`], the whole vocabulary, some 300 times dearer). The sampler
+//! asks the first where that decides the sample and masks with the second otherwise.
+//!
 //! It sits beside the tokenizer: it reads token bytes, and the engine's sampler uses
 //! it. Nothing here touches pages or the model.
 
@@ -135,6 +140,15 @@ impl Grammars {
 pub struct Allowed(toktrie::SimpleVob);
 
 impl Allowed {
+    /// Whether `token` is allowed.
+    pub fn contains(&self, token: u32) -> bool {
+        let t = token as usize;
+        self.0
+            .as_slice()
+            .get(t / 32)
+            .is_some_and(|w| w >> (t % 32) & 1 == 1)
+    }
+
     /// Sets every other token's logit to -inf; false when no allowed token has a
     /// finite logit.
     pub fn apply(&self, logits: &mut [f32]) -> bool {
@@ -199,6 +213,14 @@ impl Grammar {
     /// forward pass that gives the next logits runs.
     pub fn allowed(&mut self) -> Option<Allowed> {
         self.0.compute_mask_or_eos().ok().map(Allowed)
+    }
+
+    /// Whether the grammar takes `token` next, without advancing: a walk of the
+    /// token's bytes, far cheaper than [`Grammar::allowed`]'s whole vocabulary. It
+    /// agrees with the mask (the tests check it token by token); end-of-sequence is
+    /// taken once the output may end.
+    pub fn accepts(&mut self, token: u32) -> bool {
+        self.0.validate_tokens(&[token]).is_ok_and(|n| n == 1)
     }
 
     /// Advances past the sampled `token`; false when the grammar refuses it.

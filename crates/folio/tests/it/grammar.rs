@@ -1,6 +1,8 @@
 //! Constrained decoding on the default model: the output always matches the grammar
 //! (a JSON schema, any JSON object, a regex, a choice), under sampling, with n > 1
 //! forks, and batched beside unconstrained requests; a bad source is an error first.
+//! Asking the grammar about single tokens gives the tokens masking first gives, and
+//! agrees with the mask token by token.
 
 use crate::common;
 use folio::engine::{Engine, EngineConfig, Prompt, Request};
@@ -177,4 +179,219 @@ fn constrained_samples_survive_preemption_and_run_in_contexts() {
         out[0].text
     );
     assert_eq!(ctx.info().unwrap().seq_len, before + out[0].ids.len());
+}
+
+/// Three schemas of different shapes: objects with bounded strings and arrays,
+/// enums, numbers with ranges and `anyOf`.
+fn schemas() -> Vec<serde_json::Value> {
+    vec![
+        json!({"type": "object", "properties": {
+            "title": {"type": "string", "maxLength": 24},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 3, "maxItems": 3},
+            "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+            "rating": {"type": "number", "minimum": 0, "maximum": 5}},
+            "required": ["title", "tags", "year", "rating"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "colours": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}},
+            "required": ["name", "age", "colours"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {
+            "ok": {"type": "boolean"},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "kind": {"anyOf": [{"type": "string", "maxLength": 10}, {"type": "integer"}]}},
+            "required": ["ok", "score", "kind"], "additionalProperties": false}),
+    ]
+}
+
+fn engine_with_checks(checks: bool) -> Engine {
+    let model = Model::load(&common::model_path(), 2).unwrap();
+    let cfg = EngineConfig {
+        kv_pages: 512,
+        grammar_checks: checks,
+        ..Default::default()
+    };
+    Engine::new(model, cfg).unwrap()
+}
+
+/// Submits `reqs` at once (one batch) and returns each sample's token ids and text.
+fn batch(e: &Engine, reqs: Vec<Request>) -> Vec<(Vec<u32>, String)> {
+    let streams: Vec<_> = reqs.into_iter().map(|r| e.submit(r).unwrap()).collect();
+    streams
+        .into_iter()
+        .flat_map(|s| s.collect_all().unwrap())
+        .map(|c| (c.ids, c.text))
+        .collect()
+}
+
+/// Request `i` of a batch: schema `i % 3`, its own prompt and seed.
+fn constrained(
+    i: usize,
+    grammars: &[folio::grammar::Grammar],
+    sampling: &folio::model::SamplingParams,
+) -> Request {
+    let prompts = [
+        "Describe a film as JSON:",
+        "Describe a person as JSON:",
+        "A verdict as JSON:",
+    ];
+    let mut r = Request::new(Prompt::Text(format!("{} (number {i})", prompts[i % 3])));
+    r.max_tokens = 80;
+    r.sampling = sampling.clone();
+    r.sampling.seed = i as u64;
+    r.grammar = Some(grammars[i % 3].clone());
+    r
+}
+
+/// The keys each schema requires are there (outputs cut by max_tokens are skipped).
+fn check_output(i: usize, text: &str) {
+    let keys: [&[&str]; 3] = [
+        &["title", "tags", "year", "rating"],
+        &["name", "age", "colours"],
+        &["ok", "score", "kind"],
+    ];
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(text) {
+        let o = v.as_object().unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(o.len(), keys[i % 3].len(), "{text}");
+        assert!(keys[i % 3].iter().all(|k| o.contains_key(*k)), "{text}");
+    }
+}
+
+/// Greedy, and sampling with top-k/top-p/min-p cuts (where the sampler never draws a
+/// rejection sample), give bit-identical token ids whether the sampler asks the
+/// grammar about single tokens or masks every step; alone and in a batch of 16.
+#[test]
+fn asking_single_tokens_gives_the_tokens_masking_first_gives() {
+    let (fast, slow) = (engine_with_checks(true), engine_with_checks(false));
+    let model = Model::load(&common::model_path(), 1).unwrap();
+    let gs = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
+    let grammars: Vec<_> = schemas()
+        .into_iter()
+        .map(|s| gs.compile(&GrammarSpec::JsonSchema(s)).unwrap())
+        .collect();
+    let greedy = folio::model::SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let cut = folio::model::SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.9,
+        min_p: 0.05,
+        ..Default::default()
+    };
+    let nucleus = folio::model::SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 0.9,
+        min_p: 0.0,
+        ..Default::default()
+    };
+    for (label, sampling) in [("greedy", greedy), ("top-k", cut), ("top-p", nucleus)] {
+        for i in 0..3 {
+            let one = |e: &Engine| batch(e, vec![constrained(i, &grammars, &sampling)]);
+            let got = one(&fast);
+            assert_eq!(got, one(&slow), "{label}, alone, schema {i}");
+            check_output(i, &got[0].1);
+        }
+        let sixteen = |e: &Engine| {
+            batch(
+                e,
+                (0..16)
+                    .map(|i| constrained(i, &grammars, &sampling))
+                    .collect(),
+            )
+        };
+        let got = sixteen(&fast);
+        assert_eq!(got, sixteen(&slow), "{label}, batch of 16");
+        for (i, (_, text)) in got.iter().enumerate() {
+            check_output(i, text);
+        }
+    }
+    let (f, s) = (fast.stats().unwrap(), slow.stats().unwrap());
+    eprintln!(
+        "asked: {} samples decided by single tokens, {} masked",
+        f.grammar_checked, f.grammar_masked
+    );
+    assert!(f.grammar_checked > f.grammar_masked, "{f:?}");
+    assert_eq!(s.grammar_checked, 0);
+    assert_eq!(s.grammar_masked, f.grammar_checked + f.grammar_masked);
+}
+
+/// Sampling with temperature and no cuts (rejection draws) or min-p alone: a seed
+/// gives the same tokens twice, n > 1 forks included, and every output matches.
+#[test]
+fn a_seed_gives_the_same_constrained_tokens_twice() {
+    let e = engine_with_checks(true);
+    let model = Model::load(&common::model_path(), 1).unwrap();
+    let gs = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
+    let grammars: Vec<_> = schemas()
+        .into_iter()
+        .map(|s| gs.compile(&GrammarSpec::JsonSchema(s)).unwrap())
+        .collect();
+    for min_p in [0.0, 0.1] {
+        let sampling = folio::model::SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p,
+            ..Default::default()
+        };
+        let run = || {
+            let reqs = (0..6)
+                .map(|i| {
+                    let mut r = constrained(i, &grammars, &sampling);
+                    r.n = 2;
+                    r
+                })
+                .collect();
+            batch(&e, reqs)
+        };
+        let first = run();
+        assert_eq!(first.len(), 12);
+        assert_eq!(first, run(), "min_p {min_p}");
+        for (k, (_, text)) in first.iter().enumerate() {
+            check_output(k / 2, text);
+        }
+    }
+    assert!(e.stats().unwrap().grammar_checked > 0);
+}
+
+/// Along walks through three schemas, the grammar takes a token exactly when its mask
+/// allows it, for every token of the vocabulary: the single-token questions the
+/// sampler asks stand for the mask.
+#[test]
+fn a_single_token_check_agrees_with_the_mask() {
+    let model = Model::load(&common::model_path(), 1).unwrap();
+    let gs = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
+    let vocab = model.config.vocab as u32;
+    let mut rng = folio::rng::SplitMix64(9);
+    let mut states = 0;
+    for schema in schemas() {
+        let mut g = gs.compile(&GrammarSpec::JsonSchema(schema)).unwrap();
+        for _ in 0..30 {
+            if g.is_done() {
+                break;
+            }
+            let m = g.allowed().unwrap();
+            let allowed: Vec<u32> = (0..vocab).filter(|&t| m.contains(t)).collect();
+            for t in 0..vocab {
+                assert_eq!(
+                    g.accepts(t),
+                    m.contains(t),
+                    "token {t} after {states} states"
+                );
+            }
+            states += 1;
+            // Mostly short tokens, so the walk reaches deep into the schema.
+            let pick = allowed[(rng.next_u64() % allowed.len() as u64) as usize];
+            let short = allowed
+                .iter()
+                .copied()
+                .filter(|&t| model.tokenizer.token_bytes(t).len() <= 2)
+                .nth((rng.next_u64() % 4) as usize);
+            assert!(g.advance(short.unwrap_or(pick)));
+        }
+    }
+    assert!(states >= 60, "{states}");
 }
