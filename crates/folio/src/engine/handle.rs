@@ -303,13 +303,28 @@ impl Context {
 
     /// Appends text (special-token text becomes the special token; a BOS goes first
     /// when the context is empty and the model wants one).
+    ///
+    /// The text is tokenized on the caller's thread, not the engine's: a long text
+    /// (up to the tokenizer's input cap) would otherwise stall every request's next
+    /// step. Whether the BOS goes first is checked again when the tokens are appended
+    /// (another caller may have appended meanwhile; then it is tokenized again).
     pub fn append_text(&self, text: &str) -> Result<(), EngineError> {
-        let (id, text) = (self.id, text.to_string());
-        self.engine.call(move |c| {
-            let empty = c.contexts.is_empty(id)?;
-            let toks = c.model.tokenizer.try_encode(&text, empty)?;
-            c.contexts.append(&c.model, c.sched.window, id, toks)
-        })?
+        let id = self.id;
+        loop {
+            let empty = self.engine.call(move |c| c.contexts.is_empty(id))??;
+            let toks = self.engine.model().tokenizer.try_encode(text, empty)?;
+            let appended = self.engine.call(move |c| {
+                if c.contexts.is_empty(id)? != empty {
+                    return Ok(false);
+                }
+                c.contexts
+                    .append(&c.model, c.sched.window, id, toks)
+                    .map(|()| true)
+            })??;
+            if appended {
+                return Ok(());
+            }
+        }
     }
 
     /// Appends a chat message rendered with the model's template.

@@ -211,6 +211,21 @@ fn a_save_past_its_deadline_is_cancelled_and_keeps_the_old_snapshot() {
     e.check_invariants().unwrap();
 }
 
+/// Text appended to a context is tokenized as the tokenizer does it: with the BOS
+/// rules of a first piece while the context is empty, without after.
+#[test]
+fn append_text_tokenizes_as_the_tokenizer_with_bos_only_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = tiny_engine(&dir, None);
+    let tok = &e.model().tokenizer;
+    let ctx = e.context(None).unwrap();
+    ctx.append_text("hello world").unwrap();
+    ctx.append_text(" and more").unwrap();
+    let mut want = tok.encode("hello world", true);
+    want.extend(tok.encode(" and more", false));
+    assert_eq!(ctx.tokens().unwrap(), want);
+}
+
 fn ctx_save_bad_name(e: &Engine) -> Result<(), EngineError> {
     let c = e.context(None)?;
     c.append_tokens(&[1, 2, 3])?;
