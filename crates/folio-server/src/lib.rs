@@ -66,7 +66,8 @@ pub struct ServeConfig {
     /// Most tokens one choice may generate (a larger `max_tokens` is 400).
     pub max_tokens: usize,
     /// How long one request may run, queue included, before it is stopped (503, or an
-    /// error event ending its stream); `None`: no limit.
+    /// error event ending its stream); a snapshot save's flush is cancelled and
+    /// nothing is written (see `deadline.rs`); `None`: no limit.
     pub request_timeout: Option<Duration>,
 }
 
