@@ -164,7 +164,7 @@ fn check_restores(body: &[u8]) {
 
 fn http() -> Vec<(String, Vec<u8>)> {
     use folio_server::fuzzing::BodyRoute;
-    let bodies: [(BodyRoute, &str); 16] = [
+    let bodies: [(BodyRoute, &str); 36] = [
         (
             BodyRoute::Completions,
             r#"{"prompt":"Once upon a time","max_tokens":8,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"stop":["\n","."],"seed":42,"n":2,"logprobs":2,"echo":true,"stream":true,"stream_options":{"include_usage":true}}"#,
@@ -222,6 +222,58 @@ fn http() -> Vec<(String, Vec<u8>)> {
         (
             BodyRoute::SnapshotSave,
             r#"{"context":"ctx-1","name":"agent-1"}"#,
+        ),
+        // Every body route, valid and near-valid (a wrong type, a missing or extra
+        // field, a bad value), so the fuzzer starts at each route's checks.
+        (
+            BodyRoute::Tokenize,
+            r#"{"content":"Hello world","with_pieces":true}"#,
+        ),
+        (
+            BodyRoute::Tokenize,
+            r#"{"prompt":"<|im_start|>x","add_special":false}"#,
+        ),
+        (
+            BodyRoute::Tokenize,
+            r#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"text","text":"yo"}]}],"with_pieces":true}"#,
+        ),
+        (
+            BodyRoute::Tokenize,
+            r#"{"content":"a","messages":[{"role":"user","content":"b"}]}"#,
+        ),
+        (BodyRoute::Tokenize, r#"{"messages":[{"role":7}]}"#),
+        (BodyRoute::Detokenize, r#"{"tokens":[1,2,3,49151]}"#),
+        (BodyRoute::Detokenize, r#"{"tokens":[49152]}"#),
+        (BodyRoute::Detokenize, r#"{"tokens":[-1,4294967296]}"#),
+        (BodyRoute::Detokenize, r#"{"tokens":"abc"}"#),
+        (
+            BodyRoute::SnapshotSave,
+            r#"{"context":"ctx-1","name":"../etc/x"}"#,
+        ),
+        (BodyRoute::SnapshotSave, r#"{"context":"ctx-1","name":""}"#),
+        (BodyRoute::ContextCreate, " \n"),
+        (BodyRoute::ContextCreate, r#"{"cache_salt":5}"#),
+        (
+            BodyRoute::ContextAppend,
+            r#"{"text":"Once upon a time<|im_end|>"}"#,
+        ),
+        (BodyRoute::ContextAppend, r#"{"text":"a","tokens":[1]}"#),
+        (
+            BodyRoute::ContextAppend,
+            r#"{"messages":[{"role":"tool","content":"x"}]}"#,
+        ),
+        (BodyRoute::ContextTruncate, r#"{"tokens":-1}"#),
+        (
+            BodyRoute::ContextGenerate,
+            r#"{"chat":true,"max_tokens":99999,"stop":["a",1]}"#,
+        ),
+        (
+            BodyRoute::Completions,
+            r#"{"prompt":[],"max_tokens":-3,"n":0,"temperature":"hot"}"#,
+        ),
+        (
+            BodyRoute::Chat,
+            r#"{"messages":[],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"nope"}}}}"#,
         ),
     ];
     bodies

@@ -54,7 +54,7 @@ pub struct Args {
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_cap: usize,
     /// Seconds one request may run, queue included, before it is stopped (503, or an
-    /// error event ending its stream); 0: no limit.
+    /// error event ending its stream; a snapshot save writes nothing); 0: no limit.
     #[arg(long, default_value_t = 600.0)]
     pub request_timeout: f64,
 }

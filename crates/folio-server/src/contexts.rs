@@ -10,6 +10,7 @@
 use crate::answer::Head;
 use crate::api::{ChatMessage, GenRequest};
 use crate::body::{JsonBody, RawBody};
+use crate::deadline::Deadline;
 use crate::error::ApiError;
 use crate::generate::{answer_chat, answer_completion, first_event, prepare};
 use crate::params::{message_text, Route};
@@ -376,15 +377,16 @@ pub async fn generate(
     Path(id): Path<String>,
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
+    let deadline = Deadline::start(&st);
     let extra: GenerateExtra = crate::body::parse(&body)?;
     let r: GenRequest = crate::body::parse(&body)?;
     let e = st.contexts.get(&id)?;
-    let job = prepare(&st, Route::Context, r).await?;
+    let job = prepare(&st, Route::Context, r, deadline).await?;
     let chat = extra.chat.unwrap_or(e.chat.load(Ordering::Relaxed));
     let engine = engine(&st)?;
     let st2 = st.clone();
     let run = blocking(move || {
-        let job2 = Run::start_context(&st2, &e.ctx, &job, chat)?;
+        let job2 = Run::start_context(&st2, &e.ctx, &job, chat, deadline)?;
         Ok((job2, job))
     })
     .await;
@@ -417,15 +419,34 @@ pub struct Save {
     pub name: String,
 }
 
+impl Save {
+    /// The name can name a snapshot (checked before the context's flush).
+    pub fn check(&self) -> Result<(), ApiError> {
+        Context::check_name(&self.name).map_err(|e| {
+            let mut e = ApiError::from(e);
+            e.param = Some("name".into());
+            e
+        })
+    }
+}
+
 pub async fn snapshot_save(
     State(st): St,
     JsonBody(s): JsonBody<Save>,
 ) -> Result<Response, ApiError> {
+    let deadline = Deadline::start(&st);
+    s.check()?;
     engine(&st)?;
     let e = st.contexts.get(&s.context)?;
     let name = s.name.clone();
+    let st2 = st.clone();
     let tokens = blocking(move || {
-        e.ctx.save(&s.name)?;
+        match e.ctx.save_by(&s.name, deadline.get()) {
+            Err(folio::EngineError::TimedOut { limit }) => {
+                return Err(Deadline::timed_out(&st2, limit))
+            }
+            r => r?,
+        }
         Ok(e.ctx.info()?.seq_len)
     })
     .await?;

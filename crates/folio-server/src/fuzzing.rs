@@ -2,12 +2,14 @@
 //! fuzz targets in `fuzz/` (not an API: hidden from the docs, free to change). Each
 //! route does here exactly what its handler does with a body before any work is
 //! queued: parse it, then check it and tokenize its prompt (and compile its grammar),
-//! with the same functions the handlers call.
+//! with the same functions the handlers call. Every route that reads a body is here;
+//! fork, snapshot load and delete take none (their ids and names come in the path).
 
-use crate::api::GenRequest;
+use crate::api::{DetokenizeRequest, GenRequest, TokenizeRequest};
 use crate::body::parse;
 use crate::contexts::{Append, CreateContext, GenerateExtra, Save, Truncate};
 use crate::error::ApiError;
+use crate::misc::{detokenize_request, tokenize_request};
 use crate::params::{job, Route};
 use folio::grammar::Grammars;
 use folio::tokenizer::ChatTemplate;
@@ -30,11 +32,15 @@ pub enum BodyRoute {
     ContextGenerate,
     /// `POST /v1/snapshots`
     SnapshotSave,
+    /// `POST /tokenize`
+    Tokenize,
+    /// `POST /detokenize`
+    Detokenize,
 }
 
 impl BodyRoute {
     /// Every route, in a fixed order (a fuzz input's first byte picks one).
-    pub const ALL: [BodyRoute; 7] = [
+    pub const ALL: [BodyRoute; 9] = [
         BodyRoute::Completions,
         BodyRoute::Chat,
         BodyRoute::ContextCreate,
@@ -42,6 +48,8 @@ impl BodyRoute {
         BodyRoute::ContextTruncate,
         BodyRoute::ContextGenerate,
         BodyRoute::SnapshotSave,
+        BodyRoute::Tokenize,
+        BodyRoute::Detokenize,
     ];
 }
 
@@ -82,6 +90,12 @@ pub fn check_body(route: BodyRoute, body: &[u8], l: &Loaded) -> Result<usize, Ap
         BodyRoute::ContextCreate => CreateContext::from_body(body).map(|_| 0),
         BodyRoute::ContextAppend => parse::<Append>(body)?.checked().map(|_| 0),
         BodyRoute::ContextTruncate => parse::<Truncate>(body).map(|_| 0),
-        BodyRoute::SnapshotSave => parse::<Save>(body).map(|_| 0),
+        BodyRoute::SnapshotSave => parse::<Save>(body)?.check().map(|_| 0),
+        BodyRoute::Tokenize => {
+            tokenize_request(&parse::<TokenizeRequest>(body)?, l.model, l.template).map(|_| 0)
+        }
+        BodyRoute::Detokenize => {
+            detokenize_request(&parse::<DetokenizeRequest>(body)?, l.model).map(|_| 0)
+        }
     }
 }

@@ -8,6 +8,7 @@ use crate::answer::{
 };
 use crate::api::GenRequest;
 use crate::body::JsonBody;
+use crate::deadline::Deadline;
 use crate::error::ApiError;
 use crate::params::{self, Job, Route};
 use crate::run::{Run, Tagged};
@@ -29,19 +30,21 @@ pub async fn completions(
     State(st): St,
     JsonBody(r): JsonBody<GenRequest>,
 ) -> Result<Response, ApiError> {
-    let job = prepare(&st, Route::Completions, r).await?;
+    let deadline = Deadline::start(&st);
+    let job = prepare(&st, Route::Completions, r, deadline).await?;
     let head = Head::new("cmpl", &st.config.model_name);
     if job.req.max_tokens == 0 && job.req.prompt_logprobs.is_none() {
         return Ok(echo_only(&head, &job));
     }
-    let (run, first) = start(&st, &job).await?;
+    let (run, first) = start(&st, &job, deadline).await?;
     answer_completion(st.ready()?.engine.clone(), head, job, run, first).await
 }
 
 pub async fn chat(State(st): St, JsonBody(r): JsonBody<GenRequest>) -> Result<Response, ApiError> {
-    let job = prepare(&st, Route::Chat, r).await?;
+    let deadline = Deadline::start(&st);
+    let job = prepare(&st, Route::Chat, r, deadline).await?;
     let head = Head::new("chatcmpl", &st.config.model_name);
-    let (run, first) = start(&st, &job).await?;
+    let (run, first) = start(&st, &job, deadline).await?;
     answer_chat(st.ready()?.engine.clone(), head, job, run, first).await
 }
 
@@ -141,10 +144,17 @@ pub async fn answer_chat(
 
 /// Checks and tokenizes the request, and compiles its grammar, off the async
 /// threads (any of them can take milliseconds).
-pub async fn prepare(st: &Arc<AppState>, route: Route, r: GenRequest) -> Result<Job, ApiError> {
+pub async fn prepare(
+    st: &Arc<AppState>,
+    route: Route,
+    r: GenRequest,
+    deadline: Deadline,
+) -> Result<Job, ApiError> {
     st.ready()?;
     let st2 = st.clone();
-    tokio::task::spawn_blocking(move || {
+    // Past the deadline the answer goes at once; the check, which changes nothing,
+    // finishes on its blocking thread and is dropped.
+    let work = tokio::task::spawn_blocking(move || {
         let l = st2.ready()?;
         params::job(
             route,
@@ -155,15 +165,21 @@ pub async fn prepare(st: &Arc<AppState>, route: Route, r: GenRequest) -> Result<
             l.engine.window(),
             st2.config.max_tokens,
         )
-    })
-    .await
-    .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    });
+    deadline
+        .within(st, work)
+        .await?
+        .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
 }
 
 /// Submits the job and waits for its first event; an error there is the answer.
-async fn start(st: &Arc<AppState>, job: &Job) -> Result<(Run, Tagged), ApiError> {
+async fn start(
+    st: &Arc<AppState>,
+    job: &Job,
+    deadline: Deadline,
+) -> Result<(Run, Tagged), ApiError> {
     let engine = &st.ready()?.engine;
-    first_event(Run::start(st, engine, job)?).await
+    first_event(Run::start(st, engine, job, deadline)?).await
 }
 
 /// Waits for a run's first event; an error there is the answer.

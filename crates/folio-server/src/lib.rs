@@ -10,7 +10,8 @@
 //! `contexts` (the context and snapshot routes, `/v1/kv`),
 //! `params` (wire request → engine request), `api` (wire shapes), `answer` (answer
 //! shapes), `run` (one request's events and cancellation), `sse` (streams),
-//! `misc` (health, models, metrics, tokenize), `metrics`, `error`, `body`, `state`;
+//! `misc` (health, models, metrics, tokenize), `deadline` (`--request-timeout`),
+//! `metrics`, `error`, `body`, `state`;
 //! `fuzzing` (the body checks alone, for the fuzz targets).
 
 mod answer;
@@ -18,6 +19,7 @@ mod api;
 pub mod app;
 mod body;
 mod contexts;
+mod deadline;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -64,7 +66,8 @@ pub struct ServeConfig {
     /// Most tokens one choice may generate (a larger `max_tokens` is 400).
     pub max_tokens: usize,
     /// How long one request may run, queue included, before it is stopped (503, or an
-    /// error event ending its stream); `None`: no limit.
+    /// error event ending its stream); a snapshot save's flush is cancelled and
+    /// nothing is written (see `deadline.rs`); `None`: no limit.
     pub request_timeout: Option<Duration>,
 }
 

@@ -4,6 +4,7 @@
 use crate::answer::piece;
 use crate::api::{DetokenizeRequest, TokenizeRequest};
 use crate::body::JsonBody;
+use crate::deadline::Deadline;
 use crate::error::ApiError;
 use crate::params::render_chat;
 use crate::state::AppState;
@@ -82,14 +83,43 @@ pub async fn tokenize(
     State(st): St,
     JsonBody(r): JsonBody<TokenizeRequest>,
 ) -> Result<Response, ApiError> {
+    st.ready()?;
+    let with_pieces = r.with_pieces.unwrap_or(false);
+    let st2 = st.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        let l = st2.ready()?;
+        tokenize_request(&r, l.engine.model(), l.template.as_ref())
+    });
+    // Encoding is bounded by the body limit and the tokenizer's input cap; the time
+    // limit still answers on time (the work, which changes nothing, is then dropped).
+    let ids = Deadline::start(&st)
+        .within(&st, work)
+        .await?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     let l = st.ready()?;
-    let tok = &l.engine.model().tokenizer;
-    let (text, add_special) = match (r.content.or(r.prompt), r.messages) {
-        (Some(t), None) => (t, r.add_special.unwrap_or(true)),
-        (None, Some(m)) => (
-            render_chat(&m, l.template.as_ref(), true, None)?,
-            r.add_special.unwrap_or(true),
-        ),
+    let mut body = json!({"tokens": ids, "count": ids.len(), "max_model_len": l.engine.window()});
+    if with_pieces {
+        let tok = &l.engine.model().tokenizer;
+        body["pieces"] = ids.iter().map(|&i| piece(tok, i)).collect();
+    }
+    Ok(Json(body).into_response())
+}
+
+/// What `/tokenize` does with its body: the text (or the messages rendered with the
+/// chat template), encoded.
+pub(crate) fn tokenize_request(
+    r: &TokenizeRequest,
+    model: &folio::Model,
+    template: Option<&folio::tokenizer::ChatTemplate>,
+) -> Result<Vec<u32>, ApiError> {
+    let add_special = r.add_special.unwrap_or(true);
+    let rendered;
+    let text = match (r.content.as_ref().or(r.prompt.as_ref()), &r.messages) {
+        (Some(t), None) => t,
+        (None, Some(m)) => {
+            rendered = render_chat(m, template, true, None)?;
+            &rendered
+        }
         _ => {
             return Err(ApiError::invalid(
                 "content",
@@ -97,22 +127,10 @@ pub async fn tokenize(
             ))
         }
     };
-    let st2 = st.clone();
-    let ids = tokio::task::spawn_blocking(move || {
-        let l = st2.ready()?;
-        l.engine
-            .model()
-            .tokenizer
-            .try_encode(&text, add_special)
-            .map_err(|e| ApiError::from(folio::EngineError::from(e)))
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    let mut body = json!({"tokens": ids, "count": ids.len(), "max_model_len": l.engine.window()});
-    if r.with_pieces.unwrap_or(false) {
-        body["pieces"] = ids.iter().map(|&i| piece(tok, i)).collect();
-    }
-    Ok(Json(body).into_response())
+    model
+        .tokenizer
+        .try_encode(text, add_special)
+        .map_err(|e| ApiError::from(folio::EngineError::from(e)))
 }
 
 pub async fn detokenize(
@@ -120,19 +138,25 @@ pub async fn detokenize(
     JsonBody(r): JsonBody<DetokenizeRequest>,
 ) -> Result<Response, ApiError> {
     let l = st.ready()?;
-    let model = l.engine.model();
-    if let Some(bad) = r.tokens.iter().find(|&&t| t as usize >= model.config.vocab) {
-        return Err(ApiError::invalid(
-            "tokens",
-            format!(
-                "token id {bad} is outside the vocabulary (0..{})",
-                model.config.vocab
-            ),
-        ));
-    }
-    let text = model.tokenizer.decode(&r.tokens);
+    let text = detokenize_request(&r, l.engine.model())?;
     // llama.cpp answers `content`, vLLM `prompt`: both, so either client works.
     Ok(Json(json!({"content": text, "prompt": text})).into_response())
+}
+
+/// What `/detokenize` does with its body: every id must be in the vocabulary; the
+/// text of them.
+pub(crate) fn detokenize_request(
+    r: &DetokenizeRequest,
+    model: &folio::Model,
+) -> Result<String, ApiError> {
+    let vocab = model.config.vocab;
+    if let Some(bad) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("token id {bad} is outside the vocabulary (0..{vocab})"),
+        ));
+    }
+    Ok(model.tokenizer.decode(&r.tokens))
 }
 
 pub async fn not_found(method: Method, uri: Uri) -> ApiError {

@@ -2,10 +2,12 @@
 //! async channel, and their end. Dropping a `Run` before its samples finished (the
 //! client went away, streaming or not: the handler's future or the response body is
 //! dropped) cancels every engine request at once, so their pages go back before the
-//! next step. A run that outlives `--request-timeout` (queue included) ends with
-//! [`EngineError::TimedOut`] and is cancelled the same way. Request metrics are
+//! next step. A run that outlives its [`Deadline`] (`--request-timeout`, counted from
+//! the handler's start, queue included) ends with [`EngineError::TimedOut`] and is
+//! cancelled the same way. Request metrics are
 //! recorded here, as the events pass.
 
+use crate::deadline::Deadline;
 use crate::error::ApiError;
 use crate::params::Job;
 use crate::state::AppState;
@@ -45,8 +47,13 @@ pub struct Run {
 impl Run {
     /// Submits one engine request per prompt of `job`. 503 when `--max-queue`
     /// requests already wait for their first token.
-    pub fn start(state: &Arc<AppState>, engine: &Engine, job: &Job) -> Result<Run, ApiError> {
-        Self::begin(state, engine, job.choices(), |sink, ids| {
+    pub fn start(
+        state: &Arc<AppState>,
+        engine: &Engine,
+        job: &Job,
+        deadline: Deadline,
+    ) -> Result<Run, ApiError> {
+        Self::begin(state, engine, job.choices(), deadline, |sink, ids| {
             for (p, prompt) in job.prompts.iter().enumerate() {
                 let mut req = job.req.clone();
                 req.prompt = Prompt::Tokens(prompt.clone());
@@ -63,8 +70,9 @@ impl Run {
         ctx: &Context,
         job: &Job,
         chat: bool,
+        deadline: Deadline,
     ) -> Result<Run, ApiError> {
-        Self::begin(state, ctx.engine(), 1, |sink, ids| {
+        Self::begin(state, ctx.engine(), 1, deadline, |sink, ids| {
             let mut req = job.req.clone();
             req.prompt = Prompt::Tokens(job.prompts[0].clone());
             ids.push(ctx.generate_with(req, chat, sink(0))?);
@@ -79,6 +87,7 @@ impl Run {
         state: &Arc<AppState>,
         engine: &Engine,
         choices: usize,
+        deadline: Deadline,
         submit: impl FnOnce(&dyn Fn(usize) -> Sink, &mut Vec<u64>) -> Result<(), EngineError>,
     ) -> Result<Run, ApiError> {
         let max = state.config.max_queue;
@@ -101,10 +110,7 @@ impl Run {
             ids: Vec::new(),
             rx,
             started: Instant::now(),
-            deadline: state
-                .config
-                .request_timeout
-                .and_then(|limit| Some((tokio::time::Instant::now().checked_add(limit)?, limit))),
+            deadline: deadline.get().map(|(at, limit)| (at.into(), limit)),
             queued: true,
             first: None,
             last: None,

@@ -11,14 +11,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Token ids for a context: `n` of them, deterministic, inside the vocabulary.
-fn tokens(n: usize, salt: usize) -> Vec<u32> {
+pub(crate) fn tokens(n: usize, salt: usize) -> Vec<u32> {
     (0..n)
         .map(|i| 100 + ((i * 7919 + salt * 104_729) % 40_000) as u32)
         .collect()
 }
 
 /// A new context holding `toks`; its id.
-fn context_with(a: SocketAddr, toks: &[u32]) -> String {
+pub(crate) fn context_with(a: SocketAddr, toks: &[u32]) -> String {
     let id = ok(a, "/v1/contexts", json!({}))["id"]
         .as_str()
         .unwrap()
@@ -32,7 +32,7 @@ fn context_with(a: SocketAddr, toks: &[u32]) -> String {
 }
 
 /// The snapshots the server holds: name → tokens.
-fn snapshots(a: SocketAddr) -> Vec<(String, u64)> {
+pub(crate) fn snapshots(a: SocketAddr) -> Vec<(String, u64)> {
     get(a, "/v1/snapshots").json()["data"]
         .as_array()
         .unwrap()

@@ -223,12 +223,13 @@ impl Contexts {
         Ok(())
     }
 
-    /// A job computing the context's pending tokens (none if there are none); the
-    /// receiver answers when it is done.
+    /// A job computing the context's pending tokens (none if there are none), as
+    /// request `req` (which cancels it); the receiver answers when it is done.
     pub fn flush(
         &mut self,
         kv: &mut PagedKv,
         id: u64,
+        req: u64,
     ) -> Result<(FlushReply, Option<Job>), EngineError> {
         let (tx, rx) = channel();
         let c = self.idle(id)?;
@@ -244,7 +245,7 @@ impl Contexts {
         let mut tokens = kv.read_tokens(&table)?;
         tokens.append(&mut c.pending);
         let job = Job {
-            req: 0,
+            req,
             tokens,
             salt: c.salt.clone(),
             purpose: Purpose::Flush,

@@ -11,9 +11,10 @@ use super::request::{Completion, EngineConfig, EngineStats, Event, Request};
 use super::seq::Sink;
 use crate::model::Model;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// A handle to the engine thread. Cloning the handle is cheap; the thread stops when
 /// [`Engine::shutdown`] is called or the last handle is dropped.
@@ -302,13 +303,28 @@ impl Context {
 
     /// Appends text (special-token text becomes the special token; a BOS goes first
     /// when the context is empty and the model wants one).
+    ///
+    /// The text is tokenized on the caller's thread, not the engine's: a long text
+    /// (up to the tokenizer's input cap) would otherwise stall every request's next
+    /// step. Whether the BOS goes first is checked again when the tokens are appended
+    /// (another caller may have appended meanwhile; then it is tokenized again).
     pub fn append_text(&self, text: &str) -> Result<(), EngineError> {
-        let (id, text) = (self.id, text.to_string());
-        self.engine.call(move |c| {
-            let empty = c.contexts.is_empty(id)?;
-            let toks = c.model.tokenizer.try_encode(&text, empty)?;
-            c.contexts.append(&c.model, c.sched.window, id, toks)
-        })?
+        let id = self.id;
+        loop {
+            let empty = self.engine.call(move |c| c.contexts.is_empty(id))??;
+            let toks = self.engine.model().tokenizer.try_encode(text, empty)?;
+            let appended = self.engine.call(move |c| {
+                if c.contexts.is_empty(id)? != empty {
+                    return Ok(false);
+                }
+                c.contexts
+                    .append(&c.model, c.sched.window, id, toks)
+                    .map(|()| true)
+            })??;
+            if appended {
+                return Ok(());
+            }
+        }
     }
 
     /// Appends a chat message rendered with the model's template.
@@ -332,15 +348,40 @@ impl Context {
 
     /// Computes every pending token (their full pages are committed and shareable).
     pub fn flush(&self) -> Result<(), EngineError> {
+        self.flush_by(None)
+    }
+
+    /// [`Context::flush`] within a time limit: `deadline` is when to give up, and the
+    /// limit it reports. Past it the answer is [`EngineError::TimedOut`] (also when the
+    /// flush ended just as time ran out) and the flush is cancelled: the pages it
+    /// computed stay the context's, the rest of its tokens are pending again. The
+    /// answer comes at the deadline, unless the engine is busy with a step when the
+    /// flush is queued (then up to one step late).
+    pub fn flush_by(&self, deadline: Option<(Instant, Duration)>) -> Result<(), EngineError> {
         let id = self.id;
+        let req = self.engine.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = self.engine.call(move |c| {
-            let (rx, job) = c.contexts.flush(&mut c.kv, id)?;
+            let (rx, job) = c.contexts.flush(&mut c.kv, id, req)?;
             if let Some(j) = job {
                 c.push_job(j);
             }
             Ok::<_, EngineError>(rx)
         })??;
-        rx.recv().map_err(|_| EngineError::Closed)?
+        let Some((at, limit)) = deadline else {
+            return rx.recv().map_err(|_| EngineError::Closed)?;
+        };
+        match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+            Ok(done) if Instant::now() < at => done,
+            Ok(_) => Err(EngineError::TimedOut { limit }),
+            Err(RecvTimeoutError::Timeout) => {
+                // Not waited for: the engine takes commands in order, so the cancel is
+                // handled (at the end of the step it is in) before any later call,
+                // which then finds the context idle.
+                self.engine.cancel(req);
+                Err(EngineError::TimedOut { limit })
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(EngineError::Closed),
+        }
     }
 
     /// Generates a continuation of everything the context holds (plus `req.prompt`,
@@ -428,10 +469,38 @@ impl Context {
 
     /// Pins the context's pages under `name` (persisted with a snapshot directory).
     pub fn save(&self, name: &str) -> Result<(), EngineError> {
-        self.flush()?;
+        self.save_by(name, None)
+    }
+
+    /// [`Context::save`] within a time limit (as [`Context::flush_by`]). The name is
+    /// checked before any work. Time runs out during the flush: it is cancelled as
+    /// there, and nothing is saved: a snapshot of that name stays as it was, in memory
+    /// and on disk. The deadline is checked once more on the engine thread just
+    /// before the write; a write that has begun is finished (it is atomic, and bounded
+    /// by the pool's size), so past the flush the answer may come after the deadline
+    /// by one engine step and the write.
+    pub fn save_by(
+        &self,
+        name: &str,
+        deadline: Option<(Instant, Duration)>,
+    ) -> Result<(), EngineError> {
+        Self::check_name(name)?;
+        self.flush_by(deadline)?;
         let (id, name) = (self.id, name.to_string());
-        self.engine
-            .call(move |c| c.contexts.save(&mut c.kv, id, &name))?
+        self.engine.call(move |c| {
+            if let Some((at, limit)) = deadline {
+                if Instant::now() >= at {
+                    return Err(EngineError::TimedOut { limit });
+                }
+            }
+            c.contexts.save(&mut c.kv, id, &name)
+        })?
+    }
+
+    /// Whether `name` can name a snapshot (letters, digits, '-', '_' and '.', 1 to 128
+    /// of them, not starting with '.'): a caller checks before work that ends in a save.
+    pub fn check_name(name: &str) -> Result<(), EngineError> {
+        Ok(crate::kv::check_snapshot_name(name)?)
     }
 
     /// A new context sharing snapshot `name`'s pages.

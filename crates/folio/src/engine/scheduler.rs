@@ -166,11 +166,12 @@ impl Scheduler {
         });
     }
 
-    /// Drops every sample of request `req` (its stream is gone).
+    /// Drops every sample of request `req` (its stream is gone), or stops a context's
+    /// flush: its table goes back with what was computed, the rest pending again.
     pub fn cancel(&mut self, kv: &mut PagedKv, req: u64) {
         let mut i = 0;
         while i < self.seqs.len() {
-            if self.seqs[i].req == req && matches!(self.seqs[i].purpose, Purpose::Generate(_)) {
+            if self.seqs[i].req == req {
                 let s = self.seqs.swap_remove(i);
                 self.retire(kv, s);
             } else {

@@ -162,6 +162,70 @@ fn snapshots_outlive_contexts_and_engines() {
     assert!(e.snapshots().unwrap().is_empty());
 }
 
+/// A save whose deadline has passed by the time its flush would end is refused with
+/// `TimedOut`: the flush is stopped, nothing is saved (the earlier snapshot of that
+/// name stays, in memory and on disk, byte for byte), the context keeps every token
+/// and can be flushed and saved afterwards. A bad name is refused before any flush.
+#[test]
+fn a_save_past_its_deadline_is_cancelled_and_keeps_the_old_snapshot() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = dir.path().join("snaps");
+    let e = tiny_engine(&dir, Some(snaps.clone()));
+    let old: Vec<u32> = (0..5).map(|i| 70 + i).collect();
+    let first = e.context(None).unwrap();
+    first.append_tokens(&old).unwrap();
+    first.save("notes").unwrap();
+    let file = std::fs::read(snaps.join("notes.snap")).unwrap();
+    let limit = Duration::from_secs(3);
+    let ctx = e.context(None).unwrap();
+    let toks: Vec<u32> = (0..60).map(|i| 40 + i).collect();
+    ctx.append_tokens(&toks).unwrap();
+    let past = Some((Instant::now(), limit));
+    assert!(matches!(
+        ctx.save_by("notes", past),
+        Err(EngineError::TimedOut { limit: l }) if l == limit
+    ));
+    assert_eq!(ctx.tokens().unwrap(), toks);
+    assert_eq!(ctx.info().unwrap().seq_len, 60);
+    assert_eq!(e.snapshot_list().unwrap(), vec![("notes".to_string(), 5)]);
+    assert_eq!(std::fs::read(snaps.join("notes.snap")).unwrap(), file);
+    let st = e.stats().unwrap();
+    assert_eq!((st.running, st.waiting), (0, 0), "{st:?}");
+    e.check_invariants().unwrap();
+    // A bad name: refused before the flush (what is pending stays pending).
+    let pending = ctx.info().unwrap().pending_tokens;
+    assert!(matches!(
+        ctx.save_by("../escape", None),
+        Err(EngineError::Snapshot(_))
+    ));
+    assert_eq!(ctx.info().unwrap().pending_tokens, pending);
+    // In time, the same context flushes and saves.
+    ctx.save_by(
+        "notes",
+        Some((Instant::now() + Duration::from_secs(600), limit)),
+    )
+    .unwrap();
+    assert_eq!(e.snapshot_list().unwrap(), vec![("notes".to_string(), 60)]);
+    assert_eq!(Context::load(&e, "notes").unwrap().tokens().unwrap(), toks);
+    e.check_invariants().unwrap();
+}
+
+/// Text appended to a context is tokenized as the tokenizer does it: with the BOS
+/// rules of a first piece while the context is empty, without after.
+#[test]
+fn append_text_tokenizes_as_the_tokenizer_with_bos_only_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = tiny_engine(&dir, None);
+    let tok = &e.model().tokenizer;
+    let ctx = e.context(None).unwrap();
+    ctx.append_text("hello world").unwrap();
+    ctx.append_text(" and more").unwrap();
+    let mut want = tok.encode("hello world", true);
+    want.extend(tok.encode(" and more", false));
+    assert_eq!(ctx.tokens().unwrap(), want);
+}
+
 fn ctx_save_bad_name(e: &Engine) -> Result<(), EngineError> {
     let c = e.context(None)?;
     c.append_tokens(&[1, 2, 3])?;
