@@ -45,7 +45,7 @@ prefills a prompt, in batches of 512 tokens (its default n_batch and n_ubatch; n
 only; mean/max/per_case as above over the scored positions' reference top-5, plus
 "top_differs" (no greedy continuation for these).
 
-    LLAMA_CPP_LIB_PATH unset; python3 scripts/llama_vs_reference.py --long \
+    /work/llama/venv/bin/python scripts/llama_vs_reference.py --long \
         models/SmolLM2-135M-Instruct.Q4_1.gguf \
         avx512=/work/llama/build/bin avx2=/work/llama/build-avx2/bin
 """
