@@ -36,6 +36,18 @@ SRC=llama_cpp_python-0.3.36/vendor/llama.cpp:
 
 A build that needs an instruction the CPU lacks cannot be measured here: run it where it
 can, the figures of the other builds are kept.
+
+--long (first argument) measures the long prompts of
+crates/folio/tests/fixtures/reference_f64_long.json (scripts/reference_f64_long.py)
+instead, and writes that file's "llama_cpp" figures: the prompt is prefilled as llama.cpp
+prefills a prompt, in batches of 512 tokens (its default n_batch and n_ubatch; n_ctx
+8192, flash attention on, one thread), with logits requested at the scored positions
+only; mean/max/per_case as above over the scored positions' reference top-5, plus
+"top_differs" (no greedy continuation for these).
+
+    /work/llama/venv/bin/python scripts/llama_vs_reference.py --long \
+        models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        avx512=/work/llama/build/bin avx2=/work/llama/build-avx2/bin
 """
 import json
 import os
@@ -45,6 +57,8 @@ import sys
 import numpy as np
 
 REF = "crates/folio/tests/fixtures/reference_f64.json"
+REF_LONG = "crates/folio/tests/fixtures/reference_f64_long.json"
+LONG_BATCH = 512
 FIXTURES = "crates/folio/tests/fixtures/llama_cpp.json"
 N_GEN = 48
 
@@ -131,6 +145,76 @@ def worker(model_path):
     print(json.dumps(out))
 
 
+def worker_long(model_path):
+    """worker() for the long prompts: batched prefill, logits at the scored positions."""
+    import llama_cpp
+    from llama_cpp import Llama
+
+    ref = json.load(open(REF_LONG))
+    llm = Llama(model_path=model_path, n_ctx=8192, n_batch=LONG_BATCH, n_ubatch=LONG_BATCH,
+                logits_all=False, n_threads=1, n_threads_batch=1, verbose=False, seed=0,
+                flash_attn=True)
+    ctx = llm._ctx.ctx
+    n_vocab = llm.n_vocab()
+    batch = llama_cpp.llama_batch_init(LONG_BATCH, 0, 1)
+    sum_d = max_d = 0.0
+    n = 0
+    top_checked = 0
+    top_differs = []
+    max_gap = 0.0
+    per_case = {}
+    for case in ref["cases"]:
+        ids = case["prompt_ids"]
+        want = dict(zip(case["positions"], case["top5"]))
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        csum, cmax, cn = 0.0, 0.0, 0
+        for a in range(0, len(ids), LONG_BATCH):
+            chunk = ids[a:a + LONG_BATCH]
+            batch.n_tokens = len(chunk)
+            for j, t in enumerate(chunk):
+                batch.token[j] = t
+                batch.pos[j] = a + j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = (a + j) in want
+            rc = llama_cpp.llama_decode(ctx, batch)
+            if rc != 0:
+                sys.exit(f"llama_decode: {rc}")
+            for j in range(len(chunk)):
+                top = want.get(a + j)
+                if top is None:
+                    continue
+                ptr = llama_cpp.llama_get_logits_ith(ctx, j)
+                lp = log_softmax(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy())
+                for tok, v in top:
+                    d = abs(float(lp[tok]) - v)
+                    csum += d
+                    cmax = max(cmax, d)
+                    cn += 1
+                top_checked += 1
+                if int(np.argmax(lp)) != top[0][0]:
+                    top_differs.append(f"{case['name']}@{a + j}")
+                    max_gap = max(max_gap, top[0][1] - top[1][1])
+        per_case[case["name"]] = [round(csum, 6), round(cmax, 6), cn]
+        sum_d += csum
+        max_d = max(max_d, cmax)
+        n += cn
+        print(f"{case['name']}: mean {csum / cn:.4f} max {cmax:.4f}", file=sys.stderr)
+    llama_cpp.llama_batch_free(batch)
+    info = llama_cpp.llama_print_system_info()
+    print(json.dumps({
+        "mean": round(sum_d / n, 6),
+        "max": round(max_d, 6),
+        "values": n,
+        "top_differs": f"{len(top_differs)} of {top_checked}",
+        "top_differs_at": top_differs,
+        "top_differs_max_gap": round(max_gap, 6),
+        "per_case": per_case,
+        "llama_cpp_python": llama_cpp.__version__,
+        "system_info": info.decode() if isinstance(info, bytes) else str(info),
+    }))
+
+
 def cmake_flags(lib):
     """The GGML_* switches of the build whose bin/ is lib, from its CMakeCache.txt."""
     cache = os.path.join(os.path.dirname(os.path.abspath(lib)), "CMakeCache.txt")
@@ -152,13 +236,20 @@ def main():
     if sys.argv[1] == "--worker":
         worker(sys.argv[2])
         return
-    model_path = sys.argv[1]
-    builds = [a.split("=", 1) for a in sys.argv[2:]]
-    doc = json.load(open(REF))
+    if sys.argv[1] == "--worker-long":
+        worker_long(sys.argv[2])
+        return
+    long = sys.argv[1] == "--long"
+    args = sys.argv[2:] if long else sys.argv[1:]
+    ref_path = REF_LONG if long else REF
+    model_path = args[0]
+    builds = [a.split("=", 1) for a in args[1:]]
+    doc = json.load(open(ref_path))
     figures = doc.get("llama_cpp", {}).get("builds", {})
     for name, lib in builds:
         env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib)
-        r = subprocess.run([sys.executable, __file__, "--worker", model_path], env=env,
+        mode = "--worker-long" if long else "--worker"
+        r = subprocess.run([sys.executable, __file__, mode, model_path], env=env,
                            stdout=subprocess.PIPE, text=True)
         if r.returncode != 0:
             print(f"{name}: failed ({r.returncode}), figures not updated", file=sys.stderr)
@@ -167,14 +258,20 @@ def main():
         fig = {"lib": lib, "flags": cmake_flags(lib), **fig}
         figures[name] = fig
         print(f"{name}: {json.dumps(fig)}", file=sys.stderr)
+    how = ("teacher-forced one token per step, flash attention on, one thread (as "
+           "scripts/make_fixtures.py); mean/max |llama.cpp logprob - reference logprob| "
+           "over every position's reference top-5")
+    if long:
+        how = (f"prompt prefilled in batches of {LONG_BATCH} tokens (n_batch = n_ubatch = "
+               f"{LONG_BATCH}, n_ctx 8192), flash attention on, f16 K/V, one thread, logits at "
+               "the scored positions; mean/max |llama.cpp logprob - reference logprob| over "
+               "every scored position's reference top-5")
     doc["llama_cpp"] = {
         "commit": "ggml-org/llama.cpp 0c1e570 (llama-cpp-python 0.3.36's sdist)",
-        "how": "teacher-forced one token per step, flash attention on, one thread (as "
-               "scripts/make_fixtures.py); mean/max |llama.cpp logprob - reference logprob| "
-               "over every position's reference top-5",
+        "how": how,
         "builds": figures,
     }
-    with open(REF, "w") as f:
+    with open(ref_path, "w") as f:
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
 

@@ -23,7 +23,7 @@ use serde_json::Value;
 use std::time::Instant;
 
 /// The exact model's top two may be this close (nats) where folio's top token differs.
-const TOP_GAP: f64 = 0.4;
+pub(crate) const TOP_GAP: f64 = 0.4;
 
 /// Cases the scalar path runs (the others together take minutes there).
 const SCALAR_CASES: [&str; 3] = ["short", "digits", "chat"];
