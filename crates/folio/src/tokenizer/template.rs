@@ -88,6 +88,12 @@ pub struct ChatTemplate {
 /// `ChatTemplate::now` when it reads the clock.
 const NOW: i64 = i64::MIN;
 
+/// Template instructions one render may run. The publishers' templates take some
+/// thousands for a conversation with tools; a GGUF file's template that loops without
+/// end (`range` nested in `range`) stops here with an error instead of hanging the load
+/// or a request (some tenths of a second of work at most).
+const FUEL: u64 = 20_000_000;
+
 impl ChatTemplate {
     /// Compiles `source`; `bos`/`eos` are the texts templates may refer to.
     ///
@@ -97,6 +103,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
@@ -486,6 +493,17 @@ mod tests {
     #[test]
     fn a_broken_template_is_an_error_at_load() {
         assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+        // A template that would loop for hours runs out of fuel at the probe render.
+        let e = ChatTemplate::new(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "",
+            "",
+        );
+        assert!(
+            matches!(&e, Err(TokenizerError::Template(m)) if m.contains("fuel")),
+            "{:?}",
+            e.err()
+        );
         // Refuses every conversation: no request could ever render.
         let e = ChatTemplate::new("{{ raise_exception('no') }}", "", "");
         assert!(
