@@ -48,34 +48,92 @@ pub fn attend_block(
         super::attend_runs_capped(isa, q, &tile, stride, scale, cap, state, acc);
         return;
     }
-    let mut cut = Vec::with_capacity(TILE_KEYS + 1);
+    // On the AVX-512 path each tile of f16 keys and values is widened to f32 once for
+    // the whole block: the same values (the conversion is exact) for every row, whose
+    // kernel then reads them without converting again.
+    let hd = width / group;
+    let widen = isa.avx512()
+        && !isa.f16_attention()
+        && hd.is_multiple_of(32)
+        && runs.first().is_some_and(|r| matches!(r.k, KvRows::F16(_)));
+    let (mut k32, mut v32) = (Vec::new(), Vec::new());
     let mut t0 = 0;
     while t0 < most {
         let t1 = (t0 + TILE_KEYS).min(most);
         slice_runs(runs, t0, t1, stride, &mut tile);
-        for r in 0..rows {
-            let end = keys[r].min(t1);
-            if end <= t0 {
-                continue;
-            }
-            let these = if end == t1 {
-                &tile[..]
-            } else {
-                slice_runs(&tile, 0, end - t0, stride, &mut cut);
-                &cut[..]
-            };
-            super::attend_runs_capped(
-                isa,
-                &q[r * width..(r + 1) * width],
-                these,
-                stride,
-                scale,
-                cap,
-                &mut state[r * group..(r + 1) * group],
-                &mut acc[r * width..(r + 1) * width],
-            );
+        if widen {
+            widen_tile(&tile, stride, hd, &mut k32, &mut v32);
+            let wide = [KvRun {
+                k: KvRows::F32(&k32),
+                v: KvRows::F32(&v32),
+                n: t1 - t0,
+            }];
+            rows_over_tile(isa, q, keys, &wide, hd, scale, cap, t0, state, acc);
+        } else {
+            rows_over_tile(isa, q, keys, &tile, stride, scale, cap, t0, state, acc);
         }
         t0 = t1;
+    }
+}
+
+/// Every row of a block over one tile of keys (`t0` is the tile's first key), each up
+/// to its own limit.
+#[allow(clippy::too_many_arguments)]
+fn rows_over_tile(
+    isa: Isa,
+    q: &[f32],
+    keys: &[usize],
+    tile: &[KvRun],
+    stride: usize,
+    scale: f32,
+    cap: f32,
+    t0: usize,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+) {
+    let rows = keys.len();
+    let (group, width) = (state.len() / rows, q.len() / rows);
+    let t1 = t0 + tile.iter().map(|r| r.n).sum::<usize>();
+    let mut cut = Vec::with_capacity(tile.len());
+    for r in 0..rows {
+        let end = keys[r].min(t1);
+        if end <= t0 {
+            continue;
+        }
+        let these = if end == t1 {
+            tile
+        } else {
+            slice_runs(tile, 0, end - t0, stride, &mut cut);
+            &cut[..]
+        };
+        super::attend_runs_capped(
+            isa,
+            &q[r * width..(r + 1) * width],
+            these,
+            stride,
+            scale,
+            cap,
+            &mut state[r * group..(r + 1) * group],
+            &mut acc[r * width..(r + 1) * width],
+        );
+    }
+}
+
+/// The K and V rows of `runs` (f16, `hd` values each, `stride` apart) as f32 rows back
+/// to back in `k` and `v`.
+fn widen_tile(runs: &[KvRun], stride: usize, hd: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) {
+    k.clear();
+    v.clear();
+    for run in runs {
+        for (rows, out) in [(run.k, &mut *k), (run.v, &mut *v)] {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only called on the AVX-512 path, which `detect` checked.
+            unsafe {
+                super::avx512_attend::widen_rows(rows.raw(), run.n, stride, hd, out)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (rows, out);
+        }
     }
 }
 

@@ -499,7 +499,7 @@ unsafe fn round_f16(v: __m256) -> __m256 {
 /// `scalar::expf_table` on 8 floats (two halves of four doubles), the same bits.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn expf_table(x: __m256) -> __m256 {
+pub(super) unsafe fn expf_table(x: __m256) -> __m256 {
     use super::scalar::expf_consts::*;
     let f = |b: u64| _mm256_set1_pd(f64::from_bits(b));
     let (inv, shift) = (f(INV_LN2_N), f(SHIFT));
@@ -547,7 +547,7 @@ pub unsafe fn expf_table_8(x: &[f32; 8], out: &mut [f32; 8]) {
 /// the additions ggml's one-vector reduction makes, in a transposed arrangement.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
+pub(super) unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
     // [v_a's low half + high half | v_b's], i.e. the 4-lane sums of two vectors.
     let halves = |a: __m256, b: __m256| {
         _mm256_add_ps(

@@ -35,6 +35,8 @@ pub(crate) mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod avx512_attend;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avxvnni;
 mod detect;
 
@@ -222,6 +224,40 @@ pub(crate) fn attend_runs_as(
     let n = state.len();
     assert!(n > 0 && q.len() == acc.len() && q.len().is_multiple_of(n));
     let hd = q.len() / n;
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512() && !round && hd.is_multiple_of(32) && hd <= 256 {
+        let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
+        // As many queries per call as keep their values and accumulators in registers.
+        let most = (3 * 64 / hd).clamp(1, 3);
+        let mut g = 0;
+        while g < n {
+            let k = (n - g).min(most);
+            let (q, st, acc) = (
+                &q[hd * g..hd * (g + k)],
+                &mut state[g..g + k],
+                &mut acc[hd * g..hd * (g + k)],
+            );
+            macro_rules! go {
+                ($f32:expr, $($c:literal)*) => {
+                    match (hd / 32, k) {
+                        // SAFETY: the AVX-512 path is only produced by `detect` after
+                        // running one of its instructions; it includes AVX2, FMA, F16C.
+                        $(($c, 1) => unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, 1>(q, runs, stride, scale, st, acc) },
+                        ($c, 2) => unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, 2>(q, runs, stride, scale, st, acc) },
+                        ($c, 3) => unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, 3>(q, runs, stride, scale, st, acc) },)*
+                        _ => unreachable!(),
+                    }
+                };
+            }
+            if f32_rows {
+                go!(true, 1 2 3 4 5 6 7 8);
+            } else {
+                go!(false, 1 2 3 4 5 6 7 8);
+            }
+            g += k;
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() && hd == 64 {
         let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));

@@ -1,0 +1,240 @@
+//! AVX-512 attention: the twin of `scalar::attend_runs` without f16 rounding of the
+//! accumulator (the AVX-512 path's arithmetic, `Isa::f16_attention`), for any head size
+//! that is a multiple of 32.
+//!
+//! The arithmetic is the AVX2 kernel's (`avx2::attend_runs_64` with `ROUND = false`),
+//! lane for lane, so the bits are the same: one zmm holds two of the AVX2 kernel's
+//! 8-lane pieces. The dot product's four 8-lane accumulators of ggml's order sit in two
+//! zmm registers (`[d0 | d1]` takes the even 16-element pieces, `[d2 | d3]` the odd
+//! ones), their sum `[d0 + d2 | d1 + d3]` folded to 8 lanes is exactly the AVX2
+//! kernel's vector before its horizontal sum. The value accumulator's lanes are
+//! independent, so 16 at a time are the same as 8 at a time.
+//!
+//! What changes is the registers: with 32 of them the queries and accumulators of a
+//! group (three heads of 64 for the default model) stay in registers for the whole
+//! call, where the AVX2 kernel's 16 spill to the stack on every key.
+#![allow(unsafe_code)]
+
+use super::avx2::{expf_table, hsum8};
+use super::{KvRows, KvRun};
+use std::arch::x86_64::*;
+
+/// How many runs ahead the kernel prefetches K and V (pages are scattered in memory, so
+/// the hardware prefetcher would only find each page after a few misses).
+const PREFETCH_RUNS: usize = 1;
+
+/// Sixteen elements of a row from its element `16 * i` (f16 converted, or f32 as they
+/// are).
+///
+/// # Safety
+/// `row` points at a row of at least `16 * (i + 1)` elements of the kernel's type.
+#[inline(always)]
+unsafe fn load16<const F32: bool>(row: *const u8, i: usize) -> __m512 {
+    // SAFETY: the caller passes a whole row; same CPU features as the callers.
+    unsafe {
+        if F32 {
+            _mm512_loadu_ps((row as *const f32).add(16 * i))
+        } else {
+            _mm512_cvtph_ps(_mm256_loadu_si256(
+                (row as *const u16).add(16 * i) as *const __m256i
+            ))
+        }
+    }
+}
+
+/// Prefetches the K and V rows (`width` bytes each) of `run` into L1.
+#[inline(always)]
+fn prefetch_run(run: &KvRun, stride_bytes: usize, width: usize) {
+    let base = |r: &KvRows| match r {
+        KvRows::F16(x) => x.as_ptr() as *const i8,
+        KvRows::F32(x) => x.as_ptr() as *const i8,
+    };
+    for b in [base(&run.k)] {
+        for p in 0..run.n {
+            let row = b.wrapping_add(p * stride_bytes);
+            for line in (0..width).step_by(64) {
+                // SAFETY: prefetching never faults, whatever the address.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
+            }
+        }
+    }
+}
+
+/// Continues the online softmax of `G` queries of head size `32 * C` that share their
+/// keys (the query heads of one KV head) over `runs`: the same operations per query as
+/// `scalar::attend_runs` with `round = false`, so the same bits. `F32`: the K/V rows
+/// are f32 (else f16). `q` and `acc` hold the G queries' values back to back;
+/// `state[g]` is query g's (running max, running sum).
+///
+/// # Safety
+/// The CPU must run AVX-512 F and AVX2 + FMA + F16C (checked by `detect`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
+    q: &[f32],
+    runs: &[KvRun],
+    stride: usize,
+    scale: f32,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+) {
+    let hd = 32 * C;
+    assert!(q.len() == hd * G && acc.len() == hd * G && state.len() == G && stride >= hd);
+    let load = |x: &[f32], g: usize, i: usize| {
+        let x = &x[hd * g + 16 * i..][..16];
+        // SAFETY: `x` is 16 floats.
+        unsafe { _mm512_loadu_ps(x.as_ptr()) }
+    };
+    // Element 16·i.. of each query, and of each accumulator: 2C vectors per query.
+    let qv: [[[__m512; 2]; C]; G] =
+        std::array::from_fn(|g| std::array::from_fn(|j| [load(q, g, 2 * j), load(q, g, 2 * j + 1)]));
+    let mut av: [[[__m512; 2]; C]; G] = std::array::from_fn(|g| {
+        std::array::from_fn(|j| [load(acc, g, 2 * j), load(acc, g, 2 * j + 1)])
+    });
+    let size = if F32 { 4 } else { 2 };
+    let mut st: [(f32, f32); G] = std::array::from_fn(|g| state[g]);
+    for (ri, run) in runs.iter().enumerate() {
+        if let Some(next) = runs.get(ri + PREFETCH_RUNS) {
+            prefetch_run(next, stride * size, hd * size);
+        }
+        if run.n == 0 {
+            continue;
+        }
+        let last = (run.n - 1) * stride + hd;
+        assert!(run.k.len() >= last && run.v.len() >= last);
+        let ptr = |r: &KvRows| match (r, F32) {
+            (KvRows::F16(x), false) => x.as_ptr() as *const u8,
+            (KvRows::F32(x), true) => x.as_ptr() as *const u8,
+            _ => panic!("K/V rows of another dtype than the kernel's"),
+        };
+        let (kp, vp) = (ptr(&run.k), ptr(&run.v));
+        let mut scores = [[0f32; 16]; G];
+        for g0 in (0..run.n).step_by(16) {
+            let g1 = (g0 + 16).min(run.n);
+            // Each query's 8-lane partial dot products of 8 keys at a time, then their
+            // horizontal sums together, as the AVX2 kernel.
+            let mut part = [[_mm256_setzero_ps(); 8]; G];
+            for k8 in (g0..g1).step_by(8) {
+                let k9 = (k8 + 8).min(g1);
+                for (k, p) in (k8..k9).enumerate() {
+                    // Row p spans p*stride .. p*stride+hd <= last <= len (asserted).
+                    let kr = kp.wrapping_add(p * stride * size);
+                    // SAFETY: kr is a whole row of this run (see above).
+                    let kv: [[__m512; 2]; C] = std::array::from_fn(|j| unsafe {
+                        [load16::<F32>(kr, 2 * j), load16::<F32>(kr, 2 * j + 1)]
+                    });
+                    for (qg, pg) in qv.iter().zip(part.iter_mut()) {
+                        // [d0 | d1] over the even pieces, [d2 | d3] over the odd ones.
+                        let (mut e, mut o) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                        for j in 0..C {
+                            e = _mm512_fmadd_ps(kv[j][0], qg[j][0], e);
+                            o = _mm512_fmadd_ps(kv[j][1], qg[j][1], o);
+                        }
+                        let s = _mm512_add_ps(e, o);
+                        let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s));
+                        pg[k] = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(high));
+                    }
+                }
+                for (pg, sg) in part.iter().zip(scores.iter_mut()) {
+                    // SAFETY: same CPU features as this function.
+                    let sums = _mm256_mul_ps(unsafe { hsum8(pg) }, _mm256_set1_ps(scale));
+                    let mut out = [0f32; 8];
+                    // SAFETY: `out` is 8 floats.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sums) };
+                    sg[k8 - g0..k9 - g0].copy_from_slice(&out[..k9 - k8]);
+                }
+            }
+            // The exponentials each key needs, given the running maximum before it
+            // (as the AVX2 kernel).
+            let mut e = [[0f32; 16]; G];
+            let mut raises = [0u32; G];
+            for g in 0..G {
+                let mut mx = st[g].0;
+                let mut args = [0f32; 16];
+                for (k, &s) in scores[g][..g1 - g0].iter().enumerate() {
+                    if s > mx {
+                        args[k] = mx - s;
+                        raises[g] |= 1 << k;
+                        mx = s;
+                    } else {
+                        args[k] = s - mx;
+                    }
+                }
+                for (a, o) in args.chunks_exact(8).zip(e[g].chunks_exact_mut(8)) {
+                    // SAFETY: 8 floats each; same CPU features as this function.
+                    unsafe {
+                        _mm256_storeu_ps(o.as_mut_ptr(), expf_table(_mm256_loadu_ps(a.as_ptr())))
+                    };
+                }
+            }
+            // The accumulators in registers for these keys (held in memory, `av`,
+            // while the scores and exponentials above use the registers).
+            let mut a = av;
+            let mut sums: [(f32, f32); G] = st;
+            for (k, p) in (g0..g1).enumerate() {
+                let vr = vp.wrapping_add(p * stride * size);
+                let mut vsv = [_mm512_setzero_ps(); G];
+                for g in 0..G {
+                    let (m, sum) = &mut sums[g];
+                    let (mut ms, mut vs) = (1f32, 1f32);
+                    if raises[g] & (1 << k) != 0 {
+                        ms = e[g][k];
+                        *m = scores[g][k];
+                        let msv = _mm512_set1_ps(ms);
+                        for j in 0..C {
+                            a[g][j][0] = _mm512_mul_ps(a[g][j][0], msv);
+                            a[g][j][1] = _mm512_mul_ps(a[g][j][1], msv);
+                        }
+                    } else {
+                        vs = e[g][k];
+                    }
+                    vsv[g] = _mm512_set1_ps(vs);
+                    *sum = sum.mul_add(ms, vs);
+                }
+                for j in 0..C {
+                    // SAFETY: vr is a whole row of this run (see above).
+                    let (v0, v1) = unsafe { (load16::<F32>(vr, 2 * j), load16::<F32>(vr, 2 * j + 1)) };
+                    for g in 0..G {
+                        a[g][j][0] = _mm512_fmadd_ps(v0, vsv[g], a[g][j][0]);
+                        a[g][j][1] = _mm512_fmadd_ps(v1, vsv[g], a[g][j][1]);
+                    }
+                }
+            }
+            av = a;
+            st = sums;
+        }
+    }
+    for (s, t) in state.iter_mut().zip(st) {
+        *s = t;
+    }
+    for (g, ag) in av.iter().enumerate() {
+        for (j, a) in ag.iter().enumerate() {
+            for (h, a) in a.iter().enumerate() {
+                // SAFETY: acc holds hd·G floats.
+                unsafe { _mm512_storeu_ps(acc[hd * g + 16 * (2 * j + h)..].as_mut_ptr(), *a) };
+            }
+        }
+    }
+}
+
+/// Appends `n` rows of `width` f16 values, `stride` apart from the start of `rows`, to
+/// `out` as f32 (exact: every f16 is an f32).
+///
+/// # Safety
+/// The CPU must run AVX-512 F (checked by `detect`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn widen_rows(rows: &[u16], n: usize, stride: usize, width: usize, out: &mut Vec<f32>) {
+    assert!(width.is_multiple_of(16) && (n == 0 || rows.len() >= (n - 1) * stride + width));
+    out.reserve(n * width);
+    for p in 0..n {
+        let row = &rows[p * stride..][..width];
+        for c in row.chunks_exact(16) {
+            // SAFETY: `c` is 16 halves; `out` has room for the 16 floats (reserved).
+            unsafe {
+                let v = _mm512_cvtph_ps(_mm256_loadu_si256(c.as_ptr() as *const __m256i));
+                let len = out.len();
+                _mm512_storeu_ps(out.as_mut_ptr().add(len), v);
+                out.set_len(len + 16);
+            }
+        }
+    }
+}
