@@ -16,6 +16,9 @@ scripts/make_fixtures.py does for the default model. folio's tests
 
 Files that llama.cpp cannot read (a metadata spelling only folio accepts) are written
 with `"reference": <the file whose llama.cpp numbers they must equal>` and no cases.
+An entry with `"n_ctx"` was run by llama.cpp with that context (Phi-3's long-context
+RoPE picks its divisor set by it; folio's test configures the model the same way); a
+second run of one file at another context is an entry of its own naming the same file.
 """
 import json
 import os
@@ -32,6 +35,15 @@ HEADS = 4
 KV_HEADS = 2
 CONTEXT = 256
 N_GEN = 24
+# phi3_longrope: its context_length, and the original context its short set is for.
+LONGROPE_CONTEXT = 1024
+LONGROPE_ORIGINAL = 256
+# Runs at a context other than CONTEXT: {entry: (model, llama.cpp's n_ctx)}; an entry
+# that names another model runs that model's file.
+CONTEXTS = {
+    "phi3_longrope": ("phi3_longrope", LONGROPE_CONTEXT),
+    "phi3_longrope_short": ("phi3_longrope", LONGROPE_ORIGINAL),
+}
 TOP = 5
 
 PROMPTS = {
@@ -67,8 +79,9 @@ def vocab():
 class Model:
     """A GGUF under construction: metadata and F32 tensors from one seeded generator."""
 
-    def __init__(self, arch, seed, head_dim=None, layers=2):
+    def __init__(self, arch, seed, head_dim=None, layers=2, context=CONTEXT):
         self.arch = arch
+        self.context = context
         self.rng = np.random.default_rng(seed)
         self.layers = layers
         self.head_dim = head_dim or DIM // HEADS
@@ -94,7 +107,7 @@ class Model:
         w.add_name("folio-tiny")
         hd = self.head_dim
         w.add_uint32(f"{self.arch}.block_count", self.layers)
-        w.add_uint32(f"{self.arch}.context_length", CONTEXT)
+        w.add_uint32(f"{self.arch}.context_length", self.context)
         w.add_uint32(f"{self.arch}.embedding_length", DIM)
         w.add_uint32(f"{self.arch}.feed_forward_length", FFN)
         w.add_uint32(f"{self.arch}.attention.head_count", HEADS)
@@ -245,6 +258,27 @@ def build(out_dir):
     standard(m)
     models["llama_swa"] = m
 
+    # Phi-3's long-context RoPE, as the converter writes a 128k file: context_length the
+    # extended context, original_context_length the trained one, attn_factor
+    # sqrt(1 + ln(scale) / ln(original)), and two divisor sets well away from 1 (the
+    # short set's fastest frequency near 1, the long set's several times it), so the
+    # set llama.cpp picks shows in every logit. The original context is 256, not
+    # smaller: llama.cpp rounds its context up to a multiple of 256 before comparing, so
+    # a run at n_ctx 256 takes the short set and one at 1024 the long set.
+    m = Model("phi3", 10, context=LONGROPE_CONTEXT)
+    rot = DIM // HEADS
+    m.key("rope.dimension_count", rot, "u32")
+    m.key("rope.scaling.original_context_length", LONGROPE_ORIGINAL, "u32")
+    scale = LONGROPE_CONTEXT / LONGROPE_ORIGINAL
+    m.key("rope.scaling.attn_factor",
+          float(np.sqrt(1 + np.log(scale) / np.log(LONGROPE_ORIGINAL))), "f32")
+    standard(m, fused=True, tied=False)
+    m.tensors.append(("rope_factors_short.weight",
+                      np.sort(m.rng.uniform(1.05, 2.0, rot // 2)).astype(np.float32)))
+    m.tensors.append(("rope_factors_long.weight",
+                      np.sort(m.rng.uniform(2.5, 16.0, rot // 2)).astype(np.float32)))
+    models["phi3_longrope"] = m
+
     out = {}
     for name, m in models.items():
         path = os.path.join(out_dir, f"{name}.gguf")
@@ -265,8 +299,8 @@ def build(out_dir):
     return models, out, {"llama3_meta": (path, "llama3")}
 
 
-def reference(path):
-    llm = Llama(model_path=path, n_ctx=CONTEXT, n_batch=CONTEXT, logits_all=True,
+def reference(path, n_ctx=CONTEXT):
+    llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, logits_all=True,
                 n_threads=1, n_threads_batch=1, verbose=False, seed=0, flash_attn=True)
     cases = []
     for name, text in PROMPTS.items():
@@ -381,7 +415,18 @@ def main():
         "models": {},
     }
     for name, path in files.items():
+        if name in CONTEXTS:
+            continue
         doc["models"][name] = {"file": os.path.basename(path), "cases": reference(path)}
+    for name, (model, n_ctx) in CONTEXTS.items():
+        path = files[model]
+        doc["models"][name] = {"file": os.path.basename(path), "n_ctx": n_ctx,
+                               "cases": reference(path, n_ctx)}
+    # The two divisor sets must give llama.cpp different numbers, or the fixture would
+    # not show which set runs.
+    short, long = (doc["models"][n]["cases"] for n in ("phi3_longrope_short", "phi3_longrope"))
+    assert all(a["top5"][0] != b["top5"][0] or a["greedy_ids"] != b["greedy_ids"]
+               for a, b in zip(short, long)), "longrope: both sets give the same numbers"
     # llama.cpp ran llama_swa without its window; replace its numbers by exact()'s.
     swa = doc["models"]["llama_swa"]
     check_exact(models["llama_swa"], swa["cases"])

@@ -37,9 +37,11 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    /// The pool sized from `cfg`, checked against the model.
-    pub fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<Self, EngineError> {
+    /// The pool sized from `cfg`, checked against the model; the model configured for
+    /// the window (Phi-3's long-context RoPE chooses its divisors by it).
+    pub fn new(model: Model, cfg: &EngineConfig) -> Result<Self, EngineError> {
         let (shape, window) = cfg.validate(&model)?;
+        let model = Arc::new(model.with_context(window));
         let mut kv = PagedKv::with_shape(shape, window, &model.fingerprint());
         if let Some(dir) = &cfg.snapshot_dir {
             let (_, skipped) = kv.open_snapshot_dir(dir)?;

@@ -53,8 +53,8 @@ impl Engine {
     /// `config.snapshot_dir` are restored; a corrupt or foreign file is logged and
     /// skipped.
     pub fn new(model: Model, config: EngineConfig) -> Result<Self, EngineError> {
-        let model = Arc::new(model);
-        let core = Core::new(model.clone(), &config)?;
+        let core = Core::new(model, &config)?;
+        let model = core.model.clone();
         let window = core.sched.window;
         let (tx, rx) = channel();
         let thread = std::thread::Builder::new()

@@ -27,6 +27,8 @@ pub enum ModelError {
         got: Vec<u64>,
         expected: Vec<u64>,
     },
+    #[error("tensor {name:?}: {reason}")]
+    BadValues { name: String, reason: String },
     #[error("tensor {name:?} has type {ty}, which folio cannot compute with yet")]
     UnsupportedType { name: String, ty: String },
     #[error(transparent)]

@@ -23,6 +23,10 @@ pub struct Model {
     weights: Weights,
     pool: ThreadPool,
     isa: Isa,
+    /// The most tokens one sequence holds, as configured ([`Model::with_context`]).
+    n_ctx: usize,
+    /// The file's hash; `fingerprint` adds what the configuration changes in the K/V.
+    file_fingerprint: [u8; 16],
     fingerprint: [u8; 16],
 }
 
@@ -52,18 +56,65 @@ impl Model {
             }
             config.rope.factors = Some(f.clone());
         }
+        if weights.longrope.is_some() && config.rope.factors.is_some() {
+            return Err(ModelError::BadMetadata {
+                key: format!("{}.rope.scaling.type", config.arch),
+                reason: "per-frequency factors given twice (llama3 or rope_freqs, and \
+                         rope_factors_short/long)"
+                    .into(),
+            });
+        }
         tracing::info!(
             arch = %config.arch, layers = config.n_layers, dim = config.dim,
             threads, isa = %kernels::isa(), "model loaded"
         );
+        let n_ctx = config.context_length;
         Ok(Self {
             config,
             tokenizer,
             weights,
             pool,
             isa: kernels::isa(),
+            n_ctx,
+            file_fingerprint: fingerprint,
             fingerprint,
-        })
+        }
+        .with_context(n_ctx))
+    }
+
+    /// The same model configured for at most `n_ctx` tokens per sequence (capped at
+    /// the metadata's `context_length`, which is also the default). The engine sets its
+    /// window here, and its sequences never grow past it; `forward` itself does not
+    /// check positions against it. Only Phi-3's long-context RoPE depends on it: the
+    /// divisor set is chosen by `n_ctx` alone (see [`super::rope::LongRope`]), and the
+    /// fingerprint names the set, so K/V cached or saved under one set is never reused
+    /// under the other.
+    pub fn with_context(mut self, n_ctx: usize) -> Self {
+        self.n_ctx = n_ctx.min(self.config.context_length);
+        if let Some(lr) = &self.weights.longrope {
+            let long = lr.is_long(self.n_ctx);
+            self.config.rope.factors = lr.factors_for(self.n_ctx).map(<[f32]>::to_vec);
+            let set: &[u8] = if long {
+                b"longrope:long"
+            } else {
+                b"longrope:short"
+            };
+            self.fingerprint =
+                xxhash_rust::xxh3::xxh3_128(&[&self.file_fingerprint[..], set].concat())
+                    .to_le_bytes();
+            tracing::info!(
+                n_ctx = self.n_ctx,
+                original = lr.n_ctx_orig,
+                "longrope: the {} divisors",
+                if long { "long" } else { "short" }
+            );
+        }
+        self
+    }
+
+    /// The most tokens one sequence holds, as configured ([`Model::with_context`]).
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
     }
 
     /// The same model on another instruction-set path (tests and benchmarks compare
@@ -97,7 +148,8 @@ impl Model {
         self.weights.bytes_per_token()
     }
 
-    /// A fingerprint of the model file.
+    /// A fingerprint of the model file (and of the divisor set its context chose, for
+    /// Phi-3's long-context RoPE: the two sets rotate K differently).
     pub fn fingerprint(&self) -> [u8; 16] {
         self.fingerprint
     }

@@ -1,7 +1,8 @@
 //! Rotary position embedding: the two layouts (adjacent pairs as llama rotates them,
 //! halves as NeoX does), the frequency scaling the metadata states (linear, YaRN, and
 //! Llama 3's per-frequency divisors, spelled as metadata or stored as the `rope_freqs`
-//! tensor), and the per-position cos/sin table computed as ggml computes it.
+//! tensor; Phi-3's long-context pair of divisor sets, [`LongRope`]), and the
+//! per-position cos/sin table computed as ggml computes it.
 //!
 //! NOTE: with no scaling every factor below is exactly 1 (and YaRN's mix 0), so the
 //! table has the bits of the plain recurrence `theta *= base^(-2/dims)`.
@@ -17,7 +18,9 @@ pub enum RopeStyle {
 }
 
 /// The scaling types folio reads from `<arch>.rope.scaling.type`.
-pub const SCALING_TYPES: &[&str] = &["none", "linear", "yarn", "llama3"];
+/// (`longrope` scales as `linear` does; its divisors come from the tensors that
+/// [`LongRope`] holds, read whatever the type.)
+pub const SCALING_TYPES: &[&str] = &["none", "linear", "yarn", "llama3", "longrope"];
 
 /// One RoPE as a layer applies it.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,7 +39,8 @@ pub struct Rope {
     pub corr_dims: [f32; 2],
     /// YaRN's original context and (beta_fast, beta_slow).
     pub yarn: (usize, [f32; 2]),
-    /// A divisor per frequency (`dims / 2` of them): Llama 3's scaling.
+    /// A divisor per frequency (`dims / 2` of them): Llama 3's scaling, or the set of
+    /// [`LongRope`] the model's context chose.
     pub factors: Option<Vec<f32>>,
 }
 
@@ -87,7 +91,9 @@ impl Rope {
         };
         match ty {
             "none" => {}
-            "linear" => rope.freq_scale = 1.0 / factor,
+            // llama.cpp scales a longrope model's angles by the factor as it does a
+            // linear one's (ext_factor 0); what makes it longrope is the divisors.
+            "linear" | "longrope" => rope.freq_scale = 1.0 / factor,
             "yarn" => {
                 rope.freq_scale = 1.0 / factor;
                 rope.ext_factor = float("rope.scaling.yarn_ext_factor").unwrap_or(1.0);
@@ -181,6 +187,52 @@ impl Rope {
     }
 }
 
+/// Phi-3's long-context RoPE (llama.cpp's "longrope", transformers' "su"): two sets of
+/// per-frequency divisors, the tensors `rope_factors_short.weight` and
+/// `rope_factors_long.weight` (`dims / 2` each), of which a model runs one. Beside
+/// them the converter writes the extended context as `context_length`, the one trained
+/// before as `rope.scaling.original_context_length`, and a magnitude correction as
+/// `rope.scaling.attn_factor` (`sqrt(1 + ln(scale) / ln(original))`), which multiplies
+/// cos and sin whichever set runs ([`Rope::attn_factor`]).
+///
+/// NOTE: the set is chosen by the context the model is configured for, `n_ctx` (the
+/// most tokens one sequence may hold: the engine's window, `Model::with_context`),
+/// never by a sequence's current length or by the batch: short while `n_ctx` is at most
+/// the original context, long beyond it, as llama.cpp chooses by its context per
+/// sequence. Every sequence of a model then rotates with the same table, so a
+/// sequence's bits do not depend on what runs beside it, how its prompt is chunked,
+/// or how long it has grown (choosing by the current length would re-rotate the
+/// cached K/V of a sequence crossing the original length, or give two lengths two
+/// answers for the same prefix). llama.cpp rounds its context up to a multiple of 256
+/// first; folio compares the window itself, which chooses the same set whenever the
+/// original context is a multiple of 256 (4096 in Phi-3's files).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRope {
+    /// Divisors for a context up to the original one (`None`: the tensor is absent,
+    /// every divisor 1, as llama.cpp runs it).
+    pub short: Option<Vec<f32>>,
+    /// Divisors for a context beyond the original one (`None` as above).
+    pub long: Option<Vec<f32>>,
+    /// The context trained before the extension.
+    pub n_ctx_orig: usize,
+}
+
+impl LongRope {
+    /// Whether a model configured for `n_ctx` tokens per sequence runs the long set.
+    pub fn is_long(&self, n_ctx: usize) -> bool {
+        n_ctx > self.n_ctx_orig
+    }
+
+    /// The divisors a model configured for `n_ctx` tokens per sequence runs.
+    pub fn factors_for(&self, n_ctx: usize) -> Option<&[f32]> {
+        if self.is_long(n_ctx) {
+            self.long.as_deref()
+        } else {
+            self.short.as_deref()
+        }
+    }
+}
+
 /// YaRN's correction range: the rotated pairs whose wavelength spans `beta` turns over
 /// the original context, from `beta_fast` (start, floored) to `beta_slow` (end, ceiled).
 fn corr_dims(
@@ -267,5 +319,61 @@ mod tests {
         assert_eq!(f[0], 1.0);
         assert_eq!(f[31], 8.0);
         assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
+    }
+
+    /// The NOTE on [`LongRope`]: short up to the original context, long beyond it; an
+    /// absent set is no divisors at all.
+    #[test]
+    fn longrope_runs_short_up_to_the_original_context_and_long_beyond() {
+        let lr = LongRope {
+            short: Some(vec![1.5; 4]),
+            long: Some(vec![6.0; 4]),
+            n_ctx_orig: 256,
+        };
+        assert_eq!(lr.factors_for(1), Some(&[1.5; 4][..]));
+        assert_eq!(lr.factors_for(256), Some(&[1.5; 4][..]));
+        assert_eq!(lr.factors_for(257), Some(&[6.0; 4][..]));
+        assert_eq!(lr.factors_for(1 << 20), Some(&[6.0; 4][..]));
+        let only_long = LongRope { short: None, ..lr };
+        assert_eq!(only_long.factors_for(256), None);
+        assert!(only_long.is_long(257));
+    }
+
+    /// A divisor set divides each pair's angle before the table takes cos and sin, and
+    /// the magnitude correction multiplies both: the bits of `cos(theta / f) * m`.
+    #[test]
+    fn divisors_divide_the_angle_and_attn_factor_scales_cos_and_sin_bit_for_bit() {
+        let factors: Vec<f32> = (0..8).map(|i| 1.0 + 1.7 * i as f32).collect();
+        let rope = Rope {
+            style: RopeStyle::Halves,
+            dims: 16,
+            base: 10000.0,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.118034,
+            corr_dims: [0.0, 0.0],
+            yarn: (256, [32.0, 1.0]),
+            factors: Some(factors.clone()),
+        };
+        let mut table = Vec::new();
+        for pos in [0, 3, 63, 300] {
+            rope.table(pos, &mut table);
+            let scale = 10000f32.powf(-2.0 / 16.0);
+            let mut theta = pos as f32;
+            for (&(cos, sin), f) in table.iter().zip(&factors) {
+                let t = theta / f;
+                assert_eq!(
+                    cos.to_bits(),
+                    (t.cos() * 1.118034).to_bits(),
+                    "cos at {pos}"
+                );
+                assert_eq!(
+                    sin.to_bits(),
+                    (t.sin() * 1.118034).to_bits(),
+                    "sin at {pos}"
+                );
+                theta *= scale;
+            }
+        }
     }
 }

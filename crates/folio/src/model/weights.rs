@@ -2,6 +2,7 @@
 
 use super::config::{Arch, Config};
 use super::error::ModelError;
+use super::rope::LongRope;
 use crate::gguf::{GgmlType, Gguf};
 use crate::kernels::QMatrix;
 
@@ -38,6 +39,8 @@ pub struct Weights {
     /// RoPE frequency divisors (`rope_freqs.weight`: Llama 3's scaling as llama.cpp's
     /// converter stores it).
     pub rope_freqs: Option<Vec<f32>>,
+    /// Phi-3's long-context divisor sets (`rope_factors_short` / `_long.weight`).
+    pub longrope: Option<LongRope>,
 }
 
 impl Weights {
@@ -101,26 +104,29 @@ impl Weights {
             }
             _ => None,
         };
-        // Phi-3's long-context variants switch between two factor sets by context
-        // size (llama.cpp's longrope): not run yet, refused rather than ignored.
-        for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-            if g.tensor(name).is_some() || g.tensor(&format!("blk.0.{name}")).is_some() {
-                return Err(ModelError::UnsupportedRopeScaling {
-                    ty: format!("longrope ({name})"),
-                    supported: super::rope::SCALING_TYPES.join(", "),
-                });
-            }
-        }
-        let rope_freqs = match g.tensor("rope_freqs.weight") {
-            Some(_) => Some(vector(g, "rope_freqs.weight", c.rope.dims as u64 / 2)?),
-            None => None,
+        // Per-frequency divisors: Llama 3's (`rope_freqs`), or Phi-3's long-context
+        // pair, of which the model's context picks one (`rope::LongRope`).
+        let n_factors = c.rope.dims as u64 / 2;
+        let factors = |name: &str| -> Result<Option<Vec<f32>>, ModelError> {
+            g.tensor(name)
+                .map(|_| divisors(g, name, n_factors))
+                .transpose()
         };
+        let rope_freqs = factors("rope_freqs.weight")?;
+        let short = factors("rope_factors_short.weight")?;
+        let long = factors("rope_factors_long.weight")?;
+        let longrope = (short.is_some() || long.is_some()).then_some(LongRope {
+            short,
+            long,
+            n_ctx_orig: c.rope.yarn.0,
+        });
         Ok(Self {
             embed: matrix(g, "token_embd.weight", d, c.vocab as u64)?,
             layers,
             out_norm: vector(g, "output_norm.weight", d)?,
             output,
             rope_freqs,
+            longrope,
         })
     }
 
@@ -168,7 +174,7 @@ fn vector(g: &Gguf, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {
     let t = g
         .tensor(name)
         .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
-    if t.num_elements() != len || t.dims[0] != len {
+    if t.num_elements() != len || t.dims.first() != Some(&len) {
         return Err(ModelError::BadShape {
             name: name.into(),
             got: t.dims.clone(),
@@ -184,6 +190,19 @@ fn vector(g: &Gguf, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {
     let mut v = vec![0f32; len as usize];
     m.dequant_row(0, &mut v);
     Ok(v)
+}
+
+/// The RoPE divisors `name` (`len` of them): each finite and positive, for the angle
+/// is divided by it.
+fn divisors(g: &Gguf, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {
+    let v = vector(g, name, len)?;
+    match v.iter().position(|&f| !(f.is_finite() && f > 0.0)) {
+        Some(i) => Err(ModelError::BadValues {
+            name: name.into(),
+            reason: format!("divisor {i} is {}; RoPE divisors must be positive", v[i]),
+        }),
+        None => Ok(v),
+    }
 }
 
 /// The matrix `name` of `cols` columns and `parts`' rows in all, as one matrix per part

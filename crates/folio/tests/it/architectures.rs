@@ -5,10 +5,11 @@
 //! The weights are F32, so both sides differ only by summation order and rounding
 //! (the K/V cache and the attention query in f16, as llama.cpp keeps them).
 //! Also: the new per-layer features (sliding windows, soft-capping, Q/K norms) keep
-//! the batching invariance, and metadata folio cannot run is a typed error.
+//! the batching invariance, and metadata folio cannot run is a typed error. Phi-3's
+//! long-context RoPE runs at two contexts (an entry's `n_ctx`), one per divisor set.
 
 use crate::common::{self, ModelExt};
-use folio::gguf::{Gguf, GgufWriter, Value};
+use folio::gguf::{GgmlType, Gguf, GgufWriter, Value};
 use folio::internals::Isa;
 use folio::kv::Logits;
 use folio::model::sampler::argmax;
@@ -31,13 +32,19 @@ fn path(file: &str) -> PathBuf {
 }
 
 /// `name`'s model on the AVX2 path, whose attention rounds as llama.cpp's does (the
-/// AVX-512 path keeps its value accumulator in f32).
+/// AVX-512 path keeps its value accumulator in f32), configured for the context
+/// llama.cpp ran it with where the entry names one.
 fn load(name: &str) -> Model {
     let fx = common::fixtures("arch/arch.json");
-    let file = fx["models"][name]["file"].as_str().unwrap();
-    Model::load(&path(file), 2)
+    let entry = &fx["models"][name];
+    let file = entry["file"].as_str().unwrap();
+    let m = Model::load(&path(file), 2)
         .unwrap_or_else(|e| panic!("load {file}: {e}"))
-        .with_isa(Isa::Avx2)
+        .with_isa(Isa::Avx2);
+    match entry["n_ctx"].as_u64() {
+        Some(n) => m.with_context(n as usize),
+        None => m,
+    }
 }
 
 /// Largest |Δ log-probability| accepted against the float64 evaluation the fixture
@@ -128,6 +135,19 @@ fn phi3_with_fused_tensors_matches_llama_cpp() {
     check("phi3");
 }
 
+/// Phi-3's long-context RoPE at a context beyond the original one (1024 > 256): the
+/// long divisor set, cos and sin scaled by the file's attn_factor.
+#[test]
+fn phi3_longrope_long_factors_match_llama_cpp() {
+    check("phi3_longrope");
+}
+
+/// The same file at its original context (256): the short divisor set.
+#[test]
+fn phi3_longrope_short_factors_match_llama_cpp() {
+    check("phi3_longrope_short");
+}
+
 /// Mistral-style sliding window on every layer (window 8, prompts up to 109 tokens).
 #[test]
 fn llama_with_sliding_window_matches_exact_evaluation() {
@@ -150,7 +170,15 @@ fn gemma3_matches_llama_cpp() {
 #[test]
 fn new_layers_give_identical_logits_whole_or_one_at_a_time() {
     let fx = common::fixtures("arch/arch.json");
-    for name in ["gemma2", "gemma3", "llama_swa", "qwen3", "phi3"] {
+    for name in [
+        "gemma2",
+        "gemma3",
+        "llama_swa",
+        "qwen3",
+        "phi3",
+        "phi3_longrope",
+        "phi3_longrope_short",
+    ] {
         let m = load(name);
         let case = &fx["models"][name]["cases"][1];
         let seq: Vec<u32> = common::ids(&case["prompt_ids"]);
@@ -260,4 +288,132 @@ fn unknown_rope_scaling_type_is_a_typed_error_naming_the_supported_ones() {
     }
     let msg = err.to_string();
     assert!(msg.contains("dynamic") && msg.contains("yarn"), "{msg}");
+}
+
+/// The divisor set follows the configured context only: the metadata's context by
+/// default (1024, beyond the original 256: long), `with_context` up to the original
+/// gives the short set, and the two sets give different logits and fingerprints (K/V
+/// of one is never reused under the other).
+#[test]
+fn longrope_set_follows_the_configured_context() {
+    let file = path("phi3_longrope.gguf");
+    let g = Gguf::open(&file).unwrap();
+    let tensor = |name: &str| -> Vec<f32> {
+        let t = g.tensor(name).unwrap();
+        g.tensor_bytes(t)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    let (short, long) = (
+        tensor("rope_factors_short.weight"),
+        tensor("rope_factors_long.weight"),
+    );
+    let m = Model::load(&file, 2).unwrap();
+    assert_eq!(m.n_ctx(), 1024);
+    assert_eq!(m.config.rope.factors.as_ref(), Some(&long));
+    let long_fp = m.fingerprint();
+    let m = m.with_context(256);
+    assert_eq!(m.config.rope.factors.as_ref(), Some(&short));
+    let short_fp = m.fingerprint();
+    assert_ne!(long_fp, short_fp, "fingerprints");
+    let m = m.with_context(257);
+    assert_eq!(m.config.rope.factors.as_ref(), Some(&long));
+    assert_eq!(m.fingerprint(), long_fp);
+    let m = m.with_context(1 << 20);
+    assert_eq!(m.n_ctx(), 1024, "capped at the metadata's context");
+    let seq: Vec<u32> = (0..40).map(|i| (i * 7 % 200) as u32).collect();
+    let run = |m: &Model| {
+        let mut cache = m.new_cache(seq.len());
+        m.run(&mut cache, &seq, Logits::Last).unwrap()
+    };
+    let (l, s) = (run(&m), run(&m.with_context(256)));
+    assert!(l != s, "both sets gave the same logits");
+}
+
+/// The engine configures the model for its window (`max_seq_tokens`): at 256 tokens a
+/// sequence, it generates llama.cpp's short-set continuations.
+#[test]
+fn engine_window_chooses_the_longrope_set() {
+    use folio::{Engine, EngineConfig, Prompt, Request, SamplingParams};
+    let fx = common::fixtures("arch/arch.json");
+    let m = Model::load(&path("phi3_longrope.gguf"), 2)
+        .unwrap()
+        .with_isa(Isa::Avx2);
+    let config = EngineConfig {
+        kv_pages: 64,
+        max_seq_tokens: Some(256),
+        ..EngineConfig::default()
+    };
+    let e = Engine::new(m, config).unwrap();
+    assert_eq!(e.model().n_ctx(), 256);
+    for case in fx["models"]["phi3_longrope_short"]["cases"]
+        .as_array()
+        .unwrap()
+    {
+        let gen = common::ids(&case["greedy_ids"]);
+        let mut r = Request::new(Prompt::Tokens(common::ids(&case["prompt_ids"])));
+        r.max_tokens = gen.len();
+        r.ignore_eos = true;
+        r.sampling = SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let out = e.submit(r).unwrap().collect_all().unwrap();
+        assert_eq!(out[0].ids, gen, "case {}", case["name"]);
+    }
+}
+
+/// `file` with tensor `name` replaced by the F32 vector `values`.
+fn with_tensor(file: &str, name: &str, values: &[f32]) -> tempfile::TempDir {
+    let g = Gguf::open(&path(file)).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.meta(k, v.clone());
+    }
+    for t in g.tensors() {
+        if t.name == name {
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            w.tensor(name, &[values.len() as u64], GgmlType::F32, bytes);
+        } else {
+            w.tensor(&t.name, &t.dims, t.ty, g.tensor_bytes(t).to_vec());
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.gguf"), w.to_bytes()).unwrap();
+    dir
+}
+
+/// A divisor set of the wrong length (the head rotates 16 dimensions: 8 divisors) is a
+/// typed error naming the tensor, and so is a divisor that is not positive.
+#[test]
+fn longrope_factors_of_the_wrong_length_or_sign_are_typed_errors() {
+    let dir = with_tensor("phi3_longrope.gguf", "rope_factors_long.weight", &[2.0; 7]);
+    let err = Model::load(&dir.path().join("m.gguf"), 1)
+        .err()
+        .expect("refused");
+    match &err {
+        ModelError::BadShape {
+            name,
+            got,
+            expected,
+        } => {
+            assert_eq!(name, "rope_factors_long.weight");
+            assert_eq!((got.as_slice(), expected.as_slice()), (&[7][..], &[8][..]));
+        }
+        other => panic!("wrong error: {other}"),
+    }
+    let mut zero = [1.5f32; 8];
+    zero[3] = 0.0;
+    let dir = with_tensor("phi3_longrope.gguf", "rope_factors_short.weight", &zero);
+    let err = Model::load(&dir.path().join("m.gguf"), 1)
+        .err()
+        .expect("refused");
+    match &err {
+        ModelError::BadValues { name, reason } => {
+            assert_eq!(name, "rope_factors_short.weight");
+            assert!(reason.contains("divisor 3"), "{reason}");
+        }
+        other => panic!("wrong error: {other}"),
+    }
 }
