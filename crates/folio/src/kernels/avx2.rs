@@ -564,17 +564,22 @@ pub(super) unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
     _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
-/// The twin of `scalar::attend_runs` for head size 64, for `G` queries that share their
+/// The twin of `scalar::attend_runs` for head size `8 * N` (`N` a multiple of 4: head
+/// sizes that are multiples of 32), for `G` queries that share their
 /// keys and values (the query heads of one KV head): each key's K and V rows are loaded
 /// and converted once for all of them, and their accumulators' dependency chains (an
 /// f16 rounding after every key) interleave instead of waiting on one another. Each
 /// query gets exactly the operations the single-query scalar twin does, so the same
 /// bits. `F32`: the K/V rows are f32 (else f16). `ROUND`: the accumulators are rounded
 /// to f16 after every step, as llama.cpp's flash attention keeps them (only with f16
-/// K/V; else they stay f32). `q` and `acc` hold the G queries' 64 values each, back to
-/// back; `state[g]` is query g's (running max, running sum).
+/// K/V; else they stay f32). `q` and `acc` hold the G queries' values back to back; `state[g]` is query g's (running max, running sum).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attend_runs_64<const F32: bool, const ROUND: bool, const G: usize>(
+pub unsafe fn attend_runs_ymm<
+    const F32: bool,
+    const ROUND: bool,
+    const N: usize,
+    const G: usize,
+>(
     q: &[f32],
     runs: &[super::KvRun],
     stride: usize,
@@ -582,19 +587,21 @@ pub unsafe fn attend_runs_64<const F32: bool, const ROUND: bool, const G: usize>
     state: &mut [(f32, f32)],
     acc: &mut [f32],
 ) {
-    assert!(q.len() == 64 * G && acc.len() == 64 * G && state.len() == G && stride >= 64);
+    let hd = 8 * N;
+    assert!(N.is_multiple_of(4) && q.len() == hd * G && acc.len() == hd * G);
+    assert!(state.len() == G && stride >= hd);
     let load = |x: &[f32], g: usize, i: usize| {
-        let x = &x[64 * g + 8 * i..][..8];
+        let x = &x[hd * g + 8 * i..][..8];
         // SAFETY: `x` is 8 floats.
         unsafe { _mm256_loadu_ps(x.as_ptr()) }
     };
-    let qv: [[__m256; 8]; G] = std::array::from_fn(|g| std::array::from_fn(|i| load(q, g, i)));
-    let mut av: [[__m256; 8]; G] =
+    let qv: [[__m256; N]; G] = std::array::from_fn(|g| std::array::from_fn(|i| load(q, g, i)));
+    let mut av: [[__m256; N]; G] =
         std::array::from_fn(|g| std::array::from_fn(|i| load(acc, g, i)));
     // Eight elements of a row from its start (f16 converted, or f32 as they are).
     #[inline(always)]
     unsafe fn load8<const F32: bool>(row: *const u8, i: usize) -> __m256 {
-        // SAFETY: the caller passes a row of 64 elements of the run's type.
+        // SAFETY: the caller passes a row of at least 8·(i + 1) elements of the run's type.
         unsafe {
             if F32 {
                 _mm256_loadu_ps((row as *const f32).add(8 * i))
@@ -630,13 +637,13 @@ pub unsafe fn attend_runs_64<const F32: bool, const ROUND: bool, const G: usize>
             };
             for p in 0..next.n {
                 let row = base.wrapping_add(p * stride * size);
-                for line in (0..64 * size).step_by(64) {
+                for line in (0..hd * size).step_by(64) {
                     // Prefetching never faults, whatever the address.
                     _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line));
                 }
             }
         }
-        let last = (run.n - 1) * stride + 64;
+        let last = (run.n - 1) * stride + hd;
         assert!(run.k.len() >= last && run.v.len() >= last);
         let ptr = |r: &super::KvRows| match (r, F32) {
             (super::KvRows::F16(x), false) => x.as_ptr() as *const u8,
@@ -657,13 +664,13 @@ pub unsafe fn attend_runs_64<const F32: bool, const ROUND: bool, const G: usize>
             for k8 in (g0..g1).step_by(8) {
                 let k9 = (k8 + 8).min(g1);
                 for (k, p) in (k8..k9).enumerate() {
-                    // Row p spans p*stride .. p*stride+64 <= last <= len (asserted).
+                    // Row p spans p*stride .. p*stride+hd <= last <= len (asserted).
                     let kr = kp.wrapping_add(p * stride * size);
                     // SAFETY: kr is a whole row of this run (see above).
-                    let kv: [__m256; 8] = std::array::from_fn(|i| unsafe { load8::<F32>(kr, i) });
+                    let kv: [__m256; N] = std::array::from_fn(|i| unsafe { load8::<F32>(kr, i) });
                     for (qg, pg) in qv.iter().zip(part.iter_mut()) {
                         let mut d = [_mm256_setzero_ps(); 4];
-                        for i in 0..8 {
+                        for i in 0..N {
                             d[i % 4] = _mm256_fmadd_ps(kv[i], qg[i], d[i % 4]);
                         }
                         // ggml's reduction order of the four accumulators.
@@ -725,7 +732,7 @@ pub unsafe fn attend_runs_64<const F32: bool, const ROUND: bool, const G: usize>
                 }
                 // One V slice at a time, converted once for all the queries.
                 #[allow(clippy::needless_range_loop)]
-                for i in 0..8 {
+                for i in 0..N {
                     // SAFETY: vr is a whole row of this run (see above).
                     let v = unsafe { load8::<F32>(vr, i) };
                     for (a, vs) in av.iter_mut().zip(&vsv) {
@@ -741,8 +748,8 @@ pub unsafe fn attend_runs_64<const F32: bool, const ROUND: bool, const G: usize>
     }
     for (g, ag) in av.iter().enumerate() {
         for (i, a) in ag.iter().enumerate() {
-            // SAFETY: acc holds 64·G floats.
-            unsafe { _mm256_storeu_ps(acc[64 * g + 8 * i..].as_mut_ptr(), *a) };
+            // SAFETY: acc holds hd·G floats.
+            unsafe { _mm256_storeu_ps(acc[hd * g + 8 * i..].as_mut_ptr(), *a) };
         }
     }
 }

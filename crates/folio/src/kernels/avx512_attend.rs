@@ -85,8 +85,9 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
         unsafe { _mm512_loadu_ps(x.as_ptr()) }
     };
     // Element 16·i.. of each query, and of each accumulator: 2C vectors per query.
-    let qv: [[[__m512; 2]; C]; G] =
-        std::array::from_fn(|g| std::array::from_fn(|j| [load(q, g, 2 * j), load(q, g, 2 * j + 1)]));
+    let qv: [[[__m512; 2]; C]; G] = std::array::from_fn(|g| {
+        std::array::from_fn(|j| [load(q, g, 2 * j), load(q, g, 2 * j + 1)])
+    });
     let mut av: [[[__m512; 2]; C]; G] = std::array::from_fn(|g| {
         std::array::from_fn(|j| [load(acc, g, 2 * j), load(acc, g, 2 * j + 1)])
     });
@@ -180,6 +181,7 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
                         ms = e[g][k];
                         *m = scores[g][k];
                         let msv = _mm512_set1_ps(ms);
+                        #[allow(clippy::needless_range_loop)]
                         for j in 0..C {
                             a[g][j][0] = _mm512_mul_ps(a[g][j][0], msv);
                             a[g][j][1] = _mm512_mul_ps(a[g][j][1], msv);
@@ -190,9 +192,13 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
                     vsv[g] = _mm512_set1_ps(vs);
                     *sum = sum.mul_add(ms, vs);
                 }
+                // Indexed loops: LLVM keeps `a` in registers only when it sees constant
+                // indices after unrolling.
+                #[allow(clippy::needless_range_loop)]
                 for j in 0..C {
                     // SAFETY: vr is a whole row of this run (see above).
-                    let (v0, v1) = unsafe { (load16::<F32>(vr, 2 * j), load16::<F32>(vr, 2 * j + 1)) };
+                    let (v0, v1) =
+                        unsafe { (load16::<F32>(vr, 2 * j), load16::<F32>(vr, 2 * j + 1)) };
                     for g in 0..G {
                         a[g][j][0] = _mm512_fmadd_ps(v0, vsv[g], a[g][j][0]);
                         a[g][j][1] = _mm512_fmadd_ps(v1, vsv[g], a[g][j][1]);

@@ -225,10 +225,17 @@ pub(crate) fn attend_runs_as(
     assert!(n > 0 && q.len() == acc.len() && q.len().is_multiple_of(n));
     let hd = q.len() / n;
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() && !round && hd.is_multiple_of(32) && hd <= 256 {
+    if isa.avx2() && hd.is_multiple_of(32) && hd <= 256 {
         let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
-        // As many queries per call as keep their values and accumulators in registers.
-        let most = (3 * 64 / hd).clamp(1, 3);
+        let zmm = isa.avx512() && !round;
+        // As many queries per call as keep their values and accumulators in registers
+        // (32 zmm or 16 ymm; the AVX2 kernel spills either way past head size 64).
+        let most = match (zmm, hd) {
+            (true, 32 | 64) => 3,
+            (true, 96) => 2,
+            (false, 64) => 4,
+            _ => 1,
+        };
         let mut g = 0;
         while g < n {
             let k = (n - g).min(most);
@@ -237,53 +244,51 @@ pub(crate) fn attend_runs_as(
                 &mut state[g..g + k],
                 &mut acc[hd * g..hd * (g + k)],
             );
-            macro_rules! go {
-                ($f32:expr, $($c:literal)*) => {
+            // Each arm's `unsafe`: the AVX2 path and those above it are only produced
+            // by `detect` after checking avx2, fma and f16c, and the AVX-512 path after
+            // running one of its instructions.
+            macro_rules! zmm {
+                ($f32:expr; $(($c:literal, $g:pat) => $gc:literal),*) => {
                     match (hd / 32, k) {
-                        // SAFETY: the AVX-512 path is only produced by `detect` after
-                        // running one of its instructions; it includes AVX2, FMA, F16C.
-                        $(($c, 1) => unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, 1>(q, runs, stride, scale, st, acc) },
-                        ($c, 2) => unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, 2>(q, runs, stride, scale, st, acc) },
-                        ($c, 3) => unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, 3>(q, runs, stride, scale, st, acc) },)*
+                        $(($c, $g) => {
+                            // SAFETY: see above; `zmm` is only set on the AVX-512 path.
+                            unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, $gc>(q, runs, stride, scale, st, acc) }
+                        })*
                         _ => unreachable!(),
                     }
                 };
             }
-            if f32_rows {
-                go!(true, 1 2 3 4 5 6 7 8);
-            } else {
-                go!(false, 1 2 3 4 5 6 7 8);
-            }
-            g += k;
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && hd == 64 {
-        let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
-        // At most four queries per call (their accumulators mostly stay in registers).
-        let mut g = 0;
-        while g < n {
-            let k = (n - g).min(4);
-            let (q, st, acc) = (
-                &q[64 * g..64 * (g + k)],
-                &mut state[g..g + k],
-                &mut acc[64 * g..64 * (g + k)],
-            );
-            macro_rules! go {
-                ($f32:expr, $round:expr, $($k:literal)*) => {
-                    match k {
-                        // SAFETY: AVX2 paths are only produced by `detect` after
-                        // checking avx2, fma and f16c.
-                        $($k => unsafe { avx2::attend_runs_64::<$f32, $round, $k>(q, runs, stride, scale, st, acc) },)*
+            macro_rules! ymm {
+                ($f32:expr, $round:expr; $(($n:literal, $g:pat) => $gn:literal),*) => {
+                    match (hd / 8, k) {
+                        $(($n, $g) => {
+                            // SAFETY: see above; this is the AVX2 path or one above it.
+                            unsafe { avx2::attend_runs_ymm::<$f32, $round, $n, $gn>(q, runs, stride, scale, st, acc) }
+                        })*
                         _ => unreachable!(),
                     }
                 };
             }
-            match (f32_rows, round) {
-                (true, _) => go!(true, false, 1 2 3 4),
-                (false, true) => go!(false, true, 1 2 3 4),
-                (false, false) => go!(false, false, 1 2 3 4),
+            macro_rules! zmm_all {
+                ($f32:expr) => {
+                    zmm!($f32; (1, 1) => 1, (1, 2) => 2, (1, 3) => 3, (2, 1) => 1, (2, 2) => 2,
+                        (2, 3) => 3, (3, 1) => 1, (3, 2) => 2, (4, _) => 1, (5, _) => 1,
+                        (6, _) => 1, (7, _) => 1, (8, _) => 1)
+                };
+            }
+            macro_rules! ymm_all {
+                ($f32:expr, $round:expr) => {
+                    ymm!($f32, $round; (8, 1) => 1, (8, 2) => 2, (8, 3) => 3, (8, 4) => 4,
+                        (4, _) => 1, (12, _) => 1, (16, _) => 1, (20, _) => 1, (24, _) => 1,
+                        (28, _) => 1, (32, _) => 1)
+                };
+            }
+            match (zmm, f32_rows, round) {
+                (true, true, _) => zmm_all!(true),
+                (true, false, _) => zmm_all!(false),
+                (false, true, _) => ymm_all!(true, false),
+                (false, false, true) => ymm_all!(false, true),
+                (false, false, false) => ymm_all!(false, false),
             }
             g += k;
         }

@@ -473,6 +473,83 @@ fn attention_simd_is_bit_identical_to_scalar() {
     }
 }
 
+/// Every head size that is a multiple of 32 (Phi-3's 96, Qwen3's 128, Gemma's 256 and
+/// the rest) on every SIMD path this CPU runs: each query of a group gets the bits the
+/// scalar twin gives it alone, with both roundings and f32 K/V, in one run or two calls.
+#[test]
+fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
+    use super::{KvRows, KvRun};
+    let paths: Vec<Isa> = runnable().into_iter().filter(|i| i.avx2()).collect();
+    if paths.is_empty() {
+        println!("skipped: this CPU runs no SIMD path");
+        return;
+    }
+    let mut rng = SplitMix64(77);
+    for hd in (32..=256).step_by(32) {
+        let (n, stride) = (70, 2 * hd);
+        let kf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 2.0).collect();
+        let vf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 3.0).collect();
+        let k16: Vec<u16> = kf.iter().map(|&x| f32_to_f16(x)).collect();
+        let v16: Vec<u16> = vf.iter().map(|&x| f32_to_f16(x)).collect();
+        for (f32_kv, round) in [(false, true), (false, false), (true, false)] {
+            // The second KV head of each row.
+            let (k, v) = if f32_kv {
+                (KvRows::F32(&kf[hd..]), KvRows::F32(&vf[hd..]))
+            } else {
+                (KvRows::F16(&k16[hd..]), KvRows::F16(&v16[hd..]))
+            };
+            let run = |isa: Isa, q: &[f32], cut: usize| {
+                let g = q.len() / hd;
+                let mut state = vec![(f32::NEG_INFINITY, 0f32); g];
+                let mut acc = vec![0f32; hd * g];
+                let runs = [
+                    KvRun { k, v, n: cut },
+                    KvRun {
+                        k: k.skip((cut * stride).min(k.len())),
+                        v: v.skip((cut * stride).min(v.len())),
+                        n: n - cut,
+                    },
+                ];
+                if cut.is_multiple_of(2) {
+                    super::attend_runs_as(isa, round, q, &runs, stride, 0.1, &mut state, &mut acc);
+                } else {
+                    for r in runs.chunks(1) {
+                        super::attend_runs_as(isa, round, q, r, stride, 0.1, &mut state, &mut acc);
+                    }
+                }
+                (acc, state)
+            };
+            for g in 1..=4 {
+                let q: Vec<f32> = (0..hd * g).map(|_| rng.signed_f32() * 3.0).collect();
+                let mut qk = q.clone();
+                if !f32_kv {
+                    super::round_f16(&q, &mut qk);
+                }
+                let (mut want, mut want_st) = (Vec::new(), Vec::new());
+                for qi in qk.chunks(hd) {
+                    let (a, st) = run(Isa::Scalar, qi, n);
+                    want.extend(a.iter().map(|x| x.to_bits()));
+                    want_st.extend(st.iter().map(|s| (s.0.to_bits(), s.1.to_bits())));
+                }
+                for &isa in &paths {
+                    for cut in [0, 16, 33] {
+                        let (a, st) = run(isa, &qk, cut);
+                        let what = format!("{isa:?}, head {hd}, {g} queries, cut {cut}, f32 {f32_kv}, round {round}");
+                        assert_eq!(
+                            want,
+                            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            "{what}"
+                        );
+                        let st: Vec<_> =
+                            st.iter().map(|s| (s.0.to_bits(), s.1.to_bits())).collect();
+                        assert_eq!(want_st, st, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A block of query rows through `attend_block` (keys in pages, each row with its own
 /// causal limit) gives every query exactly the bits the scalar kernel gives it alone
 /// over its keys in one run, on every path, for f16 and f32 K/V.
