@@ -19,8 +19,9 @@ use super::avx2::{expf_table, hsum8};
 use super::{KvRows, KvRun};
 use std::arch::x86_64::*;
 
-/// How many runs ahead the kernel prefetches K and V (pages are scattered in memory, so
-/// the hardware prefetcher would only find each page after a few misses).
+/// How many runs ahead the kernel prefetches K (pages are scattered in memory, so the
+/// hardware prefetcher would only find each page after a few misses). A run's V rows
+/// are prefetched as the run starts, while its scores are computed.
 const PREFETCH_RUNS: usize = 1;
 
 /// Sixteen elements of a row from its element `16 * i` (f16 converted, or f32 as they
@@ -42,20 +43,19 @@ unsafe fn load16<const F32: bool>(row: *const u8, i: usize) -> __m512 {
     }
 }
 
-/// Prefetches the K and V rows (`width` bytes each) of `run` into L1.
+/// Prefetches `n` rows (`width` bytes each, `stride_bytes` apart) from the start of
+/// `rows` into L1.
 #[inline(always)]
-fn prefetch_run(run: &KvRun, stride_bytes: usize, width: usize) {
-    let base = |r: &KvRows| match r {
+fn prefetch_rows(rows: &KvRows, n: usize, stride_bytes: usize, width: usize) {
+    let base = match rows {
         KvRows::F16(x) => x.as_ptr() as *const i8,
         KvRows::F32(x) => x.as_ptr() as *const i8,
     };
-    for b in [base(&run.k)] {
-        for p in 0..run.n {
-            let row = b.wrapping_add(p * stride_bytes);
-            for line in (0..width).step_by(64) {
-                // SAFETY: prefetching never faults, whatever the address.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
-            }
+    for p in 0..n {
+        let row = base.wrapping_add(p * stride_bytes);
+        for line in (0..width).step_by(64) {
+            // SAFETY: prefetching never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
         }
     }
 }
@@ -95,8 +95,9 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
     let mut st: [(f32, f32); G] = std::array::from_fn(|g| state[g]);
     for (ri, run) in runs.iter().enumerate() {
         if let Some(next) = runs.get(ri + PREFETCH_RUNS) {
-            prefetch_run(next, stride * size, hd * size);
+            prefetch_rows(&next.k, next.n, stride * size, hd * size);
         }
+        prefetch_rows(&run.v, run.n, stride * size, hd * size);
         if run.n == 0 {
             continue;
         }

@@ -27,9 +27,9 @@ pub const MADD: u8 = 0;
 /// AVX-VNNI's `vpdpbusd ymm` (VEX): only where detection ran it.
 pub const VEX: u8 = 1;
 /// AVX-512 VNNI's `vpdpbusd ymm` (EVEX, needs avx512vl and avx512vnni): the same
-/// operation, which a CPU that faults on the VEX form may run (AMD Zen 4); tests use it
-/// to run the kernels' VNNI arithmetic there.
-#[cfg(test)]
+/// operation, which a CPU that faults on the VEX form may run (AMD Zen 4). The AVX-512
+/// path's row kernels of the formats without an AVX-512 tile of their own (Q4_0, Q5_0,
+/// Q5_1, IQ4_NL, Q8_0 rows) take their 8-bit dots with it: the same bits as AVX2's.
 pub const EVEX: u8 = 2;
 
 /// Each 32-bit lane j: Σ_k u[4j+k] · s[4j+k] (u as unsigned bytes, s as signed), with
@@ -55,7 +55,6 @@ pub(super) unsafe fn sums<const D: u8>(u: __m256i, s: __m256i) -> __m256i {
             }
             acc
         }
-        #[cfg(test)]
         EVEX => {
             let mut acc = _mm256_setzero_si256();
             // SAFETY: register-only `vpdpbusd` (EVEX, ymm0-15 only), which the caller

@@ -14,12 +14,16 @@ use super::{scalar, Isa};
 use crate::gguf::GgmlType;
 
 /// Runs `$body` with `$d` bound to the 8-bit dot step of `isa`'s AVX2 kernels (a
-/// const: `avxvnni::VEX` on the AVX-VNNI path, else `avxvnni::MADD`).
+/// const: `avxvnni::VEX` on the AVX-VNNI path, `avxvnni::EVEX` on the AVX-512 path,
+/// else `avxvnni::MADD`; the same bits on every path).
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_dot {
     ($isa:expr, $d:ident => $body:expr) => {
         if $isa.avx_vnni() {
             const $d: u8 = super::avxvnni::VEX;
+            $body
+        } else if $isa.avx512() {
+            const $d: u8 = super::avxvnni::EVEX;
             $body
         } else {
             const $d: u8 = super::avxvnni::MADD;
