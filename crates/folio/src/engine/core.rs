@@ -67,6 +67,7 @@ impl Core {
         sched.grammar.checks = cfg.grammar_checks;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         sched.grammar.spare_core = cores > model.threads();
+        sched.sample_threads = model.threads().min(cores);
         if cfg.free_window_pages {
             sched.sliding_window = model.config.sliding_window();
         }
