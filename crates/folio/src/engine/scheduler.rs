@@ -58,6 +58,8 @@ pub(crate) struct Counters {
     /// Steps by token rows (see [`super::request::STEP_TOKEN_BOUNDS`]), and the rows.
     pub step_tokens: [u64; STEP_TOKEN_BOUNDS.len() + 1],
     pub step_tokens_sum: u64,
+    /// Samples chosen on the forward pass's threads ([`Scheduler::choose_ahead`]).
+    pub samples_chosen_ahead: u64,
 }
 
 /// One planned step: `seqs[i]` is the index of the sequence that runs
@@ -507,8 +509,9 @@ impl Scheduler {
             for h in others {
                 match h.join() {
                     Ok(c) => counts.push(c),
-                    // Its sequences choose again in the serial loop.
-                    Err(_) => tracing::error!("choosing samples failed on a thread"),
+                    // As a panic on this thread would: choosing again could draw
+                    // other tokens (a half-made choice may have used the stream).
+                    Err(e) => std::panic::resume_unwind(e),
                 }
             }
             counts
@@ -518,6 +521,7 @@ impl Scheduler {
             self.grammar.masked += c.masked;
             self.grammar.masks_ahead_used += c.masks_ahead_used;
         }
+        self.counters.samples_chosen_ahead += n as u64;
     }
 
     /// The first time sample 0 of an `n > 1` request has its prompt's logits, the other

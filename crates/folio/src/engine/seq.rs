@@ -159,7 +159,7 @@ pub(crate) struct Gen {
     pub next_allowed: Option<crate::grammar::Allowed>,
     /// The last sample needed the grammar's mask: compute the next one ahead.
     pub mask_ahead: bool,
-    /// The next token, chosen ahead by [`Seq::choose`] (on a thread of its own); the
+    /// The next token, chosen ahead by [`Seq::choose_ahead`] (on a thread of its own); the
     /// next [`Seq::sample`] records it instead of choosing.
     pub chosen: Option<Chosen>,
     pub tx: Sink,
