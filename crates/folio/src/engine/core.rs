@@ -67,6 +67,11 @@ impl Core {
         sched.grammar.checks = cfg.grammar_checks;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         sched.grammar.spare_core = cores > model.threads();
+        sched.sample_threads = if cfg.parallel_sampling {
+            model.threads().min(cores)
+        } else {
+            1
+        };
         if cfg.free_window_pages {
             sched.sliding_window = model.config.sliding_window();
         }
@@ -270,6 +275,7 @@ impl Core {
             window_pages_released: c.window_pages_released,
             step_tokens: c.step_tokens.to_vec(),
             step_tokens_sum: c.step_tokens_sum,
+            samples_chosen_ahead: c.samples_chosen_ahead,
             grammar_checked: self.sched.grammar.checked,
             grammar_masked: self.sched.grammar.masked,
             grammar_masks_ahead: self.sched.grammar.masks_ahead,

@@ -35,6 +35,12 @@ pub struct EngineConfig {
     /// Off, every constrained sample masks first: the reference the tests compare
     /// with.
     pub grammar_checks: bool,
+    /// Choose a step's samples (ranking, grammar questions, masks) on the forward
+    /// pass's threads, idle then, a sequence on one of them, and record them in order:
+    /// each choice uses only its own sequence's sampler and grammar, so the tokens are
+    /// those of choosing one after another. Off, one after another: the reference the
+    /// tests compare with.
+    pub parallel_sampling: bool,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +54,7 @@ impl Default for EngineConfig {
             kv_dtype: KvDtype::F16,
             free_window_pages: true,
             grammar_checks: true,
+            parallel_sampling: true,
         }
     }
 }
@@ -348,6 +355,9 @@ pub struct EngineStats {
     pub step_tokens: Vec<u64>,
     /// Token rows over all steps.
     pub step_tokens_sum: u64,
+    /// Samples chosen on the forward pass's threads, several at once
+    /// (`EngineConfig::parallel_sampling`).
+    pub samples_chosen_ahead: u64,
     /// Constrained samples decided by asking the grammar about single tokens (no
     /// mask computed).
     pub grammar_checked: u64,

@@ -58,6 +58,8 @@ pub(crate) struct Counters {
     /// Steps by token rows (see [`super::request::STEP_TOKEN_BOUNDS`]), and the rows.
     pub step_tokens: [u64; STEP_TOKEN_BOUNDS.len() + 1],
     pub step_tokens_sum: u64,
+    /// Samples chosen on the forward pass's threads ([`Scheduler::choose_ahead`]).
+    pub samples_chosen_ahead: u64,
 }
 
 /// One planned step: `seqs[i]` is the index of the sequence that runs
@@ -77,6 +79,8 @@ pub(crate) struct Scheduler {
     pub counters: Counters,
     /// How constrained samples are drawn, and their counts.
     pub grammar: GrammarSteps,
+    /// Threads that choose a step's samples (those of the forward pass, idle then).
+    pub sample_threads: usize,
     /// The widest window when every layer of the model slides and plain requests free
     /// the pages it left (`EngineConfig::free_window_pages`); `None` otherwise.
     pub sliding_window: Option<usize>,
@@ -101,6 +105,7 @@ impl Scheduler {
                 masks_ahead: 0,
                 masks_ahead_used: 0,
             },
+            sample_threads: 1,
             sliding_window: None,
             retired: Vec::new(),
         }
@@ -400,6 +405,7 @@ impl Scheduler {
     /// After the model ran `plan`: commits its full pages, samples from `logits`, forks
     /// `n > 1` samples, and retires what finished.
     pub fn update(&mut self, kv: &mut PagedKv, tok: &Tokenizer, plan: Plan, logits: &[Vec<f32>]) {
+        self.choose_ahead(&plan, logits);
         let mut done: Vec<(usize, Option<super::FinishReason>)> = Vec::new();
         let mut children = Vec::new();
         for ((&i, l), step) in plan.seqs.iter().zip(logits).zip(&plan.batch.seqs) {
@@ -451,6 +457,71 @@ impl Scheduler {
             self.retire(kv, s);
         }
         self.seqs.extend(children);
+    }
+
+    /// Chooses the step's next tokens on up to `sample_threads` threads, each sequence
+    /// on one of them, before [`Scheduler::update`] records them in order: ranking a
+    /// vocabulary, asking a grammar about tokens and masking cost tens to hundreds of
+    /// µs per sample, which a batch of 16 would otherwise pay one after another while
+    /// the forward pass's threads idle. Each choice touches only its own sequence's
+    /// sampler and grammar, so the tokens are the ones a serial loop draws.
+    fn choose_ahead(&mut self, plan: &Plan, logits: &[Vec<f32>]) {
+        /// Fewer samples per thread than this are not worth a thread's start.
+        const PER_THREAD: usize = 2;
+        let mut rows: Vec<Option<&[f32]>> = vec![None; self.seqs.len()];
+        for ((&i, l), step) in plan.seqs.iter().zip(logits).zip(&plan.batch.seqs) {
+            if l.is_empty() || step.logits == Logits::All || !self.seqs[i].can_choose_ahead() {
+                continue;
+            }
+            let vocab = l.len() / step.logit_rows();
+            rows[i] = Some(&l[l.len() - vocab..]);
+        }
+        let n = rows.iter().flatten().count();
+        let threads = self.sample_threads.min(n / PER_THREAD);
+        if threads < 2 {
+            return; // the serial loop chooses
+        }
+        let mut work: Vec<(&mut Seq, &[f32])> = self
+            .seqs
+            .iter_mut()
+            .zip(rows)
+            .filter_map(|(s, r)| r.map(|r| (s, r)))
+            .collect();
+        let mut base = self.grammar.clone();
+        (base.checked, base.masked, base.masks_ahead_used) = (0, 0, 0);
+        let run = |chunk: &mut [(&mut Seq, &[f32])], mut steps: GrammarSteps| {
+            for (s, l) in chunk.iter_mut() {
+                s.choose_ahead(l, &mut steps);
+            }
+            steps
+        };
+        let per = n.div_ceil(threads);
+        let counts: Vec<GrammarSteps> = std::thread::scope(|sc| {
+            let mut chunks = work.chunks_mut(per);
+            let first = chunks.next().expect("two chunks at least");
+            let others: Vec<_> = chunks
+                .map(|c| {
+                    let steps = base.clone();
+                    sc.spawn(move || run(c, steps))
+                })
+                .collect();
+            let mut counts = vec![run(first, base.clone())];
+            for h in others {
+                match h.join() {
+                    Ok(c) => counts.push(c),
+                    // As a panic on this thread would: choosing again could draw
+                    // other tokens (a half-made choice may have used the stream).
+                    Err(e) => std::panic::resume_unwind(e),
+                }
+            }
+            counts
+        });
+        for c in counts {
+            self.grammar.checked += c.checked;
+            self.grammar.masked += c.masked;
+            self.grammar.masks_ahead_used += c.masks_ahead_used;
+        }
+        self.counters.samples_chosen_ahead += n as u64;
     }
 
     /// The first time sample 0 of an `n > 1` request has its prompt's logits, the other

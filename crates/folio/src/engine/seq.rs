@@ -48,6 +48,63 @@ fn masked(
     allowed.apply(&mut l).then_some(l)
 }
 
+/// What a sample drew: its token (with the masked logits, where a mask was computed
+/// or log-probabilities need them), or nothing, when the grammar allows no token.
+#[derive(Debug)]
+pub(crate) enum Chosen {
+    Token {
+        id: u32,
+        masked_logits: Option<Vec<f32>>,
+    },
+    Nothing,
+}
+
+/// Draws the next token of `g` from `logits` after `tokens`. Under a grammar, the
+/// sampler asks the grammar about single tokens where that decides the sample (no mask
+/// computed); otherwise the grammar leaves only the tokens it allows. The figures
+/// reported are those of the masked distribution. Touches only `g`'s own sampler and
+/// grammar, so samples of different sequences may be chosen on different threads.
+fn choose(g: &mut Gen, tokens: &[u32], logits: &[f32], steps: &mut GrammarSteps) -> Chosen {
+    let ready = g.next_allowed.take();
+    let mut masked_logits = None;
+    let id = match g.grammar.as_mut() {
+        None => g.sampler.sample(logits, tokens),
+        Some(gr) => {
+            let checked = if steps.checks {
+                let mut allowed = |t: u32| match &ready {
+                    Some(a) => a.contains(t),
+                    None => gr.accepts(t),
+                };
+                g.sampler
+                    .sample_constrained(logits, tokens, &mut allowed, MAX_CHECKS)
+            } else {
+                None
+            };
+            g.mask_ahead = checked.is_none();
+            match checked {
+                Some(id) => {
+                    steps.checked += 1;
+                    if g.logprobs.is_some() {
+                        masked_logits = masked(gr, ready, logits);
+                    }
+                    id
+                }
+                None => {
+                    steps.masked += 1;
+                    steps.masks_ahead_used += u64::from(ready.is_some());
+                    let Some(l) = masked(gr, ready, logits) else {
+                        return Chosen::Nothing;
+                    };
+                    let id = g.sampler.sample(&l, tokens);
+                    masked_logits = Some(l);
+                    id
+                }
+            }
+        }
+    };
+    Chosen::Token { id, masked_logits }
+}
+
 /// Where a request's events go: a function called on the engine thread, in order,
 /// that says whether the receiver still listens (false cancels the request).
 #[derive(Clone)]
@@ -102,6 +159,9 @@ pub(crate) struct Gen {
     pub next_allowed: Option<crate::grammar::Allowed>,
     /// The last sample needed the grammar's mask: compute the next one ahead.
     pub mask_ahead: bool,
+    /// The next token, chosen ahead by [`Seq::choose_ahead`] (on a thread of its own); the
+    /// next [`Seq::sample`] records it instead of choosing.
+    pub chosen: Option<Chosen>,
     pub tx: Sink,
     /// Samples still to fork from this one's prompt once it is computed (n > 1).
     pub forks: Vec<usize>,
@@ -155,6 +215,7 @@ impl Gen {
             grammar: None,
             next_allowed: None,
             mask_ahead: false,
+            chosen: None,
             tx,
             forks: Vec::new(),
         }
@@ -191,50 +252,16 @@ impl Seq {
             // Scoring only: the prompt's log-probabilities were the point.
             return After::Finished(FinishReason::Length);
         }
-        // Under a grammar, the sampler asks the grammar about single tokens where
-        // that decides the sample (no mask computed); otherwise the grammar leaves
-        // only the tokens it allows. The figures reported are those of the masked
-        // distribution.
-        let ready = g.next_allowed.take();
-        let mut masked_logits = None;
-        let id = match g.grammar.as_mut() {
-            None => g.sampler.sample(logits, &self.tokens),
-            Some(gr) => {
-                let checked = if steps.checks {
-                    let mut allowed = |t: u32| match &ready {
-                        Some(a) => a.contains(t),
-                        None => gr.accepts(t),
-                    };
-                    g.sampler
-                        .sample_constrained(logits, &self.tokens, &mut allowed, MAX_CHECKS)
-                } else {
-                    None
-                };
-                g.mask_ahead = checked.is_none();
-                match checked {
-                    Some(id) => {
-                        steps.checked += 1;
-                        if g.logprobs.is_some() {
-                            masked_logits = masked(gr, ready, logits);
-                        }
-                        id
-                    }
-                    None => {
-                        steps.masked += 1;
-                        steps.masks_ahead_used += u64::from(ready.is_some());
-                        let Some(l) = masked(gr, ready, logits) else {
-                            tracing::warn!(
-                                req = self.req,
-                                "the grammar allows no token: the output ends"
-                            );
-                            return After::Finished(FinishReason::Stop);
-                        };
-                        let id = g.sampler.sample(&l, &self.tokens);
-                        masked_logits = Some(l);
-                        id
-                    }
-                }
-            }
+        let chosen = match g.chosen.take() {
+            Some(c) => c,
+            None => choose(g, &self.tokens, logits, steps),
+        };
+        let Chosen::Token { id, masked_logits } = chosen else {
+            tracing::warn!(
+                req = self.req,
+                "the grammar allows no token: the output ends"
+            );
+            return After::Finished(FinishReason::Stop);
         };
         let logits = masked_logits.as_deref().unwrap_or(logits);
         self.tokens.push(id);
@@ -276,6 +303,23 @@ impl Seq {
         } else {
             After::Continue
         }
+    }
+
+    /// Chooses the next token from `logits` ahead of [`Seq::sample`], which then records
+    /// it: the engine chooses the samples of a step on several threads at once. Only
+    /// for a sample past its first token (the first may fork `n > 1` samples, which
+    /// must copy the grammar before it moves).
+    pub fn choose_ahead(&mut self, logits: &[f32], steps: &mut GrammarSteps) {
+        if let Purpose::Generate(g) = &mut self.purpose {
+            if g.max_tokens > 0 && g.generated > 0 && g.chosen.is_none() {
+                g.chosen = Some(choose(g, &self.tokens, logits, steps));
+            }
+        }
+    }
+
+    /// Whether [`Seq::choose_ahead`] would choose for it.
+    pub fn can_choose_ahead(&self) -> bool {
+        matches!(&self.purpose, Purpose::Generate(g) if g.max_tokens > 0 && g.generated > 0)
     }
 
     /// Computes the grammar's allowed tokens for the next sample ahead of time (the

@@ -2,7 +2,8 @@
 //! (a JSON schema, any JSON object, a regex, a choice), under sampling, with n > 1
 //! forks, and batched beside unconstrained requests; a bad source is an error first.
 //! Asking the grammar about single tokens gives the tokens masking first gives, and
-//! agrees with the mask token by token.
+//! agrees with the mask token by token. Choosing a step's samples on several threads
+//! gives the tokens of choosing them one after another.
 
 use crate::common;
 use folio::engine::{Engine, EngineConfig, Prompt, Request};
@@ -394,4 +395,91 @@ fn a_single_token_check_agrees_with_the_mask() {
         }
     }
     assert!(states >= 60, "{states}");
+}
+
+fn engine_choosing(parallel: bool) -> Engine {
+    let model = Model::load(&common::model_path(), 2).unwrap();
+    let cfg = EngineConfig {
+        kv_pages: 512,
+        parallel_sampling: parallel,
+        ..Default::default()
+    };
+    Engine::new(model, cfg).unwrap()
+}
+
+/// A step's samples chosen on the forward pass's threads give exactly the token ids
+/// that choosing them one after another gives: greedy, cut, and sampling with no cuts
+/// (the server's default, where rejection draws happen) or min-p alone; constrained
+/// and plain requests in one batch of 16, a request of n = 4 forked from one prompt,
+/// and one alone; two seed sets each.
+#[test]
+fn choosing_samples_on_threads_gives_the_serial_tokens() {
+    let (threaded, serial) = (engine_choosing(true), engine_choosing(false));
+    let model = Model::load(&common::model_path(), 1).unwrap();
+    let gs = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
+    let grammars: Vec<_> = schemas()
+        .into_iter()
+        .map(|s| gs.compile(&GrammarSpec::JsonSchema(s)).unwrap())
+        .collect();
+    let params = |temperature, top_k, top_p, min_p| folio::model::SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        ..Default::default()
+    };
+    let configs = [
+        ("greedy", params(0.0, 0, 1.0, 0.0)),
+        ("top-k", params(0.9, 40, 0.9, 0.05)),
+        ("no cuts", params(1.0, 0, 1.0, 0.0)),
+        ("min-p", params(1.0, 0, 1.0, 0.1)),
+    ];
+    // Request `i`: constrained but for every fourth, which runs plain beside them.
+    let request = |i: usize, seeds: u64, sampling: &folio::model::SamplingParams| {
+        let mut r = constrained(i, &grammars, sampling);
+        r.sampling.seed = seeds + i as u64;
+        if i % 4 == 3 {
+            r.grammar = None;
+            r.max_tokens = 40;
+        }
+        r
+    };
+    let mut compared = 0;
+    for (label, sampling) in &configs {
+        for seeds in [0, 1000] {
+            let sixteen =
+                |e: &Engine| batch(e, (0..16).map(|i| request(i, seeds, sampling)).collect());
+            let forked = |e: &Engine| {
+                let mut r = request(seeds as usize % 3, seeds, sampling);
+                r.n = 4;
+                batch(e, vec![r])
+            };
+            let alone = |e: &Engine| batch(e, vec![request(1, seeds, sampling)]);
+            for (what, run) in [
+                (
+                    "batch of 16",
+                    &sixteen as &dyn Fn(&Engine) -> Vec<(Vec<u32>, String)>,
+                ),
+                ("n = 4", &forked),
+                ("alone", &alone),
+            ] {
+                let got = run(&threaded);
+                let want = run(&serial);
+                let ids =
+                    |v: &[(Vec<u32>, String)]| v.iter().map(|c| c.0.clone()).collect::<Vec<_>>();
+                assert_eq!(ids(&got), ids(&want), "{label}, seeds {seeds}, {what}");
+                compared += got.len();
+            }
+        }
+    }
+    assert_eq!(compared, configs.len() * 2 * (16 + 4 + 1));
+    let (t, s) = (threaded.stats().unwrap(), serial.stats().unwrap());
+    eprintln!(
+        "{} samples chosen on threads; constrained: {} by single tokens, {} masked",
+        t.samples_chosen_ahead, t.grammar_checked, t.grammar_masked
+    );
+    // The engine chooses on its forward pass's threads (two here), at most one a core.
+    assert!(t.samples_chosen_ahead > 0, "{t:?}");
+    assert_eq!(s.samples_chosen_ahead, 0);
+    assert_eq!(t.generated_tokens, s.generated_tokens);
 }
