@@ -48,13 +48,12 @@ pub fn attend_block(
         super::attend_runs_capped(isa, q, &tile, stride, scale, cap, state, acc);
         return;
     }
-    // On the AVX-512 path each tile of f16 keys and values is widened to f32 once for
-    // the whole block: the same values (the conversion is exact) for every row, whose
-    // kernel then reads them without converting again.
+    // Where the AVX-512 kernel runs, each tile of f16 keys and values is widened to f32
+    // once for the whole block: the same values (the conversion is exact) for every
+    // row, whose kernel then reads them without converting again.
     let hd = width / group;
-    let widen = isa.avx512()
-        && !isa.f16_attention()
-        && hd.is_multiple_of(32)
+    let widen = cap == 0.0
+        && super::zmm_attention(isa, isa.f16_attention(), hd)
         && runs.first().is_some_and(|r| matches!(r.k, KvRows::F16(_)));
     let (mut k32, mut v32) = (Vec::new(), Vec::new());
     let mut t0 = 0;
@@ -127,7 +126,7 @@ fn widen_tile(runs: &[KvRun], stride: usize, hd: usize, k: &mut Vec<f32>, v: &mu
     for run in runs {
         for (rows, out) in [(run.k, &mut *k), (run.v, &mut *v)] {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: only called on the AVX-512 path, which `detect` checked.
+            // SAFETY: only called where the AVX-512 kernel runs, which `detect` checked.
             unsafe {
                 super::avx512_attend::widen_rows(rows.raw(), run.n, stride, hd, out)
             };

@@ -564,6 +564,25 @@ pub(super) unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
     _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
+/// Prefetches `n` rows (`width` bytes each, `stride_bytes` apart) from the start of
+/// `rows` into L1: the attention kernels start loading a page's rows before they read
+/// them (pages are scattered in memory, so the hardware prefetcher would only find
+/// each page after a few misses).
+#[inline(always)]
+pub(super) fn prefetch_rows(rows: &super::KvRows, n: usize, stride_bytes: usize, width: usize) {
+    let base = match rows {
+        super::KvRows::F16(x) => x.as_ptr() as *const i8,
+        super::KvRows::F32(x) => x.as_ptr() as *const i8,
+    };
+    for p in 0..n {
+        let row = base.wrapping_add(p * stride_bytes);
+        for line in (0..width).step_by(64) {
+            // SAFETY: prefetching never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
+        }
+    }
+}
+
 /// The twin of `scalar::attend_runs` for head size `8 * N` (`N` a multiple of 4: head
 /// sizes that are multiples of 32), for `G` queries that share their
 /// keys and values (the query heads of one KV head): each key's K and V rows are loaded
@@ -631,17 +650,7 @@ pub unsafe fn attend_runs_ymm<
         if let Some(next) = runs.get(ri + 1) {
             // Pages are scattered in memory: start loading the next run's keys now,
             // the hardware prefetcher would only find them after a few misses.
-            let base = match next.k {
-                super::KvRows::F16(x) => x.as_ptr() as *const i8,
-                super::KvRows::F32(x) => x.as_ptr() as *const i8,
-            };
-            for p in 0..next.n {
-                let row = base.wrapping_add(p * stride * size);
-                for line in (0..hd * size).step_by(64) {
-                    // Prefetching never faults, whatever the address.
-                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line));
-                }
-            }
+            prefetch_rows(&next.k, next.n, stride * size, hd * size);
         }
         let last = (run.n - 1) * stride + hd;
         assert!(run.k.len() >= last && run.v.len() >= last);

@@ -2,7 +2,7 @@
 //! accumulator (the AVX-512 path's arithmetic, `Isa::f16_attention`), for any head size
 //! that is a multiple of 32.
 //!
-//! The arithmetic is the AVX2 kernel's (`avx2::attend_runs_64` with `ROUND = false`),
+//! The arithmetic is the AVX2 kernel's (`avx2::attend_runs_ymm` with `ROUND = false`),
 //! lane for lane, so the bits are the same: one zmm holds two of the AVX2 kernel's
 //! 8-lane pieces. The dot product's four 8-lane accumulators of ggml's order sit in two
 //! zmm registers (`[d0 | d1]` takes the even 16-element pieces, `[d2 | d3]` the odd
@@ -15,13 +15,14 @@
 //! call, where the AVX2 kernel's 16 spill to the stack on every key.
 #![allow(unsafe_code)]
 
-use super::avx2::{expf_table, hsum8};
+use super::avx2::{expf_table, hsum8, prefetch_rows};
 use super::{KvRows, KvRun};
 use std::arch::x86_64::*;
 
 /// How many runs ahead the kernel prefetches K (pages are scattered in memory, so the
-/// hardware prefetcher would only find each page after a few misses). A run's V rows
-/// are prefetched as the run starts, while its scores are computed.
+/// hardware prefetcher would only find each page after a few misses). A run's f16 V
+/// rows are prefetched as the run starts, while its scores are computed; f32 rows are
+/// mostly a prefill tile widened into L1 (`attend_block`), where that would be wasted.
 const PREFETCH_RUNS: usize = 1;
 
 /// Sixteen elements of a row from its element `16 * i` (f16 converted, or f32 as they
@@ -39,23 +40,6 @@ unsafe fn load16<const F32: bool>(row: *const u8, i: usize) -> __m512 {
             _mm512_cvtph_ps(_mm256_loadu_si256(
                 (row as *const u16).add(16 * i) as *const __m256i
             ))
-        }
-    }
-}
-
-/// Prefetches `n` rows (`width` bytes each, `stride_bytes` apart) from the start of
-/// `rows` into L1.
-#[inline(always)]
-fn prefetch_rows(rows: &KvRows, n: usize, stride_bytes: usize, width: usize) {
-    let base = match rows {
-        KvRows::F16(x) => x.as_ptr() as *const i8,
-        KvRows::F32(x) => x.as_ptr() as *const i8,
-    };
-    for p in 0..n {
-        let row = base.wrapping_add(p * stride_bytes);
-        for line in (0..width).step_by(64) {
-            // SAFETY: prefetching never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
         }
     }
 }
@@ -97,7 +81,9 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
         if let Some(next) = runs.get(ri + PREFETCH_RUNS) {
             prefetch_rows(&next.k, next.n, stride * size, hd * size);
         }
-        prefetch_rows(&run.v, run.n, stride * size, hd * size);
+        if !F32 {
+            prefetch_rows(&run.v, run.n, stride * size, hd * size);
+        }
         if run.n == 0 {
             continue;
         }

@@ -225,9 +225,9 @@ pub(crate) fn attend_runs_as(
     assert!(n > 0 && q.len() == acc.len() && q.len().is_multiple_of(n));
     let hd = q.len() / n;
     #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && hd.is_multiple_of(32) && hd <= 256 {
+    if isa.avx2() && simd_head(hd) {
         let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
-        let zmm = isa.avx512() && !round;
+        let zmm = zmm_attention(isa, round, hd);
         // As many queries per call as keep their values and accumulators in registers
         // (32 zmm or 16 ymm; the AVX2 kernel spills either way past head size 64).
         let most = match (zmm, hd) {
@@ -298,6 +298,17 @@ pub(crate) fn attend_runs_as(
     for ((q, st), acc) in q.chunks_exact(hd).zip(state).zip(acc.chunks_exact_mut(hd)) {
         scalar::attend_runs(q, runs, stride, scale, (&mut st.0, &mut st.1), acc, round);
     }
+}
+
+/// Whether the SIMD attention kernels take head size `hd`.
+fn simd_head(hd: usize) -> bool {
+    hd.is_multiple_of(32) && hd <= 256
+}
+
+/// Whether [`attend_runs_as`] runs the AVX-512 kernel (`avx512_attend`) for head size
+/// `hd` with rounding `round`.
+pub(crate) fn zmm_attention(isa: Isa, round: bool, hd: usize) -> bool {
+    isa.avx512() && !round && simd_head(hd)
 }
 
 /// [`attend_runs`] with soft-capped scores (`cap` ≠ 0: see
