@@ -206,13 +206,33 @@ fn schemas() -> Vec<serde_json::Value> {
 }
 
 fn engine_with_checks(checks: bool) -> Engine {
-    let model = Model::load(&common::model_path(), 2).unwrap();
-    let cfg = EngineConfig {
-        kv_pages: 512,
+    engine(EngineConfig {
         grammar_checks: checks,
         ..Default::default()
-    };
-    Engine::new(model, cfg).unwrap()
+    })
+}
+
+/// The default model on 2 threads with 512 pages and `cfg`'s other settings.
+fn engine(cfg: EngineConfig) -> Engine {
+    let model = Model::load(&common::model_path(), 2).unwrap();
+    Engine::new(
+        model,
+        EngineConfig {
+            kv_pages: 512,
+            ..cfg
+        },
+    )
+    .unwrap()
+}
+
+/// The test schemas compiled for the default model's vocabulary.
+fn schema_grammars() -> Vec<folio::grammar::Grammar> {
+    let model = Model::load(&common::model_path(), 1).unwrap();
+    let gs = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
+    schemas()
+        .into_iter()
+        .map(|s| gs.compile(&GrammarSpec::JsonSchema(s)).unwrap())
+        .collect()
 }
 
 /// Submits `reqs` at once (one batch) and returns each sample's token ids and text.
@@ -264,12 +284,7 @@ fn check_output(i: usize, text: &str) {
 #[test]
 fn asking_single_tokens_gives_the_tokens_masking_first_gives() {
     let (fast, slow) = (engine_with_checks(true), engine_with_checks(false));
-    let model = Model::load(&common::model_path(), 1).unwrap();
-    let gs = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
-    let grammars: Vec<_> = schemas()
-        .into_iter()
-        .map(|s| gs.compile(&GrammarSpec::JsonSchema(s)).unwrap())
-        .collect();
+    let grammars = schema_grammars();
     let greedy = folio::model::SamplingParams {
         temperature: 0.0,
         ..Default::default()
@@ -324,12 +339,7 @@ fn asking_single_tokens_gives_the_tokens_masking_first_gives() {
 #[test]
 fn a_seed_gives_the_same_constrained_tokens_twice() {
     let e = engine_with_checks(true);
-    let model = Model::load(&common::model_path(), 1).unwrap();
-    let gs = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
-    let grammars: Vec<_> = schemas()
-        .into_iter()
-        .map(|s| gs.compile(&GrammarSpec::JsonSchema(s)).unwrap())
-        .collect();
+    let grammars = schema_grammars();
     for min_p in [0.0, 0.1] {
         let sampling = folio::model::SamplingParams {
             temperature: 1.0,
@@ -398,13 +408,10 @@ fn a_single_token_check_agrees_with_the_mask() {
 }
 
 fn engine_choosing(parallel: bool) -> Engine {
-    let model = Model::load(&common::model_path(), 2).unwrap();
-    let cfg = EngineConfig {
-        kv_pages: 512,
+    engine(EngineConfig {
         parallel_sampling: parallel,
         ..Default::default()
-    };
-    Engine::new(model, cfg).unwrap()
+    })
 }
 
 /// A step's samples chosen on the forward pass's threads give exactly the token ids
@@ -415,12 +422,7 @@ fn engine_choosing(parallel: bool) -> Engine {
 #[test]
 fn choosing_samples_on_threads_gives_the_serial_tokens() {
     let (threaded, serial) = (engine_choosing(true), engine_choosing(false));
-    let model = Model::load(&common::model_path(), 1).unwrap();
-    let gs = Grammars::new(&model.tokenizer, model.config.vocab).unwrap();
-    let grammars: Vec<_> = schemas()
-        .into_iter()
-        .map(|s| gs.compile(&GrammarSpec::JsonSchema(s)).unwrap())
-        .collect();
+    let grammars = schema_grammars();
     let params = |temperature, top_k, top_p, min_p| folio::model::SamplingParams {
         temperature,
         top_k,
