@@ -25,9 +25,9 @@ pub struct Model {
     isa: Isa,
     /// The most tokens one sequence holds, as configured ([`Model::with_context`]).
     n_ctx: usize,
-    /// The file's hash; `fingerprint` adds what the configuration changes in the K/V.
+    /// The file's hash; [`Model::fingerprint`] adds what the configuration changes in
+    /// the K/V.
     file_fingerprint: [u8; 16],
-    fingerprint: [u8; 16],
 }
 
 impl Model {
@@ -77,7 +77,6 @@ impl Model {
             isa: kernels::isa(),
             n_ctx,
             file_fingerprint: fingerprint,
-            fingerprint,
         }
         .with_context(n_ctx))
     }
@@ -94,14 +93,6 @@ impl Model {
         if let Some(lr) = &self.weights.longrope {
             let long = lr.is_long(self.n_ctx);
             self.config.rope.factors = lr.factors_for(self.n_ctx).map(<[f32]>::to_vec);
-            let set: &[u8] = if long {
-                b"longrope:long"
-            } else {
-                b"longrope:short"
-            };
-            self.fingerprint =
-                xxhash_rust::xxh3::xxh3_128(&[&self.file_fingerprint[..], set].concat())
-                    .to_le_bytes();
             tracing::info!(
                 n_ctx = self.n_ctx,
                 original = lr.n_ctx_orig,
@@ -151,7 +142,15 @@ impl Model {
     /// A fingerprint of the model file (and of the divisor set its context chose, for
     /// Phi-3's long-context RoPE: the two sets rotate K differently).
     pub fn fingerprint(&self) -> [u8; 16] {
-        self.fingerprint
+        let Some(lr) = &self.weights.longrope else {
+            return self.file_fingerprint;
+        };
+        let set: &[u8] = if lr.is_long(self.n_ctx) {
+            b"longrope:long"
+        } else {
+            b"longrope:short"
+        };
+        xxhash_rust::xxh3::xxh3_128(&[&self.file_fingerprint[..], set].concat()).to_le_bytes()
     }
 
     /// The shape of a KV pool of `n_pages` pages of `page_size` tokens for this model.
