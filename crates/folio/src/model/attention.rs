@@ -47,18 +47,25 @@ pub struct Heads {
 /// block instead of once per row. It changes no row's arithmetic.
 pub const ROW_BLOCK: usize = 16;
 
-/// One (block of rows, KV head, key chunk) piece of work: all query heads of that KV
-/// head, for the block's rows `r0..r1` that reach the chunk (those before `r0` end
-/// before it). Its partial states start at `off` in the partial buffer, one per row.
+/// One (block of rows, KV heads, key chunk) piece of work: all query heads of KV heads
+/// `h0..h1`, for the block's rows `r0..r1` that reach the chunk (those before `r0` end
+/// before it). Its partial states start at `off` in the partial buffer: per row, per
+/// KV head, per query head of its group.
 #[derive(Clone, Copy)]
 struct Unit {
     r0: u32,
     r1: u32,
-    kv_head: u32,
+    h0: u32,
+    h1: u32,
     k0: u32,
     k1: u32,
     off: usize,
 }
+
+/// Keys a unit of several KV heads runs through all of them before going on: the K/V
+/// rows of a page hold every KV head side by side, so running the heads together reads
+/// whole rows once, in order, instead of a third of each row per pass.
+const HEADS_TOGETHER_KEYS: usize = 64;
 
 /// How a layer turns query·key products into softmax inputs, and which keys it sees.
 #[derive(Debug, Clone, Copy)]
@@ -133,6 +140,9 @@ pub fn attention_with<S: KvStorage + ?Sized>(
     // Each unit leaves, per row and query head of its group, the partial state
     // [max, sum, acc(hd)].
     let stride = group * (hd + 2);
+    // Which KV heads a unit covers changes no bits (heads are independent), so it is
+    // chosen for speed: one unit per chunk with every head (whole K/V rows read once)
+    // where there are enough chunks to keep the threads busy, else one per head.
     let mut units = Vec::new();
     let mut off = 0;
     let mut b0 = 0;
@@ -149,19 +159,27 @@ pub fn attention_with<S: KvStorage + ?Sized>(
         let last = rows[b1 - 1].1;
         // With a window the block is one row, whose keys start at `lo`.
         let lo = first(rows[b0].1);
-        for kh in 0..nkv {
+        let n_chunks = last / SPLIT_KEYS - lo / SPLIT_KEYS + 1;
+        let per = if b1 - b0 == 1 && n_chunks >= pool.parallelism() {
+            nkv
+        } else {
+            1
+        };
+        for h0 in (0..nkv).step_by(per) {
+            let h1 = (h0 + per).min(nkv);
             for k0 in (lo - lo % SPLIT_KEYS..=last).step_by(SPLIT_KEYS) {
                 // The rows that reach this chunk: a suffix of the block.
                 let r0 = (b0..b1).find(|&r| rows[r].1 >= k0).unwrap_or(b1);
                 units.push(Unit {
                     r0: r0 as u32,
                     r1: b1 as u32,
-                    kv_head: kh as u32,
+                    h0: h0 as u32,
+                    h1: h1 as u32,
                     k0: k0.max(lo) as u32,
                     k1: (k0 + SPLIT_KEYS).min(last + 1) as u32,
                     off,
                 });
-                off += (b1 - r0) * stride;
+                off += (b1 - r0) * (h1 - h0) * stride;
             }
         }
         b0 = b1;
@@ -170,7 +188,8 @@ pub fn attention_with<S: KvStorage + ?Sized>(
     let work = |u: &Unit| -> u64 {
         (u.r0..u.r1)
             .map(|r| (rows[r as usize].1 + 1).min(u.k1 as usize) as u64 - u64::from(u.k0))
-            .sum()
+            .sum::<u64>()
+            * u64::from(u.h1 - u.h0)
     };
     // Contiguous runs of units with about equal keys each.
     let threads = pool.parallelism().min(units.len()).max(1);
@@ -204,51 +223,77 @@ pub fn attention_with<S: KvStorage + ?Sized>(
         if t >= threads {
             return;
         }
-        let mut qh = Vec::with_capacity(ROW_BLOCK * group * hd);
-        let mut acc = vec![0f32; ROW_BLOCK * group * hd];
-        let mut state = vec![(0f32, 0f32); ROW_BLOCK * group];
+        let mut qh = vec![Vec::with_capacity(ROW_BLOCK * group * hd); nkv];
+        let mut acc = vec![0f32; ROW_BLOCK * nkv * group * hd];
+        let mut state = vec![(0f32, 0f32); ROW_BLOCK * nkv * group];
         let mut keys = Vec::with_capacity(ROW_BLOCK);
         let mut runs = Vec::new();
         let mut unit = |owner: usize, i: usize| {
             let u = &units[bounds[owner] + i];
-            let (r0, r1, kh) = (u.r0 as usize, u.r1 as usize, u.kv_head as usize);
-            let (n, w) = (r1 - r0, group * hd);
-            let (step, off) = (&batch.seqs[rows[r0].0], kh * hd);
-            // The unit's keys as page runs, then one kernel call over all of them.
-            runs.clear();
-            let mut p = u.k0 as usize;
-            while p < u.k1 as usize {
-                let (page, slot) = step.slot(p);
-                let (ks, vs) = kv.run(page.0, layer, slot);
-                let n = (ks.len() / kv_dim).min(u.k1 as usize - p);
-                runs.push(kernels::KvRun {
-                    k: ks.skip(off),
-                    v: vs.skip(off),
-                    n,
-                });
-                p += n;
-            }
+            let (r0, r1) = (u.r0 as usize, u.r1 as usize);
+            let (h0, h1) = (u.h0 as usize, u.h1 as usize);
+            let (n, w, nh) = (r1 - r0, group * hd, h1 - h0);
+            let step = &batch.seqs[rows[r0].0];
+            let f16 = {
+                let (page, slot) = step.slot(u.k0 as usize);
+                matches!(kv.run(page.0, layer, slot).0, kernels::KvRows::F16(_))
+            };
             // The group's query heads are adjacent in the row. With f16 K/V the queries
             // are rounded to f16 too, as llama.cpp does.
-            let f16 = matches!(runs.first().map(|r| r.k), Some(kernels::KvRows::F16(_)));
-            qh.clear();
-            keys.clear();
-            for r in r0..r1 {
-                let qs = &q[r * d + kh * w..r * d + (kh + 1) * w];
-                if f16 {
-                    kernels::round_f16_into(qs, &mut qh);
-                } else {
-                    qh.extend_from_slice(qs);
+            for kh in h0..h1 {
+                let qh = &mut qh[kh];
+                qh.clear();
+                for r in r0..r1 {
+                    let qs = &q[r * d + kh * w..r * d + (kh + 1) * w];
+                    if f16 {
+                        kernels::round_f16_into(qs, qh);
+                    } else {
+                        qh.extend_from_slice(qs);
+                    }
                 }
-                keys.push((rows[r].1 + 1).min(u.k1 as usize) - u.k0 as usize);
             }
-            let (state, acc) = (&mut state[..n * group], &mut acc[..n * w]);
+            let (state, acc) = (&mut state[..nh * n * group], &mut acc[..nh * n * w]);
             state.fill((f32::NEG_INFINITY, 0.0));
             acc.fill(0.0);
-            kernels::attend_block(isa, &qh, &keys, &runs, kv_dim, scale, cap, state, acc);
+            // One head at a time over the whole chunk, or, with several heads, every
+            // head over each piece of keys in turn.
+            let piece = if nh > 1 && n == 1 {
+                HEADS_TOGETHER_KEYS
+            } else {
+                SPLIT_KEYS
+            };
+            let mut t0 = u.k0 as usize;
+            while t0 < u.k1 as usize {
+                let t1 = (t0 + piece).min(u.k1 as usize);
+                keys.clear();
+                keys.extend((r0..r1).map(|r| (rows[r].1 + 1).min(t1).saturating_sub(t0)));
+                for kh in h0..h1 {
+                    // The piece's keys as page runs, then one kernel call over them all.
+                    runs.clear();
+                    let mut p = t0;
+                    while p < t1 {
+                        let (page, slot) = step.slot(p);
+                        let (ks, vs) = kv.run(page.0, layer, slot);
+                        let m = (ks.len() / kv_dim).min(t1 - p);
+                        runs.push(kernels::KvRun {
+                            k: ks.skip(kh * hd),
+                            v: vs.skip(kh * hd),
+                            n: m,
+                        });
+                        p += m;
+                    }
+                    let j = kh - h0;
+                    let (st, ac) = (
+                        &mut state[j * n * group..(j + 1) * n * group],
+                        &mut acc[j * n * w..(j + 1) * n * w],
+                    );
+                    kernels::attend_block(isa, &qh[kh], &keys, &runs, kv_dim, scale, cap, st, ac);
+                }
+                t0 = t1;
+            }
             let mut part = parts[owner].lock().unwrap_or_else(|e| e.into_inner());
             let base = u.off - at(bounds[owner]);
-            let out = part[base..base + n * stride].chunks_exact_mut(hd + 2);
+            let out = part[base..base + nh * n * stride].chunks_exact_mut(hd + 2);
             for ((o, st), a) in out.zip(state.iter()).zip(acc.chunks_exact(hd)) {
                 o[0] = st.0;
                 o[1] = st.1;
@@ -269,40 +314,41 @@ pub fn attention_with<S: KvStorage + ?Sized>(
     let mut i = 0;
     let mut mine = Vec::new();
     while i < units.len() {
-        // The units of one (block, KV head): its chunks in order.
-        let (b1, kh) = (units[i].r1, units[i].kv_head as usize);
+        // The units of one (block, KV heads): its chunks in order.
+        let (b1, h0, h1) = (units[i].r1, units[i].h0, units[i].h1);
         let mut j = i;
-        while j < units.len() && (units[j].r1, units[j].kv_head) == (b1, units[i].kv_head) {
+        while j < units.len() && (units[j].r1, units[j].h0) == (b1, h0) {
             j += 1;
         }
         for r in units[i].r0..b1 {
-            // The partial states of row r, chunk by chunk.
-            mine.clear();
-            mine.extend(
-                units[i..j]
-                    .iter()
-                    .filter(|u| u.r0 <= r)
-                    .map(|u| u.off + (r - u.r0) as usize * stride),
-            );
-            let r = r as usize;
-            for g in 0..group {
-                let h = kh * group + g;
-                let part = |c: usize| &partial[c + g * (hd + 2)..][..hd + 2];
-                let mx = mine
-                    .iter()
-                    .map(|&c| part(c)[0])
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let o = &mut out[r * d + h * hd..r * d + (h + 1) * hd];
-                o.fill(0.0);
-                let mut sum = 0f32;
-                for &c in &mine {
-                    let part = part(c);
-                    let w = (part[0] - mx).exp();
-                    sum += part[1] * w;
-                    o.iter_mut().zip(&part[2..]).for_each(|(y, a)| *y += a * w);
+            for kh in h0 as usize..h1 as usize {
+                // The partial states of row r and KV head kh, chunk by chunk: a unit
+                // holds its heads one after another, each with its rows.
+                mine.clear();
+                mine.extend(units[i..j].iter().filter(|u| u.r0 <= r).map(|u| {
+                    let rows_in = (u.r1 - u.r0) as usize;
+                    u.off + ((kh - h0 as usize) * rows_in + (r - u.r0) as usize) * stride
+                }));
+                let r = r as usize;
+                for g in 0..group {
+                    let h = kh * group + g;
+                    let part = |c: usize| &partial[c + g * (hd + 2)..][..hd + 2];
+                    let mx = mine
+                        .iter()
+                        .map(|&c| part(c)[0])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    let o = &mut out[r * d + h * hd..r * d + (h + 1) * hd];
+                    o.fill(0.0);
+                    let mut sum = 0f32;
+                    for &c in &mine {
+                        let part = part(c);
+                        let w = (part[0] - mx).exp();
+                        sum += part[1] * w;
+                        o.iter_mut().zip(&part[2..]).for_each(|(y, a)| *y += a * w);
+                    }
+                    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                    o.iter_mut().for_each(|y| *y *= inv);
                 }
-                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-                o.iter_mut().for_each(|y| *y *= inv);
             }
         }
         i = j;
