@@ -267,8 +267,13 @@ pub fn attention_with<S: KvStorage + ?Sized>(
                 let t1 = (t0 + piece).min(u.k1 as usize);
                 keys.clear();
                 keys.extend((r0..r1).map(|r| (rows[r].1 + 1).min(t1).saturating_sub(t0)));
-                for kh in h0..h1 {
+                let heads = qh[h0..h1]
+                    .iter()
+                    .zip(state.chunks_exact_mut(n * group))
+                    .zip(acc.chunks_exact_mut(n * w));
+                for (j, ((qk, st), ac)) in heads.enumerate() {
                     // The piece's keys as page runs, then one kernel call over them all.
+                    let off = (h0 + j) * hd;
                     runs.clear();
                     let mut p = t0;
                     while p < t1 {
@@ -276,18 +281,13 @@ pub fn attention_with<S: KvStorage + ?Sized>(
                         let (ks, vs) = kv.run(page.0, layer, slot);
                         let m = (ks.len() / kv_dim).min(t1 - p);
                         runs.push(kernels::KvRun {
-                            k: ks.skip(kh * hd),
-                            v: vs.skip(kh * hd),
+                            k: ks.skip(off),
+                            v: vs.skip(off),
                             n: m,
                         });
                         p += m;
                     }
-                    let j = kh - h0;
-                    let (st, ac) = (
-                        &mut state[j * n * group..(j + 1) * n * group],
-                        &mut acc[j * n * w..(j + 1) * n * w],
-                    );
-                    kernels::attend_block(isa, &qh[kh], &keys, &runs, kv_dim, scale, cap, st, ac);
+                    kernels::attend_block(isa, qk, &keys, &runs, kv_dim, scale, cap, st, ac);
                 }
                 t0 = t1;
             }
