@@ -2,8 +2,10 @@
 //! K/V, read page run by page run from a [`KvStorage`] through the pages its
 //! [`Batch`] step names, with no dense copy of the history. Causal by position: the row at position `p` reads keys `0..=p`.
 //!
-//! Work is split into units of (block of rows, KV head, key chunk): the query heads that
-//! share a KV head run together, so each key is loaded once for all of them; up to
+//! Work is split into units of (block of rows, KV heads, key chunk): the query heads that
+//! share a KV head run together, so each key is loaded once for all of them (and a
+//! decode row with enough chunks runs every KV head in one unit, piece by piece, so
+//! each page's rows are read whole, once, in order); up to
 //! [`ROW_BLOCK`] rows of one sequence at consecutive positions (a prefill) go through
 //! each tile of keys together, so each page is read from memory once per block; and a
 //! query's keys are cut into chunks of [`SPLIT_KEYS`] (split-K), so one long decode
