@@ -48,6 +48,30 @@ pub struct QMatrix {
     data: Vec<u64>,
 }
 
+/// A zeroed buffer of `n` words for weights, asked to be backed by 2 MiB pages before
+/// anything touches it: decode streams every weight once per token, and with 4 KiB
+/// pages the TLB misses on every page. (Large allocations are fresh mappings; the
+/// kernel merges adjacent ones with the same advice, so the matrices of a model share
+/// huge pages where their span allows.) Advice only: without transparent huge pages
+/// nothing changes.
+fn weight_buffer(n: usize) -> Vec<u64> {
+    let mut v = vec![0u64; n];
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let start = v.as_mut_ptr() as usize;
+        let end = start + n * 8;
+        let (a, b) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
+        if b > a {
+            // SAFETY: [a, b) lies inside `v`'s allocation (rounded inwards to pages);
+            // MADV_HUGEPAGE changes only how the kernel backs those pages, never their
+            // contents, and a failure (no THP) is harmless.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+        }
+    }
+    v
+}
+
 /// Which activation format a weight type's dot product consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActKind {
@@ -94,7 +118,7 @@ impl QMatrix {
         if ty == GgmlType::Q8_0 {
             return Some(Self::pack_q8_0(rows, cols, row_bytes, bytes));
         }
-        let mut data = super::huge::zeroed::<u64>(bytes.len().div_ceil(8));
+        let mut data = weight_buffer(bytes.len().div_ceil(8));
         bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
         Some(Self {
             ty,
@@ -120,7 +144,7 @@ impl QMatrix {
         let nb = cols / QK;
         let size = std::mem::size_of::<T>();
         let len = rows.div_ceil(4) * nb * size;
-        let mut data = super::huge::zeroed::<u64>(len.div_ceil(8));
+        let mut data = weight_buffer(len.div_ceil(8));
         let packed: &mut [T] =
             bytemuck::cast_slice_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len]);
         for r in 0..rows {

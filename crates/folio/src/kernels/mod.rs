@@ -11,7 +11,6 @@
 //!   them; every other kernel of that path is the AVX2 one.
 //! - `avxvnni`: the AVX2 path with its 8-bit dot products done by AVX-VNNI's 256-bit
 //!   `vpdpbusd` (VEX), for CPUs that run that and not AVX-512; the same bits as AVX2.
-//! - `huge`: zeroed buffers advised onto 2 MiB pages (weights, the K/V arena).
 //! - `matmul`: [`QMatrix`] (weights laid out for the kernels) and the threaded matmul.
 //! - `pool`: a persistent thread pool, one barrier per parallel region; tasks are claimed
 //!   dynamically and waiting threads park, so more threads than cores degrade gracefully.
@@ -40,7 +39,6 @@ mod avx512_attend;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avxvnni;
 mod detect;
-pub mod huge;
 
 pub use attend::attend_block;
 pub use matmul::{matmul, Activations, QMatrix};

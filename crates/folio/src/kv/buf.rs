@@ -1,7 +1,6 @@
 //! K/V element storage shared by the paged arena and the contiguous cache: f16 (the
 //! default, what llama.cpp stores) or f32, chosen at run time.
 
-use crate::kernels::huge;
 use crate::kernels::quant::f32_to_f16;
 pub use crate::kernels::{KvDtype, KvRows};
 
@@ -12,12 +11,11 @@ pub enum KvBuf {
 }
 
 impl KvBuf {
-    /// `len` zeroed elements, on huge pages where the OS gives them: a decode at depth
-    /// reads hundreds of megabytes of pages per token.
+    /// `len` zeroed elements.
     pub fn new(dtype: KvDtype, len: usize) -> Self {
         match dtype {
-            KvDtype::F16 => KvBuf::F16(huge::zeroed(len)),
-            KvDtype::F32 => KvBuf::F32(huge::zeroed(len)),
+            KvDtype::F16 => KvBuf::F16(vec![0; len]),
+            KvDtype::F32 => KvBuf::F32(vec![0.0; len]),
         }
     }
 

@@ -337,8 +337,9 @@ fn paged_attention_equals_dense_gather_attention() {
             .collect();
         let mut out = Vec::new();
         // 7: more threads than this 2-core machine has (tasks claimed by fewer threads).
-        // One thread runs a decode row's KV heads together in each unit, seven one head
-        // per unit (fewer chunks than threads): the same bits.
+        // Over pages, one thread runs a decode row's KV heads together in each unit,
+        // seven one head per unit (fewer chunks than threads), as the dense cache always
+        // does: the same bits.
         for threads in [1, 2, 7] {
             let pool = ThreadPool::new(threads).unwrap();
             let mut paged = vec![0f32; q.len()];
