@@ -53,8 +53,8 @@ pub const ROW_BLOCK: usize = 32;
 
 /// One (block of rows, KV heads, key chunk) piece of work: all query heads of KV heads
 /// `h0..h1`, for the block's rows `r0..r1` that reach the chunk (those before `r0` end
-/// before it). Its partial states start at `off` in the partial buffer: per row, per
-/// KV head, per query head of its group.
+/// before it). Its partial states start at `off` in the partial buffer: per KV head,
+/// per row, per query head of its group.
 #[derive(Clone, Copy)]
 struct Unit {
     r0: u32,
