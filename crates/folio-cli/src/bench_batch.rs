@@ -9,6 +9,7 @@ use crate::report::{figure, Report};
 use anyhow::Result;
 use folio::kv::{Batch, Logits, PageTable, PagedKv};
 use folio::model::sampler::argmax;
+use folio::model::StepLogits;
 use folio::rng::SplitMix64;
 use folio::Model;
 use serde_json::json;
@@ -127,11 +128,13 @@ fn aggregate_decode(
         .map(|_| (0..prompt).map(|_| rng.below(v) as u32).collect())
         .collect();
     let mut tables: Vec<PageTable> = (0..b).map(|_| kv.new_table(None)).collect();
-    let mut logits = step(model, &mut kv, &mut tables, &prompts)?;
+    // One logits buffer for every step, as the engine keeps one.
+    let mut logits = StepLogits::new();
+    step(model, &mut kv, &mut tables, &prompts, &mut logits)?;
     let t = Instant::now();
     for _ in 0..steps {
         let next: Vec<Vec<u32>> = logits.iter().map(|l| vec![argmax(l)]).collect();
-        logits = step(model, &mut kv, &mut tables, &next)?;
+        step(model, &mut kv, &mut tables, &next, &mut logits)?;
     }
     Ok((b * steps) as f64 / t.elapsed().as_secs_f64())
 }
@@ -142,14 +145,15 @@ fn step(
     kv: &mut PagedKv,
     tables: &mut [PageTable],
     tokens: &[Vec<u32>],
-) -> Result<Vec<Vec<f32>>> {
+    logits: &mut StepLogits,
+) -> Result<()> {
     let mut batch = Batch::default();
     for (t, toks) in tables.iter_mut().zip(tokens) {
         batch.seqs.push(kv.plan(t, toks, Logits::Last)?);
     }
-    let logits = model.forward(&batch, kv.storage())?;
+    model.forward_into(&batch, kv.storage(), logits)?;
     for t in tables.iter_mut() {
         kv.commit(t)?;
     }
-    Ok(logits)
+    Ok(())
 }

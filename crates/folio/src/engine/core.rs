@@ -11,7 +11,7 @@ use super::request::{EngineConfig, EngineStats, Event, Request};
 use super::scheduler::{check_fits, Plan, Scheduler};
 use super::seq::{Gen, Purpose, Sink};
 use crate::kv::{PageState, PagedKv};
-use crate::model::Model;
+use crate::model::{Model, StepLogits};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
@@ -34,6 +34,8 @@ pub(crate) struct Core {
     pub kv: PagedKv,
     pub sched: Scheduler,
     pub contexts: Contexts,
+    /// The step's logits, a buffer kept from step to step (see [`StepLogits`]).
+    logits: StepLogits,
 }
 
 impl Core {
@@ -76,6 +78,7 @@ impl Core {
             sched.sliding_window = model.config.sliding_window();
         }
         Ok(Self {
+            logits: StepLogits::new(),
             model,
             kv,
             sched,
@@ -138,9 +141,10 @@ impl Core {
         let plan = self.sched.schedule(&mut self.kv);
         self.give_back_retired();
         let Some(plan) = plan else { return };
-        let forward = self.forward_with_masks(&plan);
+        let mut logits = std::mem::take(&mut self.logits);
+        let forward = self.forward_with_masks(&plan, &mut logits);
         match forward {
-            Ok(logits) => {
+            Ok(()) => {
                 let tok = &self.model.tokenizer;
                 self.sched.update(&mut self.kv, tok, plan, &logits);
                 self.sched.forget_out_of_window(&mut self.kv);
@@ -150,6 +154,7 @@ impl Core {
                 self.sched.fail_plan(&mut self.kv, plan, &e.into());
             }
         }
+        self.logits = logits;
         self.give_back_retired();
     }
 
@@ -162,7 +167,8 @@ impl Core {
     fn forward_with_masks(
         &mut self,
         plan: &Plan,
-    ) -> Result<Vec<Vec<f32>>, crate::model::StepError> {
+        logits: &mut StepLogits,
+    ) -> Result<(), crate::model::StepError> {
         let steps = &self.sched.grammar;
         let sampling = |i: &usize, step: &crate::kv::SeqStep| {
             step.logits != crate::kv::Logits::None && self.sched.seqs[*i].wants_mask_ahead(steps)
@@ -177,7 +183,7 @@ impl Core {
         self.sched.grammar.masks_ahead += wanted.len() as u64;
         let (model, kv, seqs) = (&self.model, &mut self.kv, &mut self.sched.seqs);
         if wanted.is_empty() {
-            return model.forward(&plan.batch, kv.storage());
+            return model.forward_into(&plan.batch, kv.storage(), logits);
         }
         std::thread::scope(|s| {
             let masks = s.spawn(|| {
@@ -185,7 +191,7 @@ impl Core {
                     seqs[i].prepare_mask();
                 }
             });
-            let out = model.forward(&plan.batch, kv.storage());
+            let out = model.forward_into(&plan.batch, kv.storage(), logits);
             if masks.join().is_err() {
                 tracing::error!("computing grammar masks failed: they are computed at sampling");
             }

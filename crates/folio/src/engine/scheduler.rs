@@ -19,6 +19,7 @@ use super::error::EngineError;
 use super::request::STEP_TOKEN_BOUNDS;
 use super::seq::{After, Gen, GrammarSteps, Purpose, Seq};
 use crate::kv::{Batch, KvError, Logits, PageTable, PagedKv};
+use crate::model::StepLogits;
 use crate::tokenizer::Tokenizer;
 
 /// Refuses up front a sample that could never finish: its prompt and `max_tokens`
@@ -404,11 +405,11 @@ impl Scheduler {
 
     /// After the model ran `plan`: commits its full pages, samples from `logits`, forks
     /// `n > 1` samples, and retires what finished.
-    pub fn update(&mut self, kv: &mut PagedKv, tok: &Tokenizer, plan: Plan, logits: &[Vec<f32>]) {
+    pub fn update(&mut self, kv: &mut PagedKv, tok: &Tokenizer, plan: Plan, logits: &StepLogits) {
         self.choose_ahead(&plan, logits);
         let mut done: Vec<(usize, Option<super::FinishReason>)> = Vec::new();
         let mut children = Vec::new();
-        for ((&i, l), step) in plan.seqs.iter().zip(logits).zip(&plan.batch.seqs) {
+        for ((&i, l), step) in plan.seqs.iter().zip(logits.iter()).zip(&plan.batch.seqs) {
             if let Some(t) = self.seqs[i].table.as_mut() {
                 if let Err(e) = kv.commit(t) {
                     self.seqs[i].fail(&EngineError::Internal(format!("committing pages: {e}")));
@@ -465,11 +466,11 @@ impl Scheduler {
     /// µs per sample, which a batch of 16 would otherwise pay one after another while
     /// the forward pass's threads idle. Each choice touches only its own sequence's
     /// sampler and grammar, so the tokens are the ones a serial loop draws.
-    fn choose_ahead(&mut self, plan: &Plan, logits: &[Vec<f32>]) {
+    fn choose_ahead(&mut self, plan: &Plan, logits: &StepLogits) {
         /// Fewer samples per thread than this are not worth a thread's start.
         const PER_THREAD: usize = 2;
         let mut rows: Vec<Option<&[f32]>> = vec![None; self.seqs.len()];
-        for ((&i, l), step) in plan.seqs.iter().zip(logits).zip(&plan.batch.seqs) {
+        for ((&i, l), step) in plan.seqs.iter().zip(logits.iter()).zip(&plan.batch.seqs) {
             if l.is_empty() || step.logits == Logits::All || !self.seqs[i].can_choose_ahead() {
                 continue;
             }

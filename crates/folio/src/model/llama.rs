@@ -9,6 +9,7 @@ use super::attention::{attention_with, Heads, Scores};
 use super::config::{Activation, Config};
 use super::error::{ModelError, StepError};
 use super::ops;
+use super::step_logits::StepLogits;
 use super::weights::Weights;
 use crate::gguf::Gguf;
 use crate::kernels::{self, matmul, Activations, Isa, ThreadPool};
@@ -175,6 +176,20 @@ impl Model {
         batch: &Batch,
         kv: &mut S,
     ) -> Result<Vec<Vec<f32>>, StepError> {
+        let mut out = StepLogits::new();
+        self.forward_into(batch, kv, &mut out)?;
+        Ok(out.to_vecs())
+    }
+
+    /// [`Model::forward`] into `out`, a buffer the caller keeps from step to step (the
+    /// engine's decode loop: see [`StepLogits`] for what a fresh one per step cost).
+    /// On an error `out`'s contents are unspecified.
+    pub fn forward_into<S: KvStorage + ?Sized>(
+        &self,
+        batch: &Batch,
+        kv: &mut S,
+        out: &mut StepLogits,
+    ) -> Result<(), StepError> {
         self.check(batch, kv)?;
         let rows: Vec<(usize, usize)> = batch
             .seqs
@@ -182,11 +197,11 @@ impl Model {
             .enumerate()
             .flat_map(|(s, st)| (st.start..st.end()).map(move |p| (s, p)))
             .collect();
-        let out = self.forward_rows(kv, batch, &rows);
-        if out.iter().flatten().any(|x| !x.is_finite()) {
+        self.forward_rows(kv, batch, &rows, out);
+        if !out.all_finite() {
             return Err(StepError::NonFinite);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Every token in the vocabulary, every sequence non-empty, and its pages present
@@ -227,7 +242,8 @@ impl Model {
         kv: &mut S,
         batch: &Batch,
         rows: &[(usize, usize)],
-    ) -> Vec<Vec<f32>> {
+        out: &mut StepLogits,
+    ) {
         let steps = &batch.seqs;
         let c = &self.config;
         let n = rows.len();
@@ -380,8 +396,9 @@ impl Model {
             start += len;
         }
         let m = picked.len();
+        out.reset(c.vocab, steps.iter().map(|st| st.logit_rows()));
         if m == 0 {
-            return vec![Vec::new(); steps.len()];
+            return;
         }
         let mut sel = vec![0f32; m * d];
         for (dst, &r) in sel.chunks_exact_mut(d).zip(&picked) {
@@ -389,23 +406,10 @@ impl Model {
         }
         ops::rms_norm(&sel, &w.out_norm, c.norm_eps, &mut h[..m * d]);
         act.set(&h, m, d);
-        let mut logits = vec![0f32; m * c.vocab];
-        matmul(
-            &self.pool,
-            self.isa,
-            &mut act,
-            &mut [(w.head(), &mut logits)],
-        );
+        let logits = out.data_mut();
+        matmul(&self.pool, self.isa, &mut act, &mut [(w.head(), logits)]);
         if let Some(cap) = c.final_softcap {
-            ops::softcap(&mut logits, cap);
+            ops::softcap(logits, cap);
         }
-        let mut out = Vec::with_capacity(steps.len());
-        let mut at = 0;
-        for st in steps {
-            let k = st.logit_rows();
-            out.push(logits[at * c.vocab..(at + k) * c.vocab].to_vec());
-            at += k;
-        }
-        out
     }
 }

@@ -10,6 +10,7 @@ mod llama;
 mod ops;
 mod rope;
 pub mod sampler;
+mod step_logits;
 mod weights;
 
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
@@ -23,3 +24,4 @@ pub use error::{ModelError, StepError};
 pub use llama::Model;
 pub use rope::{Rope, RopeStyle, SCALING_TYPES};
 pub use sampler::{Sampler, SamplingParams};
+pub use step_logits::StepLogits;

@@ -6,6 +6,7 @@
 //! gives what sampling the masked logits gives.
 
 use crate::rng::SplitMix64;
+use std::borrow::Cow;
 
 /// How to pick the next token.
 #[derive(Debug, Clone, PartialEq)]
@@ -287,27 +288,29 @@ impl Sampler {
         matches!((end(low), end(high)), (Some(a), Some(b)) if a == b)
     }
 
-    fn penalized(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
+    fn penalized<'a>(&self, logits: &'a [f32], history: &[u32]) -> Cow<'a, [f32]> {
         let p = &self.params;
+        if p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+            // No copy of the vocabulary's logits per sample where nothing changes them.
+            return Cow::Borrowed(logits);
+        }
         let mut l = logits.to_vec();
-        if p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            let start = history.len().saturating_sub(p.repeat_last_n);
-            let mut seen = history[start..].to_vec();
-            seen.sort_unstable();
-            for run in seen.chunk_by(|a, b| a == b) {
-                if let Some(v) = l.get_mut(run[0] as usize) {
-                    if p.repeat_penalty != 1.0 {
-                        *v = if *v > 0.0 {
-                            *v / p.repeat_penalty
-                        } else {
-                            *v * p.repeat_penalty
-                        };
-                    }
-                    *v -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
+        let start = history.len().saturating_sub(p.repeat_last_n);
+        let mut seen = history[start..].to_vec();
+        seen.sort_unstable();
+        for run in seen.chunk_by(|a, b| a == b) {
+            if let Some(v) = l.get_mut(run[0] as usize) {
+                if p.repeat_penalty != 1.0 {
+                    *v = if *v > 0.0 {
+                        *v / p.repeat_penalty
+                    } else {
+                        *v * p.repeat_penalty
+                    };
                 }
+                *v -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
             }
         }
-        l
+        Cow::Owned(l)
     }
 
     /// The tokens best first (ties by id): the best k under a top-k cut, else all.

@@ -11,7 +11,7 @@ use folio::internals::{f16_to_f32, f32_to_f16, isa, runnable_isas, Isa, ThreadPo
 use folio::kv::{
     BasicCache, Batch, KvRows, KvSeq, KvStorage, Logits, PageId, PageTable, PagedKv, SeqStep,
 };
-use folio::model::{attention, Heads, Model, StepError, ROW_BLOCK, SPLIT_KEYS};
+use folio::model::{attention, Heads, Model, StepError, StepLogits, ROW_BLOCK, SPLIT_KEYS};
 use folio::rng::SplitMix64;
 
 fn tiny(threads: usize, isa: Isa) -> (tempfile::TempDir, Model) {
@@ -466,6 +466,43 @@ fn view_of(t: &PageTable, ps: usize) -> SeqStep {
 /// The first row of `rows` (f16 units) as f32.
 fn halves(rows: KvRows<'_>, kvd: usize) -> Vec<f32> {
     rows.raw()[..kvd].iter().map(|&h| f16_to_f32(h)).collect()
+}
+
+/// The engine keeps one logits buffer from step to step: a step into a buffer that
+/// held a bigger step's rows gives the bits a fresh buffer gets.
+#[test]
+fn a_reused_logits_buffer_gives_the_bits_of_a_fresh_one() {
+    let (_d, m) = tiny(2, isa());
+    let (mut fresh, mut kept) = (m.new_paged(16, 4, 64), m.new_paged(16, 4, 64));
+    let mut buf = StepLogits::new();
+    let steps: [&[(&[u32], Logits)]; 3] = [
+        &[(&[1, 2, 3, 4, 5], Logits::All), (&[6, 7], Logits::Last)],
+        &[(&[8], Logits::Last), (&[9], Logits::None)],
+        &[(&[10, 11], Logits::All), (&[12], Logits::Last)],
+    ];
+    let mut ta: Vec<PageTable> = (0..2).map(|_| fresh.new_table(None)).collect();
+    let mut tb: Vec<PageTable> = (0..2).map(|_| kept.new_table(None)).collect();
+    for step in steps {
+        let (mut a, mut b) = (Batch::default(), Batch::default());
+        for (i, &(toks, logits)) in step.iter().enumerate() {
+            a.seqs.push(fresh.plan(&mut ta[i], toks, logits).unwrap());
+            b.seqs.push(kept.plan(&mut tb[i], toks, logits).unwrap());
+        }
+        let want = m.forward(&a, fresh.storage()).unwrap();
+        m.forward_into(&b, kept.storage(), &mut buf).unwrap();
+        assert_eq!(buf.len(), want.len());
+        for (i, w) in want.iter().enumerate() {
+            let got: Vec<u32> = buf[i].iter().map(|x| x.to_bits()).collect();
+            let w: Vec<u32> = w.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(got, w, "sequence {i}");
+        }
+        for t in ta.iter_mut() {
+            fresh.commit(t).unwrap();
+        }
+        for t in tb.iter_mut() {
+            kept.commit(t).unwrap();
+        }
+    }
 }
 
 #[test]
