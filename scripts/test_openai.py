@@ -389,6 +389,15 @@ for temp in (0.0, 1.0):
     assert set(person) == {"name", "age"} and isinstance(person["age"], int), person
 ok(f"response_format json_schema: {person}")
 
+r = client.chat.completions.create(
+    model=MODEL, messages=user("Give a person's name and age as a JSON object."), max_tokens=200, temperature=0,
+    response_format={"type": "json_object"},
+)
+assert r.choices[0].finish_reason == "stop", r.choices[0]
+cat = json.loads(r.choices[0].message.content)
+assert isinstance(cat, dict), cat
+ok(f"response_format json_object: {cat}")
+
 WEATHER = {
     "type": "function",
     "function": {
