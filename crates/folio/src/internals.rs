@@ -2,4 +2,6 @@
 //! public surface: names here may change without notice.
 
 pub use crate::kernels::quant::{f16_to_f32, f32_to_f16};
-pub use crate::kernels::{isa, runnable as runnable_isas, Isa, QMatrix, ThreadPool};
+pub use crate::kernels::{
+    isa, matmul, runnable as runnable_isas, Activations, Isa, QMatrix, ThreadPool,
+};

@@ -155,6 +155,60 @@ fn avx512_matmul_gives_the_avx2_bits_except_q4_1_and_q8_0() {
     }
 }
 
+/// The AVX-512 Q8_0 kernel (each weight's sign moved onto its activation) computes
+/// exactly its lane order: per row, four lanes, lane k summing in
+/// integers the products of weights 4k..4k+3 and 16+4k..16+4k+3 of each block, scaled
+/// by d_w·d_x and fused into the lane; then (l0 + l2) + (l1 + l3). Bit for bit, on
+/// every tile width, tail and thread split, with the most negative weights.
+#[test]
+fn avx512_q8_0_matmul_is_its_lane_order_exactly() {
+    if !detect().avx512() {
+        eprintln!("skipped: this CPU does not run the avx512 kernels");
+        return;
+    }
+    let mut rng = SplitMix64(41);
+    let (rows, cols, n) = (30, 768, 37);
+    let mut bytes = random_weights(&mut rng, GgmlType::Q8_0, rows, cols);
+    {
+        let blocks: &mut [BlockQ8_0] = bytemuck::cast_slice_mut(&mut bytes);
+        blocks[0].qs = [i8::MIN; QK];
+        blocks[5].qs[7] = i8::MIN;
+    }
+    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(&bytes);
+    let w = QMatrix::new(GgmlType::Q8_0, rows, cols, &bytes).unwrap();
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
+    let nb = cols / QK;
+    let mut a = vec![<BlockQ8 as bytemuck::Zeroable>::zeroed(); n * nb];
+    scalar::quantize_q8(&x, &mut a);
+    for threads in [1, 2] {
+        let got = run(Isa::Avx512, &w, &x, n, threads);
+        for t in 0..n {
+            for r in 0..rows {
+                let mut lanes = [0f32; 4];
+                for (wb, ab) in blocks[r * nb..(r + 1) * nb].iter().zip(&a[t * nb..]) {
+                    let sc = f16_to_f32(wb.d) * ab.d;
+                    for (k, lane) in lanes.iter_mut().enumerate() {
+                        let p: i32 = (0..4)
+                            .map(|j| {
+                                i32::from(wb.qs[4 * k + j]) * i32::from(ab.qs[4 * k + j])
+                                    + i32::from(wb.qs[16 + 4 * k + j])
+                                        * i32::from(ab.qs[16 + 4 * k + j])
+                            })
+                            .sum();
+                        *lane = sc.mul_add(p as f32, *lane);
+                    }
+                }
+                let want = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+                assert_eq!(
+                    got[t * rows + r].to_bits(),
+                    want.to_bits(),
+                    "row {r} token {t}, {threads} threads"
+                );
+            }
+        }
+    }
+}
+
 /// The Q2_K, Q3_K and Q5_K kernels sum each block exactly in integers and scale it in
 /// the scalar twin's float steps: every SIMD path gives the scalar bits.
 #[test]
