@@ -48,8 +48,8 @@ impl StepLogits {
         self.iter().map(<[f32]>::to_vec).collect()
     }
 
-    /// Makes room for `rows` rows of `vocab`, every value to be written (the old
-    /// contents stay until then), and sets each sequence's span: `per_seq[s]` rows.
+    /// Sizes the buffer for `per_seq[s]` rows of `vocab` values for each sequence s,
+    /// in order (the step writes every value; the old contents stay until then).
     pub(super) fn reset(&mut self, vocab: usize, per_seq: impl Iterator<Item = usize>) {
         self.spans.clear();
         let mut at = 0;
