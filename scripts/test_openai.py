@@ -469,6 +469,18 @@ for k, w in enumerate(want):
     assert json.loads(calls[k]["args"]) == json.loads(w.function.arguments), (calls[k], w)
 ok(f"required tool calls streamed in {deltas} deltas: {[(c['name'], c['args']) for c in calls.values()]}")
 
+# parallel_tool_calls=False: the grammar holds `required` to exactly one call, where the
+# same request in parallel mode (above) may write several.
+r = client.chat.completions.create(
+    model=MODEL, messages=user("Weather in Rome and in Oslo?"), tools=[WEATHER],
+    tool_choice="required", parallel_tool_calls=False, max_tokens=80, temperature=0,
+)
+choice = r.choices[0]
+assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+one = json.loads(choice.message.tool_calls[0].function.arguments)
+assert choice.message.tool_calls[0].function.name == "get_weather" and set(one) == {"city", "unit"}, choice
+ok(f"parallel_tool_calls=False: one call, {one} (parallel: {len(want)})")
+
 # `auto`: the model's own Hermes-style blocks are parsed out of its text. The default
 # model never writes them by itself, so a regex (vLLM's guided_regex) makes it write
 # content, then two blocks; the real server parses them, whole and streamed.
