@@ -2,18 +2,15 @@
 //! tokens with and without a grammar (a JSON schema), alternating for 5 rounds,
 //! and the time of one token mask alone. `cargo bench -p folio --bench grammar`.
 
+mod shared;
+
 use folio::grammar::{GrammarSpec, Grammars};
 use folio::{Engine, EngineConfig, Model, Prompt, Request};
 use serde_json::json;
 use std::time::Instant;
 
 fn main() {
-    let path = std::env::var_os("FOLIO_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
+    let path = shared::model_path();
     let threads = std::env::var("FOLIO_THREADS")
         .ok()
         .and_then(|t| t.parse().ok())

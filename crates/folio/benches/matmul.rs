@@ -1,9 +1,11 @@
 //! The default model's matmuls alone: its output head (Q8_0, 49152 × 576) and an FFN
 //! matrix (Q4_1, 1536 × 576) against 1, 16 and 512 activation rows, on the kernel
 //! path this CPU runs, 2 threads. Prints ms per call and multiply-adds per ns
-//! (median of 15 calls after 3 warm ones; the weights come from the model file, so
-//! the head streams from memory at 1 row as decode's does).
+//! (median of 15 calls after 3 warm ones; repeated calls may find part of a matrix in
+//! the last-level cache, which a decode step, reading 96 MB, does not).
 //! `cargo bench -p folio --bench matmul [-- --threads N]`.
+
+mod shared;
 
 use folio::gguf::Gguf;
 use folio::internals::{isa, matmul, Activations, QMatrix, ThreadPool};
@@ -11,12 +13,7 @@ use folio::rng::SplitMix64;
 use std::time::Instant;
 
 fn main() {
-    let path = std::env::var_os("FOLIO_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
+    let path = shared::model_path();
     let args: Vec<String> = std::env::args().collect();
     let threads = args
         .iter()
