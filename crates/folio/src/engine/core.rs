@@ -27,6 +27,10 @@ pub(crate) enum Cmd {
     Shutdown,
 }
 
+/// The most rows of logits the core keeps a buffer for between steps (a decode step
+/// of up to this many sequences; bigger steps allocate theirs and free it after).
+const KEPT_LOGIT_ROWS: usize = 64;
+
 /// Everything the engine thread owns: the model, the pool, the scheduler and the
 /// contexts.
 pub(crate) struct Core {
@@ -154,6 +158,7 @@ impl Core {
                 self.sched.fail_plan(&mut self.kv, plan, &e.into());
             }
         }
+        logits.trim(KEPT_LOGIT_ROWS * self.model.config.vocab);
         self.logits = logits;
         self.give_back_retired();
     }

@@ -5,7 +5,8 @@
 //! default model. Allocated afresh each step (and copied out per sequence), that
 //! memory went back to the system and came again as zeroed pages: some 1,000 page
 //! faults per step, about a tenth of a batch-16 decode step's time in the runs where
-//! glibc's allocator trimmed its heap between steps. One buffer, reused, faults once.
+//! glibc's allocator trimmed its heap between steps. One buffer, reused, faults once
+//! (the engine frees it after a step that needed far more rows than decoding does).
 
 use std::ops::Range;
 
@@ -46,6 +47,15 @@ impl StepLogits {
     /// Each sequence's rows as a vector of its own.
     pub fn to_vecs(&self) -> Vec<Vec<f32>> {
         self.iter().map(<[f32]>::to_vec).collect()
+    }
+
+    /// Frees the buffer if it can hold more than `max_values` floats: a step with every
+    /// prompt row's logits (prompt log-probabilities) needs `vocab` per token, 100 MB
+    /// for 512 tokens of the default model, which a kept buffer would hold for good.
+    pub fn trim(&mut self, max_values: usize) {
+        if self.data.capacity() > max_values {
+            *self = Self::new();
+        }
     }
 
     /// Sizes the buffer for `per_seq[s]` rows of `vocab` values for each sequence s,

@@ -503,6 +503,12 @@ fn a_reused_logits_buffer_gives_the_bits_of_a_fresh_one() {
             kept.commit(t).unwrap();
         }
     }
+    // A buffer bigger than the bound is freed; one within it is kept.
+    let before = buf.len();
+    buf.trim(usize::MAX);
+    assert_eq!(buf.len(), before);
+    buf.trim(m.config.vocab);
+    assert!(buf.is_empty());
 }
 
 #[test]
