@@ -156,10 +156,10 @@ fn avx512_matmul_gives_the_avx2_bits_except_q4_1_and_q8_0() {
 }
 
 /// The AVX-512 Q8_0 kernel (each weight's sign moved onto its activation) computes
-/// exactly its lane order: per row, four lanes, lane k summing in
-/// integers the products of weights 4k..4k+3 and 16+4k..16+4k+3 of each block, scaled
-/// by d_w·d_x and fused into the lane; then (l0 + l2) + (l1 + l3). Bit for bit, on
-/// every tile width, tail and thread split, with the most negative weights.
+/// exactly its lane order: per row, four lanes, lane k summing in integers the
+/// products of weights 4k..4k+3 and 16+4k..16+4k+3 of each block, scaled by d_w·d_x
+/// and fused into the lane; then (l0 + l2) + (l1 + l3). Bit for bit, on every tile
+/// width, tail and thread split, with the most negative weights.
 #[test]
 fn avx512_q8_0_matmul_is_its_lane_order_exactly() {
     if !detect().avx512() {
