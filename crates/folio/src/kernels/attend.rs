@@ -6,7 +6,11 @@
 //! order through [`super::attend_runs`], whose result does not depend on how the keys are
 //! split into runs or calls, so every row gets the bits it gets alone.
 
+#[cfg(target_arch = "x86_64")]
+use super::avx512_block::Scratch;
 use super::{Isa, KvRows, KvRun};
+#[cfg(not(target_arch = "x86_64"))]
+type Scratch = ();
 
 /// Keys per tile: K and V of 32 keys of one KV head are 8 KiB in f16 (16 KiB in f32),
 /// which stay in L1 while every row of the block reads them.
@@ -56,23 +60,72 @@ pub fn attend_block(
         && super::zmm_attention(isa, isa.f16_attention(), hd)
         && runs.first().is_some_and(|r| matches!(r.k, KvRows::F16(_)));
     let (mut k32, mut v32) = (Vec::new(), Vec::new());
+    // The AVX-512 block kernel takes head sizes up to 128 (its accumulators' registers).
+    let blocked = widen && hd <= 128;
+    let (mut ends, mut scratch) = (Vec::with_capacity(rows), Scratch::default());
+    #[cfg(target_arch = "x86_64")]
+    if blocked {
+        scratch.transpose(q, hd);
+    }
     let mut t0 = 0;
     while t0 < most {
         let t1 = (t0 + TILE_KEYS).min(most);
         slice_runs(runs, t0, t1, stride, &mut tile);
         if widen {
             widen_tile(&tile, stride, hd, &mut k32, &mut v32);
-            let wide = [KvRun {
-                k: KvRows::F32(&k32),
-                v: KvRows::F32(&v32),
-                n: t1 - t0,
-            }];
-            rows_over_tile(isa, q, keys, &wide, hd, scale, cap, t0, state, acc);
+            let (k, v) = (&k32[..], &v32[..]);
+            if blocked {
+                ends.clear();
+                ends.extend(keys.iter().map(|&n| n.min(t1).saturating_sub(t0)));
+                block_tile(q, group, &ends, k, v, scale, state, acc, &mut scratch);
+            } else {
+                let wide = [KvRun {
+                    k: KvRows::F32(k),
+                    v: KvRows::F32(v),
+                    n: t1 - t0,
+                }];
+                rows_over_tile(isa, q, keys, &wide, hd, scale, cap, t0, state, acc);
+            }
         } else {
             rows_over_tile(isa, q, keys, &tile, stride, scale, cap, t0, state, acc);
         }
         t0 = t1;
     }
+}
+
+/// Every row of a block over one tile of keys widened to f32 (`k`, `v`: its rows back to
+/// back), row `r` over its first `ends[r]`, by the AVX-512 block kernel (`scratch` holds
+/// the block's queries transposed). Only called where that kernel runs (`blocked`).
+#[allow(clippy::too_many_arguments)]
+fn block_tile(
+    q: &[f32],
+    group: usize,
+    ends: &[usize],
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+    scratch: &mut Scratch,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::avx512_block::attend_tile;
+        let hd = q.len() / state.len();
+        // SAFETY: `blocked` is set only where `detect` ran the AVX-512 path.
+        unsafe {
+            // (head size / 32, queries whose accumulators fit in registers).
+            match hd / 32 {
+                1 => attend_tile::<1, 12>(q, group, ends, k, v, scale, state, acc, scratch),
+                2 => attend_tile::<2, 6>(q, group, ends, k, v, scale, state, acc, scratch),
+                3 => attend_tile::<3, 4>(q, group, ends, k, v, scale, state, acc, scratch),
+                4 => attend_tile::<4, 3>(q, group, ends, k, v, scale, state, acc, scratch),
+                _ => unreachable!("head size {hd}: not `blocked`"),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (q, group, ends, k, v, scale, state, acc, scratch);
 }
 
 /// Every row of a block over one tile of keys (`t0` is the tile's first key), each up

@@ -15,7 +15,7 @@
 //! call, where the AVX2 kernel's 16 spill to the stack on every key.
 #![allow(unsafe_code)]
 
-use super::avx2::{expf_table, hsum8, prefetch_rows};
+use super::avx2::{hsum8, prefetch_rows};
 use super::{KvRows, KvRun};
 use std::arch::x86_64::*;
 
@@ -191,12 +191,10 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
                         args[k] = s - mx;
                     }
                 }
-                for (a, o) in args.chunks_exact(8).zip(e[g].chunks_exact_mut(8)) {
-                    // SAFETY: 8 floats each; same CPU features as this function.
-                    unsafe {
-                        _mm256_storeu_ps(o.as_mut_ptr(), expf_table(_mm256_loadu_ps(a.as_ptr())))
-                    };
-                }
+                // SAFETY: 16 floats each; same CPU features as this function.
+                unsafe {
+                    _mm512_storeu_ps(e[g].as_mut_ptr(), expf16(_mm512_loadu_ps(args.as_ptr())))
+                };
             }
             // The accumulators in registers for these keys (held in memory, `av`,
             // while the scores and exponentials above use the registers).
@@ -251,6 +249,70 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
             }
         }
     }
+}
+
+/// `expf_table` (glibc's `expf`, `scalar::expf_table`) on 16 lanes, bit for bit: the
+/// same f64 steps per lane as the AVX2 twin, with the 32-entry table read by two
+/// two-register permutes and a blend where the AVX2 kernel gathers (a gather is slow
+/// on Zen 4).
+///
+/// # Safety
+/// The CPU must run AVX-512 F (checked by `detect`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn expf16(x: __m512) -> __m512 {
+    use super::scalar::expf_consts::*;
+    let f = |b: u64| _mm512_set1_pd(f64::from_bits(b));
+    let (inv, shift) = (f(INV_LN2_N), f(SHIFT));
+    let tab = |i: usize| _mm512_loadu_si512(TAB[8 * i..].as_ptr() as *const _);
+    let (t0, t1, t2, t3) = (tab(0), tab(1), tab(2), tab(3));
+    let half = |x: __m256| -> __m256 {
+        let xd = _mm512_cvtps_pd(x);
+        let kr = _mm512_fmadd_pd(inv, xd, shift);
+        let ki = _mm512_castpd_si512(kr);
+        let r = _mm512_fmsub_pd(inv, xd, _mm512_sub_pd(kr, shift));
+        let z = _mm512_fmadd_pd(r, f(C[0]), f(C[1]));
+        // TAB[ki % 32]: bits 0-3 pick one of 16 entries of a register pair, bit 4 the pair.
+        let idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+        let low = _mm512_permutex2var_epi64(t0, idx, t1);
+        let high = _mm512_permutex2var_epi64(t2, idx, t3);
+        let upper = _mm512_test_epi64_mask(idx, _mm512_set1_epi64(16));
+        let t = _mm512_mask_blend_epi64(upper, low, high);
+        let s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64::<47>(ki)));
+        let y = _mm512_fmadd_pd(
+            z,
+            _mm512_mul_pd(r, r),
+            _mm512_fmadd_pd(r, f(C[2]), _mm512_set1_pd(1.0)),
+        );
+        _mm512_cvtpd_ps(_mm512_mul_pd(y, s))
+    };
+    let lo = half(_mm512_castps512_ps256(x));
+    let hi = half(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+        _mm512_castps_pd(x),
+    )));
+    let e = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+        _mm256_castps_pd(hi),
+    ));
+    // Out of range: 0 below (−∞ included), +∞ above; NaN stays NaN from the arithmetic.
+    let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(f32::from_bits(UNDERFLOW)));
+    let over = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(f32::from_bits(OVERFLOW)));
+    _mm512_mask_blend_ps(
+        over,
+        _mm512_maskz_mov_ps(!under, e),
+        _mm512_set1_ps(f32::INFINITY),
+    )
+}
+
+/// `expf16` on 16 floats in memory: the test hook.
+///
+/// # Safety
+/// The CPU must run AVX-512 F (checked by `detect`).
+#[cfg(test)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn expf16_mem(x: &[f32; 16], out: &mut [f32; 16]) {
+    // SAFETY: both are 16 floats.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), expf16(_mm512_loadu_ps(x.as_ptr()))) };
 }
 
 /// Appends `n` rows of `width` f16 values, `stride` apart from the start of `rows`, to

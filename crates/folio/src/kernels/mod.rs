@@ -9,6 +9,8 @@
 //! - `attend`: prefill attention in query blocks (rows sharing each tile of K/V).
 //! - `avx512`: AVX-512 (F, BW, VL, VNNI) twins of the matmul kernels, where the CPU runs
 //!   them; every other kernel of that path is the AVX2 one.
+//! - `avx512_attend`, `avx512_block`: AVX-512 attention, one row's queries over runs of
+//!   keys (decode), and a block of rows over one widened tile of keys (prefill).
 //! - `avxvnni`: the AVX2 path with its 8-bit dot products done by AVX-VNNI's 256-bit
 //!   `vpdpbusd` (VEX), for CPUs that run that and not AVX-512; the same bits as AVX2.
 //! - `matmul`: [`QMatrix`] (weights laid out for the kernels) and the threaded matmul.
@@ -36,6 +38,8 @@ pub(crate) mod avx2_kquants;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_attend;
+#[cfg(target_arch = "x86_64")]
+mod avx512_block;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avxvnni;
 mod detect;

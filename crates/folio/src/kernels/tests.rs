@@ -609,9 +609,18 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
 /// over its keys in one run, on every path, for f16 and f32 K/V.
 #[test]
 fn attention_block_gives_each_row_its_bits_alone() {
-    use super::{KvRows, KvRun};
     let mut rng = SplitMix64(23);
-    let (n, stride, off) = (700, 192, 64);
+    // Every head size the AVX-512 block kernel takes (32 to 128), and one it does not.
+    for hd in [64, 32, 96, 128, 160] {
+        block_case(&mut rng, hd);
+    }
+}
+
+/// `attention_block_gives_each_row_its_bits_alone` for head size `hd`.
+fn block_case(rng: &mut SplitMix64, hd: usize) {
+    use super::{KvRows, KvRun};
+    // K/V rows of three heads; the keys read are the second head's.
+    let (n, stride, off) = (700, 3 * hd, hd);
     let kf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 2.0).collect();
     let vf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 3.0).collect();
     let k16: Vec<u16> = kf.iter().map(|&x| f32_to_f16(x)).collect();
@@ -646,7 +655,7 @@ fn attention_block_gives_each_row_its_bits_alone() {
             (2, 20, 1, 90),
             (4, 9, 64, 700),
         ] {
-            let q: Vec<f32> = (0..rows * g * 64).map(|_| rng.signed_f32() * 4.0).collect();
+            let q: Vec<f32> = (0..rows * g * hd).map(|_| rng.signed_f32() * 4.0).collect();
             let mut qk = q.clone();
             if !f32_kv {
                 super::round_f16(&q, &mut qk);
@@ -662,18 +671,18 @@ fn attention_block_gives_each_row_its_bits_alone() {
             // Each query alone over its keys in one run, with the path's rounding.
             let alone = |round: bool| {
                 let mut want_state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
-                let mut want_acc = vec![0f32; rows * g * 64];
+                let mut want_acc = vec![0f32; rows * g * hd];
                 for (r, &reach) in keys.iter().enumerate() {
                     for h in 0..g {
                         let i = r * g + h;
                         let st = &mut want_state[i];
                         scalar::attend_runs(
-                            &qk[i * 64..(i + 1) * 64],
+                            &qk[i * hd..(i + 1) * hd],
                             &paged(reach, usize::MAX),
                             stride,
                             0.125,
                             (&mut st.0, &mut st.1),
-                            &mut want_acc[i * 64..(i + 1) * 64],
+                            &mut want_acc[i * hd..(i + 1) * hd],
                             round,
                         );
                     }
@@ -683,7 +692,7 @@ fn attention_block_gives_each_row_its_bits_alone() {
             for isa in runnable() {
                 let (want_state, want_acc) = alone(isa.f16_attention());
                 let mut state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
-                let mut acc = vec![0f32; rows * g * 64];
+                let mut acc = vec![0f32; rows * g * hd];
                 super::attend_block(
                     isa,
                     &qk,
@@ -695,7 +704,8 @@ fn attention_block_gives_each_row_its_bits_alone() {
                     &mut state,
                     &mut acc,
                 );
-                let what = format!("{isa}, {g} heads, {rows} rows, page {page}, f32 {f32_kv}");
+                let what =
+                    format!("{isa}, head {hd}, {g} heads, {rows} rows, page {page}, f32 {f32_kv}");
                 assert_eq!(want_state, state, "{what}");
                 assert_eq!(want_acc, acc, "{what}");
             }
@@ -820,6 +830,29 @@ fn expf_table_simd_is_bit_identical_to_scalar() {
             assert!(
                 same_float(g, want),
                 "exp({xi:e}): simd {g:e}, scalar {want:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn expf_table_avx512_is_bit_identical_to_scalar() {
+    if !detect().avx512() {
+        eprintln!("skipped: this CPU does not run the avx512 kernels");
+        return;
+    }
+    let xs: Vec<f32> = exp_inputs(257).collect();
+    for chunk in xs.chunks(16) {
+        let mut x = [0f32; 16];
+        x[..chunk.len()].copy_from_slice(chunk);
+        let mut got = [0f32; 16];
+        // SAFETY: the AVX-512 path was detected (by running it) above.
+        unsafe { super::avx512_attend::expf16_mem(&x, &mut got) };
+        for (&xi, &g) in x.iter().zip(&got) {
+            let want = scalar::expf_table(xi);
+            assert!(
+                same_float(g, want),
+                "exp({xi:e}): avx512 {g:e}, scalar {want:e}"
             );
         }
     }

@@ -24,9 +24,11 @@
 //! 10.6-12.0 ns at 2k-8k), and as near the exact model (`tests/it/fidelity_f64.rs`).
 //! Without the query's f16 rounding too, the largest |Δ logprob| from the exact model
 //! rose past llama.cpp's (1.12 against 0.996), so the query keeps it. That path's
-//! kernel (`kernels::avx512_attend`) holds a group's queries and accumulators in zmm
-//! registers and reads prefill tiles widened to f32 once per block, with the same bits:
-//! prefill 7.0 against 7.9 ns per pair at 8k on one Zen 4 core (`benches/attention.rs`).
+//! decode kernel (`kernels::avx512_attend`) holds a group's queries and accumulators in
+//! zmm registers; its prefill kernel (`kernels::avx512_block`) runs a whole block of
+//! rows over each tile of keys widened to f32 once, scores and softmax sixteen queries
+//! to a vector, with the same bits: prefill 4.1-4.5 against 6.4-6.9 ns per pair at 2k-8k
+//! on one Zen 4 core, 2.1-2.2 against 3.2-3.8 on two (`benches/attention.rs`, AMD EPYC).
 
 use crate::kernels::pool::WorkList;
 use crate::kernels::{self, Isa, ThreadPool};
