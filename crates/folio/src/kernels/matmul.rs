@@ -56,19 +56,7 @@ pub struct QMatrix {
 /// nothing changes.
 fn weight_buffer(n: usize) -> Vec<u64> {
     let mut v = vec![0u64; n];
-    #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        let start = v.as_mut_ptr() as usize;
-        let end = start + n * 8;
-        let (a, b) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
-        if b > a {
-            // SAFETY: [a, b) lies inside `v`'s allocation (rounded inwards to pages);
-            // MADV_HUGEPAGE changes only how the kernel backs those pages, never their
-            // contents, and a failure (no THP) is harmless.
-            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
-        }
-    }
+    super::advise_huge_pages(&mut v);
     v
 }
 

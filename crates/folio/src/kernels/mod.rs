@@ -304,6 +304,28 @@ pub(crate) fn attend_runs_as(
     }
 }
 
+/// Asks the kernel to back `buf`'s whole pages with 2 MiB pages, before anything
+/// touches them (a fresh zeroed allocation): buffers streamed on every token (weights,
+/// K/V) would miss the TLB on every 4 KiB page. Advice only: without transparent huge
+/// pages, or off Linux, nothing changes.
+pub fn advise_huge_pages<T: bytemuck::Pod>(buf: &mut [T]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let start = buf.as_mut_ptr() as usize;
+        let end = start + std::mem::size_of_val(buf);
+        let (a, b) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
+        if b > a {
+            // SAFETY: [a, b) lies inside `buf` (rounded inwards to pages); MADV_HUGEPAGE
+            // changes only how the kernel backs those pages, never their contents, and
+            // a failure (no THP) is harmless.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = buf;
+}
+
 /// Whether the SIMD attention kernels take head size `hd`.
 fn simd_head(hd: usize) -> bool {
     hd.is_multiple_of(32) && hd <= 256

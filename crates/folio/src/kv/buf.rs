@@ -1,6 +1,7 @@
 //! K/V element storage shared by the paged arena and the contiguous cache: f16 (the
 //! default, what llama.cpp stores) or f32, chosen at run time.
 
+use crate::kernels::advise_huge_pages;
 use crate::kernels::quant::f32_to_f16;
 pub use crate::kernels::{KvDtype, KvRows};
 
@@ -11,11 +12,20 @@ pub enum KvBuf {
 }
 
 impl KvBuf {
-    /// `len` zeroed elements.
+    /// `len` zeroed elements, on huge pages where the system gives them (a decode step
+    /// reads every page of a long context: 4 KiB pages would miss the TLB on each).
     pub fn new(dtype: KvDtype, len: usize) -> Self {
         match dtype {
-            KvDtype::F16 => KvBuf::F16(vec![0; len]),
-            KvDtype::F32 => KvBuf::F32(vec![0.0; len]),
+            KvDtype::F16 => {
+                let mut v = vec![0; len];
+                advise_huge_pages(&mut v);
+                KvBuf::F16(v)
+            }
+            KvDtype::F32 => {
+                let mut v = vec![0.0; len];
+                advise_huge_pages(&mut v);
+                KvBuf::F32(v)
+            }
         }
     }
 
