@@ -565,11 +565,17 @@ pub(super) unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
 }
 
 /// Prefetches `n` rows (`width` bytes each, `stride_bytes` apart) from the start of
-/// `rows` into L1: the attention kernels start loading a page's rows before they read
-/// them (pages are scattered in memory, so the hardware prefetcher would only find
-/// each page after a few misses).
+/// `rows`, with `_mm_prefetch`'s `HINT` (`_MM_HINT_T0`: into L1; `_MM_HINT_T1`: into L2):
+/// the attention kernels start loading a page's rows before they read them (pages are
+/// scattered in memory, so the hardware prefetcher would only find each page after a
+/// few misses).
 #[inline(always)]
-pub(super) fn prefetch_rows(rows: &super::KvRows, n: usize, stride_bytes: usize, width: usize) {
+pub(super) fn prefetch_rows<const HINT: i32>(
+    rows: &super::KvRows,
+    n: usize,
+    stride_bytes: usize,
+    width: usize,
+) {
     let base = match rows {
         super::KvRows::F16(x) => x.as_ptr() as *const i8,
         super::KvRows::F32(x) => x.as_ptr() as *const i8,
@@ -578,7 +584,7 @@ pub(super) fn prefetch_rows(rows: &super::KvRows, n: usize, stride_bytes: usize,
         let row = base.wrapping_add(p * stride_bytes);
         for line in (0..width).step_by(64) {
             // SAFETY: prefetching never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
+            unsafe { _mm_prefetch::<HINT>(row.wrapping_add(line)) };
         }
     }
 }
@@ -653,7 +659,7 @@ pub unsafe fn attend_runs_ymm<
             // kept asked for 64 keys ahead, as the AVX-512 kernel does, measured no
             // faster here, 0.70-0.74 against 0.66-0.76 ms at 8k: this kernel's compute
             // hides the rest.)
-            prefetch_rows(&next.k, next.n, stride * size, hd * size);
+            prefetch_rows::<_MM_HINT_T0>(&next.k, next.n, stride * size, hd * size);
         }
         let last = (run.n - 1) * stride + hd;
         assert!(run.k.len() >= last && run.v.len() >= last);

@@ -23,23 +23,48 @@ use std::arch::x86_64::*;
 /// widened into L1 (`attend_block`), one run, where more would be wasted.
 const PREFETCH_RUNS: usize = 1;
 
-/// How many keys ahead of the one it reads the kernel keeps f16 K and V rows asked for
-/// (pages are scattered, so the hardware prefetcher would only find each page after a
-/// few misses). Keys, not runs: the distance stays the same across pages of any size
-/// and covers a decode step's whole call where that is shorter (a piece of
-/// `model::attention`'s heads-together units). Measured on the attention benchmark's
-/// decode at 8k: 0.53-0.55 ms against 0.63-0.66 with the next run's K and the current
-/// run's V asked for as each run starts.
-const PREFETCH_KEYS: usize = 64;
+/// How many keys ahead of the one it reads the kernel keeps f16 K and V rows asked for,
+/// into L2, where the keys come in several runs (pages, which are scattered, so the
+/// hardware prefetcher would only find each page after a few misses). Keys, not runs:
+/// the distance stays the same across pages of any size. A decode step's piece of
+/// `model::attention`'s heads-together units is [`PREFETCH_KEYS`] long too, so the
+/// whole piece is asked for as its first head starts and the other heads find it in
+/// L2. Attention benchmark, decode at 8k over the pages of a 30-layer pool (AMD EPYC):
+/// 0.58-0.61 ms against 0.67-0.81 asking 64 keys ahead into L1 (0.63-0.69 asking 512
+/// ahead into L1).
+const PREFETCH_KEYS: usize = 512;
+
+/// The same for one contiguous run (the dense cache), which the hardware prefetcher
+/// streams: a shorter distance, into L1.
+const PREFETCH_KEYS_DENSE: usize = 64;
 
 /// The key up to which K and V rows have been asked for: `run`, and `key` within it.
-#[derive(Default)]
 struct Frontier {
     run: usize,
     key: usize,
+    /// Whether the keys come in more than one run (pages): prefetch into L2.
+    paged: bool,
 }
 
 impl Frontier {
+    /// A frontier at the first key of `runs`, having asked for nothing yet.
+    fn new(runs: &[KvRun]) -> Self {
+        Frontier {
+            run: 0,
+            key: 0,
+            paged: runs.len() > 1,
+        }
+    }
+
+    /// How many keys ahead of the one read it keeps asked for.
+    fn distance(&self) -> usize {
+        if self.paged {
+            PREFETCH_KEYS
+        } else {
+            PREFETCH_KEYS_DENSE
+        }
+    }
+
     /// Asks for the K and V rows of the next `n` keys past the frontier: rows of
     /// `width` bytes, `stride` elements (of `size` bytes) apart.
     #[inline(always)]
@@ -50,7 +75,12 @@ impl Frontier {
             };
             let m = n.min(run.n - self.key);
             for rows in [run.k, run.v] {
-                prefetch_rows(&rows.skip(self.key * stride), m, stride * size, width);
+                let rows = rows.skip(self.key * stride);
+                if self.paged {
+                    prefetch_rows::<_MM_HINT_T1>(&rows, m, stride * size, width);
+                } else {
+                    prefetch_rows::<_MM_HINT_T0>(&rows, m, stride * size, width);
+                }
             }
             self.key += m;
             n -= m;
@@ -114,14 +144,14 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
     });
     let size = if F32 { 4 } else { 2 };
     let mut st: [(f32, f32); G] = std::array::from_fn(|g| state[g]);
-    let mut front = Frontier::default();
+    let mut front = Frontier::new(runs);
     if !F32 {
-        front.advance(runs, PREFETCH_KEYS, stride, size, hd * size);
+        front.advance(runs, front.distance(), stride, size, hd * size);
     }
     for (ri, run) in runs.iter().enumerate() {
         if F32 {
             if let Some(next) = runs.get(ri + PREFETCH_RUNS) {
-                prefetch_rows(&next.k, next.n, stride * size, hd * size);
+                prefetch_rows::<_MM_HINT_T0>(&next.k, next.n, stride * size, hd * size);
             }
         }
         if run.n == 0 {
