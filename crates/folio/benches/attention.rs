@@ -1,5 +1,6 @@
 //! Attention for one decode query (the default model's shape: 9 query heads over 3 KV
-//! heads of 64) at 512, 2k and 8k tokens of context, with the same K/V read four ways:
+//! heads of 64, pages of a 30-layer pool) at 512, 2k and 8k tokens of context, with
+//! the same K/V read four ways:
 //! through scattered pages (two sequences' pages interleaved), through pages in order,
 //! gathered into a contiguous copy first and then dense (what a gather-based engine
 //! does each step), and from a contiguous cache. Caches are evicted before every call,
@@ -24,6 +25,9 @@ const HEADS: Heads = Heads {
     head_dim: 64,
 };
 const PAGE: usize = 16;
+/// Layers of the paged pools: a page holds every layer's K/V (`[page][layer][K | V]`),
+/// so one layer's rows lie in blocks this many layers apart, as the default model's do.
+const LAYERS: usize = 30;
 
 /// One position's K/V written into `kv` through `t`'s planned slot.
 fn fill(kv: &mut PagedKv, t: &mut PageTable, p: usize, k: &[f32], v: &[f32]) {
@@ -73,9 +77,9 @@ fn main() {
     println!("|---------|---------------------------|--------------------------|----------------------|-------------------|------------------|--------------------------|");
     for ctx in [512usize, 2048, 8192] {
         let mut rng = SplitMix64(ctx as u64);
-        let mut kv = PagedKv::new(2 * ctx.div_ceil(PAGE) + 2, PAGE, 1, kvd, ctx, b"bench");
+        let mut kv = PagedKv::new(2 * ctx.div_ceil(PAGE) + 2, PAGE, LAYERS, kvd, ctx, b"bench");
         let mut tables = [kv.new_table(None), kv.new_table(None)];
-        let mut solo = PagedKv::new(ctx.div_ceil(PAGE) + 1, PAGE, 1, kvd, ctx, b"bench");
+        let mut solo = PagedKv::new(ctx.div_ceil(PAGE) + 1, PAGE, LAYERS, kvd, ctx, b"bench");
         let mut alone = solo.new_table(None);
         let mut dense = BasicCache::new(1, kvd, ctx);
         dense.reserve(&vec![0; ctx], Logits::None).expect("sized");
@@ -153,7 +157,7 @@ fn prefill(pool: &ThreadPool) {
     println!("|---------|------|----|-------------------------------|");
     for (ctx, rows) in [(2048usize, 256usize), (8192, 256)] {
         let mut rng = SplitMix64(ctx as u64 + 1);
-        let mut solo = PagedKv::new(ctx.div_ceil(PAGE) + 1, PAGE, 1, kvd, ctx, b"bench");
+        let mut solo = PagedKv::new(ctx.div_ceil(PAGE) + 1, PAGE, LAYERS, kvd, ctx, b"bench");
         let mut alone = solo.new_table(None);
         for p in 0..ctx {
             let k: Vec<f32> = (0..kvd).map(|_| rng.signed_f32()).collect();
