@@ -26,12 +26,13 @@ const PREFETCH_RUNS: usize = 1;
 /// How many keys ahead of the one it reads the kernel keeps f16 K and V rows asked for,
 /// into L2, where the keys come in several runs (pages, which are scattered, so the
 /// hardware prefetcher would only find each page after a few misses). Keys, not runs:
-/// the distance stays the same across pages of any size. A decode step's piece of
-/// `model::attention`'s heads-together units is [`PREFETCH_KEYS`] long too, so the
-/// whole piece is asked for as its first head starts and the other heads find it in
-/// L2. Attention benchmark, decode at 8k over the pages of a 30-layer pool (AMD EPYC):
-/// 0.58-0.61 ms against 0.67-0.81 asking 64 keys ahead into L1 (0.63-0.69 asking 512
-/// ahead into L1).
+/// the distance stays the same across pages of any size. Longer than a decode step's
+/// call (a piece of `model::attention`'s heads-together units), so a call asks for all
+/// its keys as it starts; mostly they are in L2 already (its caller asked for them with
+/// the previous piece, `ahead`). Into L1 instead, the prefetches stall on full miss
+/// buffers: decode at 7.2k 40.2-41.2 against 59.4-61.6 tok/s. Attention benchmark,
+/// decode at 8k over the pages of a 30-layer pool, before `ahead` (AMD EPYC): 0.58-0.61
+/// ms against 0.67-0.81 asking 64 keys ahead into L1.
 const PREFETCH_KEYS: usize = 512;
 
 /// The same for one contiguous run (the dense cache), which the hardware prefetcher
@@ -123,6 +124,7 @@ unsafe fn load16<const F32: bool>(row: *const u8, i: usize) -> __m512 {
 pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
     q: &[f32],
     runs: &[KvRun],
+    ahead: &[KvRun],
     stride: usize,
     scale: f32,
     state: &mut [(f32, f32)],
@@ -148,6 +150,13 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
     if !F32 {
         front.advance(runs, front.distance(), stride, size, hd * size);
     }
+    // `ahead`'s whole rows, asked for in step with the keys read: after `seen` of
+    // `total` keys, `seen · later / total` of its `later` keys.
+    let mut next = Frontier::new(ahead);
+    next.paged = true;
+    let total: usize = runs.iter().map(|r| r.n).sum();
+    let later: usize = ahead.iter().map(|r| r.n).sum();
+    let (mut seen, mut asked) = (0, 0);
     for (ri, run) in runs.iter().enumerate() {
         if F32 {
             if let Some(next) = runs.get(ri + PREFETCH_RUNS) {
@@ -170,6 +179,12 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
             let g1 = (g0 + 16).min(run.n);
             if !F32 {
                 front.advance(runs, g1 - g0, stride, size, hd * size);
+            }
+            seen += g1 - g0;
+            if later > 0 {
+                let want = (seen * later).div_ceil(total);
+                next.advance(ahead, want - asked, stride, size, stride * size);
+                asked = want;
             }
             // Each query's 8-lane partial dot products of 8 keys at a time, then their
             // horizontal sums together, as the AVX2 kernel.

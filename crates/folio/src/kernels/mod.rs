@@ -212,6 +212,25 @@ pub fn attend_runs(
     attend_runs_as(isa, isa.f16_attention(), q, runs, stride, scale, state, acc)
 }
 
+/// [`attend_runs`] that also asks for the K/V rows of `ahead` (whole rows of `stride`
+/// elements, into L2), spread evenly over the keys it reads: a decode step's next piece
+/// of keys, fetched while this one is computed. Only the AVX-512 kernel spreads them;
+/// the other paths ignore `ahead`. The result is `attend_runs`'s, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_runs_ahead(
+    isa: Isa,
+    q: &[f32],
+    runs: &[KvRun],
+    ahead: &[KvRun],
+    stride: usize,
+    scale: f32,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+) {
+    let round = isa.f16_attention();
+    attend_runs_with(isa, round, q, runs, ahead, stride, scale, state, acc)
+}
+
 /// [`attend_runs`] with the f16 rounding chosen (`round`), on `isa`'s kernels: tests
 /// compare every kernel with its scalar twin both ways.
 #[allow(clippy::too_many_arguments)]
@@ -220,6 +239,22 @@ pub(crate) fn attend_runs_as(
     round: bool,
     q: &[f32],
     runs: &[KvRun],
+    stride: usize,
+    scale: f32,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+) {
+    attend_runs_with(isa, round, q, runs, &[], stride, scale, state, acc)
+}
+
+/// [`attend_runs_as`] asking for `ahead` as [`attend_runs_ahead`] does.
+#[allow(clippy::too_many_arguments)]
+fn attend_runs_with(
+    isa: Isa,
+    round: bool,
+    q: &[f32],
+    runs: &[KvRun],
+    ahead: &[KvRun],
     stride: usize,
     scale: f32,
     state: &mut [(f32, f32)],
@@ -243,6 +278,8 @@ pub(crate) fn attend_runs_as(
         let mut g = 0;
         while g < n {
             let k = (n - g).min(most);
+            // The first call asks for `ahead`; later ones find it asked for.
+            let ahead = if g == 0 { ahead } else { &[] };
             let (q, st, acc) = (
                 &q[hd * g..hd * (g + k)],
                 &mut state[g..g + k],
@@ -256,7 +293,7 @@ pub(crate) fn attend_runs_as(
                     match (hd / 32, k) {
                         $(($c, $g) => {
                             // SAFETY: see above; `zmm` is only set on the AVX-512 path.
-                            unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, $gc>(q, runs, stride, scale, st, acc) }
+                            unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, $gc>(q, runs, ahead, stride, scale, st, acc) }
                         })*
                         _ => unreachable!(),
                     }
@@ -298,7 +335,7 @@ pub(crate) fn attend_runs_as(
         }
         return;
     }
-    let _ = isa;
+    let _ = (isa, ahead);
     for ((q, st), acc) in q.chunks_exact(hd).zip(state).zip(acc.chunks_exact_mut(hd)) {
         scalar::attend_runs(q, runs, stride, scale, (&mut st.0, &mut st.1), acc, round);
     }

@@ -604,6 +604,59 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
     }
 }
 
+/// Asking for the next keys while computing (`attend_runs_ahead`, a decode step's next
+/// piece) changes no bit: every path gives `attend_runs`'s state and accumulators, with
+/// the next keys in pages or in one run, as many as the keys read or none.
+#[test]
+fn asking_for_the_next_keys_changes_no_bit() {
+    use super::{KvRows, KvRun};
+    let mut rng = SplitMix64(29);
+    let (n, hd, stride) = (600, 64, 192);
+    let k: Vec<u16> = (0..n * stride)
+        .map(|_| f32_to_f16(rng.signed_f32() * 2.0))
+        .collect();
+    let v: Vec<u16> = (0..n * stride)
+        .map(|_| f32_to_f16(rng.signed_f32() * 3.0))
+        .collect();
+    // Keys `from..to` of the second head, as pages of `page`, or whole rows (`off` 0).
+    let pages = |from: usize, to: usize, page: usize, off: usize| -> Vec<KvRun> {
+        (from..to)
+            .step_by(page)
+            .map(|p| KvRun {
+                k: KvRows::F16(&k[p * stride + off..]),
+                v: KvRows::F16(&v[p * stride + off..]),
+                n: page.min(to - p),
+            })
+            .collect()
+    };
+    let q: Vec<f32> = (0..3 * hd).map(|_| rng.signed_f32() * 4.0).collect();
+    let mut qk = Vec::new();
+    super::round_f16(&q, &mut qk);
+    for isa in runnable() {
+        for (read, page, later) in [(128, 16, 43), (300, 7, 300), (128, 128, 0), (40, 16, 600)] {
+            let runs = pages(0, read, page, hd);
+            let ahead = pages(read, (read + later).min(n), page, 0);
+            let fresh = || (vec![(f32::NEG_INFINITY, 0f32); 3], vec![0f32; 3 * hd]);
+            let (mut want_state, mut want_acc) = fresh();
+            super::attend_runs(
+                isa,
+                &qk,
+                &runs,
+                stride,
+                0.125,
+                &mut want_state,
+                &mut want_acc,
+            );
+            let (mut state, mut acc) = fresh();
+            let (st, ac) = (&mut state, &mut acc);
+            super::attend_runs_ahead(isa, &qk, &runs, &ahead, stride, 0.125, st, ac);
+            let what = format!("{isa}, {read} keys in pages of {page}, {later} asked for");
+            assert_eq!(want_state, state, "{what}");
+            assert_eq!(want_acc, acc, "{what}");
+        }
+    }
+}
+
 /// A block of query rows through `attend_block` (keys in pages, each row with its own
 /// causal limit) gives every query exactly the bits the scalar kernel gives it alone
 /// over its keys in one run, on every path, for f16 and f32 K/V.

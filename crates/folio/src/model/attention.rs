@@ -5,7 +5,8 @@
 //! Work is split into units of (block of rows, KV heads, key chunk): the query heads that
 //! share a KV head run together, so each key is loaded once for all of them (and a
 //! decode row with enough chunks runs every KV head in one unit, piece by piece, so
-//! each page's rows are read whole, once, in order); up to
+//! each page's rows are read whole, once, in order, the next piece asked for into L2
+//! while this one is computed); up to
 //! [`ROW_BLOCK`] rows of one sequence at consecutive positions (a prefill) go through
 //! each tile of keys together, so each page is read from memory once per block; and a
 //! query's keys are cut into chunks of [`SPLIT_KEYS`] (split-K), so one long decode
@@ -32,7 +33,7 @@
 
 use crate::kernels::pool::WorkList;
 use crate::kernels::{self, Isa, ThreadPool};
-use crate::kv::{Batch, KvStorage};
+use crate::kv::{Batch, KvStorage, SeqStep};
 use std::sync::Mutex;
 
 /// Keys per split-K chunk.
@@ -70,12 +71,41 @@ struct Unit {
 
 /// Keys a unit of several KV heads runs through all of them before going on: the K/V
 /// rows of a page hold every KV head side by side, so running the heads together reads
-/// whole rows once, in order, instead of a third of each row per pass. As long as the
-/// AVX-512 kernel's prefetch distance (512 keys): the first head's pass asks for the
-/// piece's rows into L2, where the others find them. Decode at 7.2k tokens of context
-/// (AMD EPYC): 45.9-46.6 tok/s against 41.9-42.6 with 64 keys asked for 64 ahead into
-/// L1.
-const HEADS_TOGETHER_KEYS: usize = 512;
+/// whole rows once, in order, instead of a third of each row per pass. While it runs a
+/// piece, each head's kernel call asks for a third of the next piece's whole rows into
+/// L2 (`kernels::attend_runs_ahead`), spread over its keys, so the next piece is in L2
+/// before it starts. Decode at 7.2k tokens of context (AMD EPYC), alternating: 59.4-62.9
+/// tok/s with pieces of 128 (57.3-63.3 with 64, 58.9-63.1 with 256, 52.2-56.1 with 512),
+/// against 45.2-46.8 with pieces of 512 and no next piece asked for.
+const HEADS_TOGETHER_KEYS: usize = 128;
+
+/// Keys `from..to` of a sequence's step as page runs into `out` (rows of `kv_dim`), each
+/// row from element `off` (a KV head's part).
+#[allow(clippy::too_many_arguments)]
+fn page_runs<'a, S: KvStorage + ?Sized>(
+    kv: &'a S,
+    step: &SeqStep,
+    layer: usize,
+    kv_dim: usize,
+    from: usize,
+    to: usize,
+    off: usize,
+    out: &mut Vec<kernels::KvRun<'a>>,
+) {
+    out.clear();
+    let mut p = from;
+    while p < to {
+        let (page, slot) = step.slot(p);
+        let (ks, vs) = kv.run(page.0, layer, slot);
+        let m = (ks.len() / kv_dim).min(to - p);
+        out.push(kernels::KvRun {
+            k: ks.skip(off),
+            v: vs.skip(off),
+            n: m,
+        });
+        p += m;
+    }
+}
 
 /// How a layer turns query·key products into softmax inputs, and which keys it sees.
 #[derive(Debug, Clone, Copy)]
@@ -242,7 +272,7 @@ pub fn attention_with<S: KvStorage + ?Sized>(
         let mut acc = vec![0f32; ROW_BLOCK * nkv * group * hd];
         let mut state = vec![(0f32, 0f32); ROW_BLOCK * nkv * group];
         let mut keys = Vec::with_capacity(ROW_BLOCK);
-        let mut runs = Vec::new();
+        let (mut runs, mut ahead) = (Vec::new(), Vec::new());
         let mut unit = |owner: usize, i: usize| {
             let u = &units[bounds[owner] + i];
             let (r0, r1) = (u.r0 as usize, u.r1 as usize);
@@ -286,23 +316,27 @@ pub fn attention_with<S: KvStorage + ?Sized>(
                     .iter()
                     .zip(state.chunks_exact_mut(n * group))
                     .zip(acc.chunks_exact_mut(n * w));
+                // A decode row's next piece (its row's keys past this unit's chunk
+                // too: the next unit is most likely this thread's), asked for while
+                // this one is computed, a share per head.
+                let fetch = piece == HEADS_TOGETHER_KEYS && cap == 0.0;
+                let t2 = if fetch {
+                    (t1 + piece).min(rows[r0].1 + 1)
+                } else {
+                    t1
+                };
                 for (j, ((qk, st), ac)) in heads.enumerate() {
                     // The piece's keys as page runs, then one kernel call over them all.
                     let off = (h0 + j) * hd;
-                    runs.clear();
-                    let mut p = t0;
-                    while p < t1 {
-                        let (page, slot) = step.slot(p);
-                        let (ks, vs) = kv.run(page.0, layer, slot);
-                        let m = (ks.len() / kv_dim).min(t1 - p);
-                        runs.push(kernels::KvRun {
-                            k: ks.skip(off),
-                            v: vs.skip(off),
-                            n: m,
-                        });
-                        p += m;
+                    page_runs(kv, step, layer, kv_dim, t0, t1, off, &mut runs);
+                    if fetch {
+                        let (a, b) = (t1 + (t2 - t1) * j / nh, t1 + (t2 - t1) * (j + 1) / nh);
+                        page_runs(kv, step, layer, kv_dim, a, b, 0, &mut ahead);
+                        let (q, r) = (&qk[..], &runs[..]);
+                        kernels::attend_runs_ahead(isa, q, r, &ahead, kv_dim, scale, st, ac);
+                    } else {
+                        kernels::attend_block(isa, qk, &keys, &runs, kv_dim, scale, cap, st, ac);
                     }
-                    kernels::attend_block(isa, qk, &keys, &runs, kv_dim, scale, cap, st, ac);
                 }
                 t0 = t1;
             }
