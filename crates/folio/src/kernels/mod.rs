@@ -209,7 +209,17 @@ pub fn attend_runs(
     state: &mut [(f32, f32)],
     acc: &mut [f32],
 ) {
-    attend_runs_as(isa, isa.f16_attention(), q, runs, stride, scale, state, acc)
+    attend_runs_as(
+        isa,
+        isa.f16_attention(),
+        q,
+        runs,
+        &[],
+        stride,
+        scale,
+        state,
+        acc,
+    )
 }
 
 /// [`attend_runs`] that also asks for the K/V rows of `ahead` (whole rows of `stride`
@@ -228,28 +238,14 @@ pub fn attend_runs_ahead(
     acc: &mut [f32],
 ) {
     let round = isa.f16_attention();
-    attend_runs_with(isa, round, q, runs, ahead, stride, scale, state, acc)
+    attend_runs_as(isa, round, q, runs, ahead, stride, scale, state, acc)
 }
 
-/// [`attend_runs`] with the f16 rounding chosen (`round`), on `isa`'s kernels: tests
-/// compare every kernel with its scalar twin both ways.
+/// [`attend_runs`] with the f16 rounding chosen (`round`), on `isa`'s kernels (tests
+/// compare every kernel with its scalar twin both ways), asking for `ahead` as
+/// [`attend_runs_ahead`] does.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_runs_as(
-    isa: Isa,
-    round: bool,
-    q: &[f32],
-    runs: &[KvRun],
-    stride: usize,
-    scale: f32,
-    state: &mut [(f32, f32)],
-    acc: &mut [f32],
-) {
-    attend_runs_with(isa, round, q, runs, &[], stride, scale, state, acc)
-}
-
-/// [`attend_runs_as`] asking for `ahead` as [`attend_runs_ahead`] does.
-#[allow(clippy::too_many_arguments)]
-fn attend_runs_with(
     isa: Isa,
     round: bool,
     q: &[f32],

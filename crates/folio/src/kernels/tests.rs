@@ -442,13 +442,24 @@ fn attention_simd_is_bit_identical_to_scalar() {
                 },
             ];
             if cut.is_multiple_of(2) {
-                super::attend_runs_as(isa, round, q, &runs, stride, 0.125, &mut state, &mut acc);
+                super::attend_runs_as(
+                    isa,
+                    round,
+                    q,
+                    &runs,
+                    &[],
+                    stride,
+                    0.125,
+                    &mut state,
+                    &mut acc,
+                );
             } else {
                 super::attend_runs_as(
                     isa,
                     round,
                     q,
                     &runs[..1],
+                    &[],
                     stride,
                     0.125,
                     &mut state,
@@ -459,6 +470,7 @@ fn attention_simd_is_bit_identical_to_scalar() {
                     round,
                     q,
                     &runs[1..],
+                    &[],
                     stride,
                     0.125,
                     &mut state,
@@ -565,10 +577,30 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
                     },
                 ];
                 if cut.is_multiple_of(2) {
-                    super::attend_runs_as(isa, round, q, &runs, stride, 0.1, &mut state, &mut acc);
+                    super::attend_runs_as(
+                        isa,
+                        round,
+                        q,
+                        &runs,
+                        &[],
+                        stride,
+                        0.1,
+                        &mut state,
+                        &mut acc,
+                    );
                 } else {
                     for r in runs.chunks(1) {
-                        super::attend_runs_as(isa, round, q, r, stride, 0.1, &mut state, &mut acc);
+                        super::attend_runs_as(
+                            isa,
+                            round,
+                            q,
+                            r,
+                            &[],
+                            stride,
+                            0.1,
+                            &mut state,
+                            &mut acc,
+                        );
                     }
                 }
                 (acc, state)
