@@ -897,27 +897,35 @@ fn same_float(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
 
+/// `exp` (`N` lanes at a time) gives `scalar::expf_table`'s bits on every 257th f32 bit
+/// pattern and the edge values; `path` names it in the message.
+fn exp_matches_scalar<const N: usize>(path: &str, exp: impl Fn(&[f32; N], &mut [f32; N])) {
+    let xs: Vec<f32> = exp_inputs(257).collect();
+    for chunk in xs.chunks(N) {
+        let mut x = [0f32; N];
+        x[..chunk.len()].copy_from_slice(chunk);
+        let mut got = [0f32; N];
+        exp(&x, &mut got);
+        for (&xi, &g) in x.iter().zip(&got) {
+            let want = scalar::expf_table(xi);
+            assert!(
+                same_float(g, want),
+                "exp({xi:e}): {path} {g:e}, scalar {want:e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn expf_table_simd_is_bit_identical_to_scalar() {
     if !detect().avx2() {
         eprintln!("no AVX2 on this CPU: nothing to compare");
         return;
     }
-    let xs: Vec<f32> = exp_inputs(257).collect();
-    for chunk in xs.chunks(8) {
-        let mut x = [0f32; 8];
-        x[..chunk.len()].copy_from_slice(chunk);
-        let mut got = [0f32; 8];
-        // SAFETY: AVX2, FMA and F16C were detected above.
-        unsafe { super::avx2::expf_table_8(&x, &mut got) };
-        for (&xi, &g) in x.iter().zip(&got) {
-            let want = scalar::expf_table(xi);
-            assert!(
-                same_float(g, want),
-                "exp({xi:e}): simd {g:e}, scalar {want:e}"
-            );
-        }
-    }
+    // SAFETY: AVX2, FMA and F16C were detected above.
+    exp_matches_scalar("avx2", |x, out| unsafe {
+        super::avx2::expf_table_8(x, out)
+    });
 }
 
 #[test]
@@ -926,21 +934,10 @@ fn expf_table_avx512_is_bit_identical_to_scalar() {
         eprintln!("skipped: this CPU does not run the avx512 kernels");
         return;
     }
-    let xs: Vec<f32> = exp_inputs(257).collect();
-    for chunk in xs.chunks(16) {
-        let mut x = [0f32; 16];
-        x[..chunk.len()].copy_from_slice(chunk);
-        let mut got = [0f32; 16];
-        // SAFETY: the AVX-512 path was detected (by running it) above.
-        unsafe { super::avx512_attend::expf16_mem(&x, &mut got) };
-        for (&xi, &g) in x.iter().zip(&got) {
-            let want = scalar::expf_table(xi);
-            assert!(
-                same_float(g, want),
-                "exp({xi:e}): avx512 {g:e}, scalar {want:e}"
-            );
-        }
-    }
+    // SAFETY: the AVX-512 path was detected (by running it) above.
+    exp_matches_scalar("avx512", |x, out| unsafe {
+        super::avx512_attend::expf16_mem(x, out)
+    });
 }
 
 /// folio's `expf` is glibc's: on glibc with FMA (where llama.cpp's flash attention gets
