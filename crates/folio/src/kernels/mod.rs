@@ -209,17 +209,7 @@ pub fn attend_runs(
     state: &mut [(f32, f32)],
     acc: &mut [f32],
 ) {
-    attend_runs_as(
-        isa,
-        isa.f16_attention(),
-        q,
-        runs,
-        &[],
-        stride,
-        scale,
-        state,
-        acc,
-    )
+    attend_runs_ahead(isa, q, runs, &[], stride, scale, state, acc)
 }
 
 /// [`attend_runs`] that also asks for the K/V rows of `ahead` (whole rows of `stride`
