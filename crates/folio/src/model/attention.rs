@@ -302,7 +302,8 @@ pub fn attention_with<S: KvStorage + ?Sized>(
             acc.fill(0.0);
             // One head at a time over the whole chunk, or, with several heads, every
             // head over each piece of keys in turn.
-            let piece = if nh > 1 && n == 1 {
+            let together = nh > 1 && n == 1;
+            let piece = if together {
                 HEADS_TOGETHER_KEYS
             } else {
                 SPLIT_KEYS
@@ -319,7 +320,7 @@ pub fn attention_with<S: KvStorage + ?Sized>(
                 // A decode row's next piece (its row's keys past this unit's chunk
                 // too: the next unit is most likely this thread's), asked for while
                 // this one is computed, a share per head.
-                let fetch = piece == HEADS_TOGETHER_KEYS && cap == 0.0;
+                let fetch = together && cap == 0.0;
                 let t2 = if fetch {
                     (t1 + piece).min(rows[r0].1 + 1)
                 } else {
