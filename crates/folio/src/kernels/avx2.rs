@@ -394,6 +394,39 @@ unsafe fn exp_poly(x: __m256) -> __m256 {
     _mm256_blendv_ps(mid, _mm256_mul_ps(s1, s1), huge)
 }
 
+/// `scalar::rope_rotate` compiled with FMA: the same operations, so the same bits.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn rope_rotate(
+    adjacent: bool,
+    half: usize,
+    head_dim: usize,
+    table: &[(f32, f32)],
+    row: &mut [f32],
+) {
+    super::scalar::rope_rotate(adjacent, half, head_dim, table, row)
+}
+
+/// Appends `x` rounded to f16 precision (to nearest, ties to even) to `out`, 8 at a
+/// time: the twin of `scalar::round_f16_into`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn round_f16_into(x: &[f32], out: &mut Vec<f32>) {
+    let start = out.len();
+    out.resize(start + x.len(), 0.0);
+    let dst = &mut out[start..];
+    let mut i = 0;
+    while i + 8 <= x.len() {
+        // SAFETY: both slices hold 8 elements at offset i.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x[i..].as_ptr()));
+            _mm256_storeu_ps(dst[i..i + 8].as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for (d, &v) in dst[i..].iter_mut().zip(&x[i..]) {
+        *d = f16_to_f32(f32_to_f16(v));
+    }
+}
+
 /// gate = silu(gate) · up, 8 lanes at a time; the tail goes through the scalar twin.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {

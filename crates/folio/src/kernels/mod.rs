@@ -391,12 +391,35 @@ pub fn attend_runs_capped(
 #[cfg(test)]
 pub fn round_f16(x: &[f32], out: &mut Vec<f32>) {
     out.clear();
-    round_f16_into(x, out);
+    scalar::round_f16_into(x, out);
 }
 
 /// Appends `x` rounded to f16 precision to `out`.
-pub fn round_f16_into(x: &[f32], out: &mut Vec<f32>) {
-    out.extend(x.iter().map(|&v| quant::f16_to_f32(quant::f32_to_f16(v))));
+pub fn round_f16_into(isa: Isa, x: &[f32], out: &mut Vec<f32>) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 paths are only ever produced by `detect` after checking the features.
+        i if i.avx2() => unsafe { avx2::round_f16_into(x, out) },
+        _ => scalar::round_f16_into(x, out),
+    }
+}
+
+/// Rotates each `head_dim`-wide head of `row` by `table`'s (cos, sin) pairs, the pairs
+/// adjacent (llama) or `half` apart (NeoX); the same bits on every path.
+pub fn rope_rotate(
+    isa: Isa,
+    adjacent: bool,
+    half: usize,
+    head_dim: usize,
+    table: &[(f32, f32)],
+    row: &mut [f32],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 paths are only ever produced by `detect` after checking the features.
+        i if i.avx2() => unsafe { avx2::rope_rotate(adjacent, half, head_dim, table, row) },
+        _ => scalar::rope_rotate(adjacent, half, head_dim, table, row),
+    }
 }
 
 /// Quantizes activations into 8-bit blocks (identical bytes on every path).

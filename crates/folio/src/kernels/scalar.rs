@@ -610,6 +610,37 @@ pub fn expf_table(x: f32) -> f32 {
     (y * s) as f32
 }
 
+/// Rotates each `head_dim`-wide head of `row` by `table`'s (cos, sin) pairs: pair i is
+/// elements (2i, 2i + 1) when `adjacent` (llama), else (i, i + `half`) (NeoX). Fused as
+/// ggml's C is compiled (FP contraction on). Inlined into the SIMD twin, whose target
+/// features make `mul_add` one instruction instead of a call.
+#[inline(always)]
+pub fn rope_rotate(
+    adjacent: bool,
+    half: usize,
+    head_dim: usize,
+    table: &[(f32, f32)],
+    row: &mut [f32],
+) {
+    for head in row.chunks_exact_mut(head_dim) {
+        for (i, &(cos, sin)) in table.iter().enumerate() {
+            let (a, b) = if adjacent {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + half)
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0.mul_add(cos, -(x1 * sin));
+            head[b] = x0.mul_add(sin, x1 * cos);
+        }
+    }
+}
+
+/// Appends `x` rounded to f16 precision to `out`.
+pub fn round_f16_into(x: &[f32], out: &mut Vec<f32>) {
+    out.extend(x.iter().map(|&v| f16_to_f32(f32_to_f16(v))));
+}
+
 /// gate = silu(gate) · up, silu(x) = x / (1 + exp(−x)).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {

@@ -308,6 +308,52 @@ fn f16_helpers_match_scalar() {
 }
 
 #[test]
+fn rope_and_f16_rounding_simd_are_bit_identical_to_scalar() {
+    let mut rng = SplitMix64(17);
+    for isa in simd_paths() {
+        for n in [1, 7, 8, 64, 100, 131] {
+            // Ordinary values, f16's edges (subnormals, overflow, ties) and signed zeros.
+            let mut x: Vec<f32> = (0..n).map(|_| rng.signed_f32() * 1e3).collect();
+            let edges = [
+                6.0e-8,
+                65504.0,
+                65520.0,
+                1e6,
+                -0.0,
+                1.0 + 1.0 / 2048.0,
+                3e-5,
+            ];
+            for (v, e) in x.iter_mut().zip(edges) {
+                *v = e;
+            }
+            let (mut a, mut b) = (vec![9.0], vec![9.0]);
+            scalar::round_f16_into(&x, &mut a);
+            super::round_f16_into(isa, &x, &mut b);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{isa} round_f16_into n={n}");
+        }
+        for (adjacent, dims, head_dim) in [(true, 64, 64), (false, 64, 64), (false, 32, 80)] {
+            let table: Vec<(f32, f32)> = (0..dims / 2)
+                .map(|i| {
+                    let t = 3000.0 * (i as f32 * -0.3).exp() + rng.signed_f32();
+                    (t.cos(), t.sin())
+                })
+                .collect();
+            let row: Vec<f32> = (0..3 * head_dim).map(|_| rng.signed_f32() * 4.0).collect();
+            let (mut a, mut b) = (row.clone(), row);
+            scalar::rope_rotate(adjacent, dims / 2, head_dim, &table, &mut a);
+            super::rope_rotate(isa, adjacent, dims / 2, head_dim, &table, &mut b);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&a),
+                bits(&b),
+                "{isa} rope adjacent={adjacent} dims={dims}"
+            );
+        }
+    }
+}
+
+#[test]
 fn q8_quantization_round_trips() {
     let mut rng = SplitMix64(9);
     let x: Vec<f32> = (0..256).map(|_| rng.signed_f32() * 4.0).collect();

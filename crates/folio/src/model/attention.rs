@@ -291,7 +291,7 @@ pub fn attention_with<S: KvStorage + ?Sized>(
                 for r in r0..r1 {
                     let qs = &q[r * d + kh * w..r * d + (kh + 1) * w];
                     if f16 {
-                        kernels::round_f16_into(qs, qh);
+                        kernels::round_f16_into(isa, qs, qh);
                     } else {
                         qh.extend_from_slice(qs);
                     }

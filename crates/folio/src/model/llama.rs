@@ -325,7 +325,7 @@ impl Model {
                         ops::rms_norm_in_place(xs, g, c.norm_eps);
                     }
                     for (row, t) in xs.chunks_exact_mut(width).zip(&tables[r..]) {
-                        rope.rotate(hd, t, row);
+                        rope.rotate(self.isa, hd, t, row);
                     }
                 });
             }

@@ -9,6 +9,7 @@
 
 use super::error::ModelError;
 use crate::gguf::{Gguf, Value};
+use crate::kernels::{self, Isa};
 
 /// RoPE variants: llama rotates adjacent pairs, NeoX rotates halves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,20 +171,9 @@ impl Rope {
     }
 
     /// Rotates every head (`head_dim` wide) of one token row in place.
-    pub fn rotate(&self, head_dim: usize, table: &[(f32, f32)], row: &mut [f32]) {
-        let half = self.dims / 2;
-        for head in row.chunks_exact_mut(head_dim) {
-            for (i, &(cos, sin)) in table.iter().enumerate() {
-                let (a, b) = match self.style {
-                    RopeStyle::Adjacent => (2 * i, 2 * i + 1),
-                    RopeStyle::Halves => (i, i + half),
-                };
-                let (x0, x1) = (head[a], head[b]);
-                // ggml's C is compiled with FP contraction on, so these are fused there.
-                head[a] = x0.mul_add(cos, -(x1 * sin));
-                head[b] = x0.mul_add(sin, x1 * cos);
-            }
-        }
+    pub fn rotate(&self, isa: Isa, head_dim: usize, table: &[(f32, f32)], row: &mut [f32]) {
+        let adjacent = self.style == RopeStyle::Adjacent;
+        kernels::rope_rotate(isa, adjacent, self.dims / 2, head_dim, table, row);
     }
 }
 
