@@ -25,8 +25,9 @@ const HEADS: Heads = Heads {
     head_dim: 64,
 };
 const PAGE: usize = 16;
-/// Layers of the paged pools: a page holds every layer's K/V (`[page][layer][K | V]`),
-/// so one layer's rows lie in blocks this many layers apart, as the default model's do.
+/// Layers of the paged pools, as the default model's: the arena is
+/// `[layer][K | V][page]…`, so a pool's memory and the distance between one layer's
+/// K and V regions are the model's.
 const LAYERS: usize = 30;
 
 /// One position's K/V written into `kv` through `t`'s planned slot.
