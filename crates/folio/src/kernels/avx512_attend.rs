@@ -24,15 +24,14 @@ use std::arch::x86_64::*;
 const PREFETCH_RUNS: usize = 1;
 
 /// How many keys ahead of the one it reads the kernel keeps f16 K and V rows asked for,
-/// into L2, where the keys come in several runs (pages, which are scattered, so the
-/// hardware prefetcher would only find each page after a few misses). Keys, not runs:
-/// the distance stays the same across pages of any size. Longer than a decode step's
-/// call (a piece of `model::attention`'s heads-together units), so a call asks for all
-/// its keys as it starts; mostly they are in L2 already (its caller asked for them with
-/// the previous piece, `ahead`). Into L1 instead, the prefetches stall on full miss
-/// buffers: decode at 7.2k 40.2-41.2 against 59.4-61.6 tok/s. Attention benchmark,
-/// decode at 8k over the pages of a 30-layer pool, before `ahead` (AMD EPYC): 0.58-0.61
-/// ms against 0.67-0.81 asking 64 keys ahead into L1.
+/// into L2, where the keys come in several runs (pages, which may be scattered, so the
+/// hardware prefetcher would only find each page after a few misses) and the caller
+/// did not ask for them already (`ahead`, with its previous call: then the kernel asks
+/// for nothing of its own). Keys, not runs: the distance stays the same across pages
+/// of any size. Into L1 instead, the prefetches stall on full miss buffers: decode at
+/// 7.2k 40.2-41.2 against 59.4-61.6 tok/s. Once pages of a layer lay side by side
+/// (`kv::arena`), asking again for keys the caller had asked for cost decode at 7.2k
+/// tokens (AMD EPYC) 2-4%: 67.1-69.3 tok/s against 68.5-72.4 asking for none.
 const PREFETCH_KEYS: usize = 512;
 
 /// The same for one contiguous run (the dense cache), which the hardware prefetcher
@@ -146,16 +145,19 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
     });
     let size = if F32 { 4 } else { 2 };
     let mut st: [(f32, f32); G] = std::array::from_fn(|g| state[g]);
-    let mut front = Frontier::new(runs);
-    if !F32 {
-        front.advance(runs, front.distance(), stride, size, hd * size);
-    }
     // `ahead`'s whole rows, asked for in step with the keys read: after `seen` of
     // `total` keys, `seen · later / total` of its `later` keys.
     let mut next = Frontier::new(ahead);
     next.paged = true;
     let total: usize = runs.iter().map(|r| r.n).sum();
     let later: usize = ahead.iter().map(|r| r.n).sum();
+    // This call's own keys: asked for ahead of the reads unless they are pages whose
+    // caller asked for them with its previous call (`ahead`).
+    let mut front = Frontier::new(runs);
+    let own = !F32 && !(front.paged && later > 0);
+    if own {
+        front.advance(runs, front.distance(), stride, size, hd * size);
+    }
     let (mut seen, mut asked) = (0, 0);
     for (ri, run) in runs.iter().enumerate() {
         if F32 {
@@ -177,7 +179,7 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
         let mut scores = [[0f32; 16]; G];
         for g0 in (0..run.n).step_by(16) {
             let g1 = (g0 + 16).min(run.n);
-            if !F32 {
+            if own {
                 front.advance(runs, g1 - g0, stride, size, hd * size);
             }
             seen += g1 - g0;
