@@ -56,6 +56,11 @@ impl KvArena {
     }
 
     fn at(&self, page: u32, layer: usize, v: bool, slot: usize) -> usize {
+        // A page past the pool would alias the next region (layers are outermost).
+        assert!(
+            (page as usize) < self.n_pages && layer < self.n_layers && slot < self.page_size,
+            "slot {slot} of page {page}, layer {layer}: outside the arena"
+        );
         let ps = self.page_size * self.kv_dim;
         ((layer * 2 + usize::from(v)) * self.n_pages + page as usize) * ps + slot * self.kv_dim
     }
@@ -74,7 +79,24 @@ impl KvArena {
 
     /// K and V rows of `layer` in `page` from `slot` to the end of the page.
     pub fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
-        let end = self.page_size * self.kv_dim;
+        self.run_pages(page, 1, layer, slot)
+    }
+
+    /// K and V rows of `layer` from `slot` of `page` to the end of page
+    /// `page + count - 1`: one run, as a layer's consecutive pages lie side by side.
+    pub fn run_pages(
+        &self,
+        page: u32,
+        count: usize,
+        layer: usize,
+        slot: usize,
+    ) -> (KvRows<'_>, KvRows<'_>) {
+        assert!(
+            count >= 1 && page as usize + count <= self.n_pages,
+            "pages {page}..+{count} of {}",
+            self.n_pages
+        );
+        let end = count * self.page_size * self.kv_dim;
         let (k, v) = (
             self.at(page, layer, false, 0),
             self.at(page, layer, true, 0),
@@ -128,5 +150,52 @@ impl KvArena {
                 self.data.copy_within(s, d, n * self.kv_dim);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_over_consecutive_pages_is_their_runs_end_to_end() {
+        let (pages, layers, ps, d) = (5, 3, 4, 6);
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            let mut a = KvArena::new(pages, layers, ps, d, dtype);
+            for (p, l, s) in (0..pages)
+                .flat_map(|p| (0..layers).flat_map(move |l| (0..ps).map(move |s| (p, l, s))))
+            {
+                let x = (p * 100 + l * 10 + s) as f32;
+                let k: Vec<f32> = (0..d).map(|i| x + i as f32 / 8.0).collect();
+                let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                a.write(p as u32, l, s, &k, &v);
+            }
+            for (page, count, layer, slot) in [(1u32, 3, 2, 1), (0, 5, 0, 0), (4, 1, 1, 3)] {
+                let (k, v) = a.run_pages(page, count, layer, slot);
+                let (mut want_k, mut want_v) = (Vec::new(), Vec::new());
+                for p in page..page + count as u32 {
+                    let (pk, pv) = a.run(p, layer, if p == page { slot } else { 0 });
+                    want_k.extend_from_slice(pk.raw());
+                    want_v.extend_from_slice(pv.raw());
+                }
+                assert_eq!(
+                    k.raw(),
+                    &want_k[..],
+                    "{dtype:?} K of pages {page}..+{count}"
+                );
+                assert_eq!(
+                    v.raw(),
+                    &want_v[..],
+                    "{dtype:?} V of pages {page}..+{count}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the arena")]
+    fn a_page_past_the_pool_is_refused_not_aliased() {
+        let a = KvArena::new(2, 2, 4, 8, KvDtype::F16);
+        let _ = a.k_row(2, 0, 0);
     }
 }

@@ -16,6 +16,22 @@ pub trait KvStorage: Sync {
     fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]);
     /// K and V rows of `layer` in `page` from `slot` to the end of the page.
     fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>);
+    /// K and V rows of `layer` from `slot` of `page` to the end of page
+    /// `page + count - 1`, where the storage keeps a layer's consecutive pages side by
+    /// side (those `count` ids must exist); by default `page`'s alone, as [`run`]
+    /// (a caller takes what it got and asks again from there).
+    ///
+    /// [`run`]: KvStorage::run
+    fn run_pages(
+        &self,
+        page: u32,
+        count: usize,
+        layer: usize,
+        slot: usize,
+    ) -> (KvRows<'_>, KvRows<'_>) {
+        let _ = count;
+        self.run(page, layer, slot)
+    }
 }
 
 impl KvStorage for KvArena {
@@ -30,5 +46,14 @@ impl KvStorage for KvArena {
     }
     fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
         KvArena::run(self, page, layer, slot)
+    }
+    fn run_pages(
+        &self,
+        page: u32,
+        count: usize,
+        layer: usize,
+        slot: usize,
+    ) -> (KvRows<'_>, KvRows<'_>) {
+        KvArena::run_pages(self, page, count, layer, slot)
     }
 }

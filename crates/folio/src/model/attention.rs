@@ -96,7 +96,12 @@ fn page_runs<'a, S: KvStorage + ?Sized>(
     let mut p = from;
     while p < to {
         let (page, slot) = step.slot(p);
-        let (ks, vs) = kv.run(page.0, layer, slot);
+        // The pages after this one that follow it in the pool too: one run where the
+        // storage keeps them side by side.
+        let (first, last) = (p / step.page_size, (to - 1) / step.page_size);
+        let next = |i: usize| step.pages[first + i].0 == page.0.wrapping_add(i as u32);
+        let count = 1 + (1..=last - first).take_while(|&i| next(i)).count();
+        let (ks, vs) = kv.run_pages(page.0, count, layer, slot);
         let m = (ks.len() / kv_dim).min(to - p);
         out.push(kernels::KvRun {
             k: ks.skip(off),
