@@ -154,7 +154,7 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
     // This call's own keys: asked for ahead of the reads unless they are pages whose
     // caller asked for them with its previous call (`ahead`).
     let mut front = Frontier::new(runs);
-    let own = !F32 && !(front.paged && later > 0);
+    let own = !(F32 || (front.paged && later > 0));
     if own {
         front.advance(runs, front.distance(), stride, size, hd * size);
     }
