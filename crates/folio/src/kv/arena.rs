@@ -10,7 +10,7 @@
 //! (AMD EPYC, alternating) went from 65.6-66.6 tok/s with `[page][layer]…` to
 //! 68.0-70.5.
 
-use super::buf::{KvBuf, KvDtype, KvRows};
+use super::buf::{KvBuf, KvDtype, KvPair};
 
 /// K/V storage for `n_pages` pages.
 pub struct KvArena {
@@ -78,19 +78,13 @@ impl KvArena {
     }
 
     /// K and V rows of `layer` in `page` from `slot` to the end of the page.
-    pub fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
+    pub fn run(&self, page: u32, layer: usize, slot: usize) -> KvPair<'_> {
         self.run_pages(page, 1, layer, slot)
     }
 
     /// K and V rows of `layer` from `slot` of `page` to the end of page
     /// `page + count - 1`: one run, as a layer's consecutive pages lie side by side.
-    pub fn run_pages(
-        &self,
-        page: u32,
-        count: usize,
-        layer: usize,
-        slot: usize,
-    ) -> (KvRows<'_>, KvRows<'_>) {
+    pub fn run_pages(&self, page: u32, count: usize, layer: usize, slot: usize) -> KvPair<'_> {
         assert!(
             count >= 1 && page as usize + count <= self.n_pages,
             "pages {page}..+{count} of {}",

@@ -4,7 +4,7 @@
 //! as [`KvSeq`] it plans its own steps, refusing tokens past its capacity.
 
 use super::batch::{Batch, Logits, SeqStep};
-use super::buf::{KvBuf, KvDtype, KvRows};
+use super::buf::{KvBuf, KvDtype, KvPair};
 use super::error::KvError;
 use super::single::KvSeq;
 use super::storage::KvStorage;
@@ -72,7 +72,8 @@ impl KvStorage for BasicCache {
         self.k[layer].write(at, &k[..self.kv_dim]);
         self.v[layer].write(at, &v[..self.kv_dim]);
     }
-    fn run(&self, _page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
+    /// The one page holds every position: `count` changes nothing.
+    fn run_pages(&self, _: u32, _: usize, layer: usize, slot: usize) -> KvPair<'_> {
         let (at, end) = (slot * self.kv_dim, self.capacity * self.kv_dim);
         (self.k[layer].rows(at, end), self.v[layer].rows(at, end))
     }

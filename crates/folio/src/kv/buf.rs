@@ -5,6 +5,9 @@ use crate::kernels::advise_huge_pages;
 use crate::kernels::quant::f32_to_f16;
 pub use crate::kernels::{KvDtype, KvRows};
 
+/// The K rows and the V rows of one run of slots.
+pub type KvPair<'a> = (KvRows<'a>, KvRows<'a>);
+
 /// A flat buffer of K/V elements of one dtype.
 pub enum KvBuf {
     F16(Vec<u16>),

@@ -51,7 +51,7 @@ mod tests;
 pub use arena::KvArena;
 pub use basic::BasicCache;
 pub use batch::{Batch, Logits, SeqStep};
-pub use buf::{KvBuf, KvDtype, KvRows};
+pub use buf::{KvBuf, KvDtype, KvPair, KvRows};
 pub use error::{KvError, SnapshotError};
 pub use hash::{Hasher128, PageHash};
 pub use paged::{PagedKv, PagedSeq, PoolShape};

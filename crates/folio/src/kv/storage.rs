@@ -4,7 +4,7 @@
 //! "page" per sequence, see `basic.rs`).
 
 use super::arena::KvArena;
-use super::buf::KvRows;
+use super::buf::KvPair;
 
 /// Page-addressed K/V storage.
 pub trait KvStorage: Sync {
@@ -14,23 +14,14 @@ pub trait KvStorage: Sync {
     fn page_slots(&self, page: u32) -> usize;
     /// Stores K and V of one slot in one layer (all KV heads).
     fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]);
-    /// K and V rows of `layer` in `page` from `slot` to the end of the page.
-    fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>);
     /// K and V rows of `layer` from `slot` of `page` to the end of page
-    /// `page + count - 1`, where the storage keeps a layer's consecutive pages side by
-    /// side (those `count` ids must exist); by default `page`'s alone, as [`run`]
-    /// (a caller takes what it got and asks again from there).
-    ///
-    /// [`run`]: KvStorage::run
-    fn run_pages(
-        &self,
-        page: u32,
-        count: usize,
-        layer: usize,
-        slot: usize,
-    ) -> (KvRows<'_>, KvRows<'_>) {
-        let _ = count;
-        self.run(page, layer, slot)
+    /// `page + count - 1` where the storage keeps a layer's consecutive pages side by
+    /// side (those `count` ids must exist), else to the end of `page` alone: a caller
+    /// takes what it got and asks again from there.
+    fn run_pages(&self, page: u32, count: usize, layer: usize, slot: usize) -> KvPair<'_>;
+    /// K and V rows of `layer` in `page` from `slot` to the end of the page.
+    fn run(&self, page: u32, layer: usize, slot: usize) -> KvPair<'_> {
+        self.run_pages(page, 1, layer, slot)
     }
 }
 
@@ -44,16 +35,7 @@ impl KvStorage for KvArena {
     fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         KvArena::write(self, page, layer, slot, k, v)
     }
-    fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
-        KvArena::run(self, page, layer, slot)
-    }
-    fn run_pages(
-        &self,
-        page: u32,
-        count: usize,
-        layer: usize,
-        slot: usize,
-    ) -> (KvRows<'_>, KvRows<'_>) {
+    fn run_pages(&self, page: u32, count: usize, layer: usize, slot: usize) -> KvPair<'_> {
         KvArena::run_pages(self, page, count, layer, slot)
     }
 }

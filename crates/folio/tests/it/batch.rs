@@ -9,7 +9,8 @@ use crate::common::{forward_tables, ModelExt};
 use folio::gguf::GgmlType;
 use folio::internals::{f16_to_f32, f32_to_f16, isa, runnable_isas, Isa, ThreadPool};
 use folio::kv::{
-    BasicCache, Batch, KvRows, KvSeq, KvStorage, Logits, PageId, PageTable, PagedKv, SeqStep,
+    BasicCache, Batch, KvPair, KvRows, KvSeq, KvStorage, Logits, PageId, PageTable, PagedKv,
+    SeqStep,
 };
 use folio::model::{attention, Heads, Model, StepError, StepLogits, ROW_BLOCK, SPLIT_KEYS};
 use folio::rng::SplitMix64;
@@ -447,7 +448,8 @@ impl KvStorage for Dense {
     fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         self.0[page as usize].write(0, layer, slot, k, v)
     }
-    fn run(&self, page: u32, layer: usize, slot: usize) -> (KvRows<'_>, KvRows<'_>) {
+    /// Each page is its own cache: one page's rows whatever `count` asks.
+    fn run_pages(&self, page: u32, _: usize, layer: usize, slot: usize) -> KvPair<'_> {
         self.0[page as usize].run(0, layer, slot)
     }
 }
