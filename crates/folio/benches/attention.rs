@@ -25,9 +25,9 @@ const HEADS: Heads = Heads {
     head_dim: 64,
 };
 const PAGE: usize = 16;
-/// Layers of the paged pools, as the default model's: the arena is
+/// Layers of the paged pools, as the default model's: the arena's chunks are
 /// `[layer][K | V][page]…`, so a pool's memory and the distance between one layer's
-/// K and V regions are the model's.
+/// runs of two chunks are the model's.
 const LAYERS: usize = 30;
 
 /// One position's K/V written into `kv` through `t`'s planned slot.
