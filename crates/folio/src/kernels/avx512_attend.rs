@@ -29,7 +29,7 @@ const PREFETCH_RUNS: usize = 1;
 /// did not ask for them already (`ahead`, with its previous call: then the kernel asks
 /// for nothing of its own). Keys, not runs: the distance stays the same across pages
 /// of any size. Into L1 instead, the prefetches stall on full miss buffers: decode at
-/// 7.2k 40.2-41.2 against 59.4-61.6 tok/s. Once pages of a layer lay side by side
+/// 7.2k 40.2-41.2 against 59.4-61.6 tok/s. Once pages of a layer lie side by side
 /// (`kv::arena`), asking again for keys the caller had asked for cost decode at 7.2k
 /// tokens (AMD EPYC) 2-4%: 67.1-69.3 tok/s against 68.5-72.4 asking for none.
 const PREFETCH_KEYS: usize = 512;
