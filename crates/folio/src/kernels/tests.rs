@@ -79,6 +79,21 @@ pub(crate) fn run(isa: Isa, w: &QMatrix, x: &[f32], n: usize, threads: usize) ->
     out
 }
 
+/// Whether this CPU runs `isa`'s kernels (as `detect` chose them); if not, says so on
+/// stderr, so a test that returns early is skipped, not silent.
+fn cpu_runs(isa: Isa) -> bool {
+    let best = detect();
+    let runs = match isa {
+        Isa::Avx512 => best.avx512(),
+        Isa::Avx2 => best.avx2(),
+        other => runnable().contains(&other),
+    };
+    if !runs {
+        eprintln!("skipped: this CPU does not run the {isa} kernels");
+    }
+    runs
+}
+
 /// The SIMD paths this CPU runs; a path it lacks is named on stderr (skipped, not silent).
 fn simd_paths() -> Vec<Isa> {
     for missing in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512]
@@ -135,8 +150,7 @@ pub(crate) fn close_to_scalar(w: &QMatrix, x: &[f32], n: usize, a: &[f32], b: &[
 /// scalar above).
 #[test]
 fn avx512_matmul_gives_the_avx2_bits_except_q4_1_and_q8_0() {
-    if !detect().avx512() {
-        eprintln!("skipped: this CPU does not run the avx512 kernels");
+    if !cpu_runs(Isa::Avx512) {
         return;
     }
     let mut rng = SplitMix64(23);
@@ -162,8 +176,7 @@ fn avx512_matmul_gives_the_avx2_bits_except_q4_1_and_q8_0() {
 /// width, tail and thread split, with the most negative weights.
 #[test]
 fn avx512_q8_0_matmul_is_its_lane_order_exactly() {
-    if !detect().avx512() {
-        eprintln!("skipped: this CPU does not run the avx512 kernels");
+    if !cpu_runs(Isa::Avx512) {
         return;
     }
     let mut rng = SplitMix64(41);
@@ -310,6 +323,7 @@ fn f16_helpers_match_scalar() {
 #[test]
 fn rope_and_f16_rounding_simd_are_bit_identical_to_scalar() {
     let mut rng = SplitMix64(17);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     for isa in simd_paths() {
         for n in [1, 7, 8, 64, 100, 131] {
             // Ordinary values, f16's edges (subnormals, overflow, ties) and signed zeros.
@@ -329,7 +343,6 @@ fn rope_and_f16_rounding_simd_are_bit_identical_to_scalar() {
             let (mut a, mut b) = (vec![9.0], vec![9.0]);
             scalar::round_f16_into(&x, &mut a);
             super::round_f16_into(isa, &x, &mut b);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a), bits(&b), "{isa} round_f16_into n={n}");
         }
         for (adjacent, dims, head_dim) in [(true, 64, 64), (false, 64, 64), (false, 32, 80)] {
@@ -343,7 +356,6 @@ fn rope_and_f16_rounding_simd_are_bit_identical_to_scalar() {
             let (mut a, mut b) = (row.clone(), row);
             scalar::rope_rotate(adjacent, dims / 2, head_dim, &table, &mut a);
             super::rope_rotate(isa, adjacent, dims / 2, head_dim, &table, &mut b);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&a),
                 bits(&b),
@@ -848,8 +860,7 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
 /// the one-row kernel that follows ggml's lane layout, for every column count it runs.
 #[test]
 fn packed_q4_1_tile_is_bit_identical_to_the_row_kernel() {
-    if !detect().avx2() {
-        eprintln!("no AVX2 on this CPU: nothing to compare");
+    if !cpu_runs(Isa::Avx2) {
         return;
     }
     let mut rng = SplitMix64(19);
@@ -964,8 +975,7 @@ fn exp_matches_scalar<const N: usize>(path: &str, exp: impl Fn(&[f32; N], &mut [
 
 #[test]
 fn expf_table_simd_is_bit_identical_to_scalar() {
-    if !detect().avx2() {
-        eprintln!("no AVX2 on this CPU: nothing to compare");
+    if !cpu_runs(Isa::Avx2) {
         return;
     }
     // SAFETY: AVX2, FMA and F16C were detected above.
@@ -976,8 +986,7 @@ fn expf_table_simd_is_bit_identical_to_scalar() {
 
 #[test]
 fn expf_table_avx512_is_bit_identical_to_scalar() {
-    if !detect().avx512() {
-        eprintln!("skipped: this CPU does not run the avx512 kernels");
+    if !cpu_runs(Isa::Avx512) {
         return;
     }
     // SAFETY: the AVX-512 path was detected (by running it) above.
@@ -1014,8 +1023,7 @@ fn expf_table_equals_glibc() {
 /// row kernel that follows ggml's lanes (llama.cpp's AVX2 build's), tails included.
 #[test]
 fn packed_q8_0_matmul_is_bit_identical_to_the_row_kernel() {
-    if !detect().avx2() {
-        eprintln!("skipped: this CPU does not run the avx2 kernels");
+    if !cpu_runs(Isa::Avx2) {
         return;
     }
     let mut rng = SplitMix64(31);
