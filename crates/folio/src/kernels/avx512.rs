@@ -23,7 +23,7 @@
 //! caller must have checked; slices are indexed with bounds checks.
 #![allow(unsafe_code)]
 
-use super::avx2::{prefetch, tile_blocks};
+use super::avx2::{prefetch, tile_blocks, TILE_PREFETCH_BLOCKS};
 use super::quant::*;
 use std::arch::x86_64::*;
 
@@ -41,9 +41,6 @@ pub unsafe fn probe() {
         );
     }
 }
-
-/// How far ahead (in blocks) the tile kernels prefetch weights (as the AVX2 ones).
-const PREFETCH_BLOCKS: usize = 4;
 
 /// Lane l of a 16-lane vector belongs to row l / 4: the index vector that spreads four
 /// rows' scales over their lanes.
@@ -99,7 +96,7 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
     let mut acc = [_mm512_setzero_ps(); C];
     let mut macc = [_mm256_setzero_ps(); C];
     for i in 0..nb {
-        prefetch(w, i + PREFETCH_BLOCKS, 2);
+        prefetch(w, i + TILE_PREFETCH_BLOCKS, 2);
         let b = &w[i];
         // SAFETY: `dm` is 8 halves (16 bytes); `qs` is 4 × 16 contiguous bytes.
         let (dm, raw) = unsafe {
@@ -148,7 +145,7 @@ pub unsafe fn tile_q8_0<const C: usize>(
     let row_of = rows_of_lanes();
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
-        prefetch(w, i + PREFETCH_BLOCKS, 3);
+        prefetch(w, i + TILE_PREFETCH_BLOCKS, 3);
         let b = &w[i];
         // SAFETY: `qs` is 8 × 16 contiguous bytes, `d` 4 halves (8 bytes).
         let (wl, wh, dh) = unsafe {

@@ -349,6 +349,34 @@ pub fn advise_huge_pages<T: bytemuck::Pod>(buf: &mut [T]) {
     let _ = buf;
 }
 
+/// The wrapping sum of `words`, read as the tile kernels read weights: in order, with a
+/// software prefetch far ahead of the loads (8 KiB). The read-bandwidth probe runs it
+/// beside a plain fold and keeps the faster, so decode is measured against what a
+/// thread can read, not against what the hardware prefetcher alone fetches.
+pub fn stream_sum(words: &[u64]) -> u64 {
+    const AHEAD: usize = 1024;
+    let mut lanes = [0u64; 8];
+    let chunks = words.chunks_exact(8);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |s, &w| s.wrapping_add(w));
+    for (i, chunk) in chunks.enumerate() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let ahead = words.as_ptr().wrapping_add(8 * i + AHEAD) as *const i8;
+            // SAFETY: SSE is part of x86_64, and a prefetch never faults, whatever
+            // the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
+        }
+        for (l, &w) in lanes.iter_mut().zip(chunk) {
+            *l = l.wrapping_add(w);
+        }
+    }
+    lanes.iter().fold(tail, |s, &l| s.wrapping_add(l))
+}
+
 /// Whether the SIMD attention kernels take head size `hd`.
 fn simd_head(hd: usize) -> bool {
     hd.is_multiple_of(32) && hd <= 256

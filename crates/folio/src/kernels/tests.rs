@@ -1055,3 +1055,13 @@ fn packed_q8_0_matmul_is_bit_identical_to_the_row_kernel() {
         }
     }
 }
+
+#[test]
+fn stream_sum_is_the_plain_wrapping_sum() {
+    let mut rng = SplitMix64(47);
+    let words: Vec<u64> = (0..5003).map(|_| rng.next_u64()).collect();
+    for n in [0, 1, 7, 8, 9, 1024, 5003] {
+        let want = words[..n].iter().fold(0u64, |s, &w| s.wrapping_add(w));
+        assert_eq!(super::stream_sum(&words[..n]), want, "{n} words");
+    }
+}
