@@ -175,10 +175,15 @@ impl QMatrix {
 
     /// The packed tile holding rows 4t..4t+4, as blocks of type `T` (the packed format).
     fn tile<T: bytemuck::Pod>(&self, t: usize) -> &[T] {
+        self.tiles(t, 1)
+    }
+
+    /// Packed tiles t..t+count, one after another.
+    fn tiles<T: bytemuck::Pod>(&self, t: usize, count: usize) -> &[T] {
         let nb = self.cols / QK;
         let size = std::mem::size_of::<T>();
         let all: &[u8] = bytemuck::cast_slice(&self.data);
-        bytemuck::cast_slice(&all[t * nb * size..(t + 1) * nb * size])
+        bytemuck::cast_slice(&all[t * nb * size..(t + count) * nb * size])
     }
 
     /// The packed Q4_1 tile holding rows 4t..4t+4.
@@ -581,10 +586,21 @@ pub fn matmul(
         let (cb, c) = (k / chunks, k % chunks);
         let t0 = cb * COL_BLOCK;
         let t1 = (t0 + COL_BLOCK).min(act.n);
-        for tile in a + c * per..(a + (c + 1) * per).min(b) {
+        let (mut tile, end) = (a + c * per, (a + (c + 1) * per).min(b));
+        while tile < end {
             let (j, r0) = locate(tile);
             let (w, out) = &views[j];
-            run_tile(isa, w, act, r0, (r0 + ROW_TILE).min(w.rows), t0, t1, out);
+            // This item's tiles of matrix j.
+            let count = (tiles[j] - r0 / ROW_TILE).min(end - tile);
+            if t1 - t0 == 1 && one_row_over_tiles(isa, w, act, r0, count, t0, out) {
+                tile += count;
+                continue;
+            }
+            for k in 0..count {
+                let r = r0 + k * ROW_TILE;
+                run_tile(isa, w, act, r, (r + ROW_TILE).min(w.rows), t0, t1, out);
+            }
+            tile += count;
         }
     };
     pool.run(&|i| {
@@ -633,6 +649,49 @@ macro_rules! by_columns {
             t += k;
         }
     }};
+}
+
+/// Activation row t against `count` whole tiles from row r0, in one kernel call where
+/// the path has a one-row form over tiles (the same bits as `run_tile` tile by tile).
+/// False, with nothing written, where it has none or the last tile holds padding rows.
+fn one_row_over_tiles(
+    isa: Isa,
+    w: &QMatrix,
+    act: &Activations,
+    r0: usize,
+    count: usize,
+    t: usize,
+    out: &OutView,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512() && w.packed && r0 + count * ROW_TILE <= w.rows {
+        let nb = w.cols / QK;
+        let a = act.q8_row(t, w.cols);
+        let mut o = [0f32; 8 * ROW_TILE];
+        for first in (0..count).step_by(8) {
+            let k = (count - first).min(8);
+            let tile = r0 / ROW_TILE + first;
+            let o = &mut o[..k * ROW_TILE];
+            match w.ty {
+                // SAFETY: AVX-512 paths are only produced after running the features.
+                GgmlType::Q4_1 => unsafe {
+                    super::avx512::tiles_q4_1x4_one_row(w.tiles(tile, k), nb, a, o)
+                },
+                // SAFETY: as above.
+                GgmlType::Q8_0 => unsafe {
+                    super::avx512::tiles_q8_0_one_row(w.tiles(tile, k), nb, a, o)
+                },
+                _ => return false,
+            }
+            let base = t * w.rows + tile * ROW_TILE;
+            for (i, &v) in o.iter().enumerate() {
+                out.write(base + i, v);
+            }
+        }
+        return true;
+    }
+    let _ = (isa, w, act, r0, count, t, out);
+    false
 }
 
 #[allow(clippy::too_many_arguments)]
