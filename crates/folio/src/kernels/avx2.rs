@@ -824,6 +824,7 @@ pub unsafe fn attend_runs_ymm<
 /// row 2p+1's; the "high" one holds lanes 4..7 the same way. Every lane sees the same
 /// fused multiply-adds in the same order as `tile_q4_1`; the halves are put back
 /// together before the horizontal sum. `D` is the 8-bit dot step, as there.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tile_q4_1x4<const D: u8, const C: usize>(
     w: &[BlockQ4_1x4],
@@ -897,6 +898,7 @@ pub unsafe fn tile_q4_1x4<const D: u8, const C: usize>(
 /// `tile_q8_0` on GGUF rows (so the same bits, llama.cpp's AVX2 ones), each row's 32
 /// weights put back together from the tile's two halves. `D` is the 8-bit dot step,
 /// as there.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tile_q8_0x4<const D: u8, const C: usize>(
     w: &[BlockQ8_0x4],
@@ -940,3 +942,16 @@ pub unsafe fn tile_q8_0x4<const D: u8, const C: usize>(
         }
     }
 }
+
+super::one_row_over_tiles!(
+    "avx2,fma,f16c",
+    tiles_q4_1x4_one_row<D>,
+    tile_q4_1x4,
+    BlockQ4_1x4
+);
+super::one_row_over_tiles!(
+    "avx2,fma,f16c",
+    tiles_q8_0x4_one_row<D>,
+    tile_q8_0x4,
+    BlockQ8_0x4
+);

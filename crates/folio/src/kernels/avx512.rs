@@ -180,32 +180,15 @@ pub unsafe fn tile_q8_0<const C: usize>(
     }
 }
 
-/// Generates the one-activation-row form of a four-row tile kernel over consecutive
-/// tiles: `out[4t + r] = dot(row r of tile t, a)`, `nb` blocks per tile. Decode's
-/// matmuls are one activation row against a few thousand tiles, and a call per tile
-/// (with its dispatch and per-element writes) cost as much as a tile's 18 blocks of
-/// work. Each tile runs the kernel's one-column arithmetic, so the bits are those of
-/// the kernel called tile by tile.
-macro_rules! one_row_over_tiles {
-    ($name:ident, $tile:ident, $blk:ty) => {
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $name(w: &[$blk], nb: usize, a: &[BlockQ8], out: &mut [f32]) {
-            assert_eq!(
-                w.len(),
-                out.len() / 4 * nb,
-                "a tile of blocks per four outputs"
-            );
-            for (tile, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(4)) {
-                let mut r = [[0f32; 1]; 4];
-                // SAFETY: same CPU features as this function.
-                unsafe { $tile::<1>(tile, [a], &mut r) };
-                for (d, s) in o.iter_mut().zip(r) {
-                    *d = s[0];
-                }
-            }
-        }
-    };
-}
-
-one_row_over_tiles!(tiles_q4_1x4_one_row, tile_q4_1x4, BlockQ4_1x4);
-one_row_over_tiles!(tiles_q8_0_one_row, tile_q8_0, BlockQ8_0x4);
+super::one_row_over_tiles!(
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    tiles_q4_1x4_one_row,
+    tile_q4_1x4,
+    BlockQ4_1x4
+);
+super::one_row_over_tiles!(
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    tiles_q8_0_one_row,
+    tile_q8_0,
+    BlockQ8_0x4
+);

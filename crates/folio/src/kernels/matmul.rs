@@ -664,7 +664,8 @@ fn one_row_over_tiles(
     out: &OutView,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() && w.packed && r0 + count * ROW_TILE <= w.rows {
+    if isa.avx2() && w.packed && r0 + count * ROW_TILE <= w.rows {
+        use super::{avx2, avx512};
         let nb = w.cols / QK;
         let a = act.q8_row(t, w.cols);
         let mut o = [0f32; 8 * ROW_TILE];
@@ -672,15 +673,26 @@ fn one_row_over_tiles(
             let k = (count - first).min(8);
             let tile = r0 / ROW_TILE + first;
             let o = &mut o[..k * ROW_TILE];
+            let q4 = || w.tiles::<BlockQ4_1x4>(tile, k);
+            let q8 = || w.tiles::<BlockQ8_0x4>(tile, k);
             match w.ty {
                 // SAFETY: AVX-512 paths are only produced after running the features.
-                GgmlType::Q4_1 => unsafe {
-                    super::avx512::tiles_q4_1x4_one_row(w.tiles(tile, k), nb, a, o)
+                GgmlType::Q4_1 if isa.avx512() => unsafe {
+                    avx512::tiles_q4_1x4_one_row(q4(), nb, a, o)
                 },
                 // SAFETY: as above.
-                GgmlType::Q8_0 => unsafe {
-                    super::avx512::tiles_q8_0_one_row(w.tiles(tile, k), nb, a, o)
+                GgmlType::Q8_0 if isa.avx512() => unsafe {
+                    avx512::tiles_q8_0_one_row(q8(), nb, a, o)
                 },
+                // SAFETY: AVX2 paths are only produced after detecting avx2, fma and
+                // f16c, and the AVX-VNNI one after running its `vpdpbusd`.
+                GgmlType::Q4_1 => with_dot!(isa, D => unsafe {
+                    avx2::tiles_q4_1x4_one_row::<D>(q4(), nb, a, o)
+                }),
+                // SAFETY: as above.
+                GgmlType::Q8_0 => with_dot!(isa, D => unsafe {
+                    avx2::tiles_q8_0x4_one_row::<D>(q8(), nb, a, o)
+                }),
                 _ => return false,
             }
             let base = t * w.rows + tile * ROW_TILE;

@@ -24,6 +24,33 @@
 
 #![allow(unsafe_code)]
 
+/// Generates the one-activation-row form of a four-row tile kernel over consecutive
+/// tiles: `out[4t + r] = dot(row r of tile t, a)`, `nb` blocks per tile, compiled for
+/// the kernel's features so the kernel inlines (with `D`, the AVX2 path's 8-bit dot
+/// step, where the kernel takes one). Decode's matmuls are one activation row against
+/// thousands of tiles, and a dispatch per tile cost as much as a tile's 18 blocks of
+/// work. Each tile runs the kernel's one-column arithmetic: the bits are those of the
+/// kernel called tile by tile.
+#[cfg(target_arch = "x86_64")]
+macro_rules! one_row_over_tiles {
+    ($features:literal, $name:ident $(<$d:ident>)?, $tile:ident, $blk:ty) => {
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name$(<const $d: u8>)?(w: &[$blk], nb: usize, a: &[BlockQ8], out: &mut [f32]) {
+            assert_eq!(w.len(), out.len() / 4 * nb, "a tile of blocks per four outputs");
+            for (tile, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(4)) {
+                let mut r = [[0f32; 1]; 4];
+                // SAFETY: same CPU features as this function.
+                unsafe { $tile::<$($d,)? 1>(tile, [a], &mut r) };
+                for (d, s) in o.iter_mut().zip(r) {
+                    *d = s[0];
+                }
+            }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+use one_row_over_tiles;
+
 mod attend;
 pub mod matmul;
 pub mod pool;
