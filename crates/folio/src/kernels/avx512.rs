@@ -133,9 +133,16 @@ pub unsafe fn tile_q4_1x4<const C: usize>(
 }
 
 /// Four packed Q8_0 rows × C activation rows, 4 lanes per row as `tile_q4_1x4`: the
-/// tile's first halves of four rows are one 64-byte load, its second halves another;
-/// the weights' signs move onto the activations (|w| · ±a, exact) for `vpdpbusd`, so
-/// lane 4r+k sums row r's products of weights 4k..4k+3 and 16+4k..16+4k+3.
+/// tile's first halves of four rows are one 64-byte load, its second halves another,
+/// so lane 4r+k sums row r's products of weights 4k..4k+3 and 16+4k..16+4k+3.
+///
+/// `a` is the activations offset by 128 ([`ActKind::Q8Offset`](super::matmul::ActKind)),
+/// the unsigned operand of `vpdpbusd`, against the weights as they are (signed): each
+/// lane sums (x + 128)·w, and starts from -128·Σw, made once per block from the weights
+/// (`vpdpbusd` of 0x80 bytes). The lane's integer is Σ x·w exactly, the same integer
+/// the signs-onto-activations form (|w| · ±x, two masked negations per activation
+/// block) gave, so the bits are those of that form with two fewer operations per
+/// column and block.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn tile_q8_0<const C: usize>(
@@ -145,6 +152,7 @@ pub unsafe fn tile_q8_0<const C: usize>(
 ) {
     let nb = tile_blocks(w, &a);
     let row_of = rows_of_lanes();
+    let offset = _mm512_set1_epi8(i8::MIN);
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
         prefetch(w, i + TILE_PREFETCH_BLOCKS, 3);
@@ -157,16 +165,14 @@ pub unsafe fn tile_q8_0<const C: usize>(
                 _mm_loadl_epi64(b.d.as_ptr() as *const __m128i),
             )
         };
-        let (nl, nh) = (_mm512_movepi8_mask(wl), _mm512_movepi8_mask(wh));
-        let (ul, uh) = (_mm512_abs_epi8(wl), _mm512_abs_epi8(wh));
+        let zero = _mm512_setzero_si512();
+        let lift = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, wl), offset, wh);
+        let start = _mm512_sub_epi32(zero, lift);
         let d = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(_mm_cvtph_ps(dh)));
         for c in 0..C {
             let x = &a[c][i];
             let (al, ah) = halves(x);
-            let zero = _mm512_setzero_si512();
-            let sl = _mm512_mask_sub_epi8(al, nl, zero, al);
-            let sh = _mm512_mask_sub_epi8(ah, nh, zero, ah);
-            let p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, ul, sl), uh, sh);
+            let p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, al, wl), ah, wh);
             let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
             acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[c]);
         }

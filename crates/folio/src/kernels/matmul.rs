@@ -66,6 +66,9 @@ pub enum ActKind {
     F32,
     Q8,
     Q8K,
+    /// Q8 with every value moved up by 128 into an unsigned byte (`q ^ 0x80`): the
+    /// AVX-512 Q8_0 kernel's unsigned operand (see `avx512::tile_q8_0`).
+    Q8Offset,
 }
 
 impl QMatrix {
@@ -245,6 +248,11 @@ impl QMatrix {
         &all[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
+    /// Whether `isa`'s kernel for this matrix also reads [`ActKind::Q8Offset`].
+    fn offset_activations(&self, isa: Isa) -> bool {
+        isa.avx512() && self.packed && self.ty == GgmlType::Q8_0
+    }
+
     pub fn act_kind(&self) -> ActKind {
         match self.ty {
             GgmlType::Q4_0
@@ -306,6 +314,7 @@ impl QMatrix {
             let mut o = [[0f32; 1]; 4];
             #[cfg(target_arch = "x86_64")]
             if isa.avx512() {
+                let a = [act.q8u_row(t, c)];
                 // SAFETY: AVX-512 paths are only produced after running the features.
                 unsafe { super::avx512::tile_q8_0(self.tile_q8_0(r / 4), a, &mut o) };
                 return o[r % 4][0];
@@ -433,8 +442,10 @@ pub struct Activations {
     f32: Vec<f32>,
     q8: Vec<BlockQ8>,
     q8k: Vec<BlockQ8K>,
+    q8u: Vec<BlockQ8>,
     have_q8: bool,
     have_q8k: bool,
+    have_q8u: bool,
 }
 
 impl Activations {
@@ -446,6 +457,7 @@ impl Activations {
         self.f32.extend_from_slice(&x[..n * cols]);
         self.have_q8 = false;
         self.have_q8k = false;
+        self.have_q8u = false;
     }
 
     /// Makes sure the `kind` representation exists (quantized on `isa`'s path, rows
@@ -470,6 +482,15 @@ impl Activations {
                 scalar::quantize_q8k(&self.f32, &mut self.q8k);
                 self.have_q8k = true;
             }
+            ActKind::Q8Offset if !self.have_q8u => {
+                self.ensure(pool, isa, ActKind::Q8);
+                self.q8u.clear();
+                self.q8u.extend(self.q8.iter().map(|b| BlockQ8 {
+                    qs: b.qs.map(|q| q ^ i8::MIN),
+                    ..*b
+                }));
+                self.have_q8u = true;
+            }
             _ => {}
         }
     }
@@ -480,6 +501,11 @@ impl Activations {
     fn q8_row(&self, t: usize, cols: usize) -> &[BlockQ8] {
         let nb = cols / QK;
         &self.q8[t * nb..(t + 1) * nb]
+    }
+    fn q8u_row(&self, t: usize, cols: usize) -> &[BlockQ8] {
+        assert!(self.have_q8u, "offset activations made before use");
+        let nb = cols / QK;
+        &self.q8u[t * nb..(t + 1) * nb]
     }
     fn q8k_row(&self, t: usize, cols: usize) -> &[BlockQ8K] {
         let nb = cols / QK_K;
@@ -531,6 +557,9 @@ pub fn matmul(
     }
     for (w, _) in jobs.iter() {
         act.ensure(pool, isa, w.act_kind());
+        if w.offset_activations(isa) {
+            act.ensure(pool, isa, ActKind::Q8Offset);
+        }
     }
     let act = &*act;
     let views: Vec<(&QMatrix, OutView)> = jobs
@@ -620,10 +649,11 @@ pub fn matmul(
 
 /// Runs a four-row tile kernel over activation rows `t0..n` in calls as wide as the
 /// widest width listed (the rest in one narrower call), and writes the first `real`
-/// rows' results. Every (row, column) gets the same arithmetic whatever the width.
+/// rows' results; `act.row` names the activations' row accessor the kernel reads.
+/// Every (row, column) gets the same arithmetic whatever the width.
 #[cfg(target_arch = "x86_64")]
 macro_rules! by_columns {
-    ($w:expr, $act:expr, $out:expr, $r0:expr, $real:expr, $t0:expr, $n:expr,
+    ($w:expr, $act:ident.$row:ident, $out:expr, $r0:expr, $real:expr, $t0:expr, $n:expr,
      |$a:ident, $o:ident| $call:expr, $($c:literal)*) => {{
         let widest = [$($c),*].into_iter().max().unwrap_or(1);
         let mut t = $t0;
@@ -632,7 +662,7 @@ macro_rules! by_columns {
             let mut all = [[0f32; 8]; 4];
             match k {
                 $($c => {
-                    let $a: [&[BlockQ8]; $c] = std::array::from_fn(|c| $act.q8_row(t + c, $w.cols));
+                    let $a: [&[BlockQ8]; $c] = std::array::from_fn(|c| $act.$row(t + c, $w.cols));
                     let mut $o = [[0f32; $c]; 4];
                     $call;
                     for (d, s) in all.iter_mut().zip($o) {
@@ -667,7 +697,11 @@ fn one_row_over_tiles(
     if isa.avx2() && w.packed && r0 + count * ROW_TILE <= w.rows {
         use super::{avx2, avx512};
         let nb = w.cols / QK;
-        let a = act.q8_row(t, w.cols);
+        let a = if w.offset_activations(isa) {
+            act.q8u_row(t, w.cols)
+        } else {
+            act.q8_row(t, w.cols)
+        };
         let mut o = [0f32; 8 * ROW_TILE];
         for first in (0..count).step_by(8) {
             let k = (count - first).min(8);
@@ -721,7 +755,7 @@ fn run_tile(
     if isa.avx512() && w.packed && w.ty == GgmlType::Q4_1 {
         let tile = w.tile_q4_1(r0 / 4);
         // SAFETY: AVX-512 paths are only produced after running the features.
-        by_columns!(w, act, out, r0, r1 - r0, t0, n, |a, o| unsafe {
+        by_columns!(w, act.q8_row, out, r0, r1 - r0, t0, n, |a, o| unsafe {
             super::avx512::tile_q4_1x4(tile, a, &mut o)
         }, 1 2 3 4 5 6 7 8);
         return;
@@ -731,13 +765,13 @@ fn run_tile(
         let tile = w.tile_q8_0(r0 / 4);
         if isa.avx512() {
             // SAFETY: AVX-512 paths are only produced after running the features.
-            by_columns!(w, act, out, r0, r1 - r0, t0, n, |a, o| unsafe {
+            by_columns!(w, act.q8u_row, out, r0, r1 - r0, t0, n, |a, o| unsafe {
                 super::avx512::tile_q8_0(tile, a, &mut o)
             }, 1 2 3 4 5 6 7 8);
         } else {
             // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
             // and the AVX-VNNI one after running its `vpdpbusd`.
-            with_dot!(isa, D => by_columns!(w, act, out, r0, r1 - r0, t0, n, |a, o| unsafe {
+            with_dot!(isa, D => by_columns!(w, act.q8_row, out, r0, r1 - r0, t0, n, |a, o| unsafe {
                 super::avx2::tile_q8_0x4::<D, _>(tile, a, &mut o)
             }, 1 2));
         }
