@@ -621,7 +621,7 @@ pub fn matmul(
             let (w, out) = &views[j];
             // This item's tiles of matrix j.
             let count = (tiles[j] - r0 / ROW_TILE).min(end - tile);
-            if t1 - t0 == 1 && one_row_over_tiles(isa, w, act, r0, count, t0, out) {
+            if t1 - t0 == 1 && run_tiles_one_row(isa, w, act, r0, count, t0, out) {
                 tile += count;
                 continue;
             }
@@ -684,7 +684,7 @@ macro_rules! by_columns {
 /// Activation row t against `count` whole tiles from row r0, in one kernel call where
 /// the path has a one-row form over tiles (the same bits as `run_tile` tile by tile).
 /// False, with nothing written, where it has none or the last tile holds padding rows.
-fn one_row_over_tiles(
+fn run_tiles_one_row(
     isa: Isa,
     w: &QMatrix,
     act: &Activations,

@@ -290,7 +290,7 @@ fn quantized_dot_is_close_to_the_dequantized_dot() {
 fn matmul_results_do_not_depend_on_batch_or_threads() {
     let mut rng = SplitMix64(3);
     // 70 rows: 17 whole four-row tiles, so one thread's share of a one-row matmul runs
-    // as one call over its tiles (`one_row_over_tiles`), and the last tile's padding.
+    // as one call over its tiles (`run_tiles_one_row`), and the last tile's padding.
     for ((rows, cols, n), ty) in [(22, 256, 13), (70, 256, 3)]
         .into_iter()
         .flat_map(|shape| TYPES.map(|ty| (shape, ty)))
