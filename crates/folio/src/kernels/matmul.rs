@@ -306,43 +306,16 @@ impl QMatrix {
         }
     }
 
-    /// dot(row r, activation row t) through the per-pair kernels.
+    /// dot(row r, activation row t) through the per-pair kernels. Packed Q4_1 and Q8_0
+    /// reach here on the scalar path only: `run_tile` runs every SIMD path's tile kernel.
     fn dot(&self, isa: Isa, r: usize, act: &Activations, t: usize) -> f32 {
         let c = self.cols;
-        if self.packed && self.ty == GgmlType::Q8_0 {
-            let a = [act.q8_row(t, c)];
-            let mut o = [[0f32; 1]; 4];
-            #[cfg(target_arch = "x86_64")]
-            if isa.avx512() {
-                let a = [act.q8u_row(t, c)];
-                // SAFETY: AVX-512 paths are only produced after running the features.
-                unsafe { super::avx512::tile_q8_0(self.tile_q8_0(r / 4), a, &mut o) };
-                return o[r % 4][0];
-            } else if isa.avx2() {
-                let tile = self.tile_q8_0(r / 4);
-                // SAFETY: AVX2 paths are only produced after detecting avx2, fma, f16c,
-                // and the AVX-VNNI one after running its `vpdpbusd`.
-                with_dot!(isa, D => unsafe { super::avx2::tile_q8_0x4::<D, 1>(tile, a, &mut o) });
-                return o[r % 4][0];
-            }
-            return scalar::dot_q8_0(&self.q8_0_row(r), a[0]);
-        }
         if self.packed {
-            #[cfg(target_arch = "x86_64")]
-            if isa.avx2() {
-                let (tile, a) = (self.tile_q4_1(r / 4), [act.q8_row(t, c)]);
-                let mut o = [[0f32; 1]; 4];
-                if isa.avx512() {
-                    // SAFETY: AVX-512 paths are only produced after running the features.
-                    unsafe { super::avx512::tile_q4_1x4::<1>(tile, a, &mut o) };
-                } else {
-                    // SAFETY: AVX2 paths are only produced after detecting avx2, fma,
-                    // f16c, and the AVX-VNNI one after running its `vpdpbusd`.
-                    with_dot!(isa, D => unsafe { super::avx2::tile_q4_1x4::<D, 1>(tile, a, &mut o) });
-                }
-                return o[r % 4][0];
-            }
-            return scalar::dot_q4_1(&self.q4_1_row(r), act.q8_row(t, c));
+            debug_assert!(!isa.avx2(), "packed tiles run through run_tile's kernels");
+            return match self.ty {
+                GgmlType::Q8_0 => scalar::dot_q8_0(&self.q8_0_row(r), act.q8_row(t, c)),
+                _ => scalar::dot_q4_1(&self.q4_1_row(r), act.q8_row(t, c)),
+            };
         }
         let b = self.row(r);
         #[cfg(target_arch = "x86_64")]
