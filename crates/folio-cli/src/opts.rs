@@ -39,6 +39,10 @@ pub struct ModelArgs {
     /// any prompt that begins with them.
     #[arg(long, value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
+    /// Round every matmul input to 8 bits as llama.cpp does, without folio's second
+    /// pass over the outlier blocks (which puts folio ~30% nearer the exact model).
+    #[arg(long)]
+    pub llama_arithmetic: bool,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +161,18 @@ impl ModelArgs {
 
     pub fn load(&self) -> Result<Model> {
         let path = self.path()?;
-        Model::load(&path, self.threads).with_context(|| format!("loading {}", path.display()))
+        let m = Model::load(&path, self.threads)
+            .with_context(|| format!("loading {}", path.display()))?;
+        Ok(self.arithmetic(m))
+    }
+
+    /// `model` with the arithmetic the flags ask for.
+    pub fn arithmetic(&self, model: Model) -> Model {
+        if self.llama_arithmetic {
+            model.llama_arithmetic()
+        } else {
+            model
+        }
     }
 }
 

@@ -121,6 +121,7 @@ fn load(path: &Path, args: &ModelArgs, max_batch_tokens: usize) -> Result<Engine
     warm(path).with_context(|| format!("reading {}", path.display()))?;
     let model =
         Model::load(path, args.threads).with_context(|| format!("loading {}", path.display()))?;
+    let model = args.arithmetic(model);
     let mut config = args.engine_config(&model, DEFAULT_SEQUENCES)?;
     config.max_batch_tokens = max_batch_tokens;
     Engine::new(model, config).map_err(|e| match opts::flag_error(&e) {

@@ -253,6 +253,37 @@ impl QMatrix {
         isa.avx512() && self.packed && self.ty == GgmlType::Q8_0
     }
 
+    /// A matrix of the same format whose rows are blocks `blocks` (32 columns each) of
+    /// this one's rows, in that order: the same weights, bit for bit (a block may come
+    /// twice). `None` for the formats whose blocks are not 32 wide, or a block past the
+    /// row's end.
+    pub fn block_columns(&self, blocks: &[usize]) -> Option<QMatrix> {
+        let nb = self.cols / QK;
+        if self.act_kind() != ActKind::Q8 || blocks.iter().any(|&b| b >= nb) {
+            return None;
+        }
+        let size = self.row_bytes / nb;
+        let mut bytes = Vec::with_capacity(self.rows * blocks.len() * size);
+        for r in 0..self.rows {
+            let packed: Vec<u8>;
+            let row: &[u8] = match (self.packed, self.ty) {
+                (false, _) => self.row(r),
+                (true, GgmlType::Q8_0) => {
+                    packed = bytemuck::cast_slice(&self.q8_0_row(r)).to_vec();
+                    &packed
+                }
+                (true, _) => {
+                    packed = bytemuck::cast_slice(&self.q4_1_row(r)).to_vec();
+                    &packed
+                }
+            };
+            for &b in blocks {
+                bytes.extend_from_slice(&row[b * size..(b + 1) * size]);
+            }
+        }
+        Self::new(self.ty, self.rows, blocks.len() * QK, &bytes)
+    }
+
     pub fn act_kind(&self) -> ActKind {
         match self.ty {
             GgmlType::Q4_0
@@ -273,9 +304,12 @@ impl QMatrix {
         self.rows * self.row_bytes
     }
 
-    /// Writes row `r` as f32 into `out` (`cols` long): embedding lookups.
+    /// Writes row `r` as f32 into `out`: its first `out.len()` values (at most `cols`,
+    /// whole blocks), for embedding lookups.
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
-        let out = &mut out[..self.cols];
+        let n = out.len().min(self.cols);
+        assert!(n == self.cols || (n.is_multiple_of(QK) && self.act_kind() == ActKind::Q8));
+        let out = &mut out[..n];
         if self.packed {
             return match self.ty {
                 GgmlType::Q8_0 => scalar::dequant_q8_0(&self.q8_0_row(r), out),

@@ -9,19 +9,34 @@ use super::attention::{attention_with, Heads, Scores};
 use super::config::{Activation, Config};
 use super::error::{ModelError, StepError};
 use super::ops;
+use super::outliers::{self, Outliers, Pass, Probe, Site};
 use super::step_logits::StepLogits;
 use super::weights::Weights;
 use crate::gguf::Gguf;
 use crate::kernels::{self, matmul, Activations, Isa, ThreadPool};
-use crate::kv::{Batch, KvDtype, KvStorage, Logits, PoolShape};
+use crate::kv::PageId;
+use crate::kv::{BasicCache, Batch, KvDtype, KvStorage, Logits, PoolShape, SeqStep};
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
+
+/// The text run through a model at load to find its matmul inputs' outlier blocks
+/// ([`outliers`]): prose, figures and code, as the inputs a model sees.
+const CALIBRATION: &str = "The committee met on Tuesday, 14 March, to review the budget. \
+Revenue rose 7.2% to $3.1 million, while costs fell. \"We expect growth to continue,\" \
+said the chair.\n\nfn main() {\n    let total: u64 = (1..=10).sum();\n    \
+println!(\"{total}\");\n}\n";
+
+/// The most calibration tokens run.
+const CALIBRATION_TOKENS: usize = 64;
 
 /// A loaded model: config, weights, tokenizer and the threads that run it.
 pub struct Model {
     pub config: Config,
     pub tokenizer: Tokenizer,
     weights: Weights,
+    /// The second pass over each matmul input's outlier blocks (empty: llama.cpp's
+    /// arithmetic).
+    outliers: Outliers,
     pool: ThreadPool,
     isa: Isa,
     /// The most tokens one sequence holds, as configured ([`Model::with_context`]).
@@ -70,16 +85,109 @@ impl Model {
             threads, isa = %kernels::isa(), "model loaded"
         );
         let n_ctx = config.context_length;
-        Ok(Self {
+        let model = Self {
             config,
             tokenizer,
             weights,
+            outliers: Outliers::default(),
             pool,
             isa: kernels::isa(),
             n_ctx,
             file_fingerprint: fingerprint,
         }
-        .with_context(n_ctx))
+        .with_context(n_ctx);
+        Ok(model.calibrated())
+    }
+
+    /// The model with a second pass over its matmul inputs' outlier blocks, picked by
+    /// running [`CALIBRATION`] through it (see [`outliers`]). A model whose vocabulary
+    /// cannot run the prompt keeps llama.cpp's arithmetic.
+    fn calibrated(mut self) -> Self {
+        /// Gives every matrix of an input the outlier columns, or none of them.
+        fn extend<const N: usize>(p: &Pass, ms: [&mut kernels::QMatrix; N]) -> bool {
+            let Some(wide) = ms.iter().map(|m| p.extend(m)).collect::<Option<Vec<_>>>() else {
+                return false;
+            };
+            ms.into_iter().zip(wide).for_each(|(m, w)| *m = w);
+            true
+        }
+        let mut ids = self.tokenizer.encode(CALIBRATION, true);
+        ids.truncate(CALIBRATION_TOKENS.min(self.config.context_length));
+        if ids.is_empty() {
+            return self;
+        }
+        let c = &self.config;
+        let mut kv = BasicCache::new(c.n_layers, c.kv_dim(), ids.len());
+        let n = ids.len();
+        let batch = Batch::one(SeqStep {
+            tokens: ids,
+            start: 0,
+            pages: vec![PageId(0)],
+            page_size: n,
+            logits: Logits::All,
+        });
+        if self.check(&batch, &kv).is_err() {
+            return self;
+        }
+        let rows: Vec<(usize, usize)> = (0..n).map(|p| (0, p)).collect();
+        let mut probe = Probe::new(c.n_layers);
+        self.forward_rows(
+            &mut kv,
+            &batch,
+            &rows,
+            &mut StepLogits::new(),
+            Some(&mut probe),
+        );
+        let d = c.dim;
+        let mut o8 = Outliers::default();
+        for (i, l) in self.weights.layers.iter_mut().enumerate() {
+            let k = outliers::LAYER_BLOCKS;
+            let p = Pass::new(&probe, Site::Attention(i), k, d);
+            o8.attention
+                .push(p.filter(|p| extend(p, [&mut l.wq, &mut l.wk, &mut l.wv])));
+            let p = Pass::new(&probe, Site::FeedForward(i), k, d);
+            o8.feed_forward
+                .push(p.filter(|p| extend(p, [&mut l.w_gate, &mut l.w_up])));
+        }
+        let p = Pass::new(&probe, Site::Head, outliers::HEAD_BLOCKS, d);
+        o8.head = p.filter(|p| extend(p, [self.weights.head_mut()]));
+        self.outliers = o8;
+        tracing::info!(
+            inputs = self.outliers.count(),
+            head_blocks = ?self.outliers.head.as_ref().map(Pass::blocks),
+            "second pass over the outlier blocks"
+        );
+        self
+    }
+
+    /// The same model with llama.cpp's arithmetic: no second pass over the outlier
+    /// blocks ([`outliers`]; the matrices lose their extra columns). For the tests that
+    /// hold folio to llama.cpp's numbers.
+    pub fn llama_arithmetic(mut self) -> Self {
+        let o8 = std::mem::take(&mut self.outliers);
+        let restore = |p: &Option<Pass>, ms: &mut [&mut kernels::QMatrix]| {
+            if let Some(p) = p {
+                ms.iter_mut().for_each(|m| **m = p.restore(m));
+            }
+        };
+        for ((l, a), f) in self
+            .weights
+            .layers
+            .iter_mut()
+            .zip(&o8.attention)
+            .zip(&o8.feed_forward)
+        {
+            restore(a, &mut [&mut l.wq, &mut l.wk, &mut l.wv]);
+            restore(f, &mut [&mut l.w_gate, &mut l.w_up]);
+        }
+        restore(&o8.head, &mut [self.weights.head_mut()]);
+        self
+    }
+
+    /// How many matmul inputs get the second pass over their outlier blocks (0: llama.cpp's
+    /// arithmetic).
+    pub fn outlier_passes(&self) -> usize {
+        self.outliers.count()
     }
 
     /// The same model configured for at most `n_ctx` tokens per sequence (capped at
@@ -143,15 +251,17 @@ impl Model {
     /// A fingerprint of the model file (and of the divisor set its context chose, for
     /// Phi-3's long-context RoPE: the two sets rotate K differently).
     pub fn fingerprint(&self) -> [u8; 16] {
-        let Some(lr) = &self.weights.longrope else {
+        let set: &[u8] = match &self.weights.longrope {
+            None => b"",
+            Some(lr) if lr.is_long(self.n_ctx) => b"longrope:long",
+            Some(_) => b"longrope:short",
+        };
+        let passes = self.outliers.signature();
+        if set.is_empty() && passes.is_empty() {
             return self.file_fingerprint;
-        };
-        let set: &[u8] = if lr.is_long(self.n_ctx) {
-            b"longrope:long"
-        } else {
-            b"longrope:short"
-        };
-        xxhash_rust::xxh3::xxh3_128(&[&self.file_fingerprint[..], set].concat()).to_le_bytes()
+        }
+        let all = [&self.file_fingerprint[..], set, &passes].concat();
+        xxhash_rust::xxh3::xxh3_128(&all).to_le_bytes()
     }
 
     /// The shape of a KV pool of `n_pages` pages of `page_size` tokens for this model.
@@ -197,7 +307,7 @@ impl Model {
             .enumerate()
             .flat_map(|(s, st)| (st.start..st.end()).map(move |p| (s, p)))
             .collect();
-        self.forward_rows(kv, batch, &rows, out);
+        self.forward_rows(kv, batch, &rows, out, None);
         if !out.all_finite() {
             return Err(StepError::NonFinite);
         }
@@ -243,6 +353,7 @@ impl Model {
         batch: &Batch,
         rows: &[(usize, usize)],
         out: &mut StepLogits,
+        mut probe: Option<&mut Probe>,
     ) {
         let steps = &batch.seqs;
         let c = &self.config;
@@ -280,6 +391,9 @@ impl Model {
         let mut o = vec![0f32; n * d];
         let (mut gate, mut up) = (vec![0f32; n * f], vec![0f32; n * f]);
         let mut act = Activations::default();
+        let o8 = &self.outliers;
+        // An input with its outlier blocks' residuals (`Pass::input`).
+        let mut wide = Vec::new();
 
         // Element-wise steps split their rows over the threads when there are many
         // (prefill); each row is computed the same way either way.
@@ -297,7 +411,10 @@ impl Model {
         };
         for (li, l) in w.layers.iter().enumerate() {
             norm(&x, &l.attn_norm, &mut h);
-            act.set(&h, n, d);
+            if let Some(p) = probe.as_deref_mut() {
+                p.record(Site::Attention(li), &h, d);
+            }
+            set_input(&mut act, &h, n, d, o8.attention.get(li), &mut wide);
             matmul(
                 pool,
                 self.isa,
@@ -359,7 +476,10 @@ impl Model {
             add(&mut x, &o);
 
             norm(&x, &l.ffn_norm, &mut h);
-            act.set(&h, n, d);
+            if let Some(p) = probe.as_deref_mut() {
+                p.record(Site::FeedForward(li), &h, d);
+            }
+            set_input(&mut act, &h, n, d, o8.feed_forward.get(li), &mut wide);
             matmul(
                 pool,
                 self.isa,
@@ -405,11 +525,33 @@ impl Model {
             dst.copy_from_slice(&x[r * d..(r + 1) * d]);
         }
         ops::rms_norm(&sel, &w.out_norm, c.norm_eps, &mut h[..m * d]);
-        act.set(&h, m, d);
+        if let Some(p) = probe {
+            p.record(Site::Head, &h[..m * d], d);
+        }
+        set_input(&mut act, &h, m, d, Some(&o8.head), &mut wide);
         let logits = out.data_mut();
         matmul(&self.pool, self.isa, &mut act, &mut [(w.head(), logits)]);
         if let Some(cap) = c.final_softcap {
             ops::softcap(logits, cap);
         }
+    }
+}
+
+/// Sets `act` to the `n` rows of `x` (`cols` each), followed row by row by their
+/// outlier blocks' residuals where the input has a pass (built in `wide`).
+fn set_input(
+    act: &mut Activations,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    pass: Option<&Option<Pass>>,
+    wide: &mut Vec<f32>,
+) {
+    match pass.and_then(Option::as_ref) {
+        Some(p) => {
+            p.input(&x[..n * cols], wide);
+            act.set(wide, n, p.width());
+        }
+        None => act.set(x, n, cols),
     }
 }

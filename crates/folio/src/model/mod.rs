@@ -8,6 +8,7 @@ mod config;
 mod error;
 mod llama;
 mod ops;
+mod outliers;
 mod rope;
 pub mod sampler;
 mod step_logits;

@@ -135,6 +135,12 @@ impl Weights {
         self.output.as_ref().unwrap_or(&self.embed)
     }
 
+    /// The output head, to change (a tied head is the embedding: its lookups read
+    /// each row's first `dim` values, whatever columns follow them).
+    pub fn head_mut(&mut self) -> &mut QMatrix {
+        self.output.as_mut().unwrap_or(&mut self.embed)
+    }
+
     /// Bytes of weights read by one decode step.
     pub fn bytes_per_token(&self) -> usize {
         let per_layer: usize = self

@@ -8,6 +8,10 @@
 //! apart). Other paths sum in other orders, which the 8-bit rounding of every matmul
 //! input turns into ~0.08 nats, as between llama.cpp's own AVX2 and AVX-512 builds:
 //! their distance is reported here, and held to the exact model in `fidelity_f64.rs`.
+//!
+//! The models here run llama.cpp's arithmetic ([`Model::llama_arithmetic`]: without
+//! the second pass over the outlier blocks, which moves folio toward the exact model
+//! and so away from llama.cpp).
 
 use crate::common;
 
@@ -24,6 +28,7 @@ fn model() -> &'static Model {
     M.get_or_init(|| {
         Model::load(&common::model_path(), 0)
             .expect("load the default model")
+            .llama_arithmetic()
             .with_isa(Isa::Avx2)
     })
 }
@@ -166,6 +171,7 @@ fn report_distance_to_llama_cpp_on_the_other_paths() {
     for isa in runnable_isas().into_iter().filter(|&i| i > Isa::AvxVnni) {
         let m = Model::load(&common::model_path(), 0)
             .expect("load the default model")
+            .llama_arithmetic()
             .with_isa(isa);
         let f = compare(&m, "llama_cpp.json");
         eprintln!(

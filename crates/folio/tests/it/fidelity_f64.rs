@@ -31,6 +31,8 @@ const SCALAR_CASES: [&str; 3] = ["short", "digits", "chat"];
 struct Distance {
     mean: f64,
     max: f64,
+    /// Where the largest |Δ| is (case@position).
+    max_at: String,
     values: usize,
     positions: usize,
     /// Positions whose top token is not the exact model's, with the exact model's gap
@@ -45,6 +47,7 @@ struct Distance {
 /// measures |folio's logprob - the exact model's| over the exact model's top-5.
 fn distance(m: &Model, cases: &[&Value], greedy: bool) -> Distance {
     let (mut sum, mut max, mut values, mut positions) = (0f64, 0f64, 0, 0);
+    let mut max_at = String::new();
     let mut top_differs = Vec::new();
     let mut greedy_same = 0;
     for case in cases {
@@ -53,7 +56,10 @@ fn distance(m: &Model, cases: &[&Value], greedy: bool) -> Distance {
         common::teacher_forced(m, case, |i, row, top, diffs| {
             for &d in diffs {
                 sum += d;
-                max = max.max(d);
+                if d > max {
+                    max = d;
+                    max_at = format!("{name}@{i}");
+                }
                 values += 1;
             }
             positions += 1;
@@ -81,6 +87,7 @@ fn distance(m: &Model, cases: &[&Value], greedy: bool) -> Distance {
     Distance {
         mean: sum / values as f64,
         max,
+        max_at,
         values,
         positions,
         top_differs,
@@ -193,13 +200,14 @@ fn teacher_forced_logprobs_no_farther_from_exact_model_than_llama_cpp() {
             llama_range(builds, &names, Bound::Max);
         let worst_gap = d.top_differs.iter().map(|x| x.1).fold(0f64, f64::max);
         let line = format!(
-            "folio on {isa}{subset}: top-5 logprob |Δ| mean {:.4} max {:.4} \
+            "folio on {isa}{subset}: top-5 logprob |Δ| mean {:.4} max {:.4} (at {}) \
              over {} values ({} positions, {} cases); top token differs at {} positions \
              (exact model's top-two gap there ≤ {:.3}); free-running greedy as exact {}; {:.1}s. \
              llama.cpp on these cases: mean {near_mean:.4} ({near_mean_build}) to {:.4} \
              ({mean_build}), max {near_max:.4} ({near_max_build}) to {:.4} ({max_build})",
             d.mean,
             d.max,
+            d.max_at,
             d.values,
             d.positions,
             d.cases,

@@ -18,6 +18,7 @@ mod gguf_errors;
 mod grammar;
 mod kv_props;
 mod layering;
+mod outliers;
 mod paged;
 mod quant_reference;
 mod sliding_window;
