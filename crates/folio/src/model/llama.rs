@@ -14,8 +14,7 @@ use super::step_logits::StepLogits;
 use super::weights::Weights;
 use crate::gguf::Gguf;
 use crate::kernels::{self, matmul, Activations, Isa, ThreadPool};
-use crate::kv::PageId;
-use crate::kv::{BasicCache, Batch, KvDtype, KvStorage, Logits, PoolShape, SeqStep};
+use crate::kv::{BasicCache, Batch, KvDtype, KvStorage, Logits, PageId, PoolShape, SeqStep};
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 
