@@ -141,14 +141,14 @@ impl Model {
         let mut o8 = Outliers::default();
         for (i, l) in self.weights.layers.iter_mut().enumerate() {
             let k = outliers::LAYER_BLOCKS;
-            let p = Pass::new(&probe, Site::Attention(i), k, d);
+            let p = Pass::new(&mut probe, Site::Attention(i), k, d);
             o8.attention
                 .push(p.filter(|p| extend(p, [&mut l.wq, &mut l.wk, &mut l.wv])));
-            let p = Pass::new(&probe, Site::FeedForward(i), k, d);
+            let p = Pass::new(&mut probe, Site::FeedForward(i), k, d);
             o8.feed_forward
                 .push(p.filter(|p| extend(p, [&mut l.w_gate, &mut l.w_up])));
         }
-        let p = Pass::new(&probe, Site::Head, outliers::HEAD_BLOCKS, d);
+        let p = Pass::new(&mut probe, Site::Head, outliers::HEAD_BLOCKS, d);
         o8.head = p.filter(|p| extend(p, [self.weights.head_mut()]));
         self.outliers = o8;
         tracing::info!(

@@ -68,21 +68,18 @@ impl Probe {
         }
     }
 
-    fn sums(&self, site: Site) -> &[f64] {
+    /// `site`'s sums.
+    fn sums(&mut self, site: Site) -> &mut Vec<f64> {
         match site {
-            Site::Attention(l) => &self.layers[l][0],
-            Site::FeedForward(l) => &self.layers[l][1],
-            Site::Head => &self.head,
+            Site::Attention(l) => &mut self.layers[l][0],
+            Site::FeedForward(l) => &mut self.layers[l][1],
+            Site::Head => &mut self.head,
         }
     }
 
     /// Adds the rows of `x` (`cols` each) seen at `site`.
     pub fn record(&mut self, site: Site, x: &[f32], cols: usize) {
-        let sums = match site {
-            Site::Attention(l) => &mut self.layers[l][0],
-            Site::FeedForward(l) => &mut self.layers[l][1],
-            Site::Head => &mut self.head,
-        };
+        let sums = self.sums(site);
         sums.resize(cols / QK, 0.0);
         for row in x.chunks_exact(cols) {
             for (s, b) in sums.iter_mut().zip(row.chunks_exact(QK)) {
@@ -94,8 +91,8 @@ impl Probe {
 
     /// The `k` blocks of `site` with the largest sums, in ascending order (ties: the
     /// lower block).
-    fn top(&self, site: Site, k: usize) -> Vec<usize> {
-        let sums = self.sums(site);
+    fn top(&mut self, site: Site, k: usize) -> Vec<usize> {
+        let sums = &*self.sums(site);
         let mut order: Vec<usize> = (0..sums.len()).collect();
         order.sort_by(|&a, &b| sums[b].total_cmp(&sums[a]).then(a.cmp(&b)));
         order.truncate(k);
@@ -113,7 +110,7 @@ pub struct Pass {
 impl Pass {
     /// The pass over `site`'s top `k` blocks of its `cols`-wide input (`None` where
     /// there is none to pick).
-    pub fn new(probe: &Probe, site: Site, k: usize, cols: usize) -> Option<Self> {
+    pub fn new(probe: &mut Probe, site: Site, k: usize, cols: usize) -> Option<Self> {
         let blocks = probe.top(site, k);
         (!blocks.is_empty()).then_some(Self { cols, blocks })
     }
