@@ -74,9 +74,14 @@ try:
     assert "held by ctx-" in info, info
     ok(f"page map changed: {driver.execute_script(held_js)} cells not free (was {before}), {states}; {info!r}")
 
-    tree = wait(lambda: driver.find_elements(By.CSS_SELECTOR, "#treebody .node"), "the context tree")
-    fork = [b for b in tree[0].find_elements(By.TAG_NAME, "button") if b.text == "fork"][0]
-    fork.click()
+    def click_fork():
+        # Found and clicked in one try: the tree is redrawn when a context changes,
+        # and a button from an earlier drawing is stale (the try is then repeated).
+        node = driver.find_elements(By.CSS_SELECTOR, "#treebody .node")[0]
+        [b for b in node.find_elements(By.TAG_NAME, "button") if b.text == "fork"][0].click()
+        return True
+
+    wait(click_fork, "the context tree's fork button")
     wait(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#treebody li li .node")) >= 1, "the fork drawn as a branch")
     ok("forked from the tree: the fork hangs under its parent")
     wait(lambda: driver.find_elements(By.CSS_SELECTOR, "#pool .cell.shared"), "shared pages marked")
