@@ -30,7 +30,9 @@ fn main() {
     for name in ["token_embd.weight", "blk.0.ffn_up.weight"] {
         let t = g.tensor(name).expect("a tensor of the default model");
         let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
-        let w = QMatrix::new(t.ty, rows, cols, g.tensor_bytes(t)).expect("a supported type");
+        let w = QMatrix::new(t.ty, rows, cols, g.tensor_bytes(t))
+            .expect("a supported type")
+            .for_isa(isa);
         let mut rng = SplitMix64(5);
         for n in [1usize, 16, 512] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32()).collect();

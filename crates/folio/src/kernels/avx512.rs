@@ -1,23 +1,30 @@
 //! AVX-512 (F, BW, VL, VNNI) matmul kernels, chosen at run time when the CPU runs them
-//! (see `detect.rs`; the path's other kernels are the AVX2 ones).
+//! (see `detect.rs`; the path's other kernels are the AVX2 ones), over tiles of sixteen
+//! rows, one 32-bit lane per row ([`BlockQ4_1x16`], [`BlockQ8_0x16`]: the layout
+//! `QMatrix` takes for this path; a matrix in the four-row layout runs the AVX2
+//! kernels, with EVEX `vpdpbusd`, and gets their bits).
 //!
-//! `vpdpbusd` multiplies unsigned by signed bytes and sums four products into each
-//! 32-bit lane in one instruction: exact integer sums, where AVX2 needs two
-//! instructions (`maddubs`, `madd`). Then, per 32-weight block, the lanes go to float
-//! and are scaled.
-//! - Q4_1 (`tile_q4_1x4`, the default model's format) puts four rows in one vector, 4
-//!   lanes per row, each lane summing 8 products (4 of the low nibbles, 4 of the high):
-//!   half the float work of 8 lanes per row. (A variant that kept the AVX2 lanes, and
-//!   so llama.cpp's AVX2 bits, prefilled at 0.83x of this one on a Zen 4: pp512
-//!   595-636 tok/s against 715-770.)
-//! - Q8_0 (`tile_q8_0`, the default model's output head) the same way, from tiles
-//!   packed at load with four rows' first halves together and their second halves
-//!   together. (The variant with AVX2's lanes and bits, on GGUF rows, decoded 16
-//!   sequences at 518-526 tok/s against 529-618.)
+//! Lane r of a weight vector holds four consecutive weights of row r as unsigned bytes,
+//! and the activations' matching four bytes are broadcast to every lane (a load, no
+//! shuffle), so one `vpdpbusd` adds four products to each of sixteen rows, and eight of
+//! them sum a whole 32-weight block in integers, exactly. The float work (convert, scale,
+//! accumulate) is then done once per block for sixteen rows. This path's kernels before
+//! (four rows per vector, four lanes per row, on four-row tiles) did it for every four
+//! rows: 24 vector operations per 512 multiply-adds of Q4_1 there, 12 here (and the
+//! nibble split, once per block for all the activation rows of a call). On a 2-core
+//! Emerald Rapids, alternated: pp512 627-711 → 762-960 tok/s (`folio bench`), batched
+//! decode of 16 sequences 494-532 → 545-666.
 //!
-//! Their bits differ from the AVX2 path's by summation order only; every (row, column)
-//! gets the same instructions whatever the tile width, so batch invariance holds on
-//! this path as on the others.
+//! Per row, per block, in block order (the scalar twins `scalar::dot_q4_1_rows16` and
+//! `scalar::dot_q8_0_rows16` are the same arithmetic):
+//! - Q4_1: `acc = fma(d·d_x, Σ q·x, acc)` and, apart, `macc = fma(m, s_x, macc)`; the
+//!   result is `acc + macc`.
+//! - Q8_0: `acc = fma(d·d_x, Σ q·x, acc)`. The weights are stored offset by 128 (the
+//!   unsigned operand); the integer sum starts from -128·Σx, the activation block's sum
+//!   ([`ActKind::Q8Sums`](super::matmul::ActKind)), so it is Σ q·x exactly.
+//!
+//! Every activation row gets the same instructions whatever the tile width, so batch
+//! invariance holds.
 //!
 //! Every function here is `unsafe` only because it is compiled for CPU features the
 //! caller must have checked; slices are indexed with bounds checks.
@@ -42,159 +49,150 @@ pub unsafe fn probe() {
     }
 }
 
-/// Lane l of a 16-lane vector belongs to row l / 4: the index vector that spreads four
-/// rows' scales over their lanes.
+/// Activation block `x`'s four bytes `4k..4k+4`, broadcast to every lane.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn rows_of_lanes() -> __m512i {
-    _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+fn dword(x: &BlockQ8, k: usize) -> __m512i {
+    let q: [u8; 4] = std::array::from_fn(|j| x.qs[4 * k + j] as u8);
+    _mm512_set1_epi32(i32::from_le_bytes(q))
 }
 
-/// An activation block's first and last 16 values, each broadcast to all four rows.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn halves(x: &BlockQ8) -> (__m512i, __m512i) {
-    let q = x.qs.as_ptr() as *const __m128i;
-    // SAFETY: `qs` is 32 readable bytes: two 16-byte loads.
-    unsafe {
-        (
-            _mm512_broadcast_i32x4(_mm_loadu_si128(q)),
-            _mm512_broadcast_i32x4(_mm_loadu_si128(q.add(1))),
-        )
-    }
-}
-
-/// Each row's sum of its four lanes (lanes 4r..4r+4), in one fixed order.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn row_sums(acc: __m512) -> [f32; 4] {
-    let mut v = [0f32; 16];
-    // SAFETY: `v` is 16 floats.
-    unsafe { _mm512_storeu_ps(v.as_mut_ptr(), acc) };
-    std::array::from_fn(|r| {
-        let l = &v[4 * r..4 * r + 4];
-        (l[0] + l[2]) + (l[1] + l[3])
-    })
-}
-
-/// Four packed Q4_1 rows × C activation rows: `out[r][c] = dot(row r, a[c])`.
-///
-/// The tile's 64 nibble bytes (16 per row) load as one vector, split into low and high
-/// nibbles; each activation block's halves are broadcast to the four rows' lanes. Lane
-/// 4r+k then holds row r's products of weights 4k..4k+3 and 16+4k..16+4k+3, scaled by
-/// d_r·d_x and accumulated over blocks; the min terms m_r·s_x accumulate as in the AVX2
-/// kernel. The four lanes of a row are summed in a fixed order at the end.
+/// Sixteen packed Q4_1 rows × C activation rows: `out[c][r] = dot(row r, a[c])`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile_q4_1x4<const C: usize>(
-    w: &[BlockQ4_1x4],
+pub unsafe fn tile_q4_1x16<const C: usize>(
+    w: &[BlockQ4_1x16],
     a: [&[BlockQ8]; C],
-    out: &mut [[f32; C]; 4],
+    out: &mut [[f32; 16]; C],
 ) {
     let nb = tile_blocks(w, &a);
     let low4 = _mm512_set1_epi8(0x0F);
-    let row_of = rows_of_lanes();
     let mut acc = [_mm512_setzero_ps(); C];
-    let mut macc = [_mm256_setzero_ps(); C];
     for i in 0..nb {
-        prefetch(w, i + TILE_PREFETCH_BLOCKS, 2);
+        prefetch(w, i + TILE_PREFETCH_BLOCKS / 4, 5);
         let b = &w[i];
-        // SAFETY: `dm` is 8 halves (16 bytes); `qs` is 4 × 16 contiguous bytes.
-        let (dm, raw) = unsafe {
+        // SAFETY: `d` is 16 halves (32 bytes); `qs` is 4 × 64 bytes.
+        let (d, raw) = unsafe {
             (
-                _mm256_cvtph_ps(_mm_loadu_si128(b.dm.as_ptr() as *const __m128i)),
-                _mm512_loadu_si512(b.qs.as_ptr() as *const __m512i),
+                _mm512_cvtph_ps(_mm256_loadu_si256(b.d.as_ptr() as *const __m256i)),
+                std::array::from_fn::<_, 4, _>(|j| {
+                    _mm512_loadu_si512(b.qs[j].as_ptr() as *const __m512i)
+                }),
             )
         };
-        let d = _mm512_permutexvar_ps(row_of, _mm512_castps256_ps512(dm));
-        let wl = _mm512_and_si512(raw, low4);
-        let wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        // Weights 4j..4j+4 of each row (low nibbles), then 16+4j.. (high).
+        let q: [__m512i; 8] = std::array::from_fn(|k| {
+            if k < 4 {
+                _mm512_and_si512(raw[k], low4)
+            } else {
+                _mm512_and_si512(_mm512_srli_epi16(raw[k - 4], 4), low4)
+            }
+        });
         for c in 0..C {
             let x = &a[c][i];
-            let (al, ah) = halves(x);
-            let p =
-                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, al), wh, ah);
+            let mut p = _mm512_setzero_si512();
+            for (k, &qk) in q.iter().enumerate() {
+                p = _mm512_dpbusd_epi32(p, qk, dword(x, k));
+            }
             let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
             acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[c]);
-            // Lanes 4..7: fma(m_r, s_x, acc), the min terms.
-            macc[c] = _mm256_fmadd_ps(dm, _mm256_set1_ps(x.s), macc[c]);
+        }
+    }
+    // The min terms in their own sums, added at the end (as llama.cpp's kernels keep
+    // them), in a second pass over the tile (now in L1): beside the first pass's eight
+    // weight vectors, C more accumulators would not fit in the registers.
+    let mut macc = [_mm512_setzero_ps(); C];
+    for (i, b) in w[..nb].iter().enumerate() {
+        // SAFETY: `m` is 16 halves (32 bytes).
+        let m = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(b.m.as_ptr() as *const __m256i)) };
+        for c in 0..C {
+            macc[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[c][i].s), macc[c]);
         }
     }
     for c in 0..C {
-        let mut m = [0f32; 8];
-        // SAFETY: `m` is 8 floats.
-        unsafe { _mm256_storeu_ps(m.as_mut_ptr(), macc[c]) };
-        // SAFETY: same CPU features as this function.
-        let sums = unsafe { row_sums(acc[c]) };
-        for (r, row) in out.iter_mut().enumerate() {
-            row[c] = sums[r] + m[4 + r];
-        }
+        // SAFETY: `out[c]` is 16 floats.
+        unsafe { _mm512_storeu_ps(out[c].as_mut_ptr(), _mm512_add_ps(acc[c], macc[c])) };
     }
 }
 
-/// Four packed Q8_0 rows × C activation rows, 4 lanes per row as `tile_q4_1x4`: the
-/// tile's first halves of four rows are one 64-byte load, its second halves another,
-/// so lane 4r+k sums row r's products of weights 4k..4k+3 and 16+4k..16+4k+3.
-///
-/// `a` is the activations offset by 128 ([`ActKind::Q8Offset`](super::matmul::ActKind)),
-/// the unsigned operand of `vpdpbusd`, against the weights as they are (signed): each
-/// lane sums (x + 128)·w, and starts from -128·Σw, made once per block from the weights
-/// (`vpdpbusd` of 0x80 bytes). The lane's integer is Σ x·w exactly, the same integer
-/// the signs-onto-activations form (|w| · ±x, two masked negations per activation
-/// block) gave, so the bits are those of that form with two fewer operations per
-/// column and block.
+/// Sixteen packed Q8_0 rows (offset by 128) × C activation rows: `out[c][r] = dot(row
+/// r, a[c])`; `sums[c]` holds -128·Σx of each of `a[c]`'s blocks.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile_q8_0<const C: usize>(
-    w: &[BlockQ8_0x4],
+pub unsafe fn tile_q8_0x16<const C: usize>(
+    w: &[BlockQ8_0x16],
     a: [&[BlockQ8]; C],
-    out: &mut [[f32; C]; 4],
+    sums: [&[i32]; C],
+    out: &mut [[f32; 16]; C],
 ) {
     let nb = tile_blocks(w, &a);
-    let row_of = rows_of_lanes();
-    let offset = _mm512_set1_epi8(i8::MIN);
+    assert!(sums.iter().all(|s| s.len() == nb));
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
-        prefetch(w, i + TILE_PREFETCH_BLOCKS, 3);
+        prefetch(w, i + TILE_PREFETCH_BLOCKS / 4, 9);
         let b = &w[i];
-        // SAFETY: `qs` is 8 × 16 contiguous bytes, `d` 4 halves (8 bytes).
-        let (wl, wh, dh) = unsafe {
+        // SAFETY: `d` is 16 halves (32 bytes); `qs` is 8 × 64 bytes.
+        let (d, q) = unsafe {
             (
-                _mm512_loadu_si512(b.qs.as_ptr() as *const __m512i),
-                _mm512_loadu_si512(b.qs[4].as_ptr() as *const __m512i),
-                _mm_loadl_epi64(b.d.as_ptr() as *const __m128i),
+                _mm512_cvtph_ps(_mm256_loadu_si256(b.d.as_ptr() as *const __m256i)),
+                std::array::from_fn::<_, 8, _>(|k| {
+                    _mm512_loadu_si512(b.qs[k].as_ptr() as *const __m512i)
+                }),
             )
         };
-        let zero = _mm512_setzero_si512();
-        let lift = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, wl), offset, wh);
-        let start = _mm512_sub_epi32(zero, lift);
-        let d = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(_mm_cvtph_ps(dh)));
         for c in 0..C {
             let x = &a[c][i];
-            let (al, ah) = halves(x);
-            let p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, al, wl), ah, wh);
+            let mut p = _mm512_set1_epi32(sums[c][i]);
+            for (k, &qk) in q.iter().enumerate() {
+                p = _mm512_dpbusd_epi32(p, qk, dword(x, k));
+            }
             let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
             acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[c]);
         }
     }
     for c in 0..C {
-        // SAFETY: same CPU features as this function.
-        let sums = unsafe { row_sums(acc[c]) };
-        for (r, row) in out.iter_mut().enumerate() {
-            row[c] = sums[r];
-        }
+        // SAFETY: `out[c]` is 16 floats.
+        unsafe { _mm512_storeu_ps(out[c].as_mut_ptr(), acc[c]) };
     }
 }
 
-super::one_row_over_tiles!(
-    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
-    tiles_q4_1x4_one_row,
-    tile_q4_1x4,
-    BlockQ4_1x4
-);
-super::one_row_over_tiles!(
-    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
-    tiles_q8_0_one_row,
-    tile_q8_0,
-    BlockQ8_0x4
-);
+/// One activation row against consecutive Q4_1 tiles of `nb` blocks each:
+/// `out[16t + r] = dot(row r of tile t, a)`, each tile by `tile_q4_1x16`'s arithmetic
+/// (looped here, compiled for the kernel's features, so the kernel inlines: decode's
+/// matmuls are one row against thousands of tiles).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tiles_q4_1x16_one_row(w: &[BlockQ4_1x16], nb: usize, a: &[BlockQ8], out: &mut [f32]) {
+    assert_eq!(
+        w.len(),
+        out.len() / 16 * nb,
+        "a tile of blocks per 16 outputs"
+    );
+    for (tile, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(16)) {
+        let mut r = [[0f32; 16]; 1];
+        // SAFETY: same CPU features as this function.
+        unsafe { tile_q4_1x16::<1>(tile, [a], &mut r) };
+        o.copy_from_slice(&r[0]);
+    }
+}
+
+/// [`tiles_q4_1x16_one_row`] for Q8_0 tiles; `sums` as in [`tile_q8_0x16`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tiles_q8_0x16_one_row(
+    w: &[BlockQ8_0x16],
+    nb: usize,
+    a: &[BlockQ8],
+    sums: &[i32],
+    out: &mut [f32],
+) {
+    assert_eq!(
+        w.len(),
+        out.len() / 16 * nb,
+        "a tile of blocks per 16 outputs"
+    );
+    for (tile, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(16)) {
+        let mut r = [[0f32; 16]; 1];
+        // SAFETY: same CPU features as this function.
+        unsafe { tile_q8_0x16::<1>(tile, [a], [sums], &mut r) };
+        o.copy_from_slice(&r[0]);
+    }
+}

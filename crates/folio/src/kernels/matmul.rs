@@ -36,16 +36,29 @@ macro_rules! with_dot {
 /// file into 8-byte-aligned memory at load time.
 ///
 /// NOTE: Q4_1 (the default model's type) and Q8_0 (its output head) are repacked at load
-/// into tiles of four rows ([`BlockQ4_1x4`], [`BlockQ8_0x4`]), tile-major, so a 4-row
-/// kernel reads one stream; rows past the last multiple of four are zero padding. Every
-/// other type keeps GGUF's row-major blocks.
+/// into tiles of rows, tile-major, so a tile kernel reads one stream ([`Layout`]); rows
+/// past the last whole tile are zero padding. Every other type keeps GGUF's row-major
+/// blocks.
 pub struct QMatrix {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     row_bytes: usize,
-    packed: bool,
+    layout: Layout,
     data: Vec<u64>,
+}
+
+/// How a matrix's blocks lie in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// GGUF's rows of blocks.
+    Rows,
+    /// Q4_1 and Q8_0 in tiles of four rows ([`BlockQ4_1x4`], [`BlockQ8_0x4`]): the
+    /// scalar, AVX2 and AVX-VNNI kernels' layout, and what [`QMatrix::new`] makes.
+    Tiles4,
+    /// Q4_1 and Q8_0 in tiles of sixteen rows, one lane per row ([`BlockQ4_1x16`],
+    /// [`BlockQ8_0x16`]): the AVX-512 kernels' layout ([`QMatrix::for_isa`]).
+    Tiles16,
 }
 
 /// A zeroed buffer of `n` words for weights, asked to be backed by 2 MiB pages before
@@ -60,15 +73,25 @@ fn weight_buffer(n: usize) -> Vec<u64> {
     v
 }
 
+impl Layout {
+    /// Rows per tile (the threaded matmul splits work by tiles; `Rows` by four rows).
+    fn tile_rows(self) -> usize {
+        match self {
+            Layout::Tiles16 => 16,
+            _ => 4,
+        }
+    }
+}
+
 /// Which activation format a weight type's dot product consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActKind {
     F32,
     Q8,
     Q8K,
-    /// Q8 with every value moved up by 128 into an unsigned byte (`q ^ 0x80`): the
-    /// AVX-512 Q8_0 kernel's unsigned operand (see `avx512::tile_q8_0`).
-    Q8Offset,
+    /// Q8 and each block's -128·Σq: the AVX-512 Q8_0 kernel's start (see
+    /// `avx512::tile_q8_0x16`, whose weights are offset by 128).
+    Q8Sums,
 }
 
 impl QMatrix {
@@ -116,16 +139,18 @@ impl QMatrix {
             rows,
             cols,
             row_bytes,
-            packed: false,
+            layout: Layout::Rows,
             data,
         })
     }
 
-    /// Packs GGUF rows of blocks `B` into 4-row tiles `T`, tile-major: `put(tile, r % 4,
-    /// block)` stores one row's block into its tile. Rows past the last multiple of four
-    /// stay zero.
+    /// Packs GGUF rows of blocks `B` into tiles `T` of `layout`'s rows, tile-major:
+    /// `put(tile, r % tile rows, block)` stores one row's block into its tile. Rows past
+    /// the last whole tile stay zero.
+    #[allow(clippy::too_many_arguments)]
     fn pack<B: bytemuck::Pod, T: bytemuck::Pod>(
         ty: GgmlType,
+        layout: Layout,
         rows: usize,
         cols: usize,
         row_bytes: usize,
@@ -134,7 +159,8 @@ impl QMatrix {
     ) -> Self {
         let nb = cols / QK;
         let size = std::mem::size_of::<T>();
-        let len = rows.div_ceil(4) * nb * size;
+        let tr = layout.tile_rows();
+        let len = rows.div_ceil(tr) * nb * size;
         let mut data = weight_buffer(len.div_ceil(8));
         let packed: &mut [T] =
             bytemuck::cast_slice_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len]);
@@ -142,8 +168,8 @@ impl QMatrix {
             let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
             for (b, raw) in row.chunks_exact(std::mem::size_of::<B>()).enumerate() {
                 put(
-                    &mut packed[(r / 4) * nb + b],
-                    r % 4,
+                    &mut packed[(r / tr) * nb + b],
+                    r % tr,
                     bytemuck::pod_read_unaligned(raw),
                 );
             }
@@ -153,7 +179,7 @@ impl QMatrix {
             rows,
             cols,
             row_bytes,
-            packed: true,
+            layout,
             data,
         }
     }
@@ -164,7 +190,15 @@ impl QMatrix {
             t.dm[4 + k] = blk.m;
             t.qs[k] = blk.qs;
         };
-        Self::pack(GgmlType::Q4_1, rows, cols, row_bytes, bytes, put)
+        Self::pack(
+            GgmlType::Q4_1,
+            Layout::Tiles4,
+            rows,
+            cols,
+            row_bytes,
+            bytes,
+            put,
+        )
     }
 
     fn pack_q8_0(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
@@ -173,10 +207,124 @@ impl QMatrix {
             t.qs[k].copy_from_slice(&blk.qs[..QK / 2]);
             t.qs[4 + k].copy_from_slice(&blk.qs[QK / 2..]);
         };
-        Self::pack(GgmlType::Q8_0, rows, cols, row_bytes, bytes, put)
+        Self::pack(
+            GgmlType::Q8_0,
+            Layout::Tiles4,
+            rows,
+            cols,
+            row_bytes,
+            bytes,
+            put,
+        )
     }
 
-    /// The packed tile holding rows 4t..4t+4, as blocks of type `T` (the packed format).
+    fn pack_q4_1x16(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
+        let put = |t: &mut BlockQ4_1x16, r: usize, blk: BlockQ4_1| {
+            t.d[r] = blk.d;
+            t.m[r] = blk.m;
+            for (j, q) in t.qs.iter_mut().enumerate() {
+                q[4 * r..4 * r + 4].copy_from_slice(&blk.qs[4 * j..4 * j + 4]);
+            }
+        };
+        Self::pack(
+            GgmlType::Q4_1,
+            Layout::Tiles16,
+            rows,
+            cols,
+            row_bytes,
+            bytes,
+            put,
+        )
+    }
+
+    fn pack_q8_0x16(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
+        let put = |t: &mut BlockQ8_0x16, r: usize, blk: BlockQ8_0| {
+            t.d[r] = blk.d;
+            for (k, q) in t.qs.iter_mut().enumerate() {
+                for j in 0..4 {
+                    q[4 * r + j] = (blk.qs[4 * k + j] as u8) ^ 0x80;
+                }
+            }
+        };
+        Self::pack(
+            GgmlType::Q8_0,
+            Layout::Tiles16,
+            rows,
+            cols,
+            row_bytes,
+            bytes,
+            put,
+        )
+    }
+
+    /// The layout `isa`'s kernels read for a matrix of type `ty`.
+    pub fn layout_for(isa: Isa, ty: GgmlType) -> Layout {
+        match ty {
+            GgmlType::Q4_1 | GgmlType::Q8_0 if isa.avx512() => Layout::Tiles16,
+            GgmlType::Q4_1 | GgmlType::Q8_0 => Layout::Tiles4,
+            _ => Layout::Rows,
+        }
+    }
+
+    /// This matrix's layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The same weights in the layout `isa`'s kernels read (every path computes with
+    /// every layout; the others' fall back to slower kernels).
+    pub fn for_isa(self, isa: Isa) -> Self {
+        let layout = Self::layout_for(isa, self.ty);
+        self.with_layout(layout)
+    }
+
+    /// [`QMatrix::for_isa`] in place.
+    pub fn lay_out_for(&mut self, isa: Isa) {
+        let empty = Self {
+            ty: self.ty,
+            rows: 0,
+            cols: 0,
+            row_bytes: 0,
+            layout: Layout::Rows,
+            data: Vec::new(),
+        };
+        *self = std::mem::replace(self, empty).for_isa(isa);
+    }
+
+    /// The same weights, bit for bit, in `layout` (`Rows` for Q4_1 and Q8_0, or a tile
+    /// layout for another type, is not made: the matrix comes back as it is).
+    pub fn with_layout(self, layout: Layout) -> Self {
+        if layout == self.layout || Self::layout_for(Isa::Avx512, self.ty) != Layout::Tiles16 {
+            return self;
+        }
+        let bytes = self.gguf_bytes();
+        let (ty, rows, cols, rb) = (self.ty, self.rows, self.cols, self.row_bytes);
+        match (layout, ty) {
+            (Layout::Tiles16, GgmlType::Q4_1) => Self::pack_q4_1x16(rows, cols, rb, &bytes),
+            (Layout::Tiles16, _) => Self::pack_q8_0x16(rows, cols, rb, &bytes),
+            (Layout::Tiles4, GgmlType::Q4_1) => Self::pack_q4_1(rows, cols, rb, &bytes),
+            (Layout::Tiles4, _) => Self::pack_q8_0(rows, cols, rb, &bytes),
+            (Layout::Rows, _) => self,
+        }
+    }
+
+    /// Every row as GGUF stores it, one after another.
+    pub(crate) fn gguf_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.rows * self.row_bytes);
+        for r in 0..self.rows {
+            match (self.layout, self.ty) {
+                (Layout::Rows, _) => out.extend_from_slice(self.row(r)),
+                (_, GgmlType::Q8_0) => {
+                    out.extend_from_slice(bytemuck::cast_slice(&self.q8_0_row(r)))
+                }
+                _ => out.extend_from_slice(bytemuck::cast_slice(&self.q4_1_row(r))),
+            }
+        }
+        out
+    }
+
+    /// The packed tile t (rows from t × tile rows), as blocks of type `T` (the packed
+    /// format).
     fn tile<T: bytemuck::Pod>(&self, t: usize) -> &[T] {
         self.tiles(t, 1)
     }
@@ -201,6 +349,17 @@ impl QMatrix {
 
     /// Row r of a packed Q8_0 matrix as GGUF blocks.
     fn q8_0_row(&self, r: usize) -> Vec<BlockQ8_0> {
+        if self.layout == Layout::Tiles16 {
+            let i = r % 16;
+            return self
+                .tile::<BlockQ8_0x16>(r / 16)
+                .iter()
+                .map(|t| BlockQ8_0 {
+                    d: t.d[i],
+                    qs: std::array::from_fn(|j| (t.qs[j / 4][4 * i + j % 4] ^ 0x80) as i8),
+                })
+                .collect();
+        }
         self.tile_q8_0(r / 4)
             .iter()
             .map(|t| {
@@ -214,6 +373,18 @@ impl QMatrix {
 
     /// Row r of a packed Q4_1 matrix as GGUF blocks.
     fn q4_1_row(&self, r: usize) -> Vec<BlockQ4_1> {
+        if self.layout == Layout::Tiles16 {
+            let i = r % 16;
+            return self
+                .tile::<BlockQ4_1x16>(r / 16)
+                .iter()
+                .map(|t| BlockQ4_1 {
+                    d: t.d[i],
+                    m: t.m[i],
+                    qs: std::array::from_fn(|j| t.qs[j / 4][4 * i + j % 4]),
+                })
+                .collect();
+        }
         self.tile_q4_1(r / 4)
             .iter()
             .map(|t| BlockQ4_1 {
@@ -243,14 +414,22 @@ impl QMatrix {
     }
 
     fn row(&self, r: usize) -> &[u8] {
-        assert!(!self.packed, "packed matrices have no GGUF rows");
+        assert!(
+            self.layout == Layout::Rows,
+            "packed matrices have no GGUF rows"
+        );
         let all: &[u8] = bytemuck::cast_slice(&self.data);
         &all[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
-    /// Whether `isa`'s kernel for this matrix also reads [`ActKind::Q8Offset`].
-    fn offset_activations(&self, isa: Isa) -> bool {
-        isa.avx512() && self.packed && self.ty == GgmlType::Q8_0
+    /// Whether `isa`'s kernel for this matrix also reads [`ActKind::Q8Sums`].
+    fn reads_sums(&self, isa: Isa) -> bool {
+        isa.avx512() && self.layout == Layout::Tiles16 && self.ty == GgmlType::Q8_0
+    }
+
+    /// Rows per tile of the threaded matmul's work split.
+    fn tile_rows(&self) -> usize {
+        self.layout.tile_rows()
     }
 
     /// A matrix of the same format whose rows are blocks `blocks` (32 columns each) of
@@ -264,24 +443,12 @@ impl QMatrix {
         }
         let size = self.row_bytes / nb;
         let mut bytes = Vec::with_capacity(self.rows * blocks.len() * size);
-        for r in 0..self.rows {
-            let packed: Vec<u8>;
-            let row: &[u8] = match (self.packed, self.ty) {
-                (false, _) => self.row(r),
-                (true, GgmlType::Q8_0) => {
-                    packed = bytemuck::cast_slice(&self.q8_0_row(r)).to_vec();
-                    &packed
-                }
-                (true, _) => {
-                    packed = bytemuck::cast_slice(&self.q4_1_row(r)).to_vec();
-                    &packed
-                }
-            };
+        for row in self.gguf_bytes().chunks_exact(self.row_bytes) {
             for &b in blocks {
                 bytes.extend_from_slice(&row[b * size..(b + 1) * size]);
             }
         }
-        Self::new(self.ty, self.rows, blocks.len() * QK, &bytes)
+        Some(Self::new(self.ty, self.rows, blocks.len() * QK, &bytes)?.with_layout(self.layout))
     }
 
     pub fn act_kind(&self) -> ActKind {
@@ -310,7 +477,7 @@ impl QMatrix {
         let n = out.len().min(self.cols);
         assert!(n == self.cols || (n.is_multiple_of(QK) && self.act_kind() == ActKind::Q8));
         let out = &mut out[..n];
-        if self.packed {
+        if self.layout != Layout::Rows {
             return match self.ty {
                 GgmlType::Q8_0 => scalar::dequant_q8_0(&self.q8_0_row(r), out),
                 _ => scalar::dequant_q4_1(&self.q4_1_row(r), out),
@@ -344,7 +511,15 @@ impl QMatrix {
     /// reach here on the scalar path only: `run_tile` runs every SIMD path's tile kernel.
     fn dot(&self, isa: Isa, r: usize, act: &Activations, t: usize) -> f32 {
         let c = self.cols;
-        if self.packed {
+        if self.layout == Layout::Tiles16 {
+            // Another path's kernels on the AVX-512 layout: the AVX-512 bits, by the
+            // scalar twins.
+            return match self.ty {
+                GgmlType::Q8_0 => scalar::dot_q8_0_rows16(&self.q8_0_row(r), act.q8_row(t, c)),
+                _ => scalar::dot_q4_1_rows16(&self.q4_1_row(r), act.q8_row(t, c)),
+            };
+        }
+        if self.layout == Layout::Tiles4 {
             debug_assert!(!isa.avx2(), "packed tiles run through run_tile's kernels");
             return match self.ty {
                 GgmlType::Q8_0 => scalar::dot_q8_0(&self.q8_0_row(r), act.q8_row(t, c)),
@@ -449,10 +624,10 @@ pub struct Activations {
     f32: Vec<f32>,
     q8: Vec<BlockQ8>,
     q8k: Vec<BlockQ8K>,
-    q8u: Vec<BlockQ8>,
+    sums: Vec<i32>,
     have_q8: bool,
     have_q8k: bool,
-    have_q8u: bool,
+    have_sums: bool,
 }
 
 impl Activations {
@@ -464,7 +639,7 @@ impl Activations {
         self.f32.extend_from_slice(&x[..n * cols]);
         self.have_q8 = false;
         self.have_q8k = false;
-        self.have_q8u = false;
+        self.have_sums = false;
     }
 
     /// Makes sure the `kind` representation exists (quantized on `isa`'s path, rows
@@ -489,14 +664,15 @@ impl Activations {
                 scalar::quantize_q8k(&self.f32, &mut self.q8k);
                 self.have_q8k = true;
             }
-            ActKind::Q8Offset if !self.have_q8u => {
+            ActKind::Q8Sums if !self.have_sums => {
                 self.ensure(pool, isa, ActKind::Q8);
-                self.q8u.clear();
-                self.q8u.extend(self.q8.iter().map(|b| BlockQ8 {
-                    qs: b.qs.map(|q| q ^ i8::MIN),
-                    ..*b
-                }));
-                self.have_q8u = true;
+                self.sums.clear();
+                self.sums.extend(
+                    self.q8
+                        .iter()
+                        .map(|b| -128 * b.qs.iter().map(|&q| i32::from(q)).sum::<i32>()),
+                );
+                self.have_sums = true;
             }
             _ => {}
         }
@@ -509,10 +685,10 @@ impl Activations {
         let nb = cols / QK;
         &self.q8[t * nb..(t + 1) * nb]
     }
-    fn q8u_row(&self, t: usize, cols: usize) -> &[BlockQ8] {
-        assert!(self.have_q8u, "offset activations made before use");
+    fn sums_row(&self, t: usize, cols: usize) -> &[i32] {
+        assert!(self.have_sums, "block sums made before use");
         let nb = cols / QK;
-        &self.q8u[t * nb..(t + 1) * nb]
+        &self.sums[t * nb..(t + 1) * nb]
     }
     fn q8k_row(&self, t: usize, cols: usize) -> &[BlockQ8K] {
         let nb = cols / QK_K;
@@ -538,8 +714,70 @@ impl OutView {
         // nothing reads the buffer until the parallel region ends.
         unsafe { *self.ptr.add(i) = v };
     }
+
+    /// Writes `v` at indices `i..i + v.len()`.
+    fn write_run(&self, i: usize, v: &[f32]) {
+        assert!(i + v.len() <= self.len);
+        // SAFETY: in bounds (checked above); no two threads write the same index, and
+        // nothing reads the buffer until the parallel region ends; `v` is a separate
+        // buffer.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(i), v.len()) };
+    }
 }
 
+/// Sixteen rows from `r0` (the first `real` of them real, the rest padding) × activation
+/// rows `t0..n` through the AVX-512 lane-per-row kernels, up to eight activation rows
+/// per call; every (row, column) gets the same arithmetic whatever the width.
+#[cfg(target_arch = "x86_64")]
+fn run_tile16(
+    w: &QMatrix,
+    act: &Activations,
+    r0: usize,
+    real: usize,
+    t0: usize,
+    n: usize,
+    out: &OutView,
+) {
+    use super::avx512::{tile_q4_1x16, tile_q8_0x16};
+    macro_rules! widths {
+        ($t:expr, $k:expr, |$c:ident| $call:expr, $($w:literal)*) => {
+            match $k {
+                $($w => {
+                    const $c: usize = $w;
+                    let mut o = [[0f32; 16]; $c];
+                    $call(&mut o);
+                    for (c, row) in o.iter().enumerate() {
+                        out.write_run(($t + c) * w.rows + r0, &row[..real]);
+                    }
+                })*
+                _ => unreachable!("widths cover 1..=8"),
+            }
+        };
+    }
+    let mut t = t0;
+    while t < n {
+        let k = (n - t).min(8);
+        if w.ty == GgmlType::Q4_1 {
+            let tile = w.tiles::<BlockQ4_1x16>(r0 / 16, 1);
+            widths!(t, k, |C| |o: &mut [[f32; 16]; C]| {
+                let a: [&[BlockQ8]; C] = std::array::from_fn(|c| act.q8_row(t + c, w.cols));
+                // SAFETY: AVX-512 paths are only produced after running the features.
+                unsafe { tile_q4_1x16(tile, a, o) }
+            }, 1 2 3 4 5 6 7 8);
+        } else {
+            let tile = w.tiles::<BlockQ8_0x16>(r0 / 16, 1);
+            widths!(t, k, |C| |o: &mut [[f32; 16]; C]| {
+                let a: [&[BlockQ8]; C] = std::array::from_fn(|c| act.q8_row(t + c, w.cols));
+                let s: [&[i32]; C] = std::array::from_fn(|c| act.sums_row(t + c, w.cols));
+                // SAFETY: AVX-512 paths are only produced after running the features.
+                unsafe { tile_q8_0x16(tile, a, s, o) }
+            }, 1 2 3 4 5 6 7 8);
+        }
+        t += k;
+    }
+}
+
+/// Rows of the four-row tile kernels.
 const ROW_TILE: usize = 4;
 /// Rows of activations from which element-wise work is split over threads.
 pub const PARALLEL_ROWS: usize = 32;
@@ -564,8 +802,8 @@ pub fn matmul(
     }
     for (w, _) in jobs.iter() {
         act.ensure(pool, isa, w.act_kind());
-        if w.offset_activations(isa) {
-            act.ensure(pool, isa, ActKind::Q8Offset);
+        if w.reads_sums(isa) {
+            act.ensure(pool, isa, ActKind::Q8Sums);
         }
     }
     let act = &*act;
@@ -583,7 +821,7 @@ pub fn matmul(
         .collect();
     let tiles: Vec<usize> = views
         .iter()
-        .map(|(w, _)| w.rows.div_ceil(ROW_TILE))
+        .map(|(w, _)| w.rows.div_ceil(w.tile_rows()))
         .collect();
     let total: usize = tiles.iter().sum();
     let n_threads = pool.parallelism().min(total.max(1));
@@ -592,7 +830,7 @@ pub fn matmul(
         let mut base = 0;
         for (j, &nt) in tiles.iter().enumerate() {
             if tile < base + nt {
-                return (j, (tile - base) * ROW_TILE);
+                return (j, (tile - base) * views[j].0.tile_rows());
             }
             base += nt;
         }
@@ -627,14 +865,15 @@ pub fn matmul(
             let (j, r0) = locate(tile);
             let (w, out) = &views[j];
             // This item's tiles of matrix j.
-            let count = (tiles[j] - r0 / ROW_TILE).min(end - tile);
+            let tr = w.tile_rows();
+            let count = (tiles[j] - r0 / tr).min(end - tile);
             if t1 - t0 == 1 && run_tiles_one_row(isa, w, act, r0, count, t0, out) {
                 tile += count;
                 continue;
             }
             for k in 0..count {
-                let r = r0 + k * ROW_TILE;
-                run_tile(isa, w, act, r, (r + ROW_TILE).min(w.rows), t0, t1, out);
+                let r = r0 + k * tr;
+                run_tile(isa, w, act, r, (r + tr).min(w.rows), t0, t1, out);
             }
             tile += count;
         }
@@ -701,14 +940,35 @@ fn run_tiles_one_row(
     out: &OutView,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && w.packed && r0 + count * ROW_TILE <= w.rows {
-        use super::{avx2, avx512};
+    if isa.avx512() && w.layout == Layout::Tiles16 && r0 + count * 16 <= w.rows {
+        use super::avx512;
         let nb = w.cols / QK;
-        let a = if w.offset_activations(isa) {
-            act.q8u_row(t, w.cols)
-        } else {
-            act.q8_row(t, w.cols)
-        };
+        let a = act.q8_row(t, w.cols);
+        let mut o = [0f32; 16 * 8];
+        for first in (0..count).step_by(8) {
+            let k = (count - first).min(8);
+            let tile = r0 / 16 + first;
+            let o = &mut o[..k * 16];
+            match w.ty {
+                // SAFETY: AVX-512 paths are only produced after running the features.
+                GgmlType::Q4_1 => unsafe {
+                    avx512::tiles_q4_1x16_one_row(w.tiles(tile, k), nb, a, o)
+                },
+                // SAFETY: as above.
+                _ => unsafe {
+                    let sums = act.sums_row(t, w.cols);
+                    avx512::tiles_q8_0x16_one_row(w.tiles(tile, k), nb, a, sums, o)
+                },
+            }
+            out.write_run(t * w.rows + tile * 16, o);
+        }
+        return true;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() && w.layout == Layout::Tiles4 && r0 + count * ROW_TILE <= w.rows {
+        use super::avx2;
+        let nb = w.cols / QK;
+        let a = act.q8_row(t, w.cols);
         let mut o = [0f32; 8 * ROW_TILE];
         for first in (0..count).step_by(8) {
             let k = (count - first).min(8);
@@ -717,16 +977,8 @@ fn run_tiles_one_row(
             let q4 = || w.tiles::<BlockQ4_1x4>(tile, k);
             let q8 = || w.tiles::<BlockQ8_0x4>(tile, k);
             match w.ty {
-                // SAFETY: AVX-512 paths are only produced after running the features.
-                GgmlType::Q4_1 if isa.avx512() => unsafe {
-                    avx512::tiles_q4_1x4_one_row(q4(), nb, a, o)
-                },
-                // SAFETY: as above.
-                GgmlType::Q8_0 if isa.avx512() => unsafe {
-                    avx512::tiles_q8_0_one_row(q8(), nb, a, o)
-                },
                 // SAFETY: AVX2 paths are only produced after detecting avx2, fma and
-                // f16c, and the AVX-VNNI one after running its `vpdpbusd`.
+                // f16c, and the AVX-VNNI and AVX-512 ones after running `vpdpbusd`.
                 GgmlType::Q4_1 => with_dot!(isa, D => unsafe {
                     avx2::tiles_q4_1x4_one_row::<D>(q4(), nb, a, o)
                 }),
@@ -736,10 +988,7 @@ fn run_tiles_one_row(
                 }),
                 _ => return false,
             }
-            let base = t * w.rows + tile * ROW_TILE;
-            for (i, &v) in o.iter().enumerate() {
-                out.write(base + i, v);
-            }
+            out.write_run(t * w.rows + tile * ROW_TILE, o);
         }
         return true;
     }
@@ -759,33 +1008,22 @@ fn run_tile(
     out: &OutView,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() && w.packed && w.ty == GgmlType::Q4_1 {
-        let tile = w.tile_q4_1(r0 / 4);
-        // SAFETY: AVX-512 paths are only produced after running the features.
-        by_columns!(w, act.q8_row, out, r0, r1 - r0, t0, n, |a, o| unsafe {
-            super::avx512::tile_q4_1x4(tile, a, &mut o)
-        }, 1 2 3 4 5 6 7 8);
+    if isa.avx512() && w.layout == Layout::Tiles16 {
+        run_tile16(w, act, r0, r1 - r0, t0, n, out);
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && w.packed && w.ty == GgmlType::Q8_0 {
+    if isa.avx2() && w.layout == Layout::Tiles4 && w.ty == GgmlType::Q8_0 {
         let tile = w.tile_q8_0(r0 / 4);
-        if isa.avx512() {
-            // SAFETY: AVX-512 paths are only produced after running the features.
-            by_columns!(w, act.q8u_row, out, r0, r1 - r0, t0, n, |a, o| unsafe {
-                super::avx512::tile_q8_0(tile, a, &mut o)
-            }, 1 2 3 4 5 6 7 8);
-        } else {
-            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
-            // and the AVX-VNNI one after running its `vpdpbusd`.
-            with_dot!(isa, D => by_columns!(w, act.q8_row, out, r0, r1 - r0, t0, n, |a, o| unsafe {
-                super::avx2::tile_q8_0x4::<D, _>(tile, a, &mut o)
-            }, 1 2));
-        }
+        // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c, and
+        // the AVX-VNNI and AVX-512 ones after running `vpdpbusd`.
+        with_dot!(isa, D => by_columns!(w, act.q8_row, out, r0, r1 - r0, t0, n, |a, o| unsafe {
+            super::avx2::tile_q8_0x4::<D, _>(tile, a, &mut o)
+        }, 1 2));
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && w.packed && w.ty == GgmlType::Q4_1 {
+    if isa.avx2() && w.layout == Layout::Tiles4 && w.ty == GgmlType::Q4_1 {
         let tile = w.tile_q4_1(r0 / 4);
         let real = r1 - r0;
         let emit = |t: usize, o: &[[f32; 3]; 4], k: usize| {
@@ -832,6 +1070,7 @@ fn run_tile(
     #[cfg(target_arch = "x86_64")]
     if isa.avx2()
         && r1 - r0 == ROW_TILE
+        && w.layout == Layout::Rows
         && matches!(
             w.ty,
             GgmlType::Q4_0

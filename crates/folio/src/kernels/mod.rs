@@ -7,8 +7,8 @@
 //! - `avx2`: AVX2/FMA/F16C kernels, chosen at run time; `avx2_kquants`: its Q2_K, Q3_K and
 //!   Q5_K dots.
 //! - `attend`: prefill attention in query blocks (rows sharing each tile of K/V).
-//! - `avx512`: AVX-512 (F, BW, VL, VNNI) twins of the matmul kernels, where the CPU runs
-//!   them; every other kernel of that path is the AVX2 one.
+//! - `avx512`: AVX-512 (F, BW, VL, VNNI) matmul kernels for Q4_1 and Q8_0 in sixteen-row
+//!   tiles, where the CPU runs them; every other kernel of that path is the AVX2 one.
 //! - `avx512_attend`, `avx512_block`: AVX-512 attention, one row's queries over runs of
 //!   keys (decode), and a block of rows over one widened tile of keys (prefill).
 //! - `avxvnni`: the AVX2 path with its 8-bit dot products done by AVX-VNNI's 256-bit

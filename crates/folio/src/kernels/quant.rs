@@ -144,6 +144,27 @@ pub struct BlockQ8_0x4 {
     pub qs: [[i8; QK / 2]; 8],
 }
 
+/// Sixteen rows' Q4_1 blocks at the same column, for the AVX-512 path's lane-per-row
+/// kernel: the scales, the mins, then `qs[j]` = bytes 4j..4j+4 of row 0, row 1, … row
+/// 15 (each byte a low nibble, weight i, and a high one, weight 16 + i).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ4_1x16 {
+    pub d: [u16; 16],
+    pub m: [u16; 16],
+    pub qs: [[u8; 64]; 4],
+}
+
+/// Sixteen rows' Q8_0 blocks at the same column, for the AVX-512 path's lane-per-row
+/// kernel: the scales, then `qs[k]` = weights 4k..4k+4 of row 0, row 1, … row 15, each
+/// moved up by 128 into an unsigned byte (`q ^ 0x80`).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ8_0x16 {
+    pub d: [u16; 16],
+    pub qs: [[u8; 64]; 8],
+}
+
 /// 8-bit activations for the 32-element formats: x ≈ d * q; `s` = d * Σq, which lets
 /// offset formats (Q4_0's -8, Q4_1's min) fold their constant term into one multiply.
 #[repr(C)]
@@ -177,6 +198,8 @@ const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 const _: () = assert!(std::mem::size_of::<BlockQ8>() == 40);
 const _: () = assert!(std::mem::size_of::<BlockQ4_1x4>() == 80);
 const _: () = assert!(std::mem::size_of::<BlockQ8_0x4>() == 136);
+const _: () = assert!(std::mem::size_of::<BlockQ4_1x16>() == 320);
+const _: () = assert!(std::mem::size_of::<BlockQ8_0x16>() == 544);
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
 
 #[inline]

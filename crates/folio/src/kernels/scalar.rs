@@ -297,6 +297,39 @@ pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8]) -> f32 {
     acc
 }
 
+/// [`dot_q4_1`] in the AVX-512 sixteen-row kernel's arithmetic (`avx512::tile_q4_1x16`):
+/// per block, the block's integer sum scaled and fused into one sum, the min term fused
+/// into another; then their sum.
+pub fn dot_q4_1_rows16(w: &[BlockQ4_1], a: &[BlockQ8]) -> f32 {
+    let (mut acc, mut macc) = (0f32, 0f32);
+    for (b, x) in w.iter().zip(a) {
+        let isum: i32 = (0..16)
+            .map(|j| {
+                (b.qs[j] & 0xF) as i32 * x.qs[j] as i32
+                    + (b.qs[j] >> 4) as i32 * x.qs[j + 16] as i32
+            })
+            .sum();
+        macc = f16_to_f32(b.m).mul_add(x.s, macc);
+        acc = (f16_to_f32(b.d) * x.d).mul_add(isum as f32, acc);
+    }
+    acc + macc
+}
+
+/// [`dot_q8_0`] in the AVX-512 sixteen-row kernel's arithmetic (`avx512::tile_q8_0x16`):
+/// per block, the integer sum scaled and fused in.
+pub fn dot_q8_0_rows16(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let isum: i32 =
+            b.qs.iter()
+                .zip(&x.qs)
+                .map(|(&p, &q)| p as i32 * q as i32)
+                .sum();
+        acc = (f16_to_f32(b.d) * x.d).mul_add(isum as f32, acc);
+    }
+    acc
+}
+
 pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, x) in w.iter().zip(a) {

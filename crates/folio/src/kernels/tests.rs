@@ -117,6 +117,11 @@ fn simd_matches_scalar_on_random_data() {
         let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
         let a = run(Isa::Scalar, &w, &x, n, 1);
         for isa in simd_paths() {
+            // In the layout the path's kernels read (four-row tiles, or sixteen on
+            // AVX-512).
+            let w = QMatrix::new(ty, rows, cols, &w.gguf_bytes())
+                .unwrap()
+                .for_isa(isa);
             let b = run(isa, &w, &x, n, 2);
             close_to_scalar(&w, &x, n, &a, &b, &format!("{ty} on {isa}"));
         }
@@ -146,20 +151,17 @@ pub(crate) fn close_to_scalar(w: &QMatrix, x: &[f32], n: usize, a: &[f32], b: &[
 }
 
 /// The AVX-512 path keeps the AVX2 path's bits for every format without an AVX-512
-/// kernel of its own; Q4_1 and Q8_0 differ by summation order only (checked against
-/// scalar above).
+/// kernel of its own, and for Q4_1 and Q8_0 in four-row tiles (which it runs through
+/// the AVX2 kernels, with EVEX `vpdpbusd`).
 #[test]
-fn avx512_matmul_gives_the_avx2_bits_except_q4_1_and_q8_0() {
+fn avx512_matmul_gives_the_avx2_bits_outside_its_own_layout() {
     if !cpu_runs(Isa::Avx512) {
         return;
     }
     let mut rng = SplitMix64(23);
     // Rows past a multiple of four exercise the tails; 37 tokens every tile width.
     let (rows, cols, n) = (30, 768, 37);
-    for ty in TYPES
-        .into_iter()
-        .filter(|t| !matches!(t, GgmlType::Q4_1 | GgmlType::Q8_0))
-    {
+    for ty in TYPES {
         let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
         let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
         let a = run(Isa::Avx2, &w, &x, n, 2);
@@ -169,56 +171,101 @@ fn avx512_matmul_gives_the_avx2_bits_except_q4_1_and_q8_0() {
     }
 }
 
-/// The AVX-512 Q8_0 kernel (each weight's sign moved onto its activation) computes
-/// exactly its lane order: per row, four lanes, lane k summing in integers the
-/// products of weights 4k..4k+3 and 16+4k..16+4k+3 of each block, scaled by d_w·d_x
-/// and fused into the lane; then (l0 + l2) + (l1 + l3). Bit for bit, on every tile
-/// width, tail and thread split, with the most negative weights.
-#[test]
-fn avx512_q8_0_matmul_is_its_lane_order_exactly() {
-    if !cpu_runs(Isa::Avx512) {
-        return;
-    }
-    let mut rng = SplitMix64(41);
-    let (rows, cols, n) = (30, 768, 37);
-    let mut bytes = random_weights(&mut rng, GgmlType::Q8_0, rows, cols);
-    {
+/// Q4_1 and Q8_0 random rows with the extreme quants (Q8_0's -128, Q4_1's 0 and 15).
+fn extreme_weights(rng: &mut SplitMix64, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut bytes = random_weights(rng, ty, rows, cols);
+    if ty == GgmlType::Q8_0 {
         let blocks: &mut [BlockQ8_0] = bytemuck::cast_slice_mut(&mut bytes);
         blocks[0].qs = [i8::MIN; QK];
         blocks[5].qs[7] = i8::MIN;
+    } else {
+        let blocks: &mut [BlockQ4_1] = bytemuck::cast_slice_mut(&mut bytes);
+        blocks[0].qs = [0xFF; QK / 2];
+        blocks[3].qs = [0; QK / 2];
     }
-    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(&bytes);
-    let w = QMatrix::new(GgmlType::Q8_0, rows, cols, &bytes).unwrap();
-    let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
+    bytes
+}
+
+/// The AVX-512 sixteen-row kernels compute exactly their scalar twins
+/// (`scalar::dot_q4_1_rows16`, `dot_q8_0_rows16`): bit for bit, on every tile width,
+/// the one-row form, rows past the last whole tile, either thread count, and the
+/// extreme quants. Every other path given that layout gives the same bits (through the
+/// twins).
+#[test]
+fn avx512_sixteen_row_kernels_are_their_scalar_twins_exactly() {
+    let mut rng = SplitMix64(41);
+    let (rows, cols) = (37, 768);
     let nb = cols / QK;
-    let mut a = vec![<BlockQ8 as bytemuck::Zeroable>::zeroed(); n * nb];
-    scalar::quantize_q8(&x, &mut a);
-    for threads in [1, 2] {
-        let got = run(Isa::Avx512, &w, &x, n, threads);
-        for t in 0..n {
-            for r in 0..rows {
-                let mut lanes = [0f32; 4];
-                for (wb, ab) in blocks[r * nb..(r + 1) * nb].iter().zip(&a[t * nb..]) {
-                    let sc = f16_to_f32(wb.d) * ab.d;
-                    for (k, lane) in lanes.iter_mut().enumerate() {
-                        let p: i32 = (0..4)
-                            .map(|j| {
-                                i32::from(wb.qs[4 * k + j]) * i32::from(ab.qs[4 * k + j])
-                                    + i32::from(wb.qs[16 + 4 * k + j])
-                                        * i32::from(ab.qs[16 + 4 * k + j])
-                            })
-                            .sum();
-                        *lane = sc.mul_add(p as f32, *lane);
-                    }
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        let bytes = extreme_weights(&mut rng, ty, rows, cols);
+        let w = QMatrix::new(ty, rows, cols, &bytes)
+            .unwrap()
+            .for_isa(Isa::Avx512);
+        assert_eq!(w.layout(), super::matmul::Layout::Tiles16);
+        for n in [1, 37] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
+            let mut a = vec![<BlockQ8 as bytemuck::Zeroable>::zeroed(); n * nb];
+            scalar::quantize_q8(&x, &mut a);
+            let mut want = Vec::with_capacity(n * rows);
+            for t in 0..n {
+                let x = &a[t * nb..(t + 1) * nb];
+                for r in 0..rows {
+                    want.push(match ty {
+                        GgmlType::Q8_0 => {
+                            let w: &[BlockQ8_0] = bytemuck::cast_slice(&bytes);
+                            scalar::dot_q8_0_rows16(&w[r * nb..(r + 1) * nb], x)
+                        }
+                        _ => {
+                            let w: &[BlockQ4_1] = bytemuck::cast_slice(&bytes);
+                            scalar::dot_q4_1_rows16(&w[r * nb..(r + 1) * nb], x)
+                        }
+                    });
                 }
-                let want = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
-                assert_eq!(
-                    got[t * rows + r].to_bits(),
-                    want.to_bits(),
-                    "row {r} token {t}, {threads} threads"
-                );
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let mut paths = vec![Isa::Scalar];
+            paths.extend(simd_paths());
+            for isa in paths {
+                for threads in [1, 2] {
+                    let got = run(isa, &w, &x, n, threads);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{ty} on {isa}, {n} rows, {threads} threads"
+                    );
+                }
             }
         }
+    }
+}
+
+/// Laying a matrix out for another path keeps its weights bit for bit, both ways, and
+/// a matrix of a tile layout keeps it through `block_columns`.
+#[test]
+fn layouts_keep_the_weights_bit_for_bit() {
+    let mut rng = SplitMix64(43);
+    let (rows, cols) = (21, 256);
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        let bytes = extreme_weights(&mut rng, ty, rows, cols);
+        let w4 = QMatrix::new(ty, rows, cols, &bytes).unwrap();
+        let w16 = QMatrix::new(ty, rows, cols, &bytes)
+            .unwrap()
+            .for_isa(Isa::Avx512);
+        let back = QMatrix::new(ty, rows, cols, &bytes)
+            .unwrap()
+            .for_isa(Isa::Avx512)
+            .for_isa(Isa::Avx2);
+        assert_eq!(w4.layout(), super::matmul::Layout::Tiles4);
+        assert_eq!(back.layout(), super::matmul::Layout::Tiles4);
+        for m in [&w4, &w16, &back] {
+            assert_eq!(m.gguf_bytes(), bytes, "{ty} {:?}", m.layout());
+        }
+        let cut = w16.block_columns(&[3, 0, 3]).unwrap();
+        assert_eq!(cut.layout(), super::matmul::Layout::Tiles16);
+        assert_eq!(
+            cut.gguf_bytes(),
+            w4.block_columns(&[3, 0, 3]).unwrap().gguf_bytes()
+        );
     }
 }
 

@@ -61,7 +61,8 @@ impl Model {
         let fingerprint = xxhash_rust::xxh3::xxh3_128(g.bytes()).to_le_bytes();
         let mut config = Config::from_gguf(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
-        let weights = Weights::load(&g, &config)?;
+        let mut weights = Weights::load(&g, &config)?;
+        weights.lay_out_for(kernels::isa());
         if let Some(f) = &weights.rope_freqs {
             if config.rope.factors.is_some() {
                 return Err(ModelError::BadMetadata {
@@ -217,10 +218,11 @@ impl Model {
     }
 
     /// The same model on another instruction-set path (tests and benchmarks compare
-    /// them; the weights' layout serves every path). A path this CPU does not run is
+    /// them), its weights laid out for that path's kernels. A path this CPU does not run is
     /// replaced by the best one it runs below it, with a log line.
     pub fn with_isa(mut self, isa: Isa) -> Self {
         self.isa = kernels::runnable_at_most(isa);
+        self.weights.lay_out_for(self.isa);
         self
     }
 
@@ -229,6 +231,7 @@ impl Model {
     #[cfg(test)]
     pub(crate) fn with_isa_unchecked(mut self, isa: Isa) -> Self {
         self.isa = isa;
+        self.weights.lay_out_for(isa);
         self
     }
 

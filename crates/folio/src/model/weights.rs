@@ -4,7 +4,7 @@ use super::config::{Arch, Config};
 use super::error::ModelError;
 use super::rope::LongRope;
 use crate::gguf::{GgmlType, Gguf};
-use crate::kernels::QMatrix;
+use crate::kernels::{Isa, QMatrix};
 
 /// One transformer block's weights.
 pub struct Layer {
@@ -139,6 +139,27 @@ impl Weights {
     /// each row's first `dim` values, whatever columns follow them).
     pub fn head_mut(&mut self) -> &mut QMatrix {
         self.output.as_mut().unwrap_or(&mut self.embed)
+    }
+
+    /// Every matrix in the layout `isa`'s kernels read.
+    pub fn lay_out_for(&mut self, isa: Isa) {
+        for l in &mut self.layers {
+            for m in [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ] {
+                m.lay_out_for(isa);
+            }
+        }
+        self.embed.lay_out_for(isa);
+        if let Some(o) = &mut self.output {
+            o.lay_out_for(isa);
+        }
     }
 
     /// Bytes of weights read by one decode step.
