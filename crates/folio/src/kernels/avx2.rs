@@ -436,6 +436,23 @@ pub unsafe fn round_f16_into(x: &[f32], out: &mut Vec<f32>) {
     }
 }
 
+/// `out[i]` = `x[i]` as f16 bits, 8 lanes at a time (F16C's round to nearest even, as
+/// the scalar twin); the tail goes through the scalar twin.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn to_f16(x: &[f32], out: &mut [u16]) {
+    let n = x.len().min(out.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: both slices hold 8 elements at offset i.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x[i..].as_ptr()));
+            _mm_storeu_si128(out[i..i + 8].as_mut_ptr() as *mut __m128i, h);
+        }
+        i += 8;
+    }
+    super::scalar::to_f16(&x[i..n], &mut out[i..n]);
+}
+
 /// gate = silu(gate) · up, 8 lanes at a time; the tail goes through the scalar twin.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {

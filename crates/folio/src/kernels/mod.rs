@@ -449,6 +449,18 @@ pub fn round_f16(x: &[f32], out: &mut Vec<f32>) {
     scalar::round_f16_into(x, out);
 }
 
+/// `out[i]` = `x[i]` as f16 bits (round to nearest even; the same bits on every path,
+/// so the detected one is taken): storing K/V.
+pub fn to_f16(x: &[f32], out: &mut [u16]) {
+    assert_eq!(x.len(), out.len(), "to_f16: lengths differ");
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 paths are only ever produced by `detect` after checking the features.
+        i if i.avx2() => unsafe { avx2::to_f16(x, out) },
+        _ => scalar::to_f16(x, out),
+    }
+}
+
 /// Appends `x` rounded to f16 precision to `out`.
 pub fn round_f16_into(isa: Isa, x: &[f32], out: &mut Vec<f32>) {
     match isa {

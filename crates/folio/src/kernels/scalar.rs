@@ -669,6 +669,13 @@ pub fn rope_rotate(
     }
 }
 
+/// `out[i]` = `x[i]` as f16 bits (round to nearest even).
+pub fn to_f16(x: &[f32], out: &mut [u16]) {
+    for (d, &v) in out.iter_mut().zip(x) {
+        *d = f32_to_f16(v);
+    }
+}
+
 /// Appends `x` rounded to f16 precision to `out`.
 pub fn round_f16_into(x: &[f32], out: &mut Vec<f32>) {
     out.extend(x.iter().map(|&v| f16_to_f32(f32_to_f16(v))));

@@ -395,6 +395,11 @@ fn rope_and_f16_rounding_simd_are_bit_identical_to_scalar() {
             scalar::round_f16_into(&x, &mut a);
             super::round_f16_into(isa, &x, &mut b);
             assert_eq!(bits(&a), bits(&b), "{isa} round_f16_into n={n}");
+            // K/V stores: f16 bits, the scalar twin's.
+            let (mut h, mut want) = (vec![0u16; n], vec![0u16; n]);
+            scalar::to_f16(&x, &mut want);
+            super::to_f16(&x, &mut h);
+            assert_eq!(h, want, "to_f16 n={n}");
         }
         for (adjacent, dims, head_dim) in [(true, 64, 64), (false, 64, 64), (false, 32, 80)] {
             let table: Vec<(f32, f32)> = (0..dims / 2)

@@ -2,7 +2,7 @@
 //! default, what llama.cpp stores) or f32, chosen at run time.
 
 use crate::kernels::advise_huge_pages;
-use crate::kernels::quant::f32_to_f16;
+use crate::kernels::to_f16;
 pub use crate::kernels::{KvDtype, KvRows};
 
 /// The K rows and the V rows of one run of slots.
@@ -42,11 +42,7 @@ impl KvBuf {
     /// Stores `src` at element `at`, converted to the buffer's dtype.
     pub fn write(&mut self, at: usize, src: &[f32]) {
         match self {
-            KvBuf::F16(v) => {
-                for (d, s) in v[at..at + src.len()].iter_mut().zip(src) {
-                    *d = f32_to_f16(*s);
-                }
-            }
+            KvBuf::F16(v) => to_f16(src, &mut v[at..at + src.len()]),
             KvBuf::F32(v) => v[at..at + src.len()].copy_from_slice(src),
         }
     }
