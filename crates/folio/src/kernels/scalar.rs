@@ -284,15 +284,28 @@ pub fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8]) -> f32 {
     acc
 }
 
+/// A Q4_1 block's integer dot product with an activation block (its quants, unscaled).
+fn isum_q4_1(b: &BlockQ4_1, x: &BlockQ8) -> i32 {
+    let mut isum = 0i32;
+    for j in 0..16 {
+        isum += (b.qs[j] & 0xF) as i32 * x.qs[j] as i32;
+        isum += (b.qs[j] >> 4) as i32 * x.qs[j + 16] as i32;
+    }
+    isum
+}
+
+/// A Q8_0 block's integer dot product with an activation block.
+fn isum_q8_0(b: &BlockQ8_0, x: &BlockQ8) -> i32 {
+    b.qs.iter()
+        .zip(&x.qs)
+        .map(|(&p, &q)| p as i32 * q as i32)
+        .sum()
+}
+
 pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, x) in w.iter().zip(a) {
-        let mut isum = 0i32;
-        for j in 0..16 {
-            isum += (b.qs[j] & 0xF) as i32 * x.qs[j] as i32;
-            isum += (b.qs[j] >> 4) as i32 * x.qs[j + 16] as i32;
-        }
-        acc += f16_to_f32(b.d) * x.d * isum as f32 + f16_to_f32(b.m) * x.s;
+        acc += f16_to_f32(b.d) * x.d * isum_q4_1(b, x) as f32 + f16_to_f32(b.m) * x.s;
     }
     acc
 }
@@ -303,12 +316,7 @@ pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1_rows16(w: &[BlockQ4_1], a: &[BlockQ8]) -> f32 {
     let (mut acc, mut macc) = (0f32, 0f32);
     for (b, x) in w.iter().zip(a) {
-        let isum: i32 = (0..16)
-            .map(|j| {
-                (b.qs[j] & 0xF) as i32 * x.qs[j] as i32
-                    + (b.qs[j] >> 4) as i32 * x.qs[j + 16] as i32
-            })
-            .sum();
+        let isum = isum_q4_1(b, x);
         macc = f16_to_f32(b.m).mul_add(x.s, macc);
         acc = (f16_to_f32(b.d) * x.d).mul_add(isum as f32, acc);
     }
@@ -320,11 +328,7 @@ pub fn dot_q4_1_rows16(w: &[BlockQ4_1], a: &[BlockQ8]) -> f32 {
 pub fn dot_q8_0_rows16(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, x) in w.iter().zip(a) {
-        let isum: i32 =
-            b.qs.iter()
-                .zip(&x.qs)
-                .map(|(&p, &q)| p as i32 * q as i32)
-                .sum();
+        let isum = isum_q8_0(b, x);
         acc = (f16_to_f32(b.d) * x.d).mul_add(isum as f32, acc);
     }
     acc
@@ -333,12 +337,7 @@ pub fn dot_q8_0_rows16(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
 pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, x) in w.iter().zip(a) {
-        let isum: i32 =
-            b.qs.iter()
-                .zip(&x.qs)
-                .map(|(&p, &q)| p as i32 * q as i32)
-                .sum();
-        acc += f16_to_f32(b.d) * x.d * isum as f32;
+        acc += f16_to_f32(b.d) * x.d * isum_q8_0(b, x) as f32;
     }
     acc
 }
