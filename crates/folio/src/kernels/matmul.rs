@@ -294,7 +294,7 @@ impl QMatrix {
     /// The same weights, bit for bit, in `layout` (`Rows` for Q4_1 and Q8_0, or a tile
     /// layout for another type, is not made: the matrix comes back as it is).
     pub fn with_layout(self, layout: Layout) -> Self {
-        if layout == self.layout || Self::layout_for(Isa::Avx512, self.ty) != Layout::Tiles16 {
+        if layout == self.layout || !matches!(self.ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
             return self;
         }
         let bytes = self.gguf_bytes();
@@ -508,7 +508,9 @@ impl QMatrix {
     }
 
     /// dot(row r, activation row t) through the per-pair kernels. Packed Q4_1 and Q8_0
-    /// reach here on the scalar path only: `run_tile` runs every SIMD path's tile kernel.
+    /// reach here only where their layout is not the path's: four-row tiles on the
+    /// scalar path, sixteen-row tiles on any path but AVX-512 (`run_tile` runs the tile
+    /// kernels of the others).
     fn dot(&self, isa: Isa, r: usize, act: &Activations, t: usize) -> f32 {
         let c = self.cols;
         if self.layout == Layout::Tiles16 {

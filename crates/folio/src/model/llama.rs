@@ -218,8 +218,8 @@ impl Model {
     }
 
     /// The same model on another instruction-set path (tests and benchmarks compare
-    /// them), its weights laid out for that path's kernels. A path this CPU does not run is
-    /// replaced by the best one it runs below it, with a log line.
+    /// them), its weights laid out for that path's kernels. A path this CPU does not
+    /// run is replaced by the best one it runs below it, with a log line.
     pub fn with_isa(mut self, isa: Isa) -> Self {
         self.isa = kernels::runnable_at_most(isa);
         self.weights.lay_out_for(self.isa);
