@@ -112,7 +112,9 @@ fn a_2k_prompts_logprobs_are_no_farther_from_the_exact_model_than_llama_cpps() {
 /// Before folio's second pass over the outlier blocks (`model/outliers.rs`) this failed:
 /// mean 0.0857 (avx2) and 0.0862 (avx512, max 0.659) against llama.cpp's 0.0843 (max
 /// 0.565). With it (Intel Xeon, 2026-11-27): avx2 mean 0.0598 max 0.505, avx512 mean
-/// 0.0585 max 0.442.
+/// 0.0585 max 0.442; with the AVX-512 sixteen-row kernels, avx512 mean 0.0602 max 0.460.
+/// The max is a chaotic figure: two variants of those kernels that differ only in the
+/// order of float additions gave 0.705 and 0.553.
 #[test]
 fn an_8k_prompts_logprobs_are_no_farther_from_the_exact_model_than_llama_cpps() {
     check_long_case("long_8k");
