@@ -635,10 +635,17 @@ pub struct Activations {
 impl Activations {
     /// Takes `n` rows of `cols` values from `x`.
     pub fn set(&mut self, x: &[f32], n: usize, cols: usize) {
+        self.fill(n, cols, |buf| buf.extend_from_slice(&x[..n * cols]));
+    }
+
+    /// Takes the `n` rows of `cols` values that `append` appends to the (emptied)
+    /// buffer: an input built in place, without a copy.
+    pub fn fill(&mut self, n: usize, cols: usize, append: impl FnOnce(&mut Vec<f32>)) {
         self.n = n;
         self.cols = cols;
         self.f32.clear();
-        self.f32.extend_from_slice(&x[..n * cols]);
+        append(&mut self.f32);
+        assert_eq!(self.f32.len(), n * cols, "n rows of cols values");
         self.have_q8 = false;
         self.have_q8k = false;
         self.have_sums = false;

@@ -394,8 +394,6 @@ impl Model {
         let (mut gate, mut up) = (vec![0f32; n * f], vec![0f32; n * f]);
         let mut act = Activations::default();
         let o8 = &self.outliers;
-        // An input with its outlier blocks' residuals (`Pass::input`).
-        let mut wide = Vec::new();
 
         // Element-wise steps split their rows over the threads when there are many
         // (prefill); each row is computed the same way either way.
@@ -416,7 +414,7 @@ impl Model {
             if let Some(p) = probe.as_deref_mut() {
                 p.record(Site::Attention(li), &h, d);
             }
-            set_input(&mut act, &h, n, d, o8.attention.get(li), &mut wide);
+            set_input(&mut act, &h, n, d, o8.attention.get(li));
             matmul(
                 pool,
                 self.isa,
@@ -481,7 +479,7 @@ impl Model {
             if let Some(p) = probe.as_deref_mut() {
                 p.record(Site::FeedForward(li), &h, d);
             }
-            set_input(&mut act, &h, n, d, o8.feed_forward.get(li), &mut wide);
+            set_input(&mut act, &h, n, d, o8.feed_forward.get(li));
             matmul(
                 pool,
                 self.isa,
@@ -530,7 +528,7 @@ impl Model {
         if let Some(p) = probe {
             p.record(Site::Head, &h[..m * d], d);
         }
-        set_input(&mut act, &h, m, d, Some(&o8.head), &mut wide);
+        set_input(&mut act, &h, m, d, Some(&o8.head));
         let logits = out.data_mut();
         matmul(&self.pool, self.isa, &mut act, &mut [(w.head(), logits)]);
         if let Some(cap) = c.final_softcap {
@@ -540,20 +538,10 @@ impl Model {
 }
 
 /// Sets `act` to the `n` rows of `x` (`cols` each), followed row by row by their
-/// outlier blocks' residuals where the input has a pass (built in `wide`).
-fn set_input(
-    act: &mut Activations,
-    x: &[f32],
-    n: usize,
-    cols: usize,
-    pass: Option<&Option<Pass>>,
-    wide: &mut Vec<f32>,
-) {
+/// outlier blocks' residuals where the input has a pass (built in place).
+fn set_input(act: &mut Activations, x: &[f32], n: usize, cols: usize, pass: Option<&Option<Pass>>) {
     match pass.and_then(Option::as_ref) {
-        Some(p) => {
-            p.input(&x[..n * cols], wide);
-            act.set(wide, n, p.width());
-        }
+        Some(p) => act.fill(n, p.width(), |buf| p.input(&x[..n * cols], buf)),
         None => act.set(x, n, cols),
     }
 }

@@ -140,15 +140,15 @@ impl Pass {
             .expect("an extended matrix has 32-wide blocks")
     }
 
-    /// The rows of `x` (`cols` each), each followed by what the 8-bit rounding left of
-    /// its outlier blocks: the input of the extended matrices.
+    /// Appends to `out` the rows of `x` (`cols` each), each followed by what the 8-bit
+    /// rounding left of its outlier blocks: the input of the extended matrices.
     pub fn input(&self, x: &[f32], out: &mut Vec<f32>) {
-        let (cols, width) = (self.cols, self.width());
-        out.resize(x.len() / cols * width, 0.0);
-        for (row, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(width)) {
-            o[..cols].copy_from_slice(row);
-            for (&b, r) in self.blocks.iter().zip(o[cols..].chunks_exact_mut(QK)) {
-                kernels::q8_residual(&row[b * QK..(b + 1) * QK], r);
+        let mut r = [0f32; QK];
+        for row in x.chunks_exact(self.cols) {
+            out.extend_from_slice(row);
+            for &b in &self.blocks {
+                kernels::q8_residual(&row[b * QK..(b + 1) * QK], &mut r);
+                out.extend_from_slice(&r);
             }
         }
     }
