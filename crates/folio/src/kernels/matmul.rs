@@ -147,13 +147,9 @@ impl QMatrix {
     /// Packs GGUF rows of blocks `B` into tiles `T` of `layout`'s rows, tile-major:
     /// `put(tile, r % tile rows, block)` stores one row's block into its tile. Rows past
     /// the last whole tile stay zero.
-    #[allow(clippy::too_many_arguments)]
     fn pack<B: bytemuck::Pod, T: bytemuck::Pod>(
-        ty: GgmlType,
-        layout: Layout,
-        rows: usize,
-        cols: usize,
-        row_bytes: usize,
+        (ty, layout): (GgmlType, Layout),
+        (rows, cols, row_bytes): (usize, usize, usize),
         bytes: &[u8],
         put: impl Fn(&mut T, usize, B),
     ) -> Self {
@@ -190,15 +186,8 @@ impl QMatrix {
             t.dm[4 + k] = blk.m;
             t.qs[k] = blk.qs;
         };
-        Self::pack(
-            GgmlType::Q4_1,
-            Layout::Tiles4,
-            rows,
-            cols,
-            row_bytes,
-            bytes,
-            put,
-        )
+        let shape = (rows, cols, row_bytes);
+        Self::pack((GgmlType::Q4_1, Layout::Tiles4), shape, bytes, put)
     }
 
     fn pack_q8_0(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
@@ -207,15 +196,8 @@ impl QMatrix {
             t.qs[k].copy_from_slice(&blk.qs[..QK / 2]);
             t.qs[4 + k].copy_from_slice(&blk.qs[QK / 2..]);
         };
-        Self::pack(
-            GgmlType::Q8_0,
-            Layout::Tiles4,
-            rows,
-            cols,
-            row_bytes,
-            bytes,
-            put,
-        )
+        let shape = (rows, cols, row_bytes);
+        Self::pack((GgmlType::Q8_0, Layout::Tiles4), shape, bytes, put)
     }
 
     fn pack_q4_1x16(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
@@ -226,15 +208,8 @@ impl QMatrix {
                 q[4 * r..4 * r + 4].copy_from_slice(&blk.qs[4 * j..4 * j + 4]);
             }
         };
-        Self::pack(
-            GgmlType::Q4_1,
-            Layout::Tiles16,
-            rows,
-            cols,
-            row_bytes,
-            bytes,
-            put,
-        )
+        let shape = (rows, cols, row_bytes);
+        Self::pack((GgmlType::Q4_1, Layout::Tiles16), shape, bytes, put)
     }
 
     fn pack_q8_0x16(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
@@ -246,15 +221,8 @@ impl QMatrix {
                 }
             }
         };
-        Self::pack(
-            GgmlType::Q8_0,
-            Layout::Tiles16,
-            rows,
-            cols,
-            row_bytes,
-            bytes,
-            put,
-        )
+        let shape = (rows, cols, row_bytes);
+        Self::pack((GgmlType::Q8_0, Layout::Tiles16), shape, bytes, put)
     }
 
     /// The layout `isa`'s kernels read for a matrix of type `ty`.
