@@ -90,10 +90,12 @@ pub unsafe fn tile_q4_1x16<const C: usize>(
         });
         for c in 0..C {
             let x = &a[c][i];
-            let mut p = _mm512_setzero_si512();
-            for (k, &qk) in q.iter().enumerate() {
-                p = _mm512_dpbusd_epi32(p, qk, dword(x, k));
+            let (mut p, mut p2) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            for k in 0..4 {
+                p = _mm512_dpbusd_epi32(p, q[k], dword(x, k));
+                p2 = _mm512_dpbusd_epi32(p2, q[k + 4], dword(x, k + 4));
             }
+            let p = _mm512_add_epi32(p, p2);
             let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
             acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[c]);
         }
@@ -126,7 +128,7 @@ pub unsafe fn tile_q8_0x16<const C: usize>(
     out: &mut [[f32; 16]; C],
 ) {
     let nb = tile_blocks(w, &a);
-    assert!(sums.iter().all(|s| s.len() == nb));
+    assert!(C <= 8 && sums.iter().all(|s| s.len() == nb));
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
         prefetch(w, i + TILE_PREFETCH_BLOCKS / 4, 9);
@@ -140,15 +142,25 @@ pub unsafe fn tile_q8_0x16<const C: usize>(
                 }),
             )
         };
-        for c in 0..C {
-            let x = &a[c][i];
-            let mut p = _mm512_set1_epi32(sums[c][i]);
-            for (k, &qk) in q.iter().enumerate() {
-                p = _mm512_dpbusd_epi32(p, qk, dword(x, k));
-            }
-            let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
-            acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[c]);
+        // Unrolled by hand (C ≤ 8, constant indices): as a loop, LLVM kept the widest
+        // case rolled with its accumulators on the stack.
+        macro_rules! row {
+            ($($c:literal)*) => {$(
+                if $c < C {
+                    let x = &a[$c][i];
+                    let mut p = _mm512_set1_epi32(sums[$c][i]);
+                    let mut p2 = _mm512_setzero_si512();
+                    for k in 0..4 {
+                        p = _mm512_dpbusd_epi32(p, q[k], dword(x, k));
+                        p2 = _mm512_dpbusd_epi32(p2, q[k + 4], dword(x, k + 4));
+                    }
+                    let p = _mm512_add_epi32(p, p2);
+                    let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
+                    acc[$c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[$c]);
+                }
+            )*};
         }
+        row!(0 1 2 3 4 5 6 7);
     }
     for c in 0..C {
         // SAFETY: `out[c]` is 16 floats.
