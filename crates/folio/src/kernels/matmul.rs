@@ -603,20 +603,65 @@ pub struct Activations {
 impl Activations {
     /// Takes `n` rows of `cols` values from `x`.
     pub fn set(&mut self, x: &[f32], n: usize, cols: usize) {
-        self.fill(n, cols, |buf| buf.extend_from_slice(&x[..n * cols]));
-    }
-
-    /// Takes the `n` rows of `cols` values that `append` appends to the (emptied)
-    /// buffer: an input built in place, without a copy.
-    pub fn fill(&mut self, n: usize, cols: usize, append: impl FnOnce(&mut Vec<f32>)) {
         self.n = n;
         self.cols = cols;
         self.f32.clear();
-        append(&mut self.f32);
-        assert_eq!(self.f32.len(), n * cols, "n rows of cols values");
+        self.f32.extend_from_slice(&x[..n * cols]);
         self.have_q8 = false;
         self.have_q8k = false;
         self.have_sums = false;
+    }
+
+    /// Builds `n` rows of `cols` values in place, `row(r, values)` writing row `r`, and
+    /// quantizes them for `ws`, the matrices that will read them, in the same pass:
+    /// the steps between two matmuls of a small batch (a norm, a copy, an activation
+    /// function, then the 8-bit rounding) as one parallel region, rows split over
+    /// `pool`'s threads from [`BUILD_ROWS`] rows, where each alone would run on one
+    /// thread. Each row is built and quantized the same way whatever the split.
+    pub fn build(
+        &mut self,
+        pool: &ThreadPool,
+        isa: Isa,
+        (n, cols): (usize, usize),
+        ws: &[&QMatrix],
+        row: &(dyn Fn(usize, &mut [f32]) + Sync),
+    ) {
+        let sums = ws.iter().any(|w| w.reads_sums(isa));
+        let q8 = sums || ws.iter().any(|w| w.act_kind() == ActKind::Q8);
+        let nb = cols / QK;
+        self.n = n;
+        self.cols = cols;
+        self.f32.resize(n * cols, 0.0);
+        self.q8
+            .resize(if q8 { n * nb } else { 0 }, BlockQ8::zeroed());
+        self.sums.resize(if sums { n * nb } else { 0 }, 0);
+        let (mut f, mut q, mut s) = (&mut self.f32[..], &mut self.q8[..], &mut self.sums[..]);
+        let mut parts = Vec::new();
+        for (a, b) in pool.row_chunks(n, BUILD_ROWS) {
+            let k = b - a;
+            let (f0, f1) = std::mem::take(&mut f).split_at_mut(k * cols);
+            let (q0, q1) = std::mem::take(&mut q).split_at_mut(if q8 { k * nb } else { 0 });
+            let (s0, s1) = std::mem::take(&mut s).split_at_mut(if sums { k * nb } else { 0 });
+            parts.push((a, f0, q0, s0));
+            (f, q, s) = (f1, q1, s1);
+        }
+        pool.each(parts, &|(first, f, q, s)| {
+            for (i, values) in f.chunks_exact_mut(cols).enumerate() {
+                row(first + i, values);
+            }
+            if q8 {
+                super::quantize_q8(isa, f, q);
+            }
+            block_sums(q, s);
+        });
+        self.have_q8 = q8;
+        self.have_sums = sums;
+        self.have_q8k = false;
+    }
+
+    /// The values of every row, back to back.
+    pub fn values(&self) -> &[f32] {
+        &self.f32
     }
 
     /// Makes sure the `kind` representation exists (quantized on `isa`'s path, rows
@@ -643,12 +688,8 @@ impl Activations {
             }
             ActKind::Q8Sums if !self.have_sums => {
                 self.ensure(pool, isa, ActKind::Q8);
-                self.sums.clear();
-                self.sums.extend(
-                    self.q8
-                        .iter()
-                        .map(|b| -128 * b.qs.iter().map(|&q| i32::from(q)).sum::<i32>()),
-                );
+                self.sums.resize(self.q8.len(), 0);
+                block_sums(&self.q8, &mut self.sums);
                 self.have_sums = true;
             }
             _ => {}
@@ -673,12 +714,21 @@ impl Activations {
     }
 }
 
+/// -128·Σq of each of `q`'s blocks into `out` (as many; none when `out` is empty).
+fn block_sums(q: &[BlockQ8], out: &mut [i32]) {
+    for (s, b) in out.iter_mut().zip(q) {
+        *s = -128 * b.qs.iter().map(|&q| i32::from(q)).sum::<i32>();
+    }
+}
+
 use bytemuck::Zeroable;
 
-/// A shared view of one output buffer that threads write at disjoint indices.
+/// A shared view of one output buffer that threads write at disjoint indices, each
+/// once: the value, or (`add`) the value added to what is there.
 struct OutView {
     ptr: *mut f32,
     len: usize,
+    add: bool,
 }
 // SAFETY: threads write through the view only at disjoint (row, token) indices, each
 // bounds-checked against `len`, while the buffer is exclusively borrowed by `matmul`.
@@ -687,14 +737,23 @@ unsafe impl Sync for OutView {}
 impl OutView {
     fn write(&self, i: usize, v: f32) {
         assert!(i < self.len);
-        // SAFETY: in bounds (checked above); no two threads write the same index, and
-        // nothing reads the buffer until the parallel region ends.
-        unsafe { *self.ptr.add(i) = v };
+        // SAFETY: in bounds (checked above); no two threads touch the same index, and
+        // nothing else reads the buffer until the parallel region ends.
+        unsafe {
+            let p = self.ptr.add(i);
+            *p = if self.add { *p + v } else { v };
+        }
     }
 
     /// Writes `v` at indices `i..i + v.len()`.
     fn write_run(&self, i: usize, v: &[f32]) {
         assert!(i + v.len() <= self.len);
+        if self.add {
+            v.iter()
+                .enumerate()
+                .for_each(|(k, &v)| self.write(i + k, v));
+            return;
+        }
         // SAFETY: in bounds (checked above); no two threads write the same index, and
         // nothing reads the buffer until the parallel region ends; `v` is a separate
         // buffer.
@@ -758,6 +817,10 @@ fn run_tile16(
 const ROW_TILE: usize = 4;
 /// Rows of activations from which element-wise work is split over threads.
 pub const PARALLEL_ROWS: usize = 32;
+/// Rows from which [`Activations::build`] splits its rows over threads: its work per
+/// row (a norm or an activation function, a copy, the 8-bit rounding) is more than
+/// one element-wise step's.
+pub const BUILD_ROWS: usize = 4;
 /// Activation rows per block of the matmul's outer loop (32 rows of 576 8-bit values
 /// take ~23 KB: they stay in L1).
 const COL_BLOCK: usize = 32;
@@ -769,6 +832,30 @@ pub fn matmul(
     isa: Isa,
     act: &mut Activations,
     jobs: &mut [(&QMatrix, &mut [f32])],
+) {
+    matmul_into(pool, isa, act, jobs, false);
+}
+
+/// [`matmul`] of one matrix added to `out`: `out[t * w.rows + r] += dot(w row r, x row
+/// t)`, each sum rounded once, as a matmul then an add would (a residual connection
+/// without its own pass over the rows).
+pub fn matmul_add(
+    pool: &ThreadPool,
+    isa: Isa,
+    act: &mut Activations,
+    w: &QMatrix,
+    out: &mut [f32],
+) {
+    matmul_into(pool, isa, act, &mut [(w, out)], true);
+}
+
+/// [`matmul`], or with `add` [`matmul_add`].
+fn matmul_into(
+    pool: &ThreadPool,
+    isa: Isa,
+    act: &mut Activations,
+    jobs: &mut [(&QMatrix, &mut [f32])],
+    add: bool,
 ) {
     for (w, out) in jobs.iter() {
         assert_eq!(
@@ -792,6 +879,7 @@ pub fn matmul(
                 OutView {
                     ptr: o.as_mut_ptr(),
                     len: o.len(),
+                    add,
                 },
             )
         })

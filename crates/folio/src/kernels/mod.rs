@@ -72,7 +72,7 @@ pub(crate) mod avxvnni;
 mod detect;
 
 pub use attend::attend_block;
-pub use matmul::{matmul, Activations, QMatrix};
+pub use matmul::{matmul, matmul_add, Activations, QMatrix};
 pub use pool::ThreadPool;
 
 #[cfg(test)]
@@ -528,6 +528,8 @@ pub fn swiglu(isa: Isa, gate: &mut [f32], up: &[f32]) {
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_build;
 #[cfg(test)]
 mod tests_columns;
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]

@@ -399,26 +399,45 @@ impl ThreadPool {
     ) {
         assert!(width > 0 && out.len().is_multiple_of(width));
         let rows = out.len() / width;
-        if self.n == 1 || rows < min_rows.max(2) {
-            return f(0, out);
-        }
-        let chunks = rows.min(self.parallelism() * 4);
-        let mut parts = Vec::with_capacity(chunks);
+        let mut parts = Vec::new();
         let mut rest = out;
-        for c in 0..chunks {
-            let (a, b) = share(rows, c, chunks);
+        for (a, b) in self.row_chunks(rows, min_rows) {
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut((b - a) * width);
-            parts.push((a, Mutex::new(mine)));
+            parts.push((a, mine));
             rest = tail;
         }
+        self.each(parts, &|(first, part)| f(first, part));
+    }
+
+    /// How [`rows_mut`](Self::rows_mut) splits `rows` rows: one chunk (this thread)
+    /// under `min_rows` rows or on one thread, else a few chunks per thread, so that a
+    /// descheduled thread holds back little. `(first, end)` of each.
+    pub fn row_chunks(&self, rows: usize, min_rows: usize) -> Vec<(usize, usize)> {
+        let chunks = if self.n == 1 || rows < min_rows.max(2) {
+            1
+        } else {
+            rows.min(self.parallelism() * 4)
+        };
+        (0..chunks).map(|c| share(rows, c, chunks)).collect()
+    }
+
+    /// Calls `f` once on each of `parts`, each claimed by whichever thread is free (on
+    /// this thread alone when there is only one part).
+    pub fn each<P: Send>(&self, mut parts: Vec<P>, f: &(dyn Fn(P) + Sync)) {
+        if parts.len() == 1 {
+            return f(parts.pop().expect("one part"));
+        }
+        let parts: Vec<Mutex<Option<P>>> = parts.into_iter().map(|p| Mutex::new(Some(p))).collect();
         let next = AtomicUsize::new(0);
         self.run(&|_| loop {
             let c = next.fetch_add(1, Relaxed);
-            let Some((first, part)) = parts.get(c) else {
+            let Some(part) = parts.get(c) else {
                 return;
             };
-            let mut guard = part.lock().unwrap_or_else(|e| e.into_inner());
-            f(*first, &mut guard);
+            let part = part.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(p) = part {
+                f(p);
+            }
         });
     }
 }

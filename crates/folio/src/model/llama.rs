@@ -13,7 +13,7 @@ use super::outliers::{self, Outliers, Pass, Probe, Site};
 use super::step_logits::StepLogits;
 use super::weights::Weights;
 use crate::gguf::Gguf;
-use crate::kernels::{self, matmul, Activations, Isa, ThreadPool};
+use crate::kernels::{self, matmul, matmul_add, Activations, Isa, ThreadPool};
 use crate::kv::{BasicCache, Batch, KvDtype, KvStorage, Logits, PageId, PoolShape, SeqStep};
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
@@ -387,10 +387,12 @@ impl Model {
         };
         let tables = table(&c.rope);
         let tables_local = c.rope_local.as_ref().map(table);
-        let mut h = vec![0f32; n * d];
         let (mut q, mut k, mut v) = (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd]);
         let mut att = vec![0f32; n * qd];
-        let mut o = vec![0f32; n * d];
+        // Only a norm after a residual branch's matmul needs its output apart.
+        let post_norms =
+            (w.layers.iter()).any(|l| l.post_attn_norm.is_some() || l.post_ffn_norm.is_some());
+        let mut o = vec![0f32; if post_norms { n * d } else { 0 }];
         let (mut gate, mut up) = (vec![0f32; n * f], vec![0f32; n * f]);
         let mut act = Activations::default();
         let o8 = &self.outliers;
@@ -399,22 +401,54 @@ impl Model {
         // (prefill); each row is computed the same way either way.
         let pool = &self.pool;
         let par = kernels::matmul::PARALLEL_ROWS;
-        let norm = |x: &[f32], g: &[f32], h: &mut [f32]| {
-            pool.rows_mut(&mut h[..n * d], d, par, &|r, hs| {
-                ops::rms_norm(&x[r * d..r * d + hs.len()], g, c.norm_eps, hs)
+        // A matmul input: `x`'s rows normed by `g`, each followed by its outlier
+        // blocks' residuals where the input has a pass.
+        let normed = |act: &mut Activations,
+                      x: &[f32],
+                      picked: &[usize],
+                      g: &[f32],
+                      pass: Option<&Pass>,
+                      ws: &[&kernels::QMatrix]| {
+            let width = pass.map_or(d, Pass::width);
+            act.build(pool, self.isa, (picked.len(), width), ws, &|r, out| {
+                let (h, rest) = out.split_at_mut(d);
+                let r = picked[r];
+                ops::rms_norm(&x[r * d..(r + 1) * d], g, c.norm_eps, h);
+                if let Some(p) = pass {
+                    p.residuals(h, rest);
+                }
             });
         };
-        let add = |x: &mut [f32], o: &[f32]| {
+        let all: Vec<usize> = (0..n).collect();
+        let record = |probe: &mut Option<&mut Probe>, site: Site, act: &Activations| {
+            if let Some(p) = probe.as_deref_mut() {
+                assert_eq!(act.values().len(), n * d, "calibration runs without passes");
+                p.record(site, act.values(), d);
+            }
+        };
+        // A residual connection: `x += act · wᵀ`, or where a norm follows `w` (Gemma's
+        // post-norms), `x += norm(act · wᵀ)` through `o`.
+        let residual = |act: &mut Activations,
+                        x: &mut [f32],
+                        w: &kernels::QMatrix,
+                        post: &Option<Vec<f32>>,
+                        o: &mut [f32]| {
+            let Some(g) = post else {
+                return matmul_add(pool, self.isa, act, w, x);
+            };
+            matmul(pool, self.isa, act, &mut [(w, &mut *o)]);
+            pool.rows_mut(o, d, par, &|_, os| {
+                ops::rms_norm_in_place(os, g, c.norm_eps)
+            });
             pool.rows_mut(x, d, par, &|r, xs| {
                 xs.iter_mut().zip(&o[r * d..]).for_each(|(a, b)| *a += b)
             });
         };
         for (li, l) in w.layers.iter().enumerate() {
-            norm(&x, &l.attn_norm, &mut h);
-            if let Some(p) = probe.as_deref_mut() {
-                p.record(Site::Attention(li), &h, d);
-            }
-            set_input(&mut act, &h, n, d, o8.attention.get(li));
+            let qkv = [&l.wq, &l.wk, &l.wv];
+            let pass = o8.attention.get(li).and_then(Option::as_ref);
+            normed(&mut act, &x, &all, &l.attn_norm, pass, &qkv);
+            record(&mut probe, Site::Attention(li), &act);
             matmul(
                 pool,
                 self.isa,
@@ -466,41 +500,29 @@ impl Model {
             attention_with(
                 pool, self.isa, heads, scores, &*kv, batch, li, rows, &q, &mut att,
             );
-            act.set(&att, n, qd);
-            matmul(pool, self.isa, &mut act, &mut [(&l.wo, &mut o)]);
-            if let Some(g) = &l.post_attn_norm {
-                pool.rows_mut(&mut o, d, par, &|_, os| {
-                    ops::rms_norm_in_place(os, g, c.norm_eps)
-                });
-            }
-            add(&mut x, &o);
+            act.build(pool, self.isa, (n, qd), &[&l.wo], &|r, out| {
+                out.copy_from_slice(&att[r * qd..(r + 1) * qd])
+            });
+            residual(&mut act, &mut x, &l.wo, &l.post_attn_norm, &mut o);
 
-            norm(&x, &l.ffn_norm, &mut h);
-            if let Some(p) = probe.as_deref_mut() {
-                p.record(Site::FeedForward(li), &h, d);
-            }
-            set_input(&mut act, &h, n, d, o8.feed_forward.get(li));
+            let pass = o8.feed_forward.get(li).and_then(Option::as_ref);
+            normed(&mut act, &x, &all, &l.ffn_norm, pass, &[&l.w_gate, &l.w_up]);
+            record(&mut probe, Site::FeedForward(li), &act);
             matmul(
                 pool,
                 self.isa,
                 &mut act,
                 &mut [(&l.w_gate, &mut gate), (&l.w_up, &mut up)],
             );
-            pool.rows_mut(&mut gate, f, par, &|r, g| {
-                let up = &up[r * f..r * f + g.len()];
+            act.build(pool, self.isa, (n, f), &[&l.w_down], &|r, g| {
+                g.copy_from_slice(&gate[r * f..(r + 1) * f]);
+                let up = &up[r * f..(r + 1) * f];
                 match c.activation {
                     Activation::SwiGlu => kernels::swiglu(self.isa, g, up),
                     Activation::GeGlu => ops::geglu(g, up),
                 }
             });
-            act.set(&gate, n, f);
-            matmul(pool, self.isa, &mut act, &mut [(&l.w_down, &mut o)]);
-            if let Some(g) = &l.post_ffn_norm {
-                pool.rows_mut(&mut o, d, par, &|_, os| {
-                    ops::rms_norm_in_place(os, g, c.norm_eps)
-                });
-            }
-            add(&mut x, &o);
+            residual(&mut act, &mut x, &l.w_down, &l.post_ffn_norm, &mut o);
         }
 
         // The rows that want logits, all through the head together.
@@ -520,28 +542,16 @@ impl Model {
         if m == 0 {
             return;
         }
-        let mut sel = vec![0f32; m * d];
-        for (dst, &r) in sel.chunks_exact_mut(d).zip(&picked) {
-            dst.copy_from_slice(&x[r * d..(r + 1) * d]);
-        }
-        ops::rms_norm(&sel, &w.out_norm, c.norm_eps, &mut h[..m * d]);
+        let head = [w.head()];
+        normed(&mut act, &x, &picked, &w.out_norm, o8.head.as_ref(), &head);
         if let Some(p) = probe {
-            p.record(Site::Head, &h[..m * d], d);
+            assert_eq!(act.values().len(), m * d, "calibration runs without passes");
+            p.record(Site::Head, act.values(), d);
         }
-        set_input(&mut act, &h, m, d, Some(&o8.head));
         let logits = out.data_mut();
         matmul(&self.pool, self.isa, &mut act, &mut [(w.head(), logits)]);
         if let Some(cap) = c.final_softcap {
             ops::softcap(logits, cap);
         }
-    }
-}
-
-/// Sets `act` to the `n` rows of `x` (`cols` each), followed row by row by their
-/// outlier blocks' residuals where the input has a pass (built in place).
-fn set_input(act: &mut Activations, x: &[f32], n: usize, cols: usize, pass: Option<&Option<Pass>>) {
-    match pass.and_then(Option::as_ref) {
-        Some(p) => act.fill(n, p.width(), |buf| p.input(&x[..n * cols], buf)),
-        None => act.set(x, n, cols),
     }
 }

@@ -140,16 +140,16 @@ impl Pass {
             .expect("an extended matrix has 32-wide blocks")
     }
 
-    /// Appends to `out` the rows of `x` (`cols` each), each followed by what the 8-bit
-    /// rounding left of its outlier blocks: the input of the extended matrices.
-    pub fn input(&self, x: &[f32], out: &mut Vec<f32>) {
-        let mut r = [0f32; QK];
-        for row in x.chunks_exact(self.cols) {
-            out.extend_from_slice(row);
-            for &b in &self.blocks {
-                kernels::q8_residual(&row[b * QK..(b + 1) * QK], &mut r);
-                out.extend_from_slice(&r);
-            }
+    /// What the 8-bit rounding left of `row`'s outlier blocks, into `out` (a block's
+    /// worth each, in order): what follows the row in the extended matrices' input.
+    pub fn residuals(&self, row: &[f32], out: &mut [f32]) {
+        assert_eq!(
+            out.len(),
+            self.blocks.len() * QK,
+            "a block of residuals per block"
+        );
+        for (&b, r) in self.blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            kernels::q8_residual(&row[b * QK..(b + 1) * QK], r);
         }
     }
 }
