@@ -2,7 +2,7 @@
 //! read bandwidth as the decode ceiling, and llama.cpp's figures measured in the same
 //! run (through llama-cpp-python, when installed) with the ratios.
 
-use crate::figures::{median, rounds, speeds};
+use crate::figures::{bench_prompt, median, rounds, speeds};
 use crate::opts::KvKind;
 use crate::opts::ModelArgs;
 use crate::report::{figure, Report};
@@ -86,7 +86,6 @@ pub struct Args {
     pub json: Option<std::path::PathBuf>,
 }
 
-const TEXT: &str = "The history of the printing press begins long before Gutenberg, with movable type made of baked clay and later cast in bronze. ";
 /// The one sequence pp/tg run on, of the kind `--kv` chose.
 enum OneSeq {
     Basic(BasicCache),
@@ -115,8 +114,7 @@ pub fn run(mut a: Args) -> Result<()> {
         a.model.kv
     );
 
-    let base = model.tokenizer.encode(TEXT, false);
-    let prompt: Vec<u32> = base.iter().cycle().take(a.pp).copied().collect();
+    let prompt = bench_prompt(&model, a.pp);
     // One sequence of up to --ctx tokens, contiguous or in a pool of pages.
     let ctx = a.model.ctx.min(model.config.context_length);
     let dtype = a.model.kv_dtype.dtype();
@@ -212,7 +210,6 @@ pub fn run(mut a: Args) -> Result<()> {
         crate::bench_long::run(
             &mut report,
             &model,
-            &base,
             &crate::bench_long::LongArgs {
                 page_size: a.model.page_size,
                 reps,
@@ -369,8 +366,7 @@ fn kv_figures(report: &mut Report, model: &Model, a: &Args) -> Result<()> {
         figures[format!("fork_us_at_{n}")] = json!(us);
     }
     // Prefill of a 2000-token prompt, cold, then as a new request whose prefix is indexed.
-    let base = model.tokenizer.encode(TEXT, false);
-    let prompt: Vec<u32> = base.iter().cycle().take(2000).copied().collect();
+    let prompt = bench_prompt(model, 2000);
     let mut kv = pool(2 * 2048usize.div_ceil(ps) + 4, 4096);
     // The same prompt twice, each in a new table: the second finds the first's pages.
     // TTFT: prefix lookup, prefill of the rest, and the first token picked.

@@ -4,7 +4,7 @@
 //! (Attention through scattered pages vs gather + dense is a kernel micro-benchmark:
 //! `cargo bench -p folio --bench attention`.)
 
-use crate::figures::{baseline_output, median, rounds as round_list};
+use crate::figures::{baseline_output, bench_prompt, median, rounds as round_list, speeds};
 use crate::report::{figure, Report};
 use anyhow::Result;
 use folio::kv::{Batch, Logits, PageTable, PagedKv};
@@ -18,6 +18,11 @@ use std::time::Instant;
 
 /// Batch sizes of the aggregate decode figure.
 const SIZES: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+/// The batch whose aggregate decode is set against our own prefill (pp512) measured
+/// just before it, in every round: on a machine whose speed swings from one second to
+/// the next, the two figures of one round saw the same machine.
+const VS_PREFILL: usize = 16;
 
 /// Aggregate decode speed at each batch size, and the attention comparison. The decode
 /// figures run in `reps` rounds (every batch size, then llama.cpp's batched figure when
@@ -33,9 +38,17 @@ pub fn run(
     let reps = reps.max(1);
     let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); SIZES.len()];
     let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); SIZES.len()];
+    let (mut pp, mut vs_pp) = (Vec::new(), Vec::new());
     for _ in 0..reps {
         for (b, r) in SIZES.iter().zip(rounds.iter_mut()) {
+            let before = (*b == VS_PREFILL)
+                .then(|| prefill(model, page_size))
+                .transpose()?;
             r.push(aggregate_decode(model, page_size, *b, 32, 32)?);
+            if let (Some(p), Some(d)) = (before, r.last()) {
+                pp.push(p);
+                vs_pp.push(d / p);
+            }
         }
         if let Some((exe, gguf, threads)) = llama {
             for (t, v) in theirs.iter_mut().zip(llama_batched(exe, gguf, threads)?) {
@@ -74,11 +87,33 @@ pub fn run(
         rows.push(json!({"batch": b, "folio": figure(*tps, r),
                          "llama": l.map(|l| figure(l, t))}));
     }
+    let ratio = median(&vs_pp);
+    println!(
+        "batch {VS_PREFILL} against our own pp512 measured just before it in the same round: {ratio:.2}x (median of the rounds' ratios: {}; pp512 tok/s {})",
+        vs_pp.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" "),
+        round_list(&pp)
+    );
     report.add(
         "batch",
-        json!({"prompt_tokens": 32, "decode_steps": 32, "sizes": rows}),
+        json!({"prompt_tokens": 32, "decode_steps": 32, "sizes": rows,
+               "vs_prefill": {"batch": VS_PREFILL, "ratio": ratio, "ratios": vs_pp,
+                              "pp512": figure(median(&pp), &pp)}}),
     );
     Ok(())
+}
+
+/// Our own prefill tok/s of a 512-token prompt into an empty sequence (`folio bench`'s
+/// pp512).
+fn prefill(model: &Model, page_size: usize) -> Result<f64> {
+    let prompt = bench_prompt(model, 512);
+    let shape = model.pool_shape(
+        prompt.len().div_ceil(page_size) + 2,
+        page_size,
+        folio::KvDtype::F16,
+    );
+    let mut kv = PagedKv::with_shape(shape, prompt.len() + 1, &model.fingerprint());
+    let mut table = kv.new_table(None);
+    Ok(speeds(model, &mut kv.seq(&mut table), &prompt, 0)?.0)
 }
 
 /// llama.cpp's aggregate decode tok/s at each of [`SIZES`] (32-token prompts, 32

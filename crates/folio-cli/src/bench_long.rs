@@ -3,7 +3,7 @@
 //! and 8000 tokens, on a paged cache; llama.cpp's `llama-bench` (flash attention on,
 //! same threads) in the same rounds when its path is given, the two taking turns.
 
-use crate::figures::{baseline_output, median, rounds};
+use crate::figures::{baseline_output, bench_prompt, median, rounds};
 use crate::report::{figure, Report};
 use anyhow::Result;
 use folio::kv::{KvSeq, Logits, PagedKv};
@@ -32,9 +32,9 @@ pub struct LongArgs<'a> {
 /// One round's figures: pp tok/s per PP, decode tok/s per DEPTH.
 type Round = ([f64; 3], [f64; 3]);
 
-pub fn run(report: &mut Report, model: &Model, prompt_text: &[u32], a: &LongArgs) -> Result<()> {
+pub fn run(report: &mut Report, model: &Model, a: &LongArgs) -> Result<()> {
     let most = PP.iter().chain(&DEPTH).copied().max().unwrap_or(0) + TG + 1;
-    let prompt: Vec<u32> = prompt_text.iter().cycle().take(most).copied().collect();
+    let prompt = bench_prompt(model, most);
     let dtype = folio::kv::KvDtype::F16;
     let shape = model.pool_shape(most.div_ceil(a.page_size) + 1, a.page_size, dtype);
     let mut pool = PagedKv::with_shape(shape, most, &model.fingerprint());

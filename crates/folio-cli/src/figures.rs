@@ -8,6 +8,15 @@ use folio::model::sampler::argmax;
 use folio::{forward_one, Model};
 use std::time::Instant;
 
+/// The text the prefill figures' prompts repeat.
+const TEXT: &str = "The history of the printing press begins long before Gutenberg, with movable type made of baked clay and later cast in bronze. ";
+
+/// A prompt of `n` tokens: [`TEXT`] over and over.
+pub fn bench_prompt(model: &Model, n: usize) -> Vec<u32> {
+    let base = model.tokenizer.encode(TEXT, false);
+    base.iter().cycle().take(n).copied().collect()
+}
+
 /// Each round's figure, rounded, space-separated.
 pub fn rounds(v: &[f64]) -> String {
     v.iter()
