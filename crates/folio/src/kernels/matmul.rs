@@ -748,16 +748,15 @@ impl OutView {
     /// Writes `v` at indices `i..i + v.len()`.
     fn write_run(&self, i: usize, v: &[f32]) {
         assert!(i + v.len() <= self.len);
+        // SAFETY: in bounds (checked above); no other thread touches these indices, and
+        // nothing else reads the buffer until the parallel region ends; `v` is a
+        // separate buffer.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i), v.len()) };
         if self.add {
-            v.iter()
-                .enumerate()
-                .for_each(|(k, &v)| self.write(i + k, v));
-            return;
+            out.iter_mut().zip(v).for_each(|(o, v)| *o += v);
+        } else {
+            out.copy_from_slice(v);
         }
-        // SAFETY: in bounds (checked above); no two threads write the same index, and
-        // nothing reads the buffer until the parallel region ends; `v` is a separate
-        // buffer.
-        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(i), v.len()) };
     }
 }
 

@@ -422,10 +422,10 @@ impl ThreadPool {
     }
 
     /// Calls `f` once on each of `parts`, each claimed by whichever thread is free (on
-    /// this thread alone when there is only one part).
+    /// this thread alone when there is at most one part).
     pub fn each<P: Send>(&self, mut parts: Vec<P>, f: &(dyn Fn(P) + Sync)) {
-        if parts.len() == 1 {
-            return f(parts.pop().expect("one part"));
+        if parts.len() <= 1 {
+            return parts.pop().into_iter().for_each(f);
         }
         let parts: Vec<Mutex<Option<P>>> = parts.into_iter().map(|p| Mutex::new(Some(p))).collect();
         let next = AtomicUsize::new(0);

@@ -310,7 +310,7 @@ impl Model {
             .flat_map(|(s, st)| (st.start..st.end()).map(move |p| (s, p)))
             .collect();
         self.forward_rows(kv, batch, &rows, out, None);
-        if !out.all_finite() {
+        if !out.all_finite(&self.pool) {
             return Err(StepError::NonFinite);
         }
         Ok(())

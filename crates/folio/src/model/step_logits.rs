@@ -8,7 +8,13 @@
 //! glibc's allocator trimmed its heap between steps. One buffer, reused, faults once
 //! (the engine frees it after a step that needed far more rows than decoding does).
 
+use crate::kernels::ThreadPool;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+/// Fewest logits [`StepLogits::all_finite`] checks on a thread of their own: a few
+/// rows of the default model's vocabulary (one row alone is not worth a region).
+const FINITE_PART: usize = 1 << 17;
 
 /// The logits of one step: `vocab` floats per requested row, sequence by sequence
 /// (a sequence that asked for none has an empty slice).
@@ -75,12 +81,26 @@ impl StepLogits {
         &mut self.data
     }
 
-    /// Whether every value is finite (in chunks without an early exit inside, which
-    /// the compiler vectorizes: this runs over every logit of every step).
-    pub(super) fn all_finite(&self) -> bool {
-        self.data
-            .chunks(256)
-            .all(|c| c.iter().fold(true, |ok, x| ok & x.is_finite()))
+    /// Whether every value is finite: in chunks without an early exit inside, which the
+    /// compiler vectorizes (this runs over every logit of every step), and over
+    /// `pool`'s threads when there are several rows (16 decode rows: 3 MB).
+    pub(super) fn all_finite(&self, pool: &ThreadPool) -> bool {
+        let finite = |c: &[f32]| {
+            c.chunks(256)
+                .all(|c| c.iter().fold(true, |ok, x| ok & x.is_finite()))
+        };
+        let part = self
+            .data
+            .len()
+            .div_ceil(2 * pool.parallelism())
+            .max(FINITE_PART);
+        let ok = AtomicBool::new(true);
+        pool.each(self.data.chunks(part).collect(), &|c| {
+            if !finite(c) {
+                ok.store(false, Relaxed);
+            }
+        });
+        ok.into_inner()
     }
 }
 
@@ -89,5 +109,35 @@ impl std::ops::Index<usize> for StepLogits {
 
     fn index(&self, i: usize) -> &[f32] {
         self.seq(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_value_not_finite_anywhere_is_found_on_one_thread_or_several() {
+        let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+        let mut l = StepLogits::new();
+        // 16 rows of the default model's vocabulary: several parts on two threads.
+        l.reset(49_152, [10, 0, 6].into_iter());
+        let n = l.data_mut().len();
+        l.data_mut().fill(0.5);
+        assert!(pools.iter().all(|p| l.all_finite(p)));
+        for at in [0, FINITE_PART - 1, FINITE_PART, 3 * FINITE_PART + 5, n - 1] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                l.data_mut()[at] = bad;
+                for p in &pools {
+                    assert!(
+                        !l.all_finite(p),
+                        "{bad} at {at} of {n}, {} threads",
+                        p.threads()
+                    );
+                }
+                l.data_mut()[at] = 0.5;
+            }
+        }
+        assert!(pools.iter().all(|p| l.all_finite(p)));
     }
 }
