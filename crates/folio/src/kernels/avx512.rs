@@ -7,11 +7,12 @@
 //! Lane r of a weight vector holds four consecutive weights of row r as unsigned bytes,
 //! and the activations' matching four bytes are broadcast to every lane (a load, no
 //! shuffle), so one `vpdpbusd` adds four products to each of sixteen rows, and eight of
-//! them sum a whole 32-weight block in integers, exactly. The float work (convert, scale,
-//! accumulate) is then done once per block for sixteen rows. This path's kernels before
-//! (four rows per vector, four lanes per row, on four-row tiles) did it for every four
-//! rows: 24 vector operations per 512 multiply-adds of Q4_1 there, 12 here (and the
-//! nibble split, once per block for all the activation rows of a call). On a 2-core
+//! them sum a whole 32-weight block in integers, exactly (as two chains of four, added:
+//! half the latency, the same integer). The float work (convert, scale, accumulate) is
+//! then done once per block for sixteen rows. This path's kernels before (four rows per
+//! vector, four lanes per row, on four-row tiles) did it for every four rows: 24 vector
+//! operations per 512 multiply-adds of Q4_1 there, 13 here (and the nibble split, once
+//! per block for all the activation rows of a call). On a 2-core
 //! Emerald Rapids, alternated: pp512 627-711 → 762-960 tok/s (`folio bench`), batched
 //! decode of 16 sequences 494-532 → 545-666.
 //!
