@@ -175,6 +175,11 @@ def markdown(rec, plots):
         for r in rec["batch"]["sizes"]:
             f, l = med(r["folio"]), med(r["llama"])
             out.append(f"| {r['batch']} | {num(f)} | {num(l)} | {ratio(f, l)} |")
+        vs = rec["batch"].get("vs_prefill")
+        if vs:
+            out += ["", f"Batch {vs['batch']} against our own pp512 measured just before it in "
+                    f"the same round: {vs['ratio']:.2f}x (the rounds: "
+                    f"{' '.join(f'{r:.2f}' for r in vs['ratios'])})."]
         out.append("")
     if "serve" in rec:
         sv = rec["serve"]
