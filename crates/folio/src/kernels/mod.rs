@@ -500,15 +500,16 @@ pub fn quantize_q8(isa: Isa, x: &[f32], out: &mut [quant::BlockQ8]) {
 }
 
 /// What the 8-bit rounding of blocks of 32 values leaves: `out = x - d·q`, each block
-/// rounded as [`quantize_q8`] rounds it (on every path).
-pub fn q8_residual(x: &[f32], out: &mut [f32]) {
+/// rounded as [`quantize_q8`] rounds it (the same bytes on every path; `isa` only picks
+/// the rounding's speed).
+pub fn q8_residual(isa: Isa, x: &[f32], out: &mut [f32]) {
     assert!(x.len() == out.len() && x.len().is_multiple_of(quant::QK));
     for (xs, os) in x
         .chunks_exact(quant::QK)
         .zip(out.chunks_exact_mut(quant::QK))
     {
         let mut b = [<quant::BlockQ8 as bytemuck::Zeroable>::zeroed()];
-        scalar::quantize_q8(xs, &mut b);
+        quantize_q8(isa, xs, &mut b);
         let b = &b[0];
         for ((o, &v), &q) in os.iter_mut().zip(xs).zip(&b.qs) {
             *o = v - b.d * f32::from(q);

@@ -55,9 +55,9 @@ fn the_residual_is_what_the_8_bit_rounding_left() {
         .map(|i| if i == 37 { 60.0 } else { rng.signed_f32() })
         .collect();
     let mut r = vec![0f32; x.len()];
-    super::q8_residual(&x, &mut r);
     let mut q = vec![<BlockQ8 as bytemuck::Zeroable>::zeroed(); 3];
     for isa in runnable() {
+        super::q8_residual(isa, &x, &mut r);
         super::quantize_q8(isa, &x, &mut q);
         for (b, (xs, rs)) in x.chunks_exact(QK).zip(r.chunks_exact(QK)).enumerate() {
             for ((&v, &e), &qv) in xs.iter().zip(rs).zip(&q[b].qs) {

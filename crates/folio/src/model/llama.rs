@@ -415,7 +415,7 @@ impl Model {
                 let r = picked[r];
                 ops::rms_norm(&x[r * d..(r + 1) * d], g, c.norm_eps, h);
                 if let Some(p) = pass {
-                    p.residuals(h, rest);
+                    p.residuals(self.isa, h, rest);
                 }
             });
         };

@@ -27,7 +27,7 @@
 //! [`Model::llama_arithmetic`](super::Model::llama_arithmetic) takes the columns off
 //! again: llama.cpp's arithmetic, for the tests that hold folio to it.
 
-use crate::kernels::{self, QMatrix};
+use crate::kernels::{self, Isa, QMatrix};
 
 /// Values per block of the 8-bit formats.
 const QK: usize = 32;
@@ -142,14 +142,14 @@ impl Pass {
 
     /// What the 8-bit rounding left of `row`'s outlier blocks, into `out` (a block's
     /// worth each, in order): what follows the row in the extended matrices' input.
-    pub fn residuals(&self, row: &[f32], out: &mut [f32]) {
+    pub fn residuals(&self, isa: Isa, row: &[f32], out: &mut [f32]) {
         assert_eq!(
             out.len(),
             self.blocks.len() * QK,
             "a block of residuals per block"
         );
         for (&b, r) in self.blocks.iter().zip(out.chunks_exact_mut(QK)) {
-            kernels::q8_residual(&row[b * QK..(b + 1) * QK], r);
+            kernels::q8_residual(isa, &row[b * QK..(b + 1) * QK], r);
         }
     }
 }
