@@ -27,11 +27,17 @@
 //! Every activation row gets the same instructions whatever the tile width, so batch
 //! invariance holds.
 //!
-//! Every function here is `unsafe` only because it is compiled for CPU features the
-//! caller must have checked; slices are indexed with bounds checks.
+//! A tile call takes up to sixteen activation rows: a decode step of sixteen sequences
+//! loads each weight once, and its results go straight to the caller's output
+//! ([`TileOut`], masked stores, the residual add included).
+//!
+//! Every function here is `unsafe` because it is compiled for CPU features the caller
+//! must have checked, and the tile kernels also because they write through a
+//! [`TileOut`]'s pointer (the caller vouches for its rows); slices are indexed with
+//! bounds checks.
 #![allow(unsafe_code)]
 
-use super::avx2::{prefetch, tile_blocks, TILE_PREFETCH_BLOCKS};
+use super::avx2::{prefetch, TILE_PREFETCH_BLOCKS};
 use super::quant::*;
 use std::arch::x86_64::*;
 
@@ -50,6 +56,18 @@ pub unsafe fn probe() {
     }
 }
 
+/// Keeps the compiler from moving memory reads across it (an empty `asm!` that may
+/// touch memory; no instruction is emitted). Between two activation rows' work in the
+/// wide tile kernels: unfenced, LLVM's scheduler interleaved the rows of a wide call for
+/// parallelism and spilled their accumulators to the stack (102 zmm spills in the
+/// sixteen-row Q4_1 kernel, against 2), on some builds and not others. The CPU still
+/// overlaps the rows; only the instruction order is kept.
+#[inline(always)]
+fn row_barrier() {
+    // SAFETY: an empty instruction sequence.
+    unsafe { std::arch::asm!("", options(nostack, preserves_flags)) };
+}
+
 /// Activation block `x`'s four bytes `4k..4k+4`, broadcast to every lane.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -58,15 +76,36 @@ fn dword(x: &BlockQ8, k: usize) -> __m512i {
     _mm512_set1_epi32(i32::from_le_bytes(q))
 }
 
-/// Sixteen packed Q4_1 rows × C activation rows: `out[c][r] = dot(row r, a[c])`.
+/// Where a tile call writes: activation row c's results for the tile's first `len`
+/// (≤ 16) rows at `ptr + c·stride`, set, or with `add` added to what is there (one f32
+/// add each: a residual connection without its own pass). The rest (a tile's padding
+/// rows) are neither read nor written.
+pub struct TileOut {
+    pub ptr: *mut f32,
+    pub stride: usize,
+    pub len: usize,
+    pub add: bool,
+}
+
+/// The blocks per row of a tile call, checked: `w` holds one tile's blocks, and each
+/// of `a` (at most 16 activation rows) as many.
+fn tile_blocks<T>(w: &[T], a: &[&[BlockQ8]], out: &TileOut) -> usize {
+    let nb = w.len();
+    assert!(a.len() <= 16 && a.iter().all(|x| x.len() == nb) && out.len <= 16);
+    nb
+}
+
+/// Sixteen packed Q4_1 rows × C activation rows: `dot(row r, a[c])` written to `out`
+/// for each c, r.
+///
+/// # Safety
+/// The CPU runs this function's features, and for every c < C, `out.ptr + c·out.stride`
+/// is valid for reads and writes of `out.len` floats that nothing else accesses during
+/// the call.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile_q4_1x16<const C: usize>(
-    w: &[BlockQ4_1x16],
-    a: [&[BlockQ8]; C],
-    out: &mut [[f32; 16]; C],
-) {
-    let nb = tile_blocks(w, &a);
+pub unsafe fn tile_q4_1x16<const C: usize>(w: &[BlockQ4_1x16], a: [&[BlockQ8]; C], out: &TileOut) {
+    let nb = tile_blocks(w, &a, out);
     let low4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
@@ -89,17 +128,24 @@ pub unsafe fn tile_q4_1x16<const C: usize>(
                 _mm512_and_si512(_mm512_srli_epi16(raw[k - 4], 4), low4)
             }
         });
-        for c in 0..C {
-            let x = &a[c][i];
-            let (mut p, mut p2) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-            for k in 0..4 {
-                p = _mm512_dpbusd_epi32(p, q[k], dword(x, k));
-                p2 = _mm512_dpbusd_epi32(p2, q[k + 4], dword(x, k + 4));
-            }
-            let p = _mm512_add_epi32(p, p2);
-            let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
-            acc[c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[c]);
+        // Unrolled by hand (C ≤ 16, constant indices), as in `tile_q8_0x16`.
+        macro_rules! row {
+            ($($c:literal)*) => {$(
+                if $c < C {
+                    row_barrier();
+                    let x = &a[$c][i];
+                    let (mut p, mut p2) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    for k in 0..4 {
+                        p = _mm512_dpbusd_epi32(p, q[k], dword(x, k));
+                        p2 = _mm512_dpbusd_epi32(p2, q[k + 4], dword(x, k + 4));
+                    }
+                    let p = _mm512_add_epi32(p, p2);
+                    let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
+                    acc[$c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[$c]);
+                }
+            )*};
         }
+        row!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
     }
     // The min terms in their own sums, added at the end (as llama.cpp's kernels keep
     // them), in a second pass over the tile (now in L1): beside the first pass's eight
@@ -113,23 +159,23 @@ pub unsafe fn tile_q4_1x16<const C: usize>(
         }
     }
     for c in 0..C {
-        // SAFETY: `out[c]` is 16 floats.
-        unsafe { _mm512_storeu_ps(out[c].as_mut_ptr(), _mm512_add_ps(acc[c], macc[c])) };
+        // SAFETY: row c of `out` is valid (this function's contract).
+        unsafe { store(_mm512_add_ps(acc[c], macc[c]), out, c) };
     }
 }
 
-/// Sixteen packed Q8_0 rows (offset by 128) × C activation rows: `out[c][r] = dot(row
-/// r, a[c])`; `sums[c]` holds -128·Σx of each of `a[c]`'s blocks.
+/// Sixteen packed Q8_0 rows (offset by 128) × C activation rows, as [`tile_q4_1x16`]
+/// (and with its contract); `sums` holds -128·Σx of each of `a`'s blocks.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn tile_q8_0x16<const C: usize>(
     w: &[BlockQ8_0x16],
     a: [&[BlockQ8]; C],
     sums: [&[i32]; C],
-    out: &mut [[f32; 16]; C],
+    out: &TileOut,
 ) {
-    let nb = tile_blocks(w, &a);
-    assert!(C <= 8 && sums.iter().all(|s| s.len() == nb));
+    let nb = tile_blocks(w, &a, out);
+    assert!(sums.iter().all(|s| s.len() == nb));
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
         prefetch(w, i + TILE_PREFETCH_BLOCKS / 4, 9);
@@ -143,11 +189,12 @@ pub unsafe fn tile_q8_0x16<const C: usize>(
                 }),
             )
         };
-        // Unrolled by hand (C ≤ 8, constant indices): as a loop, LLVM kept the widest
+        // Unrolled by hand (C ≤ 16, constant indices): as a loop, LLVM kept the widest
         // case rolled with its accumulators on the stack.
         macro_rules! row {
             ($($c:literal)*) => {$(
                 if $c < C {
+                    row_barrier();
                     let x = &a[$c][i];
                     let mut p = _mm512_set1_epi32(sums[$c][i]);
                     let mut p2 = _mm512_setzero_si512();
@@ -161,30 +208,62 @@ pub unsafe fn tile_q8_0x16<const C: usize>(
                 }
             )*};
         }
-        row!(0 1 2 3 4 5 6 7);
+        row!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
     }
-    for c in 0..C {
-        // SAFETY: `out[c]` is 16 floats.
-        unsafe { _mm512_storeu_ps(out[c].as_mut_ptr(), acc[c]) };
+    for (c, &v) in acc.iter().enumerate() {
+        // SAFETY: row c of `out` is valid (this function's contract).
+        unsafe { store(v, out, c) };
+    }
+}
+
+/// Writes `v`'s first `out.len` lanes to `out`'s row c, as [`TileOut`] says.
+///
+/// # Safety
+/// `out.ptr + c·out.stride` is valid for reads and writes of `out.len` (≤ 16) floats.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store(v: __m512, out: &TileOut, c: usize) {
+    let mask = ((1u32 << out.len) - 1) as __mmask16;
+    let (p, add) = (out.ptr.wrapping_add(c * out.stride), out.add);
+    // SAFETY: the mask covers the row's `len` valid floats only (the caller's
+    // promise), and masked-off lanes are not accessed (nor can they fault).
+    unsafe {
+        let v = if add {
+            _mm512_add_ps(_mm512_maskz_loadu_ps(mask, p), v)
+        } else {
+            v
+        };
+        _mm512_mask_storeu_ps(p, mask, v);
     }
 }
 
 /// One activation row against consecutive Q4_1 tiles of `nb` blocks each:
-/// `out[16t + r] = dot(row r of tile t, a)`, each tile by `tile_q4_1x16`'s arithmetic
-/// (looped here, compiled for the kernel's features, so the kernel inlines: decode's
-/// matmuls are one row against thousands of tiles).
+/// `out[16t + r] = dot(row r of tile t, a)` (or `+=` with `add`), each tile by
+/// `tile_q4_1x16`'s arithmetic (looped here, compiled for the kernel's features, so the
+/// kernel inlines: decode's matmuls are one row against thousands of tiles).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tiles_q4_1x16_one_row(w: &[BlockQ4_1x16], nb: usize, a: &[BlockQ8], out: &mut [f32]) {
+pub unsafe fn tiles_q4_1x16_one_row(
+    w: &[BlockQ4_1x16],
+    nb: usize,
+    a: &[BlockQ8],
+    out: &mut [f32],
+    add: bool,
+) {
     assert_eq!(
         w.len(),
         out.len() / 16 * nb,
         "a tile of blocks per 16 outputs"
     );
     for (tile, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(16)) {
-        let mut r = [[0f32; 16]; 1];
-        // SAFETY: same CPU features as this function.
-        unsafe { tile_q4_1x16::<1>(tile, [a], &mut r) };
-        o.copy_from_slice(&r[0]);
+        let o = TileOut {
+            ptr: o.as_mut_ptr(),
+            stride: 0,
+            len: 16,
+            add,
+        };
+        // SAFETY: same CPU features as this function; `o` is one row of 16 floats,
+        // borrowed mutably here.
+        unsafe { tile_q4_1x16::<1>(tile, [a], &o) };
     }
 }
 
@@ -196,6 +275,7 @@ pub unsafe fn tiles_q8_0x16_one_row(
     a: &[BlockQ8],
     sums: &[i32],
     out: &mut [f32],
+    add: bool,
 ) {
     assert_eq!(
         w.len(),
@@ -203,9 +283,14 @@ pub unsafe fn tiles_q8_0x16_one_row(
         "a tile of blocks per 16 outputs"
     );
     for (tile, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(16)) {
-        let mut r = [[0f32; 16]; 1];
-        // SAFETY: same CPU features as this function.
-        unsafe { tile_q8_0x16::<1>(tile, [a], [sums], &mut r) };
-        o.copy_from_slice(&r[0]);
+        let o = TileOut {
+            ptr: o.as_mut_ptr(),
+            stride: 0,
+            len: 16,
+            add,
+        };
+        // SAFETY: same CPU features as this function; `o` is one row of 16 floats,
+        // borrowed mutably here.
+        unsafe { tile_q8_0x16::<1>(tile, [a], [sums], &o) };
     }
 }

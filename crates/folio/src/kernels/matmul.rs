@@ -700,13 +700,20 @@ impl Activations {
         &self.f32[t * cols..(t + 1) * cols]
     }
     fn q8_row(&self, t: usize, cols: usize) -> &[BlockQ8] {
+        self.q8_rows(t, 1, cols)
+    }
+    /// Rows `t..t + n`, one after another.
+    fn q8_rows(&self, t: usize, n: usize, cols: usize) -> &[BlockQ8] {
         let nb = cols / QK;
-        &self.q8[t * nb..(t + 1) * nb]
+        &self.q8[t * nb..(t + n) * nb]
     }
     fn sums_row(&self, t: usize, cols: usize) -> &[i32] {
+        self.sums_rows(t, 1, cols)
+    }
+    fn sums_rows(&self, t: usize, n: usize, cols: usize) -> &[i32] {
         assert!(self.have_sums, "block sums made before use");
         let nb = cols / QK;
-        &self.sums[t * nb..(t + 1) * nb]
+        &self.sums[t * nb..(t + n) * nb]
     }
     fn q8k_row(&self, t: usize, cols: usize) -> &[BlockQ8K] {
         let nb = cols / QK_K;
@@ -747,22 +754,43 @@ impl OutView {
 
     /// Writes `v` at indices `i..i + v.len()`.
     fn write_run(&self, i: usize, v: &[f32]) {
-        assert!(i + v.len() <= self.len);
-        // SAFETY: in bounds (checked above); no other thread touches these indices, and
-        // nothing else reads the buffer until the parallel region ends; `v` is a
-        // separate buffer.
-        let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i), v.len()) };
+        let out = self.run(i, v.len());
         if self.add {
             out.iter_mut().zip(v).for_each(|(o, v)| *o += v);
         } else {
             out.copy_from_slice(v);
         }
     }
+
+    /// Indices `i..i + len`, for a kernel that writes them itself (each once, by
+    /// `add`'s rule). A caller asks for each index once, as for `write`.
+    #[allow(clippy::mut_from_ref)]
+    fn run(&self, i: usize, len: usize) -> &mut [f32] {
+        assert!(i + len <= self.len);
+        // SAFETY: in bounds (checked above); no other thread touches these indices, and
+        // nothing else reads the buffer until the parallel region ends.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i), len) }
+    }
+
+    /// `rows` runs of `len` from index `i`, `stride` apart, for an AVX-512 tile call
+    /// (its contract holds: in bounds, checked here, and each index asked for once).
+    #[cfg(target_arch = "x86_64")]
+    fn tile_out(&self, i: usize, stride: usize, rows: usize, len: usize) -> super::avx512::TileOut {
+        assert!(rows > 0 && i + (rows - 1) * stride + len <= self.len);
+        super::avx512::TileOut {
+            ptr: self.ptr.wrapping_add(i),
+            stride,
+            len,
+            add: self.add,
+        }
+    }
 }
 
 /// Sixteen rows from `r0` (the first `real` of them real, the rest padding) × activation
-/// rows `t0..n` through the AVX-512 lane-per-row kernels, up to eight activation rows
-/// per call; every (row, column) gets the same arithmetic whatever the width.
+/// rows `t0..n` through the AVX-512 lane-per-row kernels, sixteen activation rows per
+/// call (the whole batch of a 16-sequence decode step: each weight loaded once) or up
+/// to eight, which write (or add) their results straight into `out`; every (row,
+/// column) gets the same arithmetic whatever the width.
 #[cfg(target_arch = "x86_64")]
 fn run_tile16(
     w: &QMatrix,
@@ -775,38 +803,40 @@ fn run_tile16(
 ) {
     use super::avx512::{tile_q4_1x16, tile_q8_0x16};
     macro_rules! widths {
-        ($t:expr, $k:expr, |$c:ident| $call:expr, $($w:literal)*) => {
+        ($k:expr, |$c:ident| $call:expr, $($w:literal)*) => {
             match $k {
                 $($w => {
                     const $c: usize = $w;
-                    let mut o = [[0f32; 16]; $c];
-                    $call(&mut o);
-                    for (c, row) in o.iter().enumerate() {
-                        out.write_run(($t + c) * w.rows + r0, &row[..real]);
-                    }
+                    $call
                 })*
-                _ => unreachable!("widths cover 1..=8"),
+                _ => unreachable!("widths cover 1..=8 and 16"),
             }
         };
     }
     let mut t = t0;
     while t < n {
-        let k = (n - t).min(8);
+        let k = if n - t >= 16 { 16 } else { (n - t).min(8) };
+        let nb = w.cols / QK;
+        let rows = act.q8_rows(t, k, w.cols);
+        // Each row its own slice: given one slice and a stride instead, LLVM spilled the
+        // sixteen-row Q8_0 kernel's accumulators (269 zmm spills), row barrier or not.
+        let a = |c: usize| &rows[c * nb..(c + 1) * nb];
+        let o = out.tile_out(t * w.rows + r0, w.rows, k, real);
         if w.ty == GgmlType::Q4_1 {
             let tile = w.tiles::<BlockQ4_1x16>(r0 / 16, 1);
-            widths!(t, k, |C| |o: &mut [[f32; 16]; C]| {
-                let a: [&[BlockQ8]; C] = std::array::from_fn(|c| act.q8_row(t + c, w.cols));
-                // SAFETY: AVX-512 paths are only produced after running the features.
-                unsafe { tile_q4_1x16(tile, a, o) }
-            }, 1 2 3 4 5 6 7 8);
+            // SAFETY: AVX-512 paths are only produced after running the features; `o`'s
+            // rows are this call's alone (`tile_out`).
+            widths!(k, |C| unsafe {
+                tile_q4_1x16::<C>(tile, std::array::from_fn(a), &o)
+            }, 1 2 3 4 5 6 7 8 16);
         } else {
             let tile = w.tiles::<BlockQ8_0x16>(r0 / 16, 1);
-            widths!(t, k, |C| |o: &mut [[f32; 16]; C]| {
-                let a: [&[BlockQ8]; C] = std::array::from_fn(|c| act.q8_row(t + c, w.cols));
-                let s: [&[i32]; C] = std::array::from_fn(|c| act.sums_row(t + c, w.cols));
-                // SAFETY: AVX-512 paths are only produced after running the features.
-                unsafe { tile_q8_0x16(tile, a, s, o) }
-            }, 1 2 3 4 5 6 7 8);
+            let sums = act.sums_rows(t, k, w.cols);
+            let s = |c: usize| &sums[c * nb..(c + 1) * nb];
+            // SAFETY: as above.
+            widths!(k, |C| unsafe {
+                tile_q8_0x16::<C>(tile, std::array::from_fn(a), std::array::from_fn(s), &o)
+            }, 1 2 3 4 5 6 7 8 16);
         }
         t += k;
     }
@@ -1008,23 +1038,18 @@ fn run_tiles_one_row(
         use super::avx512;
         let nb = w.cols / QK;
         let a = act.q8_row(t, w.cols);
-        let mut o = [0f32; 16 * 8];
-        for first in (0..count).step_by(8) {
-            let k = (count - first).min(8);
-            let tile = r0 / 16 + first;
-            let o = &mut o[..k * 16];
-            match w.ty {
-                // SAFETY: AVX-512 paths are only produced after running the features.
-                GgmlType::Q4_1 => unsafe {
-                    avx512::tiles_q4_1x16_one_row(w.tiles(tile, k), nb, a, o)
-                },
-                // SAFETY: as above.
-                _ => unsafe {
-                    let sums = act.sums_row(t, w.cols);
-                    avx512::tiles_q8_0x16_one_row(w.tiles(tile, k), nb, a, sums, o)
-                },
-            }
-            out.write_run(t * w.rows + tile * 16, o);
+        let tiles = r0 / 16;
+        let o = out.run(t * w.rows + r0, count * 16);
+        match w.ty {
+            // SAFETY: AVX-512 paths are only produced after running the features.
+            GgmlType::Q4_1 => unsafe {
+                avx512::tiles_q4_1x16_one_row(w.tiles(tiles, count), nb, a, o, out.add)
+            },
+            // SAFETY: as above.
+            _ => unsafe {
+                let sums = act.sums_row(t, w.cols);
+                avx512::tiles_q8_0x16_one_row(w.tiles(tiles, count), nb, a, sums, o, out.add)
+            },
         }
         return true;
     }
