@@ -4,9 +4,9 @@
 //!
 //! Work is split into units of (block of rows, KV heads, key chunk): the query heads that
 //! share a KV head run together, so each key is loaded once for all of them (and a
-//! decode row with enough chunks runs every KV head in one unit, piece by piece, so
-//! each page's rows are read whole, once, in order, the next piece asked for into L2
-//! while this one is computed); up to
+//! decode row with enough chunks, or in a step of many rows, runs every KV head in one
+//! unit, piece by piece, so each page's rows are read whole, once, in order, the next
+//! piece, or the next unit's first, asked for into L2 while this one is computed); up to
 //! [`ROW_BLOCK`] rows of one sequence at consecutive positions (a prefill) go through
 //! each tile of keys together, so each page is read from memory once per block; and a
 //! query's keys are cut into chunks of [`SPLIT_KEYS`] (split-K), so one long decode
@@ -78,6 +78,11 @@ struct Unit {
 /// tok/s with pieces of 128 (57.3-63.3 with 64, 58.9-63.1 with 256, 52.2-56.1 with 512),
 /// against 45.2-46.8 with pieces of 512 and no next piece asked for.
 const HEADS_TOGETHER_KEYS: usize = 128;
+
+/// Rows in a step from which a decode row runs every KV head in one unit (as a long
+/// one does), asking for the next unit's keys while it runs: the rows alone give the
+/// threads enough units.
+const DECODE_ROWS_TOGETHER: usize = 8;
 
 /// Keys `from..to` of a sequence's step as page runs into `out` (rows of `kv_dim`), each
 /// row from element `off` (a KV head's part).
@@ -187,12 +192,15 @@ pub fn attention_with<S: KvStorage + ?Sized>(
     let stride = group * (hd + 2);
     // Which KV heads a unit covers changes no bits (heads are independent), so it is
     // chosen for speed: for a decode row over pages, one unit per chunk with every head
-    // (whole K/V rows read once) where there are enough chunks to keep the threads
-    // busy, else one per head.
+    // (whole K/V rows read once) where there are enough chunks or rows to keep the
+    // threads busy, else one per head.
     let mut units = Vec::new();
+    // Each row's block's units (`units[a..b]`).
+    let mut block_units = Vec::with_capacity(rows.len());
     let mut off = 0;
     let mut b0 = 0;
     while b0 < rows.len() {
+        let first_unit = units.len();
         // A block: up to ROW_BLOCK rows of one sequence at consecutive positions.
         let mut b1 = b0 + 1;
         while b1 < rows.len()
@@ -210,7 +218,9 @@ pub fn attention_with<S: KvStorage + ?Sized>(
         // cache) streams best one head at a time, 0.47-0.48 ms against 0.61-0.67 at
         // 8k keys (attention benchmark, AMD EPYC avx512).
         let paged = batch.seqs[rows[b0].0].page_size < SPLIT_KEYS;
-        let per = if b1 - b0 == 1 && paged && n_chunks >= pool.parallelism() {
+        // Enough units either way where the step has many rows (a batch of decodes).
+        let many = n_chunks >= pool.parallelism() || rows.len() >= DECODE_ROWS_TOGETHER;
+        let per = if b1 - b0 == 1 && paged && many {
             nkv
         } else {
             1
@@ -232,6 +242,7 @@ pub fn attention_with<S: KvStorage + ?Sized>(
                 off += (b1 - r0) * (h1 - h0) * stride;
             }
         }
+        block_units.extend((b0..b1).map(|_| (first_unit, units.len())));
         b0 = b1;
     }
     // The work of a unit: the keys its rows read.
@@ -331,13 +342,25 @@ pub fn attention_with<S: KvStorage + ?Sized>(
                 } else {
                     t1
                 };
+                // At the row's last piece, the first piece of this thread's next unit
+                // where that is a decode row too (a batch of decodes: each row's keys
+                // are elsewhere in the pool, and were read from memory cold).
+                let next = (fetch && t2 == t1)
+                    .then(|| units[bounds[owner] + i + 1..bounds[owner + 1]].first())
+                    .flatten()
+                    .filter(|v| v.r1 - v.r0 == 1)
+                    .map(|v| {
+                        let k1 = (v.k0 as usize + piece).min(v.k1 as usize);
+                        (&batch.seqs[rows[v.r0 as usize].0], v.k0 as usize, k1)
+                    });
                 for (j, ((qk, st), ac)) in heads.enumerate() {
                     // The piece's keys as page runs, then one kernel call over them all.
                     let off = (h0 + j) * hd;
                     page_runs(kv, step, layer, kv_dim, t0, t1, off, &mut runs);
                     if fetch {
-                        let (a, b) = (t1 + (t2 - t1) * j / nh, t1 + (t2 - t1) * (j + 1) / nh);
-                        page_runs(kv, step, layer, kv_dim, a, b, 0, &mut ahead);
+                        let (st2, a0, b0) = next.unwrap_or((step, t1, t2));
+                        let (a, b) = (a0 + (b0 - a0) * j / nh, a0 + (b0 - a0) * (j + 1) / nh);
+                        page_runs(kv, st2, layer, kv_dim, a, b, 0, &mut ahead);
                         let (q, r) = (&qk[..], &runs[..]);
                         kernels::attend_runs_ahead(isa, q, r, &ahead, kv_dim, scale, st, ac);
                     } else {
@@ -365,47 +388,50 @@ pub fn attention_with<S: KvStorage + ?Sized>(
         }
     });
     drop(parts);
-    // Combine each (row, head)'s chunks in order.
-    let mut i = 0;
-    let mut mine = Vec::new();
-    while i < units.len() {
-        // The units of one (block, KV heads): its chunks in order.
-        let (b1, h0, h1) = (units[i].r1, units[i].h0, units[i].h1);
-        let mut j = i;
-        while j < units.len() && (units[j].r1, units[j].h0) == (b1, h0) {
-            j += 1;
-        }
-        for r in units[i].r0..b1 {
-            for kh in h0 as usize..h1 as usize {
-                // The partial states of row r and KV head kh, chunk by chunk: a unit
-                // holds its heads one after another, each with its rows.
-                mine.clear();
-                mine.extend(units[i..j].iter().filter(|u| u.r0 <= r).map(|u| {
-                    let rows_in = (u.r1 - u.r0) as usize;
-                    u.off + ((kh - h0 as usize) * rows_in + (r - u.r0) as usize) * stride
-                }));
-                let r = r as usize;
-                for g in 0..group {
-                    let h = kh * group + g;
-                    let part = |c: usize| &partial[c + g * (hd + 2)..][..hd + 2];
-                    let mx = mine
-                        .iter()
-                        .map(|&c| part(c)[0])
-                        .fold(f32::NEG_INFINITY, f32::max);
-                    let o = &mut out[r * d + h * hd..r * d + (h + 1) * hd];
-                    o.fill(0.0);
-                    let mut sum = 0f32;
-                    for &c in &mine {
-                        let part = part(c);
-                        let w = (part[0] - mx).exp();
-                        sum += part[1] * w;
-                        o.iter_mut().zip(&part[2..]).for_each(|(y, a)| *y += a * w);
-                    }
-                    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-                    o.iter_mut().for_each(|y| *y *= inv);
+    // Combine each (row, head)'s chunks in order, rows split over the threads from a
+    // few (a decode batch's rows are otherwise serial).
+    let out = &mut out[..rows.len() * d];
+    pool.rows_mut(out, d, kernels::matmul::BUILD_ROWS, &|r0, out| {
+        let mut mine = Vec::new();
+        for (r, out) in (r0..).zip(out.chunks_exact_mut(d)) {
+            // The units of row r's block, KV heads by KV heads, each its chunks in order.
+            let (mut i, end) = block_units[r];
+            while i < end {
+                let (h0, h1) = (units[i].h0, units[i].h1);
+                let mut j = i;
+                while j < end && units[j].h0 == h0 {
+                    j += 1;
                 }
+                for kh in h0 as usize..h1 as usize {
+                    // The partial states of row r and KV head kh, chunk by chunk: a unit
+                    // holds its heads one after another, each with its rows.
+                    mine.clear();
+                    mine.extend(units[i..j].iter().filter(|u| u.r0 as usize <= r).map(|u| {
+                        let rows_in = (u.r1 - u.r0) as usize;
+                        u.off + ((kh - h0 as usize) * rows_in + r - u.r0 as usize) * stride
+                    }));
+                    for g in 0..group {
+                        let h = kh * group + g;
+                        let part = |c: usize| &partial[c + g * (hd + 2)..][..hd + 2];
+                        let mx = mine
+                            .iter()
+                            .map(|&c| part(c)[0])
+                            .fold(f32::NEG_INFINITY, f32::max);
+                        let o = &mut out[h * hd..(h + 1) * hd];
+                        o.fill(0.0);
+                        let mut sum = 0f32;
+                        for &c in &mine {
+                            let part = part(c);
+                            let w = (part[0] - mx).exp();
+                            sum += part[1] * w;
+                            o.iter_mut().zip(&part[2..]).for_each(|(y, a)| *y += a * w);
+                        }
+                        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                        o.iter_mut().for_each(|y| *y *= inv);
+                    }
+                }
+                i = j;
             }
         }
-        i = j;
-    }
+    });
 }

@@ -470,16 +470,26 @@ impl Model {
                 (Some(t), true) => (c.rope_of(li), t),
                 _ => (&c.rope, &tables),
             };
-            for (x, width, qk_norm) in [(&mut q, qd, &l.q_norm), (&mut k, kvd, &l.k_norm)] {
-                pool.rows_mut(x, width, par, &|r, xs| {
-                    if let Some(g) = qk_norm {
-                        ops::rms_norm_in_place(xs, g, c.norm_eps);
-                    }
+            // Q and K rows, normed per head where the model says so and rotated, in one
+            // region split from a few rows (a decode batch's are otherwise serial).
+            let mut parts = Vec::new();
+            let (mut qs, mut ks) = (&mut q[..], &mut k[..]);
+            for (a, b) in pool.row_chunks(n, kernels::matmul::BUILD_ROWS) {
+                let (qa, qr) = std::mem::take(&mut qs).split_at_mut((b - a) * qd);
+                let (ka, kr) = std::mem::take(&mut ks).split_at_mut((b - a) * kvd);
+                (qs, ks) = (qr, kr);
+                parts.push((a, qa, ka));
+            }
+            pool.each(parts, &|(r, qa, ka)| {
+                for (xs, width, qk_norm) in [(qa, qd, &l.q_norm), (ka, kvd, &l.k_norm)] {
                     for (row, t) in xs.chunks_exact_mut(width).zip(&tables[r..]) {
+                        if let Some(g) = qk_norm {
+                            ops::rms_norm_in_place(row, g, c.norm_eps);
+                        }
                         rope.rotate(self.isa, hd, t, row);
                     }
-                });
-            }
+                }
+            });
             if let Some(s) = c.q_scale {
                 q.iter_mut().for_each(|v| *v *= s);
             }
