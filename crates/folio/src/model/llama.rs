@@ -96,7 +96,9 @@ impl Model {
             file_fingerprint: fingerprint,
         }
         .with_context(n_ctx);
-        Ok(model.calibrated())
+        let mut model = model.calibrated();
+        model.weights.gather();
+        Ok(model)
     }
 
     /// The model with a second pass over its matmul inputs' outlier blocks, picked by
@@ -223,6 +225,7 @@ impl Model {
     pub fn with_isa(mut self, isa: Isa) -> Self {
         self.isa = kernels::runnable_at_most(isa);
         self.weights.lay_out_for(self.isa);
+        self.weights.gather();
         self
     }
 

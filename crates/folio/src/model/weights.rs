@@ -162,6 +162,28 @@ impl Weights {
         }
     }
 
+    /// Every matrix's words in one region backed by huge pages ([`QMatrix::gather`]):
+    /// once the matrices are final (laid out, outlier columns added).
+    pub fn gather(&mut self) {
+        let mut ms: Vec<&mut QMatrix> = Vec::new();
+        for l in &mut self.layers {
+            ms.extend([
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ]);
+        }
+        ms.push(&mut self.embed);
+        if let Some(o) = &mut self.output {
+            ms.push(o);
+        }
+        QMatrix::gather(&mut ms);
+    }
+
     /// Bytes of weights read by one decode step.
     pub fn bytes_per_token(&self) -> usize {
         let per_layer: usize = self
