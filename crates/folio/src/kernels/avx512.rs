@@ -76,6 +76,24 @@ fn dword(x: &BlockQ8, k: usize) -> __m512i {
     _mm512_set1_epi32(i32::from_le_bytes(q))
 }
 
+/// One activation row's block against a tile's block, added to `acc`: Σ q·x over its
+/// 32 weights in integers (`q[k]` holds weights 4k..4k+4 of every row: two chains of
+/// four `vpdpbusd`, the first from `init`, added), converted, times d·d_x. Starts with
+/// [`row_barrier`], so a wide call's rows stay in order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn block(acc: __m512, q: &[__m512i; 8], x: &BlockQ8, init: __m512i, d: __m512) -> __m512 {
+    row_barrier();
+    let (mut p, mut p2) = (init, _mm512_setzero_si512());
+    for k in 0..4 {
+        p = _mm512_dpbusd_epi32(p, q[k], dword(x, k));
+        p2 = _mm512_dpbusd_epi32(p2, q[k + 4], dword(x, k + 4));
+    }
+    let p = _mm512_add_epi32(p, p2);
+    let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
+    _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc)
+}
+
 /// Where a tile call writes: activation row c's results for the tile's first `len`
 /// (≤ 16) rows at `ptr + c·stride`, set, or with `add` added to what is there (one f32
 /// add each: a residual connection without its own pass). The rest (a tile's padding
@@ -129,19 +147,11 @@ pub unsafe fn tile_q4_1x16<const C: usize>(w: &[BlockQ4_1x16], a: [&[BlockQ8]; C
             }
         });
         // Unrolled by hand (C ≤ 16, constant indices), as in `tile_q8_0x16`.
+        let zero = _mm512_setzero_si512();
         macro_rules! row {
             ($($c:literal)*) => {$(
                 if $c < C {
-                    row_barrier();
-                    let x = &a[$c][i];
-                    let (mut p, mut p2) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                    for k in 0..4 {
-                        p = _mm512_dpbusd_epi32(p, q[k], dword(x, k));
-                        p2 = _mm512_dpbusd_epi32(p2, q[k + 4], dword(x, k + 4));
-                    }
-                    let p = _mm512_add_epi32(p, p2);
-                    let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
-                    acc[$c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[$c]);
+                    acc[$c] = block(acc[$c], &q, &a[$c][i], zero, d);
                 }
             )*};
         }
@@ -194,17 +204,8 @@ pub unsafe fn tile_q8_0x16<const C: usize>(
         macro_rules! row {
             ($($c:literal)*) => {$(
                 if $c < C {
-                    row_barrier();
-                    let x = &a[$c][i];
-                    let mut p = _mm512_set1_epi32(sums[$c][i]);
-                    let mut p2 = _mm512_setzero_si512();
-                    for k in 0..4 {
-                        p = _mm512_dpbusd_epi32(p, q[k], dword(x, k));
-                        p2 = _mm512_dpbusd_epi32(p2, q[k + 4], dword(x, k + 4));
-                    }
-                    let p = _mm512_add_epi32(p, p2);
-                    let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
-                    acc[$c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[$c]);
+                    let init = _mm512_set1_epi32(sums[$c][i]);
+                    acc[$c] = block(acc[$c], &q, &a[$c][i], init, d);
                 }
             )*};
         }

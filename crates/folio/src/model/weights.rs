@@ -141,30 +141,8 @@ impl Weights {
         self.output.as_mut().unwrap_or(&mut self.embed)
     }
 
-    /// Every matrix in the layout `isa`'s kernels read.
-    pub fn lay_out_for(&mut self, isa: Isa) {
-        for l in &mut self.layers {
-            for m in [
-                &mut l.wq,
-                &mut l.wk,
-                &mut l.wv,
-                &mut l.wo,
-                &mut l.w_gate,
-                &mut l.w_up,
-                &mut l.w_down,
-            ] {
-                m.lay_out_for(isa);
-            }
-        }
-        self.embed.lay_out_for(isa);
-        if let Some(o) = &mut self.output {
-            o.lay_out_for(isa);
-        }
-    }
-
-    /// Every matrix's words in one region backed by huge pages ([`QMatrix::gather`]):
-    /// once the matrices are final (laid out, outlier columns added).
-    pub fn gather(&mut self) {
+    /// Every matrix, layer by layer, then the embedding and the untied head.
+    fn matrices_mut(&mut self) -> Vec<&mut QMatrix> {
         let mut ms: Vec<&mut QMatrix> = Vec::new();
         for l in &mut self.layers {
             ms.extend([
@@ -181,7 +159,20 @@ impl Weights {
         if let Some(o) = &mut self.output {
             ms.push(o);
         }
-        QMatrix::gather(&mut ms);
+        ms
+    }
+
+    /// Every matrix in the layout `isa`'s kernels read.
+    pub fn lay_out_for(&mut self, isa: Isa) {
+        for m in self.matrices_mut() {
+            m.lay_out_for(isa);
+        }
+    }
+
+    /// Every matrix's words in one region backed by huge pages ([`QMatrix::gather`]):
+    /// once the matrices are final (laid out, outlier columns added).
+    pub fn gather(&mut self) {
+        QMatrix::gather(&mut self.matrices_mut());
     }
 
     /// Bytes of weights read by one decode step.
