@@ -106,7 +106,9 @@ pub struct TileOut {
 }
 
 /// The blocks per row of a tile call, checked: `w` holds one tile's blocks, and each
-/// of `a` (at most 16 activation rows) as many.
+/// of `a` (at most 16 activation rows) as many. (Not `avx2::tile_blocks`, which takes
+/// the count from `a`: with it the 16-row Q8_0 kernel kept five accumulators on the
+/// stack inside its loop.)
 fn tile_blocks<T>(w: &[T], a: &[&[BlockQ8]], out: &TileOut) -> usize {
     let nb = w.len();
     assert!(a.len() <= 16 && a.iter().all(|x| x.len() == nb) && out.len <= 16);
