@@ -11,3 +11,4 @@ mod load;
 mod preempt;
 mod routes;
 mod server;
+mod stall;

@@ -418,10 +418,31 @@ fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
     if k < top.len() {
         top.select_nth_unstable_by(k, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     }
-    top.truncate(k);
+    // Only the k kept: a fresh, exact-size list (the vocabulary-sized one is freed
+    // here, not held by every event that carries it).
+    let mut top = top[..k.min(top.len())].to_vec();
     top.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     TokenLogprob {
         logprob: lp[id as usize] as f32,
         top,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_logprob;
+
+    /// F1 of the 2026-11-27 probe: each log-probability event held a vocabulary-sized
+    /// buffer. The list kept is exactly the k asked for, in memory as in length.
+    #[test]
+    fn logprob_keeps_only_k_entries_in_memory() {
+        let logits: Vec<f32> = (0..49_152).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+        for k in [0, 1, 5, 20] {
+            let lp = token_logprob(&logits, 3, k);
+            assert_eq!(lp.top.len(), k);
+            assert_eq!(lp.top.capacity(), k, "k = {k}");
+        }
+        let lp = token_logprob(&logits[..4], 1, 10);
+        assert_eq!(lp.top.len(), 4);
     }
 }
