@@ -33,9 +33,15 @@ pub struct Args {
     /// Seconds requests in flight may run after SIGINT/SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_timeout: f64,
-    /// An origin allowed by CORS (repeatable; none by default).
+    /// An origin allowed by CORS (repeatable; none by default; `*`: any). Requests
+    /// from any other origin but the server's own page are refused (403).
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origin: Vec<String>,
+    /// A host name clients may use besides IP addresses and localhost (repeatable;
+    /// `.example.com` also allows names under it; `*`: any). Guards against DNS
+    /// rebinding: a request for another name is refused (403).
+    #[arg(long = "allowed-hosts", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
     /// The model's name in /v1/models and answers [default: the file's name].
     #[arg(long)]
     pub model_name: Option<String>,
@@ -87,6 +93,7 @@ pub fn run(a: Args) -> Result<()> {
         max_queue: a.max_queue,
         shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
         cors_origins: a.cors_origin.clone(),
+        allowed_hosts: a.allowed_hosts.clone(),
         context_ttl: Duration::from_secs_f64(a.context_ttl),
         max_contexts: a.max_contexts,
         max_tokens: a.max_tokens_cap,

@@ -1,10 +1,12 @@
 //! The router: routes, and the layers around them: CORS (outermost, so a preflight
-//! never needs the key), the API key, the body limit, and a panic guard that answers
-//! 500 in the envelope instead of dropping the connection.
+//! never needs the key), the request guard (`guard.rs`: Host, Origin, Content-Type,
+//! declared size), the API key, the body limit, and a panic guard that answers 500 in
+//! the envelope instead of dropping the connection (the panic's text is logged, never
+//! sent).
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{contexts, generate, misc, ServeError};
+use crate::{contexts, generate, guard, misc, ServeError};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -47,19 +49,34 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .method_not_allowed_fallback(misc::wrong_method)
         .layer(DefaultBodyLimit::max(cfg.max_body))
         .layer(middleware::from_fn_with_state(st.clone(), auth))
-        .layer(CatchPanicLayer::custom(|_| {
-            tracing::error!("a request handler panicked");
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
-        }));
+        .layer(middleware::from_fn_with_state(st.clone(), guard::guard))
+        .layer(CatchPanicLayer::custom(
+            |panic: Box<dyn std::any::Any + Send>| {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)");
+                tracing::error!("a request handler panicked: {what}");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+            },
+        ));
     if !cfg.cors_origins.is_empty() {
-        let origins = cfg
-            .cors_origins
-            .iter()
-            .map(|o| HeaderValue::from_str(o).map_err(|_| ServeError::CorsOrigin(o.clone())))
-            .collect::<Result<Vec<_>, _>>()?;
+        let allow = if cfg.cors_origins.iter().any(|o| o.trim() == "*") {
+            AllowOrigin::any()
+        } else {
+            let origins = cfg
+                .cors_origins
+                .iter()
+                .map(|o| {
+                    HeaderValue::from_str(o.trim()).map_err(|_| ServeError::CorsOrigin(o.clone()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            AllowOrigin::list(origins)
+        };
         app = app.layer(
             CorsLayer::new()
-                .allow_origin(AllowOrigin::list(origins))
+                .allow_origin(allow)
                 .allow_methods([Method::GET, Method::POST, Method::DELETE])
                 .allow_headers(tower_http::cors::AllowHeaders::mirror_request()),
         );

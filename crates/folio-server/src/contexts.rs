@@ -13,7 +13,7 @@ use crate::body::{JsonBody, RawBody};
 use crate::deadline::Deadline;
 use crate::error::ApiError;
 use crate::generate::{answer_chat, answer_completion, first_event, prepare};
-use crate::params::{message_text, Route};
+use crate::params::{message_text, Route, MAX_SALT_BYTES};
 use crate::run::Run;
 use crate::state::{unix_now, AppState};
 use axum::extract::{Path, State};
@@ -93,10 +93,17 @@ impl Contexts {
         Ok(id)
     }
 
+    /// The context, as used now (its idle time starts again).
     fn get(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
-        let e = self.map().get(id).cloned().ok_or_else(|| no_context(id))?;
+        let e = self.peek(id)?;
         e.touch();
         Ok(e)
+    }
+
+    /// The context, for reading its figures only: a look does not keep a context
+    /// alive (else a cheap GET would renew an idle one's pages forever).
+    fn peek(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
+        self.map().get(id).cloned().ok_or_else(|| no_context(id))
     }
 
     fn remove(&self, id: &str) -> Result<(), ApiError> {
@@ -124,12 +131,24 @@ impl Contexts {
             .collect()
     }
 
-    /// Drops contexts idle for longer than `ttl` that no request is using.
+    /// Drops contexts idle for longer than `ttl` that no request is using (a request
+    /// holds an `Arc` of the entry: a generation through its [`InUse`] mark, for as long as
+    /// it runs).
     pub fn reap(&self, ttl: Duration) -> usize {
         let mut m = self.map();
         let before = m.len();
         m.retain(|_, e| Arc::strong_count(e) > 1 || e.idle_for() <= ttl);
         before - m.len()
+    }
+}
+
+/// Marks a context in use while a generation into it runs (the reaper skips it), and
+/// starts its idle time again when the generation ends.
+pub struct InUse(Arc<Entry>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.touch();
     }
 }
 
@@ -194,11 +213,21 @@ pub struct CreateContext {
 impl CreateContext {
     /// The body of `POST /v1/contexts`: JSON, or nothing (blank) for the defaults.
     pub fn from_body(body: &[u8]) -> Result<Self, ApiError> {
-        if body.iter().all(u8::is_ascii_whitespace) {
-            Ok(Self::default())
+        let c: Self = if body.iter().all(u8::is_ascii_whitespace) {
+            Self::default()
         } else {
-            crate::body::parse(body)
+            crate::body::parse(body)?
+        };
+        if c.cache_salt
+            .as_ref()
+            .is_some_and(|s| s.len() > MAX_SALT_BYTES)
+        {
+            return Err(ApiError::invalid(
+                "cache_salt",
+                format!("cache_salt is at most {MAX_SALT_BYTES} bytes"),
+            ));
         }
+        Ok(c)
     }
 }
 
@@ -243,7 +272,7 @@ pub async fn list(State(st): St) -> Result<Response, ApiError> {
 
 pub async fn get(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
     engine(&st)?;
-    let e = st.contexts.get(&id)?;
+    let e = st.contexts.peek(&id)?;
     let v = blocking(move || info(&id, &e)).await?;
     Ok(Json(v).into_response())
 }
@@ -386,8 +415,9 @@ pub async fn generate(
     let engine = engine(&st)?;
     let st2 = st.clone();
     let run = blocking(move || {
-        let job2 = Run::start_context(&st2, &e.ctx, &job, chat, deadline)?;
-        Ok((job2, job))
+        let mut run = Run::start_context(&st2, &e.ctx, &job, chat, deadline)?;
+        run.hold(InUse(e));
+        Ok((run, job))
     })
     .await;
     let (run, job) = run?;

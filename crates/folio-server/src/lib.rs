@@ -11,6 +11,7 @@
 //! `params` (wire request → engine request), `api` (wire shapes), `answer` (answer
 //! shapes), `run` (one request's events and cancellation), `sse` (streams),
 //! `misc` (health, models, metrics, tokenize), `deadline` (`--request-timeout`),
+//! `guard` (Host, Origin, Content-Type and size checks before any route),
 //! `metrics`, `error`, `body`, `state`;
 //! `fuzzing` (the body checks alone, for the fuzz targets).
 
@@ -24,6 +25,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod generate;
+mod guard;
 mod metrics;
 mod misc;
 mod params;
@@ -57,8 +59,12 @@ pub struct ServeConfig {
     pub max_queue: usize,
     /// At shutdown, how long in-flight requests may run before they are cancelled.
     pub shutdown_timeout: Duration,
-    /// Origins allowed by CORS (none by default).
+    /// Origins allowed by CORS (none by default; `*`: every origin). Any other
+    /// `Origin` but the server's own is refused (403).
     pub cors_origins: Vec<String>,
+    /// Host names requests may use besides IP literals and `localhost` (`*`: any);
+    /// another Host is refused (403), as a DNS-rebinding page would send.
+    pub allowed_hosts: Vec<String>,
     /// Contexts idle longer than this are dropped (their committed pages stay cached).
     pub context_ttl: Duration,
     /// Most live contexts (429 above).
@@ -80,6 +86,7 @@ impl Default for ServeConfig {
             max_queue: 256,
             shutdown_timeout: Duration::from_secs(30),
             cors_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             context_ttl: Duration::from_secs(600),
             max_contexts: 64,
             max_tokens: 4096,

@@ -6,16 +6,23 @@
 //! the handler's start, queue included) ends with [`EngineError::TimedOut`] and is
 //! cancelled the same way. Request metrics are
 //! recorded here, as the events pass.
+//!
+//! The channel is bounded ([`capacity`]): the engine thread never waits on a client,
+//! so when a run's channel is full (a streaming client that stopped reading) its
+//! requests are cancelled instead: a client that does not read stops its own
+//! request, and what one request can hold in memory is bounded.
 
 use crate::deadline::Deadline;
 use crate::error::ApiError;
 use crate::params::Job;
 use crate::state::AppState;
 use folio::{Context, Engine, EngineError, Event, Prompt};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::{channel, Receiver};
 
 /// Hands one event to the run's channel; false when the run is gone.
 type Sink = Box<dyn Fn(Event) -> bool + Send + Sync>;
@@ -30,7 +37,9 @@ pub struct Run {
     state: Arc<AppState>,
     engine: Engine,
     ids: Vec<u64>,
-    rx: UnboundedReceiver<Tagged>,
+    rx: Receiver<Tagged>,
+    /// Set when an event found the channel full (the client stopped reading).
+    overflowed: Arc<AtomicBool>,
     started: Instant,
     /// When the run is stopped (`--request-timeout`), and the limit.
     deadline: Option<(tokio::time::Instant, std::time::Duration)>,
@@ -42,6 +51,8 @@ pub struct Run {
     /// Samples still running.
     open: usize,
     ended: bool,
+    /// Kept until the run is dropped (a context's in-use mark).
+    _held: Option<Box<dyn Send + Sync>>,
 }
 
 impl Run {
@@ -103,8 +114,10 @@ impl Run {
                 1,
             ));
         }
-        let (tx, rx) = unbounded_channel();
+        let (tx, rx) = channel(capacity(choices));
+        let overflowed = Arc::new(AtomicBool::new(false));
         let mut run = Run {
+            overflowed: overflowed.clone(),
             state: state.clone(),
             engine: engine.clone(),
             ids: Vec::new(),
@@ -116,10 +129,24 @@ impl Run {
             last: None,
             open: choices,
             ended: false,
+            _held: None,
         };
         let sink = |p: usize| -> Sink {
-            let tx = tx.clone();
-            Box::new(move |event| tx.send(Tagged { prompt: p, event }).is_ok())
+            let (tx, overflowed) = (tx.clone(), overflowed.clone());
+            Box::new(
+                move |event| match tx.try_send(Tagged { prompt: p, event }) {
+                    Ok(()) => true,
+                    Err(TrySendError::Full(_)) => {
+                        if !overflowed.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                "a client stopped reading its stream: its request is cancelled"
+                            );
+                        }
+                        false
+                    }
+                    Err(TrySendError::Closed(_)) => false,
+                },
+            )
         };
         if let Err(e) = submit(&sink, &mut run.ids) {
             run.ended = true; // refused: nothing ran, nothing to count as cancelled
@@ -129,6 +156,16 @@ impl Run {
             return Err(e.into());
         }
         Ok(run)
+    }
+
+    /// Keeps `x` until the run is dropped: its answer sent, or its client gone.
+    pub fn hold(&mut self, x: impl Send + Sync + 'static) {
+        self._held = Some(Box::new(x));
+    }
+
+    /// Whether the run was cancelled because its client stopped reading.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::Relaxed)
     }
 
     fn leave_queue(&mut self) {
@@ -215,6 +252,13 @@ impl Run {
         }
         Some(t)
     }
+}
+
+/// Events a run may buffer for its client: a few steps' worth for each of its
+/// samples (one event per sample per step), so a client that reads keeps up, and one
+/// that stops reading is cut off within a few hundred tokens.
+pub fn capacity(choices: usize) -> usize {
+    256 + 8 * choices
 }
 
 impl Drop for Run {

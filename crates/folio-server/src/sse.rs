@@ -87,7 +87,15 @@ pub fn respond<C: Chunker>(run: Run, first: Tagged, chunker: C) -> Response {
                     event: Event::Error(e),
                     ..
                 }) => {
-                    frame(&mut out, &ApiError::from(e).body());
+                    let err = if s.run.overflowed() {
+                        ApiError::unavailable(
+                            "the stream was not read: more events waited than the server keeps for one request, so it was stopped",
+                            1,
+                        )
+                    } else {
+                        ApiError::from(e)
+                    };
+                    frame(&mut out, &err.body());
                     out.extend_from_slice(b"data: [DONE]\n\n");
                     s.over = true;
                 }

@@ -23,6 +23,8 @@ pub struct Loaded {
 
 pub struct AppState {
     pub config: ServeConfig,
+    /// The hosts and origins requests may come from (`guard.rs`).
+    pub allowed: crate::guard::Allowed,
     pub loaded: OnceLock<Loaded>,
     pub metrics: Metrics,
     pub contexts: crate::contexts::Contexts,
@@ -37,6 +39,7 @@ pub struct AppState {
 impl AppState {
     pub fn new(config: ServeConfig) -> Self {
         Self {
+            allowed: crate::guard::Allowed::new(&config.cors_origins, &config.allowed_hosts),
             config,
             loaded: OnceLock::new(),
             metrics: Metrics::default(),

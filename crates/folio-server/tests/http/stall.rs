@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 pub struct Gaps {
     pub median: Duration,
     pub longest: Duration,
-    pub tokens: usize,
 }
 
 /// A greedy stream of `tokens` tokens; the gaps between its token events (the first
@@ -32,12 +31,15 @@ pub fn stream_gaps(addr: SocketAddr, tokens: usize) -> Gaps {
         at.push(Instant::now());
     }
     let mut gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(gaps.len() >= tokens / 2, "{} events for {tokens} tokens", at.len());
+    assert!(
+        gaps.len() >= tokens / 2,
+        "{} events for {tokens} tokens",
+        at.len()
+    );
     gaps.sort();
     Gaps {
         median: gaps[gaps.len() / 2],
         longest: *gaps.last().expect("gaps"),
-        tokens: at.len(),
     }
 }
 
@@ -76,7 +78,10 @@ pub fn under_attack(
 /// 150 ms, whichever is more.
 pub fn assert_no_stall(what: &str, alone: Gaps, attacked: Gaps) {
     let limit = (alone.longest * 2).max(Duration::from_millis(150));
-    eprintln!("{what}: alone {alone:?}, under attack {attacked:?}, limit {limit:?}");
+    eprintln!(
+        "{what}: median gap {:?} alone, {:?} under attack; longest {:?} alone, {:?} under attack (limit {limit:?})",
+        alone.median, attacked.median, alone.longest, attacked.longest
+    );
     assert!(
         attacked.longest <= limit,
         "{what} stalled the engine: longest gap {:?} against {:?} alone (limit {limit:?})",

@@ -9,7 +9,7 @@
 use super::error::EngineError;
 use super::request::Request;
 use super::scheduler::check_fits;
-use super::seq::{CtxLink, Gen, Purpose, Seq, Sink};
+use super::seq::{Before, CtxLink, Gen, Purpose, Seq, Sink};
 use crate::kv::{KvError, PageId, PageTable, PagedKv};
 use crate::model::Model;
 use crate::tokenizer::Message;
@@ -149,7 +149,17 @@ impl Contexts {
             }
             return;
         };
-        let table = table.unwrap_or_else(|| kv.new_table(c.salt.as_deref()));
+        let mut table = table.unwrap_or_else(|| kv.new_table(c.salt.as_deref()));
+        if let Some(before) = link.before.filter(|_| !link.finished) {
+            // Cancelled, failed or timed out: the context is left as it was (what was
+            // computed of its own tokens stays computed).
+            kv.truncate_to(&mut table, before.len);
+            c.pending = s.tokens[table.len()..before.len].to_vec();
+            c.messages = before.messages;
+            c.rendered = before.rendered;
+            c.table = Some(table);
+            return;
+        }
         let mut pending = s.tokens[table.len()..].to_vec();
         // A chat reply: record it as the assistant's message, and append whatever the
         // template puts after a reply (so the context holds exactly the template's text).
@@ -199,28 +209,40 @@ impl Contexts {
         Ok(c.pending.is_empty() && c.table.as_ref().is_some_and(|t| t.is_empty()))
     }
 
-    pub fn message(
+    /// The chat so far, for rendering a new message off the engine thread.
+    pub fn chat(&mut self, id: u64) -> Result<ChatState, EngineError> {
+        let empty = self.is_empty(id)?;
+        let c = self.idle(id)?;
+        Ok(ChatState {
+            messages: c.messages.clone(),
+            rendered: c.rendered.clone(),
+            empty,
+        })
+    }
+
+    /// Appends a message rendered and tokenized from `was` (see [`ChatState::add`]);
+    /// false (nothing done) when the context changed since `was` was read.
+    pub fn add_message(
         &mut self,
         model: &Model,
         window: usize,
         id: u64,
-        role: Role,
-        text: String,
-    ) -> Result<(), EngineError> {
-        let tok = &model.tokenizer;
-        let template = tok.chat_template()?;
+        was: &ChatState,
+        added: Added,
+    ) -> Result<bool, EngineError> {
         let empty = self.is_empty(id)?;
         let c = self.idle(id)?;
-        let mut messages = c.messages.clone();
-        messages.push(Message::new(role.as_str(), &text));
-        let full = template.render(&messages, false)?;
-        let delta = full.strip_prefix(c.rendered.as_str()).unwrap_or(&full);
-        let toks = tok.try_encode(delta, empty)?;
-        self.append(model, window, id, toks)?;
+        if empty != was.empty
+            || c.messages.len() != was.messages.len()
+            || c.rendered != was.rendered
+        {
+            return Ok(false);
+        }
+        self.append(model, window, id, added.tokens)?;
         let c = self.idle(id)?;
-        c.messages = messages;
-        c.rendered = full;
-        Ok(())
+        c.messages = added.messages;
+        c.rendered = added.rendered;
+        Ok(true)
     }
 
     /// A job computing the context's pending tokens (none if there are none), as
@@ -253,6 +275,8 @@ impl Contexts {
                 ctx: id,
                 flush_reply: Some(tx),
                 chat_reply: false,
+                before: None,
+                finished: false,
             },
             table,
         };
@@ -287,36 +311,47 @@ impl Contexts {
             ));
         }
         let extra = r.prompt.tokens(model)?;
-        if chat_reply {
-            // The template's generation prompt (the assistant's header).
-            let tok = &model.tokenizer;
-            let template = tok.chat_template()?;
+        // The template's generation prompt (the assistant's header), and how many
+        // tokens it puts after a reply (room kept for them, so the reply recorded in
+        // the context never takes it past the window).
+        let (header, rendered, after) = if chat_reply {
             let c = self.idle(id)?;
-            let full = template.render(&c.messages, true)?;
-            let delta = full
-                .strip_prefix(c.rendered.as_str())
-                .unwrap_or("")
-                .to_string();
-            let toks = tok.encode(&delta, false);
-            c.rendered = full;
-            c.pending.extend(toks);
-        }
+            chat_header(model, &c.messages, &c.rendered)?
+        } else {
+            (Vec::new(), None, 0)
+        };
         let c = self.idle(id)?;
         // Checked before anything moves, so a refused request leaves the context as it was.
         let held = c.table.as_ref().map_or(0, |t| t.len());
-        let len = held + c.pending.len() + extra.len();
+        let before = held + c.pending.len();
+        let len = before + header.len() + extra.len();
         if len == 0 {
             return Err(EngineError::EmptyPrompt);
         }
-        if len >= window {
-            return Err(EngineError::PromptTooLong { len, window });
+        if len + after >= window {
+            return Err(EngineError::PromptTooLong {
+                len: len + after,
+                window,
+            });
         }
+        let max_tokens = r.max_tokens.min(window - len - after);
         // A context's job keeps all its pages (it reads its tokens back).
-        check_fits(kv, window, len, r.max_tokens, None)?;
+        check_fits(kv, window, len, max_tokens, None)?;
+        let before = Before {
+            len: before,
+            messages: c.messages.clone(),
+            rendered: c.rendered.clone(),
+        };
+        if let Some(full) = rendered {
+            c.rendered = full;
+        }
+        c.pending.extend(header);
         let mut table = c.table.take().expect("idle");
         let mut tokens = match kv.read_tokens(&table) {
             Ok(t) => t,
             Err(e) => {
+                c.pending.truncate(before.len - table.len());
+                c.rendered = before.rendered;
                 c.table = Some(table);
                 return Err(e.into());
             }
@@ -333,7 +368,7 @@ impl Contexts {
         let mut g = Gen::new(
             &r.sampling,
             &r.stop,
-            r.max_tokens,
+            max_tokens,
             r.ignore_eos,
             r.logprobs,
             tx,
@@ -348,6 +383,8 @@ impl Contexts {
                 ctx: id,
                 flush_reply: None,
                 chat_reply,
+                before: Some(before),
+                finished: false,
             },
             table,
         })
@@ -512,4 +549,60 @@ impl Contexts {
         kv.truncate(t, n)?;
         Ok(())
     }
+}
+
+/// A context's chat as read for adding a message (see [`Contexts::chat`]).
+pub(crate) struct ChatState {
+    messages: Vec<Message>,
+    rendered: String,
+    empty: bool,
+}
+
+/// A message rendered and tokenized, ready to append.
+pub(crate) struct Added {
+    tokens: Vec<u32>,
+    messages: Vec<Message>,
+    rendered: String,
+}
+
+impl ChatState {
+    /// Renders the chat with one more message and tokenizes what it adds. The
+    /// expensive part of a message (a long text's template and tokenizer work), done
+    /// by the caller, never on the engine thread.
+    pub fn add(&self, model: &Model, role: Role, text: &str) -> Result<Added, EngineError> {
+        let tok = &model.tokenizer;
+        let template = tok.chat_template()?;
+        let mut messages = self.messages.clone();
+        messages.push(Message::new(role.as_str(), text));
+        let full = template.render(&messages, false)?;
+        let delta = full.strip_prefix(self.rendered.as_str()).unwrap_or(&full);
+        let tokens = tok.try_encode(delta, self.empty)?;
+        Ok(Added {
+            tokens,
+            messages,
+            rendered: full,
+        })
+    }
+}
+
+/// A chat reply's header: the tokens of the template's generation prompt after what
+/// the context holds, the rendered text with it (`None` when it adds nothing), and
+/// how many tokens the template puts after a reply (an empty one stands in).
+fn chat_header(
+    model: &Model,
+    messages: &[Message],
+    rendered: &str,
+) -> Result<(Vec<u32>, Option<String>, usize), EngineError> {
+    let tok = &model.tokenizer;
+    let template = tok.chat_template()?;
+    let full = template.render(messages, true)?;
+    let delta = full.strip_prefix(rendered).unwrap_or("");
+    let header = tok.encode(delta, false);
+    let mut replied = messages.to_vec();
+    replied.push(Message::new("assistant", ""));
+    let closed = template.render(&replied, false)?;
+    let after = closed
+        .strip_prefix(full.as_str())
+        .map_or(0, |rest| tok.encode(rest, false).len());
+    Ok((header, Some(full), after))
 }

@@ -328,10 +328,23 @@ impl Context {
     }
 
     /// Appends a chat message rendered with the model's template.
+    ///
+    /// The chat is rendered and tokenized on the caller's thread, not the engine's (a
+    /// long message would otherwise stall every request's next step); if another
+    /// caller changed the context meanwhile, it is rendered again.
     pub fn message(&self, role: Role, text: &str) -> Result<(), EngineError> {
-        let (id, text) = (self.id, text.to_string());
-        self.engine
-            .call(move |c| c.contexts.message(&c.model, c.sched.window, id, role, text))?
+        let id = self.id;
+        loop {
+            let was = self.engine.call(move |c| c.contexts.chat(id))??;
+            let added = was.add(self.engine.model(), role, text)?;
+            let done = self.engine.call(move |c| {
+                c.contexts
+                    .add_message(&c.model, c.sched.window, id, &was, added)
+            })??;
+            if done {
+                return Ok(());
+            }
+        }
     }
 
     pub fn system(&self, text: &str) -> Result<(), EngineError> {

@@ -134,6 +134,19 @@ pub(crate) struct CtxLink {
     pub flush_reply: Option<Sender<Result<(), EngineError>>>,
     /// A chat reply: recorded as the assistant's message when it ends.
     pub chat_reply: bool,
+    /// A generation's context as it was before: restored unless the generation
+    /// finishes (cancelled, failed or timed out: the context is left as it was).
+    pub before: Option<Before>,
+    /// The sample sent its final event.
+    pub finished: bool,
+}
+
+/// What a context held before a generation into it (see [`CtxLink::before`]).
+pub(crate) struct Before {
+    /// Tokens held, computed and pending.
+    pub len: usize,
+    pub messages: Vec<crate::tokenizer::Message>,
+    pub rendered: String,
 }
 
 /// What a sequence is computing for.
@@ -374,6 +387,9 @@ impl Seq {
 
     /// Sends the sample's final event.
     pub fn finish(&mut self, why: FinishReason) {
+        if let Some(link) = self.ctx.as_mut() {
+            link.finished = true;
+        }
         let usage = self.usage();
         if let Purpose::Generate(g) = &mut self.purpose {
             let text = if why == FinishReason::Stop {
@@ -436,7 +452,9 @@ mod tests {
     /// buffer. The list kept is exactly the k asked for, in memory as in length.
     #[test]
     fn logprob_keeps_only_k_entries_in_memory() {
-        let logits: Vec<f32> = (0..49_152).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+        let logits: Vec<f32> = (0..49_152)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+            .collect();
         for k in [0, 1, 5, 20] {
             let lp = token_logprob(&logits, 3, k);
             assert_eq!(lp.top.len(), k);
