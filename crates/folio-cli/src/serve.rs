@@ -63,6 +63,11 @@ pub struct Args {
     /// error event ending its stream; a snapshot save writes nothing); 0: no limit.
     #[arg(long, default_value_t = 600.0)]
     pub request_timeout: f64,
+    /// The most KV pages contexts and snapshots may hold together (a page shared by
+    /// forks counts once); the rest of the pool is kept for requests. An operation
+    /// that would take them past it gets 429 [default: half the pool].
+    #[arg(long)]
+    pub context_pages: Option<usize>,
 }
 
 /// Full-length sequences the default pool holds (`--kv-memory` or `--kv-pages` set
@@ -111,8 +116,8 @@ pub fn run(a: Args) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}:{}", a.host, a.port))?;
         let addr = listener.local_addr()?;
-        let (model_args, batch) = (a.model.clone(), a.max_batch_tokens);
-        let load = move || load(&path, &model_args, batch).map_err(|e| format!("{e:#}"));
+        let (model_args, batch, ctx_pages) = (a.model.clone(), a.max_batch_tokens, a.context_pages);
+        let load = move || load(&path, &model_args, batch, ctx_pages).map_err(|e| format!("{e:#}"));
         let ready = move || {
             println!("folio: serving {name} at http://{addr} (OpenAI API: http://{addr}/v1)")
         };
@@ -124,13 +129,19 @@ pub fn run(a: Args) -> Result<()> {
 
 /// Reads the weights once with a progress bar (the mmap then finds them in the page
 /// cache), then builds the engine.
-fn load(path: &Path, args: &ModelArgs, max_batch_tokens: usize) -> Result<Engine> {
+fn load(
+    path: &Path,
+    args: &ModelArgs,
+    max_batch_tokens: usize,
+    context_pages: Option<usize>,
+) -> Result<Engine> {
     warm(path).with_context(|| format!("reading {}", path.display()))?;
     let model =
         Model::load(path, args.threads).with_context(|| format!("loading {}", path.display()))?;
     let model = args.arithmetic(model);
     let mut config = args.engine_config(&model, DEFAULT_SEQUENCES)?;
     config.max_batch_tokens = max_batch_tokens;
+    config.context_pages = context_pages;
     Engine::new(model, config).map_err(|e| match opts::flag_error(&e) {
         Some(msg) => anyhow::anyhow!(msg),
         None => e.into(),

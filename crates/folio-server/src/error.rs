@@ -80,6 +80,7 @@ impl From<EngineError> for ApiError {
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Busy => StatusCode::CONFLICT,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Limit => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let mut out = ApiError::new(status, e.to_string());

@@ -121,6 +121,9 @@ pub enum ErrorKind {
     Unavailable,
     /// The server's fault: a bug, a file it cannot read or write (500).
     Internal,
+    /// Over a limit on what one caller may hold (the contexts' share of the pool):
+    /// free some of it first (429).
+    Limit,
 }
 
 impl ErrorKind {

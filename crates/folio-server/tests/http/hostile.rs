@@ -451,3 +451,63 @@ fn f3_a_long_chat_message_is_rendered_and_tokenized_off_the_engine_thread() {
     assert_no_stall("a 3.9 MB chat message", alone, attacked);
     assert_eq!(seq_len(a, &c), 0);
 }
+
+#[test]
+fn f11_idle_contexts_cannot_take_the_pool_from_requests() {
+    // 512 pages of 16 tokens: contexts may hold 256 of them (half, the default).
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    // Distinct tokens each time: equal ones would share their computed pages.
+    let tokens = |k: u32| -> Vec<u32> {
+        (0..1000)
+            .map(|i| 1000 + (i * 7919 + k * 13) % 30000)
+            .collect()
+    };
+    let mut ids = Vec::new();
+    let refused = loop {
+        let c = id(&ok(a, "/v1/contexts", json!({})));
+        let r = post(
+            a,
+            &format!("/v1/contexts/{c}/append"),
+            &json!({"tokens": tokens(ids.len() as u32)}),
+        );
+        if r.status != 200 {
+            break r;
+        }
+        ids.push(c);
+        assert!(ids.len() < 8, "8 contexts of 1000 tokens fit");
+    };
+    let e = refused.error(429);
+    assert!(e["message"].as_str().unwrap().contains("256"), "{e}");
+    assert_eq!(ids.len(), 4);
+    // Pending tokens are counted too: computing them (a generation) changes nothing.
+    for c in &ids {
+        ok(
+            a,
+            &format!("/v1/contexts/{c}/generate"),
+            json!({"max_tokens": 1, "chat": false}),
+        );
+    }
+    // Requests still get pages: four prompts of 1000 new tokens need 252 of them.
+    let prompts: Vec<Vec<u32>> = (10..14).map(tokens).collect();
+    let r = ok(
+        a,
+        "/v1/completions",
+        json!({"prompt": prompts, "max_tokens": 4}),
+    );
+    assert_eq!(r["usage"]["prompt_tokens"], 4000);
+    // Forks share what they fork: each costs its copied page, not 63 more.
+    for _ in 0..3 {
+        ok(a, &format!("/v1/contexts/{}/fork", ids[0]), json!({}));
+    }
+    // Freeing a context makes room again.
+    let c = id(&ok(a, "/v1/contexts", json!({})));
+    let half = json!({"tokens": &tokens(20)[..500]});
+    post(a, &format!("/v1/contexts/{c}/append"), &half).error(429);
+    assert_eq!(request_delete(a, &ids[1]), 200);
+    ok(a, &format!("/v1/contexts/{c}/append"), half);
+}
+
+fn request_delete(a: SocketAddr, id: &str) -> u16 {
+    crate::client::request(a, "DELETE", &format!("/v1/contexts/{id}"), &[], b"").status
+}

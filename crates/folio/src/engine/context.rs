@@ -101,9 +101,33 @@ pub(crate) struct Contexts {
     next: u64,
     /// Forks made (a counter for the stats).
     pub forks: u64,
+    /// The most pages contexts and snapshots hold together (see `quota.rs`).
+    pub page_limit: usize,
 }
 
 impl Contexts {
+    pub fn with_page_limit(page_limit: usize) -> Self {
+        Self {
+            page_limit,
+            ..Self::default()
+        }
+    }
+
+    /// Pages the contexts' pending tokens will take beyond the pages they hold, plus
+    /// those `grow` more tokens of context `id` would.
+    pub fn pages_to_come(&self, page_size: usize, id: u64, grow: usize) -> usize {
+        self.map
+            .iter()
+            .map(|(&k, c)| {
+                let (len, pages) = c.table().map_or((0, 0), |t| (t.len(), t.num_pages()));
+                let more = if k == id { grow } else { 0 };
+                (len + c.pending.len() + more)
+                    .div_ceil(page_size)
+                    .saturating_sub(pages)
+            })
+            .sum()
+    }
+
     pub fn new_context(&mut self, kv: &PagedKv, salt: Option<Vec<u8>>) -> u64 {
         self.next += 1;
         let table = kv.new_table(salt.as_deref());
@@ -563,6 +587,13 @@ pub(crate) struct Added {
     tokens: Vec<u32>,
     messages: Vec<Message>,
     rendered: String,
+}
+
+impl Added {
+    /// Tokens the message adds.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
 }
 
 impl ChatState {

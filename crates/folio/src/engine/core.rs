@@ -86,7 +86,7 @@ impl Core {
             model,
             kv,
             sched,
-            contexts: Contexts::default(),
+            contexts: Contexts::with_page_limit(cfg.context_pages.unwrap_or(cfg.kv_pages / 2)),
         })
     }
 

@@ -49,6 +49,12 @@ pub enum EngineError {
     TruncateTooFar { wanted: usize, len: usize },
     #[error("cannot release {wanted} working pages: the context has {have}")]
     ReleaseTooMany { wanted: usize, have: usize },
+    #[error("contexts and snapshots hold {held} pages and this needs {need} more; together they may hold at most {limit} of the pool's pages (the rest is kept for requests): delete, truncate or unpin some first")]
+    ContextPages {
+        held: usize,
+        need: usize,
+        limit: usize,
+    },
 }
 
 impl EngineError {
@@ -73,6 +79,7 @@ impl EngineError {
             | E::ReleaseTooMany { .. } => ErrorKind::Invalid,
             E::NoContext(_) => ErrorKind::NotFound,
             E::Busy => ErrorKind::Busy,
+            E::ContextPages { .. } => ErrorKind::Limit,
         }
     }
 

@@ -297,8 +297,10 @@ impl Context {
     /// Appends token ids (computed at the next flush or generate).
     pub fn append_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
         let (id, t) = (self.id, tokens.to_vec());
-        self.engine
-            .call(move |c| c.contexts.append(&c.model, c.sched.window, id, t))?
+        self.engine.call(move |c| {
+            c.check_context_room(id, t.len(), 0)?;
+            c.contexts.append(&c.model, c.sched.window, id, t)
+        })?
     }
 
     /// Appends text (special-token text becomes the special token; a BOS goes first
@@ -317,6 +319,7 @@ impl Context {
                 if c.contexts.is_empty(id)? != empty {
                     return Ok(false);
                 }
+                c.check_context_room(id, toks.len(), 0)?;
                 c.contexts
                     .append(&c.model, c.sched.window, id, toks)
                     .map(|()| true)
@@ -338,6 +341,7 @@ impl Context {
             let was = self.engine.call(move |c| c.contexts.chat(id))??;
             let added = was.add(self.engine.model(), role, text)?;
             let done = self.engine.call(move |c| {
+                c.check_context_room(id, added.len(), 0)?;
                 c.contexts
                     .add_message(&c.model, c.sched.window, id, &was, added)
             })??;
@@ -440,6 +444,12 @@ impl Context {
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.engine.call(move |c| {
+            // What the generation may add: its prompt (when given as ids) and tokens.
+            let prompt = match &req.prompt {
+                super::request::Prompt::Tokens(t) => t.len(),
+                super::request::Prompt::Text(_) => 0,
+            };
+            c.check_context_room(id, prompt + req.max_tokens.min(c.sched.window), 0)?;
             let (kv, model, window) = (&mut c.kv, &c.model, c.sched.window);
             let job = c
                 .contexts
@@ -454,9 +464,10 @@ impl Context {
     /// copied.
     pub fn fork(&self) -> Result<Context, EngineError> {
         let id = self.id;
-        let new = self
-            .engine
-            .call(move |c| c.contexts.fork(&mut c.kv, id))??;
+        let new = self.engine.call(move |c| {
+            c.check_context_room(id, 0, 1)?;
+            c.contexts.fork(&mut c.kv, id)
+        })??;
         Ok(Context::new(self.engine.clone(), new))
     }
 
@@ -533,8 +544,10 @@ impl Context {
     /// Reserves `n` working pages ahead, so later input does not wait on allocation.
     pub fn reserve_working_pages(&self, n: usize) -> Result<(), EngineError> {
         let id = self.id;
-        self.engine
-            .call(move |c| c.contexts.raw_reserve(&mut c.kv, id, n))?
+        self.engine.call(move |c| {
+            c.check_context_room(id, 0, n)?;
+            c.contexts.raw_reserve(&mut c.kv, id, n)
+        })?
     }
 
     /// Commits the first `k` full working pages (an error if the k-th is partial).

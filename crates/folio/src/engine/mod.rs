@@ -25,6 +25,7 @@ mod core;
 mod error;
 mod handle;
 mod pagemap;
+mod quota;
 mod request;
 mod scheduler;
 mod seq;

@@ -41,6 +41,10 @@ pub struct EngineConfig {
     /// those of choosing one after another. Off, one after another: the reference the
     /// tests compare with.
     pub parallel_sampling: bool,
+    /// The most pages contexts and snapshots may hold together (counted once each,
+    /// pending tokens included), so that idle contexts never take the pages requests
+    /// need; `None`: half the pool.
+    pub context_pages: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +59,7 @@ impl Default for EngineConfig {
             free_window_pages: true,
             grammar_checks: true,
             parallel_sampling: true,
+            context_pages: None,
         }
     }
 }
