@@ -90,6 +90,9 @@ pub struct Metrics {
     pub failed: AtomicU64,
     /// Requests stopped by `--request-timeout` (counted in `failed` too).
     pub timed_out: AtomicU64,
+    /// Streams stopped because their client did not read them (counted in
+    /// `cancelled` too once the connection goes).
+    pub unread: AtomicU64,
     pub ttft: Histogram,
     pub per_token: Histogram,
     pub e2e: Histogram,
@@ -107,6 +110,7 @@ impl Default for Metrics {
             cancelled: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
+            unread: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY),
             per_token: Histogram::new(PER_TOKEN),
             e2e: Histogram::new(LATENCY),
@@ -178,6 +182,12 @@ impl Metrics {
             "requests_failed_total",
             "Requests answered with an error.",
             get(&self.failed),
+        );
+        counter(
+            &mut out,
+            "streams_unread_total",
+            "Streams stopped because their client stopped reading them (more events waited than one request may buffer).",
+            get(&self.unread),
         );
         counter(
             &mut out,

@@ -132,12 +132,13 @@ impl Run {
             _held: None,
         };
         let sink = |p: usize| -> Sink {
-            let (tx, overflowed) = (tx.clone(), overflowed.clone());
+            let (tx, overflowed, state) = (tx.clone(), overflowed.clone(), state.clone());
             Box::new(
                 move |event| match tx.try_send(Tagged { prompt: p, event }) {
                     Ok(()) => true,
                     Err(TrySendError::Full(_)) => {
                         if !overflowed.swap(true, Ordering::Relaxed) {
+                            state.metrics.unread.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(
                                 "a client stopped reading its stream: its request is cancelled"
                             );

@@ -11,6 +11,7 @@
 #[allow(dead_code)]
 #[path = "../../../folio-server/tests/http/client.rs"]
 mod client;
+mod memory;
 #[path = "../common/server.rs"]
 mod server;
 mod snapshots;
