@@ -12,3 +12,4 @@ mod preempt;
 mod routes;
 mod server;
 mod stall;
+mod tool_calls;
