@@ -143,7 +143,7 @@ enum Role {
 
 /// A member value being read inside a call object.
 #[derive(Debug)]
-struct Value {
+struct Member {
     role: Role,
     /// Nesting inside the value.
     depth: usize,
@@ -158,7 +158,7 @@ struct Obj {
     key: String,
     /// The key has ended; a `:` is next.
     keyed: bool,
-    value: Option<Value>,
+    value: Option<Member>,
     name_seen: bool,
     args_seen: bool,
     /// The call's index, once it has begun (its name has ended).
@@ -168,7 +168,7 @@ struct Obj {
 }
 
 impl Obj {
-    /// A character of the current value (or of none: junk at call level).
+    /// A character of the current value, outside JSON whitespace.
     fn keep(&mut self, ch: char, out: &mut Vec<Piece>) {
         let Some(v) = self.value.as_mut() else {
             return;
@@ -227,7 +227,7 @@ impl Obj {
         };
         self.key.clear();
         self.keyed = false;
-        self.value = Some(Value {
+        self.value = Some(Member {
             role,
             depth: 0,
             raw: String::new(),
@@ -239,7 +239,8 @@ impl Obj {
 /// or a list of them (the shape the first bracket of the text says). Each call's
 /// [`Piece::Begin`] goes out once its `name` value has ended, its arguments as they
 /// come ([`minify`]d; held until the name when they come first; `{}` when the object
-/// closes without any). An object that closes without a string `name` is no call. It
+/// closes without any). An object whose first `name` is missing or not a string is
+/// no call; a call whose object never closes (a cut output) keeps what it has. It
 /// only tracks strings and nesting, so it reads any text, valid JSON or not, and
 /// gives the same pieces (up to how they are cut) however the text is split.
 #[derive(Debug, Default)]
