@@ -14,7 +14,7 @@ use crate::params::{self, Job, Route};
 use crate::run::{Run, Tagged};
 use crate::sse::{self, Chunker};
 use crate::state::AppState;
-use crate::tool_stream::{AutoPiece, AutoStream, CallStream, Reveal};
+use crate::tool_stream::{Piece, ToolStream};
 use crate::tools;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -86,9 +86,12 @@ pub async fn answer_chat(
 ) -> Result<Response, ApiError> {
     let chunks = Chat {
         engine,
-        held: vec![String::new(); job.choices()],
-        calls: (0..job.choices()).map(|_| Default::default()).collect(),
-        auto: (0..job.choices()).map(|_| Default::default()).collect(),
+        tools: match &job.tools {
+            Some(t) => (0..job.choices())
+                .map(|_| ToolStream::new(&t.mode))
+                .collect(),
+            None => Vec::new(),
+        },
         counts: Counts::default(),
         head,
         job,
@@ -400,12 +403,8 @@ fn call_finish(finish: FinishReason) -> &'static str {
 /// A streamed chat completion's chunks.
 struct Chat {
     engine: Engine,
-    /// Text kept per choice in case a `required` output turns out to hold no call.
-    held: Vec<String>,
-    /// Per choice, the `required` calls revealed so far, and how many.
-    calls: Vec<(CallStream, usize)>,
-    /// Per choice, an `auto` output's content and calls as they stream.
-    auto: Vec<AutoStream>,
+    /// Per choice, the answer's content and calls as they stream (none without tools).
+    tools: Vec<ToolStream>,
     head: Head,
     job: Job,
     counts: Counts,
@@ -425,73 +424,23 @@ impl Chat {
 }
 
 impl Chat {
-    /// A forced named call: its arguments stream as the output does.
-    fn named(&self) -> Option<&str> {
-        match self.job.tools.as_ref().map(|t| &t.mode) {
-            Some(tools::Mode::Named(n)) => Some(n),
-            _ => None,
-        }
-    }
-
-    /// The model may call tools in its own syntax (`auto`).
-    fn auto(&self) -> bool {
-        matches!(
-            self.job.tools.as_ref().map(|t| &t.mode),
-            Some(tools::Mode::Auto)
-        )
-    }
-
-    /// `required` calls stream as the constrained JSON reveals them.
-    fn streams_calls(&self) -> bool {
-        matches!(
-            self.job.tools.as_ref().map(|t| &t.mode),
-            Some(tools::Mode::Required { .. })
-        )
-    }
-
-    /// The chunks for a `required` output's next piece of text.
-    fn call_deltas(&mut self, index: usize, text: &str) -> Vec<Value> {
-        self.held[index].push_str(text);
-        let (stream, begun) = &mut self.calls[index];
-        let reveals = stream.push(text);
-        *begun += reveals
-            .iter()
-            .filter(|r| matches!(r, Reveal::Begin { .. }))
-            .count();
-        reveals
-            .into_iter()
-            .map(|r| self.call_chunk(index, r))
-            .collect()
-    }
-
-    /// The chunks for an `auto` output's pieces.
-    fn auto_chunks(&self, index: usize, pieces: Vec<AutoPiece>) -> Vec<Value> {
+    /// The chunks for pieces of a choice's answer with tools.
+    fn tool_chunks(&self, index: usize, pieces: Vec<Piece>) -> Vec<Value> {
         pieces
             .into_iter()
-            .map(|p| match p {
-                AutoPiece::Content(text) => {
-                    self.chunk(index, json!({"content": text}), Value::Null, None)
-                }
-                AutoPiece::Call(r) => self.call_chunk(index, r),
+            .map(|p| {
+                let delta = match p {
+                    Piece::Content(text) => json!({"content": text}),
+                    Piece::Begin { k, name } => json!({"tool_calls": [{"index": k,
+                        "id": format!("call_{}_{index}_{k}", self.head.id),
+                        "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                    Piece::Args { k, text } => {
+                        json!({"tool_calls": [{"index": k, "function": {"arguments": text}}]})
+                    }
+                };
+                self.chunk(index, delta, Value::Null, None)
             })
             .collect()
-    }
-
-    /// One revealed piece of a call as its `tool_calls` delta.
-    fn call_chunk(&self, index: usize, r: Reveal) -> Value {
-        let call = match r {
-            Reveal::Begin { k, name } => {
-                json!({"index": k, "id": format!("call_{}_{index}_{k}", self.head.id),
-                       "type": "function", "function": {"name": name, "arguments": ""}})
-            }
-            Reveal::Args { k, text } => json!({"index": k, "function": {"arguments": text}}),
-        };
-        self.chunk(index, json!({"tool_calls": [call]}), Value::Null, None)
-    }
-
-    fn args_delta(&self, index: usize, text: &str) -> Value {
-        let delta = json!({"tool_calls": [{"index": 0, "function": {"arguments": text}}]});
-        self.chunk(index, delta, Value::Null, None)
     }
 }
 
@@ -499,11 +448,11 @@ impl Chunker for Chat {
     fn start(&mut self) -> Vec<Value> {
         (0..self.job.choices())
             .map(|i| {
-                let delta = match self.named() {
-                    Some(name) => json!({"role": "assistant", "content": null, "tool_calls": [{
-                        "index": 0, "id": format!("call_{}_{i}_0", self.head.id), "type": "function",
-                        "function": {"name": name, "arguments": ""}}]}),
-                    None => json!({"role": "assistant", "content": ""}),
+                // With tools, content stays null unless text comes (OpenAI's shape).
+                let delta = if self.tools.is_empty() {
+                    json!({"role": "assistant", "content": ""})
+                } else {
+                    json!({"role": "assistant", "content": null})
                 };
                 self.chunk(i, delta, Value::Null, None)
             })
@@ -519,19 +468,9 @@ impl Chunker for Chat {
                 text,
                 logprob,
             } => {
-                if self.auto() {
-                    let pieces = self.auto[index].push(&text);
-                    return self.auto_chunks(index, pieces);
-                }
-                if self.streams_calls() {
-                    return self.call_deltas(index, &text);
-                }
-                if self.named().is_some() {
-                    return if text.is_empty() {
-                        Vec::new()
-                    } else {
-                        vec![self.args_delta(index, &text)]
-                    };
+                if let Some(s) = self.tools.get_mut(index) {
+                    let pieces = s.push(&text);
+                    return self.tool_chunks(index, pieces);
                 }
                 let lp = match (&logprob, self.job.logprobs) {
                     (Some(lp), Some(_)) => {
@@ -550,41 +489,18 @@ impl Chunker for Chat {
                 finish,
                 ..
             } => {
-                let mut out = Vec::new();
-                if self.named().is_some() {
-                    if !text.is_empty() {
-                        out.push(self.args_delta(index, &text));
-                    }
-                    let finish = call_finish(finish);
-                    out.push(self.chunk(index, json!({}), Value::Null, Some(finish)));
-                    return out;
-                }
-                if self.streams_calls() {
-                    out = self.call_deltas(index, &text);
-                    if self.calls[index].1 > 0 {
-                        let finish = call_finish(finish);
-                        out.push(self.chunk(index, json!({}), Value::Null, Some(finish)));
-                        return out;
-                    }
-                    // No call began (cut short): the text goes out as content.
-                    out.clear();
-                }
-                let mut text = text;
-                if self.streams_calls() {
-                    text = std::mem::take(&mut self.held[index]);
-                }
-                if self.auto() {
-                    let mut pieces = self.auto[index].push(&text);
-                    pieces.extend(self.auto[index].finish());
-                    out = self.auto_chunks(index, pieces);
-                    let finish = if self.auto[index].calls() == 0 {
-                        finish_str(finish)
-                    } else {
-                        call_finish(finish)
+                if let Some(s) = self.tools.get_mut(index) {
+                    let mut pieces = s.push(&text);
+                    pieces.extend(s.finish());
+                    let finish = match s.calls() {
+                        0 => finish_str(finish),
+                        _ => call_finish(finish),
                     };
+                    let mut out = self.tool_chunks(index, pieces);
                     out.push(self.chunk(index, json!({}), Value::Null, Some(finish)));
                     return out;
                 }
+                let mut out = Vec::new();
                 if !text.is_empty() {
                     out.push(self.chunk(index, json!({"content": text}), Value::Null, None));
                 }

@@ -1,279 +1,504 @@
-//! Tool calls as they stream: what a growing output has revealed so far. A `required`
-//! output is grammar-constrained JSON (`{"name", "arguments"}` or a list of them) that
-//! [`CallStream`] follows; an `auto` output is the model's free text, where
-//! [`AutoStream`] passes content through and follows each Hermes-style
-//! `<tool_call>…</tool_call>` block with a `CallStream`. Either way each call's name
-//! goes out once it is whole, then its arguments as they are generated.
+//! Tool calls as they stream. [`ToolStream`] turns a growing output into pieces of the
+//! answer that [`crate::tools::extract`] gives for the whole output: content, each
+//! call's name, and its arguments. Put back together as an OpenAI client does
+//! (content concatenated, `function.arguments` concatenated per call index) the
+//! pieces are exactly that answer, however the output was split. The rule that makes
+//! it so: nothing goes out before the whole output could no longer change it.
+//!
+//! - Named function: the output is the arguments. The call begins at once; the
+//!   arguments go out as they are generated.
+//! - `required`: the output is grammar-constrained JSON (a call object or a list of
+//!   them) that [`CallStream`] reads. A call goes out once its `name` value has ended,
+//!   then its arguments as they are generated. The text is also held, and goes out as
+//!   content at the end only if no call came (an output cut before any name).
+//! - `auto`: the model's free text ([`AutoStream`]). Content goes out at once, except a
+//!   trailing piece that may begin `<tool_call>` and trailing whitespace (both wait for
+//!   what follows). A `<tool_call>` block is held whole until its first `</tool_call>`
+//!   (or the end of the output), then [`block_call`] decides: a call, or content.
+//!
+//! The canonical forms, the same in both paths:
+//! - arguments: the JSON text of the `arguments` value with the whitespace outside
+//!   strings removed ([`minify`]); the model's own numbers, escapes and key order are
+//!   kept, so nothing is lost. A string value stays a JSON string (`"1.1.1"`). A call
+//!   object without `arguments` has `{}`.
+//! - a call object's keys: the first `name` and the first `arguments` count (a
+//!   streamed call's name goes out as soon as it is read); a `name` that is not a
+//!   string makes no call.
+//! - content: with calls, the text outside them with trailing whitespace removed, and
+//!   null when nothing is left; with no call, the whole output as it is (`""` too).
 
-/// What the streamed output of a `required` call has revealed.
+use crate::tools::{Call, Mode};
+
+/// A piece of an answer with tools, in the order it goes out.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Reveal {
-    /// Call `k` has begun: its name is whole.
+pub enum Piece {
+    /// Text for the answer's `content`.
+    Content(String),
+    /// Call `k` (counted across the whole output) begins: its name.
     Begin { k: usize, name: String },
-    /// More of call `k`'s arguments, as raw JSON text.
+    /// More of call `k`'s arguments, in canonical form.
     Args { k: usize, text: String },
 }
 
-/// Follows the grammar-constrained JSON of `required` calls (`{"name", "arguments"}`,
-/// or a list of them) as it streams, so each call's name goes out once it is whole and
-/// its arguments as they are generated. The grammar guarantees the shape; this only
-/// tracks strings and nesting.
+/// The calls that pieces add up to, in order (`Content` is ignored).
+pub fn calls_of(pieces: impl IntoIterator<Item = Piece>) -> Vec<Call> {
+    let mut calls: Vec<Call> = Vec::new();
+    for p in pieces {
+        match p {
+            Piece::Begin { name, .. } => calls.push(Call {
+                name,
+                arguments: String::new(),
+            }),
+            Piece::Args { k, text } => {
+                if let Some(c) = calls.get_mut(k) {
+                    c.arguments.push_str(&text);
+                }
+            }
+            Piece::Content(_) => {}
+        }
+    }
+    calls
+}
+
+/// Appends `p`, merged into the last piece when both are content or both are the same
+/// call's arguments (fewer, larger chunks).
+fn emit(out: &mut Vec<Piece>, p: Piece) {
+    match (out.last_mut(), p) {
+        (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
+        (Some(Piece::Args { k: j, text: a }), Piece::Args { k, text: b }) if *j == k => {
+            a.push_str(&b)
+        }
+        (_, p) => out.push(p),
+    }
+}
+
+/// Whitespace as JSON has it (outside strings).
+const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
+
+/// Where a character of JSON text stands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Class {
+    /// Part of a string: its opening quote, a character or an escape.
+    Str,
+    /// The closing quote of a string.
+    StrEnd,
+    /// Whitespace outside strings.
+    Space,
+    /// Anything else outside strings: punctuation, numbers, literals, junk.
+    Other,
+}
+
+/// Tells strings from the rest, one character at a time.
+#[derive(Debug, Default, Clone)]
+struct Lexer {
+    in_str: bool,
+    escape: bool,
+}
+
+impl Lexer {
+    fn class(&mut self, ch: char) -> Class {
+        if self.in_str {
+            if self.escape {
+                self.escape = false;
+            } else if ch == '\\' {
+                self.escape = true;
+            } else if ch == '"' {
+                self.in_str = false;
+                return Class::StrEnd;
+            }
+            return Class::Str;
+        }
+        match ch {
+            '"' => {
+                self.in_str = true;
+                Class::Str
+            }
+            c if JSON_WS.contains(&c) => Class::Space,
+            _ => Class::Other,
+        }
+    }
+}
+
+/// The canonical form of arguments: `text` without the JSON whitespace outside its
+/// strings. Defined on any text (a cut one too), and piecewise:
+/// `minify(a + b) == minify(a) + minify(b)` when the lexer state carries over, which
+/// is how the streamed paths use [`Lexer`].
+pub fn minify(text: &str) -> String {
+    let mut lx = Lexer::default();
+    text.chars()
+        .filter(|&c| lx.class(c) != Class::Space)
+        .collect()
+}
+
+/// What a member's value means to its call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Role {
+    /// The first `name`: kept (minified) until it ends, then decoded.
+    Name,
+    /// The first `arguments`: goes out as it comes.
+    Args,
+    /// Anything else.
+    Skip,
+}
+
+/// A member value being read inside a call object.
+#[derive(Debug)]
+struct Member {
+    role: Role,
+    /// Nesting inside the value.
+    depth: usize,
+    /// The value's text so far (for `name`).
+    raw: String,
+}
+
+/// A call object being read.
+#[derive(Debug, Default)]
+struct Obj {
+    /// The current key's raw text (quotes included), while and after it is read.
+    key: String,
+    /// The key has ended; a `:` is next.
+    keyed: bool,
+    value: Option<Member>,
+    name_seen: bool,
+    args_seen: bool,
+    /// The call's index, once it has begun (its name has ended).
+    k: Option<usize>,
+    /// Arguments read before the name.
+    early: String,
+}
+
+impl Obj {
+    /// A character of the current value, outside JSON whitespace.
+    fn keep(&mut self, ch: char, out: &mut Vec<Piece>) {
+        let Some(v) = self.value.as_mut() else {
+            return;
+        };
+        match (v.role, self.k) {
+            (Role::Name, _) => v.raw.push(ch),
+            (Role::Args, Some(k)) => emit(
+                out,
+                Piece::Args {
+                    k,
+                    text: ch.to_string(),
+                },
+            ),
+            (Role::Args, None) => self.early.push(ch),
+            (Role::Skip, _) => {}
+        }
+    }
+
+    /// The current value has ended; returns whether the call began (as call `k`).
+    fn end_value(&mut self, k: usize, out: &mut Vec<Piece>) -> bool {
+        let Some(v) = self.value.take() else {
+            return false;
+        };
+        if v.role != Role::Name {
+            return false;
+        }
+        let Ok(name) = serde_json::from_str::<String>(&v.raw) else {
+            return false;
+        };
+        out.push(Piece::Begin { k, name });
+        self.k = Some(k);
+        if !self.early.is_empty() {
+            let text = std::mem::take(&mut self.early);
+            emit(out, Piece::Args { k, text });
+        }
+        true
+    }
+
+    /// A value begins after the current key's `:` (or, for junk, without one).
+    fn begin_value(&mut self, keyed: bool) {
+        let key = if keyed {
+            serde_json::from_str::<String>(&self.key).ok()
+        } else {
+            None
+        };
+        let role = match key.as_deref() {
+            Some("name") if !self.name_seen => {
+                self.name_seen = true;
+                Role::Name
+            }
+            Some("arguments") if !self.args_seen => {
+                self.args_seen = true;
+                Role::Args
+            }
+            _ => Role::Skip,
+        };
+        self.key.clear();
+        self.keyed = false;
+        self.value = Some(Member {
+            role,
+            depth: 0,
+            raw: String::new(),
+        });
+    }
+}
+
+/// Reads tool calls out of JSON text as it streams: a call object `{"name", "arguments"}`,
+/// or a list of them (the shape the first bracket of the text says). Each call's
+/// [`Piece::Begin`] goes out once its `name` value has ended, its arguments as they
+/// come ([`minify`]d; held until the name when they come first; `{}` when the object
+/// closes without any). An object whose first `name` is missing or not a string is
+/// no call; a call whose object never closes (a cut output) keeps what it has. It
+/// only tracks strings and nesting, so it reads any text, valid JSON or not, and
+/// gives the same pieces (up to how they are cut) however the text is split.
 #[derive(Debug, Default)]
 pub struct CallStream {
-    /// Nesting depth of objects and arrays outside the arguments.
+    lex: Lexer,
+    /// Nesting outside call objects.
     depth: usize,
-    /// The depth inside a call object (1 for one call, 2 in a list); 0 until known.
+    /// The depth of call objects: 1 for a lone object, 2 in a list; 0 until known.
     call_depth: usize,
+    obj: Option<Obj>,
+    /// Calls begun.
     calls: usize,
-    /// A string at call level (a key or the name) being read, raw.
-    string: Option<String>,
-    escape: bool,
-    /// The last key read at call level.
-    key: String,
-    /// Inside the arguments value: its own depth, and whether in a string there.
-    args: Option<(usize, bool)>,
-    /// After `"arguments":`, waiting for the value's first character.
-    args_next: bool,
 }
 
 impl CallStream {
-    /// Feeds more output; returns what it reveals, in order.
-    pub fn push(&mut self, text: &str) -> Vec<Reveal> {
-        let mut out: Vec<Reveal> = Vec::new();
-        let mut args = String::new();
+    /// Feeds more text; returns what it reveals, in order.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        let mut out = Vec::new();
         for ch in text.chars() {
-            if let Some((depth, in_str)) = self.args.as_mut() {
-                let ends = match (*in_str, ch) {
-                    (true, _) if self.escape => {
-                        self.escape = false;
-                        false
-                    }
-                    (true, '\\') => {
-                        self.escape = true;
-                        false
-                    }
-                    (true, '"') => {
-                        *in_str = false;
-                        *depth == 0
-                    }
-                    (true, _) => false,
-                    (false, '"') => {
-                        *in_str = true;
-                        false
-                    }
-                    (false, '{' | '[') => {
-                        *depth += 1;
-                        false
-                    }
-                    (false, '}' | ']') if *depth == 0 => {
-                        // A bare value ends where its call object does.
-                        self.args = None;
-                        Self::flush(&mut out, self.calls, &mut args);
-                        self.close();
-                        continue;
-                    }
-                    (false, '}' | ']') => {
-                        *depth -= 1;
-                        *depth == 0
-                    }
-                    (false, ',') if *depth == 0 => {
-                        self.args = None;
-                        Self::flush(&mut out, self.calls, &mut args);
-                        continue;
-                    }
-                    _ => false,
-                };
-                args.push(ch);
-                if ends {
-                    self.args = None;
-                    Self::flush(&mut out, self.calls, &mut args);
-                }
-                continue;
-            }
-            if let Some(raw) = self.string.as_mut() {
-                raw.push(ch);
-                if self.escape {
-                    self.escape = false;
-                } else if ch == '\\' {
-                    self.escape = true;
-                } else if ch == '"' {
-                    let raw = self.string.take().unwrap_or_default();
-                    let value: String = serde_json::from_str(&raw).unwrap_or_default();
-                    if self.key == "name" {
-                        out.push(Reveal::Begin {
-                            k: self.calls,
-                            name: value,
-                        });
-                        self.key.clear();
-                    } else {
-                        self.key = value;
-                    }
-                }
-                continue;
-            }
-            if self.args_next && !ch.is_whitespace() {
-                self.args_next = false;
-                self.args = Some((0, false));
-                // Re-read this character as the value's first.
-                out.extend(self.push(&ch.to_string()));
-                continue;
-            }
-            match ch {
-                '{' | '[' => {
-                    self.depth += 1;
-                    if self.call_depth == 0 {
-                        self.call_depth = if ch == '[' { 2 } else { 1 };
-                    }
-                }
-                '}' | ']' => self.close(),
-                '"' if self.depth == self.call_depth => self.string = Some("\"".into()),
-                ':' if self.depth == self.call_depth && self.key == "arguments" => {
-                    self.args_next = true;
-                    self.key.clear();
-                }
-                _ => {}
-            }
-        }
-        Self::flush(&mut out, self.calls, &mut args);
-        out
-    }
-
-    /// A `}` or `]` outside the arguments: a call object ends at call level.
-    fn close(&mut self) {
-        if self.depth == self.call_depth {
-            self.calls += 1;
-        }
-        self.depth = self.depth.saturating_sub(1);
-    }
-
-    fn flush(out: &mut Vec<Reveal>, k: usize, args: &mut String) {
-        if !args.is_empty() {
-            out.push(Reveal::Args {
-                k,
-                text: std::mem::take(args),
-            });
-        }
-    }
-}
-
-/// What an `auto` output's next piece reveals.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AutoPiece {
-    /// Plain text for the answer's `content`.
-    Content(String),
-    /// Something of a call (`k` counts calls across the whole output).
-    Call(Reveal),
-}
-
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
-
-/// Follows an `auto` output: text outside `<tool_call>` blocks is content, streamed at
-/// once except a trailing piece that may begin a tag; each block is read by a
-/// [`CallStream`]. Once a call has begun, whitespace-only content between calls is
-/// dropped (the whole-output parse trims it too).
-#[derive(Debug, Default)]
-pub struct AutoStream {
-    /// Text not yet passed on: a possible beginning of a tag.
-    pending: String,
-    /// The block being read: its reader, whether its call has revealed its name yet,
-    /// and its raw text (content after all, if it holds no call).
-    block: Option<(CallStream, bool, String)>,
-    /// Argument pieces that came before their call's name (`arguments` first).
-    early: Vec<String>,
-    /// Calls begun so far.
-    begun: usize,
-}
-
-impl AutoStream {
-    /// Feeds more output; returns what it reveals, in order.
-    pub fn push(&mut self, text: &str) -> Vec<AutoPiece> {
-        self.pending.push_str(text);
-        let mut out = Vec::new();
-        loop {
-            let tag = if self.block.is_some() { CLOSE } else { OPEN };
-            let (now, found) = match self.pending.find(tag) {
-                Some(i) => (i, true),
-                None => (self.pending.len() - partial_tag(&self.pending, tag), false),
-            };
-            let piece: String = self.pending.drain(..now).collect();
-            self.pass(&piece, &mut out);
-            if !found {
-                return out;
-            }
-            self.pending.drain(..tag.len());
-            if self.block.is_some() {
-                self.end_block(true, &mut out);
-            } else {
-                self.block = Some((CallStream::default(), false, String::new()));
-            }
-        }
-    }
-
-    /// The output ended: what was held goes out (an unclosed block ends here).
-    pub fn finish(&mut self) -> Vec<AutoPiece> {
-        let mut out = Vec::new();
-        let rest = std::mem::take(&mut self.pending);
-        self.pass(&rest, &mut out);
-        if self.block.is_some() {
-            self.end_block(false, &mut out);
+            self.step(ch, &mut out);
         }
         out
     }
 
     /// Calls begun so far.
     pub fn calls(&self) -> usize {
-        self.begun
+        self.calls
     }
 
-    fn pass(&mut self, text: &str, out: &mut Vec<AutoPiece>) {
+    fn step(&mut self, ch: char, out: &mut Vec<Piece>) {
+        let class = self.lex.class(ch);
+        let k = self.calls;
+        let Some(obj) = self.obj.as_mut() else {
+            self.outside(ch, class);
+            return;
+        };
+        if let Some(v) = obj.value.as_mut() {
+            let ends = match class {
+                Class::Space => return,
+                Class::Str | Class::StrEnd => false,
+                Class::Other => match ch {
+                    '{' | '[' => {
+                        v.depth += 1;
+                        false
+                    }
+                    '}' | ']' if v.depth > 0 => {
+                        v.depth -= 1;
+                        false
+                    }
+                    ',' | '}' | ']' => v.depth == 0,
+                    _ => false,
+                },
+            };
+            if !ends {
+                obj.keep(ch, out);
+                return;
+            }
+            if obj.end_value(k, out) {
+                self.calls += 1;
+            }
+        }
+        // At call level: keys, `:`, `,` and the object's end.
+        match class {
+            Class::Space => {}
+            Class::Str | Class::StrEnd if !obj.keyed => {
+                obj.key.push(ch);
+                obj.keyed = class == Class::StrEnd;
+            }
+            Class::Other if ch == ':' && obj.keyed => obj.begin_value(true),
+            Class::Other if ch == ',' => {
+                obj.key.clear();
+                obj.keyed = false;
+            }
+            Class::Other if ch == '}' || ch == ']' => self.end_call(out),
+            // Junk where a key or `:` belongs: read as a value that counts for nothing.
+            _ => {
+                obj.begin_value(false);
+                if let Some(v) = obj.value.as_mut() {
+                    if class == Class::Other && (ch == '{' || ch == '[') {
+                        v.depth += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Outside call objects: only nesting matters, and where a call object begins.
+    fn outside(&mut self, ch: char, class: Class) {
+        if class != Class::Other {
+            return;
+        }
+        match ch {
+            '{' | '[' => {
+                if self.call_depth == 0 && self.depth == 0 {
+                    self.call_depth = if ch == '{' { 1 } else { 2 };
+                }
+                self.depth += 1;
+                if ch == '{' && self.depth == self.call_depth {
+                    self.obj = Some(Obj::default());
+                }
+            }
+            '}' | ']' => self.depth = self.depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+
+    /// The call object closes.
+    fn end_call(&mut self, out: &mut Vec<Piece>) {
+        if let Some(obj) = self.obj.take() {
+            if let (Some(k), false) = (obj.k, obj.args_seen) {
+                out.push(Piece::Args {
+                    k,
+                    text: "{}".into(),
+                });
+            }
+        }
+        self.depth = self.depth.saturating_sub(1);
+    }
+}
+
+/// The call a `<tool_call>` block's body holds: exactly one valid JSON object (JSON
+/// whitespace around it allowed, nothing else) with a string `name`, read by
+/// [`CallStream`]. Both paths of `auto` decide with this.
+pub fn block_call(body: &str) -> Option<Call> {
+    let is_call = body.trim_start_matches(JSON_WS).starts_with('{')
+        && serde_json::from_str::<serde::de::IgnoredAny>(body).is_ok();
+    let mut calls = if is_call {
+        calls_of(CallStream::default().push(body))
+    } else {
+        Vec::new()
+    };
+    if calls.len() != 1 {
+        tracing::debug!(
+            bytes = body.len(),
+            "a <tool_call> block holds no call: kept as content"
+        );
+        return None;
+    }
+    calls.pop()
+}
+
+/// The tag that opens a call in `auto` output (Hermes style).
+pub const OPEN: &str = "<tool_call>";
+/// The tag that closes it.
+pub const CLOSE: &str = "</tool_call>";
+
+/// Follows an `auto` output: see the module doc. Content is the text outside call
+/// blocks (blocks that hold no call included, tags and all); with calls its trailing
+/// whitespace is dropped, so whitespace waits until text follows it.
+#[derive(Debug, Default)]
+pub struct AutoStream {
+    /// Text not yet decided: a possible beginning of `<tool_call>`, or a block's body.
+    pending: String,
+    /// Inside a block (after its `<tool_call>`).
+    in_block: bool,
+    /// How far into `pending` a block's `</tool_call>` is known not to begin.
+    searched: usize,
+    /// Trailing whitespace of the content so far, not yet sent.
+    space: String,
+    /// Whether any content has gone out.
+    sent: bool,
+    /// Calls so far.
+    calls: usize,
+}
+
+impl AutoStream {
+    /// Feeds more output; returns what it reveals, in order.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        self.pending.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            if self.in_block {
+                let Some(i) = self.pending[self.searched..].find(CLOSE) else {
+                    let mut from = self.pending.len().saturating_sub(CLOSE.len() - 1);
+                    while !self.pending.is_char_boundary(from) {
+                        from -= 1;
+                    }
+                    self.searched = from.max(self.searched);
+                    return out;
+                };
+                let end = self.searched + i;
+                let body: String = self.pending.drain(..end).collect();
+                self.pending.drain(..CLOSE.len());
+                self.end_block(&body, true, &mut out);
+            } else {
+                match self.pending.find(OPEN) {
+                    Some(i) => {
+                        let before: String = self.pending.drain(..i).collect();
+                        self.pending.drain(..OPEN.len());
+                        self.content(&before, &mut out);
+                        self.in_block = true;
+                        self.searched = 0;
+                    }
+                    None => {
+                        let keep = partial_tag(&self.pending, OPEN);
+                        let now: String = self.pending.drain(..self.pending.len() - keep).collect();
+                        self.content(&now, &mut out);
+                        return out;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The output ended: what was held is decided (an unclosed block ends here).
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let rest = std::mem::take(&mut self.pending);
+        if self.in_block {
+            self.end_block(&rest, false, &mut out);
+        } else {
+            self.content(&rest, &mut out);
+        }
+        let space = std::mem::take(&mut self.space);
+        if self.calls == 0 && (!space.is_empty() || !self.sent) {
+            // No call: the content is the whole output, as it is.
+            self.sent = true;
+            emit(&mut out, Piece::Content(space));
+        }
+        out
+    }
+
+    /// Calls so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    fn content(&mut self, text: &str, out: &mut Vec<Piece>) {
         if text.is_empty() {
             return;
         }
-        let Some((stream, named, raw)) = self.block.as_mut() else {
-            if self.begun == 0 || !text.trim().is_empty() {
-                out.push(AutoPiece::Content(text.to_string()));
-            }
-            return;
-        };
-        raw.push_str(text);
-        for r in stream.push(text) {
-            match r {
-                Reveal::Begin { name, .. } if !*named => {
-                    *named = true;
-                    out.push(AutoPiece::Call(Reveal::Begin {
-                        k: self.begun,
-                        name,
-                    }));
-                    self.begun += 1;
-                    for text in self.early.drain(..) {
-                        out.push(AutoPiece::Call(Reveal::Args {
-                            k: self.begun - 1,
-                            text,
-                        }));
-                    }
-                }
-                Reveal::Args { text, .. } if *named => out.push(AutoPiece::Call(Reveal::Args {
-                    k: self.begun - 1,
-                    text,
-                })),
-                Reveal::Args { text, .. } => self.early.push(text),
-                // A second call in one block: not Hermes' shape; ignored.
-                Reveal::Begin { .. } => {}
-            }
+        self.space.push_str(text);
+        let keep = self.space.trim_end().len();
+        if keep > 0 {
+            let now: String = self.space.drain(..keep).collect();
+            self.sent = true;
+            emit(out, Piece::Content(now));
         }
     }
 
-    /// The block ends (`closed`: at its closing tag, else at the end of the output). A
-    /// block whose call never revealed a name was the model's text after all.
-    fn end_block(&mut self, closed: bool, out: &mut Vec<AutoPiece>) {
-        let Some((_, named, raw)) = self.block.take() else {
-            return;
-        };
-        if !named {
-            self.early.clear();
-            let close = if closed { CLOSE } else { "" };
-            out.push(AutoPiece::Content(format!("{OPEN}{raw}{close}")));
+    /// A block ends (`closed`: at its `</tool_call>`, else at the end of the output).
+    fn end_block(&mut self, body: &str, closed: bool, out: &mut Vec<Piece>) {
+        self.in_block = false;
+        self.searched = 0;
+        match block_call(body) {
+            Some(call) => {
+                let k = self.calls;
+                self.calls += 1;
+                out.push(Piece::Begin { k, name: call.name });
+                out.push(Piece::Args {
+                    k,
+                    text: call.arguments,
+                });
+            }
+            None => {
+                let close = if closed { CLOSE } else { "" };
+                self.content(&format!("{OPEN}{body}{close}"), out);
+            }
         }
     }
 }
@@ -286,130 +511,560 @@ fn partial_tag(s: &str, tag: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// One choice's answer as it streams, in any tool mode.
+#[derive(Debug)]
+pub struct ToolStream(Kind);
+
+#[derive(Debug)]
+enum Kind {
+    /// A named function: the output is its arguments.
+    Named {
+        name: String,
+        begun: bool,
+        lex: Lexer,
+    },
+    /// `required`: JSON calls; the text is held in case no call comes.
+    Required { calls: CallStream, held: String },
+    /// `auto`: the model's text and its `<tool_call>` blocks.
+    Auto(AutoStream),
+}
+
+impl ToolStream {
+    /// A stream for an output made under `mode`.
+    pub fn new(mode: &Mode) -> Self {
+        ToolStream(match mode {
+            Mode::Named(name) => Kind::Named {
+                name: name.clone(),
+                begun: false,
+                lex: Lexer::default(),
+            },
+            Mode::Required { .. } => Kind::Required {
+                calls: CallStream::default(),
+                held: String::new(),
+            },
+            Mode::Auto => Kind::Auto(AutoStream::default()),
+        })
+    }
+
+    /// Feeds more output; returns what it reveals, in order.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        match &mut self.0 {
+            Kind::Named { name, begun, lex } => {
+                let mut out = Vec::new();
+                if !*begun {
+                    *begun = true;
+                    out.push(Piece::Begin {
+                        k: 0,
+                        name: name.clone(),
+                    });
+                }
+                let text: String = text
+                    .chars()
+                    .filter(|&c| lex.class(c) != Class::Space)
+                    .collect();
+                if !text.is_empty() {
+                    out.push(Piece::Args { k: 0, text });
+                }
+                out
+            }
+            Kind::Required { calls, held } => {
+                held.push_str(text);
+                calls.push(text)
+            }
+            Kind::Auto(a) => a.push(text),
+        }
+    }
+
+    /// The output ended: what was held goes out.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        match &mut self.0 {
+            Kind::Named { .. } => self.push(""),
+            Kind::Required { calls, held } => {
+                if calls.calls() == 0 {
+                    vec![Piece::Content(std::mem::take(held))]
+                } else {
+                    Vec::new()
+                }
+            }
+            Kind::Auto(a) => a.finish(),
+        }
+    }
+
+    /// Calls begun so far.
+    pub fn calls(&self) -> usize {
+        match &self.0 {
+            Kind::Named { begun, .. } => usize::from(*begun),
+            Kind::Required { calls, .. } => calls.calls(),
+            Kind::Auto(a) => a.calls(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::extract;
     use crate::tools::tests::tools;
-    use crate::tools::{extract, Call, Mode};
-    use serde_json::{json, Value};
+    use folio::rng::SplitMix64;
 
-    /// Streamed in pieces of any size, the calls' names and arguments add up to what
-    /// `extract` finds in the whole output.
-    #[test]
-    fn required_calls_stream_as_they_are_generated() {
-        let t = tools(Mode::Required { parallel: true });
-        for text in [
-            r#"{"name":"get_weather","arguments":{"city":"Pa\"ris}","n":[1,{"a":2}]}}"#,
-            r#"[{"name":"get_weather","arguments":{"city":"Oslo"}},{"name":"get_weather","arguments":{}}]"#,
-            r#"{"name": "get_weather", "arguments": 42}"#,
-            r#"[ {"arguments": "x,}", "name": "get_weather"} ]"#,
-        ] {
-            let (want, _) = extract(&t, text).unwrap();
-            for size in [1, 2, 3, 7, 1000] {
-                let mut s = CallStream::default();
-                let chars: Vec<char> = text.chars().collect();
-                let mut got: Vec<Call> = Vec::new();
-                let mut args: Vec<String> = Vec::new();
-                for piece in chars.chunks(size) {
-                    for r in s.push(&piece.iter().collect::<String>()) {
-                        match r {
-                            Reveal::Begin { k, name } => {
-                                assert_eq!(k, got.len(), "{text}");
-                                got.push(Call {
-                                    name,
-                                    arguments: String::new(),
-                                });
-                            }
-                            Reveal::Args { k, text } => {
-                                args.resize(args.len().max(k + 1), String::new());
-                                args[k].push_str(&text);
-                            }
-                        }
-                    }
-                }
-                assert_eq!(got.len(), want.len(), "{text} in pieces of {size}");
-                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(g.name, w.name);
-                    let a: Value = serde_json::from_str(&args[k]).unwrap();
-                    let b: Value = serde_json::from_str(&w.arguments).unwrap_or(json!(w.arguments));
-                    assert_eq!(a, b, "{text} in pieces of {size}: call {k}");
-                }
-            }
+    /// An answer as an OpenAI client holds it: content, and each call's name and
+    /// arguments.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Answer {
+        content: Option<String>,
+        calls: Vec<(String, String)>,
+    }
+
+    fn answer(content: Option<&str>, calls: &[(&str, &str)]) -> Answer {
+        Answer {
+            content: content.map(str::to_string),
+            calls: calls
+                .iter()
+                .map(|(n, a)| (n.to_string(), a.to_string()))
+                .collect(),
         }
     }
 
-    /// Streamed in pieces of any size, an `auto` output's content and calls add up to
-    /// what `extract` finds in the whole output, and no tag text leaks into content.
-    #[test]
-    fn auto_calls_stream_as_they_are_generated() {
-        let t = tools(Mode::Auto);
-        for text in [
-            "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa<ris\"}}\n</tool_call>",
-            "<tool_call>{\"arguments\": {\"city\": \"Oslo\"}, \"name\": \"get_weather\"}</tool_call>\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {}}</tool_call>",
-            "Two < three, and <tool_ is not a tag.\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"n\": [1, 2]}}",
-        ] {
-            let (want, rest) = extract(&t, text).unwrap();
-            for size in [1, 2, 3, 5, 11, 1000] {
-                let mut s = AutoStream::default();
-                let chars: Vec<char> = text.chars().collect();
-                let (mut content, mut got, mut args) = (String::new(), Vec::<Call>::new(), Vec::<String>::new());
-                let mut take = |pieces: Vec<AutoPiece>| {
-                    for p in pieces {
-                        match p {
-                            AutoPiece::Content(c) => content.push_str(&c),
-                            AutoPiece::Call(Reveal::Begin { k, name }) => {
-                                assert_eq!(k, got.len());
-                                got.push(Call { name, arguments: String::new() });
-                                args.push(String::new());
-                            }
-                            AutoPiece::Call(Reveal::Args { k, text }) => args[k].push_str(&text),
-                        }
-                    }
-                };
-                for piece in chars.chunks(size) {
-                    take(s.push(&piece.iter().collect::<String>()));
-                }
-                take(s.finish());
-                assert_eq!(s.calls(), want.len(), "{text} in pieces of {size}");
-                assert_eq!(got.len(), want.len());
-                for (k, w) in want.iter().enumerate() {
-                    assert_eq!(got[k].name, w.name);
-                    let a: Value = serde_json::from_str(&args[k]).unwrap();
-                    let b: Value = serde_json::from_str(&w.arguments).unwrap_or(json!(w.arguments));
-                    assert_eq!(a, b, "{text} in pieces of {size}: call {k}");
-                }
-                assert_eq!(content.trim(), rest.as_deref().unwrap_or(""), "{text} in pieces of {size}");
-            }
+    /// The unstreamed answer, as `generate` builds it from `extract`.
+    fn whole(mode: &Mode, text: &str) -> Answer {
+        match extract(&tools(mode.clone()), text) {
+            Some((calls, content)) => Answer {
+                content,
+                calls: calls.into_iter().map(|c| (c.name, c.arguments)).collect(),
+            },
+            None => Answer {
+                content: Some(text.to_string()),
+                calls: Vec::new(),
+            },
         }
     }
 
+    /// The streamed answer put back together as an OpenAI client does: the first
+    /// delta's content is null (`generate` sends that with tools), content deltas are
+    /// concatenated, a call begins at a new index, and `function.arguments` deltas are
+    /// concatenated per index. `generate` feeds the last text then `finish`.
+    fn streamed(mode: &Mode, pieces: &[&str]) -> Answer {
+        let mut s = ToolStream::new(mode);
+        let mut a = Answer {
+            content: None,
+            calls: Vec::new(),
+        };
+        let take = |ps: Vec<Piece>, a: &mut Answer| {
+            for p in ps {
+                match p {
+                    Piece::Content(c) => a.content.get_or_insert_with(String::new).push_str(&c),
+                    Piece::Begin { k, name } => {
+                        assert_eq!(k, a.calls.len(), "a call begins at the next index");
+                        a.calls.push((name, String::new()));
+                    }
+                    Piece::Args { k, text } => {
+                        assert!(k < a.calls.len(), "arguments for call {k} before it began");
+                        a.calls[k].1.push_str(&text);
+                    }
+                }
+            }
+        };
+        for p in pieces {
+            take(s.push(p), &mut a);
+        }
+        take(s.finish(), &mut a);
+        assert_eq!(s.calls(), a.calls.len());
+        a
+    }
+
+    /// The char boundaries of `text`, 0 and its length included.
+    fn cuts(text: &str) -> Vec<usize> {
+        (0..=text.len())
+            .filter(|&i| text.is_char_boundary(i))
+            .collect()
+    }
+
+    /// `text` cut at the given sorted boundaries.
+    fn pieces_at<'a>(text: &'a str, at: &[usize]) -> Vec<&'a str> {
+        let mut out = Vec::new();
+        let mut from = 0;
+        for &i in at {
+            out.push(&text[from..i]);
+            from = i;
+        }
+        out.push(&text[from..]);
+        out
+    }
+
+    /// Every way the test splits `text`: in two at every char boundary (empty halves
+    /// included), one char at a time, and `random` random multi-piece splits (which
+    /// may repeat a boundary, giving empty pieces as an empty token does).
+    fn splits<'a>(text: &'a str, rng: &mut SplitMix64, random: usize) -> Vec<Vec<&'a str>> {
+        let cuts = cuts(text);
+        let mut out: Vec<Vec<&str>> = cuts.iter().map(|&i| pieces_at(text, &[i])).collect();
+        if let [_, inner @ .., _] = cuts.as_slice() {
+            out.push(pieces_at(text, inner));
+        }
+        for _ in 0..random {
+            let n = rng.below(8) as usize + 2;
+            let mut at: Vec<usize> = (0..n)
+                .map(|_| cuts[rng.below(cuts.len() as u64) as usize])
+                .collect();
+            at.sort_unstable();
+            out.push(pieces_at(text, &at));
+        }
+        out
+    }
+
+    /// Checks that every split of `text` streams to the unstreamed answer; returns how
+    /// many splits it checked.
+    fn check(mode: &Mode, text: &str, rng: &mut SplitMix64) -> usize {
+        let want = whole(mode, text);
+        let all = splits(text, rng, 8);
+        for p in &all {
+            assert_eq!(streamed(mode, p), want, "{mode:?} {text:?} split as {p:?}");
+        }
+        all.len()
+    }
+
+    /// `text`'s whole answer is `want`, and so is every split of it streamed.
+    fn assert_answer(mode: Mode, text: &str, want: Answer) {
+        assert_eq!(whole(&mode, text), want, "unstreamed {text:?}");
+        check(&mode, text, &mut SplitMix64(1));
+    }
+
+    fn auto(body: &str) -> String {
+        format!("{OPEN}{body}{CLOSE}")
+    }
+
+    const AUTO: Mode = Mode::Auto;
+    const REQUIRED: Mode = Mode::Required { parallel: true };
+
+    // The probe's rows (server-2026-11-27, F13), each the same answer in both paths.
+
     #[test]
-    fn auto_text_without_calls_streams_whole() {
-        for text in [
-            "plain answer",
-            "a <tool_c",
-            "x</tool_call>y",
-            "<tool_call>not json</tool_call> after",
-        ] {
-            for size in [1, 4, 100] {
-                let mut s = AutoStream::default();
-                let mut content = String::new();
-                let chars: Vec<char> = text.chars().collect();
-                for piece in chars.chunks(size) {
-                    for p in s.push(&piece.iter().collect::<String>()) {
-                        if let AutoPiece::Content(c) = p {
-                            content.push_str(&c)
-                        }
+    fn trailing_junk_after_the_json_leaves_the_block_as_text() {
+        let text = auto(r#"{"name": "f", "arguments": {"a": 1}} trailing junk"#);
+        assert_answer(AUTO, &text, answer(Some(&text), &[]));
+    }
+
+    #[test]
+    fn duplicate_name_keys_call_the_first_name() {
+        let text = auto(r#"{"name": "f", "name": "g", "arguments": {}}"#);
+        assert_answer(AUTO, &text, answer(None, &[("f", "{}")]));
+    }
+
+    #[test]
+    fn missing_arguments_are_an_empty_object() {
+        assert_answer(
+            AUTO,
+            &auto(r#"{"name": "f"}"#),
+            answer(None, &[("f", "{}")]),
+        );
+        assert_answer(REQUIRED, r#"[{"name": "f"}]"#, answer(None, &[("f", "{}")]));
+    }
+
+    #[test]
+    fn arguments_given_as_a_string_stay_that_json_string() {
+        let text = auto(r#"{"name": "f", "arguments": "{\"a\": 1}"}"#);
+        assert_answer(AUTO, &text, answer(None, &[("f", r#""{\"a\": 1}""#)]));
+    }
+
+    #[test]
+    fn two_objects_in_one_block_leave_it_as_text() {
+        let text = auto(r#"{"name": "f", "arguments": {}}{"name": "g", "arguments": {}}"#);
+        assert_answer(AUTO, &text, answer(Some(&text), &[]));
+    }
+
+    #[test]
+    fn a_closing_tag_inside_a_string_ends_the_block_and_leaves_it_as_text() {
+        let text = auto(r#"{"name": "f", "arguments": {"s": "x</tool_call>y"}}"#);
+        assert_answer(AUTO, &text, answer(Some(&text), &[]));
+    }
+
+    #[test]
+    fn nested_tool_call_tags_are_text() {
+        let text = auto(&auto(r#"{"name": "f", "arguments": {}}"#));
+        assert_answer(AUTO, &text, answer(Some(&text), &[]));
+    }
+
+    #[test]
+    fn required_with_string_parameters_gives_the_json_string() {
+        let text = r#"{"name": "f", "arguments": "1.1.1"}"#;
+        assert_answer(REQUIRED, text, answer(None, &[("f", r#""1.1.1""#)]));
+        let named = Mode::Named("f".into());
+        assert_answer(named, r#" "1.1.1" "#, answer(None, &[("f", r#""1.1.1""#)]));
+    }
+
+    #[test]
+    fn required_cut_by_max_tokens_keeps_the_begun_calls_or_is_content() {
+        let text =
+            r#"[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"s": "par"#;
+        let want = answer(None, &[("f", r#"{"a":1}"#), ("g", r#"{"s":"par"#)]);
+        assert_answer(REQUIRED, text, want);
+        // Cut before the name's value ended: no call, the text is the content.
+        let text = r#"[{"arguments": {"a": 1}, "name": "f"#;
+        assert_answer(REQUIRED, text, answer(Some(text), &[]));
+    }
+
+    // The probe's minor differences.
+
+    #[test]
+    fn arguments_are_minified_the_same_in_every_mode() {
+        let args = r#"{ "b" : [1, 2.50e1], "a": "x  y\" }", "n": null }"#;
+        let want = r#"{"b":[1,2.50e1],"a":"x  y\" }","n":null}"#;
+        let call = format!(r#"{{"name": "f", "arguments": {args}}}"#);
+        assert_answer(AUTO, &auto(&call), answer(None, &[("f", want)]));
+        assert_answer(REQUIRED, &call, answer(None, &[("f", want)]));
+        assert_answer(Mode::Named("f".into()), args, answer(None, &[("f", want)]));
+    }
+
+    #[test]
+    fn content_is_null_with_calls_and_no_text_and_verbatim_without_calls() {
+        let call = auto(r#"{"name": "f", "arguments": {}}"#);
+        let text = format!("\n{call}\n \n{call}\n");
+        assert_answer(AUTO, &text, answer(None, &[("f", "{}"), ("f", "{}")]));
+        let text = format!("  Let me check.\n{call}\nDone. \n");
+        let want = answer(Some("  Let me check.\n\nDone."), &[("f", "{}")]);
+        assert_answer(AUTO, &text, want);
+        assert_answer(AUTO, "", answer(Some(""), &[]));
+        assert_answer(AUTO, " \n", answer(Some(" \n"), &[]));
+        assert_answer(REQUIRED, "", answer(Some(""), &[]));
+        assert_answer(Mode::Named("f".into()), "", answer(None, &[("f", "")]));
+    }
+
+    #[test]
+    fn an_unclosed_block_at_the_end_is_a_call_when_whole() {
+        let text = format!("{OPEN}{}", r#"{"name": "f", "arguments": {"a": 1}}"#);
+        assert_answer(AUTO, &text, answer(None, &[("f", r#"{"a":1}"#)]));
+        let text = format!("{OPEN}{}", r#"{"name": "f", "arguments": {"a": 1}}</tool_"#);
+        assert_answer(AUTO, &text, answer(Some(&text), &[]));
+    }
+
+    #[test]
+    fn a_name_that_is_not_a_string_makes_no_call() {
+        let text = auto(r#"{"name": 5, "name": "f", "arguments": {}}"#);
+        assert_answer(AUTO, &text, answer(Some(&text), &[]));
+        let text = r#"{"x": "name", "y": "f", "name": "g"}"#;
+        assert_answer(REQUIRED, text, answer(None, &[("g", "{}")]));
+    }
+
+    /// A random JSON-ish value: mostly valid, at times junk; whitespace between tokens.
+    fn value(rng: &mut SplitMix64, depth: u32, out: &mut String) {
+        let ws = |rng: &mut SplitMix64, out: &mut String| {
+            const WS: [&str; 6] = ["", "", "", " ", "\n", "\t "];
+            out.push_str(WS[rng.below(WS.len() as u64) as usize]);
+        };
+        ws(rng, out);
+        let pick = if depth >= 3 {
+            rng.below(5)
+        } else {
+            rng.below(8)
+        };
+        match pick {
+            0 => {
+                const STR: [&str; 10] = [
+                    r#""Paris""#,
+                    r#""a \"q\" \\ b""#,
+                    r#""x</tool_call>y""#,
+                    r#""<tool_call>""#,
+                    r#""é日🙂""#,
+                    r#""\u00e9\n, }]""#,
+                    "\"\u{2028}\"",
+                    r#""""#,
+                    r#""name""#,
+                    r#""{\"a\": 1}""#,
+                ];
+                out.push_str(STR[rng.below(STR.len() as u64) as usize]);
+            }
+            1 => {
+                const NUM: [&str; 6] =
+                    ["1", "-0.5", "2.50e1", "12345678901234567890123", "0", "1.0"];
+                out.push_str(NUM[rng.below(NUM.len() as u64) as usize]);
+            }
+            2 => out.push_str(["true", "false", "null"][rng.below(3) as usize]),
+            3 => out.push_str(["junk", "}", "]", ",", ":", "{"][rng.below(6) as usize]),
+            4 | 5 => call(rng, depth + 1, out),
+            6 => {
+                out.push('[');
+                for i in 0..rng.below(4) {
+                    if i > 0 {
+                        out.push(',');
                     }
+                    value(rng, depth + 1, out);
                 }
-                for p in s.finish() {
-                    if let AutoPiece::Content(c) = p {
-                        content.push_str(&c)
+                ws(rng, out);
+                out.push(']');
+            }
+            _ => {
+                out.push('{');
+                for i in 0..rng.below(4) {
+                    if i > 0 {
+                        out.push(',');
                     }
+                    ws(rng, out);
+                    const KEY: [&str; 5] =
+                        [r#""a""#, r#""name""#, r#""arguments""#, r#""s""#, r#""é""#];
+                    out.push_str(KEY[rng.below(KEY.len() as u64) as usize]);
+                    ws(rng, out);
+                    out.push(':');
+                    value(rng, depth + 1, out);
                 }
-                assert_eq!(s.calls(), 0, "{text}");
-                assert_eq!(content, text, "pieces of {size}");
+                ws(rng, out);
+                out.push('}');
             }
         }
+        ws(rng, out);
+    }
+
+    /// A random call object: `name` and `arguments` in any order, at times twice or
+    /// missing, escaped, not a string, with other keys beside them.
+    fn call(rng: &mut SplitMix64, depth: u32, out: &mut String) {
+        out.push('{');
+        let n = rng.below(4) + 1;
+        for i in 0..n {
+            if i > 0 {
+                out.push_str([",", ", ", ",\n"][rng.below(3) as usize]);
+            }
+            match rng.below(6) {
+                0 | 1 => {
+                    const NAME: [&str; 7] = [
+                        r#""f""#,
+                        r#""get_weather""#,
+                        r#""g""#,
+                        r#""q\"uote""#,
+                        "\"u\u{2028}n\"",
+                        "5",
+                        r#""\u0066""#,
+                    ];
+                    let key = [r#""name""#, r#""n\u0061me""#][usize::from(rng.below(6) == 0)];
+                    out.push_str(key);
+                    out.push_str([":", ": ", " : "][rng.below(3) as usize]);
+                    out.push_str(NAME[rng.below(NAME.len() as u64) as usize]);
+                }
+                2 | 3 => {
+                    out.push_str(r#""arguments":"#);
+                    value(rng, depth + 1, out);
+                }
+                4 => {
+                    out.push_str(r#""id":"#);
+                    value(rng, depth + 1, out);
+                }
+                _ => out.push_str(["junk", r#""x""#, r#""k": "v""#][rng.below(3) as usize]),
+            }
+        }
+        out.push('}');
+    }
+
+    /// A random model output for `mode`: for `auto`, text mixed with `<tool_call>`
+    /// blocks (calls, junk, nested and unclosed tags, tag fragments); for the forced
+    /// modes, JSON (a call, a list of calls, any value) with text at times; cut short
+    /// at a random char boundary one time in four.
+    fn output(rng: &mut SplitMix64, mode: &Mode) -> String {
+        let mut out = String::new();
+        if matches!(mode, Mode::Auto) {
+            const TEXT: [&str; 14] = [
+                "Let me check.",
+                " ",
+                "\n",
+                "é日🙂",
+                "\u{2028}",
+                "<",
+                "<tool",
+                "<tool_c",
+                "</tool_call",
+                "tool_call>",
+                "a < b",
+                "{\"name\": \"f\"}",
+                "\n\n",
+                "}",
+            ];
+            for _ in 0..rng.below(6) + 1 {
+                match rng.below(8) {
+                    0 | 1 => out.push_str(TEXT[rng.below(TEXT.len() as u64) as usize]),
+                    2..=4 => {
+                        out.push_str(OPEN);
+                        out.push_str(["", "\n", " "][rng.below(3) as usize]);
+                        if rng.below(2) == 0 {
+                            out.push_str(r#"{"name": "get_weather", "arguments":"#);
+                            value(rng, 1, &mut out);
+                            out.push('}');
+                        } else {
+                            call(rng, 0, &mut out);
+                        }
+                        out.push_str(["", "\n", "\n", " junk", "}"][rng.below(5) as usize]);
+                        out.push_str(CLOSE);
+                    }
+                    5 => out.push_str(OPEN),
+                    6 => out.push_str(CLOSE),
+                    _ => value(rng, 1, &mut out),
+                }
+            }
+        } else {
+            match rng.below(5) {
+                0 | 1 => call(rng, 0, &mut out),
+                2 | 3 => {
+                    out.push('[');
+                    for i in 0..rng.below(4) + 1 {
+                        if i > 0 {
+                            out.push_str([",", ", "][rng.below(2) as usize]);
+                        }
+                        call(rng, 0, &mut out);
+                    }
+                    out.push(']');
+                }
+                _ => value(rng, 0, &mut out),
+            }
+            if rng.below(8) == 0 {
+                out.push_str([" junk", "{\"name\": \"h\"}", "\n"][rng.below(3) as usize]);
+            }
+        }
+        if rng.below(4) == 0 {
+            let cuts = cuts(&out);
+            out.truncate(cuts[rng.below(cuts.len() as u64) as usize]);
+        }
+        out
+    }
+
+    /// The property: for every output, every split of it streams to exactly the
+    /// unstreamed answer (content and each call's name and arguments). Over the
+    /// probe's rows and 2,000 random outputs per mode.
+    #[test]
+    fn streamed_answers_equal_the_unstreamed_ones_at_every_split() {
+        let mut rng = SplitMix64(0x5eed_7001);
+        let probe = [
+            auto(r#"{"name": "f", "arguments": {"a": 1}} trailing junk"#),
+            auto(r#"{"name": "f", "name": "g", "arguments": {}}"#),
+            auto(r#"{"name": "f"}"#),
+            auto(r#"{"name": "f", "arguments": "{\"a\": 1}"}"#),
+            auto(r#"{"name": "f", "arguments": {}}{"name": "g", "arguments": {}}"#),
+            auto(r#"{"name": "f", "arguments": {"s": "x</tool_call>y"}}"#),
+            auto(&auto(r#"{"name": "f", "arguments": {}}"#)),
+            r#"{"name": "f", "arguments": "1.1.1"}"#.to_string(),
+            r#"[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"s": "pa"#
+                .to_string(),
+        ];
+        let modes = [Mode::Auto, REQUIRED, Mode::Named("f".into())];
+        let (mut outputs, mut splits) = (0, 0);
+        for text in &probe {
+            for mode in &modes {
+                outputs += 1;
+                splits += check(mode, text, &mut rng);
+            }
+        }
+        let mut with_calls = [0; 3];
+        for (m, mode) in modes.iter().enumerate() {
+            for _ in 0..2000 {
+                let text = output(&mut rng, mode);
+                outputs += 1;
+                splits += check(mode, &text, &mut rng);
+                with_calls[m] += usize::from(extract(&tools(mode.clone()), &text).is_some());
+            }
+        }
+        eprintln!("{outputs} outputs, {splits} splits; with calls per mode: {with_calls:?}");
+        // The generator makes both kinds of output in the modes where both exist.
+        assert!(
+            with_calls[0] > 400 && with_calls[0] < 1600,
+            "{with_calls:?}"
+        );
+        assert!(
+            with_calls[1] > 400 && with_calls[1] < 1600,
+            "{with_calls:?}"
+        );
     }
 }

@@ -5,11 +5,13 @@
 //! `parallel_tool_calls`). With `auto` the chat template renders the tools and the
 //! model's own Hermes-style `<tool_call>{"name", "arguments"}</tool_call>` blocks are
 //! parsed out of its text. The answer carries OpenAI's `tool_calls` and
-//! `finish_reason: "tool_calls"`. Streamed, every mode's calls go out as they are
-//! generated (see `tool_stream`).
+//! `finish_reason: "tool_calls"`. [`extract`] decides the answer of a whole output;
+//! streamed, `tool_stream` gives exactly the same answer in pieces (its module doc
+//! has the canonical forms of arguments and content).
 
 use crate::api::{FunctionDef, GenRequest, ToolChoice};
 use crate::error::ApiError;
+use crate::tool_stream::{block_call, calls_of, minify, CallStream, CLOSE, OPEN};
 use folio::grammar::GrammarSpec;
 use serde_json::{json, Value};
 
@@ -148,62 +150,52 @@ pub fn template_tools(t: &Tools) -> Value {
     )
 }
 
-fn call_of(v: &Value) -> Option<Call> {
-    let name = v.get("name")?.as_str()?.to_string();
-    let args = v.get("arguments").cloned().unwrap_or(json!({}));
-    let arguments = match args {
-        Value::String(s) => s,
-        other => other.to_string(),
-    };
-    Some(Call { name, arguments })
-}
-
-/// The calls in a finished output, and the text left beside them (None when the
-/// output is no call at all).
+/// The answer in a finished output: its calls, and its content. `None` when it holds
+/// no call: the content is then the whole output, as it is. With calls the content is
+/// the text outside them without its trailing whitespace, `None` when that is empty.
+/// The canonical forms are in `tool_stream`'s module doc; that module streams exactly
+/// this answer.
+///
+/// - Named function: one call, whose arguments are the whole output ([`minify`]d).
+/// - `required`: the calls [`CallStream`] reads in the output (those whose name was
+///   generated: a cut output keeps its begun calls, `finish_reason` says `length`).
+/// - `auto`: each `<tool_call>` block, from its tag to the first `</tool_call>` after
+///   it (or the end of the output), is a call if [`block_call`] finds one in it, and
+///   content (tags and all) if not.
 pub fn extract(t: &Tools, text: &str) -> Option<(Vec<Call>, Option<String>)> {
-    match &t.mode {
-        Mode::Named(name) => Some((
-            vec![Call {
+    let (calls, rest) = match &t.mode {
+        Mode::Named(name) => {
+            let call = Call {
                 name: name.clone(),
-                arguments: text.trim().to_string(),
-            }],
-            None,
-        )),
-        Mode::Required { .. } => {
-            let v: Value = serde_json::from_str(text.trim()).ok()?;
-            let calls: Vec<Call> = match &v {
-                Value::Array(a) => a.iter().filter_map(call_of).collect(),
-                other => call_of(other).into_iter().collect(),
+                arguments: minify(text),
             };
-            (!calls.is_empty()).then_some((calls, None))
+            return Some((vec![call], None));
         }
+        Mode::Required { .. } => (calls_of(CallStream::default().push(text)), String::new()),
         Mode::Auto => {
             let (mut calls, mut rest, mut s) = (Vec::new(), String::new(), text);
-            while let Some(start) = s.find("<tool_call>") {
+            while let Some(start) = s.find(OPEN) {
                 rest.push_str(&s[..start]);
-                let body = &s[start + "<tool_call>".len()..];
-                let (inner, after) = match body.find("</tool_call>") {
-                    Some(end) => (&body[..end], &body[end + "</tool_call>".len()..]),
+                let body = &s[start + OPEN.len()..];
+                let (inner, after) = match body.find(CLOSE) {
+                    Some(end) => (&body[..end], &body[end + CLOSE.len()..]),
                     None => (body, ""),
                 };
-                match serde_json::from_str::<Value>(inner.trim())
-                    .ok()
-                    .as_ref()
-                    .and_then(call_of)
-                {
+                match block_call(inner) {
                     Some(c) => calls.push(c),
                     None => rest.push_str(&s[start..s.len() - after.len()]),
                 }
                 s = after;
             }
             rest.push_str(s);
-            if calls.is_empty() {
-                return None;
-            }
-            let rest = rest.trim();
-            Some((calls, (!rest.is_empty()).then(|| rest.to_string())))
+            (calls, rest)
         }
+    };
+    if calls.is_empty() {
+        return None;
     }
+    let rest = rest.trim_end();
+    Some((calls, (!rest.is_empty()).then(|| rest.to_string())))
 }
 
 /// OpenAI's `tool_calls` list; ids are `call_<answer id>_<choice>_<k>`.

@@ -13,3 +13,4 @@ mod preempt;
 mod routes;
 mod server;
 mod stall;
+mod tool_calls;
