@@ -1,7 +1,6 @@
 //! The small routes: the web page at `/`, `/health`, `/v1/models`, `/metrics`, `/tokenize`,
 //! `/detokenize`, and the envelope answers for unknown routes and wrong methods.
 
-use crate::answer::piece;
 use crate::api::{DetokenizeRequest, TokenizeRequest};
 use crate::body::JsonBody;
 use crate::deadline::Deadline;
@@ -100,7 +99,12 @@ pub async fn tokenize(
     let mut body = json!({"tokens": ids, "count": ids.len(), "max_model_len": l.engine.window()});
     if with_pieces {
         let tok = &l.engine.model().tokenizer;
-        body["pieces"] = ids.iter().map(|&i| piece(tok, i)).collect();
+        // Control tokens as their text (`<|im_start|>`), not as the nothing they
+        // print in output.
+        body["pieces"] = ids
+            .iter()
+            .map(|&i| tok.decode_special(std::slice::from_ref(&i)))
+            .collect();
     }
     Ok(Json(body).into_response())
 }
@@ -137,8 +141,14 @@ pub async fn detokenize(
     State(st): St,
     JsonBody(r): JsonBody<DetokenizeRequest>,
 ) -> Result<Response, ApiError> {
-    let l = st.ready()?;
-    let text = detokenize_request(&r, l.engine.model())?;
+    st.ready()?;
+    // Decoding is bounded by the body limit, but off the async threads all the same
+    // (600k ids take a third of a second: /health must not wait behind them).
+    let st2 = st.clone();
+    let text =
+        tokio::task::spawn_blocking(move || detokenize_request(&r, st2.ready()?.engine.model()))
+            .await
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     // llama.cpp answers `content`, vLLM `prompt`: both, so either client works.
     Ok(Json(json!({"content": text, "prompt": text})).into_response())
 }

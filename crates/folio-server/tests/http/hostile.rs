@@ -511,3 +511,18 @@ fn f11_idle_contexts_cannot_take_the_pool_from_requests() {
 fn request_delete(a: SocketAddr, id: &str) -> u16 {
     crate::client::request(a, "DELETE", &format!("/v1/contexts/{id}"), &[], b"").status
 }
+
+#[test]
+fn f21_tokenize_pieces_show_control_tokens_as_their_text() {
+    let s = start(ServeConfig::default(), small_engine());
+    let t = ok(
+        s.addr,
+        "/tokenize",
+        json!({"content": "<|im_start|>user", "add_special": false, "with_pieces": true}),
+    );
+    assert_eq!(t["pieces"][0], "<|im_start|>", "{t}");
+    assert_eq!(
+        t["pieces"].as_array().unwrap().len(),
+        t["count"].as_u64().unwrap() as usize
+    );
+}
