@@ -41,6 +41,13 @@ pub struct EngineConfig {
     /// those of choosing one after another. Off, one after another: the reference the
     /// tests compare with.
     pub parallel_sampling: bool,
+    /// Most bytes all snapshot files together may hold (`--snapshot-max-bytes`); a
+    /// save past it is refused and writes nothing (replacing a snapshot counts the
+    /// difference; files restored at start count).
+    pub snapshot_max_bytes: u64,
+    /// Most snapshots kept (`--max-snapshots`); a save under a new name past it is
+    /// refused.
+    pub snapshot_max_count: usize,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +62,8 @@ impl Default for EngineConfig {
             free_window_pages: true,
             grammar_checks: true,
             parallel_sampling: true,
+            snapshot_max_bytes: 4 << 30,
+            snapshot_max_count: 256,
         }
     }
 }
