@@ -11,4 +11,5 @@ mod load;
 mod preempt;
 mod routes;
 mod server;
+mod snapshots_hostile;
 mod stall;

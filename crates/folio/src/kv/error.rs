@@ -96,6 +96,10 @@ pub enum SnapshotError {
     /// Saving a new name would keep more snapshots than allowed: nothing was written.
     #[error("snapshot {name:?} would be one more than the {limit} snapshots allowed (--max-snapshots): delete one first, or save under an existing name. Nothing was saved")]
     TooMany { name: String, limit: usize },
+    /// A save's pin is gone (it was ended, or its pages did not hold what it
+    /// pinned): a bug of whoever drives the save.
+    #[error("save {0} is not in progress, or its pinned pages came back short")]
+    SaveGone(u64),
 }
 
 impl SnapshotError {
@@ -112,7 +116,8 @@ impl SnapshotError {
             | SnapshotError::TooMany { .. } => ErrorKind::Unavailable,
             SnapshotError::Io { .. }
             | SnapshotError::Corrupt { .. }
-            | SnapshotError::Interrupted { .. } => ErrorKind::Internal,
+            | SnapshotError::Interrupted { .. }
+            | SnapshotError::SaveGone(_) => ErrorKind::Internal,
         }
     }
 }

@@ -164,12 +164,7 @@ impl SaveTicket {
             buf.clear();
             fetch(from, n, &mut buf)?;
             if buf.len() != n * self.slot_bytes {
-                return Err(SnapshotError::Kv(KvError::WrongState {
-                    id: 0,
-                    state: super::PageState::Free,
-                    needed: "a pinned page (the save's chunk came back short)",
-                })
-                .into());
+                return Err(SnapshotError::SaveGone(self.id).into());
             }
             hash.update(&buf);
             f.write_all(&buf).map_err(io)?;
@@ -372,13 +367,11 @@ impl PagedKv {
         n: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), SnapshotError> {
-        let p = self.snap.pending.get(&id).ok_or_else(|| {
-            SnapshotError::Kv(KvError::WrongState {
-                id: 0,
-                state: super::PageState::Free,
-                needed: "a save in progress (it was ended)",
-            })
-        })?;
+        let p = self
+            .snap
+            .pending
+            .get(&id)
+            .ok_or(SnapshotError::SaveGone(id))?;
         let t = &p.table;
         let ps = self.store.page_size();
         let end = (from + n).min(t.len());
@@ -398,13 +391,11 @@ impl PagedKv {
     /// Ends save `id` whose file is in place: it becomes snapshot `name` (an older one
     /// of that name is released).
     pub fn finish_save(&mut self, id: u64) -> Result<(), SnapshotError> {
-        let p = self.snap.pending.remove(&id).ok_or_else(|| {
-            SnapshotError::Kv(KvError::WrongState {
-                id: 0,
-                state: super::PageState::Free,
-                needed: "a save in progress (it was ended)",
-            })
-        })?;
+        let p = self
+            .snap
+            .pending
+            .remove(&id)
+            .ok_or(SnapshotError::SaveGone(id))?;
         self.snap.sizes.insert(p.name.clone(), p.bytes);
         if let Some(old) = self.snapshots.insert(p.name, p.table) {
             self.release(old)?;
