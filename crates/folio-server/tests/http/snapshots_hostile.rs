@@ -87,6 +87,11 @@ fn saving_a_3000_token_context_in_a_loop_does_not_stall_a_stream() {
         (saves as u64 * size) as f64 / 1e6
     );
     assert!(saves >= 2, "the savers ran: {saves} saves");
+    assert_eq!(attacked.tokens, alone.tokens, "the victim got every token");
+    eprintln!(
+        "median gap {:?} alone, {:?} under attack",
+        alone.median, attacked.median
+    );
     assert_no_stall("saving a 3000-token snapshot in a loop", alone, attacked);
     // Every save ended whole: the snapshots and their files, nothing else.
     assert_eq!(snapshot_names(a), vec!["first", "loop0", "loop1"]);

@@ -38,7 +38,7 @@ const VERSION: u32 = 1;
 /// Bytes before the tokens: magic, version, fingerprint, page size, slot halves, count.
 const HEAD: usize = 8 + 4 + 16 + 4 + 4 + 8;
 /// About how many bytes of K/V one [`PagedKv::save_chunk`] copies (at least a token's).
-pub const SAVE_CHUNK_BYTES: usize = 4 << 20;
+pub const SAVE_CHUNK_BYTES: usize = 2 << 20;
 
 /// Whether `name` can name a snapshot (letters, digits, '-', '_' and '.', 1 to 128 of
 /// them, not starting with '.'): callers check before doing work that ends in a save.
@@ -381,8 +381,12 @@ impl PagedKv {
             slot.clear();
             self.arena
                 .read_slot(t.page(pos / ps).0, pos % ps, &mut slot);
-            for h in &slot {
-                out.extend_from_slice(&h.to_le_bytes());
+            if cfg!(target_endian = "little") {
+                out.extend_from_slice(bytemuck::cast_slice(&slot));
+            } else {
+                for h in &slot {
+                    out.extend_from_slice(&h.to_le_bytes());
+                }
             }
         }
         Ok(())
