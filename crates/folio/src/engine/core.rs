@@ -195,7 +195,7 @@ impl Core {
             }
         }
         // One at a time, the highest index first: failing one moves only a later one.
-        bad.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        bad.sort_unstable_by_key(|b| std::cmp::Reverse(b.0));
         for (i, t, step) in bad {
             tracing::error!("a planned step holds token id {t}, outside the vocabulary: its sequence fails alone");
             let one = Plan {
