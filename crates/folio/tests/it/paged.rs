@@ -360,10 +360,7 @@ fn a_save_onto_a_full_disk_is_no_space_and_keeps_the_old_snapshot() {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && text.contains("1 passed"),
-            "{text}"
-        );
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
         return;
     }
     use folio::kv::SnapshotError;
