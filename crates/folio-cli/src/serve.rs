@@ -68,6 +68,13 @@ pub struct Args {
     /// that would take them past it gets 429 [default: half the pool].
     #[arg(long)]
     pub context_pages: Option<usize>,
+    /// Most bytes all snapshot files together may hold (suffixes K, M, G, KiB, MiB,
+    /// GiB); a save past it answers 507 and writes nothing (files found at start count).
+    #[arg(long, value_parser = opts::parse_size, default_value = "4GiB")]
+    pub snapshot_max_bytes: u64,
+    /// Most snapshots kept; a save under a new name past it answers 507.
+    #[arg(long, default_value_t = 256)]
+    pub max_snapshots: usize,
 }
 
 /// Full-length sequences the default pool holds (`--kv-memory` or `--kv-pages` set
@@ -117,7 +124,9 @@ pub fn run(a: Args) -> Result<()> {
             .with_context(|| format!("cannot listen on {}:{}", a.host, a.port))?;
         let addr = listener.local_addr()?;
         let (model_args, batch, ctx_pages) = (a.model.clone(), a.max_batch_tokens, a.context_pages);
-        let load = move || load(&path, &model_args, batch, ctx_pages).map_err(|e| format!("{e:#}"));
+        let quota = (a.snapshot_max_bytes, a.max_snapshots);
+        let load =
+            move || load(&path, &model_args, batch, ctx_pages, quota).map_err(|e| format!("{e:#}"));
         let ready = move || {
             println!("folio: serving {name} at http://{addr} (OpenAI API: http://{addr}/v1)")
         };
@@ -129,11 +138,13 @@ pub fn run(a: Args) -> Result<()> {
 
 /// Reads the weights once with a progress bar (the mmap then finds them in the page
 /// cache), then builds the engine.
+/// `quota`: the snapshot files' most bytes and most snapshots.
 fn load(
     path: &Path,
     args: &ModelArgs,
     max_batch_tokens: usize,
     context_pages: Option<usize>,
+    quota: (u64, usize),
 ) -> Result<Engine> {
     warm(path).with_context(|| format!("reading {}", path.display()))?;
     let model =
@@ -142,6 +153,7 @@ fn load(
     let mut config = args.engine_config(&model, DEFAULT_SEQUENCES)?;
     config.max_batch_tokens = max_batch_tokens;
     config.context_pages = context_pages;
+    (config.snapshot_max_bytes, config.snapshot_max_count) = quota;
     Engine::new(model, config).map_err(|e| match opts::flag_error(&e) {
         Some(msg) => anyhow::anyhow!(msg),
         None => e.into(),

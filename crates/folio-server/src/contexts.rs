@@ -471,9 +471,17 @@ pub async fn snapshot_save(
     let name = s.name.clone();
     let st2 = st.clone();
     let tokens = blocking(move || {
+        use folio::kv::SnapshotError as S;
         match e.ctx.save_by(&s.name, deadline.get()) {
             Err(folio::EngineError::TimedOut { limit }) => {
                 return Err(Deadline::timed_out(&st2, limit))
+            }
+            // Over the snapshot quota: 507, no Retry-After (waiting frees nothing; a
+            // delete does).
+            Err(folio::EngineError::Snapshot(q @ (S::OverBytes { .. } | S::TooMany { .. }))) => {
+                let mut err = ApiError::new(StatusCode::INSUFFICIENT_STORAGE, q.to_string());
+                err.code = Some("snapshot_quota_exceeded");
+                return Err(err);
             }
             r => r?,
         }

@@ -60,6 +60,16 @@ fn save_async(a: SocketAddr, ctx: &str, name: &str) -> std::thread::JoinHandle<O
     })
 }
 
+/// The temporary file of a save of `name` in `dir`, if one is there.
+fn temp_file(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
+    let prefix = format!(".{name}.snap.");
+    std::fs::read_dir(dir).ok()?.find_map(|e| {
+        let e = e.ok()?;
+        let f = e.file_name().to_string_lossy().into_owned();
+        (f.starts_with(&prefix) && f.ends_with(".tmp")).then(|| e.path())
+    })
+}
+
 fn size(p: &Path) -> Option<u64> {
     std::fs::metadata(p).ok().map(|m| m.len())
 }
@@ -72,7 +82,8 @@ fn sigkill_mid_save_restarts_with_the_old_snapshot_or_the_new_never_a_corrupt_on
     let d = dir.path().to_str().unwrap().to_string();
     let args = ["--snapshot-dir", &d, "--ctx", "2048", "--kv-pages", "320"];
     let snap = dir.path().join("big.snap");
-    let tmp = dir.path().join(".big.snap.tmp");
+    // A save's temporary file: `.big.snap.<random>.tmp` (unpredictable since probe F10).
+    let tmp = || temp_file(dir.path(), "big");
     let mut s = server::start(&args);
     // The first save: 600 tokens (about 14 MB of K/V). Saved twice: the second time
     // the context is already computed, so it times the write alone.
@@ -113,7 +124,9 @@ fn sigkill_mid_save_restarts_with_the_old_snapshot_or_the_new_never_a_corrupt_on
         match k {
             0 | 1 => {
                 let want = if k == 0 { 0 } else { next * per_token / 2 };
-                while !matches!(size(&tmp), Some(n) if n >= want) && Instant::now() < deadline {
+                while !matches!(tmp().and_then(|p| size(&p)), Some(n) if n >= want)
+                    && Instant::now() < deadline
+                {
                     if pending.is_finished() {
                         break;
                     }
@@ -127,10 +140,10 @@ fn sigkill_mid_save_restarts_with_the_old_snapshot_or_the_new_never_a_corrupt_on
                 }
             }
         }
-        let mid_write = size(&tmp).is_some();
+        let mid_write = tmp().and_then(|p| size(&p)).is_some();
         s.kill();
         let answered = pending.join().unwrap();
-        let left_tmp = size(&tmp).is_some();
+        let left_tmp = tmp().and_then(|p| size(&p)).is_some();
         // Restart on the same directory: the snapshot is a whole save, and the log
         // says which (and that an interrupted save was removed).
         s = server::start(&args);
@@ -153,7 +166,10 @@ fn sigkill_mid_save_restarts_with_the_old_snapshot_or_the_new_never_a_corrupt_on
                     && log.contains(&format!("(restored: {restored} tokens)")),
                 "{log}"
             );
-            assert!(size(&tmp).is_none(), "the temporary file is removed");
+            assert!(
+                tmp().and_then(|p| size(&p)).is_none(),
+                "the temporary file is removed"
+            );
         }
         if answered == Some(201) {
             assert_eq!(restored, next, "a save that answered 201 is on disk");

@@ -12,5 +12,6 @@ mod load;
 mod preempt;
 mod routes;
 mod server;
+mod snapshots_hostile;
 mod stall;
 mod tool_calls;

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 pub struct Gaps {
     pub median: Duration,
     pub longest: Duration,
+    /// Token events received.
+    pub tokens: usize,
 }
 
 /// A greedy stream of `tokens` tokens; the gaps between its token events (the first
@@ -40,6 +42,7 @@ pub fn stream_gaps(addr: SocketAddr, tokens: usize) -> Gaps {
     Gaps {
         median: gaps[gaps.len() / 2],
         longest: *gaps.last().expect("gaps"),
+        tokens: at.len(),
     }
 }
 

@@ -10,7 +10,7 @@ use super::error::EngineError;
 use super::request::Request;
 use super::scheduler::check_fits;
 use super::seq::{Before, CtxLink, Gen, Purpose, Seq, Sink};
-use crate::kv::{KvError, PageId, PageTable, PagedKv};
+use crate::kv::{KvError, PageId, PageTable, PagedKv, SaveTicket};
 use crate::model::Model;
 use crate::tokenizer::Message;
 use std::collections::HashMap;
@@ -467,13 +467,20 @@ impl Contexts {
         Ok(t)
     }
 
-    pub fn save(&mut self, kv: &mut PagedKv, id: u64, name: &str) -> Result<(), EngineError> {
+    /// Pins the context's pages as snapshot `name` (see `PagedKv::begin_save`): with a
+    /// snapshot directory, returns the ticket the caller writes the file with, off
+    /// the engine thread.
+    pub fn save(
+        &mut self,
+        kv: &mut PagedKv,
+        id: u64,
+        name: &str,
+    ) -> Result<Option<SaveTicket>, EngineError> {
         let c = self.idle(id)?;
         if !c.pending.is_empty() {
             return Err(EngineError::NotFlushed(c.pending.len()));
         }
-        kv.save(name, c.table.as_mut().expect("idle"))?;
-        Ok(())
+        Ok(kv.begin_save(name, c.table.as_mut().expect("idle"))?)
     }
 
     pub fn load(&mut self, kv: &mut PagedKv, name: &str) -> Result<u64, EngineError> {

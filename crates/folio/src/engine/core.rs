@@ -49,6 +49,11 @@ impl Core {
         let (shape, window) = cfg.validate(&model)?;
         let model = Arc::new(model.with_context(window));
         let mut kv = PagedKv::with_shape(shape, window, &model.fingerprint());
+        kv.set_vocab(model.config.vocab);
+        kv.set_snapshot_limits(crate::kv::SnapshotLimits {
+            max_bytes: cfg.snapshot_max_bytes,
+            max_count: cfg.snapshot_max_count,
+        });
         if let Some(dir) = &cfg.snapshot_dir {
             let (_, skipped) = kv.open_snapshot_dir(dir)?;
             let restored = kv.snapshot_list();
@@ -145,6 +150,10 @@ impl Core {
         let plan = self.sched.schedule(&mut self.kv);
         self.give_back_retired();
         let Some(plan) = plan else { return };
+        let Some(plan) = self.drop_bad_tokens(plan) else {
+            self.give_back_retired();
+            return;
+        };
         let mut logits = std::mem::take(&mut self.logits);
         let forward = self.forward_with_masks(&plan, &mut logits);
         match forward {
@@ -161,6 +170,42 @@ impl Core {
         logits.trim(KEPT_LOGIT_ROWS * self.model.config.vocab);
         self.logits = logits;
         self.give_back_retired();
+    }
+
+    /// The last guard before a step: a sequence whose planned tokens hold an id
+    /// outside the vocabulary (which admission refuses, so never expected) fails
+    /// alone with that error; the others' reservations are given back and they are
+    /// planned again next step, unharmed. Returns the plan when every token is valid.
+    fn drop_bad_tokens(&mut self, plan: Plan) -> Option<Plan> {
+        let vocab = self.model.config.vocab;
+        let bad_of =
+            |s: &crate::kv::SeqStep| s.tokens.iter().copied().find(|&t| t as usize >= vocab);
+        if !plan.batch.seqs.iter().any(|s| bad_of(s).is_some()) {
+            return Some(plan);
+        }
+        let mut bad = Vec::new();
+        for (i, step) in plan.seqs.into_iter().zip(plan.batch.seqs) {
+            match bad_of(&step) {
+                Some(t) => bad.push((i, t, step)),
+                None => {
+                    if let Some(t) = self.sched.seqs[i].table.as_mut() {
+                        self.kv.abort(t, step.tokens.len());
+                    }
+                }
+            }
+        }
+        // One at a time, the highest index first: failing one moves only a later one.
+        bad.sort_unstable_by_key(|b| std::cmp::Reverse(b.0));
+        for (i, t, step) in bad {
+            tracing::error!("a planned step holds token id {t}, outside the vocabulary: its sequence fails alone");
+            let one = Plan {
+                seqs: vec![i],
+                batch: crate::kv::Batch { seqs: vec![step] },
+            };
+            let e: EngineError = crate::error::TokenizerError::UnknownId(t).into();
+            self.sched.fail_plan(&mut self.kv, one, &e);
+        }
+        None
     }
 
     /// Runs the planned step. Grammar masks that the step's samples will likely need
@@ -213,12 +258,29 @@ impl Core {
 
     /// Queues a context's job with the scheduler. A context that holds nothing yet
     /// starts from whatever prefix of its tokens the index holds.
+    ///
+    /// Every token is checked against the vocabulary first (a context's tokens may
+    /// come from a snapshot): a token the model cannot embed would fail the whole
+    /// step it joins, every sequence in it. Such a job fails alone, here, and its
+    /// table goes back to its context.
     pub fn push_job(&mut self, mut j: Job) {
-        if j.table.is_empty() {
+        let vocab = self.model.config.vocab;
+        let bad = j.tokens.iter().copied().find(|&t| t as usize >= vocab);
+        if bad.is_none() && j.table.is_empty() {
             self.kv.reuse_prefix(&mut j.table, &j.tokens);
         }
         let ctx = Some((j.link, j.table));
         self.sched.push(j.req, j.tokens, j.salt, j.purpose, ctx);
+        if let Some(bad) = bad {
+            let mut s = self.sched.seqs.pop().expect("just pushed");
+            if let Some(link) = s.ctx.as_mut() {
+                // Nothing was generated: no reply to record.
+                link.chat_reply = false;
+            }
+            s.fail(&crate::error::TokenizerError::UnknownId(bad).into());
+            self.sched.retired.push(s);
+            self.give_back_retired();
+        }
     }
 
     fn submit(&mut self, id: u64, req: Request, tx: Sink) {

@@ -154,6 +154,49 @@ impl Engine {
         self.call(|core| core.kv.snapshot_list())
     }
 
+    /// Writes the file of a save pinned on the engine thread ([`Context::save_by`]),
+    /// on the caller's thread: the pinned pages' K/V come over in chunks of about
+    /// [`crate::kv::SAVE_CHUNK_BYTES`], one short call each (pinned pages are never
+    /// written, so every chunk reads what the pin holds); serializing, hashing,
+    /// writing and syncing run here. Any error, or a panic here, releases the pin and
+    /// leaves an older snapshot of that name as it was.
+    fn write_snapshot(&self, ticket: crate::kv::SaveTicket) -> Result<(), EngineError> {
+        /// Releases the pin when dropped before the save is recorded.
+        struct Pin<'a> {
+            engine: &'a Engine,
+            id: u64,
+            recorded: bool,
+        }
+        impl Drop for Pin<'_> {
+            fn drop(&mut self) {
+                if !self.recorded {
+                    let id = self.id;
+                    let abort: Call = Box::new(move |c| c.kv.abort_save(id));
+                    let _ = self.engine.shared.tx.send(Cmd::Call(abort));
+                }
+            }
+        }
+        let id = ticket.id();
+        let mut pin = Pin {
+            engine: self,
+            id,
+            recorded: false,
+        };
+        let written = ticket.write(|from, n, out: &mut Vec<u8>| {
+            let buf = std::mem::take(out);
+            *out = self.call(move |c| {
+                let mut buf = buf;
+                c.kv.save_chunk(id, from, n, &mut buf).map(|()| buf)
+            })??;
+            Ok::<_, EngineError>(())
+        })?;
+        written.publish(|| {
+            self.call(move |c| c.kv.finish_save(id))??;
+            pin.recorded = true;
+            Ok::<_, EngineError>(())
+        })
+    }
+
     /// Checks the page store's invariants (states, reference counts against every
     /// table, free list, eviction order, prefix index) between two steps; a violation
     /// is [`EngineError::Internal`] naming the first page at fault. For tests and the
@@ -500,9 +543,15 @@ impl Context {
     /// checked before any work. Time runs out during the flush: it is cancelled as
     /// there, and nothing is saved: a snapshot of that name stays as it was, in memory
     /// and on disk. The deadline is checked once more on the engine thread just
-    /// before the write; a write that has begun is finished (it is atomic, and bounded
-    /// by the pool's size), so past the flush the answer may come after the deadline
-    /// by one engine step and the write.
+    /// before the pages are pinned; a write that has begun is finished (it is atomic,
+    /// and bounded by the pool's size), so past the flush the answer may come after
+    /// the deadline by one engine step and the write.
+    ///
+    /// The engine thread only pins the pages (a fork of the table) and reserves the
+    /// file's size against the quota; the file is serialized, hashed, written and
+    /// synced on this thread (see [`Engine::write_snapshot`]), so a save never stalls
+    /// other requests. Two saves of one name at once: the one that ends last is the
+    /// snapshot, in memory and on disk.
     pub fn save_by(
         &self,
         name: &str,
@@ -511,14 +560,19 @@ impl Context {
         Self::check_name(name)?;
         self.flush_by(deadline)?;
         let (id, name) = (self.id, name.to_string());
-        self.engine.call(move |c| {
+        let ticket = self.engine.call(move |c| {
             if let Some((at, limit)) = deadline {
                 if Instant::now() >= at {
                     return Err(EngineError::TimedOut { limit });
                 }
             }
             c.contexts.save(&mut c.kv, id, &name)
-        })?
+        })??;
+        match ticket {
+            // No snapshot directory: pinned in memory, nothing to write.
+            None => Ok(()),
+            Some(t) => self.engine.write_snapshot(t),
+        }
     }
 
     /// Whether `name` can name a snapshot (letters, digits, '-', '_' and '.', 1 to 128
@@ -534,10 +588,16 @@ impl Context {
         Ok(Context::new(engine.clone(), id))
     }
 
-    /// Unpins snapshot `name` (and removes its file).
+    /// Unpins snapshot `name` (and removes its file, off the engine thread, under the
+    /// lock a save's rename takes: a save and a delete of one name never interleave).
     pub fn delete(engine: &Engine, name: &str) -> Result<(), EngineError> {
         let name = name.to_string();
-        engine.call(move |c| c.kv.delete(&name).map_err(EngineError::from))?
+        let lock = engine.call(|c| c.kv.snapshot_lock())?;
+        let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(path) = engine.call(move |c| c.kv.unpin(&name))?? {
+            crate::kv::remove_snapshot_file(&path)?;
+        }
+        Ok(())
     }
 
     /// Raw page operations, for hand-written loops (see the seed's manual pages).

@@ -45,6 +45,13 @@ pub struct EngineConfig {
     /// pending tokens included), so that idle contexts never take the pages requests
     /// need; `None`: half the pool.
     pub context_pages: Option<usize>,
+    /// Most bytes all snapshot files together may hold (`--snapshot-max-bytes`); a
+    /// save past it is refused and writes nothing (replacing a snapshot counts the
+    /// difference; files restored at start count).
+    pub snapshot_max_bytes: u64,
+    /// Most snapshots kept (`--max-snapshots`); a save under a new name past it is
+    /// refused.
+    pub snapshot_max_count: usize,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +67,8 @@ impl Default for EngineConfig {
             grammar_checks: true,
             parallel_sampling: true,
             context_pages: None,
+            snapshot_max_bytes: 4 << 30,
+            snapshot_max_count: 256,
         }
     }
 }

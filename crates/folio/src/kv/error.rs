@@ -1,5 +1,5 @@
 //! The KV layer's errors: misuse of pages and tables, running out of pages, and
-//! snapshots. Each says what went wrong; [`KvError::kind`] and
+//! snapshots (their files, and their quota). Each says what went wrong; [`KvError::kind`] and
 //! [`SnapshotError::kind`] say whose fault it is, so a server can answer with the right
 //! status without reading the text.
 
@@ -85,6 +85,21 @@ pub enum SnapshotError {
     },
     #[error("{0} is not a directory: the snapshot directory must be one (or not exist yet)")]
     NotADirectory(PathBuf),
+    /// The snapshot files would outgrow their quota: nothing was written.
+    #[error("snapshot {name:?} needs {bytes} bytes on disk; snapshot files use {used} of the {limit} bytes allowed (--snapshot-max-bytes): delete snapshots to make room. Nothing was saved; the previous save of this name, if any, is kept")]
+    OverBytes {
+        name: String,
+        bytes: u64,
+        used: u64,
+        limit: u64,
+    },
+    /// Saving a new name would keep more snapshots than allowed: nothing was written.
+    #[error("snapshot {name:?} would be one more than the {limit} snapshots allowed (--max-snapshots): delete one first, or save under an existing name. Nothing was saved")]
+    TooMany { name: String, limit: usize },
+    /// A save's pin is gone (it was ended, or its pages did not hold what it
+    /// pinned): a bug of whoever drives the save.
+    #[error("save {0} is not in progress, or its pinned pages came back short")]
+    SaveGone(u64),
 }
 
 impl SnapshotError {
@@ -95,11 +110,14 @@ impl SnapshotError {
             SnapshotError::NotFound(_) => ErrorKind::NotFound,
             SnapshotError::BadName(_) | SnapshotError::NotADirectory(_) => ErrorKind::Invalid,
             SnapshotError::Kv(e) => e.kind(),
-            // Full disk: the server cannot store now; freeing space fixes it.
-            SnapshotError::NoSpace { .. } => ErrorKind::Unavailable,
+            // Full disk or quota: the server cannot store now; freeing space fixes it.
+            SnapshotError::NoSpace { .. }
+            | SnapshotError::OverBytes { .. }
+            | SnapshotError::TooMany { .. } => ErrorKind::Unavailable,
             SnapshotError::Io { .. }
             | SnapshotError::Corrupt { .. }
-            | SnapshotError::Interrupted { .. } => ErrorKind::Internal,
+            | SnapshotError::Interrupted { .. }
+            | SnapshotError::SaveGone(_) => ErrorKind::Internal,
         }
     }
 }

@@ -57,6 +57,9 @@ pub use hash::{Hasher128, PageHash};
 pub use paged::{PagedKv, PagedSeq, PoolShape};
 pub use single::KvSeq;
 pub use snapshot::check_name as check_snapshot_name;
+pub use snapshot::{
+    remove_snapshot_file, SaveTicket, SnapshotLimits, SnapshotLock, Written, SAVE_CHUNK_BYTES,
+};
 pub use storage::KvStorage;
 pub use store::{PageId, PageState, PageView, Stats};
 pub use table::{holders, shared_pages, ForkGroup, PageTable};

@@ -25,6 +25,8 @@ pub struct PagedKv {
     pub(super) fingerprint: Vec<u8>,
     pub(super) snapshots: std::collections::HashMap<String, PageTable>,
     pub(super) snapshot_dir: Option<std::path::PathBuf>,
+    /// Snapshots on disk and the saves in flight (see `snapshot.rs`).
+    pub(super) snap: super::snapshot::SnapState,
 }
 
 /// The shape of a pool: how many pages, and what one page holds.
@@ -98,6 +100,7 @@ impl PagedKv {
                 .collect(),
             snapshots: Default::default(),
             snapshot_dir: None,
+            snap: Default::default(),
         }
     }
 

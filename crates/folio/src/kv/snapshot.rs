@@ -1,8 +1,23 @@
 //! Named snapshots: `save` pins a sequence's pages under a name (they outlive the
 //! sequence and are never evicted), `load` gives a new sequence sharing them, `delete`
 //! unpins. With a snapshot directory each snapshot is also a file, written atomically
-//! (temp file, fsync, rename), checksummed and tagged with the model fingerprint; files
-//! are restored at start, and a corrupt or foreign one is reported and skipped.
+//! (a temporary file under an unpredictable name, created exclusively and never through
+//! a symbolic link; fsync; rename; fsync of the directory), checksummed and tagged with
+//! the model fingerprint; files are restored at start, and a corrupt, foreign or
+//! invalid one (a token outside the vocabulary, non-finite K/V) is reported and skipped.
+//!
+//! A save with a directory runs in three parts, so the pool's owner (the engine thread)
+//! only does page bookkeeping: [`PagedKv::begin_save`] pins the pages (a fork of the
+//! table) and reserves the file's size against the quota ([`SnapshotLimits`]); the
+//! caller serializes, hashes, writes and syncs the file on its own thread
+//! ([`SaveTicket::write`]), fetching the K/V of the pinned pages in bounded chunks
+//! ([`PagedKv::save_chunk`]: pinned pages are never written, so any chunk reads the
+//! same bytes whenever it is fetched); [`Written::publish`] renames the file into place
+//! and records the snapshot ([`PagedKv::finish_save`]) under one lock, or
+//! [`PagedKv::abort_save`] releases the pin. A failed save leaves an older snapshot of
+//! that name as it was, in memory and on disk. Two saves of one name may run at once:
+//! the one that publishes last is the snapshot, on disk and in memory alike (rename
+//! and record happen under the directory's lock, and so does a delete).
 //!
 //! File format (little-endian): magic `FOLIOSNP`, version u32, fingerprint [u8; 16],
 //! page_size u32, slot_halves u32, n_tokens u64, tokens [u32], then for every token
@@ -12,11 +27,18 @@ use super::error::KvError;
 pub use super::error::SnapshotError;
 use super::paged::PagedKv;
 use super::table::PageTable;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"FOLIOSNP";
 const VERSION: u32 = 1;
+/// Bytes before the tokens: magic, version, fingerprint, page size, slot halves, count.
+const HEAD: usize = 8 + 4 + 16 + 4 + 4 + 8;
+/// About how many bytes of K/V one [`PagedKv::save_chunk`] copies (at least a token's).
+pub const SAVE_CHUNK_BYTES: usize = 2 << 20;
 
 /// Whether `name` can name a snapshot (letters, digits, '-', '_' and '.', 1 to 128 of
 /// them, not starting with '.'): callers check before doing work that ends in a save.
@@ -34,10 +56,226 @@ pub fn check_name(name: &str) -> Result<(), SnapshotError> {
     }
 }
 
+/// How much the snapshots of one pool may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotLimits {
+    /// Total bytes of snapshot files (saves in flight count in full until they end).
+    pub max_bytes: u64,
+    /// Snapshots kept (in memory, and so on disk).
+    pub max_count: usize,
+}
+
+impl Default for SnapshotLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 4 << 30,
+            max_count: 256,
+        }
+    }
+}
+
+/// The lock under which a snapshot file is renamed into place and recorded, or removed
+/// and forgotten: a save and a delete of one name never interleave.
+pub type SnapshotLock = Arc<Mutex<()>>;
+
+/// A save between [`PagedKv::begin_save`] and its end.
+struct PendingSave {
+    name: String,
+    table: PageTable,
+    bytes: u64,
+}
+
+/// The snapshot bookkeeping beside the pinned tables.
+#[derive(Default)]
+pub(super) struct SnapState {
+    /// Bytes of each snapshot's file (none without a directory).
+    sizes: HashMap<String, u64>,
+    /// Saves in flight, by id.
+    pending: HashMap<u64, PendingSave>,
+    next_save: u64,
+    limits: SnapshotLimits,
+    /// Token ids at or past this are outside the model's vocabulary (restore checks).
+    vocab: Option<usize>,
+    lock: SnapshotLock,
+}
+
+impl SnapState {
+    fn bytes_used(&self) -> u64 {
+        self.sizes.values().sum::<u64>() + self.pending.values().map(|p| p.bytes).sum::<u64>()
+    }
+}
+
+/// A save whose pages are pinned: the caller writes its file (see the module doc).
+pub struct SaveTicket {
+    id: u64,
+    name: String,
+    dir: PathBuf,
+    /// The file's start: the header and the tokens.
+    head: Vec<u8>,
+    n_tokens: usize,
+    slot_bytes: usize,
+    lock: SnapshotLock,
+}
+
+impl SaveTicket {
+    /// The save's id, for [`PagedKv::save_chunk`], `finish_save` and `abort_save`.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The snapshot's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Tokens one chunk holds: about [`SAVE_CHUNK_BYTES`] of K/V.
+    pub fn chunk_tokens(&self) -> usize {
+        (SAVE_CHUNK_BYTES / self.slot_bytes.max(1)).max(1)
+    }
+
+    /// Writes the file under a temporary name and syncs it. `fetch(from, n, out)`
+    /// must append the K/V bytes of tokens `from..from + n` to `out` (a
+    /// [`PagedKv::save_chunk`] of this save, wherever the pool lives). On error nothing
+    /// of this write is left on disk.
+    pub fn write<E: From<SnapshotError>>(
+        &self,
+        mut fetch: impl FnMut(usize, usize, &mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<Written, E> {
+        let path = self.dir.join(format!("{}.snap", self.name));
+        let (tmp, mut f) = create_temp(&self.dir, &self.name).map_err(|e| io_error(&path, e))?;
+        // From here on a failure removes the temporary file (`Written`'s drop).
+        let mut written = Written {
+            file: None,
+            tmp,
+            path,
+            dir: self.dir.clone(),
+            lock: self.lock.clone(),
+            published: false,
+        };
+        let mut hash = xxhash_rust::xxh3::Xxh3::new();
+        let io = |e| io_error(&written.path, e);
+        hash.update(&self.head);
+        f.write_all(&self.head).map_err(io)?;
+        let step = self.chunk_tokens();
+        let mut buf = Vec::with_capacity(step * self.slot_bytes);
+        let mut from = 0;
+        while from < self.n_tokens {
+            let n = step.min(self.n_tokens - from);
+            buf.clear();
+            fetch(from, n, &mut buf)?;
+            if buf.len() != n * self.slot_bytes {
+                return Err(SnapshotError::SaveGone(self.id).into());
+            }
+            hash.update(&buf);
+            f.write_all(&buf).map_err(io)?;
+            from += n;
+        }
+        f.write_all(&hash.digest128().to_le_bytes()).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        written.file = Some(f);
+        Ok(written)
+    }
+}
+
+/// A snapshot file written and synced under its temporary name. Dropped unpublished,
+/// the temporary file is removed.
+pub struct Written {
+    /// The file written (to check that the temporary name still names it).
+    file: Option<File>,
+    tmp: PathBuf,
+    path: PathBuf,
+    dir: PathBuf,
+    lock: SnapshotLock,
+    published: bool,
+}
+
+impl Written {
+    /// Renames the file into place and runs `record` (which makes it the snapshot in
+    /// memory: [`PagedKv::finish_save`]) under the directory's lock, then syncs the
+    /// directory. A failed rename removes the temporary file and `record` never runs.
+    pub fn publish<E: From<SnapshotError>>(
+        mut self,
+        record: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
+        {
+            let _held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.check_still_ours()?;
+            // NOTE: rename replaces whatever is at `path` (a link included) and never
+            // follows it: the snapshot's name now names the file just written.
+            std::fs::rename(&self.tmp, &self.path).map_err(|e| io_error(&self.path, e))?;
+            self.published = true;
+            record()?;
+        }
+        if let Ok(d) = File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+impl Written {
+    /// Whether the temporary name still names the file this save wrote: someone who
+    /// can write the directory could have put something else (a link) there since.
+    fn check_still_ours(&self) -> Result<(), SnapshotError> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let ours = self.file.as_ref().map(File::metadata);
+            let there = std::fs::symlink_metadata(&self.tmp);
+            match (ours, there) {
+                (Some(Ok(a)), Ok(b))
+                    if b.file_type().is_file() && a.dev() == b.dev() && a.ino() == b.ino() => {}
+                _ => {
+                    return Err(SnapshotError::Io {
+                        path: self.tmp.clone(),
+                        error: Arc::new(std::io::Error::other(
+                            "the temporary file was replaced while it was written (something else writes the snapshot directory): nothing was saved",
+                        )),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Written {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 impl PagedKv {
     /// Pins `table`'s pages under `name` (replacing an earlier snapshot of that name)
-    /// and, with a snapshot directory, writes it to disk.
+    /// and, with a snapshot directory, writes it to disk, all on this thread (see
+    /// [`PagedKv::begin_save`] for a save whose write runs elsewhere).
     pub fn save(&mut self, name: &str, table: &mut PageTable) -> Result<(), SnapshotError> {
+        let Some(ticket) = self.begin_save(name, table)? else {
+            return Ok(());
+        };
+        let id = ticket.id();
+        let written = ticket.write(|from, n, out| self.save_chunk(id, from, n, out));
+        match written.and_then(|w| w.publish(|| self.finish_save(id))) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.abort_save(id);
+                Err(e)
+            }
+        }
+    }
+
+    /// The first part of a save (see the module doc): checks the name and the quota,
+    /// then pins `table`'s pages. Without a snapshot directory that is the whole save
+    /// (the snapshot is recorded now; returns `None`). With one, returns the ticket the
+    /// caller writes the file with; the pin holds until [`PagedKv::finish_save`] or
+    /// [`PagedKv::abort_save`].
+    pub fn begin_save(
+        &mut self,
+        name: &str,
+        table: &mut PageTable,
+    ) -> Result<Option<SaveTicket>, SnapshotError> {
         check_name(name)?;
         if table.held_from() > 0 {
             return Err(KvError::Forgotten {
@@ -46,17 +284,158 @@ impl PagedKv {
             }
             .into());
         }
-        let pinned = self.fork(table)?;
-        if let Some(dir) = self.snapshot_dir.clone() {
-            if let Err(e) = self.write_file(&dir, name, &pinned) {
-                self.release(pinned)?;
-                return Err(e);
+        let limits = self.snap.limits;
+        let known =
+            self.snapshots.contains_key(name) || self.snap.pending.values().any(|p| p.name == name);
+        if !known {
+            let mut names: Vec<&str> = self.snapshots.keys().map(String::as_str).collect();
+            names.extend(self.snap.pending.values().map(|p| p.name.as_str()));
+            names.sort_unstable();
+            names.dedup();
+            if names.len() >= limits.max_count {
+                return Err(SnapshotError::TooMany {
+                    name: name.into(),
+                    limit: limits.max_count,
+                });
             }
         }
+        let slot_bytes = 2 * self.arena.slot_halves();
+        let bytes = (table.len() * (4 + slot_bytes) + HEAD + 16) as u64;
+        if let Some(dir) = self.snapshot_dir.clone() {
+            // Replacing a snapshot frees its file: only the difference counts.
+            let old = self.snap.sizes.get(name).copied().unwrap_or(0);
+            let used = self.snap.bytes_used();
+            if used.saturating_sub(old).saturating_add(bytes) > limits.max_bytes {
+                return Err(SnapshotError::OverBytes {
+                    name: name.into(),
+                    bytes,
+                    used,
+                    limit: limits.max_bytes,
+                });
+            }
+            let pinned = self.fork(table)?;
+            let tokens = match self.store.read_tokens(&pinned) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.release(pinned)?;
+                    return Err(e.into());
+                }
+            };
+            let mut head = Vec::with_capacity(HEAD + 4 * tokens.len());
+            head.extend_from_slice(MAGIC);
+            head.extend_from_slice(&VERSION.to_le_bytes());
+            head.extend_from_slice(&self.fingerprint);
+            head.extend_from_slice(&(self.store.page_size() as u32).to_le_bytes());
+            head.extend_from_slice(&(self.arena.slot_halves() as u32).to_le_bytes());
+            head.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
+            for tok in &tokens {
+                head.extend_from_slice(&tok.to_le_bytes());
+            }
+            self.snap.next_save += 1;
+            let id = self.snap.next_save;
+            self.snap.pending.insert(
+                id,
+                PendingSave {
+                    name: name.into(),
+                    table: pinned,
+                    bytes,
+                },
+            );
+            return Ok(Some(SaveTicket {
+                id,
+                name: name.into(),
+                dir,
+                head,
+                n_tokens: tokens.len(),
+                slot_bytes,
+                lock: self.snap.lock.clone(),
+            }));
+        }
+        let pinned = self.fork(table)?;
         if let Some(old) = self.snapshots.insert(name.to_string(), pinned) {
             self.release(old)?;
         }
+        Ok(None)
+    }
+
+    /// Appends the K/V bytes (little-endian halves, every layer's K then V per token)
+    /// of tokens `from..from + n` of save `id`'s pinned pages to `out`.
+    pub fn save_chunk(
+        &self,
+        id: u64,
+        from: usize,
+        n: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), SnapshotError> {
+        let p = self
+            .snap
+            .pending
+            .get(&id)
+            .ok_or(SnapshotError::SaveGone(id))?;
+        let t = &p.table;
+        let ps = self.store.page_size();
+        let end = (from + n).min(t.len());
+        let mut slot = Vec::with_capacity(self.arena.slot_halves());
+        out.reserve((end.saturating_sub(from)) * 2 * self.arena.slot_halves());
+        for pos in from..end {
+            slot.clear();
+            self.arena
+                .read_slot(t.page(pos / ps).0, pos % ps, &mut slot);
+            if cfg!(target_endian = "little") {
+                out.extend_from_slice(bytemuck::cast_slice(&slot));
+            } else {
+                for h in &slot {
+                    out.extend_from_slice(&h.to_le_bytes());
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Ends save `id` whose file is in place: it becomes snapshot `name` (an older one
+    /// of that name is released).
+    pub fn finish_save(&mut self, id: u64) -> Result<(), SnapshotError> {
+        let p = self
+            .snap
+            .pending
+            .remove(&id)
+            .ok_or(SnapshotError::SaveGone(id))?;
+        self.snap.sizes.insert(p.name.clone(), p.bytes);
+        if let Some(old) = self.snapshots.insert(p.name, p.table) {
+            self.release(old)?;
+        }
+        Ok(())
+    }
+
+    /// Ends save `id` without a snapshot: its pin is released (a save already ended
+    /// is left alone).
+    pub fn abort_save(&mut self, id: u64) {
+        if let Some(p) = self.snap.pending.remove(&id) {
+            if let Err(e) = self.release(p.table) {
+                tracing::error!("releasing an abandoned save's pages: {e}");
+            }
+        }
+    }
+
+    /// The lock that orders file renames and removals with the snapshot map.
+    pub fn snapshot_lock(&self) -> SnapshotLock {
+        self.snap.lock.clone()
+    }
+
+    /// Sets the quota of snapshot files and count.
+    pub fn set_snapshot_limits(&mut self, limits: SnapshotLimits) {
+        self.snap.limits = limits;
+    }
+
+    /// Restored token ids must be below `vocab` (the model's vocabulary size); a
+    /// snapshot holding another is skipped as corrupt.
+    pub fn set_vocab(&mut self, vocab: usize) {
+        self.snap.vocab = Some(vocab);
+    }
+
+    /// Bytes of snapshot files, saves in flight included.
+    pub fn snapshot_bytes(&self) -> u64 {
+        self.snap.bytes_used()
     }
 
     /// A new sequence sharing the snapshot's pages.
@@ -72,25 +451,25 @@ impl PagedKv {
 
     /// Unpins a snapshot and removes its file.
     pub fn delete(&mut self, name: &str) -> Result<(), SnapshotError> {
+        if let Some(path) = self.unpin(name)? {
+            remove_snapshot_file(&path)?;
+        }
+        Ok(())
+    }
+
+    /// Unpins a snapshot and returns the file the caller must remove (with a
+    /// directory), under [`PagedKv::snapshot_lock`] if saves run elsewhere.
+    pub fn unpin(&mut self, name: &str) -> Result<Option<PathBuf>, SnapshotError> {
         let t = self
             .snapshots
             .remove(name)
             .ok_or_else(|| SnapshotError::NotFound(name.into()))?;
+        self.snap.sizes.remove(name);
         self.release(t)?;
-        if let Some(dir) = &self.snapshot_dir {
-            let path = dir.join(format!("{name}.snap"));
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(SnapshotError::Io {
-                        path,
-                        error: source.into(),
-                    })
-                }
-            }
-        }
-        Ok(())
+        Ok(self
+            .snapshot_dir
+            .as_ref()
+            .map(|d| d.join(format!("{name}.snap"))))
     }
 
     /// Each snapshot's name and token count, sorted by name.
@@ -111,14 +490,23 @@ impl PagedKv {
         v
     }
 
-    /// Each snapshot's name and table.
+    /// Each snapshot's name and table, then those of the saves in flight (their pins
+    /// hold pages too).
     pub fn pinned(&self) -> impl Iterator<Item = (&str, &PageTable)> {
-        self.snapshots.iter().map(|(n, t)| (n.as_str(), t))
+        self.snapshots.iter().map(|(n, t)| (n.as_str(), t)).chain(
+            self.snap
+                .pending
+                .values()
+                .map(|p| (p.name.as_str(), &p.table)),
+        )
     }
 
-    /// The tables the snapshots pin (for counting shared pages).
+    /// The tables the snapshots and the saves in flight pin (for counting shared
+    /// pages and checking references).
     pub fn pinned_tables(&self) -> impl Iterator<Item = &PageTable> {
-        self.snapshots.values()
+        self.snapshots
+            .values()
+            .chain(self.snap.pending.values().map(|p| &p.table))
     }
 
     /// Keeps snapshots in `dir` from now on, and restores the ones already there.
@@ -137,9 +525,9 @@ impl PagedKv {
             return Err(SnapshotError::NotADirectory(dir.to_path_buf()));
         }
         std::fs::create_dir_all(dir).map_err(io)?;
-        // Fail now, not after a whole generation, if snapshots could not be written.
-        let probe = dir.join(".folio-write-test");
-        std::fs::write(&probe, b"").map_err(io)?;
+        // Fail now, not after a whole generation, if snapshots could not be written
+        // (created as a save's temporary file is: never through a planted link).
+        let (probe, _) = create_temp(dir, "folio-write-test").map_err(io)?;
         let _ = std::fs::remove_file(&probe);
         self.snapshot_dir = Some(dir.to_path_buf());
         let mut names = Vec::new();
@@ -153,59 +541,37 @@ impl PagedKv {
         skipped.extend(remove_interrupted(dir));
         for path in entries {
             match self.read_file(&path) {
-                Ok((name, table)) => {
+                Ok((name, table, bytes)) => {
                     if let Some(old) = self.snapshots.insert(name.clone(), table) {
                         self.release(old)?;
                     }
+                    self.snap.sizes.insert(name.clone(), bytes);
                     names.push(name);
                 }
                 Err(e) => skipped.push(e),
             }
         }
+        // Restored files count against the quota; over it, they stay (nothing is
+        // deleted) and new saves are refused until snapshots are deleted.
+        let (used, count, limits) = (
+            self.snap.bytes_used(),
+            self.snapshots.len(),
+            self.snap.limits,
+        );
+        if used > limits.max_bytes || count > limits.max_count {
+            tracing::warn!(
+                "the restored snapshots ({count}, {used} bytes) exceed the quota ({} snapshots, {} bytes): new saves are refused until some are deleted",
+                limits.max_count,
+                limits.max_bytes
+            );
+        }
         Ok((names, skipped))
     }
 
-    fn write_file(&self, dir: &Path, name: &str, t: &PageTable) -> Result<(), SnapshotError> {
-        let tokens = self.store.read_tokens(t)?;
-        let ps = self.store.page_size();
-        let mut b = Vec::new();
-        b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
-        b.extend_from_slice(&self.fingerprint);
-        b.extend_from_slice(&(ps as u32).to_le_bytes());
-        b.extend_from_slice(&(self.arena.slot_halves() as u32).to_le_bytes());
-        b.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
-        for tok in &tokens {
-            b.extend_from_slice(&tok.to_le_bytes());
-        }
-        let mut slot = Vec::new();
-        for pos in 0..tokens.len() {
-            slot.clear();
-            self.arena
-                .read_slot(t.page(pos / ps).0, pos % ps, &mut slot);
-            for h in &slot {
-                b.extend_from_slice(&h.to_le_bytes());
-            }
-        }
-        b.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(&b).to_le_bytes());
-        let path = dir.join(format!("{name}.snap"));
-        let tmp = temp_path(dir, name);
-        // NOTE: the old file is never opened: the new one is written whole and synced
-        // under a temporary name, then renamed over it (atomic). A process killed at
-        // any moment leaves the old file or the new one, plus at most a temporary file
-        // that the next start removes. A failed write removes its temporary file.
-        let written = write_synced(&tmp, &b).and_then(|()| std::fs::rename(&tmp, &path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io_error(&path, e));
-        }
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    }
-
-    fn read_file(&mut self, path: &Path) -> Result<(String, PageTable), SnapshotError> {
+    /// Reads and checks one file: its name, every header field, the checksum, every
+    /// token id (below the vocabulary, when known) and every K/V element (finite).
+    /// Returns the name, the restored table and the file's size.
+    fn read_file(&mut self, path: &Path) -> Result<(String, PageTable, u64), SnapshotError> {
         let corrupt = |reason: &str| SnapshotError::Corrupt {
             path: path.to_path_buf(),
             reason: reason.into(),
@@ -216,7 +582,7 @@ impl PagedKv {
             .ok_or_else(|| corrupt("the file name is not a snapshot name"))?
             .to_string();
         check_name(&name).map_err(|_| corrupt("the file name is not a snapshot name"))?;
-        let head = 8 + 4 + 16 + 4 + 4 + 8;
+        let head = HEAD;
         // Only a regular file, and no larger than a snapshot of the longest sequence this
         // pool holds can be: the bound is known before a byte is read.
         let meta = std::fs::metadata(path).map_err(|source| SnapshotError::Io {
@@ -286,10 +652,51 @@ impl PagedKv {
         if body.len() != want {
             return Err(corrupt("length does not match its token count"));
         }
+        if n > self.max_tokens() {
+            return Err(corrupt(&format!(
+                "{n} tokens, more than a sequence of this pool holds ({})",
+                self.max_tokens()
+            )));
+        }
         let tokens: Vec<u32> = body[head..head + 4 * n]
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect();
+        // The checksum is no signature: whoever can write the directory can make a
+        // file that passes it. A token the model cannot embed would fail every step
+        // that computes it; a non-finite K/V element would poison every sequence that
+        // shares the page.
+        if let Some(vocab) = self.snap.vocab {
+            if let Some((pos, bad)) = tokens
+                .iter()
+                .enumerate()
+                .find(|(_, &t)| t as usize >= vocab)
+            {
+                return Err(corrupt(&format!(
+                    "token {bad} at position {pos} is outside the model's vocabulary of {vocab}"
+                )));
+            }
+        }
+        let elem = match self.arena.dtype() {
+            super::KvDtype::F16 => 2,
+            super::KvDtype::F32 => 4,
+        };
+        let finite = |c: &[u8]| match c {
+            // f16: not all exponent bits set.
+            [a, b] => u16::from_le_bytes([*a, *b]) & 0x7c00 != 0x7c00,
+            // f32, stored as two halves, low first.
+            [a, b, c, d] => f32::from_bits(u32::from_le_bytes([*a, *b, *c, *d])).is_finite(),
+            _ => false,
+        };
+        if let Some(i) = body[head + 4 * n..]
+            .chunks_exact(elem)
+            .position(|c| !finite(c))
+        {
+            return Err(corrupt(&format!(
+                "a K/V element of token {} is not a finite number",
+                i * elem / (2 * halves).max(1)
+            )));
+        }
         let mut t = self.new_table(None);
         let kv_at = head + 4 * n;
         let mut slot = vec![0u16; halves];
@@ -305,22 +712,74 @@ impl PagedKv {
             self.arena.write_slot(t.page(pos / ps).0, pos % ps, &slot);
         }
         self.store.commit_full(&mut t)?;
-        Ok((name, t))
+        Ok((name, t, b.len() as u64))
     }
 }
 
-/// The temporary name a save of `name` is written under (hidden, and not `.snap`, so
-/// it is never restored).
-fn temp_path(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!(".{name}.snap.tmp"))
+/// A fresh temporary file for a save of `name` in `dir`: a hidden name that is not
+/// `.snap` (never restored) with 64 unpredictable bits in it, created exclusively
+/// (`O_EXCL`: an existing file or link of that name is an error, never opened) and
+/// without following a link (`O_NOFOLLOW`). A name taken already is tried again.
+fn create_temp(dir: &Path, name: &str) -> std::io::Result<(PathBuf, File)> {
+    let mut last = None;
+    for _ in 0..8 {
+        let path = dir.join(format!(".{name}.snap.{:016x}.tmp", unpredictable()));
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            o.mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        }
+        match o.open(&path) {
+            Ok(f) => return Ok((path, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
 }
 
-/// Creates `path` afresh, writes `bytes` and syncs them to the disk.
-fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()
+/// 64 bits no other process can predict: std's randomly keyed SipHash (its keys come
+/// from the OS's random source) over a counter, the time and the process id.
+fn unpredictable() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// The snapshot name a temporary file's name belongs to: `.NAME.snap.HEX16.tmp`, or
+/// `.NAME.snap.tmp` as earlier versions named it.
+fn temp_owner(file: &str) -> Option<&str> {
+    let stem = file.strip_prefix('.')?.strip_suffix(".tmp")?;
+    if let Some((name, tag)) = stem.rsplit_once(".snap.") {
+        if tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()) && check_name(name).is_ok()
+        {
+            return Some(name);
+        }
+    }
+    stem.strip_suffix(".snap").filter(|n| check_name(n).is_ok())
+}
+
+/// Removes a snapshot's file (absent already is fine).
+pub fn remove_snapshot_file(path: &Path) -> Result<(), SnapshotError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(SnapshotError::Io {
+            path: path.to_path_buf(),
+            error: source.into(),
+        }),
+    }
 }
 
 /// A write error on `path`: a full disk (ENOSPC, EDQUOT) or a file-size limit (EFBIG)
@@ -348,17 +807,11 @@ fn remove_interrupted(dir: &Path) -> Vec<SnapshotError> {
     let mut out = Vec::new();
     for e in entries.filter_map(Result::ok) {
         let file = e.file_name();
-        let Some(name) = file
-            .to_str()
-            .and_then(|f| f.strip_prefix('.'))
-            .and_then(|f| f.strip_suffix(".snap.tmp"))
-        else {
+        let Some(name) = file.to_str().and_then(temp_owner) else {
             continue;
         };
-        if check_name(name).is_err() {
-            continue;
-        }
         let path = e.path();
+        // Not followed: a link's own size, and `remove_file` removes the link itself.
         let bytes = e.metadata().map_or(0, |m| m.len());
         if std::fs::remove_file(&path).is_ok() {
             out.push(SnapshotError::Interrupted {

@@ -22,5 +22,6 @@ mod outliers;
 mod paged;
 mod quant_reference;
 mod sliding_window;
+mod snapshot_hostile;
 mod tiny_model;
 mod tokenizer_parity;

@@ -339,14 +339,43 @@ fn a_save_cut_short_leaves_the_old_file_and_its_temporary_file_is_removed_at_sta
 #[cfg(target_os = "linux")]
 #[test]
 fn a_save_onto_a_full_disk_is_no_space_and_keeps_the_old_snapshot() {
+    // A save never writes through a link any more (probe F10), so the full disk is a
+    // file-size limit: this test runs again in a child process whose writes stop at
+    // the old file's size (SIGXFSZ ignored, so a write past it fails with EFBIG).
+    const CHILD: &str = "FOLIO_TEST_FSIZE_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("trap '' XFSZ; exec \"$0\" \"$@\"")
+            .arg(exe)
+            .args([
+                "--exact",
+                "paged::a_save_onto_a_full_disk_is_no_space_and_keeps_the_old_snapshot",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        return;
+    }
     use folio::kv::SnapshotError;
     let (_d, m) = tiny();
     let (dir, mut kv, mut t, old) = saved_once(&m);
     m.run(&mut kv.seq(&mut t), &prompt(&m, 30)[20..], Logits::Last)
         .unwrap();
-    // The temporary file lands on /dev/full: every write fails with ENOSPC.
-    let tmp = dir.path().join(".s.snap.tmp");
-    std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+    // From here on no file of this process grows past the old save's size.
+    let limit = old.len() + 1;
+    let set = std::process::Command::new("prlimit")
+        .arg(format!("--pid={}", std::process::id()))
+        .arg(format!("--fsize={limit}:{limit}"))
+        .status()
+        .unwrap();
+    assert!(set.success(), "prlimit");
     let err = kv.save("s", &mut t).unwrap_err();
     assert!(matches!(err, SnapshotError::NoSpace { .. }), "{err}");
     assert_eq!(err.kind(), folio::ErrorKind::Unavailable);
@@ -354,7 +383,11 @@ fn a_save_onto_a_full_disk_is_no_space_and_keeps_the_old_snapshot() {
     // The old snapshot stays pinned and on disk; the failed save's file is gone.
     assert_eq!(kv.snapshot_list(), vec![("s".to_string(), 20)]);
     assert_eq!(std::fs::read(dir.path().join("s.snap")).unwrap(), old);
-    assert!(std::fs::symlink_metadata(&tmp).is_err());
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec!["s.snap".to_string()]);
     kv.release(t).unwrap();
     let mut kv2 = m.new_paged(12, 8, 512);
     kv2.open_snapshot_dir(dir.path()).unwrap();
