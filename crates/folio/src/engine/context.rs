@@ -113,6 +113,14 @@ impl Contexts {
         }
     }
 
+    /// Free slots in the last page context `id`'s tokens (computed and pending) take.
+    pub fn slack(&self, page_size: usize, id: u64) -> usize {
+        self.map.get(&id).map_or(0, |c| {
+            let len = c.table().map_or(0, |t| t.len()) + c.pending.len();
+            (page_size - len % page_size) % page_size
+        })
+    }
+
     /// Pages the contexts' pending tokens will take beyond the pages they hold, plus
     /// those `grow` more tokens of context `id` would.
     pub fn pages_to_come(&self, page_size: usize, id: u64, grow: usize) -> usize {

@@ -487,12 +487,14 @@ impl Context {
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.engine.call(move |c| {
-            // What the generation may add: its prompt (when given as ids) and tokens.
+            // What the generation may add, its prompt and its tokens, stays within the
+            // contexts' share of the pool.
+            let mut req = req;
             let prompt = match &req.prompt {
                 super::request::Prompt::Tokens(t) => t.len(),
                 super::request::Prompt::Text(_) => 0,
             };
-            c.check_context_room(id, prompt + req.max_tokens.min(c.sched.window), 0)?;
+            req.max_tokens = req.max_tokens.min(c.context_room_tokens(id, prompt)?);
             let (kv, model, window) = (&mut c.kv, &c.model, c.sched.window);
             let job = c
                 .contexts
@@ -605,8 +607,12 @@ impl Context {
     pub fn reserve_working_pages(&self, n: usize) -> Result<(), EngineError> {
         let id = self.id;
         self.engine.call(move |c| {
-            c.check_context_room(id, 0, n)?;
-            c.contexts.raw_reserve(&mut c.kv, id, n)
+            c.contexts.raw_reserve(&mut c.kv, id, n)?;
+            if let Err(e) = c.check_context_share() {
+                c.contexts.raw_release(&mut c.kv, id, n)?;
+                return Err(e);
+            }
+            Ok(())
         })?
     }
 

@@ -5,9 +5,11 @@
 //! however many contexts, forks and snapshots share them (an O(1) fork costs its
 //! one copied page, not the whole context again), and a context's pending tokens
 //! count for the pages they will take. Every operation that makes a context grow
-//! (append, message, generate, fork, reserve) is checked here first, on the engine
-//! thread, before anything moves; over the share it is refused
-//! ([`EngineError::ContextPages`]) and changes nothing.
+//! (append, message, fork) is checked here first, on the engine thread, before
+//! anything moves; over the share it is refused ([`EngineError::ContextPages`]) and
+//! changes nothing. A generation into a context may add what is left of the share
+//! (its `max_tokens` is capped there, as at the window), and reserved pages are
+//! taken first and given back when they pass the share.
 
 use super::core::Core;
 use super::error::EngineError;
@@ -29,6 +31,47 @@ impl Core {
             .chain(running);
         let held = holders(tables, self.kv.num_pages());
         held.iter().filter(|&&n| n > 0).count() + self.contexts.spare_pages().count()
+    }
+
+    /// Pages still free in the contexts' share: what the contexts and snapshots do not
+    /// hold and their pending tokens will not take.
+    fn context_pages_free(&self) -> usize {
+        let coming = self.contexts.pages_to_come(self.kv.page_size(), 0, 0);
+        self.contexts
+            .page_limit
+            .saturating_sub(self.context_pages_held() + coming)
+    }
+
+    /// Tokens a generation into context `id` may sample after its `prompt` tokens,
+    /// within the contexts' share of the pool: a generation stops there as at the
+    /// window (finish `length`), so it never takes the context past it. An error when
+    /// the prompt and one token do not fit.
+    pub(crate) fn context_room_tokens(&self, id: u64, prompt: usize) -> Result<usize, EngineError> {
+        let ps = self.kv.page_size();
+        // The free slots of the context's last page are its own already.
+        let room = self.context_pages_free() * ps + self.contexts.slack(ps, id);
+        if prompt >= room {
+            return Err(EngineError::ContextPages {
+                held: self.context_pages_held(),
+                need: (prompt + 1 - room).div_ceil(ps),
+                limit: self.contexts.page_limit,
+            });
+        }
+        Ok(room - prompt)
+    }
+
+    /// Refuses when contexts and snapshots hold more than their share: checked after
+    /// an operation that takes its pages first (the caller then undoes it).
+    pub(crate) fn check_context_share(&self) -> Result<(), EngineError> {
+        let (held, limit) = (self.context_pages_held(), self.contexts.page_limit);
+        if held > limit {
+            return Err(EngineError::ContextPages {
+                held,
+                need: 0,
+                limit,
+            });
+        }
+        Ok(())
     }
 
     /// Refuses an operation that would take context `id` `grow` tokens further (and
