@@ -15,6 +15,8 @@
 //!   [`STEP_BUDGET`] per token up to [`BUDGET_RESERVE`]. Ambiguous grammars cost
 //!   more with every token (Earley rows grow with the output); once one has spent
 //!   its reserve, its request fails, before it stalls the engine's other requests.
+//!   It is charged what the engine asks per token: masks, the advance, and the
+//!   sampler's single-token questions (at most 256) up to [`CHARGED_CHECKS`].
 
 use super::error::GrammarError;
 use super::GrammarSpec;
@@ -33,6 +35,11 @@ pub const STEP_BUDGET: Duration = Duration::from_millis(5);
 /// The most unspent time a grammar keeps (it starts with it): slow tokens, and a
 /// thread descheduled on a busy machine, draw on it without failing.
 pub const BUDGET_RESERVE: Duration = Duration::from_millis(50);
+
+/// The single-token questions per token charged to the budget: four times the
+/// sampler's most (256). A caller checking the whole vocabulary against the mask,
+/// as the tests do, is not charged for the rest.
+pub const CHARGED_CHECKS: usize = 1024;
 
 /// llguidance's limits for folio's grammars: its defaults (a mask is bounded by
 /// `step_max_items`, 50,000 Earley items, about 2.5 ms, and `step_lexer_fuel`;

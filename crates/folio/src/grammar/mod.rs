@@ -170,6 +170,7 @@ impl Grammars {
         Ok(Grammar(Box::new(Following {
             m,
             budget: Budget::default(),
+            checks: 0,
             failed: None,
         })))
     }
@@ -293,6 +294,8 @@ pub struct Grammar(Box<Following>);
 struct Following {
     m: Matcher,
     budget: Budget,
+    /// Single-token questions asked since the last token.
+    checks: usize,
     /// Why it can go no further, once it cannot: it then takes no token.
     failed: Option<GrammarError>,
 }
@@ -302,6 +305,7 @@ impl Clone for Grammar {
         Grammar(Box::new(Following {
             m: self.0.m.deep_clone(),
             budget: self.0.budget.clone(),
+            checks: self.0.checks,
             failed: self.0.failed.clone(),
         }))
     }
@@ -319,15 +323,18 @@ impl Grammar {
     /// on the tokens already consumed, so it can be computed while the forward pass
     /// that gives the next logits runs.
     pub fn allowed(&mut self) -> Option<Allowed> {
-        self.run(|m| m.compute_mask_or_eos()).map(Allowed)
+        self.run(true, |m| m.compute_mask_or_eos()).map(Allowed)
     }
 
     /// Whether the grammar takes `token` next, without advancing: a walk of the
     /// token's bytes, far cheaper than [`Grammar::allowed`]'s whole vocabulary. It
     /// agrees with the mask (the tests check it token by token); end-of-sequence is
-    /// taken once the output may end. A failed grammar takes nothing.
+    /// taken once the output may end. A failed grammar takes nothing. The first
+    /// [`limits::CHARGED_CHECKS`] questions of a token are charged to its budget.
     pub fn accepts(&mut self, token: u32) -> bool {
-        self.run(|m| m.validate_tokens(&[token]))
+        self.0.checks += 1;
+        let charged = self.0.checks <= limits::CHARGED_CHECKS;
+        self.run(charged, |m| m.validate_tokens(&[token]))
             .is_some_and(|n| n == 1)
     }
 
@@ -336,7 +343,8 @@ impl Grammar {
     /// [`limits::STEP_BUDGET`] to the time the grammar may spend.
     pub fn advance(&mut self, token: u32) -> bool {
         self.0.budget.refill();
-        if self.run(|m| m.consume_token(token)).is_some() {
+        self.0.checks = 0;
+        if self.run(true, |m| m.consume_token(token)).is_some() {
             return true;
         }
         if self.0.failed.is_none() {
@@ -359,10 +367,11 @@ impl Grammar {
         self.0.failed.as_ref()
     }
 
-    /// Runs `f` on the matcher, timed against the budget; `None` once the grammar
-    /// has failed (then, or before).
+    /// Runs `f` on the matcher, its time taken from the budget when `charged`;
+    /// `None` once the grammar has failed (then, or before).
     fn run<T, E: fmt::Display>(
         &mut self,
+        charged: bool,
         f: impl FnOnce(&mut Matcher) -> Result<T, E>,
     ) -> Option<T> {
         if self.0.failed.is_some() {
@@ -376,7 +385,7 @@ impl Grammar {
                 self.0.failed = Some(GrammarError::from_llguidance(&e.to_string(), Phase::Follow));
                 None
             }
-            Ok(_) if !self.0.budget.spend(spent) => {
+            Ok(_) if charged && !self.0.budget.spend(spent) => {
                 self.0.failed = Some(GrammarError::Exceeded(format!(
                     "it spent more than {:?} of work per token, past a reserve of {:?}",
                     limits::STEP_BUDGET,
