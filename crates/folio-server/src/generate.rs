@@ -146,7 +146,11 @@ pub async fn answer_chat(
 }
 
 /// Checks and tokenizes the request, and compiles its grammar, off the async
-/// threads (any of them can take milliseconds).
+/// threads (any of them can take milliseconds). When the request goes away first
+/// (the client hangs up, which drops this future, or the deadline passes), the
+/// grammar's compile is told to stop ([`folio::grammar::CompileCancel`]); what it
+/// cannot stop is bounded by the grammar caps. A panic in the check is logged and
+/// answered with a short 500.
 pub async fn prepare(
     st: &Arc<AppState>,
     route: Route,
@@ -155,24 +159,48 @@ pub async fn prepare(
 ) -> Result<Job, ApiError> {
     st.ready()?;
     let st2 = st.clone();
-    // Past the deadline the answer goes at once; the check, which changes nothing,
-    // finishes on its blocking thread and is dropped.
+    let mut cancel = CancelOnDrop {
+        cancel: Arc::new(folio::grammar::CompileCancel::default()),
+        armed: true,
+    };
+    let cancel2 = cancel.cancel.clone();
     let work = tokio::task::spawn_blocking(move || {
         let l = st2.ready()?;
-        params::job(
+        params::job_cancellable(
             route,
             r,
             l.engine.model(),
             l.template.as_ref(),
             l.grammars.as_ref(),
-            l.engine.window(),
-            st2.config.max_tokens,
+            (l.engine.window(), st2.config.max_tokens),
+            &cancel2,
         )
     });
-    deadline
-        .within(st, work)
-        .await?
-        .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    let joined = deadline.within(st, work).await?;
+    cancel.armed = false;
+    joined.map_err(|e| {
+        tracing::error!("checking a request failed: {e}");
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal error while checking the request",
+        )
+    })?
+}
+
+/// Cancels a grammar compile when dropped armed: when [`prepare`] is dropped or
+/// returns before its check finished.
+struct CancelOnDrop {
+    cancel: Arc<folio::grammar::CompileCancel>,
+    /// Off once the check has finished: nothing left to cancel.
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cancel.cancel();
+        }
+    }
 }
 
 /// Submits the job and waits for its first event; an error there is the answer.

@@ -6,7 +6,7 @@
 use crate::api::{ChatMessage, Content, GenRequest, LogprobsInput, PromptInput, StopInput};
 use crate::error::ApiError;
 use crate::tools::{self, Tools};
-use folio::grammar::{GrammarSpec, Grammars};
+use folio::grammar::{CompileCancel, GrammarError, GrammarSpec, Grammars};
 use folio::tokenizer::{ChatTemplate, Message};
 use folio::{Model, Prompt, Request, SamplingParams};
 
@@ -62,12 +62,26 @@ pub const MAX_ECHO_FIGURES: usize = 1 << 20;
 /// sequence holds, `cap` the most one choice may generate (`--max-tokens-cap`).
 pub fn job(
     route: Route,
-    mut r: GenRequest,
+    r: GenRequest,
     model: &Model,
     template: Option<&ChatTemplate>,
     grammars: Option<&Grammars>,
     window: usize,
     cap: usize,
+) -> Result<Job, ApiError> {
+    let cancel = CompileCancel::default();
+    job_cancellable(route, r, model, template, grammars, (window, cap), &cancel)
+}
+
+/// [`job`], where `cancel` abandons the grammar's compile when the request goes away.
+pub fn job_cancellable(
+    route: Route,
+    mut r: GenRequest,
+    model: &Model,
+    template: Option<&ChatTemplate>,
+    grammars: Option<&Grammars>,
+    (window, cap): (usize, usize),
+    cancel: &CompileCancel,
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
     let (mut tool_plan, mut forced) = (None, None);
@@ -138,7 +152,7 @@ pub fn job(
             prompts,
             prompt_texts,
             (window, cap),
-            grammars,
+            (grammars, cancel),
             None,
         );
     }
@@ -169,7 +183,7 @@ pub fn job(
         prompts,
         prompt_texts,
         (window - longest, cap),
-        grammars,
+        (grammars, cancel),
         forced,
     )?;
     job.tools = tool_plan;
@@ -177,14 +191,15 @@ pub fn job(
 }
 
 /// The sampling and answer fields of `r`; `room` is the most tokens left to generate
-/// in the window, `cap` the most one choice may generate.
+/// in the window, `cap` the most one choice may generate; the grammar, if any, is
+/// compiled with `grammars` unless `cancel` stops it.
 fn request_fields(
     route: Route,
     mut r: GenRequest,
     prompts: Vec<Vec<u32>>,
     prompt_texts: Vec<String>,
     (room, cap): (usize, usize),
-    grammars: Option<&Grammars>,
+    (grammars, cancel): (Option<&Grammars>, &CompileCancel),
     forced: Option<GrammarSpec>,
 ) -> Result<Job, ApiError> {
     let asked = grammar_spec(&mut r)?;
@@ -205,8 +220,8 @@ fn request_fields(
                 )
             })?;
             Some(
-                gs.compile(&spec)
-                    .map_err(|e| ApiError::invalid(param, e.to_string()))?,
+                gs.compile_with(&spec, cancel)
+                    .map_err(|e| grammar_error(param, e))?,
             )
         }
     };
@@ -379,6 +394,17 @@ fn request_fields(
         logprobs,
         tools: None,
     })
+}
+
+/// A grammar that cannot be used, as the answer: the request's fault (a 400 naming
+/// `param`: malformed, over a cap, unsatisfiable) or the server's (a 500 whose text
+/// says nothing of llguidance's internals; they are in the log).
+fn grammar_error(param: &str, e: GrammarError) -> ApiError {
+    let mut out = ApiError::from(folio::EngineError::Grammar(e));
+    if out.status == axum::http::StatusCode::BAD_REQUEST {
+        out.param = Some(param.to_string());
+    }
+    out
 }
 
 fn count(k: Option<u64>, name: &str) -> Result<usize, ApiError> {

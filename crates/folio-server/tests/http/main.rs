@@ -6,6 +6,7 @@ mod cancel;
 mod client;
 mod contexts;
 mod errors;
+mod grammar_limits;
 mod hostile;
 mod limits;
 mod load;

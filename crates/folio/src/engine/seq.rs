@@ -204,7 +204,8 @@ pub(crate) struct Seq {
 pub(crate) enum After {
     Continue,
     Finished(FinishReason),
-    /// The receiver is gone: cancel.
+    /// The receiver is gone (cancel), or the sample failed and its receiver was
+    /// told: retire it without a final event.
     Gone,
 }
 
@@ -270,29 +271,23 @@ impl Seq {
             None => choose(g, &self.tokens, logits, steps),
         };
         let Chosen::Token { id, masked_logits } = chosen else {
-            tracing::warn!(
-                req = self.req,
-                "the grammar allows no token: the output ends"
-            );
-            return After::Finished(FinishReason::Stop);
+            return self.grammar_failed();
         };
-        let logits = masked_logits.as_deref().unwrap_or(logits);
-        self.tokens.push(id);
-        g.generated += 1;
-        let logprob = g.logprobs.map(|k| token_logprob(logits, id, k));
         // Under a grammar, end-of-sequence comes only when the output is complete.
         let eos = tok.is_eog(id) && (!g.ignore_eos || g.grammar.is_some());
         let mut grammar_done = false;
         if let (Some(gr), false) = (g.grammar.as_mut(), eos) {
-            let refused = !gr.advance(id);
-            if refused {
-                tracing::warn!(
-                    req = self.req,
-                    "the grammar refused a sampled token: the output ends"
-                );
+            // Before the token is kept or sent: a token the grammar refuses never
+            // reaches the output.
+            if !gr.advance(id) {
+                return self.grammar_failed();
             }
-            grammar_done = refused || gr.is_done();
+            grammar_done = gr.is_done();
         }
+        let logits = masked_logits.as_deref().unwrap_or(logits);
+        self.tokens.push(id);
+        g.generated += 1;
+        let logprob = g.logprobs.map(|k| token_logprob(logits, id, k));
         let (text, stopped) = if eos {
             (String::new(), false)
         } else {
@@ -316,6 +311,26 @@ impl Seq {
         } else {
             After::Continue
         }
+    }
+
+    /// Ends a sample whose grammar can go no further (an llguidance limit, its time
+    /// budget, or no token allowed): its request gets the error, and the sample is
+    /// retired without a final event. Other requests are untouched.
+    fn grammar_failed(&mut self) -> After {
+        let Purpose::Generate(g) = &mut self.purpose else {
+            return After::Continue;
+        };
+        let e = g
+            .grammar
+            .as_ref()
+            .and_then(|gr| gr.failure().cloned())
+            .unwrap_or(crate::grammar::GrammarError::Engine);
+        tracing::warn!(
+            req = self.req,
+            "the grammar failed: {e}: the request ends with an error"
+        );
+        g.tx.send(Event::Error(EngineError::Grammar(e)));
+        After::Gone
     }
 
     /// Chooses the next token from `logits` ahead of [`Seq::sample`], which then records

@@ -4,41 +4,38 @@
 //! gives it folio's vocabulary as its token table ([`Grammars`], built once per
 //! model) and compiles the sources users send ([`GrammarSpec`]: a JSON schema, any
 //! JSON object, a regex, a choice among strings, a Lark grammar). A source that
-//! does not compile is a [`GrammarError`] before any work.
+//! does not compile, is over a cap, or matches no output at all is a
+//! [`GrammarError`] before any work.
 //!
 //! A grammar answers two questions: whether it takes one token next
 //! ([`Grammar::accepts`], a walk of that token's bytes) and which tokens it allows
 //! ([`Grammar::allowed`], the whole vocabulary, some 300 times dearer). The sampler
 //! asks the first where that decides the sample and masks with the second otherwise.
+//! A grammar that llguidance cannot follow any further (one of its limits, or the
+//! time budget of [`limits`]) fails: it then takes no token, and
+//! [`Grammar::failure`] says why, for the engine to end that request with an error.
+//!
+//! Submodules: [`limits`] owns the caps, the per-token budget and how choices are
+//! compiled; [`error`] owns [`GrammarError`] and what of llguidance's messages a
+//! client may see.
 //!
 //! It sits beside the tokenizer: it reads token bytes, and the engine's sampler uses
 //! it. Nothing here touches pages or the model.
 
+pub mod error;
+pub mod limits;
+
 use crate::tokenizer::Tokenizer;
-use llguidance::api::TopLevelGrammar;
-use llguidance::{Matcher, ParserFactory};
+pub use error::GrammarError;
+use error::Phase;
+use limits::Budget;
+use llguidance::api::{StopReason, TopLevelGrammar};
+use llguidance::{CancellationHandle, Matcher, ParserFactory};
 use std::fmt;
-use std::sync::Arc;
-use thiserror::Error;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
-
-/// Why a grammar could not be built or used.
-#[derive(Debug, Clone, Error)]
-pub enum GrammarError {
-    #[error("the grammar does not compile: {0}")]
-    Compile(String),
-    #[error("the model's vocabulary cannot be used for grammars: {0}")]
-    Vocabulary(String),
-}
-
-impl GrammarError {
-    pub fn kind(&self) -> crate::ErrorKind {
-        match self {
-            GrammarError::Compile(_) => crate::ErrorKind::Invalid,
-            GrammarError::Vocabulary(_) => crate::ErrorKind::Internal,
-        }
-    }
-}
 
 /// What a request's output must match.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,11 +98,25 @@ impl Grammars {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.set_stderr_log_level(0);
+        *factory.limits_mut() = limits::parser_limits();
         Ok(Self { factory })
     }
 
     /// Compiles `spec`; the error says what is wrong with it.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        self.compile_with(spec, &CompileCancel::default())
+    }
+
+    /// Compiles `spec` unless `cancel` is cancelled first. llguidance's compile
+    /// itself cannot be interrupted (the caps of [`limits`] keep it short); `cancel`
+    /// is checked before it, and interrupts the first mask, which finds a grammar
+    /// that matches nothing.
+    pub fn compile_with(
+        &self,
+        spec: &GrammarSpec,
+        cancel: &CompileCancel,
+    ) -> Result<Grammar, GrammarError> {
+        limits::check_size(spec)?;
         let top = match spec {
             GrammarSpec::JsonObject => {
                 TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
@@ -116,23 +127,107 @@ impl Grammars {
                 if c.is_empty() {
                     return Err(GrammarError::Compile("the choice list is empty".into()));
                 }
-                let alts: Vec<String> = c
-                    .iter()
-                    .map(|s| serde_json::Value::String(s.clone()).to_string())
-                    .collect();
-                TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+                TopLevelGrammar::from_regex(&limits::choice_regex(c))
             }
             GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         };
-        let parser = self
-            .factory
-            .create_parser(top)
-            .map_err(|e| GrammarError::Compile(e.to_string()))?;
-        let m = Matcher::new(Ok(parser));
+        cancel.check()?;
+        // llguidance catches its own panics into its errors; one that escapes it is
+        // caught here (its message goes to the log only).
+        let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.factory.create_parser(top)
+        }))
+        .map_err(|p| {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(panic = msg, "compiling a grammar panicked");
+            GrammarError::Engine
+        })?
+        .map_err(|e| GrammarError::from_llguidance(&e.to_string(), Phase::Compile))?;
+        let mut m = Matcher::new(Ok(parser)).into_cancellable();
         if let Some(e) = m.get_error() {
-            return Err(GrammarError::Compile(e));
+            return Err(GrammarError::from_llguidance(&e, Phase::Compile));
         }
-        Ok(Grammar(Box::new(m)))
+        let _registered = cancel.register(m.cancellation_handle());
+        // The first mask: a grammar whose language is empty allows nothing, not
+        // even the end (llguidance fails it with `NoExtensionBias`). llguidance
+        // keeps the mask, so the first sample reuses it.
+        match m.compute_mask_or_eos() {
+            Ok(mask) if mask.is_zero() => return Err(GrammarError::Unsatisfiable),
+            Ok(_) => {}
+            Err(e) => {
+                let e = e.to_string();
+                let stop = format!("{:?}", StopReason::NoExtensionBias);
+                if e.lines().next().is_some_and(|l| l.trim() == stop) {
+                    return Err(GrammarError::Unsatisfiable);
+                }
+                return Err(GrammarError::from_llguidance(&e, Phase::Compile));
+            }
+        }
+        Ok(Grammar(Box::new(Following {
+            m,
+            budget: Budget::default(),
+            checks: 0,
+            failed: None,
+        })))
+    }
+}
+
+/// Abandons a grammar's compile whose request went away: the compile checks it
+/// before llguidance's (uninterruptible) work and stops the first mask when it is
+/// cancelled during it. A grammar the compile has returned is no longer affected.
+#[derive(Debug, Default)]
+pub struct CompileCancel {
+    cancelled: AtomicBool,
+    /// The handle of the matcher being checked, while it is.
+    running: Mutex<Option<CancellationHandle>>,
+}
+
+impl CompileCancel {
+    /// Stops the compile (now, or as soon as it checks).
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+        if let Some(h) = self.lock().as_ref() {
+            h.cancel();
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+
+    fn check(&self) -> Result<(), GrammarError> {
+        if self.is_cancelled() {
+            return Err(GrammarError::Cancelled);
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<CancellationHandle>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets `cancel` reach `handle` until the guard is dropped.
+    fn register(&self, handle: Option<CancellationHandle>) -> Registered<'_> {
+        if let Some(h) = &handle {
+            if self.is_cancelled() {
+                h.cancel();
+            }
+        }
+        *self.lock() = handle;
+        Registered(self)
+    }
+}
+
+/// While it lives, [`CompileCancel::cancel`] reaches the matcher being checked.
+struct Registered<'a>(&'a CompileCancel);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        *self.0.lock() = None;
     }
 }
 
@@ -190,13 +285,29 @@ fn compact(mut schema: serde_json::Value) -> serde_json::Value {
     schema
 }
 
-/// A compiled grammar and how far the output has come through it. Cloning gives an
-/// independent copy at the same point (an `n > 1` sample's own).
-pub struct Grammar(Box<Matcher>);
+/// A compiled grammar and how far the output has come through it, with the time it
+/// may still spend in llguidance ([`limits::Budget`]). Cloning gives an independent
+/// copy at the same point (an `n > 1` sample's own).
+pub struct Grammar(Box<Following>);
+
+/// A grammar's state (boxed: a request carries its grammar by value).
+struct Following {
+    m: Matcher,
+    budget: Budget,
+    /// Single-token questions asked since the last token.
+    checks: usize,
+    /// Why it can go no further, once it cannot: it then takes no token.
+    failed: Option<GrammarError>,
+}
 
 impl Clone for Grammar {
     fn clone(&self) -> Self {
-        Grammar(Box::new(self.0.deep_clone()))
+        Grammar(Box::new(Following {
+            m: self.0.m.deep_clone(),
+            budget: self.0.budget.clone(),
+            checks: self.0.checks,
+            failed: self.0.failed.clone(),
+        }))
     }
 }
 
@@ -208,28 +319,84 @@ impl fmt::Debug for Grammar {
 
 impl Grammar {
     /// The tokens allowed next (once the grammar is complete, only end-of-sequence),
-    /// or `None` when it cannot say (an error state: the output then ends). It
-    /// depends only on the tokens already consumed, so it can be computed while the
-    /// forward pass that gives the next logits runs.
+    /// or `None` when it has failed ([`Grammar::failure`] says why). It depends only
+    /// on the tokens already consumed, so it can be computed while the forward pass
+    /// that gives the next logits runs.
     pub fn allowed(&mut self) -> Option<Allowed> {
-        self.0.compute_mask_or_eos().ok().map(Allowed)
+        self.run(true, |m| m.compute_mask_or_eos()).map(Allowed)
     }
 
     /// Whether the grammar takes `token` next, without advancing: a walk of the
     /// token's bytes, far cheaper than [`Grammar::allowed`]'s whole vocabulary. It
     /// agrees with the mask (the tests check it token by token); end-of-sequence is
-    /// taken once the output may end.
+    /// taken once the output may end. A failed grammar takes nothing. The first
+    /// [`limits::CHARGED_CHECKS`] questions of a token are charged to its budget.
     pub fn accepts(&mut self, token: u32) -> bool {
-        self.0.validate_tokens(&[token]).is_ok_and(|n| n == 1)
+        self.0.checks += 1;
+        let charged = self.0.checks <= limits::CHARGED_CHECKS;
+        self.run(charged, |m| m.validate_tokens(&[token]))
+            .is_some_and(|n| n == 1)
     }
 
-    /// Advances past the sampled `token`; false when the grammar refuses it.
+    /// Advances past the sampled `token`; false when the grammar refuses it or has
+    /// failed ([`Grammar::failure`] says why). Each token adds
+    /// [`limits::STEP_BUDGET`] to the time the grammar may spend.
     pub fn advance(&mut self, token: u32) -> bool {
-        self.0.consume_token(token).is_ok()
+        self.0.budget.refill();
+        self.0.checks = 0;
+        if self.run(true, |m| m.consume_token(token)).is_some() {
+            return true;
+        }
+        if self.0.failed.is_none() {
+            // llguidance took the token in its mask but not here: its bug, not the
+            // grammar's.
+            tracing::error!(token, "the grammar refused a token it allowed");
+            self.0.failed = Some(GrammarError::Engine);
+        }
+        false
     }
 
     /// Whether the output is complete: nothing but end-of-sequence may follow.
     pub fn is_done(&self) -> bool {
-        self.0.is_stopped()
+        self.0.failed.is_none() && self.0.m.is_stopped()
+    }
+
+    /// Why the grammar can go no further, once it cannot: an llguidance limit, its
+    /// time budget spent, or an llguidance failure.
+    pub fn failure(&self) -> Option<&GrammarError> {
+        self.0.failed.as_ref()
+    }
+
+    /// Runs `f` on the matcher, its time taken from the budget when `charged`;
+    /// `None` once the grammar has failed (then, or before).
+    fn run<T, E: fmt::Display>(
+        &mut self,
+        charged: bool,
+        f: impl FnOnce(&mut Matcher) -> Result<T, E>,
+    ) -> Option<T> {
+        if self.0.failed.is_some() {
+            return None;
+        }
+        let start = Instant::now();
+        let r = f(&mut self.0.m);
+        let spent = start.elapsed();
+        match r {
+            Err(e) => {
+                self.0.failed = Some(GrammarError::from_llguidance(&e.to_string(), Phase::Follow));
+                None
+            }
+            Ok(_) if charged && !self.0.budget.spend(spent) => {
+                self.0.failed = Some(GrammarError::Exceeded(format!(
+                    "it spent more than {:?} of work per token, past a reserve of {:?}",
+                    limits::STEP_BUDGET,
+                    limits::BUDGET_RESERVE
+                )));
+                None
+            }
+            Ok(v) => Some(v),
+        }
     }
 }
+
+#[cfg(test)]
+mod tests;

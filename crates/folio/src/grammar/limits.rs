@@ -1,0 +1,194 @@
+//! What one grammar may cost, at compile time and per token, and how choices are
+//! compiled so that they stay cheap.
+//!
+//! - Compile: llguidance's compile cannot be interrupted (its cancellation covers
+//!   only a built parser's operations), so the sources are capped before any work
+//!   ([`check_size`]: [`MAX_CHOICES`] options, [`MAX_SOURCE_BYTES`] of regex, Lark,
+//!   JSON schema or choice text), and llguidance's own [`parser_limits`] bound what
+//!   a small source can expand into. Under the caps the dearest compiles measured
+//!   on the default model take about 0.2 s of CPU (the `grammar` unit tests hold
+//!   them under 1 s).
+//! - Choices: compiled as one regex alternation ([`choice_regex`]): a single
+//!   lexeme, where a Lark alternation of N strings puts N items in each Earley row
+//!   and, past llguidance's 2000 per row, fails after its first token.
+//! - Per token: a [`Budget`] of time spent in llguidance, refilled by
+//!   [`STEP_BUDGET`] per token up to [`BUDGET_RESERVE`]. Ambiguous grammars cost
+//!   more with every token (Earley rows grow with the output); once one has spent
+//!   its reserve, its request fails, before it stalls the engine's other requests.
+//!   It is charged what the engine asks per token: masks, the advance, and the
+//!   sampler's single-token questions (at most 256) up to [`CHARGED_CHECKS`].
+
+use super::error::GrammarError;
+use super::GrammarSpec;
+use llguidance::api::ParserLimits;
+use std::time::Duration;
+
+/// The most options a choice may list.
+pub const MAX_CHOICES: usize = 10_000;
+/// The most bytes of source a grammar may have: a regex, a Lark grammar, a JSON
+/// schema as compact JSON text, or a choice's options together.
+pub const MAX_SOURCE_BYTES: usize = 128 * 1024;
+/// The time in llguidance each generated token adds to a grammar's budget: some ten
+/// times a JSON schema's whole-vocabulary mask on the default model (0.3-0.4 ms),
+/// and a victim stream's gap grows by at most about this while such a grammar runs.
+pub const STEP_BUDGET: Duration = Duration::from_millis(5);
+/// The most unspent time a grammar keeps (it starts with it): slow tokens, and a
+/// thread descheduled on a busy machine, draw on it without failing.
+pub const BUDGET_RESERVE: Duration = Duration::from_millis(50);
+
+/// The single-token questions per token charged to the budget: four times the
+/// sampler's most (256). A caller checking the whole vocabulary against the mask,
+/// as the tests do, is not charged for the rest.
+pub const CHARGED_CHECKS: usize = 1024;
+
+/// llguidance's limits for folio's grammars: its defaults (a mask is bounded by
+/// `step_max_items`, 50,000 Earley items, about 2.5 ms, and `step_lexer_fuel`;
+/// a compile by `initial_lexer_fuel`, about 20 ms, and `max_grammar_size`), with
+/// short errors (no parser state or grammar text in them).
+pub(crate) fn parser_limits() -> ParserLimits {
+    ParserLimits {
+        verbose_errors: false,
+        ..ParserLimits::default()
+    }
+}
+
+/// Refuses a source over the caps, before any compile work.
+pub(crate) fn check_size(spec: &GrammarSpec) -> Result<(), GrammarError> {
+    let too_large = |what, size, limit| GrammarError::TooLarge { what, size, limit };
+    let bytes = match spec {
+        GrammarSpec::JsonObject => 0,
+        GrammarSpec::JsonSchema(s) => s.to_string().len(),
+        GrammarSpec::Regex(r) => r.len(),
+        GrammarSpec::Lark(g) => g.len(),
+        GrammarSpec::Choice(c) => {
+            if c.len() > MAX_CHOICES {
+                return Err(too_large("the number of choices", c.len(), MAX_CHOICES));
+            }
+            c.iter().map(String::len).sum()
+        }
+    };
+    if bytes > MAX_SOURCE_BYTES {
+        return Err(too_large("its source, in bytes,", bytes, MAX_SOURCE_BYTES));
+    }
+    Ok(())
+}
+
+/// A regex matching exactly one of `choices` (each taken literally).
+pub(crate) fn choice_regex(choices: &[String]) -> String {
+    let mut re = String::with_capacity(choices.iter().map(|c| c.len() + 1).sum::<usize>() + 4);
+    re.push_str("(?:");
+    for (i, c) in choices.iter().enumerate() {
+        if i > 0 {
+            re.push('|');
+        }
+        escape_into(c, &mut re);
+    }
+    re.push(')');
+    re
+}
+
+/// `s` as a regex matching it literally: its regex metacharacters escaped.
+fn escape_into(s: &str, out: &mut String) {
+    for ch in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(ch) {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+}
+
+/// Time a grammar may still spend in llguidance: [`BUDGET_RESERVE`] at first,
+/// [`STEP_BUDGET`] more per token, never more than the reserve.
+#[derive(Debug, Clone)]
+pub(crate) struct Budget {
+    left: Duration,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            left: BUDGET_RESERVE,
+        }
+    }
+}
+
+impl Budget {
+    /// Takes `spent`; false when it was more than what was left (nothing is left then).
+    pub fn spend(&mut self, spent: Duration) -> bool {
+        match self.left.checked_sub(spent) {
+            Some(left) => {
+                self.left = left;
+                true
+            }
+            None => {
+                self.left = Duration::ZERO;
+                false
+            }
+        }
+    }
+
+    /// One more token: [`STEP_BUDGET`] more, up to the reserve.
+    pub fn refill(&mut self) {
+        self.left = (self.left + STEP_BUDGET).min(BUDGET_RESERVE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_over_the_caps_are_refused_before_compiling() {
+        let many: Vec<String> = (0..=MAX_CHOICES).map(|i| i.to_string()).collect();
+        assert!(matches!(
+            check_size(&GrammarSpec::Choice(many)),
+            Err(GrammarError::TooLarge {
+                limit: MAX_CHOICES,
+                ..
+            })
+        ));
+        let long = vec!["x".repeat(MAX_SOURCE_BYTES + 1)];
+        assert!(check_size(&GrammarSpec::Choice(long)).is_err());
+        let big = "a".repeat(MAX_SOURCE_BYTES + 1);
+        for spec in [
+            GrammarSpec::Regex(big.clone()),
+            GrammarSpec::Lark(big.clone()),
+            GrammarSpec::JsonSchema(serde_json::json!({"enum": [big]})),
+        ] {
+            let e = check_size(&spec).unwrap_err();
+            assert!(e.to_string().contains("too large"), "{e}");
+        }
+        let fits = "a".repeat(MAX_SOURCE_BYTES);
+        check_size(&GrammarSpec::Regex(fits)).unwrap();
+        check_size(&GrammarSpec::JsonObject).unwrap();
+    }
+
+    #[test]
+    fn a_choice_regex_takes_each_option_literally() {
+        let re = choice_regex(&["a.b".into(), "(x|y)*".into(), "".into(), "é#~".into()]);
+        assert_eq!(re, r"(?:a\.b|\(x\|y\)\*||é\#\~)");
+        let full = regex_automata::meta::Regex::new(&format!("^{re}$")).unwrap();
+        for yes in ["a.b", "(x|y)*", "", "é#~"] {
+            assert!(full.is_match(yes), "{yes:?}");
+        }
+        for no in ["axb", "x", "xy", "é"] {
+            assert!(!full.is_match(no), "{no:?}");
+        }
+    }
+
+    #[test]
+    fn the_budget_refills_per_token_up_to_its_reserve() {
+        let mut b = Budget::default();
+        assert!(b.spend(BUDGET_RESERVE - Duration::from_millis(1)));
+        b.refill();
+        assert!(b.spend(STEP_BUDGET));
+        for _ in 0..1000 {
+            b.refill();
+        }
+        assert!(!b.spend(BUDGET_RESERVE + Duration::from_nanos(1)));
+        // Spent out: nothing left until the next token.
+        assert!(!b.spend(Duration::from_nanos(1)));
+        b.refill();
+        assert!(b.spend(STEP_BUDGET));
+    }
+}
