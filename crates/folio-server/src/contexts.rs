@@ -13,7 +13,7 @@ use crate::body::{JsonBody, RawBody};
 use crate::deadline::Deadline;
 use crate::error::ApiError;
 use crate::generate::{answer_chat, answer_completion, first_event, prepare};
-use crate::params::{message_text, Route, MAX_SALT_BYTES};
+use crate::params::{check_salt, message_text, Route};
 use crate::run::Run;
 use crate::state::{unix_now, AppState};
 use axum::extract::{Path, State};
@@ -218,15 +218,7 @@ impl CreateContext {
         } else {
             crate::body::parse(body)?
         };
-        if c.cache_salt
-            .as_ref()
-            .is_some_and(|s| s.len() > MAX_SALT_BYTES)
-        {
-            return Err(ApiError::invalid(
-                "cache_salt",
-                format!("cache_salt is at most {MAX_SALT_BYTES} bytes"),
-            ));
-        }
+        check_salt(c.cache_salt.as_deref())?;
         Ok(c)
     }
 }

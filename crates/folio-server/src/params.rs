@@ -54,6 +54,17 @@ pub const MAX_STOPS: usize = 16;
 pub const MAX_STOP_BYTES: usize = 4096;
 /// The longest `cache_salt`, in bytes.
 pub const MAX_SALT_BYTES: usize = 1024;
+
+/// A `cache_salt` (of a request or a context) is at most [`MAX_SALT_BYTES`].
+pub fn check_salt(salt: Option<&str>) -> Result<(), ApiError> {
+    if salt.is_some_and(|s| s.len() > MAX_SALT_BYTES) {
+        return Err(ApiError::invalid(
+            "cache_salt",
+            format!("cache_salt is at most {MAX_SALT_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
 /// An echo with log-probabilities sends prompt tokens × choices × (alternatives + 1)
 /// figures: at most this many.
 pub const MAX_ECHO_FIGURES: usize = 1 << 20;
@@ -312,15 +323,7 @@ fn request_fields(
             format!("at most {MAX_STOPS} stop strings of {MAX_STOP_BYTES} bytes in all"),
         ));
     }
-    if r.cache_salt
-        .as_ref()
-        .is_some_and(|s| s.len() > MAX_SALT_BYTES)
-    {
-        return Err(ApiError::invalid(
-            "cache_salt",
-            format!("cache_salt is at most {MAX_SALT_BYTES} bytes"),
-        ));
-    }
+    check_salt(r.cache_salt.as_deref())?;
     let seed = match r.seed {
         None => fresh_seed(),
         Some(num) => num

@@ -2,34 +2,13 @@
 //! while saving. The file on disk is always a whole save (the old one or the new),
 //! the server says which, and a failed save keeps the old one.
 
-use crate::client::{get, ok, post, request};
+use crate::client::{context_with, get, ok, post, request, tokens};
 use crate::server;
 use serde_json::json;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// Token ids for a context: `n` of them, deterministic, inside the vocabulary.
-pub(crate) fn tokens(n: usize, salt: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| 100 + ((i * 7919 + salt * 104_729) % 40_000) as u32)
-        .collect()
-}
-
-/// A new context holding `toks`; its id.
-pub(crate) fn context_with(a: SocketAddr, toks: &[u32]) -> String {
-    let id = ok(a, "/v1/contexts", json!({}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    ok(
-        a,
-        &format!("/v1/contexts/{id}/append"),
-        json!({ "tokens": toks }),
-    );
-    id
-}
 
 /// The snapshots the server holds: name → tokens.
 pub(crate) fn snapshots(a: SocketAddr) -> Vec<(String, u64)> {

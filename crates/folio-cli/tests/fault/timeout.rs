@@ -4,9 +4,10 @@
 //! 503 `request_timeout` and the snapshot of that name stays as it was, in memory and
 //! on disk. A generation into a context is stopped the same way.
 
+use crate::client::{context_with, tokens};
 use crate::client::{get, metric, ok, post};
 use crate::server;
-use crate::snapshots::{context_with, snapshots, tokens};
+use crate::snapshots::snapshots;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::time::Instant;

@@ -188,6 +188,28 @@ impl Open {
     }
 }
 
+/// `n` token ids inside the default model's vocabulary, deterministic, different
+/// for each `salt`.
+pub fn tokens(n: usize, salt: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| 100 + ((i * 7919 + salt * 104_729) % 40_000) as u32)
+        .collect()
+}
+
+/// A new context holding `toks` (pending until a flush or a save); its id.
+pub fn context_with(a: SocketAddr, toks: &[u32]) -> String {
+    let id = ok(a, "/v1/contexts", serde_json::json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ok(
+        a,
+        &format!("/v1/contexts/{id}/append"),
+        serde_json::json!({ "tokens": toks }),
+    );
+    id
+}
+
 /// A metric's value from `/metrics` (the first line starting with `name` and
 /// containing `label`).
 pub fn metric(addr: SocketAddr, name: &str, label: &str) -> f64 {

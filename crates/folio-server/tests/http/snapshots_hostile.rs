@@ -2,7 +2,7 @@
 //! other requests (F2), a crafted snapshot file is skipped at start and cannot fail a
 //! stream beside it (F9), and snapshot files have a quota (F11a).
 
-use crate::client::{get, ok, open_stream, post};
+use crate::client::{context_with, get, ok, open_stream, post, tokens};
 use crate::server::start;
 use crate::stall::{assert_no_stall, under_attack};
 use folio::EngineConfig;
@@ -11,27 +11,6 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// `n` token ids inside the vocabulary, deterministic.
-fn tokens(n: usize, salt: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| 100 + ((i * 7919 + salt * 104_729) % 40_000) as u32)
-        .collect()
-}
-
-/// A new context holding `toks` (pending until a flush or a save); its id.
-fn context_with(a: SocketAddr, toks: &[u32]) -> String {
-    let id = ok(a, "/v1/contexts", json!({}))["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    ok(
-        a,
-        &format!("/v1/contexts/{id}/append"),
-        json!({ "tokens": toks }),
-    );
-    id
-}
 
 fn files(d: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(d)

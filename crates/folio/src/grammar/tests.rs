@@ -5,31 +5,17 @@
 
 use super::limits::{MAX_CHOICES, MAX_SOURCE_BYTES};
 use super::*;
-use crate::gguf::Gguf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// The default model's grammar table, built once.
-fn grammars() -> &'static (Tokenizer, Grammars) {
-    static G: OnceLock<(Tokenizer, Grammars)> = OnceLock::new();
-    G.get_or_init(|| {
-        let p = std::env::var_os("FOLIO_MODEL")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-            });
-        assert!(
-            p.exists(),
-            "{} is missing: run `scripts/setup.sh` (it fetches the default model)",
-            p.display()
-        );
-        let g = Gguf::open(&p).unwrap();
-        let tok = Tokenizer::from_gguf(&g).unwrap();
-        let vocab = tok.vocab_size();
-        let gs = Grammars::new(&tok, vocab).unwrap();
-        (tok, gs)
-    })
+/// The default model's tokenizer and grammar table, built once.
+fn grammars() -> (&'static Tokenizer, &'static Grammars) {
+    static G: OnceLock<Grammars> = OnceLock::new();
+    let tok = crate::tokenizer::test_support::smollm();
+    (
+        tok,
+        G.get_or_init(|| Grammars::new(tok, tok.vocab_size()).unwrap()),
+    )
 }
 
 /// Feeds `text`'s tokens to `g`, each checked by `accepts` and by the mask first.

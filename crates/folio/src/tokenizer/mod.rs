@@ -760,6 +760,34 @@ impl StreamDecoder {
     }
 }
 
+/// For the crate's own tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::Tokenizer;
+    use crate::gguf::Gguf;
+
+    /// The default model's tokenizer (SmolLM2: byte-level BPE, 49k tokens, the smollm
+    /// pre-tokenizer), read once. Like the integration tests, a missing model is a
+    /// failure with instructions, never a skip.
+    pub fn smollm() -> &'static Tokenizer {
+        static T: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+        T.get_or_init(|| {
+            let p = std::env::var_os("FOLIO_MODEL")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+                });
+            assert!(
+                p.exists(),
+                "{} is missing: run `scripts/setup.sh` (it fetches the default model)",
+                p.display()
+            );
+            Tokenizer::from_gguf(&Gguf::open(&p).unwrap()).unwrap()
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -977,26 +1005,7 @@ mod tests {
         assert_eq!(t.decode(&t.encode("abd abc", false)), "abd abc");
     }
 
-    /// The default model's tokenizer (SmolLM2: byte-level BPE, 49k tokens, the smollm
-    /// pre-tokenizer), read once. Like the integration tests, a missing model is a
-    /// failure with instructions, never a skip.
-    fn smollm() -> &'static Tokenizer {
-        static T: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
-        T.get_or_init(|| {
-            let p = std::env::var_os("FOLIO_MODEL")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(|| {
-                    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-                });
-            assert!(
-                p.exists(),
-                "{} is missing: run `scripts/setup.sh` (it fetches the default model)",
-                p.display()
-            );
-            Tokenizer::from_gguf(&Gguf::open(&p).unwrap()).unwrap()
-        })
-    }
+    use super::test_support::smollm;
 
     /// Random text from `atoms`, each repeated 1 to 5 times (runs of one kind).
     fn random_text(rng: &mut SplitMix64, atoms: &[&str], len: usize) -> String {

@@ -10,6 +10,16 @@ pub fn root() -> PathBuf {
 
 /// The default model, fetched by `scripts/setup.sh`. Tests run the real model: a
 /// missing file is a failure with instructions, never a skip.
+/// A tiny random Q4_1 model (`folio::tiny`, from `seed`) in a temporary directory,
+/// loaded on `threads` threads; keep the directory while the model is used.
+pub fn tiny_model(seed: u64, threads: usize) -> (tempfile::TempDir, folio::Model) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    folio::tiny::write_model(&path, seed, folio::gguf::GgmlType::Q4_1).unwrap();
+    let m = folio::Model::load(&path, threads).unwrap();
+    (dir, m)
+}
+
 pub fn model_path() -> PathBuf {
     let p = std::env::var_os("FOLIO_MODEL")
         .map(PathBuf::from)

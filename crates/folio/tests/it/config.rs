@@ -1,16 +1,11 @@
 //! Every size a caller can give the engine is checked against the model and the
 //! machine before anything is allocated: no value of any field panics or aborts.
 
-use folio::gguf::GgmlType;
 use folio::{Engine, EngineConfig, EngineError, KvDtype, Model};
 use proptest::prelude::*;
 
 fn tiny() -> (tempfile::TempDir, Model) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    folio::tiny::write_model(&path, 5, GgmlType::Q4_1).unwrap();
-    let m = Model::load(&path, 1).unwrap();
-    (dir, m)
+    crate::common::tiny_model(5, 1)
 }
 
 /// Any usize, weighted towards the edges where arithmetic overflows.

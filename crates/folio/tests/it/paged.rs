@@ -3,17 +3,12 @@
 //! between prompts; a pool too small is an error, not a crash.
 
 use crate::common::{generate, GenerateParams, ModelExt};
-use folio::gguf::GgmlType;
 use folio::kv::{KvSeq, Logits, PageTable, PagedKv};
 use folio::model::Model;
 use folio::{EngineError, KvError};
 
 fn tiny() -> (tempfile::TempDir, Model) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    folio::tiny::write_model(&path, 11, GgmlType::Q4_1).unwrap();
-    let m = Model::load(&path, 2).unwrap();
-    (dir, m)
+    crate::common::tiny_model(11, 2)
 }
 
 fn prompt(m: &Model, n: usize) -> Vec<u32> {

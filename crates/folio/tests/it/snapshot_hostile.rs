@@ -4,17 +4,12 @@
 //! K/V) is skipped at start, and the quota of bytes and count is kept.
 
 use crate::common::ModelExt;
-use folio::gguf::GgmlType;
 use folio::kv::{Logits, PagedKv, SnapshotError, SnapshotLimits};
 use folio::model::Model;
 use std::path::Path;
 
 fn tiny() -> (tempfile::TempDir, Model) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    folio::tiny::write_model(&path, 11, GgmlType::Q4_1).unwrap();
-    let m = Model::load(&path, 2).unwrap();
-    (dir, m)
+    crate::common::tiny_model(11, 2)
 }
 
 fn prompt(m: &Model, n: usize) -> Vec<u32> {
