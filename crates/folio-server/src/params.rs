@@ -300,6 +300,12 @@ fn request_fields(
     }
 
     let n = r.n.unwrap_or(1);
+    if n == 0 || n > folio::engine::MAX_N as u64 {
+        return Err(ApiError::invalid(
+            "n",
+            format!("n must be between 1 and {}", folio::engine::MAX_N),
+        ));
+    }
     if n.saturating_mul(prompts.len() as u64) > MAX_CHOICES as u64 {
         return Err(ApiError::invalid(
             "n",

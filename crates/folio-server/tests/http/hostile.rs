@@ -526,3 +526,28 @@ fn f21_tokenize_pieces_show_control_tokens_as_their_text() {
         t["count"].as_u64().unwrap() as usize
     );
 }
+
+#[test]
+fn f21_n_over_its_limit_says_that_limit_and_one_message_for_it() {
+    let s = start(ServeConfig::default(), small_engine());
+    for n in [129, 200, 256, 257, 100_000] {
+        let r = post(
+            s.addr,
+            "/v1/completions",
+            &json!({"prompt": "Hi", "n": n, "max_tokens": 1}),
+        );
+        let e = r.error(400);
+        assert_eq!(e["param"], "n");
+        assert_eq!(e["message"], "n must be between 1 and 128", "n = {n}");
+    }
+    // The product with the prompts keeps its own message.
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": ["a", "b", "c"], "n": 100, "max_tokens": 1}),
+    );
+    assert!(r.error(400)["message"]
+        .as_str()
+        .unwrap()
+        .contains("3 × 100"));
+}

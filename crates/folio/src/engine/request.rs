@@ -253,7 +253,7 @@ impl Request {
             s.repeat_penalty,
             f32::MIN_POSITIVE,
             f32::MAX,
-            "a finite number > 0 (1 = none)",
+            "a finite number of at least 1.1754944e-38, f32's smallest normal (1 = none)",
         )?;
         check(
             "presence_penalty",
