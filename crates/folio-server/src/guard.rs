@@ -8,7 +8,7 @@
 //! - **Origin**: when a browser sends one, it must be the server's own (the web page
 //!   at `/`: same scheme-less authority as the Host) or one `--cors-origin` allows.
 //!   403 otherwise (`null` included).
-//! - **Content-Type**: a request with a body must say `application/json` (so a
+//! - **Content-Type**: a request with a body (or a type) must say `application/json` (so a
 //!   cross-site form or `text/plain` "simple request" is refused: a page can send JSON
 //!   only after a CORS preflight, which we answer for allowed origins alone). 415.
 //! - **Content-Length** over `--max-body`: 413 at once, before `100 Continue`.
@@ -123,11 +123,15 @@ fn is_json(h: &HeaderMap) -> bool {
 
 pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let h = req.headers();
-    let host = h
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| req.uri().authority().map(|a| a.to_string()));
+    // Fails closed: a Host that is not ASCII text is no host of ours. (A request with
+    // none at all, as HTTP/1.0 allows, comes from no browser.)
+    let host = match h.get(header::HOST).map(|v| v.to_str()) {
+        Some(Ok(v)) => Some(v.to_string()),
+        Some(Err(_)) => {
+            return forbidden("the Host header is not a host name".into());
+        }
+        None => req.uri().authority().map(|a| a.to_string()),
+    };
     if let Some(host) = &host {
         if !st.allowed.host(host) {
             return forbidden(format!(
@@ -156,7 +160,7 @@ pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
             .into_response();
         }
     }
-    if has_body(h) && !is_json(h) {
+    if (has_body(h) || h.contains_key(header::CONTENT_TYPE)) && !is_json(h) {
         let given = h
             .get(header::CONTENT_TYPE)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());

@@ -79,14 +79,18 @@ fn f8_a_body_that_is_not_json_typed_is_refused_with_415_and_does_nothing() {
         "{}",
     );
     assert_eq!(r.status, 201, "{}", r.text());
-    // A body-less POST needs no type.
-    let r = raw(
+    // A body-less POST needs no type, but one that gives a type gives JSON's
+    // (second probe, G2).
+    let fork = format!("/v1/contexts/{}/fork", id(&r.json()));
+    raw(
         a,
         "POST",
-        &format!("/v1/contexts/{}/fork", id(&r.json())),
-        &["Host: localhost"],
+        &fork,
+        &["Host: localhost", "Content-Type: text/plain"],
         "",
-    );
+    )
+    .error(415);
+    let r = raw(a, "POST", &fork, &["Host: localhost"], "");
     assert_eq!(r.status, 201, "{}", r.text());
 }
 
@@ -161,6 +165,11 @@ fn f8_a_host_that_is_not_ours_is_refused_as_dns_rebinding_sends_it() {
         .error(403);
     }
     assert_eq!(contexts(a), 0);
+    // A Host that is not text fails closed (second probe, G3).
+    let mut c = crate::client::connect(a);
+    c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: evil\xff.example\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    read_response(&mut BufReader::new(c)).error(403);
     for host in [
         format!("{a}"),
         "localhost".into(),
@@ -550,4 +559,74 @@ fn f21_n_over_its_limit_says_that_limit_and_one_message_for_it() {
         .as_str()
         .unwrap()
         .contains("3 × 100"));
+}
+
+/// Second probe, G1: generations into contexts that start together cannot each take
+/// the room left in the contexts' share: each reserves what it may sample.
+#[test]
+fn g1_concurrent_context_generations_stay_within_the_contexts_share() {
+    let limit = 64;
+    let engine = EngineConfig {
+        context_pages: Some(limit),
+        ..small_engine()
+    };
+    let s = start(ServeConfig::default(), engine);
+    let a = s.addr;
+    let ids: Vec<String> = (0..16)
+        .map(|k| {
+            let c = id(&ok(a, "/v1/contexts", json!({})));
+            let toks: Vec<u32> = (0..16).map(|i| 1000 + i + 100 * k).collect();
+            ok(
+                a,
+                &format!("/v1/contexts/{c}/append"),
+                json!({"tokens": toks}),
+            );
+            c
+        })
+        .collect();
+    let statuses: Vec<u16> = std::thread::scope(|sc| {
+        let hs: Vec<_> = ids
+            .iter()
+            .map(|c| {
+                sc.spawn(move || {
+                    post(
+                        a,
+                        &format!("/v1/contexts/{c}/generate"),
+                        &json!({"max_tokens": 1000, "ignore_eos": true, "chat": false}),
+                    )
+                    .status
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 429),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&200), "{statuses:?}");
+    // Every page a context holds, counted once.
+    let kv = get(a, "/v1/kv").json();
+    let held = kv["pages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            p["holders"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h.as_str().unwrap().starts_with("ctx-"))
+        })
+        .count();
+    assert!(
+        held <= limit,
+        "contexts hold {held} pages; their share is {limit}"
+    );
+    let r = ok(
+        a,
+        "/v1/completions",
+        json!({"prompt": "Hi", "max_tokens": 8}),
+    );
+    assert_eq!(r["usage"]["completion_tokens"], 8);
 }

@@ -227,12 +227,19 @@ impl Contexts {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(crate::error::TokenizerError::UnknownId(bad).into());
         }
+        self.check_window(id, tokens.len(), window)?;
+        self.idle(id)?.pending.extend(tokens);
+        Ok(())
+    }
+
+    /// Whether `grow` more tokens fit context `id`'s window (checked before the
+    /// contexts' share: a request too long for the window is that, whatever the pool).
+    pub fn check_window(&mut self, id: u64, grow: usize, window: usize) -> Result<(), EngineError> {
         let c = self.idle(id)?;
-        let len = c.table.as_ref().map_or(0, |t| t.len()) + c.pending.len() + tokens.len();
+        let len = c.table.as_ref().map_or(0, |t| t.len()) + c.pending.len() + grow;
         if len >= window {
             return Err(EngineError::PromptTooLong { len, window });
         }
-        c.pending.extend(tokens);
         Ok(())
     }
 

@@ -341,6 +341,7 @@ impl Context {
     pub fn append_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
         let (id, t) = (self.id, tokens.to_vec());
         self.engine.call(move |c| {
+            c.contexts.check_window(id, t.len(), c.sched.window)?;
             c.check_context_room(id, t.len(), 0)?;
             c.contexts.append(&c.model, c.sched.window, id, t)
         })?
@@ -362,6 +363,7 @@ impl Context {
                 if c.contexts.is_empty(id)? != empty {
                     return Ok(false);
                 }
+                c.contexts.check_window(id, toks.len(), c.sched.window)?;
                 c.check_context_room(id, toks.len(), 0)?;
                 c.contexts
                     .append(&c.model, c.sched.window, id, toks)
@@ -384,6 +386,7 @@ impl Context {
             let was = self.engine.call(move |c| c.contexts.chat(id))??;
             let added = was.add(self.engine.model(), role, text)?;
             let done = self.engine.call(move |c| {
+                c.contexts.check_window(id, added.len(), c.sched.window)?;
                 c.check_context_room(id, added.len(), 0)?;
                 c.contexts
                     .add_message(&c.model, c.sched.window, id, &was, added)
@@ -494,6 +497,7 @@ impl Context {
                 super::request::Prompt::Tokens(t) => t.len(),
                 super::request::Prompt::Text(_) => 0,
             };
+            c.contexts.check_window(id, prompt, c.sched.window)?;
             req.max_tokens = req.max_tokens.min(c.context_room_tokens(id, prompt)?);
             let (kv, model, window) = (&mut c.kv, &c.model, c.sched.window);
             let job = c

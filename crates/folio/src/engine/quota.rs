@@ -4,7 +4,8 @@
 //! contexts can never take the pages stateless requests need. Pages are counted once
 //! however many contexts, forks and snapshots share them (an O(1) fork costs its
 //! one copied page, not the whole context again), and a context's pending tokens
-//! count for the pages they will take. Every operation that makes a context grow
+//! count for the pages they will take, and so does a running generation for what
+//! it may still sample (reserved when it starts). Every operation that makes a context grow
 //! (append, message, fork) is checked here first, on the engine thread, before
 //! anything moves; over the share it is refused ([`EngineError::ContextPages`]) and
 //! changes nothing. A generation into a context may add what is left of the share
@@ -13,6 +14,7 @@
 
 use super::core::Core;
 use super::error::EngineError;
+use super::seq::Purpose;
 use crate::kv::holders;
 
 impl Core {
@@ -30,7 +32,29 @@ impl Core {
             .chain(self.kv.pinned_tables())
             .chain(running);
         let held = holders(tables, self.kv.num_pages());
-        held.iter().filter(|&&n| n > 0).count() + self.contexts.spare_pages().count()
+        held.iter().filter(|&&n| n > 0).count()
+            + self.contexts.spare_pages().count()
+            + self.context_jobs_to_come()
+    }
+
+    /// Pages the running (or queued) context jobs will still take: each may grow to
+    /// its tokens plus what it may still sample. Counted as held from the job's start,
+    /// so generations that start together cannot each take the same room.
+    fn context_jobs_to_come(&self) -> usize {
+        let ps = self.kv.page_size();
+        self.sched
+            .seqs
+            .iter()
+            .filter(|s| s.ctx.is_some())
+            .map(|s| {
+                let more = match &s.purpose {
+                    Purpose::Generate(g) => g.max_tokens.saturating_sub(g.generated),
+                    Purpose::Flush => 0,
+                };
+                let have = s.table.as_ref().map_or(0, |t| t.num_pages());
+                (s.tokens.len() + more).div_ceil(ps).saturating_sub(have)
+            })
+            .sum()
     }
 
     /// Pages still free in the contexts' share: what the contexts and snapshots do not
