@@ -463,7 +463,7 @@ pub async fn snapshot_save(
     let name = s.name.clone();
     let st2 = st.clone();
     let tokens = blocking(move || {
-        use folio::kv::SnapshotError as S;
+        use folio::SnapshotError as S;
         match e.ctx.save_by(&s.name, deadline.get()) {
             Err(folio::EngineError::TimedOut { limit }) => {
                 return Err(Deadline::timed_out(&st2, limit))
