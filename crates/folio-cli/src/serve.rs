@@ -152,7 +152,8 @@ fn load(
     let model = args.arithmetic(model);
     let mut config = args.engine_config(&model, DEFAULT_SEQUENCES)?;
     config.max_batch_tokens = max_batch_tokens;
-    config.context_pages = context_pages;
+    // A server's contexts belong to its clients: they share half the pool by default.
+    config.context_pages = Some(context_pages.unwrap_or(config.kv_pages / 2));
     (config.snapshot_max_bytes, config.snapshot_max_count) = quota;
     Engine::new(model, config).map_err(|e| match opts::flag_error(&e) {
         Some(msg) => anyhow::anyhow!(msg),

@@ -463,8 +463,13 @@ fn f3_a_long_chat_message_is_rendered_and_tokenized_off_the_engine_thread() {
 
 #[test]
 fn f11_idle_contexts_cannot_take_the_pool_from_requests() {
-    // 512 pages of 16 tokens: contexts may hold 256 of them (half, the default).
-    let s = start(ServeConfig::default(), small_engine());
+    // 512 pages of 16 tokens: contexts may hold 256 of them (half, `folio serve`'s
+    // default).
+    let engine = EngineConfig {
+        context_pages: Some(256),
+        ..small_engine()
+    };
+    let s = start(ServeConfig::default(), engine);
     let a = s.addr;
     // Distinct tokens each time: equal ones would share their computed pages.
     let tokens = |k: u32| -> Vec<u32> {

@@ -91,7 +91,7 @@ impl Core {
             model,
             kv,
             sched,
-            contexts: Contexts::with_page_limit(cfg.context_pages.unwrap_or(cfg.kv_pages / 2)),
+            contexts: Contexts::with_page_limit(cfg.context_pages.unwrap_or(usize::MAX)),
         })
     }
 

@@ -1,7 +1,8 @@
 //! The contexts' share of the pool. Contexts and snapshots outlive requests and hold
 //! their pages while idle, so together they may hold at most
-//! `EngineConfig::context_pages` pages (half the pool by default): a few idle
-//! contexts can never take the pages stateless requests need. Pages are counted once
+//! `EngineConfig::context_pages` pages (`folio serve`: half the pool by default; no
+//! limit for a program's own contexts): a few idle contexts can never take the pages
+//! stateless requests need. Pages are counted once
 //! however many contexts, forks and snapshots share them (an O(1) fork costs its
 //! one copied page, not the whole context again), and a context's pending tokens
 //! count for the pages they will take, and so does a running generation for what

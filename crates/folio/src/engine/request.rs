@@ -43,7 +43,8 @@ pub struct EngineConfig {
     pub parallel_sampling: bool,
     /// The most pages contexts and snapshots may hold together (counted once each,
     /// pending tokens included), so that idle contexts never take the pages requests
-    /// need; `None`: half the pool.
+    /// need; `None`: no limit (one program's own contexts, as the CLI's); `folio
+    /// serve` sets half the pool unless told otherwise.
     pub context_pages: Option<usize>,
     /// Most bytes all snapshot files together may hold (`--snapshot-max-bytes`); a
     /// save past it is refused and writes nothing (replacing a snapshot counts the
