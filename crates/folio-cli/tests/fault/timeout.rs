@@ -32,7 +32,18 @@ fn files(dir: &std::path::Path) -> Vec<String> {
 fn a_save_past_the_request_timeout_is_503_and_keeps_the_old_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap().to_string();
-    let args = ["--snapshot-dir", &d, "--ctx", "8192", "--kv-pages", "800"];
+    // Contexts may use the whole pool here (this is about time limits, not the
+    // contexts' share, which is half the pool by default).
+    let args = [
+        "--snapshot-dir",
+        &d,
+        "--ctx",
+        "8192",
+        "--kv-pages",
+        "800",
+        "--context-pages",
+        "800",
+    ];
     let snap = dir.path().join("notes.snap");
     // The old snapshot, saved by a server without a tight limit.
     let s = server::start(&args);
