@@ -4,7 +4,10 @@
 //! committed pages, truncate, named snapshots, counters, and the raw page operations.
 //! Work that needs the model (flush, generate) becomes a [`Job`] the core hands the
 //! scheduler, so a context batches with everything else; when it ends, its table comes
-//! back through [`Contexts::give_back`]. The public handle is `handle::Context`.
+//! back through [`Contexts::give_back`]. A generation that does not finish (refused,
+//! failed, cancelled, timed out) leaves the context as it was (`CtxLink::before`),
+//! and a chat reply keeps room for the template's end-of-turn tokens, so a context
+//! never passes its window. The public handle is `handle::Context`.
 
 use super::error::EngineError;
 use super::request::Request;

@@ -150,10 +150,6 @@ impl Core {
         let plan = self.sched.schedule(&mut self.kv);
         self.give_back_retired();
         let Some(plan) = plan else { return };
-        let Some(plan) = self.drop_bad_tokens(plan) else {
-            self.give_back_retired();
-            return;
-        };
         let mut logits = std::mem::take(&mut self.logits);
         let forward = self.forward_with_masks(&plan, &mut logits);
         match forward {
@@ -170,42 +166,6 @@ impl Core {
         logits.trim(KEPT_LOGIT_ROWS * self.model.config.vocab);
         self.logits = logits;
         self.give_back_retired();
-    }
-
-    /// The last guard before a step: a sequence whose planned tokens hold an id
-    /// outside the vocabulary (which admission refuses, so never expected) fails
-    /// alone with that error; the others' reservations are given back and they are
-    /// planned again next step, unharmed. Returns the plan when every token is valid.
-    fn drop_bad_tokens(&mut self, plan: Plan) -> Option<Plan> {
-        let vocab = self.model.config.vocab;
-        let bad_of =
-            |s: &crate::kv::SeqStep| s.tokens.iter().copied().find(|&t| t as usize >= vocab);
-        if !plan.batch.seqs.iter().any(|s| bad_of(s).is_some()) {
-            return Some(plan);
-        }
-        let mut bad = Vec::new();
-        for (i, step) in plan.seqs.into_iter().zip(plan.batch.seqs) {
-            match bad_of(&step) {
-                Some(t) => bad.push((i, t, step)),
-                None => {
-                    if let Some(t) = self.sched.seqs[i].table.as_mut() {
-                        self.kv.abort(t, step.tokens.len());
-                    }
-                }
-            }
-        }
-        // One at a time, the highest index first: failing one moves only a later one.
-        bad.sort_unstable_by_key(|b| std::cmp::Reverse(b.0));
-        for (i, t, step) in bad {
-            tracing::error!("a planned step holds token id {t}, outside the vocabulary: its sequence fails alone");
-            let one = Plan {
-                seqs: vec![i],
-                batch: crate::kv::Batch { seqs: vec![step] },
-            };
-            let e: EngineError = crate::error::TokenizerError::UnknownId(t).into();
-            self.sched.fail_plan(&mut self.kv, one, &e);
-        }
-        None
     }
 
     /// Runs the planned step. Grammar masks that the step's samples will likely need
