@@ -235,8 +235,13 @@ def main():
         cold_warm(rec, os.path.join(plots, "ttft_cold_warm.svg"))
     if "kv" in rec:
         kv_memory(rec, os.path.join(plots, "kv_memory.svg"))
+    # The hand-kept design measurements (docs/bench/design.md) follow the run's figures.
+    design = os.path.join(plots, "design.md")
+    extra = open(design).read() if os.path.exists(design) else ""
     with open(page, "w") as f:
         f.write(markdown(rec, plots) + "\n")
+        if extra:
+            f.write("\n" + extra)
     print(f"wrote {page} and the plots in {plots}")
 
 

@@ -13,9 +13,9 @@
 //!
 //! `cargo bench -p folio --bench attention [-- --threads N]`
 
-use folio::internals::{isa, ThreadPool};
+use folio::internals::Cpu;
 use folio::kv::{BasicCache, Batch, KvSeq, KvStorage, Logits, PageTable, PagedKv, SeqStep};
-use folio::model::{attention, Heads};
+use folio::model::{attention, AttentionStep, Heads, Scores};
 use folio::rng::SplitMix64;
 use std::time::Instant;
 
@@ -29,6 +29,22 @@ const PAGE: usize = 16;
 /// `[layer][K | V][page]…`, so a pool's memory and the distance between one layer's
 /// runs of two chunks are the model's.
 const LAYERS: usize = 30;
+
+/// Layer 0's attention of `rows` over `kv` through `batch`'s pages.
+fn step<'a>(
+    kv: &'a dyn KvStorage,
+    batch: &'a Batch,
+    rows: &'a [(usize, usize)],
+) -> AttentionStep<'a> {
+    AttentionStep {
+        heads: HEADS,
+        scores: Scores::plain(HEADS.head_dim),
+        kv,
+        batch,
+        layer: 0,
+        rows,
+    }
+}
 
 /// One position's K/V written into `kv` through `t`'s planned slot.
 fn fill(kv: &mut PagedKv, t: &mut PageTable, p: usize, k: &[f32], v: &[f32]) {
@@ -70,7 +86,7 @@ fn main() {
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(2);
-    let pool = ThreadPool::new(threads).expect("threads");
+    let cpu = Cpu::new(threads).expect("threads");
     let kvd = HEADS.n_kv_heads * HEADS.head_dim;
     let d = HEADS.n_heads * HEADS.head_dim;
     println!("attention, one decode query per layer pass (9 heads over 3 KV heads, head 64), {threads} threads, kernels {}", folio::machine::isa_name());
@@ -109,8 +125,9 @@ fn main() {
             std::hint::black_box(&junk);
         };
         let mut best = [f64::MAX; 4];
-        let att = |s: &dyn KvStorage, b: &Batch, out: &mut [f32]| {
-            attention(&pool, isa(), HEADS, s, b, 0, &rows, &q, out)
+        let att = |kv: &dyn KvStorage, batch: &Batch, out: &mut [f32]| {
+            let at = step(kv, batch, &rows);
+            attention(&cpu, &at, &q, out)
         };
         for _ in 0..30 {
             for (i, best) in best.iter_mut().enumerate() {
@@ -141,12 +158,12 @@ fn main() {
             gath / scat
         );
     }
-    prefill(&pool);
+    prefill(&cpu);
 }
 
 /// Time per (query head, key) pair of a prefill block: `rows` consecutive query rows
 /// ending at position `ctx - 1`, over pages in order.
-fn prefill(pool: &ThreadPool) {
+fn prefill(cpu: &Cpu) {
     let kvd = HEADS.n_kv_heads * HEADS.head_dim;
     let d = HEADS.n_heads * HEADS.head_dim;
     println!();
@@ -173,17 +190,8 @@ fn prefill(pool: &ThreadPool) {
         let mut best = f64::MAX;
         for _ in 0..5 {
             let t = Instant::now();
-            attention(
-                pool,
-                isa(),
-                HEADS,
-                solo.storage(),
-                &b,
-                0,
-                &list,
-                &q,
-                &mut out,
-            );
+            let at = step(solo.storage(), &b, &list);
+            attention(cpu, &at, &q, &mut out);
             best = best.min(t.elapsed().as_secs_f64());
         }
         println!(

@@ -1,14 +1,17 @@
-//! Prefill attention in query blocks: several query rows of one sequence (each with the
-//! query heads of one KV head) go through the same keys tile by tile, so a tile of K/V
-//! is fetched from memory once for the whole block and then read from L1 by every row.
+//! The attention kernels' one entry, [`attend`]: a block of query rows of one sequence
+//! (one row: a decode step) continues its online softmax over the same runs of keys,
+//! each row up to its own causal limit. Several rows go through the keys tile by tile,
+//! so a tile of K/V is fetched from memory once for the whole block and then read from
+//! L1 by every row; one row takes all its keys in one call, so the kernel prefetches
+//! each page while it reads the one before (and asks for `ahead`).
 //!
 //! Blocking changes only which rows share a memory pass: each row runs its own keys in
-//! order through [`super::attend_runs`], whose result does not depend on how the keys are
-//! split into runs or calls, so every row gets the bits it gets alone.
+//! order through `attend_row` (`attend_runs.rs`), whose result does not depend on how
+//! the keys are split into runs or calls, so every row gets the bits it gets alone.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512_block::Scratch;
-use super::{Isa, KvRows, KvRun};
+use super::{Isa, KvRows, KvRun, RowCall};
 #[cfg(not(target_arch = "x86_64"))]
 type Scratch = ();
 
@@ -16,93 +19,137 @@ type Scratch = ();
 /// which stay in L1 while every row of the block reads them.
 pub const TILE_KEYS: usize = 32;
 
-/// Continues the online softmax of a block of query rows over the same runs of keys:
-/// row `r` reads the first `keys[r]` keys of `runs` (its causal limit). `q` and `acc`
-/// hold the rows back to back, each `state.len() / keys.len()` queries (the query heads
-/// of one KV head) of `head_dim` values; `state` holds each query's (running max,
-/// running sum) in the same order. Each query gets the bits `attend_runs` gives it
-/// alone over its keys, whatever the block. `cap` ≠ 0 soft-caps the scores
-/// ([`super::attend_runs_capped`]).
-#[allow(clippy::too_many_arguments)]
-pub fn attend_block(
-    isa: Isa,
-    q: &[f32],
-    keys: &[usize],
-    runs: &[KvRun],
-    stride: usize,
-    scale: f32,
-    cap: f32,
-    state: &mut [(f32, f32)],
-    acc: &mut [f32],
-) {
-    let rows = keys.len();
+/// One call into the attention kernels: what [`attend`] reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Attend<'a> {
+    /// The block's queries: per row, the query heads of one KV head, `head_dim` values
+    /// each, rows back to back.
+    pub q: &'a [f32],
+    /// Row `r` reads the first `keys[r]` keys of `runs` (its causal limit).
+    pub keys: &'a [usize],
+    /// The keys, in order, as runs of rows stored `stride` elements apart.
+    pub runs: &'a [KvRun<'a>],
+    /// Whole K/V rows to ask for into L2 while computing, spread over the keys read: a
+    /// decode step's next piece. Only a one-row block without a cap asks (and only the
+    /// AVX-512 kernel spreads them); it never changes a bit.
+    pub ahead: &'a [KvRun<'a>],
+    /// Elements from one key's row to the next.
+    pub stride: usize,
+    /// Multiplies every query·key product.
+    pub scale: f32,
+    /// ≠ 0: scores become `cap · tanh(score)` (the caller has divided `scale` by it, as
+    /// ggml's flash attention does). Capped scores run the scalar kernel on every path.
+    pub cap: f32,
+}
+
+/// Continues the online softmax of a block of query rows over `a.runs`: `state` holds
+/// each query's (running max, running sum), `acc` its value accumulator, in `a.q`'s
+/// order. Each query gets the bits the scalar kernel gives it alone over its keys, with
+/// the path's rounding ([`Isa::f16_attention`]), whatever the block and however the
+/// keys are split into runs or calls.
+pub fn attend(isa: Isa, a: &Attend, state: &mut [(f32, f32)], acc: &mut [f32]) {
+    let rows = a.keys.len();
     if rows == 0 {
         return;
     }
-    assert!(state.len().is_multiple_of(rows) && q.len() == acc.len());
-    assert!(q.len().is_multiple_of(rows));
-    let (group, width) = (state.len() / rows, q.len() / rows);
-    let total: usize = runs.iter().map(|r| r.n).sum();
-    let most = keys.iter().copied().max().unwrap_or(0).min(total);
+    assert!(state.len().is_multiple_of(rows) && a.q.len() == acc.len());
+    assert!(a.q.len().is_multiple_of(rows));
+    let total: usize = a.runs.iter().map(|r| r.n).sum();
+    let most = a.keys.iter().copied().max().unwrap_or(0).min(total);
     let mut tile = Vec::with_capacity(TILE_KEYS + 1);
     if rows == 1 {
         // One row (a decode step): all its keys in one call, so the kernel prefetches
         // each page while it reads the one before.
-        slice_runs(runs, 0, most, stride, &mut tile);
-        super::attend_runs_capped(isa, q, &tile, stride, scale, cap, state, acc);
+        let runs = if most < total {
+            slice_runs(a.runs, 0, most, a.stride, &mut tile);
+            &tile[..]
+        } else {
+            a.runs
+        };
+        let c = RowCall {
+            q: a.q,
+            runs,
+            ahead: a.ahead,
+            stride: a.stride,
+            scale: a.scale,
+            cap: a.cap,
+        };
+        super::attend_row(isa, isa.f16_attention(), &c, state, acc);
         return;
     }
+    block(isa, a, most, state, acc);
+}
+
+/// [`attend`] for a block of several rows, over its first `most` keys.
+fn block(isa: Isa, a: &Attend, most: usize, state: &mut [(f32, f32)], acc: &mut [f32]) {
+    let rows = a.keys.len();
+    let (group, width) = (state.len() / rows, a.q.len() / rows);
+    let mut tile = Vec::with_capacity(TILE_KEYS + 1);
     // Where the AVX-512 kernel runs, each tile of f16 keys and values is widened to f32
     // once for the whole block: the same values (the conversion is exact) for every
     // row, whose kernel then reads them without converting again.
     let hd = width / group;
-    let widen = cap == 0.0
+    let widen = a.cap == 0.0
         && super::zmm_attention(isa, isa.f16_attention(), hd)
-        && runs.first().is_some_and(|r| matches!(r.k, KvRows::F16(_)));
+        && a.runs
+            .first()
+            .is_some_and(|r| matches!(r.k, KvRows::F16(_)));
     let (mut k32, mut v32) = (Vec::new(), Vec::new());
     // The AVX-512 block kernel takes head sizes up to 128 (its accumulators' registers).
     let blocked = widen && hd <= 128;
     let (mut ends, mut scratch) = (Vec::with_capacity(rows), Scratch::default());
     #[cfg(target_arch = "x86_64")]
     if blocked {
-        scratch.transpose(q, hd);
+        scratch.transpose(a.q, hd);
     }
     let mut t0 = 0;
     while t0 < most {
         let t1 = (t0 + TILE_KEYS).min(most);
-        slice_runs(runs, t0, t1, stride, &mut tile);
+        slice_runs(a.runs, t0, t1, a.stride, &mut tile);
         if widen {
-            widen_tile(&tile, stride, hd, &mut k32, &mut v32);
+            widen_tile(&tile, a.stride, hd, &mut k32, &mut v32);
             let (k, v) = (&k32[..], &v32[..]);
             if blocked {
                 ends.clear();
-                ends.extend(keys.iter().map(|&n| n.min(t1).saturating_sub(t0)));
-                block_tile(q, group, &ends, k, v, scale, state, acc, &mut scratch);
+                ends.extend(a.keys.iter().map(|&n| n.min(t1).saturating_sub(t0)));
+                let tile = Tile { k, v, ends: &ends };
+                block_tile(a.q, group, &tile, a.scale, state, acc, &mut scratch);
             } else {
                 let wide = [KvRun {
                     k: KvRows::F32(k),
                     v: KvRows::F32(v),
                     n: t1 - t0,
                 }];
-                rows_over_tile(isa, q, keys, &wide, hd, scale, cap, t0, state, acc);
+                let a = Attend {
+                    runs: &wide,
+                    stride: hd,
+                    ..*a
+                };
+                rows_over_tile(isa, &a, t0, state, acc);
             }
         } else {
-            rows_over_tile(isa, q, keys, &tile, stride, scale, cap, t0, state, acc);
+            let a = Attend { runs: &tile, ..*a };
+            rows_over_tile(isa, &a, t0, state, acc);
         }
         t0 = t1;
     }
 }
 
-/// Every row of a block over one tile of keys widened to f32 (`k`, `v`: its rows back to
-/// back), row `r` over its first `ends[r]`, by the AVX-512 block kernel (`scratch` holds
-/// the block's queries transposed). Only called where that kernel runs (`blocked`).
-#[allow(clippy::too_many_arguments)]
+/// One tile of keys widened to f32 (`k`, `v`: its rows back to back), row `r` of the
+/// block reading its first `ends[r]`.
+struct Tile<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    ends: &'a [usize],
+}
+
+/// Every row of a block over one widened tile, by the AVX-512 block kernel (`scratch`
+/// holds the block's queries transposed). Only called where that kernel runs
+/// (`blocked`).
 fn block_tile(
     q: &[f32],
     group: usize,
-    ends: &[usize],
-    k: &[f32],
-    v: &[f32],
+    t: &Tile,
     scale: f32,
     state: &mut [(f32, f32)],
     acc: &mut [f32],
@@ -112,6 +159,7 @@ fn block_tile(
     {
         use super::avx512_block::attend_tile;
         let hd = q.len() / state.len();
+        let (ends, k, v) = (t.ends, t.k, t.v);
         // SAFETY: `blocked` is set only where `detect` ran the AVX-512 path.
         unsafe {
             // (head size / 32, queries whose accumulators fit in registers).
@@ -125,49 +173,37 @@ fn block_tile(
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (q, group, ends, k, v, scale, state, acc, scratch);
+    let _ = (q, group, t, scale, state, acc, scratch);
 }
 
-/// Every row of a block over one tile of keys (`t0` is the tile's first key), each up
-/// to its own limit.
-#[allow(clippy::too_many_arguments)]
-fn rows_over_tile(
-    isa: Isa,
-    q: &[f32],
-    keys: &[usize],
-    tile: &[KvRun],
-    stride: usize,
-    scale: f32,
-    cap: f32,
-    t0: usize,
-    state: &mut [(f32, f32)],
-    acc: &mut [f32],
-) {
-    let rows = keys.len();
-    let (group, width) = (state.len() / rows, q.len() / rows);
-    let t1 = t0 + tile.iter().map(|r| r.n).sum::<usize>();
-    let mut cut = Vec::with_capacity(tile.len());
+/// Every row of a block over one tile of keys (`a.runs`; `t0` is the tile's first
+/// key), each up to its own limit.
+fn rows_over_tile(isa: Isa, a: &Attend, t0: usize, state: &mut [(f32, f32)], acc: &mut [f32]) {
+    let rows = a.keys.len();
+    let (group, width) = (state.len() / rows, a.q.len() / rows);
+    let t1 = t0 + a.runs.iter().map(|r| r.n).sum::<usize>();
+    let mut cut = Vec::with_capacity(a.runs.len());
     for r in 0..rows {
-        let end = keys[r].min(t1);
+        let end = a.keys[r].min(t1);
         if end <= t0 {
             continue;
         }
         let these = if end == t1 {
-            tile
+            a.runs
         } else {
-            slice_runs(tile, 0, end - t0, stride, &mut cut);
+            slice_runs(a.runs, 0, end - t0, a.stride, &mut cut);
             &cut[..]
         };
-        super::attend_runs_capped(
-            isa,
-            &q[r * width..(r + 1) * width],
-            these,
-            stride,
-            scale,
-            cap,
-            &mut state[r * group..(r + 1) * group],
-            &mut acc[r * width..(r + 1) * width],
-        );
+        let c = RowCall {
+            q: &a.q[r * width..(r + 1) * width],
+            runs: these,
+            ahead: &[],
+            stride: a.stride,
+            scale: a.scale,
+            cap: a.cap,
+        };
+        let (st, ac) = (r * group..(r + 1) * group, r * width..(r + 1) * width);
+        super::attend_row(isa, isa.f16_attention(), &c, &mut state[st], &mut acc[ac]);
     }
 }
 

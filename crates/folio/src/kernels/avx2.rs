@@ -68,9 +68,8 @@ const PREFETCH_BLOCKS: usize = 8;
 /// How far ahead (in blocks) the packed four-row tile kernels prefetch their one stream
 /// of weights, on this path and the AVX-512 one: 64 blocks is 5 KB of Q4_1 tiles, 8.5 KB
 /// of Q8_0 ones. Decode is bound by how many weight reads are in flight, and the
-/// hardware prefetcher alone, or a prefetch a few blocks ahead, keeps too few: on a
-/// 2-core Xeon (Emerald Rapids) decode went from 112-121 tok/s with 4 blocks to 164-177
-/// with 64 (see the commit).
+/// hardware prefetcher alone, or a prefetch a few blocks ahead, keeps too few (4
+/// blocks against 64: docs/BENCHMARKS.md).
 pub(super) const TILE_PREFETCH_BLOCKS: usize = 64;
 
 /// The blocks a packed 4-row tile kernel runs over: the activations' common length,
@@ -716,8 +715,7 @@ pub unsafe fn attend_runs_ymm<
             // Pages are scattered in memory: start loading the next run's keys now,
             // the hardware prefetcher would only find them after a few misses. (K and V
             // kept asked for 64 keys ahead, as the AVX-512 kernel does, measured no
-            // faster here, 0.70-0.74 against 0.66-0.76 ms at 8k: this kernel's compute
-            // hides the rest.)
+            // faster here: this kernel's compute hides the rest.)
             prefetch_rows::<_MM_HINT_T0>(&next.k, next.n, stride * size, hd * size);
         }
         let last = (run.n - 1) * stride + hd;

@@ -12,9 +12,8 @@
 //! then done once per block for sixteen rows. This path's kernels before (four rows per
 //! vector, four lanes per row, on four-row tiles) did it for every four rows: 24 vector
 //! operations per 512 multiply-adds of Q4_1 there, 13 here (and the nibble split, once
-//! per block for all the activation rows of a call). On a 2-core
-//! Emerald Rapids, alternated: pp512 627-711 → 762-960 tok/s (`folio bench`), batched
-//! decode of 16 sequences 494-532 → 545-666.
+//! per block for all the activation rows of a call); prefill and batched decode both
+//! gained (docs/BENCHMARKS.md, "Design measurements").
 //!
 //! Per row, per block, in block order (the scalar twins `scalar::dot_q4_1_rows16` and
 //! `scalar::dot_q8_0_rows16` are the same arithmetic):

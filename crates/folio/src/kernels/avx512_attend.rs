@@ -28,10 +28,9 @@ const PREFETCH_RUNS: usize = 1;
 /// hardware prefetcher would only find each page after a few misses) and the caller
 /// did not ask for them already (`ahead`, with its previous call: then the kernel asks
 /// for nothing of its own). Keys, not runs: the distance stays the same across pages
-/// of any size. Into L1 instead, the prefetches stall on full miss buffers: decode at
-/// 7.2k 40.2-41.2 against 59.4-61.6 tok/s. Once pages of a layer lie side by side
-/// (`kv::arena`), asking again for keys the caller had asked for cost decode at 7.2k
-/// tokens (AMD EPYC) 2-4%: 67.1-69.3 tok/s against 68.5-72.4 asking for none.
+/// of any size. Into L2, not L1: into L1 the prefetches stall on full miss buffers;
+/// and never again for keys the caller asked for (both measured at 7.2k tokens of
+/// decode: docs/BENCHMARKS.md, "Design measurements").
 const PREFETCH_KEYS: usize = 512;
 
 /// The same for one contiguous run (the dense cache), which the hardware prefetcher
@@ -223,7 +222,7 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
             }
             // The exponentials each key needs, given the running maximum before it
             // (as the AVX2 kernel). Written out in both kernels: shared as a helper, it
-            // cost the register-starved AVX2 kernel 7% (10.5 -> 11.3 ns per pair).
+            // made the register-starved AVX2 kernel slower (docs/BENCHMARKS.md).
             let mut e = [[0f32; 16]; G];
             let mut raises = [0u32; G];
             for g in 0..G {

@@ -50,10 +50,9 @@ impl Scratch {
     }
 }
 
-/// Keys scored together in [`scores`]: each query vector loaded serves this many.
-/// Prefill attention benchmark at 2k-8k, two threads: 2.10-2.24 ns per pair with 8,
-/// 2.63-2.69 with 4, 2.18-2.26 with 12, and 13.4 with 16 (LLVM no longer keeps the
-/// block in registers).
+/// Keys scored together in [`scores`]: each query vector loaded serves this many. 8
+/// measured best of 4, 8, 12 and 16 (with 16 LLVM no longer keeps the block in
+/// registers; docs/BENCHMARKS.md).
 const SCORE_KEYS: usize = 8;
 
 /// The scores of sixteen queries (`qt`: their element `d` at `d * width`) with keys

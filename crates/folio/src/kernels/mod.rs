@@ -6,7 +6,10 @@
 //! - `scalar`: the reference twin of every kernel.
 //! - `avx2`: AVX2/FMA/F16C kernels, chosen at run time; `avx2_kquants`: its Q2_K, Q3_K and
 //!   Q5_K dots.
-//! - `attend`: prefill attention in query blocks (rows sharing each tile of K/V).
+//! - `attend`: the attention kernels' one entry ([`attend`], [`Attend`]): a block of rows
+//!   over runs of keys (rows sharing each tile of K/V); `attend_runs`: one row's entries
+//!   on each path.
+//! - `cpu`: [`Cpu`], the pool and path as one handle the model calls the kernels through.
 //! - `avx512`: AVX-512 (F, BW, VL, VNNI) matmul kernels for Q4_1 and Q8_0 in sixteen-row
 //!   tiles, where the CPU runs them; every other kernel of that path is the AVX2 one.
 //! - `avx512_attend`, `avx512_block`: AVX-512 attention, one row's queries over runs of
@@ -52,6 +55,8 @@ macro_rules! one_row_over_tiles {
 use one_row_over_tiles;
 
 mod attend;
+mod attend_runs;
+mod cpu;
 pub mod matmul;
 pub mod pool;
 pub mod quant;
@@ -71,8 +76,12 @@ mod avx512_block;
 pub(crate) mod avxvnni;
 mod detect;
 
-pub use attend::attend_block;
-pub use matmul::{matmul, matmul_add, Activations, QMatrix};
+pub use attend::{attend, Attend};
+#[cfg(test)]
+pub(crate) use attend_runs::attend_runs;
+pub(crate) use attend_runs::{attend_row, zmm_attention, RowCall};
+pub use cpu::Cpu;
+pub use matmul::{matmul, Activations, QMatrix};
 pub use pool::ThreadPool;
 
 #[cfg(test)]
@@ -222,138 +231,6 @@ pub struct KvRun<'a> {
     pub n: usize,
 }
 
-/// Continues the online softmax of `state.len()` queries that share their keys (the
-/// query heads of one KV head) over runs of keys: `q` and `acc` hold each query's
-/// `head_dim` values back to back, `state[g]` its (running max, running sum). Each query
-/// gets the bits `scalar::attend_runs` gives it alone, however many share the call,
-/// with the path's rounding ([`Isa::f16_attention`]).
-pub fn attend_runs(
-    isa: Isa,
-    q: &[f32],
-    runs: &[KvRun],
-    stride: usize,
-    scale: f32,
-    state: &mut [(f32, f32)],
-    acc: &mut [f32],
-) {
-    attend_runs_ahead(isa, q, runs, &[], stride, scale, state, acc)
-}
-
-/// [`attend_runs`] that also asks for the K/V rows of `ahead` (whole rows of `stride`
-/// elements, into L2), spread evenly over the keys it reads: a decode step's next piece
-/// of keys, fetched while this one is computed. Only the AVX-512 kernel spreads them;
-/// the other paths ignore `ahead`. The result is `attend_runs`'s, bit for bit.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_runs_ahead(
-    isa: Isa,
-    q: &[f32],
-    runs: &[KvRun],
-    ahead: &[KvRun],
-    stride: usize,
-    scale: f32,
-    state: &mut [(f32, f32)],
-    acc: &mut [f32],
-) {
-    let round = isa.f16_attention();
-    attend_runs_as(isa, round, q, runs, ahead, stride, scale, state, acc)
-}
-
-/// [`attend_runs`] with the f16 rounding chosen (`round`), on `isa`'s kernels (tests
-/// compare every kernel with its scalar twin both ways), asking for `ahead` as
-/// [`attend_runs_ahead`] does.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_runs_as(
-    isa: Isa,
-    round: bool,
-    q: &[f32],
-    runs: &[KvRun],
-    ahead: &[KvRun],
-    stride: usize,
-    scale: f32,
-    state: &mut [(f32, f32)],
-    acc: &mut [f32],
-) {
-    let n = state.len();
-    assert!(n > 0 && q.len() == acc.len() && q.len().is_multiple_of(n));
-    let hd = q.len() / n;
-    #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && simd_head(hd) {
-        let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
-        let zmm = zmm_attention(isa, round, hd);
-        // As many queries per call as keep their values and accumulators in registers
-        // (32 zmm or 16 ymm; the AVX2 kernel spills either way past head size 64).
-        let most = match (zmm, hd) {
-            (true, 32 | 64) => 3,
-            (true, 96) => 2,
-            (false, 64) => 4,
-            _ => 1,
-        };
-        let mut g = 0;
-        while g < n {
-            let k = (n - g).min(most);
-            // The first call asks for `ahead`; later ones find it asked for.
-            let ahead = if g == 0 { ahead } else { &[] };
-            let (q, st, acc) = (
-                &q[hd * g..hd * (g + k)],
-                &mut state[g..g + k],
-                &mut acc[hd * g..hd * (g + k)],
-            );
-            // Each arm's `unsafe`: the AVX2 path and those above it are only produced
-            // by `detect` after checking avx2, fma and f16c, and the AVX-512 path after
-            // running one of its instructions.
-            macro_rules! zmm {
-                ($f32:expr; $(($c:literal, $g:pat) => $gc:literal),*) => {
-                    match (hd / 32, k) {
-                        $(($c, $g) => {
-                            // SAFETY: see above; `zmm` is only set on the AVX-512 path.
-                            unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, $gc>(q, runs, ahead, stride, scale, st, acc) }
-                        })*
-                        _ => unreachable!(),
-                    }
-                };
-            }
-            macro_rules! ymm {
-                ($f32:expr, $round:expr; $(($n:literal, $g:pat) => $gn:literal),*) => {
-                    match (hd / 8, k) {
-                        $(($n, $g) => {
-                            // SAFETY: see above; this is the AVX2 path or one above it.
-                            unsafe { avx2::attend_runs_ymm::<$f32, $round, $n, $gn>(q, runs, stride, scale, st, acc) }
-                        })*
-                        _ => unreachable!(),
-                    }
-                };
-            }
-            macro_rules! zmm_all {
-                ($f32:expr) => {
-                    zmm!($f32; (1, 1) => 1, (1, 2) => 2, (1, 3) => 3, (2, 1) => 1, (2, 2) => 2,
-                        (2, 3) => 3, (3, 1) => 1, (3, 2) => 2, (4, _) => 1, (5, _) => 1,
-                        (6, _) => 1, (7, _) => 1, (8, _) => 1)
-                };
-            }
-            macro_rules! ymm_all {
-                ($f32:expr, $round:expr) => {
-                    ymm!($f32, $round; (8, 1) => 1, (8, 2) => 2, (8, 3) => 3, (8, 4) => 4,
-                        (4, _) => 1, (12, _) => 1, (16, _) => 1, (20, _) => 1, (24, _) => 1,
-                        (28, _) => 1, (32, _) => 1)
-                };
-            }
-            match (zmm, f32_rows, round) {
-                (true, true, _) => zmm_all!(true),
-                (true, false, _) => zmm_all!(false),
-                (false, true, _) => ymm_all!(true, false),
-                (false, false, true) => ymm_all!(false, true),
-                (false, false, false) => ymm_all!(false, false),
-            }
-            g += k;
-        }
-        return;
-    }
-    let _ = (isa, ahead);
-    for ((q, st), acc) in q.chunks_exact(hd).zip(state).zip(acc.chunks_exact_mut(hd)) {
-        scalar::attend_runs(q, runs, stride, scale, (&mut st.0, &mut st.1), acc, round);
-    }
-}
-
 /// Asks the kernel to back `buf`'s whole pages with 2 MiB pages, before anything
 /// touches them (a fresh zeroed allocation): buffers streamed on every token (weights,
 /// K/V) would miss the TLB on every 4 KiB page. Advice only: without transparent huge
@@ -402,44 +279,6 @@ pub fn stream_sum(words: &[u64]) -> u64 {
         }
     }
     lanes.iter().fold(tail, |s, &l| s.wrapping_add(l))
-}
-
-/// Whether the SIMD attention kernels take head size `hd`.
-fn simd_head(hd: usize) -> bool {
-    hd.is_multiple_of(32) && hd <= 256
-}
-
-/// Whether [`attend_runs_as`] runs the AVX-512 kernel (`avx512_attend`) for head size
-/// `hd` with rounding `round`.
-pub(crate) fn zmm_attention(isa: Isa, round: bool, hd: usize) -> bool {
-    isa.avx512() && !round && simd_head(hd)
-}
-
-/// [`attend_runs`] with soft-capped scores (`cap` ≠ 0: see
-/// `scalar::attend_runs_capped`). Capped scores run the scalar kernel on every path
-/// (only Gemma 2 caps them); `cap` = 0 is [`attend_runs`].
-#[allow(clippy::too_many_arguments)]
-pub fn attend_runs_capped(
-    isa: Isa,
-    q: &[f32],
-    runs: &[KvRun],
-    stride: usize,
-    scale: f32,
-    cap: f32,
-    state: &mut [(f32, f32)],
-    acc: &mut [f32],
-) {
-    if cap == 0.0 {
-        return attend_runs(isa, q, runs, stride, scale, state, acc);
-    }
-    let n = state.len();
-    assert!(n > 0 && q.len() == acc.len() && q.len().is_multiple_of(n));
-    let hd = q.len() / n;
-    let round = isa.f16_attention();
-    for ((q, st), acc) in q.chunks_exact(hd).zip(state).zip(acc.chunks_exact_mut(hd)) {
-        let st = (&mut st.0, &mut st.1);
-        scalar::attend_runs_capped(q, runs, stride, scale, cap, st, acc, round);
-    }
 }
 
 /// `out` = `x` rounded to f16 precision (the query of llama.cpp's flash attention).

@@ -34,12 +34,11 @@ pub use crate::error::PoolError;
 /// The most threads a pool may have; more is [`PoolError::TooManyThreads`].
 pub const MAX_THREADS: usize = 1024;
 
-/// How long a waiting thread spins before it starts yielding, then parks. On the
-/// 2-core Zen 4 this was tuned on, a park/unpark round trip (two wake-ups) costs ~4 µs
-/// and a region after the workers parked ~4-12 µs more than a warm one, while a decode
-/// region takes ~25 µs (SmolLM2-135M, 2 threads) and the gaps between one token's
-/// regions a few µs: spinning this long keeps workers awake through a token and parks
-/// them between requests, or while the caller is descheduled.
+/// How long a waiting thread spins before it starts yielding, then parks. A park and
+/// unpark round trip costs several times the gap between one token's parallel
+/// regions, and a decode region only a few times that round trip (docs/BENCHMARKS.md):
+/// spinning this long keeps workers awake through a token and parks them between
+/// requests, or while the caller is descheduled.
 pub const SPIN: Duration = Duration::from_micros(100);
 /// `yield_now` calls after spinning and before parking.
 pub const YIELDS: u32 = 8;

@@ -556,37 +556,25 @@ fn attention_simd_is_bit_identical_to_scalar() {
                 },
             ];
             if cut.is_multiple_of(2) {
-                super::attend_runs_as(
+                super::attend_row(
                     isa,
                     round,
-                    q,
-                    &runs,
-                    &[],
-                    stride,
-                    0.125,
+                    &row(q, &runs, stride, 0.125),
                     &mut state,
                     &mut acc,
                 );
             } else {
-                super::attend_runs_as(
+                super::attend_row(
                     isa,
                     round,
-                    q,
-                    &runs[..1],
-                    &[],
-                    stride,
-                    0.125,
+                    &row(q, &runs[..1], stride, 0.125),
                     &mut state,
                     &mut acc,
                 );
-                super::attend_runs_as(
+                super::attend_row(
                     isa,
                     round,
-                    q,
-                    &runs[1..],
-                    &[],
-                    stride,
-                    0.125,
+                    &row(q, &runs[1..], stride, 0.125),
                     &mut state,
                     &mut acc,
                 );
@@ -691,27 +679,19 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
                     },
                 ];
                 if cut.is_multiple_of(2) {
-                    super::attend_runs_as(
+                    super::attend_row(
                         isa,
                         round,
-                        q,
-                        &runs,
-                        &[],
-                        stride,
-                        0.1,
+                        &row(q, &runs, stride, 0.1),
                         &mut state,
                         &mut acc,
                     );
                 } else {
                     for r in runs.chunks(1) {
-                        super::attend_runs_as(
+                        super::attend_row(
                             isa,
                             round,
-                            q,
-                            r,
-                            &[],
-                            stride,
-                            0.1,
+                            &row(q, r, stride, 0.1),
                             &mut state,
                             &mut acc,
                         );
@@ -750,7 +730,7 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
     }
 }
 
-/// Asking for the next keys while computing (`attend_runs_ahead`, a decode step's next
+/// Asking for the next keys while computing (`RowCall::ahead`, a decode step's next
 /// piece) changes no bit: every path gives `attend_runs`'s state and accumulators, with
 /// the next keys in pages or in one run, as many as the keys read or none.
 #[test]
@@ -795,7 +775,11 @@ fn asking_for_the_next_keys_changes_no_bit() {
             );
             let (mut state, mut acc) = fresh();
             let (st, ac) = (&mut state, &mut acc);
-            super::attend_runs_ahead(isa, &qk, &runs, &ahead, stride, 0.125, st, ac);
+            let c = super::RowCall {
+                ahead: &ahead,
+                ..row(&qk, &runs, stride, 0.125)
+            };
+            super::attend_row(isa, isa.f16_attention(), &c, st, ac);
             let what = format!("{isa}, {read} keys in pages of {page}, {later} asked for");
             assert_eq!(want_state, state, "{what}");
             assert_eq!(want_acc, acc, "{what}");
@@ -803,7 +787,7 @@ fn asking_for_the_next_keys_changes_no_bit() {
     }
 }
 
-/// A block of query rows through `attend_block` (keys in pages, each row with its own
+/// A block of query rows through `attend` (keys in pages, each row with its own
 /// causal limit) gives every query exactly the bits the scalar kernel gives it alone
 /// over its keys in one run, on every path, for f16 and f32 K/V.
 #[test]
@@ -892,17 +876,17 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
                 let (want_state, want_acc) = alone(isa.f16_attention());
                 let mut state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
                 let mut acc = vec![0f32; rows * g * hd];
-                super::attend_block(
-                    isa,
-                    &qk,
-                    &keys,
-                    &paged(len, page),
+                let runs = paged(len, page);
+                let a = super::Attend {
+                    q: &qk,
+                    keys: &keys,
+                    runs: &runs,
+                    ahead: &[],
                     stride,
-                    0.125,
-                    0.0,
-                    &mut state,
-                    &mut acc,
-                );
+                    scale: 0.125,
+                    cap: 0.0,
+                };
+                super::attend(isa, &a, &mut state, &mut acc);
                 let what =
                     format!("{isa}, head {hd}, {g} heads, {rows} rows, page {page}, f32 {f32_kv}");
                 assert_eq!(want_state, state, "{what}");
@@ -1119,5 +1103,22 @@ fn stream_sum_is_the_plain_wrapping_sum() {
     for n in [0, 1, 7, 8, 9, 1024, 5003] {
         let want = words[..n].iter().fold(0u64, |s, &w| s.wrapping_add(w));
         assert_eq!(super::stream_sum(&words[..n]), want, "{n} words");
+    }
+}
+
+/// A one-row call over `runs`, nothing asked for ahead, uncapped.
+fn row<'a>(
+    q: &'a [f32],
+    runs: &'a [super::KvRun<'a>],
+    stride: usize,
+    scale: f32,
+) -> super::RowCall<'a> {
+    super::RowCall {
+        q,
+        runs,
+        ahead: &[],
+        stride,
+        scale,
+        cap: 0.0,
     }
 }

@@ -10,7 +10,7 @@ use super::storage::KvStorage;
 
 /// One sequence's K/V, owned and driven by its caller.
 pub trait KvSeq {
-    type Storage: KvStorage + ?Sized;
+    type Storage: KvStorage;
     /// Tokens stored.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {

@@ -1,9 +1,12 @@
 //! Hyper-parameters of a llama-family model, read from GGUF metadata: the architecture
 //! (what differs from the llama block), the shape, the RoPE and which layers slide.
 
+use super::attention::Scores;
 use super::error::ModelError;
+use super::ops;
 pub use super::rope::{Rope, RopeStyle};
 use crate::gguf::{Gguf, Value};
+use crate::kernels::{self, Isa};
 
 /// The architectures folio runs, by their `general.architecture` names.
 pub const SUPPORTED: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"];
@@ -34,6 +37,16 @@ pub enum Activation {
     SwiGlu,
     /// gelu(gate) · up, with gelu's tanh approximation.
     GeGlu,
+}
+
+impl Activation {
+    /// `gate` = act(gate) · up, row by row (the same bits on every path).
+    pub fn apply(self, isa: Isa, gate: &mut [f32], up: &[f32]) {
+        match self {
+            Activation::SwiGlu => kernels::swiglu(isa, gate, up),
+            Activation::GeGlu => ops::geglu(gate, up),
+        }
+    }
 }
 
 /// How one layer attends.
@@ -105,86 +118,18 @@ impl Config {
 
     /// Reads the config of a supported architecture.
     pub fn from_gguf(g: &Gguf) -> Result<Self, ModelError> {
-        let arch = g
-            .get("general.architecture")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ModelError::MissingKey("general.architecture".into()))?
-            .to_string();
-        let kind = match arch.as_str() {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "phi3" => Arch::Phi3,
-            "gemma2" => Arch::Gemma2,
-            "gemma3" => Arch::Gemma3,
-            _ => {
-                return Err(ModelError::UnsupportedArchitecture {
-                    arch,
-                    supported: SUPPORTED.join(", "),
-                })
-            }
-        };
-        let key = |k: &str| format!("{arch}.{k}");
-        let int = |k: &str| -> Result<usize, ModelError> {
-            let full = key(k);
-            let v = g
-                .get(&full)
-                .ok_or_else(|| ModelError::MissingKey(full.clone()))?
-                .as_u64()
-                .ok_or_else(|| ModelError::BadMetadata {
-                    key: full.clone(),
-                    reason: "not a non-negative integer".into(),
-                })?;
-            if v == 0 || v > 1 << 24 {
-                return Err(ModelError::BadMetadata {
-                    key: full,
-                    reason: format!("{v} is out of range"),
-                });
-            }
-            Ok(v as usize)
-        };
-        let opt_int = |k: &str| -> Result<Option<usize>, ModelError> {
-            match g.get(&key(k)) {
-                Some(_) => int(k).map(Some),
-                None => Ok(None),
-            }
-        };
-        let float = |k: &str| g.get(&key(k)).and_then(Value::as_f64).map(|v| v as f32);
-        let n_layers = int("block_count")?;
-        let dim = int("embedding_length")?;
-        let ffn_dim = int("feed_forward_length")?;
-        let n_heads = int("attention.head_count")?;
-        let n_kv_heads = opt_int("attention.head_count_kv")?.unwrap_or(n_heads);
-        let context_length = int("context_length").unwrap_or(2048);
-        let bad = |k: &str, reason: String| ModelError::BadMetadata {
-            key: key(k),
-            reason,
-        };
-        let head_dim = match opt_int("attention.key_length")? {
-            Some(hd) => hd,
-            None if dim.is_multiple_of(n_heads) => dim / n_heads,
-            None => {
-                return Err(bad(
-                    "attention.head_count",
-                    format!("{n_heads} does not divide {dim}"),
-                ))
-            }
-        };
-        if opt_int("attention.value_length")?.is_some_and(|v| v != head_dim) {
-            return Err(bad(
-                "attention.value_length",
-                format!("differs from the key length {head_dim}"),
-            ));
-        }
-        if !n_heads.is_multiple_of(n_kv_heads) {
-            return Err(bad(
-                "attention.head_count_kv",
-                format!("{n_kv_heads} does not divide {n_heads} heads"),
-            ));
-        }
-        let rope_dims = opt_int("rope.dimension_count")?.unwrap_or(head_dim);
+        let (arch, kind) = arch_of(g)?;
+        let m = Meta { g, arch: &arch };
+        let n_layers = m.int("block_count")?;
+        let dim = m.int("embedding_length")?;
+        let ffn_dim = m.int("feed_forward_length")?;
+        let n_heads = m.int("attention.head_count")?;
+        let n_kv_heads = m.opt_int("attention.head_count_kv")?.unwrap_or(n_heads);
+        let context_length = m.int("context_length").unwrap_or(2048);
+        let head_dim = m.head_dim(dim, n_heads, n_kv_heads)?;
+        let rope_dims = m.opt_int("rope.dimension_count")?.unwrap_or(head_dim);
         if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
-            return Err(bad(
+            return Err(m.bad(
                 "rope.dimension_count",
                 format!("{rope_dims} for head size {head_dim}"),
             ));
@@ -194,77 +139,16 @@ impl Config {
             .and_then(Value::as_array)
             .map(|a| a.len())
             .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?;
-        let norm_eps = float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5);
+        let norm_eps = m.float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5);
         let style = match kind {
             Arch::Llama => RopeStyle::Adjacent,
             _ => RopeStyle::Halves,
         };
         let rope = Rope::from_gguf(g, &arch, style, rope_dims, context_length)?;
         let gemma = matches!(kind, Arch::Gemma2 | Arch::Gemma3);
-
-        // Which layers slide: Gemma 2 every other one (from the first), Gemma 3 five
-        // in six, unless the metadata gives the pattern (a period, or a flag per
-        // layer); llama and Mistral every layer when the metadata names a window.
-        // Qwen's and Phi-3's windows are ignored, as llama.cpp ignores them.
-        let window = opt_int("attention.sliding_window")?;
-        let window = match kind {
-            Arch::Gemma2 => Some(window.unwrap_or(4096)),
-            Arch::Llama | Arch::Gemma3 => window,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => None,
-        };
-        let sliding: Vec<bool> = match (window, kind) {
-            (None, _) => vec![false; n_layers],
-            (Some(_), Arch::Gemma2 | Arch::Gemma3) => {
-                let pattern_key = key("attention.sliding_window_pattern");
-                match g.get(&pattern_key) {
-                    Some(Value::Array(flags)) => {
-                        let flags: Option<Vec<bool>> = flags.iter().map(Value::as_bool).collect();
-                        match flags {
-                            Some(f) if f.len() == n_layers => f,
-                            _ => {
-                                return Err(bad(
-                                    "attention.sliding_window_pattern",
-                                    format!("not {n_layers} booleans"),
-                                ))
-                            }
-                        }
-                    }
-                    _ => {
-                        let default = if kind == Arch::Gemma2 { 2 } else { 6 };
-                        let n = match g.get(&pattern_key) {
-                            Some(_) => int("attention.sliding_window_pattern")?,
-                            None => default,
-                        };
-                        (0..n_layers).map(|l| l % n < n - 1).collect()
-                    }
-                }
-            }
-            (Some(_), _) => vec![true; n_layers],
-        };
-        let layers = sliding
-            .iter()
-            .map(|&s| LayerSpec {
-                window: window.filter(|_| s),
-                local_rope: s && gemma,
-            })
-            .collect();
-        // Gemma's local layers: a base of their own (by default Gemma 2's global one,
-        // Gemma 3's 10000) and, on Gemma 3, no scaling (its scaling is for its global
-        // layers).
-        let rope_local = gemma.then(|| {
-            let default = if kind == Arch::Gemma3 {
-                10000.0
-            } else {
-                rope.base
-            };
-            let base = float("rope.freq_base_swa").unwrap_or(default);
-            let mut r = rope.clone().with_base(base);
-            if kind == Arch::Gemma3 {
-                r.freq_scale = 1.0;
-            }
-            r
-        });
-        let softcap = |k: &str| float(k).filter(|&c| c != 0.0);
+        let layers = m.layers(kind, n_layers)?;
+        let rope_local = gemma.then(|| m.local_rope(kind, &rope));
+        let softcap = |k: &str| m.float(k).filter(|&c| c != 0.0);
         let attn_softcap = match kind {
             Arch::Gemma2 => Some(softcap("attn_logit_softcapping").unwrap_or(50.0)),
             _ => None,
@@ -317,11 +201,192 @@ impl Config {
         self.n_heads * self.head_dim
     }
 
+    /// How layer `l` scores queries against keys: scaled by 1/sqrt(head_dim) unless Q
+    /// was scaled already, soft-capped and windowed as the model says.
+    pub fn scores(&self, l: usize) -> Scores {
+        Scores {
+            scale: if self.q_scale.is_some() {
+                1.0
+            } else {
+                1.0 / (self.head_dim as f32).sqrt()
+            },
+            softcap: self.attn_softcap,
+            window: self.layers[l].window,
+        }
+    }
+
     /// The RoPE layer `l` applies.
     pub fn rope_of(&self, l: usize) -> &Rope {
         match &self.rope_local {
             Some(r) if self.layers[l].local_rope => r,
             _ => &self.rope,
         }
+    }
+}
+
+/// The file's architecture, if folio runs it.
+fn arch_of(g: &Gguf) -> Result<(String, Arch), ModelError> {
+    let arch = g
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ModelError::MissingKey("general.architecture".into()))?
+        .to_string();
+    let kind = match arch.as_str() {
+        "llama" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        "phi3" => Arch::Phi3,
+        "gemma2" => Arch::Gemma2,
+        "gemma3" => Arch::Gemma3,
+        _ => {
+            return Err(ModelError::UnsupportedArchitecture {
+                arch,
+                supported: SUPPORTED.join(", "),
+            })
+        }
+    };
+    Ok((arch, kind))
+}
+
+/// The architecture's metadata keys (`{arch}.{key}`), read with range checks.
+struct Meta<'a> {
+    g: &'a Gguf,
+    arch: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn bad(&self, k: &str, reason: String) -> ModelError {
+        ModelError::BadMetadata {
+            key: self.key(k),
+            reason,
+        }
+    }
+
+    /// A required integer in 1..=2^24.
+    fn int(&self, k: &str) -> Result<usize, ModelError> {
+        let full = self.key(k);
+        let v = (self.g.get(&full))
+            .ok_or_else(|| ModelError::MissingKey(full.clone()))?
+            .as_u64()
+            .ok_or_else(|| self.bad(k, "not a non-negative integer".into()))?;
+        if v == 0 || v > 1 << 24 {
+            return Err(self.bad(k, format!("{v} is out of range")));
+        }
+        Ok(v as usize)
+    }
+
+    /// An integer that may be absent, in range where present.
+    fn opt_int(&self, k: &str) -> Result<Option<usize>, ModelError> {
+        match self.g.get(&self.key(k)) {
+            Some(_) => self.int(k).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn float(&self, k: &str) -> Option<f32> {
+        self.g
+            .get(&self.key(k))
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+    }
+
+    /// The head size (the key length, or `dim / n_heads`), checked against the value
+    /// length and the KV heads.
+    fn head_dim(&self, dim: usize, n_heads: usize, n_kv_heads: usize) -> Result<usize, ModelError> {
+        let head_dim = match self.opt_int("attention.key_length")? {
+            Some(hd) => hd,
+            None if dim.is_multiple_of(n_heads) => dim / n_heads,
+            None => {
+                return Err(self.bad(
+                    "attention.head_count",
+                    format!("{n_heads} does not divide {dim}"),
+                ))
+            }
+        };
+        if self
+            .opt_int("attention.value_length")?
+            .is_some_and(|v| v != head_dim)
+        {
+            return Err(self.bad(
+                "attention.value_length",
+                format!("differs from the key length {head_dim}"),
+            ));
+        }
+        if !n_heads.is_multiple_of(n_kv_heads) {
+            return Err(self.bad(
+                "attention.head_count_kv",
+                format!("{n_kv_heads} does not divide {n_heads} heads"),
+            ));
+        }
+        Ok(head_dim)
+    }
+
+    /// How each layer attends. Which layers slide: Gemma 2 every other one (from the
+    /// first), Gemma 3 five in six, unless the metadata gives the pattern (a period, or
+    /// a flag per layer); llama and Mistral every layer when the metadata names a
+    /// window. Qwen's and Phi-3's windows are ignored, as llama.cpp ignores them.
+    fn layers(&self, kind: Arch, n_layers: usize) -> Result<Vec<LayerSpec>, ModelError> {
+        let window = self.opt_int("attention.sliding_window")?;
+        let window = match kind {
+            Arch::Gemma2 => Some(window.unwrap_or(4096)),
+            Arch::Llama | Arch::Gemma3 => window,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => None,
+        };
+        let gemma = matches!(kind, Arch::Gemma2 | Arch::Gemma3);
+        let sliding: Vec<bool> = match (window, gemma) {
+            (None, _) => vec![false; n_layers],
+            (Some(_), true) => self.sliding_pattern(kind, n_layers)?,
+            (Some(_), false) => vec![true; n_layers],
+        };
+        Ok((sliding.iter())
+            .map(|&s| LayerSpec {
+                window: window.filter(|_| s),
+                local_rope: s && gemma,
+            })
+            .collect())
+    }
+
+    /// Gemma's sliding layers: a flag per layer, or a period (the last layer of each
+    /// period is global).
+    fn sliding_pattern(&self, kind: Arch, n_layers: usize) -> Result<Vec<bool>, ModelError> {
+        let k = "attention.sliding_window_pattern";
+        match self.g.get(&self.key(k)) {
+            Some(Value::Array(flags)) => {
+                let flags: Option<Vec<bool>> = flags.iter().map(Value::as_bool).collect();
+                match flags {
+                    Some(f) if f.len() == n_layers => Ok(f),
+                    _ => Err(self.bad(k, format!("not {n_layers} booleans"))),
+                }
+            }
+            given => {
+                let n = match given {
+                    Some(_) => self.int(k)?,
+                    None if kind == Arch::Gemma2 => 2,
+                    None => 6,
+                };
+                Ok((0..n_layers).map(|l| l % n < n - 1).collect())
+            }
+        }
+    }
+
+    /// Gemma's local layers' RoPE: a base of their own (by default Gemma 2's global
+    /// one, Gemma 3's 10000) and, on Gemma 3, no scaling (its scaling is for its global
+    /// layers).
+    fn local_rope(&self, kind: Arch, rope: &Rope) -> Rope {
+        let default = if kind == Arch::Gemma3 {
+            10000.0
+        } else {
+            rope.base
+        };
+        let base = self.float("rope.freq_base_swa").unwrap_or(default);
+        let mut r = rope.clone().with_base(base);
+        if kind == Arch::Gemma3 {
+            r.freq_scale = 1.0;
+        }
+        r
     }
 }

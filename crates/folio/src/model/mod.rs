@@ -2,11 +2,25 @@
 //! [`Batch`](crate::kv::Batch) and the sampler. It reads and writes K/V through
 //! [`KvStorage`](crate::kv::KvStorage) by page id and never allocates pages; it imports
 //! `kv`, `kernels`, `gguf` and `tokenizer`, nothing above.
+//!
+//! - `loaded`: [`Model`], the description (config, tokenizer, window, fingerprint) and
+//!   its [`Backend`]; it checks each batch and hands the step to the backend.
+//! - `backend`: the [`Backend`] trait and its contract (pages, K/V, same bits).
+//! - `cpu`: [`CpuBackend`], weights laid out for the kernels, calibration of the
+//!   outlier blocks (`outliers`), one [`kernels::Cpu`](crate::kernels::Cpu) handle.
+//! - `forward`: the CPU step: scratch buffers, embed, attention block, feed-forward
+//!   block, head.
+//! - `attention`: paged attention (plan, run, combine).
+//! - `config`, `weights`, `rope`, `ops`: the layer's description and its small steps.
+//! - `sampler`, `step_logits`: what comes out of a step.
 
 mod attention;
+mod backend;
 mod config;
+mod cpu;
 mod error;
-mod llama;
+mod forward;
+mod loaded;
 mod ops;
 mod outliers;
 mod rope;
@@ -19,10 +33,12 @@ mod tests_avxvnni;
 
 /// The most threads `Model::load` accepts.
 pub use crate::kernels::pool::MAX_THREADS;
-pub use attention::{attention, attention_with, Heads, Scores, ROW_BLOCK, SPLIT_KEYS};
+pub use attention::{attention, AttentionStep, Heads, Scores, ROW_BLOCK, SPLIT_KEYS};
+pub use backend::Backend;
 pub use config::{Activation, Arch, Config, LayerSpec, SUPPORTED};
+pub use cpu::CpuBackend;
 pub use error::{ModelError, StepError};
-pub use llama::Model;
+pub use loaded::Model;
 pub use rope::{Rope, RopeStyle, SCALING_TYPES};
 pub use sampler::{Sampler, SamplingParams};
 pub use step_logits::StepLogits;

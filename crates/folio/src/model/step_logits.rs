@@ -66,7 +66,7 @@ impl StepLogits {
 
     /// Sizes the buffer for `per_seq[s]` rows of `vocab` values for each sequence s,
     /// in order (the step writes every value; the old contents stay until then).
-    pub(super) fn reset(&mut self, vocab: usize, per_seq: impl Iterator<Item = usize>) {
+    pub fn reset(&mut self, vocab: usize, per_seq: impl Iterator<Item = usize>) {
         self.spans.clear();
         let mut at = 0;
         for k in per_seq {
@@ -77,7 +77,7 @@ impl StepLogits {
     }
 
     /// The whole buffer, to be written by the step.
-    pub(super) fn data_mut(&mut self) -> &mut [f32] {
+    pub fn data_mut(&mut self) -> &mut [f32] {
         &mut self.data
     }
 

@@ -29,6 +29,19 @@ pub struct Layer {
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
+impl Layer {
+    /// Adds the Q, K and V biases where the layer has them (Qwen2) to every row.
+    pub fn add_biases(&self, q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
+        for (bias, out) in [(&self.bq, q), (&self.bk, k), (&self.bv, v)] {
+            if let Some(b) = bias {
+                for row in out.chunks_exact_mut(b.len()) {
+                    row.iter_mut().zip(b).for_each(|(y, bb)| *y += bb);
+                }
+            }
+        }
+    }
+}
+
 /// All the weights of the model.
 pub struct Weights {
     pub embed: QMatrix,
@@ -128,6 +141,12 @@ impl Weights {
             rope_freqs,
             longrope,
         })
+    }
+
+    /// Whether some layer norms a residual branch's output before adding it (Gemma):
+    /// only then does that output need a buffer of its own.
+    pub fn post_norms(&self) -> bool {
+        (self.layers.iter()).any(|l| l.post_attn_norm.is_some() || l.post_ffn_norm.is_some())
     }
 
     /// The matrix that maps hidden states to logits.

@@ -207,8 +207,7 @@ fn c_space(b: u8) -> bool {
 /// context window is far smaller (128k tokens of prose is about 0.5 MiB), so the cap
 /// refuses only text that could never run, and it bounds what one request can cost
 /// before it is found too long: at the cap, the worst texts (one unbroken run of a
-/// character) take 7 to 9 s and about 250 MiB on a 2-core EPYC (Zen 4); 1 MiB takes
-/// under 0.3 s.
+/// character) take seconds and a few hundred MiB (docs/BENCHMARKS.md).
 pub const MAX_INPUT_BYTES: usize = 16 << 20;
 
 enum Kind {

@@ -7,12 +7,14 @@ use crate::common;
 
 use crate::common::{forward_tables, ModelExt};
 use folio::gguf::GgmlType;
-use folio::internals::{f16_to_f32, f32_to_f16, isa, runnable_isas, Isa, ThreadPool};
+use folio::internals::{f16_to_f32, f32_to_f16, isa, runnable_isas, Cpu, Isa};
 use folio::kv::{
     BasicCache, Batch, KvPair, KvRows, KvSeq, KvStorage, Logits, PageId, PageTable, PagedKv,
     SeqStep,
 };
-use folio::model::{attention, Heads, Model, StepError, StepLogits, ROW_BLOCK, SPLIT_KEYS};
+use folio::model::{
+    attention, AttentionStep, Heads, Model, Scores, StepError, StepLogits, ROW_BLOCK, SPLIT_KEYS,
+};
 use folio::rng::SplitMix64;
 
 fn tiny(threads: usize, isa: Isa) -> (tempfile::TempDir, Model) {
@@ -342,35 +344,25 @@ fn paged_attention_equals_dense_gather_attention() {
         // seven one head per unit (fewer chunks than threads), as the dense cache always
         // does: the same bits.
         for threads in [1, 2, 7] {
-            let pool = ThreadPool::new(threads).unwrap();
-            let mut paged = vec![0f32; q.len()];
+            let cpu = Cpu::new(threads).unwrap();
             let batch = Batch {
                 seqs: tables.iter().map(|t| view_of(t, ps)).collect(),
             };
-            attention(
-                &pool,
-                isa(),
-                heads,
-                kv.storage(),
-                &batch,
-                0,
-                &rows,
-                &q,
-                &mut paged,
-            );
-            let mut gathered = vec![0f32; q.len()];
-            let batch = dense.batch();
-            attention(
-                &pool,
-                isa(),
-                heads,
-                &dense,
-                &batch,
-                0,
-                &rows,
-                &q,
-                &mut gathered,
-            );
+            let at = |kv: &'_ dyn KvStorage, batch: &'_ Batch| -> Vec<f32> {
+                let step = AttentionStep {
+                    heads,
+                    scores: Scores::plain(heads.head_dim),
+                    kv,
+                    batch,
+                    layer: 0,
+                    rows: &rows,
+                };
+                let mut out = vec![0f32; q.len()];
+                attention(&cpu, &step, &q, &mut out);
+                out
+            };
+            let paged = at(kv.storage(), &batch);
+            let gathered = at(&dense, &dense.batch());
             assert!(paged == gathered, "page size {ps}, {threads} threads");
             out.push(paged);
         }

@@ -4,6 +4,7 @@
 mod common;
 
 mod architectures;
+mod backend;
 mod batch;
 mod config;
 mod context;
@@ -21,6 +22,7 @@ mod layering;
 mod outliers;
 mod paged;
 mod quant_reference;
+mod readme;
 mod sliding_window;
 mod snapshot_hostile;
 mod tiny_model;

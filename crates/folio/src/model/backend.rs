@@ -1,0 +1,76 @@
+//! The backend seam: what a model's forward step runs on. [`Model`](super::Model) owns
+//! the description (config, tokenizer, context window) and one [`Backend`], which owns
+//! the weights in its own form and runs each step; the scheduler, the engine and the
+//! server only ever call `Model::forward_into`, so a new backend changes none of them.
+//! [`CpuBackend`](super::CpuBackend) is the one this crate ships.
+//!
+//! # The contract
+//!
+//! - **Pages.** The `kv` layer owns page ids: it allocates them, keeps every table,
+//!   refcount and prefix hash, and plans each step's [`Batch`] (sequence `s` runs its
+//!   tokens at positions `start..` through pages `batch.seqs[s].pages`, all reserved
+//!   before the step). A backend never allocates, frees or renames a page.
+//! - **K/V.** A step gets the pool's [`KvStorage`], addressed by (page id, layer,
+//!   slot). Before the step returns, the K and V of every new token row are in its slot
+//!   there, written through [`KvStorage::write`]: that storage is where forks'
+//!   copy-on-write, truncation, snapshots and the prefix cache find them. A backend may
+//!   keep pages elsewhere too (device memory, keyed by the same page ids), but must read
+//!   the storage's contents for any page it did not write itself in this process: the
+//!   kv layer changes pages between steps (copy-on-write copies, snapshot restores).
+//!   A row reads only keys at positions up to its own, of its own sequence.
+//! - **When.** Steps are sequential (`&self`, but the engine never overlaps two); within
+//!   a step every row's K/V is written before any row of that layer reads it.
+//! - **Logits.** `out` gets `vocab` values per requested position, in the batch's
+//!   order ([`StepLogits`]). A step whose logits are not all finite is
+//!   [`StepError::NonFinite`]; the batch was checked by the model before the call.
+//! - **Same bits.** Within one backend, a sequence's logits and K/V are the same bits
+//!   whatever else is in the batch, however its prompt was split into chunks, and
+//!   however many threads run it (the bit-invariance tests hold every backend to
+//!   this). Across backends nothing is promised bit for bit: each is held to the
+//!   fidelity bound (distance from the float64 model no worse than llama.cpp's), and
+//!   K/V computed by one is never reused by another: [`Backend::kv_signature`] goes
+//!   into the model's fingerprint, which keys the prefix cache and snapshots.
+
+use super::config::Config;
+use super::cpu::CpuBackend;
+use super::error::StepError;
+use super::step_logits::StepLogits;
+use crate::kv::{Batch, KvStorage};
+
+/// Where a model's forward steps run (see the module doc for the contract).
+pub trait Backend: Send + Sync {
+    /// What runs the steps, for logs and `bench` ("cpu avx512 ×2 threads").
+    fn describe(&self) -> String;
+
+    /// Threads a step keeps busy on the host (the engine's masks use the others).
+    fn threads(&self) -> usize;
+
+    /// Bytes of weights one decode step reads (for bandwidth figures).
+    fn bytes_per_token(&self) -> usize;
+
+    /// What this backend's arithmetic adds to the model's fingerprint: bytes that
+    /// differ wherever the K/V it computes may differ.
+    fn kv_signature(&self) -> Vec<u8>;
+
+    /// One forward step over a checked `batch` with `config` (the model's, with the
+    /// RoPE its context window chose): K/V of every new token into `kv`, logits into
+    /// `out`.
+    fn step(
+        &self,
+        config: &Config,
+        batch: &Batch,
+        kv: &mut dyn KvStorage,
+        out: &mut StepLogits,
+    ) -> Result<(), StepError>;
+
+    /// The CPU backend this one is or wraps, for the settings only it has (the
+    /// instruction-set path, llama.cpp's arithmetic).
+    fn as_cpu(&self) -> Option<&CpuBackend> {
+        None
+    }
+
+    /// [`Backend::as_cpu`], to change those settings.
+    fn as_cpu_mut(&mut self) -> Option<&mut CpuBackend> {
+        None
+    }
+}
