@@ -20,7 +20,7 @@ impl Head {
     pub fn new(prefix: &str, model: &str) -> Self {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let created = crate::state::unix_now();
+        let created = crate::clock::unix_now();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         Self {
             id: format!("{prefix}-{created:x}{n:08x}"),

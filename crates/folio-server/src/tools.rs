@@ -11,34 +11,16 @@
 
 use crate::api::{FunctionDef, GenRequest, ToolChoice};
 use crate::error::ApiError;
+use crate::tool_call::{Call, Mode};
 use crate::tool_stream::{block_call, calls_of, minify, CallStream, CLOSE, OPEN};
 use folio::grammar::GrammarSpec;
 use serde_json::{json, Value};
-
-/// How the model is to call tools.
-#[derive(Debug, Clone)]
-pub enum Mode {
-    /// Must call this function: the output is its arguments.
-    Named(String),
-    /// Must call one of the tools (several with `parallel`).
-    Required { parallel: bool },
-    /// May call them, in its own syntax.
-    Auto,
-}
 
 /// The tools of a request and how they are to be called.
 #[derive(Debug, Clone)]
 pub struct Tools {
     pub mode: Mode,
     pub defs: Vec<FunctionDef>,
-}
-
-/// One call found in an output.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Call {
-    pub name: String,
-    /// The arguments as a JSON string (OpenAI's shape).
-    pub arguments: String,
 }
 
 /// Reads `tools` / `tool_choice` / `parallel_tool_calls`; returns the tools (none
