@@ -10,10 +10,54 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use folio::{Holder, PageState};
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::sync::Arc;
 
 type St = State<Arc<AppState>>;
+
+/// `GET /v1/kv`'s answer.
+#[derive(Serialize)]
+struct KvView {
+    object: &'static str,
+    page_size: usize,
+    totals: Totals,
+    pages: Vec<Page>,
+}
+
+/// The pool's counts (pages by state, and the scheduler's queues).
+#[derive(Serialize)]
+struct Totals {
+    pages: usize,
+    free: usize,
+    working: usize,
+    committed: usize,
+    cached: usize,
+    pinned: usize,
+    shared: usize,
+    running: usize,
+    waiting: usize,
+}
+
+/// One page: its state, references, fill, whether the prefix index has it, its
+/// eviction rank, and who holds it.
+#[derive(Serialize)]
+struct Page {
+    id: usize,
+    state: &'static str,
+    refs: u32,
+    fill: usize,
+    indexed: bool,
+    lru: Option<usize>,
+    holders: Vec<String>,
+}
+
+/// `GET /v1/kv/check`'s answer.
+#[derive(Serialize)]
+struct Checked {
+    object: &'static str,
+    ok: bool,
+    pages: usize,
+}
 
 /// `GET /v1/kv/check`: the page store's invariants (every page's state and
 /// references against every table, the free list, the eviction order, the prefix
@@ -27,7 +71,12 @@ pub async fn check(State(st): St) -> Result<Response, ApiError> {
         Ok(engine.stats()?.pages_total)
     })
     .await?;
-    Ok(Json(json!({"object": "kv.check", "ok": true, "pages": pages})).into_response())
+    let answer = Checked {
+        object: "kv.check",
+        ok: true,
+        pages,
+    };
+    Ok(Json(answer).into_response())
 }
 
 fn state_str(s: PageState) -> &'static str {
@@ -45,12 +94,18 @@ pub async fn kv(State(st): St) -> Result<Response, ApiError> {
     let engine = st.engine()?;
     let ids = st.contexts.ids();
     let (map, stats) = blocking(move || Ok((engine.page_map()?, engine.stats()?))).await?;
-    let pages: Vec<Value> = map
+    let pages = map
         .pages
         .iter()
         .enumerate()
-        .map(|(i, p)| {
-            let holders: Vec<String> = p
+        .map(|(i, p)| Page {
+            id: i,
+            state: state_str(p.state),
+            refs: p.refs,
+            fill: p.fill,
+            indexed: p.indexed,
+            lru: p.lru_rank,
+            holders: p
                 .holders
                 .iter()
                 .map(|h| match h {
@@ -61,21 +116,25 @@ pub async fn kv(State(st): St) -> Result<Response, ApiError> {
                         .unwrap_or_else(|| format!("context-{c}")),
                     Holder::Snapshot(n) => format!("snapshot:{n}"),
                 })
-                .collect();
-            json!({"id": i, "state": state_str(p.state), "refs": p.refs, "fill": p.fill,
-                   "indexed": p.indexed, "lru": p.lru_rank, "holders": holders})
+                .collect(),
         })
         .collect();
-    Ok(Json(json!({
-        "object": "kv",
-        "page_size": map.page_size,
-        "totals": {
-            "pages": stats.pages_total, "free": stats.pages_free, "working": stats.pages_working,
-            "committed": stats.pages_committed, "cached": stats.pages_cached,
-            "pinned": stats.pages_pinned, "shared": stats.pages_shared,
-            "running": stats.running, "waiting": stats.waiting,
-        },
-        "pages": pages,
-    }))
-    .into_response())
+    let totals = Totals {
+        pages: stats.pages_total,
+        free: stats.pages_free,
+        working: stats.pages_working,
+        committed: stats.pages_committed,
+        cached: stats.pages_cached,
+        pinned: stats.pages_pinned,
+        shared: stats.pages_shared,
+        running: stats.running,
+        waiting: stats.waiting,
+    };
+    let answer = KvView {
+        object: "kv",
+        page_size: map.page_size,
+        totals,
+        pages,
+    };
+    Ok(Json(answer).into_response())
 }

@@ -20,7 +20,9 @@
 //! - a request's path: `body` (JSON bodies), `api` (wire request shapes), `params`
 //!   (wire request → engine request), `tools`, `tool_call` and `tool_stream` (tool
 //!   calls), `deadline` (`--request-timeout`), `run` (one request's events and
-//!   cancellation), `answer` (answer shapes), `sse` (streams);
+//!   cancellation), `tally` (a run's events gathered), `answer` (the answer shapes),
+//!   `completion` and `chat` (each route's answer, whole or streamed), `sse`
+//!   (streams);
 //! - shared: `state` (what every route shares), `registry` (the live contexts),
 //!   `config`, `metrics`, `clock`, `offload` (engine calls off the async threads), `error`
 //!   (a route's failure), `serve_error` (serve's own);
@@ -31,7 +33,9 @@ mod answer;
 mod api;
 pub mod app;
 mod body;
+mod chat;
 mod clock;
+mod completion;
 mod config;
 mod context_edit;
 mod context_generate;
@@ -56,6 +60,7 @@ mod serve_error;
 mod snapshots;
 mod sse;
 mod state;
+mod tally;
 mod tool_call;
 #[cfg(test)]
 mod tool_parity;

@@ -4,6 +4,7 @@
 //! `DELETE /v1/snapshots/{name}`. A save past `--request-timeout` is cancelled and
 //! writes nothing; one over the snapshot quota is 507.
 
+use crate::answer::List;
 use crate::body::JsonBody;
 use crate::contexts::register;
 use crate::deadline::Deadline;
@@ -16,11 +17,29 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use folio::Context;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 type St = State<Arc<AppState>>;
+
+/// A snapshot: its name and length; `context` only in a save's answer (the
+/// context saved).
+#[derive(Serialize)]
+struct SnapshotView {
+    name: String,
+    object: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context: Option<String>,
+    tokens: usize,
+}
+
+/// `DELETE /v1/snapshots/{name}`'s answer.
+#[derive(Serialize)]
+struct Deleted {
+    name: String,
+    object: &'static str,
+    deleted: bool,
+}
 
 #[derive(Deserialize)]
 pub struct Save {
@@ -64,21 +83,28 @@ pub async fn save(State(st): St, JsonBody(s): JsonBody<Save>) -> Result<Response
         Ok(e.ctx.info()?.seq_len)
     })
     .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"name": name, "object": "snapshot", "context": s.context, "tokens": tokens})),
-    )
-        .into_response())
+    let answer = SnapshotView {
+        name,
+        object: "snapshot",
+        context: Some(s.context),
+        tokens,
+    };
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
 pub async fn list(State(st): St) -> Result<Response, ApiError> {
     let engine = st.engine()?;
     let list = blocking(move || Ok(engine.snapshot_list()?)).await?;
-    let data: Vec<Value> = list
-        .iter()
-        .map(|(n, tokens)| json!({"name": n, "object": "snapshot", "tokens": tokens}))
+    let data = list
+        .into_iter()
+        .map(|(name, tokens)| SnapshotView {
+            name,
+            object: "snapshot",
+            context: None,
+            tokens,
+        })
         .collect();
-    Ok(Json(json!({"object": "list", "data": data})).into_response())
+    Ok(Json(List::new(data)).into_response())
 }
 
 pub async fn load(State(st): St, Path(name): Path<String>) -> Result<Response, ApiError> {
@@ -99,5 +125,10 @@ pub async fn delete(State(st): St, Path(name): Path<String>) -> Result<Response,
     let engine = st.engine()?;
     let n = name.clone();
     blocking(move || Ok(Context::delete(&engine, &n)?)).await?;
-    Ok(Json(json!({"name": name, "object": "snapshot", "deleted": true})).into_response())
+    let answer = Deleted {
+        name,
+        object: "snapshot",
+        deleted: true,
+    };
+    Ok(Json(answer).into_response())
 }

@@ -9,6 +9,7 @@
 //! streamed, `tool_stream` gives exactly the same answer in pieces (its module doc
 //! has the canonical forms of arguments and content).
 
+use crate::answer::{FunctionCall, ToolCall};
 use crate::api::{FunctionDef, GenRequest, ToolChoice};
 use crate::error::ApiError;
 use crate::tool_call::{Call, Mode};
@@ -181,17 +182,19 @@ pub fn extract(t: &Tools, text: &str) -> Option<(Vec<Call>, Option<String>)> {
 }
 
 /// OpenAI's `tool_calls` list; ids are `call_<answer id>_<choice>_<k>`.
-pub fn calls_json(calls: &[Call], id: &str, choice: usize) -> Value {
-    Value::Array(
-        calls
-            .iter()
-            .enumerate()
-            .map(|(k, c)| {
-                json!({"id": format!("call_{id}_{choice}_{k}"), "type": "function",
-                       "function": {"name": c.name, "arguments": c.arguments}})
-            })
-            .collect(),
-    )
+pub fn tool_calls(calls: &[Call], id: &str, choice: usize) -> Vec<ToolCall> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(k, c)| ToolCall {
+            id: format!("call_{id}_{choice}_{k}"),
+            kind: "function",
+            function: FunctionCall {
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            },
+        })
+        .collect()
 }
 
 #[cfg(test)]
