@@ -1,5 +1,5 @@
 //! [`Allowed`]: the hosts and origins a request may come from, from `--allowed-hosts`
-//! and `--cors-origin` (the rules are in `guard.rs`'s module doc; the guard applies
+//! and `--cors-origin` (the rules are in `guard`'s module doc; the guard applies
 //! them before any route).
 
 /// Which origins and hosts the server accepts, from the settings.

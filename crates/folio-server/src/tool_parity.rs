@@ -27,7 +27,7 @@ fn answer(content: Option<&str>, calls: &[(&str, &str)]) -> Answer {
     }
 }
 
-/// The unstreamed answer, as `generate` builds it from `extract`.
+/// The unstreamed answer, as `chat.rs` builds it from `extract`.
 fn whole(mode: &Mode, text: &str) -> Answer {
     match extract(&tools(mode.clone()), text) {
         Some((calls, content)) => Answer {
@@ -42,9 +42,9 @@ fn whole(mode: &Mode, text: &str) -> Answer {
 }
 
 /// The streamed answer put back together as an OpenAI client does: the first
-/// delta's content is null (`generate` sends that with tools), content deltas are
+/// delta's content is null (`chat.rs` sends that with tools), content deltas are
 /// concatenated, a call begins at a new index, and `function.arguments` deltas are
-/// concatenated per index. `generate` feeds the last text then `finish`.
+/// concatenated per index. `chat.rs` feeds the last text then `finish`.
 fn streamed(mode: &Mode, pieces: &[&str]) -> Answer {
     let mut s = ToolStream::new(mode);
     let mut a = Answer {
