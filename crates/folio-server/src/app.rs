@@ -5,8 +5,9 @@
 //! sent).
 
 use crate::error::ApiError;
+use crate::serve_error::ServeError;
 use crate::state::AppState;
-use crate::{contexts, generate, guard, misc, ServeError};
+use crate::{context_edit, context_generate, contexts, generate, guard, kv, misc, snapshots};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -17,6 +18,8 @@ use std::sync::Arc;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+/// Every route and the layers around them, over `st`; a `--cors-origin` that is no
+/// header value is an error.
 pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
     let cfg = &st.config;
     let mut app = Router::new()
@@ -31,18 +34,18 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
             "/v1/contexts/{id}",
             get(contexts::get).delete(contexts::delete),
         )
-        .route("/v1/contexts/{id}/append", post(contexts::append))
-        .route("/v1/contexts/{id}/fork", post(contexts::fork))
-        .route("/v1/contexts/{id}/truncate", post(contexts::truncate))
-        .route("/v1/contexts/{id}/generate", post(contexts::generate))
+        .route("/v1/contexts/{id}/append", post(context_edit::append))
+        .route("/v1/contexts/{id}/fork", post(context_edit::fork))
+        .route("/v1/contexts/{id}/truncate", post(context_edit::truncate))
         .route(
-            "/v1/snapshots",
-            post(contexts::snapshot_save).get(contexts::snapshot_list),
+            "/v1/contexts/{id}/generate",
+            post(context_generate::generate),
         )
-        .route("/v1/snapshots/{name}", delete(contexts::snapshot_delete))
-        .route("/v1/snapshots/{name}/load", post(contexts::snapshot_load))
-        .route("/v1/kv", get(contexts::kv))
-        .route("/v1/kv/check", get(contexts::kv_check))
+        .route("/v1/snapshots", post(snapshots::save).get(snapshots::list))
+        .route("/v1/snapshots/{name}", delete(snapshots::delete))
+        .route("/v1/snapshots/{name}/load", post(snapshots::load))
+        .route("/v1/kv", get(kv::kv))
+        .route("/v1/kv/check", get(kv::check))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .fallback(misc::not_found)

@@ -6,7 +6,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use folio::{EngineError, ErrorKind};
-use serde_json::json;
+use serde::Serialize;
 
 /// An error answer: status, message and the parameter at fault (if one is).
 #[derive(Debug, Clone)]
@@ -62,15 +62,33 @@ impl ApiError {
         }
     }
 
-    /// The envelope as JSON (also sent as an SSE event when a stream fails midway).
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind(),
-            "param": self.param,
-            "code": self.code,
-        }})
+    /// The envelope (also sent as an SSE event when a stream fails midway).
+    pub fn body(&self) -> Envelope<'_> {
+        Envelope {
+            error: Fields {
+                message: &self.message,
+                kind: self.kind(),
+                param: self.param.as_deref(),
+                code: self.code,
+            },
+        }
     }
+}
+
+/// OpenAI's error envelope: `{"error": {"message", "type", "param", "code"}}`, the
+/// last two `null` when unset.
+#[derive(Serialize)]
+pub struct Envelope<'a> {
+    error: Fields<'a>,
+}
+
+#[derive(Serialize)]
+struct Fields<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<&'a str>,
+    code: Option<&'static str>,
 }
 
 impl From<EngineError> for ApiError {

@@ -7,10 +7,13 @@
 
 use crate::api::{DetokenizeRequest, GenRequest, TokenizeRequest};
 use crate::body::parse;
-use crate::contexts::{Append, CreateContext, GenerateExtra, Save, Truncate};
+use crate::context_edit::{Append, Truncate};
+use crate::context_generate::GenerateExtra;
+use crate::contexts::CreateContext;
 use crate::error::ApiError;
 use crate::misc::{detokenize_request, tokenize_request};
 use crate::params::{job, Route};
+use crate::snapshots::Save;
 use folio::grammar::Grammars;
 use folio::tokenizer::ChatTemplate;
 use folio::Model;

@@ -129,33 +129,40 @@ impl Metrics {
     pub fn render(&self, model: &str, stats: Option<&EngineStats>) -> String {
         let l = format!("model_name=\"{}\"", model.replace(['"', '\\', '\n'], "_"));
         let mut out = String::new();
+        self.render_requests(&mut out, &l);
+        if let Some(s) = stats {
+            render_engine(&mut out, &l, s);
+        }
+        out
+    }
+
+    /// The server's own figures: request counters and latency histograms.
+    fn render_requests(&self, out: &mut String, l: &str) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP folio:{name} {help}\n# TYPE folio:{name} counter\nfolio:{name}{{{l}}} {v}"
-            );
-        };
         counter(
-            &mut out,
+            out,
+            l,
             "prompt_tokens_total",
             "Prompt tokens of finished requests.",
             get(&self.prompt_tokens),
         );
         counter(
-            &mut out,
+            out,
+            l,
             "generation_tokens_total",
             "Tokens generated.",
             get(&self.generation_tokens),
         );
         counter(
-            &mut out,
+            out,
+            l,
             "prefix_cache_queries_total",
             "Prompt tokens looked up in the prefix cache.",
             get(&self.prefix_queries),
         );
         counter(
-            &mut out,
+            out,
+            l,
             "prefix_cache_hits_total",
             "Prompt tokens found in the prefix cache (not computed).",
             get(&self.prefix_hits),
@@ -172,149 +179,170 @@ impl Metrics {
             );
         }
         counter(
-            &mut out,
+            out,
+            l,
             "requests_cancelled_total",
             "Requests cancelled: the client went away, or shutdown cut them off.",
             get(&self.cancelled),
         );
         counter(
-            &mut out,
+            out,
+            l,
             "requests_failed_total",
             "Requests answered with an error.",
             get(&self.failed),
         );
         counter(
-            &mut out,
+            out,
+            l,
             "streams_unread_total",
             "Streams stopped because their client stopped reading them (more events waited than one request may buffer).",
             get(&self.unread),
         );
         counter(
-            &mut out,
+            out,
+            l,
             "requests_timed_out_total",
             "Requests stopped by --request-timeout (also counted as failed).",
             get(&self.timed_out),
         );
         self.ttft.render(
-            &mut out,
+            out,
             "folio:time_to_first_token_seconds",
             "Time to first token.",
-            &l,
+            l,
         );
         self.per_token.render(
-            &mut out,
+            out,
             "folio:time_per_output_token_seconds",
             "Time between output tokens.",
-            &l,
+            l,
         );
         self.e2e.render(
-            &mut out,
+            out,
             "folio:e2e_request_latency_seconds",
             "Request latency, arrival to last token.",
-            &l,
+            l,
         );
         self.queue.render(
-            &mut out,
+            out,
             "folio:request_queue_time_seconds",
             "Time a request waited for its first pages.",
-            &l,
+            l,
         );
-        let Some(s) = stats else { return out };
-        let gauge = |out: &mut String, name: &str, help: &str, v: String| {
-            let _ = writeln!(
-                out,
-                "# HELP folio:{name} {help}\n# TYPE folio:{name} gauge\nfolio:{name}{{{l}}} {v}"
-            );
-        };
-        gauge(
-            &mut out,
-            "num_requests_running",
-            "Sequences holding pages.",
-            s.running.to_string(),
-        );
-        gauge(
-            &mut out,
-            "num_requests_waiting",
-            "Sequences waiting for pages.",
-            s.waiting.to_string(),
-        );
-        let used = (s.pages_working + s.pages_committed) as f64 / s.pages_total.max(1) as f64;
-        gauge(
-            &mut out,
-            "kv_cache_usage_perc",
-            "Fraction of KV pages in use (cached pages are reclaimable, so not counted).",
-            used.to_string(),
-        );
-        counter(
-            &mut out,
-            "num_preemptions_total",
-            "Sequences preempted to free pages.",
-            s.preemptions,
-        );
-        let _ = writeln!(
-            out,
-            "# HELP folio:kv_pages KV pages by state.\n# TYPE folio:kv_pages gauge"
-        );
-        for (state, v) in [
-            ("free", s.pages_free),
-            ("working", s.pages_working),
-            ("committed", s.pages_committed),
-            ("cached", s.pages_cached),
-            ("pinned", s.pages_pinned),
-        ] {
-            let _ = writeln!(out, "folio:kv_pages{{{l},state=\"{state}\"}} {v}");
-        }
-        gauge(
-            &mut out,
-            "kv_pages_total",
-            "KV pages in the pool.",
-            s.pages_total.to_string(),
-        );
-        gauge(
-            &mut out,
-            "kv_pages_shared",
-            "KV pages held by more than one sequence, context or snapshot.",
-            s.pages_shared.to_string(),
-        );
-        gauge(
-            &mut out,
-            "kv_page_size",
-            "Token slots per KV page.",
-            s.page_size.to_string(),
-        );
-        counter(
-            &mut out,
-            "forks_total",
-            "Forks: n > 1 samples and context forks, each O(1) in committed pages.",
-            s.forks,
-        );
-        counter(
-            &mut out,
-            "kv_evictions_total",
-            "Cached pages reclaimed.",
-            s.evictions,
-        );
-        counter(
-            &mut out,
-            "prefilled_tokens_total",
-            "Prompt tokens computed.",
-            s.prefilled_tokens,
-        );
-        counter(
-            &mut out,
-            "engine_steps_total",
-            "Forward steps run.",
-            s.steps,
-        );
-        histogram(
-            &mut out,
-            "folio:iteration_tokens_total",
-            "Token rows per forward step.",
-            &l,
-            STEP_TOKEN_BOUNDS.iter().map(|b| b.to_string()),
-            &s.step_tokens,
-            s.step_tokens_sum as f64,
-        );
-        out
     }
+}
+
+/// A counter's lines.
+fn counter(out: &mut String, l: &str, name: &str, help: &str, v: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP folio:{name} {help}\n# TYPE folio:{name} counter\nfolio:{name}{{{l}}} {v}"
+    );
+}
+
+/// A gauge's lines.
+fn gauge(out: &mut String, l: &str, name: &str, help: &str, v: String) {
+    let _ = writeln!(
+        out,
+        "# HELP folio:{name} {help}\n# TYPE folio:{name} gauge\nfolio:{name}{{{l}}} {v}"
+    );
+}
+
+/// The engine's figures (left out while it loads): the queues, pages, forks and steps.
+fn render_engine(out: &mut String, l: &str, s: &EngineStats) {
+    gauge(
+        out,
+        l,
+        "num_requests_running",
+        "Sequences holding pages.",
+        s.running.to_string(),
+    );
+    gauge(
+        out,
+        l,
+        "num_requests_waiting",
+        "Sequences waiting for pages.",
+        s.waiting.to_string(),
+    );
+    let used = (s.pages_working + s.pages_committed) as f64 / s.pages_total.max(1) as f64;
+    gauge(
+        out,
+        l,
+        "kv_cache_usage_perc",
+        "Fraction of KV pages in use (cached pages are reclaimable, so not counted).",
+        used.to_string(),
+    );
+    counter(
+        out,
+        l,
+        "num_preemptions_total",
+        "Sequences preempted to free pages.",
+        s.preemptions,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP folio:kv_pages KV pages by state.\n# TYPE folio:kv_pages gauge"
+    );
+    for (state, v) in [
+        ("free", s.pages_free),
+        ("working", s.pages_working),
+        ("committed", s.pages_committed),
+        ("cached", s.pages_cached),
+        ("pinned", s.pages_pinned),
+    ] {
+        let _ = writeln!(out, "folio:kv_pages{{{l},state=\"{state}\"}} {v}");
+    }
+    gauge(
+        out,
+        l,
+        "kv_pages_total",
+        "KV pages in the pool.",
+        s.pages_total.to_string(),
+    );
+    gauge(
+        out,
+        l,
+        "kv_pages_shared",
+        "KV pages held by more than one sequence, context or snapshot.",
+        s.pages_shared.to_string(),
+    );
+    gauge(
+        out,
+        l,
+        "kv_page_size",
+        "Token slots per KV page.",
+        s.page_size.to_string(),
+    );
+    counter(
+        out,
+        l,
+        "forks_total",
+        "Forks: n > 1 samples and context forks, each O(1) in committed pages.",
+        s.forks,
+    );
+    counter(
+        out,
+        l,
+        "kv_evictions_total",
+        "Cached pages reclaimed.",
+        s.evictions,
+    );
+    counter(
+        out,
+        l,
+        "prefilled_tokens_total",
+        "Prompt tokens computed.",
+        s.prefilled_tokens,
+    );
+    counter(out, l, "engine_steps_total", "Forward steps run.", s.steps);
+    histogram(
+        out,
+        "folio:iteration_tokens_total",
+        "Token rows per forward step.",
+        l,
+        STEP_TOKEN_BOUNDS.iter().map(|b| b.to_string()),
+        &s.step_tokens,
+        s.step_tokens_sum as f64,
+    );
 }

@@ -1,6 +1,7 @@
 //! The small routes: the web page at `/`, `/health`, `/v1/models`, `/metrics`, `/tokenize`,
 //! `/detokenize`, and the envelope answers for unknown routes and wrong methods.
 
+use crate::answer::List;
 use crate::api::{DetokenizeRequest, TokenizeRequest};
 use crate::body::JsonBody;
 use crate::deadline::Deadline;
@@ -11,11 +12,45 @@ use axum::extract::State;
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 type St = State<Arc<AppState>>;
+
+/// `/health`'s answer.
+#[derive(Serialize)]
+struct Health {
+    status: &'static str,
+}
+
+/// The one model `/v1/models` lists.
+#[derive(Serialize)]
+struct ModelView {
+    id: String,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    max_model_len: usize,
+}
+
+/// `/tokenize`'s answer; `pieces` only when asked for.
+#[derive(Serialize)]
+struct Tokens {
+    tokens: Vec<u32>,
+    count: usize,
+    max_model_len: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pieces: Option<Vec<String>>,
+}
+
+/// `/detokenize`'s answer: the text under llama.cpp's name and vLLM's, so either
+/// client works.
+#[derive(Serialize)]
+struct Detokenized {
+    content: String,
+    prompt: String,
+}
 
 /// The web page: chat, the live page map and the context tree. One file, built
 /// into the binary; it talks to the API like any client.
@@ -34,25 +69,21 @@ pub async fn health(State(st): St) -> Response {
     } else if st.loaded.get().is_none() {
         "loading"
     } else {
-        return Json(json!({"status": "ok"})).into_response();
+        return Json(Health { status: "ok" }).into_response();
     };
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({"status": status})),
-    )
-        .into_response()
+    (StatusCode::SERVICE_UNAVAILABLE, Json(Health { status })).into_response()
 }
 
 pub async fn models(State(st): St) -> Result<Response, ApiError> {
     let l = st.ready()?;
-    Ok(Json(json!({"object": "list", "data": [{
-        "id": st.config.model_name,
-        "object": "model",
-        "created": st.started,
-        "owned_by": "folio",
-        "max_model_len": l.engine.window(),
-    }]}))
-    .into_response())
+    let model = ModelView {
+        id: st.config.model_name.clone(),
+        object: "model",
+        created: st.started,
+        owned_by: "folio",
+        max_model_len: l.engine.window(),
+    };
+    Ok(Json(List::new(vec![model])).into_response())
 }
 
 /// Prometheus text; the engine's figures are left out while it loads.
@@ -96,17 +127,21 @@ pub async fn tokenize(
         .await?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     let l = st.ready()?;
-    let mut body = json!({"tokens": ids, "count": ids.len(), "max_model_len": l.engine.window()});
-    if with_pieces {
-        let tok = &l.engine.model().tokenizer;
-        // Control tokens as their text (`<|im_start|>`), not as the nothing they
-        // print in output.
-        body["pieces"] = ids
-            .iter()
+    // Control tokens as their text (`<|im_start|>`), not as the nothing they print
+    // in output.
+    let tok = &l.engine.model().tokenizer;
+    let pieces = with_pieces.then(|| {
+        ids.iter()
             .map(|&i| tok.decode_special(std::slice::from_ref(&i)))
-            .collect();
-    }
-    Ok(Json(body).into_response())
+            .collect()
+    });
+    let answer = Tokens {
+        count: ids.len(),
+        tokens: ids,
+        max_model_len: l.engine.window(),
+        pieces,
+    };
+    Ok(Json(answer).into_response())
 }
 
 /// What `/tokenize` does with its body: the text (or the messages rendered with the
@@ -150,7 +185,11 @@ pub async fn detokenize(
             .await
             .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     // llama.cpp answers `content`, vLLM `prompt`: both, so either client works.
-    Ok(Json(json!({"content": text, "prompt": text})).into_response())
+    let answer = Detokenized {
+        content: text.clone(),
+        prompt: text,
+    };
+    Ok(Json(answer).into_response())
 }
 
 /// What `/detokenize` does with its body: every id must be in the vocabulary; the

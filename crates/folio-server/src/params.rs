@@ -213,144 +213,18 @@ fn request_fields(
     (grammars, cancel): (Option<&Grammars>, &CompileCancel),
     forced: Option<GrammarSpec>,
 ) -> Result<Job, ApiError> {
-    let asked = grammar_spec(&mut r)?;
-    if let (Some(_), Some((param, _))) = (&forced, &asked) {
-        return Err(ApiError::invalid(
-            *param,
-            "a forced tool call (tool_choice required or a named function) already constrains the output",
-        ));
-    }
-    let asked = asked.or(forced.map(|g| ("tools", g)));
-    let grammar = match asked {
-        None => None,
-        Some((param, spec)) => {
-            let gs = grammars.ok_or_else(|| {
-                ApiError::invalid(
-                    param,
-                    "structured output is not available for this model's vocabulary",
-                )
-            })?;
-            Some(
-                gs.compile_with(&spec, cancel)
-                    .map_err(|e| grammar_error(param, e))?,
-            )
-        }
-    };
+    let grammar = grammar_of(&mut r, grammars, cancel, forced)?;
     let echo = r.echo.unwrap_or(false);
     if echo && route != Route::Completions {
         return Err(ApiError::invalid("echo", "echo is for /v1/completions"));
     }
-    let logprobs = match (route, r.logprobs) {
-        (_, None) | (Route::Chat, Some(LogprobsInput::Flag(false))) => None,
-        (Route::Chat, Some(LogprobsInput::Flag(true))) => {
-            Some(count(r.top_logprobs, "top_logprobs")?)
-        }
-        (Route::Chat, Some(LogprobsInput::Count(_))) => {
-            return Err(ApiError::invalid(
-                "logprobs",
-                "logprobs must be a boolean here (top_logprobs says how many alternatives)",
-            ))
-        }
-        (Route::Completions | Route::Context, Some(LogprobsInput::Count(k))) => {
-            Some(count(Some(k), "logprobs")?)
-        }
-        (Route::Context, Some(LogprobsInput::Flag(f))) => f
-            .then(|| count(r.top_logprobs, "top_logprobs"))
-            .transpose()?,
-        (Route::Completions, Some(LogprobsInput::Flag(_))) => {
-            return Err(ApiError::invalid(
-                "logprobs",
-                "logprobs must be an integer here: how many alternatives per token (0-20)",
-            ))
-        }
-    };
-    if route == Route::Chat && r.top_logprobs.is_some() && logprobs.is_none() {
-        return Err(ApiError::invalid(
-            "top_logprobs",
-            "top_logprobs needs logprobs: true",
-        ));
-    }
-
-    let asked = match route {
-        Route::Chat | Route::Context => r.max_completion_tokens.or(r.max_tokens),
-        Route::Completions => r.max_tokens,
-    };
-    if let Some(m) = asked.filter(|&m| m > cap as u64) {
-        let name = match (route, r.max_completion_tokens.is_some()) {
-            (Route::Chat | Route::Context, true) => "max_completion_tokens",
-            _ => "max_tokens",
-        };
-        return Err(ApiError::invalid(
-            name,
-            format!("{name} is {m}; this server generates at most {cap} tokens per choice (--max-tokens-cap)"),
-        ));
-    }
-    // OpenAI's defaults: 16 tokens for a completion, the rest of the window for a chat
-    // (within the cap).
-    let max_tokens = match (asked, route) {
-        (Some(m), _) => usize::try_from(m).unwrap_or(usize::MAX).min(room),
-        (None, Route::Completions) => 16.min(room).min(cap),
-        (None, Route::Chat | Route::Context) => room.min(cap),
-    };
-    if max_tokens == 0 && !echo {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            "max_tokens must be at least 1 (0 only with echo, to score the prompt)",
-        ));
-    }
-
-    let n = r.n.unwrap_or(1);
-    if n == 0 || n > folio::engine::MAX_N as u64 {
-        return Err(ApiError::invalid(
-            "n",
-            format!("n must be between 1 and {}", folio::engine::MAX_N),
-        ));
-    }
-    if n.saturating_mul(prompts.len() as u64) > MAX_CHOICES as u64 {
-        return Err(ApiError::invalid(
-            "n",
-            format!(
-                "prompts × n is {} × {n}; one request makes at most {MAX_CHOICES} choices",
-                prompts.len()
-            ),
-        ));
-    }
-    let stop = match r.stop {
-        None => Vec::new(),
-        Some(StopInput::One(s)) => vec![s],
-        Some(StopInput::Many(v)) => v,
-    };
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "a stop string must not be empty"));
-    }
-    if stop.len() > MAX_STOPS || stop.iter().map(String::len).sum::<usize>() > MAX_STOP_BYTES {
-        return Err(ApiError::invalid(
-            "stop",
-            format!("at most {MAX_STOPS} stop strings of {MAX_STOP_BYTES} bytes in all"),
-        ));
-    }
+    let logprobs = logprobs_of(route, &r)?;
+    let max_tokens = max_tokens_of(route, &r, (room, cap), echo)?;
+    let n = samples_of(&r, prompts.len())?;
+    let stop = stops_of(r.stop.take())?;
     check_salt(r.cache_salt.as_deref())?;
-    let seed = match r.seed {
-        None => fresh_seed(),
-        Some(num) => num
-            .as_u64()
-            .or_else(|| num.as_i64().map(|v| v as u64))
-            .ok_or_else(|| ApiError::invalid("seed", "seed must be an integer"))?,
-    };
-    let top_k = r.top_k.unwrap_or(0);
     let r_sent_repetition = r.repetition_penalty.is_some();
-    let sampling = SamplingParams {
-        temperature: r.temperature.unwrap_or(1.0),
-        // -1 (vLLM) and 0 (llama.cpp) both mean no cut.
-        top_k: usize::try_from(top_k.max(0)).unwrap_or(usize::MAX),
-        top_p: r.top_p.unwrap_or(1.0),
-        min_p: r.min_p.unwrap_or(0.0),
-        repeat_penalty: r.repetition_penalty.or(r.repeat_penalty).unwrap_or(1.0),
-        presence_penalty: r.presence_penalty.unwrap_or(0.0),
-        frequency_penalty: r.frequency_penalty.unwrap_or(0.0),
-        seed,
-        ..SamplingParams::default()
-    };
+    let sampling = sampling_of(&r)?;
     let mut req = Request::new(Prompt::Tokens(Vec::new()));
     req.max_tokens = max_tokens;
     req.sampling = sampling;
@@ -402,6 +276,175 @@ fn request_fields(
         echo,
         logprobs,
         tools: None,
+    })
+}
+/// The request's grammar, compiled: the one it asks for (`response_format`,
+/// `guided_*`) or the one a forced tool call needs, never both.
+fn grammar_of(
+    r: &mut GenRequest,
+    grammars: Option<&Grammars>,
+    cancel: &CompileCancel,
+    forced: Option<GrammarSpec>,
+) -> Result<Option<folio::grammar::Grammar>, ApiError> {
+    let asked = grammar_spec(r)?;
+    if let (Some(_), Some((param, _))) = (&forced, &asked) {
+        return Err(ApiError::invalid(
+            *param,
+            "a forced tool call (tool_choice required or a named function) already constrains the output",
+        ));
+    }
+    let asked = asked.or(forced.map(|g| ("tools", g)));
+    Ok(match asked {
+        None => None,
+        Some((param, spec)) => {
+            let gs = grammars.ok_or_else(|| {
+                ApiError::invalid(
+                    param,
+                    "structured output is not available for this model's vocabulary",
+                )
+            })?;
+            Some(
+                gs.compile_with(&spec, cancel)
+                    .map_err(|e| grammar_error(param, e))?,
+            )
+        }
+    })
+}
+
+/// How many alternatives per token the answer carries (`None`: no log-probabilities),
+/// as each route spells it.
+fn logprobs_of(route: Route, r: &GenRequest) -> Result<Option<usize>, ApiError> {
+    let logprobs = match (route, r.logprobs) {
+        (_, None) | (Route::Chat, Some(LogprobsInput::Flag(false))) => None,
+        (Route::Chat, Some(LogprobsInput::Flag(true))) => {
+            Some(count(r.top_logprobs, "top_logprobs")?)
+        }
+        (Route::Chat, Some(LogprobsInput::Count(_))) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                "logprobs must be a boolean here (top_logprobs says how many alternatives)",
+            ))
+        }
+        (Route::Completions | Route::Context, Some(LogprobsInput::Count(k))) => {
+            Some(count(Some(k), "logprobs")?)
+        }
+        (Route::Context, Some(LogprobsInput::Flag(f))) => f
+            .then(|| count(r.top_logprobs, "top_logprobs"))
+            .transpose()?,
+        (Route::Completions, Some(LogprobsInput::Flag(_))) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                "logprobs must be an integer here: how many alternatives per token (0-20)",
+            ))
+        }
+    };
+    if route == Route::Chat && r.top_logprobs.is_some() && logprobs.is_none() {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
+        ));
+    }
+    Ok(logprobs)
+}
+
+/// The most tokens per choice: what was asked within the window (`room`) and the
+/// cap, else OpenAI's defaults.
+fn max_tokens_of(
+    route: Route,
+    r: &GenRequest,
+    (room, cap): (usize, usize),
+    echo: bool,
+) -> Result<usize, ApiError> {
+    let asked = match route {
+        Route::Chat | Route::Context => r.max_completion_tokens.or(r.max_tokens),
+        Route::Completions => r.max_tokens,
+    };
+    if let Some(m) = asked.filter(|&m| m > cap as u64) {
+        let name = match (route, r.max_completion_tokens.is_some()) {
+            (Route::Chat | Route::Context, true) => "max_completion_tokens",
+            _ => "max_tokens",
+        };
+        return Err(ApiError::invalid(
+            name,
+            format!("{name} is {m}; this server generates at most {cap} tokens per choice (--max-tokens-cap)"),
+        ));
+    }
+    // OpenAI's defaults: 16 tokens for a completion, the rest of the window for a chat
+    // (within the cap).
+    let max_tokens = match (asked, route) {
+        (Some(m), _) => usize::try_from(m).unwrap_or(usize::MAX).min(room),
+        (None, Route::Completions) => 16.min(room).min(cap),
+        (None, Route::Chat | Route::Context) => room.min(cap),
+    };
+    if max_tokens == 0 && !echo {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            "max_tokens must be at least 1 (0 only with echo, to score the prompt)",
+        ));
+    }
+    Ok(max_tokens)
+}
+
+/// `n`, checked against the engine's limit and, times the prompts, the choices'.
+fn samples_of(r: &GenRequest, prompts: usize) -> Result<u64, ApiError> {
+    let n = r.n.unwrap_or(1);
+    if n == 0 || n > folio::engine::MAX_N as u64 {
+        return Err(ApiError::invalid(
+            "n",
+            format!("n must be between 1 and {}", folio::engine::MAX_N),
+        ));
+    }
+    if n.saturating_mul(prompts as u64) > MAX_CHOICES as u64 {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "prompts × n is {prompts} × {n}; one request makes at most {MAX_CHOICES} choices"
+            ),
+        ));
+    }
+    Ok(n)
+}
+
+/// The stop strings, checked.
+fn stops_of(stop: Option<StopInput>) -> Result<Vec<String>, ApiError> {
+    let stop = match stop {
+        None => Vec::new(),
+        Some(StopInput::One(s)) => vec![s],
+        Some(StopInput::Many(v)) => v,
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "a stop string must not be empty"));
+    }
+    if stop.len() > MAX_STOPS || stop.iter().map(String::len).sum::<usize>() > MAX_STOP_BYTES {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {MAX_STOPS} stop strings of {MAX_STOP_BYTES} bytes in all"),
+        ));
+    }
+    Ok(stop)
+}
+
+/// The sampling fields (a seed drawn when none is given).
+fn sampling_of(r: &GenRequest) -> Result<SamplingParams, ApiError> {
+    let seed = match &r.seed {
+        None => fresh_seed(),
+        Some(num) => num
+            .as_u64()
+            .or_else(|| num.as_i64().map(|v| v as u64))
+            .ok_or_else(|| ApiError::invalid("seed", "seed must be an integer"))?,
+    };
+    let top_k = r.top_k.unwrap_or(0);
+    Ok(SamplingParams {
+        temperature: r.temperature.unwrap_or(1.0),
+        // -1 (vLLM) and 0 (llama.cpp) both mean no cut.
+        top_k: usize::try_from(top_k.max(0)).unwrap_or(usize::MAX),
+        top_p: r.top_p.unwrap_or(1.0),
+        min_p: r.min_p.unwrap_or(0.0),
+        repeat_penalty: r.repetition_penalty.or(r.repeat_penalty).unwrap_or(1.0),
+        presence_penalty: r.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: r.frequency_penalty.unwrap_or(0.0),
+        seed,
+        ..SamplingParams::default()
     })
 }
 

@@ -9,16 +9,18 @@ use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use folio::Event;
-use serde_json::Value;
+use serde::Serialize;
 
 /// The route's part of a stream.
 pub trait Chunker: Send + 'static {
+    /// The route's chunk object.
+    type Chunk: Serialize + Send;
     /// Chunks sent before any event (a chat's role chunk, an echoed prompt).
-    fn start(&mut self) -> Vec<Value>;
+    fn start(&mut self) -> Vec<Self::Chunk>;
     /// Chunks for one event.
-    fn event(&mut self, t: Tagged) -> Vec<Value>;
+    fn event(&mut self, t: Tagged) -> Vec<Self::Chunk>;
     /// Chunks after the last event (usage).
-    fn end(&mut self) -> Vec<Value>;
+    fn end(&mut self) -> Vec<Self::Chunk>;
 }
 
 struct State<C> {
@@ -29,15 +31,15 @@ struct State<C> {
     over: bool,
 }
 
-fn frame(out: &mut Vec<u8>, v: &Value) {
+fn frame(out: &mut Vec<u8>, v: &impl Serialize) {
     out.extend_from_slice(b"data: ");
-    // Serializing a Value cannot fail.
+    // The answer shapes cannot fail to serialize (their maps' keys are strings).
     let _ = serde_json::to_writer(&mut *out, v);
     out.extend_from_slice(b"\n\n");
 }
 
 /// A stream of chunks known up front (nothing to compute), then `[DONE]`.
-pub fn fixed(chunks: &[Value]) -> Response {
+pub fn fixed<T: Serialize>(chunks: &[T]) -> Response {
     let mut out = Vec::new();
     for v in chunks {
         frame(&mut out, v);

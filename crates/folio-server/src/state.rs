@@ -1,11 +1,14 @@
 //! [`AppState`]: what every route shares: the engine once the model is loaded (routes
-//! answer 503 before), the compiled chat template, the settings, the metrics, and the
-//! count of requests still waiting for their first token (the queue `--max-queue`
-//! bounds).
+//! answer 503 before), the compiled chat template, the settings, the metrics, the
+//! context registry, and the count of requests still waiting for their first token
+//! (the queue `--max-queue` bounds).
 
+use crate::allowed::Allowed;
+use crate::clock::unix_now;
+use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::ServeConfig;
+use crate::registry::Contexts;
 use folio::tokenizer::ChatTemplate;
 use folio::Engine;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,10 +27,10 @@ pub struct Loaded {
 pub struct AppState {
     pub config: ServeConfig,
     /// The hosts and origins requests may come from (`guard.rs`).
-    pub allowed: crate::guard::Allowed,
+    pub allowed: Allowed,
     pub loaded: OnceLock<Loaded>,
     pub metrics: Metrics,
-    pub contexts: crate::contexts::Contexts,
+    pub contexts: Contexts,
     /// Requests submitted that have not yet produced an event.
     pub queued: AtomicUsize,
     /// Set at SIGINT/SIGTERM: health answers 503 and new requests are refused.
@@ -39,7 +42,7 @@ pub struct AppState {
 impl AppState {
     pub fn new(config: ServeConfig) -> Self {
         Self {
-            allowed: crate::guard::Allowed::new(&config.cors_origins, &config.allowed_hosts),
+            allowed: Allowed::new(&config.cors_origins, &config.allowed_hosts),
             config,
             loaded: OnceLock::new(),
             metrics: Metrics::default(),
@@ -59,10 +62,9 @@ impl AppState {
             .get()
             .ok_or_else(|| ApiError::unavailable("the model is still loading", 1))
     }
-}
 
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    /// A handle on the engine, or 503 as [`AppState::ready`] says.
+    pub fn engine(&self) -> Result<Engine, ApiError> {
+        Ok(self.ready()?.engine.clone())
+    }
 }

@@ -9,36 +9,19 @@
 //! streamed, `tool_stream` gives exactly the same answer in pieces (its module doc
 //! has the canonical forms of arguments and content).
 
+use crate::answer::{FunctionCall, ToolCall};
 use crate::api::{FunctionDef, GenRequest, ToolChoice};
 use crate::error::ApiError;
+use crate::tool_call::{Call, Mode};
 use crate::tool_stream::{block_call, calls_of, minify, CallStream, CLOSE, OPEN};
 use folio::grammar::GrammarSpec;
 use serde_json::{json, Value};
-
-/// How the model is to call tools.
-#[derive(Debug, Clone)]
-pub enum Mode {
-    /// Must call this function: the output is its arguments.
-    Named(String),
-    /// Must call one of the tools (several with `parallel`).
-    Required { parallel: bool },
-    /// May call them, in its own syntax.
-    Auto,
-}
 
 /// The tools of a request and how they are to be called.
 #[derive(Debug, Clone)]
 pub struct Tools {
     pub mode: Mode,
     pub defs: Vec<FunctionDef>,
-}
-
-/// One call found in an output.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Call {
-    pub name: String,
-    /// The arguments as a JSON string (OpenAI's shape).
-    pub arguments: String,
 }
 
 /// Reads `tools` / `tool_choice` / `parallel_tool_calls`; returns the tools (none
@@ -199,17 +182,19 @@ pub fn extract(t: &Tools, text: &str) -> Option<(Vec<Call>, Option<String>)> {
 }
 
 /// OpenAI's `tool_calls` list; ids are `call_<answer id>_<choice>_<k>`.
-pub fn calls_json(calls: &[Call], id: &str, choice: usize) -> Value {
-    Value::Array(
-        calls
-            .iter()
-            .enumerate()
-            .map(|(k, c)| {
-                json!({"id": format!("call_{id}_{choice}_{k}"), "type": "function",
-                       "function": {"name": c.name, "arguments": c.arguments}})
-            })
-            .collect(),
-    )
+pub fn tool_calls(calls: &[Call], id: &str, choice: usize) -> Vec<ToolCall> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(k, c)| ToolCall {
+            id: format!("call_{id}_{choice}_{k}"),
+            kind: "function",
+            function: FunctionCall {
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            },
+        })
+        .collect()
 }
 
 #[cfg(test)]
