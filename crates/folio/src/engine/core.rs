@@ -256,7 +256,7 @@ impl Core {
                     window,
                 });
             }
-            let sliding = self.sched.most_pages_held(self.kv.page_size());
+            let sliding = self.sched.most_pages_held(&self.kv);
             check_fits(&self.kv, window, toks.len(), req.max_tokens, sliding)?;
             Ok(toks)
         });

@@ -33,9 +33,8 @@ pub(crate) fn check_fits(
     sliding: Option<usize>,
 ) -> Result<(), EngineError> {
     let longest = prompt.saturating_add(max_tokens).min(window);
-    let needed = longest.div_ceil(kv.page_size());
-    let needed = sliding.map_or(needed, |most| needed.min(most));
-    if needed > kv.num_pages() {
+    let needed = kv.pages_needed(longest, sliding);
+    if !kv.fits(needed) {
         return Err(EngineError::TooLargeForPool {
             needed,
             pages: kv.num_pages(),
@@ -115,9 +114,9 @@ impl Scheduler {
     /// The most pages a plain sequence holds at once when it frees the pages its window
     /// left: after a step it keeps the `w - 1` positions before the next query, and a
     /// step adds at most `max_batch_tokens` positions after them.
-    pub fn most_pages_held(&self, page_size: usize) -> Option<usize> {
+    pub fn most_pages_held(&self, kv: &PagedKv) -> Option<usize> {
         self.sliding_window
-            .map(|w| (w - 1 + self.max_batch_tokens).div_ceil(page_size) + 1)
+            .map(|w| kv.most_pages_spanned(w - 1 + self.max_batch_tokens))
     }
 
     /// Every plain request gives up the committed pages that no later query reads
@@ -219,7 +218,7 @@ impl Scheduler {
 
     /// Whether a started sequence is still prefilling at least one more full page of
     /// tokens that sequence `i` starts with (so `i` will find them in the index).
-    fn prefix_in_flight(&self, i: usize, ps: usize) -> bool {
+    fn prefix_in_flight(&self, kv: &PagedKv, i: usize) -> bool {
         let s = &self.seqs[i];
         self.seqs.iter().enumerate().any(|(j, o)| {
             let Some(t) = &o.table else { return false };
@@ -232,7 +231,7 @@ impl Scheduler {
                 .zip(&o.tokens)
                 .take_while(|(a, b)| a == b)
                 .count();
-            common.min(s.tokens.len() - 1) >= t.len() / ps * ps + ps
+            common.min(s.tokens.len() - 1) >= kv.page_end(t.len())
         })
     }
 
@@ -260,7 +259,6 @@ impl Scheduler {
     /// Plans one step: who runs how many tokens, with their slots reserved. `None` when
     /// nothing can run (a sequence that can never fit is failed then).
     pub fn schedule(&mut self, kv: &mut PagedKv) -> Option<Plan> {
-        let ps = kv.page_size();
         let mut order: Vec<usize> = (0..self.seqs.len()).collect();
         order.sort_by_key(|&i| (self.seqs[i].arrival, self.seqs[i].index));
         let mut budget = self.max_batch_tokens;
@@ -284,7 +282,7 @@ impl Scheduler {
             }
             if self.seqs[i].table.is_none() {
                 let waits_for_prefix =
-                    !self.seqs[i].wants_prompt_logprobs() && self.prefix_in_flight(i, ps);
+                    !self.seqs[i].wants_prompt_logprobs() && self.prefix_in_flight(kv, i);
                 if !admitting || waits_for_prefix {
                     // Another sequence is computing this one's prefix right now: wait
                     // for its pages to be committed, then attach them.
@@ -292,14 +290,13 @@ impl Scheduler {
                 }
                 self.admit(kv, i);
             }
-            let (len, held) = {
+            let len = self.seqs[i].table.as_ref().expect("admitted").len();
+            let mut c = self.seqs[i].pending().min(budget).min(chunk_cap);
+            loop {
                 let t = self.seqs[i].table.as_ref().expect("admitted");
-                (t.len(), t.num_pages())
-            };
-            let want = self.seqs[i].pending().min(budget).min(chunk_cap);
-            let need = |c: usize| (len + c).div_ceil(ps).saturating_sub(held);
-            let mut c = want;
-            while need(c) > kv.num_available() {
+                if kv.pages_to_grow(t, c) <= kv.num_available() {
+                    break;
+                }
                 // Make room: preempt the newest sequence (after this one) holding pages.
                 let newest = order[at + 1..]
                     .iter()
@@ -309,7 +306,7 @@ impl Scheduler {
                 match newest {
                     Some(j) => self.preempt(kv, j),
                     None => {
-                        c = c.min(((held + kv.num_available()) * ps).saturating_sub(len));
+                        c = c.min(kv.room_to_grow(t));
                         break;
                     }
                 }
@@ -374,9 +371,8 @@ impl Scheduler {
         let Some(i) = (0..self.seqs.len()).min_by_key(key) else {
             return;
         };
-        let ps = kv.page_size();
         let s = &self.seqs[i];
-        let needed = s.tokens.len().div_ceil(ps);
+        let needed = kv.pages_for(s.tokens.len());
         let held = s.table.as_ref().map_or(0, |t| t.num_pages());
         let e = EngineError::PoolTooSmall {
             needed,

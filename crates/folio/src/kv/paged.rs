@@ -310,16 +310,6 @@ impl PagedKv {
         t.len()
     }
 
-    /// Raw page operations (the Context API's): `n` working pages reserved ahead.
-    pub fn reserve_pages(&mut self, n: usize) -> Result<Vec<PageId>, KvError> {
-        self.store.reserve_n(n)
-    }
-
-    /// Gives back one reference to a page (a reserved working page is freed).
-    pub fn release_page(&mut self, p: PageId) -> Result<(), KvError> {
-        self.store.release(p)
-    }
-
     /// Releases every page of `t`, leaving it empty (same chain root).
     fn clear(&mut self, t: &mut PageTable) {
         let fresh = PageTable::new(t.root);
