@@ -23,7 +23,7 @@ impl Core {
     fn context_pages_held(&self) -> usize {
         let running = self
             .sched
-            .seqs
+            .seqs()
             .iter()
             .filter(|s| s.ctx.is_some())
             .filter_map(|s| s.table.as_ref());
@@ -43,7 +43,7 @@ impl Core {
     /// so generations that start together cannot each take the same room.
     fn context_jobs_to_come(&self) -> usize {
         self.sched
-            .seqs
+            .seqs()
             .iter()
             .filter(|s| s.ctx.is_some())
             .map(|s| {
