@@ -13,7 +13,7 @@ use super::error::EngineError;
 use super::request::Request;
 use super::scheduler::check_fits;
 use super::seq::{Before, CtxLink, Gen, Purpose, Seq, Sink};
-use crate::kv::{KvError, PageId, PageTable, PagedKv, SaveTicket};
+use crate::kv::{PageId, PageTable, PagedKv, SaveTicket};
 use crate::model::Model;
 use crate::tokenizer::Message;
 use std::collections::HashMap;
@@ -117,24 +117,21 @@ impl Contexts {
     }
 
     /// Free slots in the last page context `id`'s tokens (computed and pending) take.
-    pub fn slack(&self, page_size: usize, id: u64) -> usize {
+    pub fn slack(&self, kv: &PagedKv, id: u64) -> usize {
         self.map.get(&id).map_or(0, |c| {
-            let len = c.table().map_or(0, |t| t.len()) + c.pending.len();
-            (page_size - len % page_size) % page_size
+            kv.free_slots_after(c.table().map_or(0, |t| t.len()) + c.pending.len())
         })
     }
 
     /// Pages the contexts' pending tokens will take beyond the pages they hold, plus
     /// those `grow` more tokens of context `id` would.
-    pub fn pages_to_come(&self, page_size: usize, id: u64, grow: usize) -> usize {
+    pub fn pages_to_come(&self, kv: &PagedKv, id: u64, grow: usize) -> usize {
         self.map
             .iter()
             .map(|(&k, c)| {
-                let (len, pages) = c.table().map_or((0, 0), |t| (t.len(), t.num_pages()));
+                let len = c.table().map_or(0, |t| t.len());
                 let more = if k == id { grow } else { 0 };
-                (len + c.pending.len() + more)
-                    .div_ceil(page_size)
-                    .saturating_sub(pages)
+                kv.extra_pages_for(c.table(), len + c.pending.len() + more)
             })
             .sum()
     }
@@ -472,7 +469,7 @@ impl Contexts {
             seq_len: t.len() + c.pending.len(),
             page_size: ps,
             committed_pages: t.num_committed(),
-            working_pages: t.num_pages() - t.num_committed(),
+            working_pages: t.num_working(),
             pending_tokens: c.pending.len(),
             spare_pages: c.spare.len(),
         })
@@ -532,32 +529,16 @@ impl Contexts {
     pub fn raw_commit(&mut self, kv: &mut PagedKv, id: u64, k: usize) -> Result<(), EngineError> {
         let c = self.idle(id)?;
         let t = c.table.as_mut().expect("idle");
-        let ps = kv.page_size();
-        let full_working = t.len() / ps - t.num_committed();
-        if k > full_working {
-            let i = t.num_committed() + full_working;
-            let fill = t.len() - i * ps;
-            return Err(KvError::CommitPartial {
-                id: if i < t.num_pages() {
-                    t.page(i).0
-                } else {
-                    u32::MAX
-                },
-                fill,
-                page_size: ps,
-            }
-            .into());
-        }
         // Full working pages are committed as soon as they are computed, so there are
         // none left to commit by hand: k = 0 is all that can succeed.
-        kv.commit(t)?;
+        kv.commit_working_pages(t, k)?;
         Ok(())
     }
 
     pub fn raw_release(&mut self, kv: &mut PagedKv, id: u64, n: usize) -> Result<(), EngineError> {
         let c = self.idle(id)?;
         let t = c.table.as_mut().expect("idle");
-        let working = t.num_pages() - t.num_committed();
+        let working = t.num_working();
         if n > c.spare.len() + working {
             return Err(EngineError::ReleaseTooMany {
                 wanted: n,
@@ -568,13 +549,7 @@ impl Contexts {
         for p in c.spare.drain(c.spare.len() - from_spare..) {
             kv.release_page(p)?;
         }
-        let pages = n - from_spare;
-        if pages > 0 {
-            let ps = kv.page_size();
-            let keep = (t.num_pages() - pages) * ps;
-            let drop = t.len() - keep.min(t.len());
-            kv.truncate(t, drop)?;
-        }
+        kv.release_working_pages(t, n - from_spare)?;
         Ok(())
     }
 
@@ -586,16 +561,7 @@ impl Contexts {
     ) -> Result<(), EngineError> {
         let c = self.idle(id)?;
         let t = c.table.as_mut().expect("idle");
-        let ps = kv.page_size();
-        let in_working = t.len() - t.num_committed() * ps;
-        if n > in_working {
-            return Err(KvError::TruncateTooFar {
-                wanted: n,
-                fill: in_working,
-            }
-            .into());
-        }
-        kv.truncate(t, n)?;
+        kv.truncate_working_tokens(t, n)?;
         Ok(())
     }
 }

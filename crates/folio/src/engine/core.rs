@@ -8,7 +8,7 @@
 use super::context::{Contexts, Job};
 use super::error::EngineError;
 use super::request::{EngineConfig, EngineStats, Event, Request};
-use super::scheduler::{check_fits, Plan, Scheduler};
+use super::scheduler::{check_fits, Plan, Scheduler, SchedulerConfig};
 use super::seq::{Gen, Purpose, Sink};
 use crate::kv::{PageState, PagedKv};
 use crate::model::{Model, StepLogits};
@@ -74,18 +74,23 @@ impl Core {
                 tracing::info!("snapshot {name:?} restored: {tokens} tokens");
             }
         }
-        let mut sched = Scheduler::new(cfg.max_batch_tokens, window);
-        sched.grammar.checks = cfg.grammar_checks;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        sched.grammar.spare_core = cores > model.threads();
-        sched.sample_threads = if cfg.parallel_sampling {
-            model.threads().min(cores)
-        } else {
-            1
-        };
-        if cfg.free_window_pages {
-            sched.sliding_window = model.config.sliding_window();
-        }
+        let sched = Scheduler::new(SchedulerConfig {
+            max_batch_tokens: cfg.max_batch_tokens,
+            window,
+            grammar_checks: cfg.grammar_checks,
+            spare_core: cores > model.threads(),
+            sample_threads: if cfg.parallel_sampling {
+                model.threads().min(cores)
+            } else {
+                1
+            },
+            sliding_window: if cfg.free_window_pages {
+                model.config.sliding_window()
+            } else {
+                None
+            },
+        });
         Ok(Self {
             logits: StepLogits::new(),
             model,
@@ -100,7 +105,7 @@ impl Core {
     /// waiting, and stops the engine: its state can no longer be trusted.
     pub fn run(mut self, rx: Receiver<Cmd>) {
         let why = loop {
-            let cmd = if self.sched.seqs.is_empty() {
+            let cmd = if self.sched.seqs().is_empty() {
                 match rx.recv() {
                     Ok(c) => c,
                     Err(_) => break EngineError::Closed,
@@ -179,28 +184,13 @@ impl Core {
         plan: &Plan,
         logits: &mut StepLogits,
     ) -> Result<(), crate::model::StepError> {
-        let steps = &self.sched.grammar;
-        let sampling = |i: &usize, step: &crate::kv::SeqStep| {
-            step.logits != crate::kv::Logits::None && self.sched.seqs[*i].wants_mask_ahead(steps)
-        };
-        let wanted: Vec<usize> = plan
-            .seqs
-            .iter()
-            .zip(&plan.batch.seqs)
-            .filter(|(i, s)| sampling(i, s))
-            .map(|(i, _)| *i)
-            .collect();
-        self.sched.grammar.masks_ahead += wanted.len() as u64;
-        let (model, kv, seqs) = (&self.model, &mut self.kv, &mut self.sched.seqs);
+        let wanted = self.sched.masks_wanted(plan);
+        let (model, kv, sched) = (&self.model, &mut self.kv, &mut self.sched);
         if wanted.is_empty() {
             return model.forward_into(&plan.batch, kv.storage(), logits);
         }
         std::thread::scope(|s| {
-            let masks = s.spawn(|| {
-                for &i in &wanted {
-                    seqs[i].prepare_mask();
-                }
-            });
+            let masks = s.spawn(|| sched.prepare_masks(&wanted));
             let out = model.forward_into(&plan.batch, kv.storage(), logits);
             if masks.join().is_err() {
                 tracing::error!("computing grammar masks failed: they are computed at sampling");
@@ -211,7 +201,7 @@ impl Core {
 
     /// Hands the tables of retired context jobs back to their contexts.
     fn give_back_retired(&mut self) {
-        for s in std::mem::take(&mut self.sched.retired) {
+        for s in self.sched.take_retired() {
             self.contexts.give_back(&mut self.kv, &self.model, s);
         }
     }
@@ -232,19 +222,14 @@ impl Core {
         let ctx = Some((j.link, j.table));
         self.sched.push(j.req, j.tokens, j.salt, j.purpose, ctx);
         if let Some(bad) = bad {
-            let mut s = self.sched.seqs.pop().expect("just pushed");
-            if let Some(link) = s.ctx.as_mut() {
-                // Nothing was generated: no reply to record.
-                link.chat_reply = false;
-            }
-            s.fail(&crate::error::TokenizerError::UnknownId(bad).into());
-            self.sched.retired.push(s);
+            self.sched
+                .refuse_last(&crate::error::TokenizerError::UnknownId(bad).into());
             self.give_back_retired();
         }
     }
 
     fn submit(&mut self, id: u64, req: Request, tx: Sink) {
-        let window = self.sched.window;
+        let window = self.sched.window();
         let checked = req.validate().and_then(|_| {
             let toks = req.prompt.tokens(&self.model)?;
             if toks.is_empty() {
@@ -256,7 +241,7 @@ impl Core {
                     window,
                 });
             }
-            let sliding = self.sched.most_pages_held(self.kv.page_size());
+            let sliding = self.sched.most_pages_held(&self.kv);
             check_fits(&self.kv, window, toks.len(), req.max_tokens, sliding)?;
             Ok(toks)
         });
@@ -284,8 +269,9 @@ impl Core {
 
     pub fn stats(&self) -> EngineStats {
         let kv = &self.kv;
-        let c = &self.sched.counters;
-        let seqs = &self.sched.seqs;
+        let c = self.sched.counters();
+        let seqs = self.sched.seqs();
+        let grammar = self.sched.grammar();
         EngineStats {
             pages_total: kv.num_pages(),
             pages_free: kv.count(PageState::Free),
@@ -309,10 +295,10 @@ impl Core {
             step_tokens: c.step_tokens.to_vec(),
             step_tokens_sum: c.step_tokens_sum,
             samples_chosen_ahead: c.samples_chosen_ahead,
-            grammar_checked: self.sched.grammar.checked,
-            grammar_masked: self.sched.grammar.masked,
-            grammar_masks_ahead: self.sched.grammar.masks_ahead,
-            grammar_masks_ahead_used: self.sched.grammar.masks_ahead_used,
+            grammar_checked: grammar.checked,
+            grammar_masked: grammar.masked,
+            grammar_masks_ahead: grammar.masks_ahead,
+            grammar_masks_ahead_used: grammar.masks_ahead_used,
         }
     }
 
@@ -320,7 +306,7 @@ impl Core {
     fn shared_pages(&self) -> usize {
         let tables = self
             .sched
-            .seqs
+            .seqs()
             .iter()
             .filter_map(|s| s.table.as_ref())
             .chain(self.contexts.tables())
@@ -350,9 +336,9 @@ impl Core {
     pub fn check_invariants(&self) -> Result<(), String> {
         let tables = self
             .sched
-            .seqs
+            .seqs()
             .iter()
-            .chain(&self.sched.retired)
+            .chain(self.sched.retired())
             .filter_map(|s| s.table.as_ref())
             .chain(self.contexts.tables())
             .chain(self.kv.pinned_tables());

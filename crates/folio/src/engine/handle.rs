@@ -55,7 +55,7 @@ impl Engine {
     pub fn new(model: Model, config: EngineConfig) -> Result<Self, EngineError> {
         let core = Core::new(model, &config)?;
         let model = core.model.clone();
-        let window = core.sched.window;
+        let window = core.sched.window();
         let (tx, rx) = channel();
         let thread = std::thread::Builder::new()
             .name("folio-engine".into())
@@ -341,9 +341,9 @@ impl Context {
     pub fn append_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
         let (id, t) = (self.id, tokens.to_vec());
         self.engine.call(move |c| {
-            c.contexts.check_window(id, t.len(), c.sched.window)?;
+            c.contexts.check_window(id, t.len(), c.sched.window())?;
             c.check_context_room(id, t.len(), 0)?;
-            c.contexts.append(&c.model, c.sched.window, id, t)
+            c.contexts.append(&c.model, c.sched.window(), id, t)
         })?
     }
 
@@ -363,10 +363,10 @@ impl Context {
                 if c.contexts.is_empty(id)? != empty {
                     return Ok(false);
                 }
-                c.contexts.check_window(id, toks.len(), c.sched.window)?;
+                c.contexts.check_window(id, toks.len(), c.sched.window())?;
                 c.check_context_room(id, toks.len(), 0)?;
                 c.contexts
-                    .append(&c.model, c.sched.window, id, toks)
+                    .append(&c.model, c.sched.window(), id, toks)
                     .map(|()| true)
             })??;
             if appended {
@@ -386,10 +386,10 @@ impl Context {
             let was = self.engine.call(move |c| c.contexts.chat(id))??;
             let added = was.add(self.engine.model(), role, text)?;
             let done = self.engine.call(move |c| {
-                c.contexts.check_window(id, added.len(), c.sched.window)?;
+                c.contexts.check_window(id, added.len(), c.sched.window())?;
                 c.check_context_room(id, added.len(), 0)?;
                 c.contexts
-                    .add_message(&c.model, c.sched.window, id, &was, added)
+                    .add_message(&c.model, c.sched.window(), id, &was, added)
             })??;
             if done {
                 return Ok(());
@@ -497,9 +497,9 @@ impl Context {
                 super::request::Prompt::Tokens(t) => t.len(),
                 super::request::Prompt::Text(_) => 0,
             };
-            c.contexts.check_window(id, prompt, c.sched.window)?;
+            c.contexts.check_window(id, prompt, c.sched.window())?;
             req.max_tokens = req.max_tokens.min(c.context_room_tokens(id, prompt)?);
-            let (kv, model, window) = (&mut c.kv, &c.model, c.sched.window);
+            let (kv, model, window) = (&mut c.kv, &c.model, c.sched.window());
             let job = c
                 .contexts
                 .generate(kv, model, window, id, rid, req, chat, tx)?;

@@ -59,7 +59,7 @@ impl Core {
                 }
             }
         };
-        for s in &self.sched.seqs {
+        for s in self.sched.seqs() {
             if let Some(t) = &s.table {
                 let h = match &s.ctx {
                     Some(link) => Holder::Context(link.ctx),

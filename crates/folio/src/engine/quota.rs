@@ -23,7 +23,7 @@ impl Core {
     fn context_pages_held(&self) -> usize {
         let running = self
             .sched
-            .seqs
+            .seqs()
             .iter()
             .filter(|s| s.ctx.is_some())
             .filter_map(|s| s.table.as_ref());
@@ -42,9 +42,8 @@ impl Core {
     /// its tokens plus what it may still sample. Counted as held from the job's start,
     /// so generations that start together cannot each take the same room.
     fn context_jobs_to_come(&self) -> usize {
-        let ps = self.kv.page_size();
         self.sched
-            .seqs
+            .seqs()
             .iter()
             .filter(|s| s.ctx.is_some())
             .map(|s| {
@@ -52,8 +51,8 @@ impl Core {
                     Purpose::Generate(g) => g.max_tokens.saturating_sub(g.generated),
                     Purpose::Flush => 0,
                 };
-                let have = s.table.as_ref().map_or(0, |t| t.num_pages());
-                (s.tokens.len() + more).div_ceil(ps).saturating_sub(have)
+                self.kv
+                    .extra_pages_for(s.table.as_ref(), s.tokens.len() + more)
             })
             .sum()
     }
@@ -61,7 +60,7 @@ impl Core {
     /// Pages still free in the contexts' share: what the contexts and snapshots do not
     /// hold and their pending tokens will not take.
     fn context_pages_free(&self) -> usize {
-        let coming = self.contexts.pages_to_come(self.kv.page_size(), 0, 0);
+        let coming = self.contexts.pages_to_come(&self.kv, 0, 0);
         self.contexts
             .page_limit
             .saturating_sub(self.context_pages_held() + coming)
@@ -72,13 +71,12 @@ impl Core {
     /// window (finish `length`), so it never takes the context past it. An error when
     /// the prompt and one token do not fit.
     pub(crate) fn context_room_tokens(&self, id: u64, prompt: usize) -> Result<usize, EngineError> {
-        let ps = self.kv.page_size();
         // The free slots of the context's last page are its own already.
-        let room = self.context_pages_free() * ps + self.contexts.slack(ps, id);
+        let room = self.kv.tokens_in(self.context_pages_free()) + self.contexts.slack(&self.kv, id);
         if prompt >= room {
             return Err(EngineError::ContextPages {
                 held: self.context_pages_held(),
-                need: (prompt + 1 - room).div_ceil(ps),
+                need: self.kv.pages_for(prompt + 1 - room),
                 limit: self.contexts.page_limit,
             });
         }
@@ -110,7 +108,7 @@ impl Core {
     ) -> Result<(), EngineError> {
         let limit = self.contexts.page_limit;
         let held = self.context_pages_held();
-        let need = self.contexts.pages_to_come(self.kv.page_size(), id, grow) + pages;
+        let need = self.contexts.pages_to_come(&self.kv, id, grow) + pages;
         if need > 0 && held + need > limit {
             return Err(EngineError::ContextPages { held, need, limit });
         }

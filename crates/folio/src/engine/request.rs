@@ -109,7 +109,7 @@ impl EngineConfig {
                 ),
             );
         }
-        let max_pages = u32::MAX as usize - 1;
+        let max_pages = crate::kv::MAX_PAGES;
         if self.kv_pages == 0 || self.kv_pages > max_pages {
             return bad(
                 "kv_pages",

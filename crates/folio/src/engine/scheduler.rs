@@ -33,9 +33,8 @@ pub(crate) fn check_fits(
     sliding: Option<usize>,
 ) -> Result<(), EngineError> {
     let longest = prompt.saturating_add(max_tokens).min(window);
-    let needed = longest.div_ceil(kv.page_size());
-    let needed = sliding.map_or(needed, |most| needed.min(most));
-    if needed > kv.num_pages() {
+    let needed = kv.pages_needed(longest, sliding);
+    if !kv.fits(needed) {
         return Err(EngineError::TooLargeForPool {
             needed,
             pages: kv.num_pages(),
@@ -70,54 +69,133 @@ pub(crate) struct Plan {
     pub batch: Batch,
 }
 
-/// The live sequences and the rules that run them.
-pub(crate) struct Scheduler {
-    pub seqs: Vec<Seq>,
-    next_arrival: u64,
-    max_batch_tokens: usize,
+/// How a [`Scheduler`] runs, fixed for its life: from the engine's configuration,
+/// the model and the machine (`Core::new` makes it). No `Default`: the step's token
+/// budget and the window come from those, and every knob below is set there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SchedulerConfig {
+    /// Token rows one step takes, all sequences together (`EngineConfig::max_batch_tokens`).
+    pub max_batch_tokens: usize,
     /// The most tokens a sequence may hold.
     pub window: usize,
-    pub counters: Counters,
-    /// How constrained samples are drawn, and their counts.
-    pub grammar: GrammarSteps,
-    /// Threads that choose a step's samples (those of the forward pass, idle then).
+    /// Ask the grammar about single tokens before masking (`EngineConfig::grammar_checks`;
+    /// off: always mask, the reference the tests compare with).
+    pub grammar_checks: bool,
+    /// The machine has a core the forward pass leaves idle, for grammar masks
+    /// computed ahead.
+    pub spare_core: bool,
+    /// Threads that choose a step's samples (those of the forward pass, idle then); 1
+    /// chooses them one after another.
     pub sample_threads: usize,
     /// The widest window when every layer of the model slides and plain requests free
     /// the pages it left (`EngineConfig::free_window_pages`); `None` otherwise.
     pub sliding_window: Option<usize>,
+}
+
+/// The live sequences and the rules that run them.
+pub(crate) struct Scheduler {
+    cfg: SchedulerConfig,
+    seqs: Vec<Seq>,
+    next_arrival: u64,
+    counters: Counters,
+    /// How constrained samples are drawn, and their counts.
+    grammar: GrammarSteps,
     /// Finished or failed sequences that belong to a context: the core hands their
     /// tables back (others release their pages here).
-    pub retired: Vec<Seq>,
+    retired: Vec<Seq>,
 }
 
 impl Scheduler {
-    pub fn new(max_batch_tokens: usize, window: usize) -> Self {
+    pub fn new(cfg: SchedulerConfig) -> Self {
         Self {
             seqs: Vec::new(),
             next_arrival: 0,
-            max_batch_tokens,
-            window,
             counters: Counters::default(),
             grammar: GrammarSteps {
-                checks: true,
-                spare_core: false,
+                checks: cfg.grammar_checks,
+                spare_core: cfg.spare_core,
                 checked: 0,
                 masked: 0,
                 masks_ahead: 0,
                 masks_ahead_used: 0,
             },
-            sample_threads: 1,
-            sliding_window: None,
             retired: Vec::new(),
+            cfg,
         }
+    }
+
+    /// The most tokens a sequence may hold.
+    pub fn window(&self) -> usize {
+        self.cfg.window
+    }
+
+    /// The live sequences, running or waiting.
+    pub fn seqs(&self) -> &[Seq] {
+        &self.seqs
+    }
+
+    /// Finished or failed context jobs whose tables have not gone back yet.
+    pub fn retired(&self) -> &[Seq] {
+        &self.retired
+    }
+
+    /// Takes the retired context jobs, for the core to hand their tables back.
+    pub fn take_retired(&mut self) -> Vec<Seq> {
+        std::mem::take(&mut self.retired)
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// How constrained samples are drawn, and their counts.
+    pub fn grammar(&self) -> &GrammarSteps {
+        &self.grammar
+    }
+
+    /// The sequences of `plan` whose samples will likely need a grammar mask, for
+    /// [`Scheduler::prepare_masks`] to compute while the forward pass runs; counted
+    /// as masks computed ahead.
+    pub fn masks_wanted(&mut self, plan: &Plan) -> Vec<usize> {
+        let wanted: Vec<usize> = plan
+            .seqs
+            .iter()
+            .zip(&plan.batch.seqs)
+            .filter(|(i, step)| {
+                step.logits != Logits::None && self.seqs[**i].wants_mask_ahead(&self.grammar)
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        self.grammar.masks_ahead += wanted.len() as u64;
+        wanted
+    }
+
+    /// Computes the grammar masks of sequences `wanted` (see [`Scheduler::masks_wanted`]).
+    pub fn prepare_masks(&mut self, wanted: &[usize]) {
+        for &i in wanted {
+            self.seqs[i].prepare_mask();
+        }
+    }
+
+    /// Fails the sequence just pushed before it ever ran (a context's job: it goes
+    /// to the retired list for its table to go back, with no reply to record).
+    pub fn refuse_last(&mut self, e: &EngineError) {
+        let mut s = self.seqs.pop().expect("just pushed");
+        if let Some(link) = s.ctx.as_mut() {
+            // Nothing was generated: no reply to record.
+            link.chat_reply = false;
+        }
+        s.fail(e);
+        self.retired.push(s);
     }
 
     /// The most pages a plain sequence holds at once when it frees the pages its window
     /// left: after a step it keeps the `w - 1` positions before the next query, and a
     /// step adds at most `max_batch_tokens` positions after them.
-    pub fn most_pages_held(&self, page_size: usize) -> Option<usize> {
-        self.sliding_window
-            .map(|w| (w - 1 + self.max_batch_tokens).div_ceil(page_size) + 1)
+    pub fn most_pages_held(&self, kv: &PagedKv) -> Option<usize> {
+        self.cfg
+            .sliding_window
+            .map(|w| kv.most_pages_spanned(w - 1 + self.cfg.max_batch_tokens))
     }
 
     /// Every plain request gives up the committed pages that no later query reads
@@ -125,7 +203,9 @@ impl Scheduler {
     /// from its pages. After each step's commit, and at admission (a prefix attached
     /// from the cache may reach far behind the window).
     pub fn forget_out_of_window(&mut self, kv: &mut PagedKv) {
-        let Some(w) = self.sliding_window else { return };
+        let Some(w) = self.cfg.sliding_window else {
+            return;
+        };
         for s in self.seqs.iter_mut().filter(|s| s.ctx.is_none()) {
             if let Some(t) = s.table.as_mut() {
                 Self::forget(kv, t, w, &mut self.counters);
@@ -219,7 +299,7 @@ impl Scheduler {
 
     /// Whether a started sequence is still prefilling at least one more full page of
     /// tokens that sequence `i` starts with (so `i` will find them in the index).
-    fn prefix_in_flight(&self, i: usize, ps: usize) -> bool {
+    fn prefix_in_flight(&self, kv: &PagedKv, i: usize) -> bool {
         let s = &self.seqs[i];
         self.seqs.iter().enumerate().any(|(j, o)| {
             let Some(t) = &o.table else { return false };
@@ -232,7 +312,7 @@ impl Scheduler {
                 .zip(&o.tokens)
                 .take_while(|(a, b)| a == b)
                 .count();
-            common.min(s.tokens.len() - 1) >= t.len() / ps * ps + ps
+            common.min(s.tokens.len() - 1) >= kv.page_end(t.len())
         })
     }
 
@@ -246,7 +326,7 @@ impl Scheduler {
             kv.reuse_prefix(&mut t, &s.tokens)
         };
         // A context's job (readmitted after a preemption) keeps its pages.
-        if let (Some(w), None) = (self.sliding_window, &s.ctx) {
+        if let (Some(w), None) = (self.cfg.sliding_window, &s.ctx) {
             Self::forget(kv, &mut t, w, &mut self.counters);
         }
         s.queued.get_or_insert_with(|| s.arrived.elapsed());
@@ -260,10 +340,9 @@ impl Scheduler {
     /// Plans one step: who runs how many tokens, with their slots reserved. `None` when
     /// nothing can run (a sequence that can never fit is failed then).
     pub fn schedule(&mut self, kv: &mut PagedKv) -> Option<Plan> {
-        let ps = kv.page_size();
         let mut order: Vec<usize> = (0..self.seqs.len()).collect();
         order.sort_by_key(|&i| (self.seqs[i].arrival, self.seqs[i].index));
-        let mut budget = self.max_batch_tokens;
+        let mut budget = self.cfg.max_batch_tokens;
         let mut plan = Plan {
             seqs: Vec::new(),
             batch: Batch::default(),
@@ -273,9 +352,9 @@ impl Scheduler {
         // While others have work, one prompt's chunk takes at most half the step, so
         // a long prompt never holds a short one (or new decoders) out until it is done.
         let chunk_cap = if self.seqs.len() > 1 {
-            (self.max_batch_tokens / 2).max(1)
+            (self.cfg.max_batch_tokens / 2).max(1)
         } else {
-            self.max_batch_tokens
+            self.cfg.max_batch_tokens
         };
         for at in 0..order.len() {
             let i = order[at];
@@ -284,7 +363,7 @@ impl Scheduler {
             }
             if self.seqs[i].table.is_none() {
                 let waits_for_prefix =
-                    !self.seqs[i].wants_prompt_logprobs() && self.prefix_in_flight(i, ps);
+                    !self.seqs[i].wants_prompt_logprobs() && self.prefix_in_flight(kv, i);
                 if !admitting || waits_for_prefix {
                     // Another sequence is computing this one's prefix right now: wait
                     // for its pages to be committed, then attach them.
@@ -292,14 +371,13 @@ impl Scheduler {
                 }
                 self.admit(kv, i);
             }
-            let (len, held) = {
+            let len = self.seqs[i].table.as_ref().expect("admitted").len();
+            let mut c = self.seqs[i].pending().min(budget).min(chunk_cap);
+            loop {
                 let t = self.seqs[i].table.as_ref().expect("admitted");
-                (t.len(), t.num_pages())
-            };
-            let want = self.seqs[i].pending().min(budget).min(chunk_cap);
-            let need = |c: usize| (len + c).div_ceil(ps).saturating_sub(held);
-            let mut c = want;
-            while need(c) > kv.num_available() {
+                if kv.pages_to_grow(t, c) <= kv.num_available() {
+                    break;
+                }
                 // Make room: preempt the newest sequence (after this one) holding pages.
                 let newest = order[at + 1..]
                     .iter()
@@ -309,7 +387,7 @@ impl Scheduler {
                 match newest {
                     Some(j) => self.preempt(kv, j),
                     None => {
-                        c = c.min(((held + kv.num_available()) * ps).saturating_sub(len));
+                        c = c.min(kv.room_to_grow(t));
                         break;
                     }
                 }
@@ -374,9 +452,8 @@ impl Scheduler {
         let Some(i) = (0..self.seqs.len()).min_by_key(key) else {
             return;
         };
-        let ps = kv.page_size();
         let s = &self.seqs[i];
-        let needed = s.tokens.len().div_ceil(ps);
+        let needed = kv.pages_for(s.tokens.len());
         let held = s.table.as_ref().map_or(0, |t| t.num_pages());
         let e = EngineError::PoolTooSmall {
             needed,
@@ -434,7 +511,7 @@ impl Scheduler {
             let l = &l[l.len() - vocab..];
             children.extend(self.fork_samples(kv, tok, i, l));
             let before = self.seqs[i].tokens.len();
-            match self.seqs[i].sample(tok, l, self.window, &mut self.grammar) {
+            match self.seqs[i].sample(tok, l, self.cfg.window, &mut self.grammar) {
                 After::Continue => {}
                 After::Finished(why) => done.push((i, Some(why))),
                 After::Gone => done.push((i, None)),
@@ -478,7 +555,7 @@ impl Scheduler {
             rows[i] = Some(&l[l.len() - vocab..]);
         }
         let n = rows.iter().flatten().count();
-        let threads = self.sample_threads.min(n / PER_THREAD);
+        let threads = self.cfg.sample_threads.min(n / PER_THREAD);
         if threads < 2 {
             return; // the serial loop chooses
         }
@@ -572,7 +649,7 @@ impl Scheduler {
                 ctx: None,
             };
             let before = child.tokens.len();
-            let after = child.sample(tok, logits, self.window, &mut self.grammar);
+            let after = child.sample(tok, logits, self.cfg.window, &mut self.grammar);
             self.counters.generated_tokens += (child.tokens.len() - before) as u64;
             match after {
                 After::Continue => out.push(child),

@@ -5,6 +5,7 @@
 //! the rest with `tracing`, and turns a panic into [`GrammarError::Engine`], whose
 //! text says nothing of it.
 
+use crate::error::ErrorKind;
 use thiserror::Error;
 
 /// The longest llguidance reason a client sees, in bytes (the whole goes to the log).
@@ -50,14 +51,14 @@ pub(crate) enum Phase {
 }
 
 impl GrammarError {
-    pub fn kind(&self) -> crate::ErrorKind {
+    pub fn kind(&self) -> ErrorKind {
         match self {
             GrammarError::Compile(_)
             | GrammarError::TooLarge { .. }
             | GrammarError::Unsatisfiable
-            | GrammarError::Exceeded(_) => crate::ErrorKind::Invalid,
-            GrammarError::Cancelled => crate::ErrorKind::Unavailable,
-            GrammarError::Engine | GrammarError::Vocabulary(_) => crate::ErrorKind::Internal,
+            | GrammarError::Exceeded(_) => ErrorKind::Invalid,
+            GrammarError::Cancelled => ErrorKind::Unavailable,
+            GrammarError::Engine | GrammarError::Vocabulary(_) => ErrorKind::Internal,
         }
     }
 

@@ -30,6 +30,12 @@ pub enum KvError {
         fill: usize,
         page_size: usize,
     },
+    /// More working pages to commit than the table has full ones, and no partial one
+    /// after them to blame.
+    #[error("cannot commit {wanted} working pages: the table has {full} full ones")]
+    CommitTooMany { wanted: usize, full: usize },
+    #[error("cannot release {wanted} working pages: the table has {have}")]
+    ReleaseTooMany { wanted: usize, have: usize },
     #[error("page {0} is full")]
     PageFull(u32),
     #[error("cannot drop {wanted} tokens from a page holding {fill}")]

@@ -11,6 +11,9 @@
 //! - [`KvStorage`]: the page-addressed K/V the model writes and reads.
 //! - [`KvSeq`]: one sequence driven by its owner without an engine, implemented by the
 //!   pool's [`PagedSeq`] and by [`BasicCache`], the contiguous oracle.
+//! - Page arithmetic on the pool (`pages.rs`: pages for tokens, what a table needs to
+//!   grow, whether a sequence fits) and the raw working-page operations (`working.rs`),
+//!   so callers speak in pages and tables, never in `div_ceil`s of the page size.
 //!
 //! # Page states
 //!
@@ -38,12 +41,14 @@ mod buf;
 mod error;
 mod hash;
 mod paged;
+mod pages;
 mod seq;
 mod single;
 mod snapshot;
 mod storage;
 mod store;
 mod table;
+mod working;
 
 #[cfg(test)]
 mod tests;
@@ -61,5 +66,5 @@ pub use snapshot::{
     remove_snapshot_file, SaveTicket, SnapshotLimits, SnapshotLock, Written, SAVE_CHUNK_BYTES,
 };
 pub use storage::KvStorage;
-pub use store::{PageId, PageState, PageView, Stats};
+pub use store::{PageId, PageState, PageView, Stats, MAX_PAGES};
 pub use table::{holders, shared_pages, ForkGroup, PageTable};

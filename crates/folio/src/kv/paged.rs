@@ -280,25 +280,12 @@ impl PagedKv {
         let common = have.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         self.truncate_to(t, common.min(prompt.len().saturating_sub(1)));
         let ps = self.page_size();
-        let store = &mut self.store;
-        while t.len().is_multiple_of(ps) && t.len() + ps < prompt.len() {
-            let chunk = &prompt[t.len()..t.len() + ps];
-            let Some(p) = store.lookup(t.tail_hash(), chunk) else {
-                break;
-            };
-            if store.retain(p).is_err() {
-                break;
-            }
-            let h = store
-                .hash(p)
-                .ok()
-                .flatten()
-                .expect("indexed pages have a hash");
-            t.own.push(p);
-            t.hashes.push(h);
-            t.len += ps;
-            store.stats.prefix_hit_pages += 1;
-        }
+        // Whole pages, short of the last token (it must be computed for its logits).
+        // An error stops the attach where it was: the copy below and the caller go on
+        // from what `t` holds then.
+        let _ = self
+            .store
+            .attach_indexed(t, &prompt[..prompt.len().saturating_sub(1)]);
         // Below page granularity: a cached page whose first k tokens continue the prompt
         // gives those k slots by copy (the shared page itself is never written).
         let len = t.len();
@@ -321,16 +308,6 @@ impl PagedKv {
             }
         }
         t.len()
-    }
-
-    /// Raw page operations (the Context API's): `n` working pages reserved ahead.
-    pub fn reserve_pages(&mut self, n: usize) -> Result<Vec<PageId>, KvError> {
-        self.store.reserve_n(n)
-    }
-
-    /// Gives back one reference to a page (a reserved working page is freed).
-    pub fn release_page(&mut self, p: PageId) -> Result<(), KvError> {
-        self.store.release(p)
     }
 
     /// Releases every page of `t`, leaving it empty (same chain root).

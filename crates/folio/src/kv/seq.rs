@@ -43,18 +43,22 @@ impl PageStore {
         Ok(())
     }
 
-    #[cfg(test)]
-    /// Attaches the longest chain of indexed full pages that `tokens` starts with to an
-    /// empty table; returns how many tokens it covers (a multiple of the page size).
-    pub fn attach_prefix(&mut self, t: &mut PageTable, tokens: &[u32]) -> Result<usize, KvError> {
-        assert!(t.is_empty(), "attach_prefix starts a table");
+    /// Attaches by reference the indexed full pages that continue `t` along `tokens`
+    /// (what `t` holds is `tokens`' start): page after page from `t`'s end, while it
+    /// ends on a page boundary and a whole page of `tokens` is left, up to the first
+    /// page the index lacks. The one prefix attach: [`super::PagedKv::reuse_prefix`]
+    /// runs it (short of a prompt's last token), and so do the property tests. Returns
+    /// the tokens `t` holds; an error (only for a store out of step with its index)
+    /// leaves `t` holding the pages attached so far.
+    pub fn attach_indexed(&mut self, t: &mut PageTable, tokens: &[u32]) -> Result<usize, KvError> {
         let ps = self.page_size();
-        for chunk in tokens.chunks_exact(ps) {
+        while t.len.is_multiple_of(ps) && t.len + ps <= tokens.len() {
+            let chunk = &tokens[t.len..t.len + ps];
             let Some(p) = self.lookup(t.tail_hash(), chunk) else {
                 break;
             };
-            self.retain(p)?;
             let h = self.hash(p)?.expect("indexed pages have a hash");
+            self.retain(p)?;
             t.own.push(p);
             t.hashes.push(h);
             t.len += ps;

@@ -34,6 +34,9 @@ struct Page {
 
 const NO_LINK: u32 = u32::MAX;
 
+/// The most pages one pool may have: page ids are `u32`, and `u32::MAX` is no page.
+pub const MAX_PAGES: usize = NO_LINK as usize - 1;
+
 /// One page as a page map shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageView {
@@ -78,7 +81,7 @@ pub struct PageStore {
 impl PageStore {
     /// `n_pages` free pages of `page_size` token slots.
     pub fn new(n_pages: usize, page_size: usize) -> Self {
-        assert!(page_size > 0 && n_pages < u32::MAX as usize);
+        assert!(page_size > 0 && n_pages <= MAX_PAGES);
         let pages = (0..n_pages)
             .map(|_| Page {
                 state: PageState::Free,

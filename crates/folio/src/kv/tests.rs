@@ -50,7 +50,7 @@ proptest! {
             match op {
                 Op::New(prompt) => {
                     let mut t = PageTable::new(root);
-                    let hit = store.attach_prefix(&mut t, &prompt).unwrap();
+                    let hit = store.attach_indexed(&mut t, &prompt).unwrap();
                     prop_assert_eq!(hit % page_size, 0);
                     let mut ok = true;
                     for &tok in &prompt[hit..] {
@@ -152,12 +152,12 @@ fn a_second_prompt_reuses_the_first_ones_pages() {
         store.append(&mut a, t).unwrap();
     }
     let mut b = PageTable::new(root);
-    assert_eq!(store.attach_prefix(&mut b, &prompt).unwrap(), 12);
+    assert_eq!(store.attach_indexed(&mut b, &prompt).unwrap(), 12);
     assert_eq!(&b.pages()[..3], &a.pages()[..3]);
     assert_eq!(store.num_shared(), 3);
     // Another tenant's chain shares nothing.
     let mut c = PageTable::new(Hasher128::root(b"m", 4, b"tenant-b"));
-    assert_eq!(store.attach_prefix(&mut c, &prompt).unwrap(), 0);
+    assert_eq!(store.attach_indexed(&mut c, &prompt).unwrap(), 0);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The layers' one-way imports, checked on the source tree: engine → model → kv →
-//! kernels → gguf (tokenizer beside model). A file that imports a layer above its own
-//! fails here with its path and line; `folio-cli` reaches the library only through its
-//! public facade, never `kernels`.
+//! kernels → gguf (tokenizer beside model, grammar on the tokenizer). A file that
+//! imports a layer above its own fails here with its path and line; no module reaches
+//! back up to the crate root's facade (`lib.rs` re-exports, it is not imported from);
+//! `folio-cli` reaches the library only through its public facade, never `kernels`.
 
 use crate::common::root;
 use std::path::Path;
@@ -13,6 +14,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("kv", &["model", "tokenizer", "engine"]),
     ("tokenizer", &["kernels", "kv", "model", "engine"]),
     ("model", &["engine"]),
+    ("grammar", &["kernels", "kv", "model", "engine"]),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -81,6 +83,44 @@ fn naming(dir: &str, forbidden: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// Lines of `file` that name an item of the crate root (`crate::` then a capital: the
+/// facade's re-exports), outside comments.
+fn root_items(file: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(file).unwrap();
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .filter(|(_, l)| {
+            l.match_indices("crate::").any(|(i, m)| {
+                l[i + m.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_uppercase())
+            })
+        })
+        .map(|(n, l)| format!("{}:{}: {}", file.display(), n + 1, l.trim()))
+        .collect()
+}
+
+/// `lib.rs` only re-exports: a module that imports through it (`crate::ErrorKind`
+/// rather than `crate::error::ErrorKind`) points up at whatever the facade gathers.
+#[test]
+fn no_module_imports_the_crate_roots_facade() {
+    let src = root().join("crates/folio/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let bad: Vec<String> = files
+        .iter()
+        .filter(|f| **f != src.join("lib.rs"))
+        .flat_map(|f| root_items(f))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "imports through the crate root:\n{}",
+        bad.join("\n")
+    );
+}
+
 #[test]
 fn the_cli_uses_only_the_public_facade() {
     let bad = naming(
@@ -128,6 +168,12 @@ fn the_check_finds_a_forbidden_import() {
     )
     .unwrap();
     assert_eq!(mentions(&f, "engine").len(), 1);
+    std::fs::write(
+        &f,
+        "use crate::ErrorKind;\n// crate::Engine in a comment\nuse crate::error::ErrorKind;\n",
+    )
+    .unwrap();
+    assert_eq!(root_items(&f).len(), 1);
 }
 
 #[test]
