@@ -16,7 +16,11 @@
 //!   keys (decode), and a block of rows over one widened tile of keys (prefill).
 //! - `avxvnni`: the AVX2 path with its 8-bit dot products done by AVX-VNNI's 256-bit
 //!   `vpdpbusd` (VEX), for CPUs that run that and not AVX-512; the same bits as AVX2.
-//! - `matmul`: [`QMatrix`] (weights laid out for the kernels) and the threaded matmul.
+//! - `matmul/`: [`QMatrix`] (weights laid out and packed for the kernels), the
+//!   [`Activations`] a matmul reads, and the threaded tiled matmul (its `mod.rs` maps
+//!   the files).
+//! - `kv_rows`: [`KvDtype`], [`KvRows`], [`KvRun`]: stored K/V as the attention kernels
+//!   read it.
 //! - `pool`: a persistent thread pool, one barrier per parallel region; tasks are claimed
 //!   dynamically and waiting threads park, so more threads than cores degrade gracefully.
 //!
@@ -57,6 +61,7 @@ use one_row_over_tiles;
 mod attend;
 mod attend_runs;
 mod cpu;
+mod kv_rows;
 pub mod matmul;
 pub mod pool;
 pub mod quant;
@@ -81,6 +86,7 @@ pub use attend::{attend, Attend};
 pub(crate) use attend_runs::attend_runs;
 pub(crate) use attend_runs::{attend_row, zmm_attention, RowCall};
 pub use cpu::Cpu;
+pub use kv_rows::{KvDtype, KvRows, KvRun};
 pub use matmul::{matmul, Activations, QMatrix};
 pub use pool::ThreadPool;
 
@@ -155,80 +161,6 @@ pub fn dot_f16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
         i if i.avx2() => unsafe { avx2::dot_f16(w, x) },
         _ => scalar::dot_f16(w, x),
     }
-}
-
-/// The element type of stored K/V.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvDtype {
-    /// Half precision, what llama.cpp stores by default.
-    #[default]
-    F16,
-    F32,
-}
-
-impl KvDtype {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            KvDtype::F16 => 2,
-            KvDtype::F32 => 4,
-        }
-    }
-}
-
-/// Stored K or V rows of one dtype.
-#[derive(Debug, Clone, Copy)]
-pub enum KvRows<'a> {
-    F16(&'a [u16]),
-    F32(&'a [f32]),
-}
-
-impl<'a> KvRows<'a> {
-    /// Elements held.
-    pub fn len(&self) -> usize {
-        match self {
-            KvRows::F16(x) => x.len(),
-            KvRows::F32(x) => x.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The same rows from element `off` on.
-    pub fn skip(self, off: usize) -> Self {
-        match self {
-            KvRows::F16(x) => KvRows::F16(&x[off..]),
-            KvRows::F32(x) => KvRows::F32(&x[off..]),
-        }
-    }
-
-    /// The rows as raw 16-bit units (two per f32), for copying.
-    pub fn raw(&self) -> &'a [u16] {
-        match *self {
-            KvRows::F16(x) => x,
-            KvRows::F32(x) => bytemuck::cast_slice(x),
-        }
-    }
-
-    /// Element `i` as f32.
-    pub fn get(&self, i: usize) -> f32 {
-        match self {
-            KvRows::F16(x) => quant::f16_to_f32(x[i]),
-            KvRows::F32(x) => x[i],
-        }
-    }
-}
-
-/// A run of keys stored at a fixed row stride: `n` K rows from the start of `k`, the
-/// matching V rows from the start of `v` (one page of a paged cache, or a whole
-/// contiguous cache).
-#[derive(Debug, Clone, Copy)]
-pub struct KvRun<'a> {
-    pub k: KvRows<'a>,
-    pub v: KvRows<'a>,
-    pub n: usize,
 }
 
 /// Asks the kernel to back `buf`'s whole pages with 2 MiB pages, before anything

@@ -1,0 +1,313 @@
+//! [`QMatrix`], a weight matrix copied out of the file into the layout the kernels
+//! read ([`Layout`]: GGUF's rows, or Q4_1 and Q8_0 packed in tiles of rows), on buffers
+//! asked to be backed by huge pages ([`QMatrix::gather`]: a model's matrices in one
+//! region), and its rows and tiles as the kernels and the embedding lookup read them.
+
+use super::ActKind;
+use crate::gguf::GgmlType;
+use crate::kernels::quant::{f32_to_f16, BlockQ4_1x4, BlockQ8_0x4, QK};
+use crate::kernels::{scalar, Isa};
+
+/// A weight matrix of `rows` × `cols` in one of the supported formats, copied out of the
+/// file into 8-byte-aligned memory at load time.
+///
+/// NOTE: Q4_1 (the default model's type) and Q8_0 (its output head) are repacked at load
+/// into tiles of rows, tile-major, so a tile kernel reads one stream ([`Layout`]); rows
+/// past the last whole tile are zero padding. Every other type keeps GGUF's row-major
+/// blocks.
+pub struct QMatrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub(super) row_bytes: usize,
+    pub(super) layout: Layout,
+    pub(super) data: Words,
+}
+
+/// A matrix's words: its own buffer, or its range of a region that a model's matrices
+/// share ([`QMatrix::gather`]).
+pub(super) enum Words {
+    Own(Vec<u64>),
+    Shared(std::sync::Arc<Vec<u64>>, std::ops::Range<usize>),
+}
+
+impl std::ops::Deref for Words {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        match self {
+            Words::Own(v) => v,
+            Words::Shared(region, range) => &region[range.clone()],
+        }
+    }
+}
+
+/// How a matrix's blocks lie in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// GGUF's rows of blocks.
+    Rows,
+    /// Q4_1 and Q8_0 in tiles of four rows ([`BlockQ4_1x4`], [`BlockQ8_0x4`]): the
+    /// scalar, AVX2 and AVX-VNNI kernels' layout, and what [`QMatrix::new`] makes.
+    Tiles4,
+    /// Q4_1 and Q8_0 in tiles of sixteen rows, one lane per row ([`BlockQ4_1x16`],
+    /// [`BlockQ8_0x16`]): the AVX-512 kernels' layout ([`QMatrix::for_isa`]).
+    ///
+    /// [`BlockQ4_1x16`]: crate::kernels::quant::BlockQ4_1x16
+    /// [`BlockQ8_0x16`]: crate::kernels::quant::BlockQ8_0x16
+    Tiles16,
+}
+
+/// A zeroed buffer of `n` words for weights, asked to be backed by 2 MiB pages before
+/// anything touches it: decode streams every weight once per token, and with 4 KiB
+/// pages the TLB misses on every page. (Large allocations are fresh mappings; the
+/// kernel merges adjacent ones with the same advice, so the matrices of a model share
+/// huge pages where their span allows.) Advice only: without transparent huge pages
+/// nothing changes.
+pub(super) fn weight_buffer(n: usize) -> Vec<u64> {
+    let mut v = vec![0u64; n];
+    crate::kernels::advise_huge_pages(&mut v);
+    v
+}
+
+impl Layout {
+    /// Rows per tile (the threaded matmul splits work by tiles; `Rows` by four rows).
+    #[inline]
+    pub(super) fn tile_rows(self) -> usize {
+        match self {
+            Layout::Tiles16 => 16,
+            _ => 4,
+        }
+    }
+}
+
+impl QMatrix {
+    /// Whether folio can compute with weights of type `ty`.
+    pub fn supports(ty: GgmlType) -> bool {
+        use GgmlType::*;
+        matches!(
+            ty,
+            F32 | F16
+                | BF16
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | IQ4_NL
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+        )
+    }
+
+    /// Copies `bytes` (rows × row_bytes) into a matrix. `None` if the type is not
+    /// supported or the sizes disagree.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        if !Self::supports(ty) {
+            return None;
+        }
+        let row_bytes = ty.row_bytes(cols as u64)? as usize;
+        if bytes.len() != row_bytes.checked_mul(rows)? {
+            return None;
+        }
+        if ty == GgmlType::Q4_1 {
+            return Some(Self::pack_q4_1(rows, cols, row_bytes, bytes));
+        }
+        if ty == GgmlType::Q8_0 {
+            return Some(Self::pack_q8_0(rows, cols, row_bytes, bytes));
+        }
+        let mut data = weight_buffer(bytes.len().div_ceil(8));
+        bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
+        Some(Self {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            layout: Layout::Rows,
+            data: Words::Own(data),
+        })
+    }
+
+    /// Builds a matrix from f32 values, stored as `ty` (F32, F16 or BF16 only): used by
+    /// tests and tiny models.
+    pub fn from_f32(ty: GgmlType, rows: usize, cols: usize, values: &[f32]) -> Option<Self> {
+        let bytes: Vec<u8> = match ty {
+            GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            GgmlType::F16 => values
+                .iter()
+                .flat_map(|v| f32_to_f16(*v).to_le_bytes())
+                .collect(),
+            GgmlType::BF16 => values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+                .collect(),
+            _ => return None,
+        };
+        Self::new(ty, rows, cols, &bytes)
+    }
+
+    /// The layout `isa`'s kernels read for a matrix of type `ty`.
+    pub fn layout_for(isa: Isa, ty: GgmlType) -> Layout {
+        match ty {
+            GgmlType::Q4_1 | GgmlType::Q8_0 if isa.avx512() => Layout::Tiles16,
+            GgmlType::Q4_1 | GgmlType::Q8_0 => Layout::Tiles4,
+            _ => Layout::Rows,
+        }
+    }
+
+    /// This matrix's layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The same weights in the layout `isa`'s kernels read (every path computes with
+    /// every layout; the others' fall back to slower kernels).
+    pub fn for_isa(self, isa: Isa) -> Self {
+        let layout = Self::layout_for(isa, self.ty);
+        self.with_layout(layout)
+    }
+
+    /// [`QMatrix::for_isa`] in place.
+    pub fn lay_out_for(&mut self, isa: Isa) {
+        let empty = Self {
+            ty: self.ty,
+            rows: 0,
+            cols: 0,
+            row_bytes: 0,
+            layout: Layout::Rows,
+            data: Words::Own(Vec::new()),
+        };
+        *self = std::mem::replace(self, empty).for_isa(isa);
+    }
+
+    /// Moves the matrices' words into one region, each matrix's start on a cache line,
+    /// the region asked to be backed by 2 MiB pages ([`weight_buffer`]). Matrices
+    /// allocated one by one mostly fall on 4 KiB pages: only a large one (the output
+    /// head) spans a whole 2 MiB page, and 30 MB of SmolLM2's 96 were on huge pages.
+    /// Decode streams every matrix once per token (missing the TLB on every 4 KiB page
+    /// without huge pages). The weights stay the same bits.
+    pub fn gather(ms: &mut [&mut QMatrix]) {
+        const LINE: usize = 8;
+        let total: usize = ms.iter().map(|m| m.data.len().next_multiple_of(LINE)).sum();
+        let mut region = weight_buffer(total);
+        let mut ranges = Vec::with_capacity(ms.len());
+        let mut at = 0;
+        for m in ms.iter() {
+            let n = m.data.len();
+            region[at..at + n].copy_from_slice(&m.data);
+            ranges.push(at..at + n);
+            at += n.next_multiple_of(LINE);
+        }
+        let region = std::sync::Arc::new(region);
+        for (m, range) in ms.iter_mut().zip(ranges) {
+            m.data = Words::Shared(region.clone(), range);
+        }
+    }
+
+    /// Row r's bytes as GGUF stores them (the `Rows` layout only).
+    #[inline]
+    pub(super) fn row(&self, r: usize) -> &[u8] {
+        assert!(
+            self.layout == Layout::Rows,
+            "packed matrices have no GGUF rows"
+        );
+        let all: &[u8] = bytemuck::cast_slice(&self.data);
+        &all[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// The packed tile t (rows from t × tile rows), as blocks of type `T` (the packed
+    /// format).
+    pub(super) fn tile<T: bytemuck::Pod>(&self, t: usize) -> &[T] {
+        self.tiles(t, 1)
+    }
+
+    /// Packed tiles t..t+count, one after another.
+    pub(super) fn tiles<T: bytemuck::Pod>(&self, t: usize, count: usize) -> &[T] {
+        let nb = self.cols / QK;
+        let size = std::mem::size_of::<T>();
+        let all: &[u8] = bytemuck::cast_slice(&self.data);
+        bytemuck::cast_slice(&all[t * nb * size..(t + count) * nb * size])
+    }
+
+    /// The packed Q4_1 tile holding rows 4t..4t+4.
+    #[inline]
+    pub(super) fn tile_q4_1(&self, t: usize) -> &[BlockQ4_1x4] {
+        self.tile(t)
+    }
+
+    /// The packed Q8_0 tile holding rows 4t..4t+4.
+    #[inline]
+    pub(super) fn tile_q8_0(&self, t: usize) -> &[BlockQ8_0x4] {
+        self.tile(t)
+    }
+
+    /// Whether `isa`'s kernel for this matrix also reads [`ActKind::Q8Sums`].
+    #[inline]
+    pub(super) fn reads_sums(&self, isa: Isa) -> bool {
+        isa.avx512() && self.layout == Layout::Tiles16 && self.ty == GgmlType::Q8_0
+    }
+
+    /// Rows per tile of the threaded matmul's work split.
+    #[inline]
+    pub(super) fn tile_rows(&self) -> usize {
+        self.layout.tile_rows()
+    }
+
+    pub fn act_kind(&self) -> ActKind {
+        match self.ty {
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL => ActKind::Q8,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                ActKind::Q8K
+            }
+            _ => ActKind::F32,
+        }
+    }
+
+    /// Bytes of weights (what one full pass over the matrix reads).
+    pub fn size_bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
+    /// Writes row `r` as f32 into `out`: its first `out.len()` values (at most `cols`,
+    /// whole blocks), for embedding lookups.
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        let n = out.len().min(self.cols);
+        assert!(n == self.cols || (n.is_multiple_of(QK) && self.act_kind() == ActKind::Q8));
+        let out = &mut out[..n];
+        if self.layout != Layout::Rows {
+            return match self.ty {
+                GgmlType::Q8_0 => scalar::dequant_q8_0(&self.q8_0_row(r), out),
+                _ => scalar::dequant_q4_1(&self.q4_1_row(r), out),
+            };
+        }
+        let b = self.row(r);
+        match self.ty {
+            GgmlType::F32 => {
+                for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                    *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+                }
+            }
+            GgmlType::F16 => scalar::dequant_f16(bytemuck::cast_slice(b), out),
+            GgmlType::BF16 => scalar::dequant_bf16(bytemuck::cast_slice(b), out),
+            GgmlType::Q4_0 => scalar::dequant_q4_0(bytemuck::cast_slice(b), out),
+            GgmlType::Q4_1 => scalar::dequant_q4_1(bytemuck::cast_slice(b), out),
+            GgmlType::Q8_0 => scalar::dequant_q8_0(bytemuck::cast_slice(b), out),
+            GgmlType::Q4_K => scalar::dequant_q4k(bytemuck::cast_slice(b), out),
+            GgmlType::Q6_K => scalar::dequant_q6k(bytemuck::cast_slice(b), out),
+            GgmlType::Q5_0 => scalar::dequant_q5_0(bytemuck::cast_slice(b), out),
+            GgmlType::Q5_1 => scalar::dequant_q5_1(bytemuck::cast_slice(b), out),
+            GgmlType::IQ4_NL => scalar::dequant_iq4nl(bytemuck::cast_slice(b), out),
+            GgmlType::Q2_K => scalar::dequant_q2k(bytemuck::cast_slice(b), out),
+            GgmlType::Q3_K => scalar::dequant_q3k(bytemuck::cast_slice(b), out),
+            GgmlType::Q5_K => scalar::dequant_q5k(bytemuck::cast_slice(b), out),
+            _ => unreachable!("QMatrix::new admits supported types only"),
+        }
+    }
+}
