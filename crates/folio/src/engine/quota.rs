@@ -72,7 +72,8 @@ impl Core {
     /// the prompt and one token do not fit.
     pub(crate) fn context_room_tokens(&self, id: u64, prompt: usize) -> Result<usize, EngineError> {
         // The free slots of the context's last page are its own already.
-        let room = self.kv.tokens_in(self.context_pages_free()) + self.contexts.slack(&self.kv, id);
+        let room = (self.kv.tokens_in(self.context_pages_free()))
+            .saturating_add(self.contexts.slack(&self.kv, id));
         if prompt >= room {
             return Err(EngineError::ContextPages {
                 held: self.context_pages_held(),

@@ -14,6 +14,17 @@
 //! without allocating. [`Scheduler::update`] then samples from the step's logits,
 //! forks `n > 1` samples and retires finished sequences. No sequence ever touches
 //! another's pages.
+//!
+//! Sliding windows: a page holds its tokens' K/V for every layer, so it can go only
+//! when no layer reads it any more ([`crate::model::Config::kv_needed_from`]). Where
+//! every layer slides (Mistral-style), after each commit and at admission a plain
+//! request's table forgets the own committed pages wholly behind its window
+//! (`PagedKv::forget`; they become cached like any released page), so a sequence holds
+//! a bounded number of pages whatever its length and `check_fits` asks the pool for
+//! that bound, not the whole sequence (`EngineConfig::free_window_pages`, on by
+//! default; off gives the same bits). Models with global layers (Gemma) keep every
+//! page: per-layer-group pages, which would free the local layers' K/V, are not done.
+//! Context jobs never forget: a context reads its tokens back from its pages.
 
 use super::error::EngineError;
 use super::request::STEP_TOKEN_BOUNDS;

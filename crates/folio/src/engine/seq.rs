@@ -12,11 +12,10 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The most tokens a constrained sample asks the grammar about before it masks. On
-/// the default model's JSON schemas a question walks one token's bytes (about 1 µs
-/// when taken, half that when refused) and a mask the whole vocabulary (330-410
-/// µs); at 256 (against 64) the bench's request at batch 16 needs a mask for 3.8%
-/// of greedy samples instead of 6.9%, and 15% of its sampled ones instead of 20%.
+/// The most tokens a constrained sample asks the grammar about before it masks. A
+/// question walks one token's bytes and a mask the whole vocabulary, some hundreds of
+/// times longer; 256 (against 64) needs a mask for markedly fewer samples
+/// (docs/BENCHMARKS.md, "Design measurements").
 const MAX_CHECKS: usize = 256;
 
 /// How constrained samples are drawn, and what that cost so far.

@@ -13,15 +13,8 @@
 //! Why chunks, not the layer outermost for the whole pool: a prompt's first touch of
 //! its pages faults in huge pages, and with one chunk a short prompt touched a piece
 //! of every layer's K and V region of the pool (60 regions for the default model).
-//! Measured on AMD EPYC, alternating (decode after the 7.2k-token prompt; one-shot
-//! `generate` TTFT of a 699-token prompt in a fresh process):
-//!
-//! | layout | decode tok/s | TTFT ms |
-//! |---|---|---|
-//! | `[page][layer]…` | 66.2-68.4 | 764-934 |
-//! | one chunk | 70.6-75.6 | 939-1021 |
-//! | chunks of 2048 tokens | 69.4-73.8 | 732-914 |
-//! | chunks of 512 tokens | 68.2-74.4 | 735-889 |
+//! Chunks of 2048 tokens measured best of the four layouts for decode and first-token
+//! time alike (docs/BENCHMARKS.md, "Design measurements").
 
 use super::buf::{KvBuf, KvDtype, KvPair};
 

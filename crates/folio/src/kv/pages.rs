@@ -12,9 +12,9 @@ impl PagedKv {
         tokens.div_ceil(self.page_size())
     }
 
-    /// Token slots in `pages` pages.
+    /// Token slots in `pages` pages (saturating: an unlimited share is `usize::MAX` pages).
     pub fn tokens_in(&self, pages: usize) -> usize {
-        pages * self.page_size()
+        pages.saturating_mul(self.page_size())
     }
 
     /// Free slots in the last page `tokens` tokens fill (0 when it is full).
@@ -85,6 +85,8 @@ mod tests {
             [0, 1, 1, 1, 1, 2, 2, 2, 2, 3]
         );
         assert_eq!(kv.tokens_in(3), 12);
+        // An unlimited share (usize::MAX pages) holds every token, it does not wrap.
+        assert_eq!(kv.tokens_in(usize::MAX), usize::MAX);
         assert_eq!(
             (0..=5).map(|n| kv.free_slots_after(n)).collect::<Vec<_>>(),
             [0, 3, 2, 1, 0, 3]

@@ -1,5 +1,24 @@
 //! Hyper-parameters of a llama-family model, read from GGUF metadata: the architecture
 //! (what differs from the llama block), the shape, the RoPE and which layers slide.
+//!
+//! Each architecture is the llama block with switches set here from
+//! `general.architecture` and the metadata (an unknown name is
+//! [`ModelError::UnsupportedArchitecture`], listing [`SUPPORTED`]); the forward pass
+//! (`forward.rs`) calls them once per layer, never per token:
+//!
+//! | arch | what differs from llama |
+//! |---|---|
+//! | llama | Llama 1-3, Mistral, SmolLM; Llama 3's divisors (`rope_freqs.weight` or `rope.scaling.type = llama3`); tied or untied head; every layer slides when `llama.attention.sliding_window` is set |
+//! | qwen2 | biases on Q, K, V ([`super::weights::Layer::add_biases`]); NeoX RoPE; a window in the metadata is ignored (as llama.cpp does, for qwen3 too) |
+//! | qwen3 | per-head RMSNorm on Q and K before RoPE; head size from `attention.key_length` (Q wider than the model) |
+//! | phi3 | `attn_qkv` and `ffn_up` fused, split at load (`weights.rs`); Q scaled before attention; long-context files: longrope (`rope.rs`) |
+//! | gemma2 | embedding × sqrt(dim); GeGLU; post-attention and post-FFN norms; Q scaled by 1/sqrt(head); scores and logits soft-capped; even layers slide (default window 4096) |
+//! | gemma3 | Gemma 2 without soft-capped scores, with Q/K norms; five local layers to a global one (`attention.sliding_window_pattern`: a period or a flag per layer); local layers use `rope.freq_base_swa` and no scaling |
+//!
+//! Every architecture is checked against llama.cpp on a tiny random model
+//! (`tests/it/architectures.rs`). A sliding-window layer's query at `p` reads keys
+//! `p + 1 - w ..= p`; which pages a sequence can then give up is the scheduler's
+//! (`engine/scheduler.rs`) and the page table's (`kv/table.rs`) business.
 
 use super::attention::Scores;
 use super::error::ModelError;

@@ -6,6 +6,16 @@
 //!
 //! NOTE: with no scaling every factor below is exactly 1 (and YaRN's mix 0), so the
 //! table has the bits of the plain recurrence `theta *= base^(-2/dims)`.
+//!
+//! Longrope's set is chosen once by the model's configured context
+//! (`Model::with_context`; the engine sets its window there): short up to
+//! `rope.scaling.original_context_length`, long beyond, as llama.cpp chooses by its
+//! context per sequence. Never by a sequence's length, so every sequence rotates with
+//! one table and the batching invariance holds; the chosen set is part of the model's
+//! fingerprint, so K/V cached or saved under one set is never reused under the other.
+//! Any other `rope.scaling.type` is `ModelError::UnsupportedRopeScaling`; a divisor
+//! tensor of the wrong length is `BadShape`, a divisor that is not positive
+//! `BadValues`.
 
 use super::error::ModelError;
 use crate::gguf::{Gguf, Value};

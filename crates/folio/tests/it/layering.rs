@@ -2,7 +2,8 @@
 //! kernels → gguf (tokenizer beside model, grammar on the tokenizer). A file that
 //! imports a layer above its own fails here with its path and line; no module reaches
 //! back up to the crate root's facade (`lib.rs` re-exports, it is not imported from);
-//! `folio-cli` reaches the library only through its public facade, never `kernels`.
+//! `folio-cli` reaches the library only through its public API, never `kernels`, and
+//! only its benchmark files drive the pool and the model.
 
 use crate::common::root;
 use std::path::Path;
@@ -130,6 +131,42 @@ fn the_cli_uses_only_the_public_facade() {
     assert!(
         bad.is_empty(),
         "the CLI reaches below the facade:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The CLI's commands go through the engine; only its benchmark files (`bench*.rs`,
+/// `figures.rs`) drive the pool and the model themselves, to measure a step without
+/// the engine.
+#[test]
+fn only_the_clis_benchmarks_drive_the_pool_and_the_model() {
+    let bench = |p: &Path| {
+        let name = p.file_name().unwrap().to_string_lossy();
+        name.starts_with("bench") || name == "figures.rs"
+    };
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/folio-cli/src"), &mut files);
+    let below = [
+        "PagedKv",
+        "BasicCache",
+        "KvSeq",
+        "forward_one",
+        ".forward(",
+        "Batch",
+    ];
+    let mut bad = Vec::new();
+    for f in files.iter().filter(|f| !bench(f)) {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, l) in text.lines().enumerate() {
+            if below.iter().any(|x| l.contains(x)) {
+                bad.push(format!("{}:{}: {}", f.display(), n + 1, l.trim()));
+            }
+        }
+    }
+    assert!(files.iter().any(|f| bench(f)), "the benchmark files moved");
+    assert!(
+        bad.is_empty(),
+        "a CLI command drives the pool or the model directly:\n{}",
         bad.join("\n")
     );
 }
