@@ -1,5 +1,5 @@
 //! The OpenAI answer shapes both generation routes share, as typed structs: the
-//! `id`/`object`/`created`/`model` head ([`Object`]), `choices` with `usage` (with
+//! `id`/`object`/`created`/`model`/`system_fingerprint` head ([`Object`]), `choices` with `usage` (with
 //! `prompt_tokens_details.cached_tokens`, always), finish reasons, chat's messages,
 //! deltas and tool calls, and the two log-probability formats (chat's `content` list
 //! and the legacy completions' parallel arrays); and [`List`], the `/v1/*` list
@@ -17,10 +17,19 @@ pub struct Head {
     pub id: String,
     pub created: u64,
     pub model: String,
+    /// `fp_` and the model fingerprint's first 12 hex digits ([`system_fingerprint`]).
+    pub system_fingerprint: String,
+}
+
+/// OpenAI's `system_fingerprint` for a model of fingerprint `fp`: `fp_` and its
+/// first 12 hex digits (6 bytes).
+pub fn system_fingerprint(fp: &[u8; 16]) -> String {
+    let hex: String = fp[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("fp_{hex}")
 }
 
 impl Head {
-    pub fn new(prefix: &str, model: &str) -> Self {
+    pub fn new(prefix: &str, model: &str, system_fingerprint: &str) -> Self {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let created = crate::clock::unix_now();
@@ -29,16 +38,19 @@ impl Head {
             id: format!("{prefix}-{created:x}{n:08x}"),
             created,
             model: model.to_string(),
+            system_fingerprint: system_fingerprint.to_string(),
         }
     }
 
-    /// `{"id", "object", "created", "model"}` then `body`'s fields.
+    /// `{"id", "object", "created", "model", "system_fingerprint"}` then `body`'s
+    /// fields.
     pub fn object<B>(&self, object: &'static str, body: B) -> Object<B> {
         Object {
             id: self.id.clone(),
             object,
             created: self.created,
             model: self.model.clone(),
+            system_fingerprint: self.system_fingerprint.clone(),
             body,
         }
     }
@@ -51,6 +63,7 @@ pub struct Object<B> {
     pub object: &'static str,
     pub created: u64,
     pub model: String,
+    pub system_fingerprint: String,
     #[serde(flatten)]
     pub body: B,
 }
@@ -385,6 +398,7 @@ mod tests {
             id: "chatcmpl-1".into(),
             created: 7,
             model: "m".into(),
+            system_fingerprint: "fp_0123456789ab".into(),
         };
         let lp: f32 = -1.234_567_8;
         let chunk = head.object(
@@ -406,7 +420,7 @@ mod tests {
                 true,
             ),
         );
-        let mut old = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m",
+        let mut old = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m", "system_fingerprint": "fp_0123456789ab",
             "choices": [{"index": 0, "delta": {"content": "hi"},
                 "logprobs": {"content": [{"token": "hi", "logprob": lp, "bytes": [104, 105], "top_logprobs": []}]},
                 "finish_reason": null}]});
@@ -434,7 +448,7 @@ mod tests {
                 usage(3, 2, 1),
             ),
         );
-        let old = json!({"id": "chatcmpl-1", "object": "text_completion", "created": 7, "model": "m",
+        let old = json!({"id": "chatcmpl-1", "object": "text_completion", "created": 7, "model": "m", "system_fingerprint": "fp_0123456789ab",
             "choices": [{"index": 1, "text": "x", "logprobs": null, "finish_reason": "length"}],
             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
                       "prompt_tokens_details": {"cached_tokens": 1}}});

@@ -1,8 +1,10 @@
 //! The OpenAI request bodies as sent on the wire: one [`GenRequest`] for both
 //! `/v1/completions` and `/v1/chat/completions` (each route takes the fields it
 //! knows), with the extensions llama.cpp's and vLLM's users send (`top_k`, `min_p`,
-//! `repetition_penalty` / `repeat_penalty`, `ignore_eos`, `cache_salt`). Only the
-//! shapes live here; [`crate::params`] turns them into a [`folio::Request`].
+//! `repetition_penalty` / `repeat_penalty`, `ignore_eos`, `cache_salt`), and every
+//! other field of OpenAI's two request schemas, so that none is dropped unseen.
+//! Only the shapes live here; [`crate::params`] turns them into a
+//! [`folio::Request`] and says, field by field, what folio does with each.
 
 use serde::Deserialize;
 
@@ -55,6 +57,31 @@ pub struct GenRequest {
     pub tools: Option<Vec<ToolDef>>,
     pub tool_choice: Option<ToolChoice>,
     pub parallel_tool_calls: Option<bool>,
+    /// Token id (as a string) → bias in -100..=100, added to the logits.
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    // The rest of OpenAI's request fields: accepted and ignored, or refused with a
+    // 400 naming them (the table is in `crate::params`).
+    #[allow(dead_code)] // Accepted and ignored: checked for its type only.
+    pub user: Option<String>,
+    #[allow(dead_code)] // Accepted and ignored: checked for its type only.
+    pub safety_identifier: Option<String>,
+    #[allow(dead_code)] // Accepted and ignored: checked for its type only.
+    pub prompt_cache_key: Option<String>,
+    #[allow(dead_code)] // Accepted and ignored: checked for its type only.
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    pub service_tier: Option<String>,
+    pub store: Option<bool>,
+    #[allow(dead_code)] // Accepted and ignored: checked for its type only.
+    pub prediction: Option<serde_json::Map<String, serde_json::Value>>,
+    pub reasoning_effort: Option<String>,
+    pub verbosity: Option<String>,
+    pub modalities: Option<Vec<String>>,
+    pub audio: Option<serde_json::Value>,
+    pub web_search_options: Option<serde_json::Value>,
+    pub functions: Option<serde_json::Value>,
+    pub function_call: Option<serde_json::Value>,
+    pub best_of: Option<u64>,
+    pub suffix: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

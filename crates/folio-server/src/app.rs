@@ -29,6 +29,10 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .route("/v1/models", get(misc::models))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
+        // llama.cpp's aliases, for clients configured without the /v1.
+        .route("/models", get(misc::models))
+        .route("/completions", post(generate::completions))
+        .route("/chat/completions", post(generate::chat))
         .route("/v1/contexts", post(contexts::create).get(contexts::list))
         .route(
             "/v1/contexts/{id}",
@@ -90,7 +94,11 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
 /// Routes that need the key when one is set (health and metrics stay open, as in
 /// vLLM, for probes and scrapers).
 fn guarded(path: &str) -> bool {
-    path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize"
+    path.starts_with("/v1/")
+        || matches!(
+            path,
+            "/tokenize" | "/detokenize" | "/models" | "/completions" | "/chat/completions"
+        )
 }
 
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {

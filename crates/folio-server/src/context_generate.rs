@@ -52,7 +52,11 @@ pub async fn generate(
     if chat {
         answer_chat(
             engine,
-            Head::new("chatcmpl", &st.config.model_name),
+            Head::new(
+                "chatcmpl",
+                &st.config.model_name,
+                &st.ready()?.system_fingerprint,
+            ),
             job,
             run,
             first,
@@ -61,7 +65,11 @@ pub async fn generate(
     } else {
         answer_completion(
             engine,
-            Head::new("cmpl", &st.config.model_name),
+            Head::new(
+                "cmpl",
+                &st.config.model_name,
+                &st.ready()?.system_fingerprint,
+            ),
             job,
             run,
             first,

@@ -29,7 +29,11 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let deadline = Deadline::start(&st);
     let job = prepare(&st, Route::Completions, r, deadline).await?;
-    let head = Head::new("cmpl", &st.config.model_name);
+    let head = Head::new(
+        "cmpl",
+        &st.config.model_name,
+        &st.ready()?.system_fingerprint,
+    );
     if job.req.max_tokens == 0 && job.req.prompt_logprobs.is_none() {
         return Ok(echo_only(&head, &job));
     }
@@ -40,7 +44,11 @@ pub async fn completions(
 pub async fn chat(State(st): St, JsonBody(r): JsonBody<GenRequest>) -> Result<Response, ApiError> {
     let deadline = Deadline::start(&st);
     let job = prepare(&st, Route::Chat, r, deadline).await?;
-    let head = Head::new("chatcmpl", &st.config.model_name);
+    let head = Head::new(
+        "chatcmpl",
+        &st.config.model_name,
+        &st.ready()?.system_fingerprint,
+    );
     let (run, first) = start(&st, &job, deadline).await?;
     answer_chat(st.ready()?.engine.clone(), head, job, run, first).await
 }

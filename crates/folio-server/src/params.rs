@@ -2,6 +2,42 @@
 //! [`folio::Request`] for them, and how the answer is to be shaped (stream or not,
 //! echo, log-probabilities). Every check that can fail on the request alone happens
 //! here, before any work, with the field named.
+//!
+//! # OpenAI's request fields
+//!
+//! No field of OpenAI's completions or chat completions request schema is dropped
+//! unseen: each is implemented, accepted and ignored where ignoring it changes
+//! nothing a client can observe in the answer, or refused with a 400 whose `param`
+//! names it. A `null` is the field left out. Fields outside both schemas (other
+//! servers' extensions folio does not know) are still ignored; the extensions it
+//! knows (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`,
+//! `guided_*`, `structured_outputs`, `json_schema`) are implemented. The checks apply
+//! on both routes (and a context's generation).
+//!
+//! | field | schema | folio |
+//! |---|---|---|
+//! | `model` | both | accepted; the one model is served whatever the name |
+//! | `prompt` / `messages` | completions / chat | implemented |
+//! | `max_tokens`, `max_completion_tokens`, `n`, `stop`, `seed`, `temperature`, `top_p` | both | implemented |
+//! | `presence_penalty`, `frequency_penalty` | both | implemented |
+//! | `logit_bias` | both | implemented: token id (a string) → bias in -100..=100, at most [`folio::engine::MAX_LOGIT_BIAS`] (1024) entries, ids in the vocabulary; added to the logits before every draw, greedy too, under a grammar too |
+//! | `logprobs`, `top_logprobs`, `echo` | both / chat / completions | implemented |
+//! | `stream`, `stream_options.include_usage` | both | implemented (`include_obfuscation` ignored: there is no obfuscation padding to turn off) |
+//! | `response_format`, `tools`, `tool_choice`, `parallel_tool_calls` | chat | implemented |
+//! | `user`, `safety_identifier` | both / chat | accepted, ignored: an end-user id for OpenAI's abuse monitoring (as llama.cpp and vLLM do) |
+//! | `prompt_cache_key` | chat | accepted, ignored: a routing hint for OpenAI's cache; folio's prefix cache needs none (`cache_salt` separates tenants) |
+//! | `metadata` | chat | accepted (an object), ignored: it only labels stored completions, and folio stores none (`store: true` is refused) |
+//! | `prediction` | chat | accepted (an object), ignored: a latency hint whose answer is by definition the one without it |
+//! | `service_tier` | chat | `"auto"` and `"default"` accepted (the one tier); any other a 400 |
+//! | `store` | chat | `false` accepted; `true` a 400: folio does not store chat completions |
+//! | `modalities` | chat | `["text"]` accepted; anything else a 400 |
+//! | `verbosity` | chat | `"medium"` (the default) accepted; any other a 400: folio has no length control of that kind |
+//! | `reasoning_effort` | chat | a 400: folio does not control a model's reasoning |
+//! | `audio` | chat | a 400: no audio output |
+//! | `web_search_options` | chat | a 400: no web search |
+//! | `functions`, `function_call` | chat (deprecated) | a 400 pointing to `tools` / `tool_choice` |
+//! | `best_of` | completions | accepted when equal to `n` (or absent); any other a 400 |
+//! | `suffix` | completions | `""` accepted; a non-empty suffix a 400: no insertion mode |
 
 use crate::api::{ChatMessage, Content, GenRequest, LogprobsInput, PromptInput, StopInput};
 use crate::error::ApiError;
@@ -86,6 +122,23 @@ pub fn job(
 
 /// [`job`], where `cancel` abandons the grammar's compile when the request goes away.
 pub fn job_cancellable(
+    route: Route,
+    mut r: GenRequest,
+    model: &Model,
+    template: Option<&ChatTemplate>,
+    grammars: Option<&Grammars>,
+    (window, cap): (usize, usize),
+    cancel: &CompileCancel,
+) -> Result<Job, ApiError> {
+    openai_fields(&r)?;
+    let bias = logit_bias_of(r.logit_bias.take(), model.config.vocab)?;
+    let mut job = job_unbiased(route, r, model, template, grammars, (window, cap), cancel)?;
+    job.req.sampling.logit_bias = bias;
+    Ok(job)
+}
+
+/// [`job_cancellable`] once OpenAI's fields are checked and `logit_bias` is taken out.
+fn job_unbiased(
     route: Route,
     mut r: GenRequest,
     model: &Model,
@@ -424,6 +477,122 @@ fn stops_of(stop: Option<StopInput>) -> Result<Vec<String>, ApiError> {
     Ok(stop)
 }
 
+/// OpenAI's fields folio accepts only in some values, or not at all (see the table in
+/// the module doc): the first one sent that is refused, as a 400 naming it.
+fn openai_fields(r: &GenRequest) -> Result<(), ApiError> {
+    let refuse = |param: &str, why: &str| Err(ApiError::invalid(param, why.to_string()));
+    if let Some(t) = r
+        .service_tier
+        .as_deref()
+        .filter(|t| !matches!(*t, "auto" | "default"))
+    {
+        return refuse(
+            "service_tier",
+            &format!("service_tier {t:?}: this server has one tier (\"auto\" or \"default\")"),
+        );
+    }
+    if r.store == Some(true) {
+        return refuse(
+            "store",
+            "this server does not store chat completions: leave store out or false",
+        );
+    }
+    if r.modalities.as_ref().is_some_and(|m| m != &["text"]) {
+        return refuse(
+            "modalities",
+            "this model answers in text: modalities [\"text\"]",
+        );
+    }
+    if r.verbosity.as_deref().is_some_and(|v| v != "medium") {
+        return refuse(
+            "verbosity",
+            "verbosity is not supported (only its default, \"medium\")",
+        );
+    }
+    if r.reasoning_effort.is_some() {
+        return refuse(
+            "reasoning_effort",
+            "reasoning_effort is not supported: this server does not control a model's reasoning",
+        );
+    }
+    if r.audio.is_some() {
+        return refuse("audio", "audio output is not supported");
+    }
+    if r.web_search_options.is_some() {
+        return refuse("web_search_options", "web search is not supported");
+    }
+    if r.functions.is_some() {
+        return refuse(
+            "functions",
+            "functions is deprecated and not supported: use tools",
+        );
+    }
+    if r.function_call.is_some() {
+        return refuse(
+            "function_call",
+            "function_call is deprecated and not supported: use tool_choice",
+        );
+    }
+    if let Some(b) = r.best_of.filter(|&b| b != r.n.unwrap_or(1)) {
+        return refuse(
+            "best_of",
+            &format!("best_of {b} is not supported: only best_of equal to n (ask for n choices and rank them yourself)"),
+        );
+    }
+    if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return refuse("suffix", "suffix (insertion) is not supported");
+    }
+    Ok(())
+}
+
+/// OpenAI's `logit_bias` (token id as a string → bias in -100..=100) as the engine's
+/// pairs, ordered by id; every fault is a 400 naming `logit_bias`: a key that is not
+/// a token id (a decimal integer) or is one outside the `vocab`, the same id twice, a
+/// bias that is not a number in range, over [`folio::engine::MAX_LOGIT_BIAS`]
+/// entries.
+pub fn logit_bias_of(
+    map: Option<serde_json::Map<String, serde_json::Value>>,
+    vocab: usize,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |why: String| ApiError::invalid("logit_bias", why);
+    let Some(map) = map else {
+        return Ok(Vec::new());
+    };
+    let most = folio::engine::MAX_LOGIT_BIAS;
+    if map.len() > most {
+        return Err(bad(format!(
+            "logit_bias has {} entries; at most {most}",
+            map.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in &map {
+        let id = (!k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| k.parse::<u32>().ok())
+            .flatten()
+            .ok_or_else(|| bad(format!("logit_bias key {k:?} is not a token id")))?;
+        if id as usize >= vocab {
+            return Err(bad(format!(
+                "token {id} is outside the vocabulary (0..{vocab})"
+            )));
+        }
+        let b = v
+            .as_f64()
+            .filter(|b| b.is_finite() && b.abs() <= f64::from(folio::engine::MAX_BIAS))
+            .ok_or_else(|| {
+                bad(format!(
+                    "token {id}'s bias is {v}; it must be a number between -100 and 100"
+                ))
+            })?;
+        out.push((id, b as f32));
+    }
+    out.sort_unstable_by_key(|p| p.0);
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(bad(format!("token {} is given twice", w[0].0)));
+    }
+    Ok(out)
+}
+
 /// The sampling fields (a seed drawn when none is given).
 fn sampling_of(r: &GenRequest) -> Result<SamplingParams, ApiError> {
     let seed = match &r.seed {
@@ -673,6 +842,38 @@ fn grammar_spec(r: &mut GenRequest) -> Result<Option<(&'static str, GrammarSpec)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logit_bias_is_parsed_and_every_fault_names_the_field() {
+        let map = |v: serde_json::Value| match v {
+            serde_json::Value::Object(m) => Some(m),
+            _ => unreachable!(),
+        };
+        let got = logit_bias_of(map(serde_json::json!({"7": -100, "3": 2.5, "0": 100})), 10);
+        assert_eq!(got.unwrap(), vec![(0, 100.0), (3, 2.5), (7, -100.0)]);
+        assert_eq!(logit_bias_of(None, 10).unwrap(), Vec::new());
+        let many: serde_json::Map<_, _> = (0..=folio::engine::MAX_LOGIT_BIAS)
+            .map(|i| (i.to_string(), serde_json::json!(1)))
+            .collect();
+        for bad in [
+            map(serde_json::json!({"x": 1})),
+            map(serde_json::json!({"-1": 1})),
+            map(serde_json::json!({"1.5": 1})),
+            map(serde_json::json!({"": 1})),
+            map(serde_json::json!({"99999999999": 1})),
+            map(serde_json::json!({"10": 1})),
+            map(serde_json::json!({"1": 100.5})),
+            map(serde_json::json!({"1": -101})),
+            map(serde_json::json!({"1": "5"})),
+            map(serde_json::json!({"1": null})),
+            map(serde_json::json!({"1": 1, "01": 2})),
+            Some(many),
+        ] {
+            let e = logit_bias_of(bad.clone(), 10).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("logit_bias"), "{bad:?}");
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        }
+    }
 
     #[test]
     fn chat_messages_pass_tool_calls_and_tool_results_to_the_template() {

@@ -154,6 +154,7 @@ fn with_extras(engine: Engine) -> Loaded {
         }
     };
     Loaded {
+        system_fingerprint: crate::answer::system_fingerprint(&engine.fingerprint()),
         engine,
         template,
         grammars,

@@ -22,6 +22,9 @@ pub struct Loaded {
     /// The token table grammars compile against; `None` when the vocabulary cannot
     /// serve one (structured output then answers 400).
     pub grammars: Option<folio::grammar::Grammars>,
+    /// Every completion's `system_fingerprint`: `fp_` and the model fingerprint's
+    /// first 12 hex digits.
+    pub system_fingerprint: String,
 }
 
 pub struct AppState {

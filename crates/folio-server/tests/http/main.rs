@@ -10,6 +10,7 @@ mod grammar_limits;
 mod hostile;
 mod limits;
 mod load;
+mod openai_fields;
 mod preempt;
 mod routes;
 mod server;

@@ -337,6 +337,7 @@ impl Contexts {
         tx: Sink,
     ) -> Result<Job, EngineError> {
         r.validate()?;
+        r.validate_ids(model.config.vocab)?;
         if r.n != 1 {
             return Err(EngineError::param(
                 "n",

@@ -21,7 +21,12 @@ pub(crate) type Call = Box<dyn FnOnce(&mut Core) + Send>;
 
 /// What handles send the engine thread.
 pub(crate) enum Cmd {
-    Submit { id: u64, req: Request, tx: Sink },
+    // The request boxed: it is much the largest command.
+    Submit {
+        id: u64,
+        req: Box<Request>,
+        tx: Sink,
+    },
     Cancel(u64),
     Call(Call),
     Shutdown,
@@ -124,7 +129,7 @@ impl Core {
             };
             let done = catch_unwind(AssertUnwindSafe(|| match cmd {
                 Cmd::Submit { id, req, tx } => {
-                    self.submit(id, req, tx);
+                    self.submit(id, *req, tx);
                     false
                 }
                 Cmd::Cancel(id) => {
@@ -230,7 +235,9 @@ impl Core {
 
     fn submit(&mut self, id: u64, req: Request, tx: Sink) {
         let window = self.sched.window();
+        let vocab = self.model.config.vocab;
         let checked = req.validate().and_then(|_| {
+            req.validate_ids(vocab)?;
             let toks = req.prompt.tokens(&self.model)?;
             if toks.is_empty() {
                 return Err(EngineError::EmptyPrompt);

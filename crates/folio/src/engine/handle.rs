@@ -77,6 +77,13 @@ impl Engine {
         &self.shared.model
     }
 
+    /// The served model's fingerprint (file, RoPE set, backend): what the server's
+    /// `system_fingerprint` is made of (it changes when the weights or the
+    /// arithmetic behind the answers do).
+    pub fn fingerprint(&self) -> [u8; 16] {
+        self.shared.model.fingerprint()
+    }
+
     /// The most tokens one sequence holds (prompt and generated).
     pub fn window(&self) -> usize {
         self.shared.window
@@ -112,7 +119,11 @@ impl Engine {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         self.shared
             .tx
-            .send(Cmd::Submit { id, req, tx })
+            .send(Cmd::Submit {
+                id,
+                req: Box::new(req),
+                tx,
+            })
             .map_err(|_| EngineError::Closed)?;
         Ok(id)
     }

@@ -32,6 +32,7 @@ mod seq;
 mod single;
 mod text;
 
+pub use crate::model::sampler::{MAX_BIAS, MAX_LOGIT_BIAS};
 pub use context::{ContextInfo, Role};
 pub use error::EngineError;
 pub use handle::{Context, Engine, Stream};

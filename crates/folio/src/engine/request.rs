@@ -5,6 +5,7 @@
 
 use super::error::EngineError;
 use crate::kv::{KvDtype, PoolShape};
+use crate::model::sampler::{MAX_BIAS, MAX_LOGIT_BIAS};
 use crate::model::{Model, SamplingParams};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -270,7 +271,41 @@ impl Request {
             2.0,
             "between -2 and 2",
         )?;
+        if s.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(p(
+                "logit_bias",
+                format!(
+                    "has {} entries; at most {MAX_LOGIT_BIAS}",
+                    s.logit_bias.len()
+                ),
+            ));
+        }
+        for &(id, b) in &s.logit_bias {
+            if !(b.is_finite() && (-MAX_BIAS..=MAX_BIAS).contains(&b)) {
+                return Err(p(
+                    "logit_bias",
+                    format!("token {id}'s bias is {b}; it must be between -100 and 100"),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Checks the token ids the request names outside its prompt (`logit_bias`)
+    /// against a vocabulary of `vocab` tokens (the engine calls it with its model's).
+    pub fn validate_ids(&self, vocab: usize) -> Result<(), EngineError> {
+        match self
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|&&(id, _)| id as usize >= vocab)
+        {
+            Some(&(id, _)) => Err(EngineError::Param {
+                name: "logit_bias",
+                reason: format!("token {id} is outside the vocabulary (0..{vocab})"),
+            }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -410,7 +445,15 @@ mod tests {
         let ok = Request::new(Prompt::Tokens(vec![1]));
         assert!(ok.validate().is_ok());
         type Case = (&'static str, fn(&mut Request));
-        let cases: [Case; 9] = [
+        let cases: [Case; 13] = [
+            ("logit_bias", |r| r.sampling.logit_bias = vec![(1, 100.5)]),
+            ("logit_bias", |r| r.sampling.logit_bias = vec![(1, -101.0)]),
+            ("logit_bias", |r| {
+                r.sampling.logit_bias = vec![(1, f32::NAN)]
+            }),
+            ("logit_bias", |r| {
+                r.sampling.logit_bias = vec![(1, 1.0); MAX_LOGIT_BIAS + 1]
+            }),
             ("temperature", |r| r.sampling.temperature = -1.0),
             ("temperature", |r| r.sampling.temperature = f32::NAN),
             ("top_p", |r| r.sampling.top_p = 2.0),
@@ -428,6 +471,14 @@ mod tests {
                 Err(EngineError::Param { name: n, .. }) => assert_eq!(n, name),
                 other => panic!("{name}: {other:?}"),
             }
+        }
+        let mut r = ok.clone();
+        r.sampling.logit_bias = vec![(0, -100.0), (9, 100.0)];
+        assert!(r.validate().is_ok());
+        assert!(r.validate_ids(10).is_ok());
+        match r.validate_ids(9) {
+            Err(EngineError::Param { name, .. }) => assert_eq!(name, "logit_bias"),
+            other => panic!("an id outside the vocabulary: {other:?}"),
         }
     }
 }

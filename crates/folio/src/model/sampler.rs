@@ -1,5 +1,6 @@
-//! Token sampling: greedy, or repetition penalty → top-k → top-p → min-p →
-//! temperature → a seeded draw (llama.cpp's default order).
+//! Token sampling: greedy, or repetition penalty → logit bias → top-k → top-p →
+//! min-p → temperature → a seeded draw (llama.cpp's default order, with OpenAI's
+//! `logit_bias` added to the logits after the penalties, before greedy too).
 //!
 //! Under a grammar, [`Sampler::sample_constrained`] asks the grammar about single
 //! tokens (cheap) instead of masking the whole vocabulary (dear), where that provably
@@ -29,7 +30,19 @@ pub struct SamplingParams {
     /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
     pub seed: u64,
+    /// OpenAI's `logit_bias`: (token id, bias) pairs, each bias added to its token's
+    /// logit before every draw (greedy too), after the penalties. At most
+    /// [`MAX_LOGIT_BIAS`] pairs of biases in -100..=100 (checked by
+    /// `Request::validate`; the ids against the vocabulary when the engine takes the
+    /// request). -100 effectively bans a token, +100 effectively forces it; under a
+    /// grammar the bias only reorders the tokens the grammar allows.
+    pub logit_bias: Vec<(u32, f32)>,
 }
+
+/// The most `logit_bias` entries one request may carry.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// The largest bias magnitude (OpenAI's range: -100..=100).
+pub const MAX_BIAS: f32 = 100.0;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -43,6 +56,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -290,24 +304,35 @@ impl Sampler {
 
     fn penalized<'a>(&self, logits: &'a [f32], history: &[u32]) -> Cow<'a, [f32]> {
         let p = &self.params;
-        if p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+        let penalties =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        if !penalties && p.logit_bias.is_empty() {
             // No copy of the vocabulary's logits per sample where nothing changes them.
             return Cow::Borrowed(logits);
         }
         let mut l = logits.to_vec();
-        let start = history.len().saturating_sub(p.repeat_last_n);
-        let mut seen = history[start..].to_vec();
-        seen.sort_unstable();
-        for run in seen.chunk_by(|a, b| a == b) {
-            if let Some(v) = l.get_mut(run[0] as usize) {
-                if p.repeat_penalty != 1.0 {
-                    *v = if *v > 0.0 {
-                        *v / p.repeat_penalty
-                    } else {
-                        *v * p.repeat_penalty
-                    };
+        if penalties {
+            let start = history.len().saturating_sub(p.repeat_last_n);
+            let mut seen = history[start..].to_vec();
+            seen.sort_unstable();
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(v) = l.get_mut(run[0] as usize) {
+                    if p.repeat_penalty != 1.0 {
+                        *v = if *v > 0.0 {
+                            *v / p.repeat_penalty
+                        } else {
+                            *v * p.repeat_penalty
+                        };
+                    }
+                    *v -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
                 }
-                *v -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
+            }
+        }
+        // A masked (-inf) logit stays masked whatever its bias: a bias never lets a
+        // token the grammar forbids through.
+        for &(id, b) in &p.logit_bias {
+            if let Some(v) = l.get_mut(id as usize) {
+                *v += b;
             }
         }
         Cow::Owned(l)
@@ -676,6 +701,89 @@ mod tests {
             let all = best(&l, l.len());
             assert_eq!(best(&l, m), all[..m.min(100)].to_vec());
         }
+    }
+
+    fn biased(logit_bias: Vec<(u32, f32)>, temperature: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            logit_bias,
+            ..Default::default()
+        }
+    }
+
+    /// A +100 bias forces its token, greedy and sampled; -100 bans the best one.
+    #[test]
+    fn logit_bias_plus_100_forces_and_minus_100_bans() {
+        let logits = [3.0f32, 9.0, 1.0, 8.5, -2.0];
+        let mut g = Sampler::new(biased(vec![(4, 100.0)], 0.0));
+        assert_eq!(g.sample(&logits, &[]), 4);
+        let mut s = Sampler::new(biased(vec![(2, 100.0)], 1.0));
+        for _ in 0..200 {
+            assert_eq!(s.sample(&logits, &[]), 2);
+        }
+        let mut g = Sampler::new(biased(vec![(1, -100.0)], 0.0));
+        assert_eq!(g.sample(&logits, &[]), 3);
+        let mut s = Sampler::new(biased(vec![(1, -100.0), (3, -100.0)], 1.0));
+        for _ in 0..200 {
+            let t = s.sample(&logits, &[]);
+            assert!(t != 1 && t != 3, "a banned token came out: {t}");
+        }
+        // An id past the logits is passed over (the engine refuses it earlier).
+        let mut g = Sampler::new(biased(vec![(99, 100.0)], 0.0));
+        assert_eq!(g.sample(&logits, &[]), 1);
+    }
+
+    /// Under a grammar a +100 bias on a forbidden token never lets it through, by
+    /// asking (constrained) or by masking; and a -100 bias on the best allowed token
+    /// moves the choice to the next allowed one.
+    #[test]
+    fn logit_bias_never_lets_a_grammar_forbidden_token_through() {
+        let logits = [3.0f32, 9.0, 1.0, 8.5, -2.0, 0.5];
+        let allowed = [true, false, true, false, true, true];
+        let m = masked(&logits, &allowed);
+        for temperature in [0.0, 1.0] {
+            for bias in [vec![(1, 100.0)], vec![(1, 100.0), (3, 100.0), (0, -100.0)]] {
+                let params = biased(bias, temperature);
+                let mut s = Sampler::new(params.clone());
+                for _ in 0..200 {
+                    let t = s
+                        .sample_constrained(&logits, &[], &mut |t| allowed[t as usize], 64)
+                        .unwrap_or_else(|| s.sample(&m, &[]));
+                    assert!(allowed[t as usize], "forbidden token {t} at {temperature}");
+                }
+                let mut masked_only = Sampler::new(params);
+                for _ in 0..200 {
+                    let t = masked_only.sample(&m, &[]);
+                    assert!(allowed[t as usize], "forbidden token {t} after masking");
+                }
+            }
+        }
+        let mut g = Sampler::new(biased(vec![(0, -100.0)], 0.0));
+        let t = g.sample_constrained(&logits, &[], &mut |t| allowed[t as usize], 64);
+        assert_eq!(t, Some(2));
+        // Only banned tokens allowed: the grammar still gets one (no dead end).
+        let only = [false, false, true, false, false, false];
+        let mut g = Sampler::new(biased(vec![(2, -100.0)], 0.0));
+        let t = g.sample_constrained(&logits, &[], &mut |t| only[t as usize], 64);
+        assert_eq!(t, Some(2));
+    }
+
+    /// A biased seeded stream gives the same tokens run after run, and the bias
+    /// changes them.
+    #[test]
+    fn logit_bias_keeps_the_seeded_stream_reproducible() {
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let draw = |p: &SamplingParams| {
+            let mut s = Sampler::new(p.clone());
+            (0..30).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+        };
+        let p = biased(vec![(3, 2.5), (10, -1.0)], 1.0);
+        assert_eq!(draw(&p), draw(&p));
+        assert_ne!(draw(&p), draw(&biased(Vec::new(), 1.0)));
     }
 
     #[test]
