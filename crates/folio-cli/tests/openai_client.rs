@@ -1,7 +1,8 @@
 //! `folio serve` as its real clients see it, in a venv at `target/openai-venv` (made
 //! and filled on first use): the official `openai` Python package runs
 //! scripts/test_openai.py against a server started from the built binary, which must
-//! then stop cleanly on SIGTERM; and Debian's headless `chromium`, driven by
+//! then stop cleanly on SIGTERM; the official `anthropic` package runs
+//! scripts/test_anthropic.py against the Messages API; and Debian's headless `chromium`, driven by
 //! selenium through `chromedriver`, uses the web page (scripts/test_web.py). Needs
 //! python3 (and PyPI the first time); the browser test needs `chromium` and
 //! `chromium-driver` (scripts/test.sh installs them).
@@ -167,6 +168,35 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
             panic!("the script ran past {limit:?} and was killed");
         }
     }
+}
+
+#[test]
+fn official_anthropic_client_against_the_messages_api() {
+    let python = venv_python("anthropic");
+    let (mut server, url) = start();
+    let root = url
+        .strip_suffix("/v1")
+        .expect("the ready line's URL ends in /v1");
+    let script = repo().join("scripts/test_anthropic.py");
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
+        .arg(root)
+        .env("PYTHONUNBUFFERED", "1")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .env_remove("ANTHROPIC_BASE_URL")
+        .env_remove("ANTHROPIC_API_KEY");
+    let out = output_within(cmd, SCRIPT_TIMEOUT);
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{} {root} failed ({}); server stderr:\n{}",
+        script.display(),
+        out.status,
+        server.stderr()
+    );
+    assert!(terminate(&mut server).success());
 }
 
 #[test]

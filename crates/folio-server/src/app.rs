@@ -7,7 +7,9 @@
 use crate::error::ApiError;
 use crate::serve_error::ServeError;
 use crate::state::AppState;
-use crate::{context_edit, context_generate, contexts, generate, guard, kv, misc, snapshots};
+use crate::{
+    context_edit, context_generate, contexts, generate, guard, kv, messages, misc, snapshots,
+};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
@@ -29,6 +31,7 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .route("/v1/models", get(misc::models))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/messages", post(messages::messages))
         // llama.cpp's aliases, for clients configured without the /v1.
         .route("/models", get(misc::models))
         .route("/completions", post(generate::completions))
@@ -104,16 +107,16 @@ fn guarded(path: &str) -> bool {
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.config.api_key {
         if guarded(req.uri().path()) {
-            let given = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .unwrap_or("");
+            // OpenAI's clients send `Authorization: Bearer`, Anthropic's `x-api-key`.
+            let h = req.headers();
+            let bearer = (h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
+                .and_then(|v| v.strip_prefix("Bearer "));
+            let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+            let given = bearer.or(x_key).unwrap_or("");
             if !same(given.as_bytes(), key.as_bytes()) {
                 let mut e = ApiError::new(
                     StatusCode::UNAUTHORIZED,
-                    "a valid API key is needed: Authorization: Bearer <key>",
+                    "a valid API key is needed: Authorization: Bearer <key> (or x-api-key)",
                 );
                 e.code = Some("invalid_api_key");
                 return e.into_response();

@@ -170,7 +170,7 @@ pub async fn first_event(mut run: Run) -> Result<(Run, Tagged), ApiError> {
 }
 
 /// Gathers every event of a run that is not streamed.
-async fn collect(mut run: Run, first: Tagged, mut tally: Tally) -> Result<Tally, ApiError> {
+pub async fn collect(mut run: Run, first: Tagged, mut tally: Tally) -> Result<Tally, ApiError> {
     let mut next = Some(first);
     while let Some(t) = next {
         if let Event::Error(e) = t.event {

@@ -49,6 +49,8 @@ mod guard;
 #[cfg(test)]
 mod import_graph;
 mod kv;
+mod messages;
+mod messages_answer;
 mod metrics;
 mod misc;
 mod offload;

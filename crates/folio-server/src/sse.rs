@@ -1,6 +1,8 @@
-//! Server-sent events: `data: {json}` lines, ending with `data: [DONE]`. A
-//! [`Chunker`] turns each engine event into the route's chunk objects; a failure
-//! midway sends the error envelope as the last chunk. The body owns the [`Run`], so
+//! Server-sent events: `data: {json}` lines, ending with `data: [DONE]` (OpenAI's
+//! form), or, where the route's [`Chunker`] names its events, `event: {name}` before
+//! each and no `[DONE]` (Anthropic's). A [`Chunker`] turns each engine event into the
+//! route's chunk objects; a failure midway sends the route's error envelope as the
+//! last chunk. The body owns the [`Run`], so
 //! a client that disconnects drops it, which cancels the requests.
 
 use crate::error::ApiError;
@@ -21,6 +23,16 @@ pub trait Chunker: Send + 'static {
     fn event(&mut self, t: Tagged) -> Vec<Self::Chunk>;
     /// Chunks after the last event (usage).
     fn end(&mut self) -> Vec<Self::Chunk>;
+    /// The `event:` name of a chunk (none in OpenAI's form).
+    fn name(_chunk: &Self::Chunk) -> Option<&'static str> {
+        None
+    }
+    /// Whether the stream ends with `data: [DONE]`.
+    const DONE: bool = true;
+    /// A failure midway: its event name and body (OpenAI's envelope by default).
+    fn error(e: &ApiError) -> (Option<&'static str>, serde_json::Value) {
+        (None, serde_json::to_value(e.body()).unwrap_or_default())
+    }
 }
 
 struct State<C> {
@@ -32,6 +44,16 @@ struct State<C> {
 }
 
 fn frame(out: &mut Vec<u8>, v: &impl Serialize) {
+    named(out, None, v)
+}
+
+/// A frame, after `event: {name}` where it has one.
+fn named(out: &mut Vec<u8>, name: Option<&str>, v: &impl Serialize) {
+    if let Some(n) = name {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(n.as_bytes());
+        out.extend_from_slice(b"\n");
+    }
     out.extend_from_slice(b"data: ");
     // The answer shapes cannot fail to serialize (their maps' keys are strings).
     let _ = serde_json::to_writer(&mut *out, v);
@@ -76,7 +98,7 @@ pub fn respond<C: Chunker>(run: Run, first: Tagged, chunker: C) -> Response {
         let mut out = Vec::new();
         if !std::mem::replace(&mut s.started, true) {
             for v in s.chunker.start() {
-                frame(&mut out, &v);
+                named(&mut out, C::name(&v), &v);
             }
         }
         loop {
@@ -97,20 +119,25 @@ pub fn respond<C: Chunker>(run: Run, first: Tagged, chunker: C) -> Response {
                     } else {
                         ApiError::from(e)
                     };
-                    frame(&mut out, &err.body());
-                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    let (name, body) = C::error(&err);
+                    named(&mut out, name, &body);
+                    if C::DONE {
+                        out.extend_from_slice(b"data: [DONE]\n\n");
+                    }
                     s.over = true;
                 }
                 Some(t) => {
                     for v in s.chunker.event(t) {
-                        frame(&mut out, &v);
+                        named(&mut out, C::name(&v), &v);
                     }
                 }
                 None => {
                     for v in s.chunker.end() {
-                        frame(&mut out, &v);
+                        named(&mut out, C::name(&v), &v);
                     }
-                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    if C::DONE {
+                        out.extend_from_slice(b"data: [DONE]\n\n");
+                    }
                     s.over = true;
                 }
             }

@@ -1,0 +1,313 @@
+//! `POST /v1/messages`: Anthropic's Messages API over the same engine, so tools built
+//! for it can use a local model. A request is translated into a chat completion
+//! request (system, messages with text, `tool_use` and `tool_result` blocks, tools and
+//! `tool_choice`, `stop_sequences`, sampling fields) and checked, tokenized and run on
+//! the chat path; the answer is Anthropic's message (`messages_answer.rs`), whole or
+//! as its typed server-sent events. Errors use Anthropic's envelope
+//! `{"type": "error", "error": {"type", "message"}}` with the chat path's statuses.
+//!
+//! | field | handling |
+//! |---|---|
+//! | `model`, `metadata`, `service_tier` | accepted and ignored (one model; nothing stored) |
+//! | `max_tokens` | required, as Anthropic requires it |
+//! | `system` | a string or text blocks: the chat's system message |
+//! | `messages` | `user` / `assistant`; content a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user); `image` and `document` are a 400 (no vision) |
+//! | `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream` | as the chat fields |
+//! | `tools`, `tool_choice` (`auto`, `any`, `tool`, `none`; `disable_parallel_tool_use`) | as OpenAI's tools and `tool_choice` (`any` = `required`) |
+//! | `thinking` | a 400 unless `{"type": "disabled"}`: no extended thinking |
+//! | anything else | ignored, as unknown chat fields are |
+
+use crate::body::JsonBody;
+use crate::deadline::Deadline;
+use crate::error::ApiError;
+use crate::generate::{first_event, prepare};
+use crate::messages_answer::{self, Stream};
+use crate::params::Route;
+use crate::run::Run;
+use crate::sse;
+use crate::state::AppState;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+/// The route.
+pub async fn messages(State(st): State<Arc<AppState>>, JsonBody(r): JsonBody<Value>) -> Response {
+    match run(&st, r).await {
+        Ok(r) => r,
+        Err(e) => error(e),
+    }
+}
+
+async fn run(st: &Arc<AppState>, r: Value) -> Result<Response, ApiError> {
+    let deadline = Deadline::start(st);
+    let chat = to_chat(&r)?;
+    let gen =
+        serde_json::from_value(chat).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let job = prepare(st, Route::Chat, gen, deadline).await?;
+    let engine = &st.ready()?.engine;
+    let (run, first) = first_event(Run::start(st, engine, &job, deadline)?).await?;
+    let model = st.config.model_name.clone();
+    if job.stream {
+        let chunker = Stream::new(model, job);
+        return Ok(sse::respond(run, first, chunker));
+    }
+    let answer = messages_answer::whole(run, first, &model, &job).await?;
+    Ok(Json(answer).into_response())
+}
+
+/// Anthropic's error envelope, with the chat path's status.
+pub fn error(e: ApiError) -> Response {
+    let mut r = (e.status, Json(messages_answer::envelope(&e))).into_response();
+    if let Some(s) = e.retry_after {
+        r.headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, s.into());
+    }
+    r
+}
+
+fn bad(field: &str, why: impl Into<String>) -> ApiError {
+    ApiError::invalid(field, why)
+}
+
+/// The chat completion request a Messages request asks for.
+fn to_chat(r: &Value) -> Result<Value, ApiError> {
+    let r = r
+        .as_object()
+        .ok_or_else(|| bad("body", "not a JSON object"))?;
+    let max_tokens = r
+        .get("max_tokens")
+        .ok_or_else(|| bad("max_tokens", "required"))?;
+    if let Some(t) = r.get("thinking") {
+        if t.get("type").and_then(Value::as_str) != Some("disabled") {
+            return Err(bad("thinking", "extended thinking is not supported"));
+        }
+    }
+    let mut messages = Vec::new();
+    if let Some(s) = r.get("system") {
+        messages.push(json!({"role": "system", "content": text_of("system", s)?}));
+    }
+    let list = r
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("messages", "required: a list of messages"))?;
+    for (i, m) in list.iter().enumerate() {
+        turn(i, m, &mut messages)?;
+    }
+    let mut chat = Map::new();
+    chat.insert("messages".into(), Value::Array(messages));
+    chat.insert("max_tokens".into(), max_tokens.clone());
+    for (from, to) in [
+        ("stop_sequences", "stop"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("stream", "stream"),
+    ] {
+        if let Some(v) = r.get(from) {
+            chat.insert(to.into(), v.clone());
+        }
+    }
+    if chat.get("stream") == Some(&Value::Bool(true)) {
+        chat.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    if let Some(tools) = r.get("tools") {
+        chat.insert("tools".into(), to_tools(tools)?);
+    }
+    if let Some(c) = r.get("tool_choice") {
+        let (choice, parallel) = to_choice(c)?;
+        chat.insert("tool_choice".into(), choice);
+        if let Some(p) = parallel {
+            chat.insert("parallel_tool_calls".into(), Value::Bool(p));
+        }
+    }
+    Ok(Value::Object(chat))
+}
+
+/// The text of a string or of a list of text blocks.
+fn text_of(field: &str, v: &Value) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut out = String::new();
+            for b in blocks {
+                match (b.get("type").and_then(Value::as_str), b.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => out.push_str(t),
+                    _ => return Err(bad(field, "only text blocks are supported here")),
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(bad(field, "a string or a list of text blocks")),
+    }
+}
+
+/// Message `i` as chat messages: its text, an assistant's tool calls, a user's tool
+/// results (each a `tool` message, before the user's own text).
+fn turn(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let field = format!("messages[{i}]");
+    let role = m.get("role").and_then(Value::as_str);
+    let role = match role {
+        Some(r @ ("user" | "assistant")) => r,
+        _ => return Err(bad(&field, "role must be \"user\" or \"assistant\"")),
+    };
+    let blocks = match m.get("content") {
+        Some(Value::String(s)) => {
+            out.push(json!({"role": role, "content": s}));
+            return Ok(());
+        }
+        Some(Value::Array(b)) => b,
+        _ => return Err(bad(&field, "content must be a string or a list of blocks")),
+    };
+    let (mut text, mut calls) = (String::new(), Vec::new());
+    for b in blocks {
+        match (b.get("type").and_then(Value::as_str), role) {
+            (Some("text"), _) => match b.get("text") {
+                Some(Value::String(t)) => text.push_str(t),
+                _ => return Err(bad(&field, "a text block without text")),
+            },
+            (Some("tool_use"), "assistant") => {
+                let (Some(id), Some(name)) = (b.get("id"), b.get("name")) else {
+                    return Err(bad(&field, "a tool_use block needs an id and a name"));
+                };
+                let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                calls.push(json!({"id": id, "type": "function",
+                    "function": {"name": name, "arguments": input.to_string()}}));
+            }
+            (Some("tool_result"), "user") => {
+                let Some(id) = b.get("tool_use_id") else {
+                    return Err(bad(&field, "a tool_result block needs a tool_use_id"));
+                };
+                let content = match b.get("content") {
+                    None => String::new(),
+                    Some(c) => text_of(&field, c)?,
+                };
+                out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+            }
+            (Some(kind @ ("image" | "document")), _) => {
+                return Err(bad(
+                    &field,
+                    format!("{kind} blocks are not supported (text only)"),
+                ))
+            }
+            (kind, _) => {
+                let kind = kind.unwrap_or("(none)");
+                return Err(bad(&field, format!("a {kind} block in a {role} message")));
+            }
+        }
+    }
+    if !calls.is_empty() {
+        out.push(json!({"role": "assistant", "content": text, "tool_calls": calls}));
+    } else if !text.is_empty() || role == "assistant" {
+        out.push(json!({"role": role, "content": text}));
+    }
+    Ok(())
+}
+
+/// Anthropic's tools (`name`, `description`, `input_schema`) as OpenAI's functions.
+fn to_tools(v: &Value) -> Result<Value, ApiError> {
+    let list = v
+        .as_array()
+        .ok_or_else(|| bad("tools", "a list of tools"))?;
+    let mut out = Vec::new();
+    for (i, t) in list.iter().enumerate() {
+        let Some(name) = t.get("name").and_then(Value::as_str) else {
+            return Err(bad(&format!("tools[{i}]"), "a tool needs a name"));
+        };
+        let mut f = json!({"name": name});
+        if let Some(d) = t.get("description") {
+            f["description"] = d.clone();
+        }
+        if let Some(s) = t.get("input_schema") {
+            f["parameters"] = s.clone();
+        }
+        out.push(json!({"type": "function", "function": f}));
+    }
+    Ok(Value::Array(out))
+}
+
+/// Anthropic's `tool_choice` as OpenAI's, and `parallel_tool_calls` where it says.
+fn to_choice(c: &Value) -> Result<(Value, Option<bool>), ApiError> {
+    let parallel = c
+        .get("disable_parallel_tool_use")
+        .and_then(Value::as_bool)
+        .map(|d| !d);
+    let choice = match c.get("type").and_then(Value::as_str) {
+        Some("auto") => json!("auto"),
+        Some("any") => json!("required"),
+        Some("none") => json!("none"),
+        Some("tool") => match c.get("name").and_then(Value::as_str) {
+            Some(name) => json!({"type": "function", "function": {"name": name}}),
+            None => return Err(bad("tool_choice", "type \"tool\" needs a name")),
+        },
+        _ => return Err(bad("tool_choice", "type must be auto, any, tool or none")),
+    };
+    Ok((choice, parallel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conversation_with_tools_becomes_the_chat_request() {
+        let r = json!({
+            "model": "x", "max_tokens": 32, "system": [{"type": "text", "text": "Be brief."}],
+            "stop_sequences": ["END"], "top_k": 5, "metadata": {"user_id": "u"},
+            "tools": [{"name": "get", "description": "d", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Let me see."},
+                    {"type": "tool_use", "id": "t1", "name": "get", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "rain"},
+                    {"type": "text", "text": "thanks"}]}
+            ]
+        });
+        let chat = to_chat(&r).unwrap();
+        assert_eq!(
+            chat,
+            json!({
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "weather?"},
+                    {"role": "assistant", "content": "Let me see.", "tool_calls": [
+                        {"id": "t1", "type": "function",
+                         "function": {"name": "get", "arguments": "{\"city\":\"Oslo\"}"}}]},
+                    {"role": "tool", "tool_call_id": "t1", "content": "rain"},
+                    {"role": "user", "content": "thanks"}
+                ],
+                "max_tokens": 32, "stop": ["END"], "top_k": 5,
+                "tools": [{"type": "function", "function":
+                    {"name": "get", "description": "d", "parameters": {"type": "object"}}}],
+                "tool_choice": "required", "parallel_tool_calls": false
+            })
+        );
+    }
+
+    #[test]
+    fn what_folio_cannot_do_is_a_400_naming_the_field() {
+        let base = |extra: Value| {
+            let mut r = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+            r.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            to_chat(&r)
+                .err()
+                .map(|e| (e.status.as_u16(), e.param.unwrap()))
+        };
+        let image = json!({"messages": [{"role": "user", "content": [{"type": "image"}]}]});
+        assert_eq!(base(image), Some((400, "messages[0]".into())));
+        let thinking = json!({"thinking": {"type": "enabled", "budget_tokens": 1024}});
+        assert_eq!(base(thinking), Some((400, "thinking".into())));
+        let choice = json!({"tool_choice": {"type": "tool"}});
+        assert_eq!(base(choice), Some((400, "tool_choice".into())));
+        let role = json!({"messages": [{"role": "system", "content": "x"}]});
+        assert_eq!(base(role), Some((400, "messages[0]".into())));
+        assert_eq!(base(json!({"thinking": {"type": "disabled"}})), None);
+        let no_max = to_chat(&json!({"messages": []})).unwrap_err();
+        assert_eq!(no_max.param.as_deref(), Some("max_tokens"));
+    }
+}
