@@ -54,7 +54,7 @@ fn usage(c: &Counts) -> Usage {
 
 /// A message id: `msg_` and a number no other answer of this server has.
 fn message_id(model: &str) -> String {
-    crate::answer::Head::new("msg", model)
+    crate::answer::Head::new("msg", model, "")
         .id
         .replacen('-', "_", 1)
 }
