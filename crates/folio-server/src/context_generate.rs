@@ -49,31 +49,15 @@ pub async fn generate(
     .await;
     let (run, job) = run?;
     let (run, first) = first_event(run).await?;
+    let prefix = if chat { "chatcmpl" } else { "cmpl" };
+    let head = Head::new(
+        prefix,
+        &st.config.model_name,
+        &st.ready()?.system_fingerprint,
+    );
     if chat {
-        answer_chat(
-            engine,
-            Head::new(
-                "chatcmpl",
-                &st.config.model_name,
-                &st.ready()?.system_fingerprint,
-            ),
-            job,
-            run,
-            first,
-        )
-        .await
+        answer_chat(engine, head, job, run, first).await
     } else {
-        answer_completion(
-            engine,
-            Head::new(
-                "cmpl",
-                &st.config.model_name,
-                &st.ready()?.system_fingerprint,
-            ),
-            job,
-            run,
-            first,
-        )
-        .await
+        answer_completion(engine, head, job, run, first).await
     }
 }

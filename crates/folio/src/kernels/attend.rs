@@ -11,7 +11,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512_block::Scratch;
-use super::{Isa, KvRows, KvRun, RowCall};
+use super::{Isa, KvRows, KvRun};
 #[cfg(not(target_arch = "x86_64"))]
 type Scratch = ();
 
@@ -66,14 +66,7 @@ pub fn attend(isa: Isa, a: &Attend, state: &mut [(f32, f32)], acc: &mut [f32]) {
         } else {
             a.runs
         };
-        let c = RowCall {
-            q: a.q,
-            runs,
-            ahead: a.ahead,
-            stride: a.stride,
-            scale: a.scale,
-            cap: a.cap,
-        };
+        let c = Attend { runs, ..*a };
         super::attend_row(isa, isa.f16_attention(), &c, state, acc);
         return;
     }
@@ -194,13 +187,11 @@ fn rows_over_tile(isa: Isa, a: &Attend, t0: usize, state: &mut [(f32, f32)], acc
             slice_runs(a.runs, 0, end - t0, a.stride, &mut cut);
             &cut[..]
         };
-        let c = RowCall {
+        let c = Attend {
             q: &a.q[r * width..(r + 1) * width],
             runs: these,
             ahead: &[],
-            stride: a.stride,
-            scale: a.scale,
-            cap: a.cap,
+            ..*a
         };
         let (st, ac) = (r * group..(r + 1) * group, r * width..(r + 1) * width);
         super::attend_row(isa, isa.f16_attention(), &c, &mut state[st], &mut acc[ac]);

@@ -5,34 +5,18 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512_attend};
-use super::{scalar, Isa, KvRows, KvRun};
+use super::{scalar, Attend, Isa, KvRows};
 
-/// One row's call into the kernels: `state.len()` queries that share their keys (the
-/// query heads of one KV head) over every key of `runs`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RowCall<'a> {
-    /// Each query's `head_dim` values back to back.
-    pub q: &'a [f32],
-    pub runs: &'a [KvRun<'a>],
-    /// Whole rows of `stride` elements to ask for into L2, spread evenly over the keys
-    /// read (only the AVX-512 kernel asks; the result is the same bits).
-    pub ahead: &'a [KvRun<'a>],
-    pub stride: usize,
-    pub scale: f32,
-    /// ≠ 0: soft-capped scores (see `scalar::attend_runs_capped`), on the scalar kernel
-    /// on every path (only Gemma 2 caps them).
-    pub cap: f32,
-}
-
-/// Continues the online softmax of `c`'s queries over its keys: `acc` holds each
-/// query's accumulator back to back, `state[g]` its (running max, running sum). Each
+/// Continues the online softmax of one row's queries (`c.q`: the query heads of one KV
+/// head, back to back) over every key of `c.runs` (`c.keys` is not read: a row's
+/// limit is its runs' end): `acc` holds each query's accumulator back to back, `state[g]` its (running max, running sum). Each
 /// query gets the bits `scalar::attend_runs` gives it alone, however many share the
 /// call, with rounding `round` ([`Isa::f16_attention`] in the model; tests compare
 /// every kernel with its scalar twin both ways).
 pub(crate) fn attend_row(
     isa: Isa,
     round: bool,
-    c: &RowCall,
+    c: &Attend,
     state: &mut [(f32, f32)],
     acc: &mut [f32],
 ) {
@@ -142,14 +126,15 @@ pub(crate) fn zmm_attention(isa: Isa, round: bool, hd: usize) -> bool {
 pub(crate) fn attend_runs(
     isa: Isa,
     q: &[f32],
-    runs: &[KvRun],
+    runs: &[super::KvRun],
     stride: usize,
     scale: f32,
     state: &mut [(f32, f32)],
     acc: &mut [f32],
 ) {
-    let c = RowCall {
+    let c = Attend {
         q,
+        keys: &[],
         runs,
         ahead: &[],
         stride,

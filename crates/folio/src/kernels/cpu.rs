@@ -16,7 +16,7 @@ impl Cpu {
     /// `threads` threads (0: all cores) on the detected path ([`super::isa`]).
     pub fn new(threads: usize) -> Result<Self, PoolError> {
         let threads = if threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
+            super::pool::cores()
         } else {
             threads
         };

@@ -96,7 +96,7 @@ mod detect;
 pub use attend::{attend, Attend};
 #[cfg(test)]
 pub(crate) use attend_runs::attend_runs;
-pub(crate) use attend_runs::{attend_row, zmm_attention, RowCall};
+pub(crate) use attend_runs::{attend_row, zmm_attention};
 pub use cpu::Cpu;
 pub use kv_rows::{KvDtype, KvRows, KvRun};
 pub use matmul::{matmul, Activations, QMatrix};

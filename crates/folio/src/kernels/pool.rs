@@ -112,7 +112,8 @@ pub struct ThreadPool {
     run_lock: Mutex<()>,
 }
 
-fn cores() -> usize {
+/// The cores this process may run on (1 where that cannot be told).
+pub(crate) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 

@@ -730,7 +730,7 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
     }
 }
 
-/// Asking for the next keys while computing (`RowCall::ahead`, a decode step's next
+/// Asking for the next keys while computing (`Attend::ahead`, a decode step's next
 /// piece) changes no bit: every path gives `attend_runs`'s state and accumulators, with
 /// the next keys in pages or in one run, as many as the keys read or none.
 #[test]
@@ -775,7 +775,7 @@ fn asking_for_the_next_keys_changes_no_bit() {
             );
             let (mut state, mut acc) = fresh();
             let (st, ac) = (&mut state, &mut acc);
-            let c = super::RowCall {
+            let c = super::Attend {
                 ahead: &ahead,
                 ..row(&qk, &runs, stride, 0.125)
             };
@@ -1112,9 +1112,10 @@ fn row<'a>(
     runs: &'a [super::KvRun<'a>],
     stride: usize,
     scale: f32,
-) -> super::RowCall<'a> {
-    super::RowCall {
+) -> super::Attend<'a> {
+    super::Attend {
         q,
+        keys: &[],
         runs,
         ahead: &[],
         stride,
