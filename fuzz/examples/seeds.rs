@@ -164,7 +164,7 @@ fn check_restores(body: &[u8]) {
 
 fn http() -> Vec<(String, Vec<u8>)> {
     use folio_server::fuzzing::BodyRoute;
-    let bodies: [(BodyRoute, &str); 36] = [
+    let bodies: [(BodyRoute, &str); 42] = [
         (
             BodyRoute::Completions,
             r#"{"prompt":"Once upon a time","max_tokens":8,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"stop":["\n","."],"seed":42,"n":2,"logprobs":2,"echo":true,"stream":true,"stream_options":{"include_usage":true}}"#,
@@ -274,6 +274,30 @@ fn http() -> Vec<(String, Vec<u8>)> {
         (
             BodyRoute::Chat,
             r#"{"messages":[],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"nope"}}}}"#,
+        ),
+        (
+            BodyRoute::Messages,
+            r#"{"max_tokens":8,"system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"}}"#,
+        ),
+        (
+            BodyRoute::Messages,
+            r#"{"max_tokens":8,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"x"}]}]}"#,
+        ),
+        (
+            BodyRoute::Messages,
+            r#"{"messages":[{"role":"user","content":[{"type":"image"}]}]}"#,
+        ),
+        (
+            BodyRoute::Responses,
+            r#"{"input":"Hi","instructions":"Be brief.","max_output_tokens":8,"text":{"format":{"type":"json_schema","name":"x","schema":{"type":"object"}}}}"#,
+        ),
+        (
+            BodyRoute::Responses,
+            r#"{"input":[{"role":"user","content":[{"type":"input_text","text":"w?"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"x"}],"tools":[{"type":"function","name":"f"}],"tool_choice":"required"}"#,
+        ),
+        (
+            BodyRoute::Responses,
+            r#"{"input":[{"type":"reasoning"}],"truncation":"auto"}"#,
         ),
     ];
     bodies

@@ -2,7 +2,8 @@
 //! and filled on first use): the official `openai` Python package runs
 //! scripts/test_openai.py against a server started from the built binary, which must
 //! then stop cleanly on SIGTERM; the official `anthropic` package runs
-//! scripts/test_anthropic.py against the Messages API; and Debian's headless `chromium`, driven by
+//! scripts/test_anthropic.py against the Messages API; the `openai` package runs
+//! scripts/test_responses.py against the Responses API; and Debian's headless `chromium`, driven by
 //! selenium through `chromedriver`, uses the web page (scripts/test_web.py). Needs
 //! python3 (and PyPI the first time); the browser test needs `chromium` and
 //! `chromium-driver` (scripts/test.sh installs them).
@@ -170,52 +171,24 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
     }
 }
 
-#[test]
-fn official_anthropic_client_against_the_messages_api() {
-    let python = venv_python("anthropic");
-    let (mut server, url) = start();
-    let root = url
-        .strip_suffix("/v1")
-        .expect("the ready line's URL ends in /v1");
-    let script = repo().join("scripts/test_anthropic.py");
-    let mut cmd = Command::new(&python);
+/// Runs `scripts/{script}` with `python` against `url` to its end; fails with the
+/// server's log when the script does.
+fn run_script(python: &Path, script: &str, url: &str, server: &Server) {
+    let script = repo().join("scripts").join(script);
+    let mut cmd = Command::new(python);
     cmd.arg(&script)
-        .arg(root)
+        .arg(url)
         .env("PYTHONUNBUFFERED", "1")
         .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .env_remove("ANTHROPIC_BASE_URL")
-        .env_remove("ANTHROPIC_API_KEY");
-    let out = output_within(cmd, SCRIPT_TIMEOUT);
-    println!("{}", String::from_utf8_lossy(&out.stdout));
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success(),
-        "{} {root} failed ({}); server stderr:\n{}",
-        script.display(),
-        out.status,
-        server.stderr()
-    );
-    assert!(terminate(&mut server).success());
-}
-
-#[test]
-fn official_openai_client_against_the_real_server() {
-    let began = Instant::now();
-    let python = venv_python("openai");
-    venv_python("jsonschema");
-    let (mut server, url) = start();
-    eprintln!("folio serve is ready at {url} ({:.1?})", began.elapsed());
-
-    let script = repo().join("scripts/test_openai.py");
-    let mut cmd = Command::new(&python);
-    cmd.arg(&script)
-        .arg(&url)
-        .env("PYTHONUNBUFFERED", "1")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY");
+        .env("no_proxy", "127.0.0.1,localhost");
+    for var in [
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+    ] {
+        cmd.env_remove(var);
+    }
     let out = output_within(cmd, SCRIPT_TIMEOUT);
     println!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
@@ -226,6 +199,36 @@ fn official_openai_client_against_the_real_server() {
         out.status,
         server.stderr()
     );
+}
+
+#[test]
+fn official_anthropic_client_against_the_messages_api() {
+    let python = venv_python("anthropic");
+    let (mut server, url) = start();
+    let root = url
+        .strip_suffix("/v1")
+        .expect("the ready line's URL ends in /v1");
+    run_script(&python, "test_anthropic.py", root, &server);
+    assert!(terminate(&mut server).success());
+}
+
+#[test]
+fn official_openai_client_against_the_responses_api() {
+    let python = venv_python("openai");
+    venv_python("jsonschema");
+    let (mut server, url) = start();
+    run_script(&python, "test_responses.py", &url, &server);
+    assert!(terminate(&mut server).success());
+}
+
+#[test]
+fn official_openai_client_against_the_real_server() {
+    let began = Instant::now();
+    let python = venv_python("openai");
+    venv_python("jsonschema");
+    let (mut server, url) = start();
+    eprintln!("folio serve is ready at {url} ({:.1?})", began.elapsed());
+    run_script(&python, "test_openai.py", &url, &server);
 
     let status = terminate(&mut server);
     assert!(

@@ -8,7 +8,8 @@ use crate::error::ApiError;
 use crate::serve_error::ServeError;
 use crate::state::AppState;
 use crate::{
-    context_edit, context_generate, contexts, generate, guard, kv, messages, misc, snapshots,
+    context_edit, context_generate, contexts, generate, guard, kv, messages, misc, responses,
+    snapshots,
 };
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -32,6 +33,11 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/messages", post(messages::messages))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         // llama.cpp's aliases, for clients configured without the /v1.
         .route("/models", get(misc::models))
         .route("/completions", post(generate::completions))

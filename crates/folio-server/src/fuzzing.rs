@@ -11,8 +11,10 @@ use crate::context_edit::{Append, Truncate};
 use crate::context_generate::GenerateExtra;
 use crate::contexts::CreateContext;
 use crate::error::ApiError;
+use crate::messages::chat_request;
 use crate::misc::{detokenize_request, tokenize_request};
 use crate::params::{job, Route};
+use crate::responses_input::read;
 use crate::snapshots::Save;
 use folio::grammar::Grammars;
 use folio::tokenizer::ChatTemplate;
@@ -39,11 +41,15 @@ pub enum BodyRoute {
     Tokenize,
     /// `POST /detokenize`
     Detokenize,
+    /// `POST /v1/messages`
+    Messages,
+    /// `POST /v1/responses`
+    Responses,
 }
 
 impl BodyRoute {
     /// Every route, in a fixed order (a fuzz input's first byte picks one).
-    pub const ALL: [BodyRoute; 9] = [
+    pub const ALL: [BodyRoute; 11] = [
         BodyRoute::Completions,
         BodyRoute::Chat,
         BodyRoute::ContextCreate,
@@ -53,6 +59,8 @@ impl BodyRoute {
         BodyRoute::SnapshotSave,
         BodyRoute::Tokenize,
         BodyRoute::Detokenize,
+        BodyRoute::Messages,
+        BodyRoute::Responses,
     ];
 }
 
@@ -100,5 +108,8 @@ pub fn check_body(route: BodyRoute, body: &[u8], l: &Loaded) -> Result<usize, Ap
         BodyRoute::Detokenize => {
             detokenize_request(&parse::<DetokenizeRequest>(body)?, l.model).map(|_| 0)
         }
+        BodyRoute::Messages => gen(Route::Chat, chat_request(&parse(body)?)?),
+        // A continuation's history comes from the stored response, not the body.
+        BodyRoute::Responses => gen(Route::Chat, read(&parse(body)?)?.chat_request(&[])?),
     }
 }

@@ -42,9 +42,7 @@ pub async fn messages(State(st): State<Arc<AppState>>, JsonBody(r): JsonBody<Val
 
 async fn run(st: &Arc<AppState>, r: Value) -> Result<Response, ApiError> {
     let deadline = Deadline::start(st);
-    let chat = to_chat(&r)?;
-    let gen =
-        serde_json::from_value(chat).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let gen = chat_request(&r)?;
     let job = prepare(st, Route::Chat, gen, deadline).await?;
     let engine = &st.ready()?.engine;
     let (run, first) = first_event(Run::start(st, engine, &job, deadline)?).await?;
@@ -69,6 +67,11 @@ pub fn error(e: ApiError) -> Response {
 
 fn bad(field: &str, why: impl Into<String>) -> ApiError {
     ApiError::invalid(field, why)
+}
+
+/// The chat completion request a Messages request asks for, parsed.
+pub fn chat_request(r: &Value) -> Result<crate::api::GenRequest, ApiError> {
+    serde_json::from_value(to_chat(r)?).map_err(|e| ApiError::invalid("messages", e.to_string()))
 }
 
 /// The chat completion request a Messages request asks for.

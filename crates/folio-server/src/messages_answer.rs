@@ -116,12 +116,13 @@ pub async fn whole(run: Run, first: Tagged, model: &str, job: &Job) -> Result<Me
 #[derive(Serialize)]
 pub struct Chunk {
     #[serde(rename = "type")]
-    kind: &'static str,
+    pub kind: &'static str,
     #[serde(flatten)]
     body: Value,
 }
 
-fn chunk(kind: &'static str, body: Value) -> Chunk {
+/// An event of type `kind` with `body`'s fields.
+pub fn chunk(kind: &'static str, body: Value) -> Chunk {
     Chunk { kind, body }
 }
 
@@ -271,7 +272,7 @@ impl Chunker for Stream {
         Some(c.kind)
     }
 
-    fn error(e: &ApiError) -> (Option<&'static str>, Value) {
+    fn error(&mut self, e: &ApiError) -> (Option<&'static str>, Value) {
         let body = serde_json::to_value(envelope(e)).unwrap_or_default();
         (Some("error"), body)
     }

@@ -2,8 +2,10 @@
 //! (`ctx-N`), with its salt, its parent (for the context tree) and its last use.
 //! Contexts idle longer than `--context-ttl` are dropped by the reaper
 //! ([`Contexts::reap`]; their committed pages stay cached), and at most
-//! `--max-contexts` live at once (429 above). A look at a context's figures does not
-//! renew it; using it does.
+//! `--max-contexts` live at once: above, the least recently used idle context of a
+//! stored response (`responses_store.rs`; those are a cache a client did not ask for
+//! by name) makes room, and with none such the answer is 429. A look at a context's
+//! figures does not renew it; using it does.
 
 use crate::clock::unix_now;
 use crate::error::ApiError;
@@ -23,6 +25,8 @@ pub struct Entry {
     pub created: u64,
     /// Messages were appended: generation replies as the assistant.
     pub chat: AtomicBool,
+    /// A stored response's context: dropped to make room when the registry is full.
+    pub evictable: bool,
     last_used: Mutex<Instant>,
 }
 
@@ -34,6 +38,7 @@ impl Entry {
             parent,
             created: unix_now(),
             chat: AtomicBool::new(chat),
+            evictable: false,
             last_used: Mutex::new(Instant::now()),
         }
     }
@@ -62,9 +67,26 @@ impl Contexts {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a context under a new id, unless `max` are live already (429).
+    /// Adds a context under a new id. When `max` are live already, the evictable one
+    /// idle longest that no request uses goes; with none such, 429.
     pub fn insert(&self, max: usize, e: Entry) -> Result<String, ApiError> {
+        self.insert_shared(max, Arc::new(e))
+    }
+
+    /// [`Contexts::insert`] of an entry a request may still hold (it counts as in use
+    /// until that request lets go).
+    pub fn insert_shared(&self, max: usize, e: Arc<Entry>) -> Result<String, ApiError> {
         let mut m = self.map();
+        if m.len() >= max {
+            let victim = m
+                .iter()
+                .filter(|(_, e)| e.evictable && Arc::strong_count(e) == 1)
+                .max_by_key(|(_, e)| e.idle_for())
+                .map(|(k, _)| k.clone());
+            if let Some(k) = victim {
+                m.remove(&k);
+            }
+        }
         if m.len() >= max {
             let mut err = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -74,7 +96,7 @@ impl Contexts {
             return Err(err);
         }
         let id = format!("ctx-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
-        m.insert(id.clone(), Arc::new(e));
+        m.insert(id.clone(), e);
         Ok(id)
     }
 
@@ -89,6 +111,11 @@ impl Contexts {
     /// alive (else a cheap GET would renew an idle one's pages forever).
     pub fn peek(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
         self.map().get(id).cloned().ok_or_else(|| no_context(id))
+    }
+
+    /// Whether context `id` is live.
+    pub fn contains(&self, id: &str) -> bool {
+        self.map().contains_key(id)
     }
 
     pub fn remove(&self, id: &str) -> Result<(), ApiError> {

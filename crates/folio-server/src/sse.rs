@@ -30,7 +30,7 @@ pub trait Chunker: Send + 'static {
     /// Whether the stream ends with `data: [DONE]`.
     const DONE: bool = true;
     /// A failure midway: its event name and body (OpenAI's envelope by default).
-    fn error(e: &ApiError) -> (Option<&'static str>, serde_json::Value) {
+    fn error(&mut self, e: &ApiError) -> (Option<&'static str>, serde_json::Value) {
         (None, serde_json::to_value(e.body()).unwrap_or_default())
     }
 }
@@ -119,7 +119,7 @@ pub fn respond<C: Chunker>(run: Run, first: Tagged, chunker: C) -> Response {
                     } else {
                         ApiError::from(e)
                     };
-                    let (name, body) = C::error(&err);
+                    let (name, body) = s.chunker.error(&err);
                     named(&mut out, name, &body);
                     if C::DONE {
                         out.extend_from_slice(b"data: [DONE]\n\n");

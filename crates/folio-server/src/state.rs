@@ -9,6 +9,7 @@ use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::registry::Contexts;
+use crate::responses_store::Responses;
 use folio::tokenizer::ChatTemplate;
 use folio::Engine;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,6 +35,8 @@ pub struct AppState {
     pub loaded: OnceLock<Loaded>,
     pub metrics: Metrics,
     pub contexts: Contexts,
+    /// The stored responses (their contexts are in `contexts`).
+    pub responses: Responses,
     /// Requests submitted that have not yet produced an event.
     pub queued: AtomicUsize,
     /// Set at SIGINT/SIGTERM: health answers 503 and new requests are refused.
@@ -50,6 +53,7 @@ impl AppState {
             loaded: OnceLock::new(),
             metrics: Metrics::default(),
             contexts: Default::default(),
+            responses: Default::default(),
             queued: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             started: unix_now(),

@@ -12,6 +12,7 @@ mod limits;
 mod load;
 mod openai_fields;
 mod preempt;
+mod responses;
 mod routes;
 mod server;
 mod snapshots_hostile;

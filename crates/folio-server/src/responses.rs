@@ -1,0 +1,251 @@
+//! The Responses API: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`.
+//! A request is read into chat messages (`responses_input.rs`), checked and
+//! tokenized on the chat path, and generated into a context, so that the response can
+//! be kept (`store`, default true) as that context: the conversation's tokens with
+//! the reply in them (`responses_store.rs`).
+//!
+//! `previous_response_id` continues a stored response by forking its context (O(1):
+//! the pages are shared) and appending only what the conversation adds: the
+//! template's text of the whole conversation (the previous messages, the reply as the
+//! model wrote it, the new input) normally begins with exactly the text the context
+//! holds, and only the rest is tokenized and computed; the usage's `cached_tokens`
+//! says so. When it does not (new `instructions`, a template that rewrites earlier
+//! turns), the fork is cut back to the longest prefix its tokens share with the
+//! conversation's and the rest computed: the same answer, less reuse. A stored
+//! response's `cache_salt` is its chain's; a continuation may not change it.
+
+use crate::body::JsonBody;
+use crate::deadline::Deadline;
+use crate::error::ApiError;
+use crate::generate::{collect, first_event, prepare};
+use crate::offload::blocking;
+use crate::params::{check_salt, Route};
+use crate::registry::Entry;
+use crate::responses_answer::{self, Keep, Shape, Stream};
+use crate::responses_input::{self, Asked};
+use crate::responses_store::Stored;
+use crate::run::Run;
+use crate::sse;
+use crate::state::AppState;
+use crate::tally::Tally;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use folio::Context;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+type St = State<Arc<AppState>>;
+
+/// Where a continuation starts: the forked context and what it holds.
+struct Fork {
+    ctx: Context,
+    tokens: Vec<u32>,
+    /// The template's text of what the context holds.
+    held: String,
+    salt: Option<String>,
+    /// The stored response's context (the fork's parent).
+    parent: String,
+}
+
+pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Response, ApiError> {
+    let deadline = Deadline::start(&st);
+    let asked = responses_input::read(&r)?;
+    let engine = st.engine()?;
+    let salt = asked.chat.get("cache_salt").and_then(Value::as_str);
+    check_salt(salt)?;
+    let salt = salt.map(str::to_string);
+    let (fork, history) = match &asked.previous {
+        Some(prev) => {
+            let (fork, history) = continuation(&st, prev).await?;
+            if salt.is_some() && salt != fork.salt {
+                return Err(ApiError::invalid(
+                    "cache_salt",
+                    "a continuation keeps its chain's cache_salt",
+                ));
+            }
+            (Some(fork), history)
+        }
+        None => (None, Vec::new()),
+    };
+    let gen = asked.chat_request(&history)?;
+    let mut job = prepare(&st, Route::Chat, gen, deadline).await?;
+    let text = job.prompt_texts[0].clone();
+    let ids = std::mem::take(&mut job.prompts[0]);
+    let tok = &engine.model().tokenizer;
+    let (ctx, before, salt, parent) = match fork {
+        Some(f) => {
+            let (before, delta) = match text.strip_prefix(f.held.as_str()) {
+                Some(rest) => {
+                    let delta = tok
+                        .try_encode(rest, false)
+                        .map_err(folio::EngineError::from)?;
+                    (f.tokens.len(), delta)
+                }
+                None => {
+                    let common = f
+                        .tokens
+                        .iter()
+                        .zip(&ids)
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    (common, ids[common..].to_vec())
+                }
+            };
+            job.prompts[0] = delta;
+            let ctx = f.ctx;
+            let cut = before < f.tokens.len();
+            let ctx = blocking(move || {
+                if cut {
+                    ctx.truncate(before)?;
+                }
+                Ok(ctx)
+            })
+            .await?;
+            (ctx, before, f.salt, Some(f.parent))
+        }
+        None => {
+            job.prompts[0] = ids;
+            let (e2, s2) = (engine.clone(), salt.clone());
+            let ctx = blocking(move || Ok(e2.context(s2.map(String::into_bytes))?)).await?;
+            (ctx, 0, salt, None)
+        }
+    };
+    let prompt_len = before + job.prompts[0].len();
+    let mut entry = Entry::new(ctx, salt, parent, false);
+    entry.evictable = true;
+    let entry = Arc::new(entry);
+    let pending = Pending {
+        st: st.clone(),
+        context: match asked.store {
+            true => Some(
+                st.contexts
+                    .insert_shared(st.config.max_contexts, entry.clone())?,
+            ),
+            false => None,
+        },
+    };
+    let (st2, e2) = (st.clone(), entry.clone());
+    let run = blocking(move || {
+        let mut run = Run::start_context(&st2, &e2.ctx, &job, false, deadline)?;
+        run.hold(e2);
+        Ok((run, job))
+    })
+    .await;
+    let (run, job) = run?;
+    let (run, first) = first_event(run).await?;
+    let l = st.ready()?;
+    let head = crate::answer::Head::new("resp", &st.config.model_name, &l.system_fingerprint);
+    let Asked {
+        input,
+        instructions,
+        store,
+        stream,
+        previous,
+        echo,
+        ..
+    } = asked;
+    let shape = Shape {
+        id: head.id.replacen('-', "_", 1),
+        created: head.created,
+        model: head.model,
+        system_fingerprint: head.system_fingerprint,
+        instructions,
+        previous,
+        store,
+        echo,
+    };
+    let keep = store.then(|| {
+        let mut messages = history;
+        messages.extend(input);
+        keeper(pending, shape.id.clone(), messages, text, prompt_len)
+    });
+    if stream {
+        return Ok(sse::respond(run, first, Stream::new(shape, &job, keep)));
+    }
+    let tally = collect(run, first, Tally::new(1, 1)).await?;
+    let object = responses_answer::whole(&shape, &job, &tally);
+    if let Some(keep) = keep {
+        keep(&object);
+    }
+    Ok(Json(object).into_response())
+}
+
+/// Forks stored response `prev`'s context; returns the fork and the conversation it
+/// holds as chat messages, the reply included as the model wrote it.
+async fn continuation(st: &Arc<AppState>, prev: &str) -> Result<(Fork, Vec<Value>), ApiError> {
+    let (stored, parent) = st.responses.get(&st.contexts, prev)?;
+    let salt = parent.salt.clone();
+    let (ctx, tokens) = blocking(move || {
+        let ctx = parent.ctx.fork()?;
+        let tokens = ctx.tokens()?;
+        Ok((ctx, tokens))
+    })
+    .await?;
+    let engine = st.engine()?;
+    let tok = &engine.model().tokenizer;
+    let reply = tokens.get(stored.prompt_len..).unwrap_or_default();
+    let shown: Vec<u32> = reply.iter().copied().filter(|&t| !tok.is_eog(t)).collect();
+    let mut history = stored.messages.clone();
+    history.push(json!({"role": "assistant", "content": tok.decode(&shown)}));
+    let held = format!("{}{}", stored.prompt_text, tok.decode_special(reply));
+    let fork = Fork {
+        ctx,
+        tokens,
+        held,
+        salt,
+        parent: stored.context.clone(),
+    };
+    Ok((fork, history))
+}
+
+/// A stored response's context, registered before it generates (so a full registry
+/// is a 429 before any work): dropped unkept (the run failed, or the client went
+/// away), it leaves the registry again.
+struct Pending {
+    st: Arc<AppState>,
+    context: Option<String>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(c) = self.context.take() {
+            let _ = self.st.contexts.remove(&c);
+        }
+    }
+}
+
+/// What stores a finished response: the record beside its context.
+fn keeper(
+    mut pending: Pending,
+    id: String,
+    messages: Vec<Value>,
+    prompt_text: String,
+    prompt_len: usize,
+) -> Keep {
+    Box::new(move |object: &Value| {
+        let Some(context) = pending.context.take() else {
+            return;
+        };
+        let stored = Stored {
+            context,
+            object: object.clone(),
+            messages,
+            prompt_text,
+            prompt_len,
+        };
+        pending
+            .st
+            .responses
+            .insert(&pending.st.contexts, id, stored);
+    })
+}
+
+pub async fn get(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(Json(st.responses.object(&st.contexts, &id)?).into_response())
+}
+
+pub async fn delete(State(st): St, Path(id): Path<String>) -> Result<Response, ApiError> {
+    st.responses.remove(&st.contexts, &id)?;
+    Ok(Json(json!({"id": id, "object": "response", "deleted": true})).into_response())
+}

@@ -1,0 +1,271 @@
+//! The Responses API on the real model: a chain forks the stored context and
+//! computes only what the conversation adds, stored responses are a cache that
+//! makes room for newer ones but never for a user's context, a stream's events are
+//! numbered and its final object is what `GET` returns, a stream cut short stores
+//! nothing, and every field the route lists is answered as listed.
+
+use crate::client::{eventually, get, ok, open_stream, post, request};
+use crate::server::{small_engine, start};
+use folio_server::ServeConfig;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+
+fn contexts(a: SocketAddr) -> usize {
+    get(a, "/v1/contexts").json()["data"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+fn text(r: &Value) -> String {
+    r["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text in {r}"))
+        .to_string()
+}
+
+fn cached(r: &Value) -> u64 {
+    r["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn a_chain_reuses_all_its_previous_context_holds() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let mut prev: Option<Value> = None;
+    for q in ["Tell me a colour.", "And another one.", "Which came first?"] {
+        let mut body = json!({"input": q, "max_output_tokens": 12, "temperature": 0,
+            "cache_salt": "chain"});
+        if let Some(p) = &prev {
+            body["previous_response_id"] = p["id"].clone();
+        }
+        let r = ok(a, "/v1/responses", body);
+        if let Some(p) = &prev {
+            // The fork holds the previous prompt and reply; only the last sampled
+            // token was never computed.
+            let held = p["usage"]["input_tokens"].as_u64().unwrap()
+                + p["usage"]["output_tokens"].as_u64().unwrap()
+                - 1;
+            assert_eq!(cached(&r), held, "{r}");
+            assert_eq!(r["previous_response_id"], p["id"]);
+        }
+        prev = Some(r);
+    }
+    // Each stored response is a context of the registry.
+    assert_eq!(contexts(a), 3);
+}
+
+#[test]
+fn get_returns_the_answer_and_delete_drops_its_context() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let r = ok(
+        a,
+        "/v1/responses",
+        json!({"input": "Hi.", "max_output_tokens": 4, "metadata": {"k": "v"}}),
+    );
+    let id = r["id"].as_str().unwrap();
+    assert_eq!(r["metadata"], json!({"k": "v"}));
+    assert_eq!(get(a, &format!("/v1/responses/{id}")).json(), r);
+    assert_eq!(contexts(a), 1);
+    let d = request(a, "DELETE", &format!("/v1/responses/{id}"), &[], b"").json();
+    assert_eq!(d, json!({"id": id, "object": "response", "deleted": true}));
+    assert_eq!(contexts(a), 0);
+    get(a, &format!("/v1/responses/{id}")).error(404);
+    request(a, "DELETE", &format!("/v1/responses/{id}"), &[], b"").error(404);
+    let e = post(
+        a,
+        "/v1/responses",
+        &json!({"input": "x", "previous_response_id": id}),
+    )
+    .error(404);
+    assert_eq!(e["code"], "response_not_found");
+    // store: false keeps nothing.
+    let r = ok(
+        a,
+        "/v1/responses",
+        json!({"input": "Hi.", "max_output_tokens": 4, "store": false}),
+    );
+    assert_eq!(r["store"], false);
+    assert_eq!(contexts(a), 0);
+    get(a, &format!("/v1/responses/{}", r["id"].as_str().unwrap())).error(404);
+}
+
+#[test]
+fn stored_responses_make_room_but_a_users_context_is_never_evicted() {
+    let cfg = ServeConfig {
+        max_contexts: 2,
+        ..ServeConfig::default()
+    };
+    let s = start(cfg, small_engine());
+    let a = s.addr;
+    let mine = ok(a, "/v1/contexts", json!({}))["id"].clone();
+    let ids: Vec<String> = (0..3)
+        .map(|i| {
+            let r = ok(
+                a,
+                "/v1/responses",
+                json!({"input": format!("Count to {i}."), "max_output_tokens": 3}),
+            );
+            r["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    // Each made room by dropping the one before; the user's context stayed.
+    get(a, &format!("/v1/responses/{}", ids[0])).error(404);
+    get(a, &format!("/v1/responses/{}", ids[1])).error(404);
+    assert_eq!(get(a, &format!("/v1/responses/{}", ids[2])).status, 200);
+    assert!(get(a, &format!("/v1/contexts/{}", mine.as_str().unwrap())).status == 200);
+    // A second user context takes the stored response's place; then the registry
+    // holds only users' contexts, and a stored response is a 429 before any work.
+    ok(a, "/v1/contexts", json!({}));
+    get(a, &format!("/v1/responses/{}", ids[2])).error(404);
+    post(
+        a,
+        "/v1/responses",
+        &json!({"input": "x", "max_output_tokens": 2}),
+    )
+    .error(429);
+    // Not storing needs no room.
+    ok(
+        a,
+        "/v1/responses",
+        json!({"input": "x", "max_output_tokens": 2, "store": false}),
+    );
+}
+
+#[test]
+fn a_stream_is_numbered_and_ends_with_what_get_returns() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let body = json!({"input": "Say hello.", "max_output_tokens": 8, "temperature": 0,
+        "stream": true});
+    let r = post(a, "/v1/responses", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let names: Vec<String> = r
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .map(str::to_string)
+        .collect();
+    let events: Vec<Value> = r
+        .events()
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(names.len(), events.len());
+    for (i, (n, e)) in names.iter().zip(&events).enumerate() {
+        assert_eq!(e["type"], json!(n), "{e}");
+        assert_eq!(e["sequence_number"], json!(i), "{e}");
+    }
+    assert_eq!(names[..2], ["response.created", "response.in_progress"]);
+    let last = events.last().unwrap();
+    assert!(["response.completed", "response.incomplete"].contains(&last["type"].as_str().unwrap()));
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    let fin = &last["response"];
+    assert_eq!(text(fin), deltas);
+    let id = fin["id"].as_str().unwrap();
+    assert_eq!(&get(a, &format!("/v1/responses/{id}")).json(), fin);
+    // The same request whole gives the same text.
+    let mut whole = body.clone();
+    whole["stream"] = json!(false);
+    assert_eq!(text(&ok(a, "/v1/responses", whole)), deltas);
+}
+
+#[test]
+fn a_stream_cut_short_stores_nothing() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let mut open = open_stream(
+        a,
+        "/v1/responses",
+        &json!({"input": "Write a long story.", "max_output_tokens": 400,
+            "ignore_eos": true, "stream": true}),
+    );
+    assert_eq!(open.status, 200);
+    let created: Value = serde_json::from_str(&open.next_event().unwrap()).unwrap();
+    let id = created["response"]["id"].as_str().unwrap().to_string();
+    // The context is registered while it generates (so a full registry is a 429
+    // before any work) ...
+    assert_eq!(contexts(a), 1);
+    drop(open);
+    // ... and leaves it with the client.
+    assert!(eventually(10.0, || contexts(a) == 0));
+    get(a, &format!("/v1/responses/{id}")).error(404);
+}
+
+#[test]
+fn every_listed_field_is_answered_as_listed() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let accepted = [
+        ("model", json!("anything")),
+        ("instructions", json!("Be brief.")),
+        ("max_output_tokens", json!(2)),
+        ("temperature", json!(0.5)),
+        ("top_p", json!(0.9)),
+        ("parallel_tool_calls", json!(false)),
+        (
+            "text",
+            json!({"format": {"type": "text"}, "verbosity": "medium"}),
+        ),
+        ("store", json!(false)),
+        ("metadata", json!({"a": "b"})),
+        ("stream_options", json!({"include_obfuscation": false})),
+        ("user", json!("u")),
+        ("safety_identifier", json!("s")),
+        ("prompt_cache_key", json!("k")),
+        ("prompt_cache_retention", json!("in_memory")),
+        ("service_tier", json!("default")),
+        ("truncation", json!("disabled")),
+        ("background", json!(false)),
+        ("include", json!([])),
+        ("reasoning", json!({})),
+        ("seed", json!(3)),
+        ("stop", json!(["\n\n"])),
+        ("top_k", json!(5)),
+        ("min_p", json!(0.1)),
+        ("presence_penalty", json!(0.1)),
+        ("frequency_penalty", json!(0.1)),
+        ("repetition_penalty", json!(1.1)),
+        ("logit_bias", json!({"42": -5})),
+        ("ignore_eos", json!(true)),
+        ("cache_salt", json!("salt")),
+    ];
+    for (k, v) in accepted {
+        let mut body = json!({"input": "Hi.", "max_output_tokens": 2, "store": false});
+        body[k] = v;
+        let r = post(a, "/v1/responses", &body);
+        assert_eq!(r.status, 200, "{k}: {}", r.text());
+    }
+    let refused = [
+        ("top_logprobs", json!(1)),
+        ("max_tool_calls", json!(1)),
+        ("conversation", json!("conv_1")),
+        ("prompt", json!({"id": "p"})),
+        ("context_management", json!([])),
+        ("moderation", json!({})),
+        ("image", json!({})),
+        ("access_programs", json!({})),
+        ("background_options", json!({})),
+        ("prompt_cache_options", json!({})),
+        ("service_tier", json!("priority")),
+        ("truncation", json!("auto")),
+        ("background", json!(true)),
+        ("include", json!(["message.output_text.logprobs"])),
+        ("reasoning", json!({"effort": "low"})),
+        ("temperature", json!(-1)),
+        ("logit_bias", json!({"nope": 1})),
+    ];
+    for (k, v) in refused {
+        let mut body = json!({"input": "Hi.", "store": false});
+        body[k] = v;
+        let e = post(a, "/v1/responses", &body).error(400);
+        assert_eq!(e["param"], json!(k), "{k}: {e}");
+    }
+}
