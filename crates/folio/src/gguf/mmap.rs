@@ -89,4 +89,30 @@ impl MappedFile {
     pub fn bytes(&self) -> &[u8] {
         &self.map
     }
+
+    /// Lets the system drop `range`'s pages from this process's memory: once a tensor
+    /// is copied out, its file pages need not stay resident beside the copy (they stay
+    /// in the page cache, and a later read of them faults them back in, the same
+    /// bytes). Advice only: where it fails or is not offered, nothing changes.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let end = range.end.min(self.map.len());
+        if range.start >= end {
+            return;
+        }
+        #[cfg(unix)]
+        // SAFETY: the range lies inside the map. MADV_DONTNEED on a read-only file
+        // mapping that is never written only drops page-table entries: the next read
+        // of those bytes faults the file's page back in, with the same contents (the
+        // map's one hazard, another process rewriting the file, is the one `open`
+        // already accepts for the length of the load). No reference into the map
+        // sees anything but the file's bytes before and after.
+        #[allow(unsafe_code)]
+        unsafe {
+            let _ = self.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                range.start,
+                end - range.start,
+            );
+        }
+    }
 }

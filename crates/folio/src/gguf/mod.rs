@@ -288,6 +288,31 @@ impl Gguf {
     pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
         &self.file.bytes()[t.offset as usize..(t.offset + t.size) as usize]
     }
+
+    /// Drops bytes `range` of the file from this process's resident memory (see
+    /// [`MappedFile::release`]): what has been copied out need not be held twice.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        self.file.release(range);
+    }
+
+    /// [`Gguf::release`] of a tensor's bytes.
+    pub fn release_tensor(&self, t: &TensorInfo) {
+        self.release(t.offset as usize..(t.offset + t.size) as usize);
+    }
+
+    /// The 128-bit xxh3 of the whole file (the model's identity), read a piece at a
+    /// time and each piece released after it is read, so hashing leaves the file no
+    /// more resident than it found it.
+    pub fn fingerprint(&self) -> [u8; 16] {
+        const PIECE: usize = 8 << 20;
+        let bytes = self.file.bytes();
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for (i, piece) in bytes.chunks(PIECE).enumerate() {
+            h.update(piece);
+            self.release(i * PIECE..i * PIECE + piece.len());
+        }
+        h.digest128().to_le_bytes()
+    }
 }
 
 fn cap(what: &str, value: u64, limit: u64) -> Result<(), GgufError> {

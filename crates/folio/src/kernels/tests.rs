@@ -269,6 +269,51 @@ fn layouts_keep_the_weights_bit_for_bit() {
     }
 }
 
+/// Every way of packing gives the same matrix, bit for bit: straight into a path's
+/// layout (`new_for`), from a row source (`from_rows`), and moved into the shared
+/// region (`gather`), as `new` then `for_isa` does; a matrix consumed by
+/// `into_block_columns` (its buffer given back as it is read) gives what
+/// `block_columns` gives, on every type and both tile sizes.
+#[test]
+fn every_packing_gives_the_same_bits() {
+    let mut rng = SplitMix64(47);
+    // 300 rows: more than the 256 rows after which a consumed matrix gives pages back.
+    let (rows, cols) = (300, 512);
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+    ] {
+        let bytes = extreme_weights(&mut rng, ty, rows, cols);
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+            let want = QMatrix::new(ty, rows, cols, &bytes).unwrap().for_isa(isa);
+            let direct = QMatrix::new_for(isa, ty, rows, cols, &bytes).unwrap();
+            let rb = bytes.len() / rows;
+            let source =
+                |r: usize, out: &mut Vec<u8>| out.extend_from_slice(&bytes[r * rb..(r + 1) * rb]);
+            let sourced = QMatrix::from_rows(isa, ty, (rows, cols), &source).unwrap();
+            let mut gathered = QMatrix::new_for(isa, ty, rows, cols, &bytes).unwrap();
+            let mut other = QMatrix::new_for(isa, ty, 4, cols, &bytes[..4 * rb]).unwrap();
+            QMatrix::gather(&mut [&mut other, &mut gathered]);
+            for m in [&direct, &sourced, &gathered] {
+                assert_eq!(m.layout(), want.layout(), "{ty} {isa}");
+                assert_eq!(m.gguf_bytes(), bytes, "{ty} {isa}");
+            }
+            let blocks = [5, 0, 15, 5];
+            let cut = want.block_columns(&blocks).unwrap();
+            let consumed = direct.into_block_columns(&blocks).ok().unwrap();
+            assert_eq!(consumed.layout(), cut.layout(), "{ty} {isa}");
+            assert_eq!(consumed.gguf_bytes(), cut.gguf_bytes(), "{ty} {isa}");
+        }
+    }
+    // A format without 32-wide blocks comes back untouched.
+    let q4k = random_weights(&mut rng, GgmlType::Q4_K, 4, 256);
+    let m = QMatrix::new(GgmlType::Q4_K, 4, 256, &q4k).unwrap();
+    let back = m.into_block_columns(&[0]).err().unwrap();
+    assert_eq!(back.gguf_bytes(), q4k);
+}
+
 /// The Q2_K, Q3_K and Q5_K kernels sum each block exactly in integers and scale it in
 /// the scalar twin's float steps: every SIMD path gives the scalar bits.
 #[test]

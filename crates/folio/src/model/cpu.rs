@@ -10,6 +10,7 @@ use super::forward::{Forward, Observer};
 use super::outliers::{self, Outliers, Pass, Probe, Site};
 use super::step_logits::StepLogits;
 use super::weights::Weights;
+use crate::kernels::matmul::ActKind;
 use crate::kernels::{Cpu, Isa, QMatrix};
 use crate::kv::{Batch, KvStorage};
 
@@ -37,12 +38,15 @@ impl CpuBackend {
     /// all wanted) through the model with an observer on every matmul input, then gives
     /// each input's matrices their extra columns (see [`outliers`]).
     pub(super) fn calibrate(&mut self, c: &Config, batch: &Batch, kv: &mut dyn KvStorage) {
-        /// Gives every matrix of an input the outlier columns, or none of them.
+        /// Gives every matrix of an input the outlier columns, or none of them; each
+        /// is rewritten as its old buffer is given back (never held twice).
         fn extend<const N: usize>(p: &Pass, ms: [&mut QMatrix; N]) -> bool {
-            let Some(wide) = ms.iter().map(|m| p.extend(m)).collect::<Option<Vec<_>>>() else {
+            if ms.iter().any(|m| m.act_kind() != ActKind::Q8) {
                 return false;
-            };
-            ms.into_iter().zip(wide).for_each(|(m, w)| *m = w);
+            }
+            for m in ms {
+                *m = p.extend_owned(m.take()).unwrap_or_else(|same| same);
+            }
             true
         }
         let mut probe = Probe::new(c.n_layers);

@@ -48,10 +48,10 @@ impl Model {
         let cpu = Cpu::new(threads)?;
         let g = Gguf::open(path)?;
         // The whole file identifies the model (prefix hashes, snapshots).
-        let fingerprint = xxhash_rust::xxh3::xxh3_128(g.bytes()).to_le_bytes();
+        let fingerprint = g.fingerprint();
         let mut config = Config::from_gguf(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
-        let mut weights = Weights::load(&g, &config)?;
+        let mut weights = Weights::load(&g, &config, cpu.isa())?;
         let longrope = weights.longrope.take();
         rope_factors(&mut config, weights.rope_freqs.take(), longrope.is_some())?;
         tracing::info!(

@@ -126,14 +126,16 @@ impl Pass {
     }
 
     /// `m` (a matrix reading the input) with the outlier blocks' columns again after
-    /// its own; `None` for a format without 32-wide blocks.
-    pub fn extend(&self, m: &QMatrix) -> Option<QMatrix> {
+    /// its own, its old buffer given back as it is read (see
+    /// [`QMatrix::into_block_columns`]); `Err` gives it back untouched, for a format
+    /// without 32-wide blocks.
+    pub fn extend_owned(&self, m: QMatrix) -> Result<QMatrix, QMatrix> {
         assert_eq!(m.cols, self.cols, "a matrix of this input");
         let own = 0..self.cols / QK;
-        m.block_columns(&own.chain(self.blocks.iter().copied()).collect::<Vec<_>>())
+        m.into_block_columns(&own.chain(self.blocks.iter().copied()).collect::<Vec<_>>())
     }
 
-    /// `m` as it was before [`Pass::extend`].
+    /// `m` as it was before [`Pass::extend_owned`].
     pub fn restore(&self, m: &QMatrix) -> QMatrix {
         let own: Vec<usize> = (0..self.cols / QK).collect();
         m.block_columns(&own)

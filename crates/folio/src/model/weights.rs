@@ -4,6 +4,7 @@ use super::config::{Arch, Config};
 use super::error::ModelError;
 use super::rope::LongRope;
 use crate::gguf::{GgmlType, Gguf};
+use crate::kernels::matmul::RowSource;
 use crate::kernels::{Isa, QMatrix};
 
 /// One transformer block's weights.
@@ -57,7 +58,10 @@ pub struct Weights {
 }
 
 impl Weights {
-    pub fn load(g: &Gguf, c: &Config) -> Result<Self, ModelError> {
+    /// The model's weights out of `g`, each matrix packed once, straight into the
+    /// layout `isa`'s kernels read, and its file pages released once copied (the file
+    /// is never resident beside the copies).
+    pub fn load(g: &Gguf, c: &Config, isa: Isa) -> Result<Self, ModelError> {
         let (d, kv, f) = (c.dim as u64, c.kv_dim() as u64, c.ffn_dim as u64);
         let (qd, hd) = (c.q_dim() as u64, c.head_dim as u64);
         let mut layers = Vec::with_capacity(c.n_layers);
@@ -76,19 +80,19 @@ impl Weights {
             // Phi-3 stores Q, K and V as one matrix, and gate and up as one: their
             // rows are split here, so the forward pass sees the usual matrices.
             let [wq, wk, wv] = match g.tensor(&n("attn_qkv.weight")) {
-                Some(_) => split(g, &n("attn_qkv.weight"), d, [qd, kv, kv])?,
+                Some(_) => split(g, isa, &n("attn_qkv.weight"), d, [qd, kv, kv])?,
                 None => [
-                    matrix(g, &n("attn_q.weight"), d, qd)?,
-                    matrix(g, &n("attn_k.weight"), d, kv)?,
-                    matrix(g, &n("attn_v.weight"), d, kv)?,
+                    matrix(g, isa, &n("attn_q.weight"), d, qd)?,
+                    matrix(g, isa, &n("attn_k.weight"), d, kv)?,
+                    matrix(g, isa, &n("attn_v.weight"), d, kv)?,
                 ],
             };
             let [w_gate, w_up] = match g.tensor(&n("ffn_gate.weight")) {
                 Some(_) => [
-                    matrix(g, &n("ffn_gate.weight"), d, f)?,
-                    matrix(g, &n("ffn_up.weight"), d, f)?,
+                    matrix(g, isa, &n("ffn_gate.weight"), d, f)?,
+                    matrix(g, isa, &n("ffn_up.weight"), d, f)?,
                 ],
-                None => split(g, &n("ffn_up.weight"), d, [f, f])?,
+                None => split(g, isa, &n("ffn_up.weight"), d, [f, f])?,
             };
             layers.push(Layer {
                 attn_norm: vector(g, &n("attn_norm.weight"), d)?,
@@ -100,12 +104,12 @@ impl Weights {
                 bv: bias("attn_v.bias", kv)?,
                 q_norm: norm("attn_q_norm.weight", hd, c.qk_norm)?,
                 k_norm: norm("attn_k_norm.weight", hd, c.qk_norm)?,
-                wo: matrix(g, &n("attn_output.weight"), qd, d)?,
+                wo: matrix(g, isa, &n("attn_output.weight"), qd, d)?,
                 post_attn_norm: norm("post_attention_norm.weight", d, c.post_norms)?,
                 ffn_norm: vector(g, &n("ffn_norm.weight"), d)?,
                 w_gate,
                 w_up,
-                w_down: matrix(g, &n("ffn_down.weight"), f, d)?,
+                w_down: matrix(g, isa, &n("ffn_down.weight"), f, d)?,
                 post_ffn_norm: norm("post_ffw_norm.weight", d, c.post_norms)?,
             });
         }
@@ -113,7 +117,7 @@ impl Weights {
         // as llama.cpp reads it.
         let output = match g.tensor("output.weight") {
             Some(_) if c.kind != Arch::Gemma2 => {
-                Some(matrix(g, "output.weight", d, c.vocab as u64)?)
+                Some(matrix(g, isa, "output.weight", d, c.vocab as u64)?)
             }
             _ => None,
         };
@@ -134,7 +138,7 @@ impl Weights {
             n_ctx_orig: c.rope.yarn.0,
         });
         Ok(Self {
-            embed: matrix(g, "token_embd.weight", d, c.vocab as u64)?,
+            embed: matrix(g, isa, "token_embd.weight", d, c.vocab as u64)?,
             layers,
             out_norm: vector(g, "output_norm.weight", d)?,
             output,
@@ -210,7 +214,7 @@ impl Weights {
     }
 }
 
-fn matrix(g: &Gguf, name: &str, cols: u64, rows: u64) -> Result<QMatrix, ModelError> {
+fn matrix(g: &Gguf, isa: Isa, name: &str, cols: u64, rows: u64) -> Result<QMatrix, ModelError> {
     let t = g
         .tensor(name)
         .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
@@ -221,12 +225,43 @@ fn matrix(g: &Gguf, name: &str, cols: u64, rows: u64) -> Result<QMatrix, ModelEr
             expected: vec![cols, rows],
         });
     }
-    QMatrix::new(t.ty, rows as usize, cols as usize, g.tensor_bytes(t)).ok_or_else(|| {
-        ModelError::UnsupportedType {
-            name: name.into(),
-            ty: t.ty.to_string(),
+    let bytes = g.tensor_bytes(t);
+    let unsupported = || ModelError::UnsupportedType {
+        name: name.into(),
+        ty: t.ty.to_string(),
+    };
+    let row_bytes = t.ty.row_bytes(cols).ok_or_else(unsupported)? as usize;
+    if bytes.len() != row_bytes * rows as usize {
+        return Err(unsupported());
+    }
+    let m = released_as_read(g, t.offset as usize, row_bytes, |source| {
+        QMatrix::from_rows(isa, t.ty, (rows as usize, cols as usize), source)
+    });
+    g.release_tensor(t);
+    m.ok_or_else(unsupported)
+}
+
+/// Runs `pack` with a source of rows of `row_bytes` starting at byte `at` of the file,
+/// which releases the file's pages behind the rows read, a few MiB at a time: a tensor
+/// being packed is not held twice either.
+fn released_as_read<T>(
+    g: &Gguf,
+    at: usize,
+    row_bytes: usize,
+    pack: impl FnOnce(RowSource) -> T,
+) -> T {
+    const STRIDE: usize = 4 << 20;
+    let file = g.bytes();
+    let done = std::cell::Cell::new(at);
+    let source = |r: usize, out: &mut Vec<u8>| {
+        let start = at + r * row_bytes;
+        out.extend_from_slice(&file[start..start + row_bytes]);
+        if start - done.get() >= STRIDE {
+            g.release(done.get()..start);
+            done.set(start);
         }
-    })
+    };
+    pack(&source)
 }
 
 fn vector(g: &Gguf, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {
@@ -268,6 +303,7 @@ fn divisors(g: &Gguf, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {
 /// (consecutive rows, in order).
 fn split<const N: usize>(
     g: &Gguf,
+    isa: Isa,
     name: &str,
     cols: u64,
     parts: [u64; N],
@@ -294,8 +330,10 @@ fn split<const N: usize>(
     for p in parts {
         let len = p as usize * row_bytes;
         let part = bytes.get(at..at + len).ok_or_else(unsupported)?;
-        out.push(QMatrix::new(t.ty, p as usize, cols as usize, part).ok_or_else(unsupported)?);
+        let m = QMatrix::new_for(isa, t.ty, p as usize, cols as usize, part);
+        out.push(m.ok_or_else(unsupported)?);
         at += len;
     }
+    g.release_tensor(t);
     out.try_into().map_err(|_| unsupported())
 }

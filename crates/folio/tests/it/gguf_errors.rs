@@ -328,3 +328,19 @@ fn symlinks_are_followed_to_what_they_name() {
     std::os::unix::fs::symlink(dir.path(), &to_dir).unwrap();
     assert_eq!(not_a_file_kind(&to_dir).0, FileKind::Directory);
 }
+
+/// The model's fingerprint, hashed a piece at a time with each piece's pages released
+/// after (so load never holds the whole file), is the one-shot xxh3 of the whole file
+/// (the identity snapshots and prefix hashes were made with).
+#[test]
+fn the_fingerprint_read_in_pieces_is_the_whole_files_hash() {
+    let g = folio::gguf::Gguf::open(&crate::common::model_path()).unwrap();
+    assert!(
+        g.bytes().len() > 8 << 20,
+        "the default model spans several pieces"
+    );
+    let whole = xxhash_rust::xxh3::xxh3_128(g.bytes()).to_le_bytes();
+    assert_eq!(g.fingerprint(), whole);
+    // The bytes read back the same after their pages were released.
+    assert_eq!(xxhash_rust::xxh3::xxh3_128(g.bytes()).to_le_bytes(), whole);
+}

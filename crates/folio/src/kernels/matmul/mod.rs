@@ -52,7 +52,9 @@ mod pack;
 mod qmatrix;
 mod runners;
 mod tiled;
+mod weight_buf;
 
 pub use activations::{ActKind, Activations, BUILD_ROWS};
+pub use pack::RowSource;
 pub use qmatrix::{Layout, QMatrix};
 pub use tiled::{matmul, matmul_add};

@@ -1,7 +1,9 @@
 //! Between GGUF's rows of blocks and the tile layouts of Q4_1 and Q8_0: packing at load
-//! ([`QMatrix::new`]) and into another path's layout ([`QMatrix::with_layout`]), the
-//! rows read back bit for bit ([`QMatrix::gguf_bytes`]), and a matrix of chosen block
-//! columns ([`QMatrix::block_columns`], the outlier pass's).
+//! ([`QMatrix::new`], [`QMatrix::new_for`]) and into another path's layout
+//! ([`QMatrix::with_layout`]), the rows read back bit for bit (`gguf_row`), and a
+//! matrix of chosen block columns ([`QMatrix::block_columns`], the outlier pass's).
+//! Every packing reads its source a row at a time ([`RowSource`]) and writes the one
+//! buffer it makes: no whole-matrix copy in between.
 
 use super::qmatrix::{weight_buffer, Words};
 use super::{ActKind, Layout, QMatrix};
@@ -10,14 +12,96 @@ use crate::kernels::quant::{
     BlockQ4_1, BlockQ4_1x16, BlockQ4_1x4, BlockQ8_0, BlockQ8_0x16, BlockQ8_0x4, QK,
 };
 
+/// Where a matrix being packed reads its rows: row `r`'s GGUF bytes, appended to the
+/// (cleared) buffer it is given. A slice of the file, or another matrix's rows.
+pub type RowSource<'a> = &'a dyn Fn(usize, &mut Vec<u8>);
+
 impl QMatrix {
+    /// A matrix of `ty` in `layout` (tiles for Q4_1 and Q8_0 only; `Rows` otherwise),
+    /// its rows read one at a time from `row`: no copy of the whole matrix is made
+    /// besides the packed one.
+    pub(super) fn packed(
+        (ty, layout): (GgmlType, Layout),
+        (rows, cols, row_bytes): (usize, usize, usize),
+        row: RowSource,
+    ) -> Self {
+        match (layout, ty) {
+            (Layout::Rows, _) => Self::pack_rows((ty, rows, cols, row_bytes), row),
+            (Layout::Tiles16, GgmlType::Q4_1) => {
+                let put = |t: &mut BlockQ4_1x16, r: usize, blk: BlockQ4_1| {
+                    t.d[r] = blk.d;
+                    t.m[r] = blk.m;
+                    for (j, q) in t.qs.iter_mut().enumerate() {
+                        q[4 * r..4 * r + 4].copy_from_slice(&blk.qs[4 * j..4 * j + 4]);
+                    }
+                };
+                Self::pack((ty, layout), (rows, cols, row_bytes), row, put)
+            }
+            (Layout::Tiles16, _) => {
+                let put = |t: &mut BlockQ8_0x16, r: usize, blk: BlockQ8_0| {
+                    t.d[r] = blk.d;
+                    for (k, q) in t.qs.iter_mut().enumerate() {
+                        for j in 0..4 {
+                            q[4 * r + j] = (blk.qs[4 * k + j] as u8) ^ 0x80;
+                        }
+                    }
+                };
+                Self::pack((ty, layout), (rows, cols, row_bytes), row, put)
+            }
+            (Layout::Tiles4, GgmlType::Q4_1) => {
+                let put = |t: &mut BlockQ4_1x4, k: usize, blk: BlockQ4_1| {
+                    t.dm[k] = blk.d;
+                    t.dm[4 + k] = blk.m;
+                    t.qs[k] = blk.qs;
+                };
+                Self::pack((ty, layout), (rows, cols, row_bytes), row, put)
+            }
+            (Layout::Tiles4, _) => {
+                let put = |t: &mut BlockQ8_0x4, k: usize, blk: BlockQ8_0| {
+                    t.d[k] = blk.d;
+                    t.qs[k].copy_from_slice(&blk.qs[..QK / 2]);
+                    t.qs[4 + k].copy_from_slice(&blk.qs[QK / 2..]);
+                };
+                Self::pack((ty, layout), (rows, cols, row_bytes), row, put)
+            }
+        }
+    }
+
+    /// GGUF's rows, as they are.
+    fn pack_rows(
+        (ty, rows, cols, row_bytes): (GgmlType, usize, usize, usize),
+        row: RowSource,
+    ) -> Self {
+        let len = rows * row_bytes;
+        let mut data = weight_buffer(len.div_ceil(8));
+        let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len];
+        let mut buf = Vec::with_capacity(row_bytes);
+        for (r, dst) in out
+            .chunks_exact_mut(row_bytes.max(1))
+            .enumerate()
+            .take(rows)
+        {
+            buf.clear();
+            row(r, &mut buf);
+            dst.copy_from_slice(&buf);
+        }
+        Self {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            layout: Layout::Rows,
+            data: Words::Own(data),
+        }
+    }
+
     /// Packs GGUF rows of blocks `B` into tiles `T` of `layout`'s rows, tile-major:
     /// `put(tile, r % tile rows, block)` stores one row's block into its tile. Rows past
     /// the last whole tile stay zero.
     fn pack<B: bytemuck::Pod, T: bytemuck::Pod>(
         (ty, layout): (GgmlType, Layout),
         (rows, cols, row_bytes): (usize, usize, usize),
-        bytes: &[u8],
+        row: RowSource,
         put: impl Fn(&mut T, usize, B),
     ) -> Self {
         let nb = cols / QK;
@@ -27,9 +111,11 @@ impl QMatrix {
         let mut data = weight_buffer(len.div_ceil(8));
         let packed: &mut [T] =
             bytemuck::cast_slice_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len]);
+        let mut buf = Vec::with_capacity(row_bytes);
         for r in 0..rows {
-            let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
-            for (b, raw) in row.chunks_exact(std::mem::size_of::<B>()).enumerate() {
+            buf.clear();
+            row(r, &mut buf);
+            for (b, raw) in buf.chunks_exact(std::mem::size_of::<B>()).enumerate() {
                 put(
                     &mut packed[(r / tr) * nb + b],
                     r % tr,
@@ -47,79 +133,71 @@ impl QMatrix {
         }
     }
 
-    pub(super) fn pack_q4_1(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
-        let put = |t: &mut BlockQ4_1x4, k: usize, blk: BlockQ4_1| {
-            t.dm[k] = blk.d;
-            t.dm[4 + k] = blk.m;
-            t.qs[k] = blk.qs;
-        };
-        let shape = (rows, cols, row_bytes);
-        Self::pack((GgmlType::Q4_1, Layout::Tiles4), shape, bytes, put)
-    }
-
-    pub(super) fn pack_q8_0(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
-        let put = |t: &mut BlockQ8_0x4, k: usize, blk: BlockQ8_0| {
-            t.d[k] = blk.d;
-            t.qs[k].copy_from_slice(&blk.qs[..QK / 2]);
-            t.qs[4 + k].copy_from_slice(&blk.qs[QK / 2..]);
-        };
-        let shape = (rows, cols, row_bytes);
-        Self::pack((GgmlType::Q8_0, Layout::Tiles4), shape, bytes, put)
-    }
-
-    fn pack_q4_1x16(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
-        let put = |t: &mut BlockQ4_1x16, r: usize, blk: BlockQ4_1| {
-            t.d[r] = blk.d;
-            t.m[r] = blk.m;
-            for (j, q) in t.qs.iter_mut().enumerate() {
-                q[4 * r..4 * r + 4].copy_from_slice(&blk.qs[4 * j..4 * j + 4]);
-            }
-        };
-        let shape = (rows, cols, row_bytes);
-        Self::pack((GgmlType::Q4_1, Layout::Tiles16), shape, bytes, put)
-    }
-
-    fn pack_q8_0x16(rows: usize, cols: usize, row_bytes: usize, bytes: &[u8]) -> Self {
-        let put = |t: &mut BlockQ8_0x16, r: usize, blk: BlockQ8_0| {
-            t.d[r] = blk.d;
-            for (k, q) in t.qs.iter_mut().enumerate() {
-                for j in 0..4 {
-                    q[4 * r + j] = (blk.qs[4 * k + j] as u8) ^ 0x80;
-                }
-            }
-        };
-        let shape = (rows, cols, row_bytes);
-        Self::pack((GgmlType::Q8_0, Layout::Tiles16), shape, bytes, put)
-    }
-
     /// The same weights, bit for bit, in `layout` (`Rows` for Q4_1 and Q8_0, or a tile
     /// layout for another type, is not made: the matrix comes back as it is).
     pub fn with_layout(self, layout: Layout) -> Self {
         if layout == self.layout || !matches!(self.ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
             return self;
         }
-        let bytes = self.gguf_bytes();
-        let (ty, rows, cols, rb) = (self.ty, self.rows, self.cols, self.row_bytes);
-        match (layout, ty) {
-            (Layout::Tiles16, GgmlType::Q4_1) => Self::pack_q4_1x16(rows, cols, rb, &bytes),
-            (Layout::Tiles16, _) => Self::pack_q8_0x16(rows, cols, rb, &bytes),
-            (Layout::Tiles4, GgmlType::Q4_1) => Self::pack_q4_1(rows, cols, rb, &bytes),
-            (Layout::Tiles4, _) => Self::pack_q8_0(rows, cols, rb, &bytes),
-            (Layout::Rows, _) => self,
+        if layout == Layout::Rows {
+            return self;
+        }
+        let shape = (self.rows, self.cols, self.row_bytes);
+        Self::packed((self.ty, layout), shape, &|r, out| self.gguf_row(r, out))
+    }
+
+    /// Row `r` as GGUF stores it, appended to `out`.
+    pub(super) fn gguf_row(&self, r: usize, out: &mut Vec<u8>) {
+        match (self.layout, self.ty) {
+            (Layout::Rows, _) => out.extend_from_slice(self.row(r)),
+            (_, GgmlType::Q8_0) => out.extend_from_slice(bytemuck::cast_slice(&self.q8_0_row(r))),
+            _ => out.extend_from_slice(bytemuck::cast_slice(&self.q4_1_row(r))),
         }
     }
 
-    /// Every row as GGUF stores it, one after another.
+    /// [`QMatrix::block_columns`] of a matrix that is not needed after: its own
+    /// buffer's pages are given back as its rows are read, so the two are never held
+    /// whole at once (the output head, widened by the outlier pass, is the largest
+    /// matrix of most models). `Err` gives the matrix back, untouched, where
+    /// `block_columns` would give `None`.
+    pub fn into_block_columns(self, blocks: &[usize]) -> Result<QMatrix, QMatrix> {
+        let nb = self.cols / QK;
+        if self.act_kind() != ActKind::Q8 || blocks.iter().any(|&b| b >= nb) {
+            return Err(self);
+        }
+        let size = self.row_bytes / nb;
+        let row_bytes = blocks.len() * size;
+        let (ty, layout, rows, own_bytes) = (self.ty, self.layout, self.rows, self.row_bytes);
+        // The words before row `r`'s: in tile layouts, the tiles wholly before it (a
+        // tile holds `tile_rows` rows of `own_bytes` each).
+        let words_before = move |r: usize| match layout {
+            Layout::Rows => r * own_bytes / 8,
+            _ => r / layout.tile_rows() * layout.tile_rows() * own_bytes / 8,
+        };
+        let old = std::cell::RefCell::new(self);
+        let source = |r: usize, out: &mut Vec<u8>| {
+            let mut m = old.borrow_mut();
+            let mut own = Vec::with_capacity(m.row_bytes);
+            m.gguf_row(r, &mut own);
+            for &b in blocks {
+                out.extend_from_slice(&own[b * size..(b + 1) * size]);
+            }
+            if (r + 1) % 256 == 0 {
+                let upto = words_before(r + 1);
+                m.data.release(0..upto);
+            }
+        };
+        let shape = (rows, blocks.len() * QK, row_bytes);
+        Ok(Self::packed((ty, layout), shape, &source))
+    }
+
+    /// Every row as GGUF stores it, one after another (the tests' check that packing
+    /// keeps every bit).
+    #[cfg(test)]
     pub(crate) fn gguf_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.rows * self.row_bytes);
         for r in 0..self.rows {
-            match (self.layout, self.ty) {
-                (Layout::Rows, _) => out.extend_from_slice(self.row(r)),
-                (_, GgmlType::Q8_0) => {
-                    out.extend_from_slice(bytemuck::cast_slice(&self.q8_0_row(r)))
-                }
-                _ => out.extend_from_slice(bytemuck::cast_slice(&self.q4_1_row(r))),
-            }
+            self.gguf_row(r, &mut out);
         }
         out
     }
@@ -182,12 +260,15 @@ impl QMatrix {
             return None;
         }
         let size = self.row_bytes / nb;
-        let mut bytes = Vec::with_capacity(self.rows * blocks.len() * size);
-        for row in self.gguf_bytes().chunks_exact(self.row_bytes) {
+        let row_bytes = blocks.len() * size;
+        let source = |r: usize, out: &mut Vec<u8>| {
+            let mut own = Vec::with_capacity(self.row_bytes);
+            self.gguf_row(r, &mut own);
             for &b in blocks {
-                bytes.extend_from_slice(&row[b * size..(b + 1) * size]);
+                out.extend_from_slice(&own[b * size..(b + 1) * size]);
             }
-        }
-        Some(Self::new(self.ty, self.rows, blocks.len() * QK, &bytes)?.with_layout(self.layout))
+        };
+        let shape = (self.rows, blocks.len() * QK, row_bytes);
+        Some(Self::packed((self.ty, self.layout), shape, &source))
     }
 }

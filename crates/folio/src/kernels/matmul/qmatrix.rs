@@ -3,6 +3,8 @@
 //! asked to be backed by huge pages ([`QMatrix::gather`]: a model's matrices in one
 //! region), and its rows and tiles as the kernels and the embedding lookup read them.
 
+use super::pack::RowSource;
+use super::weight_buf::WeightBuf;
 use super::ActKind;
 use crate::gguf::GgmlType;
 use crate::kernels::quant::{f32_to_f16, BlockQ4_1x4, BlockQ8_0x4, QK};
@@ -27,8 +29,18 @@ pub struct QMatrix {
 /// A matrix's words: its own buffer, or its range of a region that a model's matrices
 /// share ([`QMatrix::gather`]).
 pub(super) enum Words {
-    Own(Vec<u64>),
-    Shared(std::sync::Arc<Vec<u64>>, std::ops::Range<usize>),
+    Own(WeightBuf),
+    Shared(std::sync::Arc<WeightBuf>, std::ops::Range<usize>),
+}
+
+impl Words {
+    /// Gives `range`'s whole pages back (an own buffer only: a shared region's words
+    /// belong to other matrices too).
+    pub(super) fn release(&mut self, range: std::ops::Range<usize>) {
+        if let Words::Own(b) = self {
+            b.release(range);
+        }
+    }
 }
 
 impl std::ops::Deref for Words {
@@ -59,14 +71,11 @@ pub enum Layout {
 
 /// A zeroed buffer of `n` words for weights, asked to be backed by 2 MiB pages before
 /// anything touches it: decode streams every weight once per token, and with 4 KiB
-/// pages the TLB misses on every page. (Large allocations are fresh mappings; the
-/// kernel merges adjacent ones with the same advice, so the matrices of a model share
-/// huge pages where their span allows.) Advice only: without transparent huge pages
-/// nothing changes.
-pub(super) fn weight_buffer(n: usize) -> Vec<u64> {
-    let mut v = vec![0u64; n];
-    crate::kernels::advise_huge_pages(&mut v);
-    v
+/// pages the TLB misses on every page. Its own mapping, returned to the system when
+/// dropped ([`WeightBuf`]). Advice only: without transparent huge pages nothing
+/// changes.
+pub(super) fn weight_buffer(n: usize) -> WeightBuf {
+    WeightBuf::zeroed(n)
 }
 
 impl Layout {
@@ -102,32 +111,67 @@ impl QMatrix {
         )
     }
 
-    /// Copies `bytes` (rows × row_bytes) into a matrix. `None` if the type is not
-    /// supported or the sizes disagree.
+    /// Copies `bytes` (rows × row_bytes) into a matrix, Q4_1 and Q8_0 in tiles of four
+    /// rows. `None` if the type is not supported or the sizes disagree.
     pub fn new(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
         if !Self::supports(ty) {
             return None;
         }
+        let layout = match ty {
+            GgmlType::Q4_1 | GgmlType::Q8_0 => Layout::Tiles4,
+            _ => Layout::Rows,
+        };
+        Self::new_in(layout, ty, rows, cols, bytes)
+    }
+
+    /// [`QMatrix::new`] straight into the layout `isa`'s kernels read: one packing,
+    /// no intermediate copy.
+    pub fn new_for(isa: Isa, ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        Self::new_in(Self::layout_for(isa, ty), ty, rows, cols, bytes)
+    }
+
+    fn new_in(
+        layout: Layout,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Option<Self> {
         let row_bytes = ty.row_bytes(cols as u64)? as usize;
         if bytes.len() != row_bytes.checked_mul(rows)? {
             return None;
         }
-        if ty == GgmlType::Q4_1 {
-            return Some(Self::pack_q4_1(rows, cols, row_bytes, bytes));
+        let source = |r: usize, out: &mut Vec<u8>| {
+            out.extend_from_slice(&bytes[r * row_bytes..(r + 1) * row_bytes]);
+        };
+        Self::from_source(layout, ty, rows, cols, &source)
+    }
+
+    /// A matrix of `ty` in the layout `isa`'s kernels read, its rows read in order, one
+    /// at a time, from `source` (row `r`'s GGUF bytes appended to the buffer it is
+    /// given): the loader's way of packing a tensor while releasing the file pages
+    /// already read. `None` if the type is not supported.
+    pub fn from_rows(
+        isa: Isa,
+        ty: GgmlType,
+        (rows, cols): (usize, usize),
+        source: RowSource,
+    ) -> Option<Self> {
+        Self::from_source(Self::layout_for(isa, ty), ty, rows, cols, source)
+    }
+
+    fn from_source(
+        layout: Layout,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        source: RowSource,
+    ) -> Option<Self> {
+        if !Self::supports(ty) {
+            return None;
         }
-        if ty == GgmlType::Q8_0 {
-            return Some(Self::pack_q8_0(rows, cols, row_bytes, bytes));
-        }
-        let mut data = weight_buffer(bytes.len().div_ceil(8));
-        bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..bytes.len()].copy_from_slice(bytes);
-        Some(Self {
-            ty,
-            rows,
-            cols,
-            row_bytes,
-            layout: Layout::Rows,
-            data: Words::Own(data),
-        })
+        let row_bytes = ty.row_bytes(cols as u64)? as usize;
+        Some(Self::packed((ty, layout), (rows, cols, row_bytes), source))
     }
 
     /// Builds a matrix from f32 values, stored as `ty` (F32, F16 or BF16 only): used by
@@ -171,15 +215,20 @@ impl QMatrix {
 
     /// [`QMatrix::for_isa`] in place.
     pub fn lay_out_for(&mut self, isa: Isa) {
+        *self = self.take().for_isa(isa);
+    }
+
+    /// This matrix, leaving an empty one (0 × 0) in its place.
+    pub fn take(&mut self) -> Self {
         let empty = Self {
             ty: self.ty,
             rows: 0,
             cols: 0,
             row_bytes: 0,
             layout: Layout::Rows,
-            data: Words::Own(Vec::new()),
+            data: Words::Own(WeightBuf::empty()),
         };
-        *self = std::mem::replace(self, empty).for_isa(isa);
+        std::mem::replace(self, empty)
     }
 
     /// Moves the matrices' words into one region, each matrix's start on a cache line,
@@ -187,16 +236,26 @@ impl QMatrix {
     /// allocated one by one mostly fall on 4 KiB pages: only a large one (the output
     /// head) spans a whole 2 MiB page, and 30 MB of SmolLM2's 96 were on huge pages.
     /// Decode streams every matrix once per token (missing the TLB on every 4 KiB page
-    /// without huge pages). The weights stay the same bits.
+    /// without huge pages). The weights stay the same bits. Each matrix's own buffer
+    /// is given back as soon as it is copied, so the weights are held about once
+    /// throughout (the region's pages become resident only as they are written).
     pub fn gather(ms: &mut [&mut QMatrix]) {
         const LINE: usize = 8;
         let total: usize = ms.iter().map(|m| m.data.len().next_multiple_of(LINE)).sum();
         let mut region = weight_buffer(total);
         let mut ranges = Vec::with_capacity(ms.len());
         let mut at = 0;
-        for m in ms.iter() {
+        for m in ms.iter_mut() {
             let n = m.data.len();
-            region[at..at + n].copy_from_slice(&m.data);
+            // A piece at a time, each given back once copied (the output head is
+            // tens of MB).
+            const PIECE: usize = 1 << 17;
+            for p in (0..n).step_by(PIECE) {
+                let q = (p + PIECE).min(n);
+                region[at + p..at + q].copy_from_slice(&m.data[p..q]);
+                m.data.release(p..q);
+            }
+            m.data = Words::Own(WeightBuf::empty());
             ranges.push(at..at + n);
             at += n.next_multiple_of(LINE);
         }
