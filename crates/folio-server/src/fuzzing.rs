@@ -10,6 +10,7 @@ use crate::body::parse;
 use crate::context_edit::{Append, Truncate};
 use crate::context_generate::GenerateExtra;
 use crate::contexts::CreateContext;
+use crate::embeddings::embed_job;
 use crate::error::ApiError;
 use crate::misc::{detokenize_request, tokenize_request};
 use crate::params::{job, Route};
@@ -39,11 +40,13 @@ pub enum BodyRoute {
     Tokenize,
     /// `POST /detokenize`
     Detokenize,
+    /// `POST /v1/embeddings`
+    Embeddings,
 }
 
 impl BodyRoute {
     /// Every route, in a fixed order (a fuzz input's first byte picks one).
-    pub const ALL: [BodyRoute; 9] = [
+    pub const ALL: [BodyRoute; 10] = [
         BodyRoute::Completions,
         BodyRoute::Chat,
         BodyRoute::ContextCreate,
@@ -53,6 +56,7 @@ impl BodyRoute {
         BodyRoute::SnapshotSave,
         BodyRoute::Tokenize,
         BodyRoute::Detokenize,
+        BodyRoute::Embeddings,
     ];
 }
 
@@ -68,8 +72,8 @@ pub struct Loaded<'a> {
 }
 
 /// Parses and checks `body` as `route` would; `Ok` where the route would go on to run
-/// it. How many prompts' tokens a generation route would run is returned (0 for the
-/// others).
+/// it. How many prompts' tokens a generation route (or the embeddings route) would
+/// run is returned (0 for the others).
 pub fn check_body(route: BodyRoute, body: &[u8], l: &Loaded) -> Result<usize, ApiError> {
     let gen = |route: Route, r: GenRequest| {
         job(
@@ -99,6 +103,9 @@ pub fn check_body(route: BodyRoute, body: &[u8], l: &Loaded) -> Result<usize, Ap
         }
         BodyRoute::Detokenize => {
             detokenize_request(&parse::<DetokenizeRequest>(body)?, l.model).map(|_| 0)
+        }
+        BodyRoute::Embeddings => {
+            embed_job(parse(body)?, l.model, l.window).map(|j| j.inputs.iter().map(Vec::len).sum())
         }
     }
 }
