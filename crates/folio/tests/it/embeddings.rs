@@ -5,9 +5,11 @@
 //! scheduler, in a pool small enough to preempt), frees its pages, and refuses bad
 //! input with typed errors.
 
-use crate::common;
+use crate::common::{self, ModelExt};
 use folio::engine::pooling;
 use folio::engine::{Engine, EngineConfig, EngineError, Pooling, Prompt, Request};
+use folio::internals::QMatrix;
+use folio::kv::Logits;
 use folio::model::{Model, SamplingParams};
 
 /// One engine at a time (each keeps both cores busy).
@@ -119,6 +121,54 @@ fn pooled_embeddings_are_the_float64_pooling_of_every_tokens_state() {
         mean
     );
     e.check_invariants().unwrap();
+}
+
+/// The states are the LM head's input: the head applied to the last token's state in
+/// float64 (its matrix dequantized from the file) gives the model's logits for that
+/// position, up to the 8-bit rounding of the head's input in the model's matmul
+/// (held to 2% of the largest logit: 0.8% measured on the default model; a state
+/// before the norm, or any other, misses by the size of the logits), and the same top
+/// token.
+#[test]
+fn the_head_applied_to_the_last_state_gives_the_models_logits() {
+    let _s = serial();
+    let e = engine(64, 64);
+    let toks = tokens(&e, TEXT);
+    let states = e.embed(toks.clone()).unwrap();
+    let last = &states[states.len() - 1];
+    let m = e.model();
+    let mut cache = m.new_cache(toks.len());
+    let logits = m.run(&mut cache, &toks, Logits::Last).unwrap();
+    let g = folio::gguf::Gguf::open(&common::model_path()).unwrap();
+    let t = g
+        .tensor("output.weight")
+        .or_else(|| g.tensor("token_embd.weight"))
+        .unwrap();
+    let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+    assert_eq!((cols, rows), (m.config.dim, m.config.vocab));
+    let head = QMatrix::new(t.ty, rows, cols, g.tensor_bytes(t)).unwrap();
+    let mut row = vec![0f32; cols];
+    let exact: Vec<f64> = (0..rows)
+        .map(|v| {
+            head.dequant_row(v, &mut row);
+            row.iter()
+                .zip(last)
+                .map(|(&w, &x)| w as f64 * x as f64)
+                .sum()
+        })
+        .collect();
+    let scale = logits.iter().fold(0f32, |a, x| a.max(x.abs())) as f64;
+    let worst = exact
+        .iter()
+        .zip(&logits)
+        .fold(0f64, |a, (&x, &l)| a.max((x - l as f64).abs()));
+    println!(
+        "head(state) against the model's logits: max |Δ| {worst:.4} (largest logit {scale:.2})"
+    );
+    assert!(worst <= 0.02 * scale, "max |Δ| {worst} against {scale}");
+    let top = |v: &[f64]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+    let model_top = top(&logits.iter().map(|&x| x as f64).collect::<Vec<_>>());
+    assert_eq!(top(&exact), model_top);
 }
 
 /// Causality: the state at position k depends only on tokens 0..=k, so `last` pooling
