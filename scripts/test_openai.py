@@ -711,4 +711,33 @@ for ch in r.choices:
     calls.append(args)
 ok(f"named tool call, n=3: 3 argument sets valid: {calls}")
 
+# --- embeddings.create --------------------------------------------------------------
+# The client asks for base64 unless told otherwise (and decodes it): both formats here.
+def unit(v, where):
+    norm = math.sqrt(sum(x * x for x in v))
+    assert abs(norm - 1.0) < 1e-4, f"{where}: norm {norm}"
+
+
+e = client.embeddings.create(model=MODEL, input="The capital of France is Paris.")
+assert e.object == "list", f"embeddings: object {e.object!r}"
+assert len(e.data) == 1 and e.data[0].index == 0, f"embeddings: data {e.data}"
+DIM = len(e.data[0].embedding)
+assert DIM > 0, "embeddings: an empty vector"
+unit(e.data[0].embedding, "embeddings (string)")
+assert e.usage.prompt_tokens > 0 and e.usage.total_tokens == e.usage.prompt_tokens, e.usage
+texts = ["first", "The capital of France is Paris.", "a third, longer input of a few words"]
+es = client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+assert [d.index for d in es.data] == [0, 1, 2], f"embeddings (list): {es.data}"
+for d in es.data:
+    assert len(d.embedding) == DIM, f"embeddings (list): length {len(d.embedding)} != {DIM}"
+    unit(d.embedding, f"embeddings (list) {d.index}")
+same = max(abs(a - b) for a, b in zip(es.data[1].embedding, e.data[0].embedding))
+assert same < 1e-6, f"embeddings: the list's input 1 differs from it alone by {same}"
+try:
+    client.embeddings.create(model=MODEL, input="x", dimensions=DIM + 1)
+    raise AssertionError("embeddings: dimensions != the hidden size was accepted")
+except openai.BadRequestError as err:
+    assert err.param == "dimensions", f"embeddings: param {err.param!r} ({err.body})"
+ok(f"embeddings.create: {DIM} dimensions, unit norm, a list of 3 in order")
+
 print(f"all checks passed in {time.monotonic() - START:.1f}s")

@@ -164,7 +164,7 @@ fn check_restores(body: &[u8]) {
 
 fn http() -> Vec<(String, Vec<u8>)> {
     use folio_server::fuzzing::BodyRoute;
-    let bodies: [(BodyRoute, &str); 42] = [
+    let bodies: [(BodyRoute, &str); 45] = [
         (
             BodyRoute::Completions,
             r#"{"prompt":"Once upon a time","max_tokens":8,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"stop":["\n","."],"seed":42,"n":2,"logprobs":2,"echo":true,"stream":true,"stream_options":{"include_usage":true}}"#,
@@ -298,6 +298,18 @@ fn http() -> Vec<(String, Vec<u8>)> {
         (
             BodyRoute::Responses,
             r#"{"input":[{"type":"reasoning"}],"truncation":"auto"}"#,
+        ),
+        (
+            BodyRoute::Embeddings,
+            r#"{"input":["one","two words"],"model":"m","encoding_format":"base64","pooling":"last","normalize":false,"dimensions":576}"#,
+        ),
+        (
+            BodyRoute::Embeddings,
+            r#"{"input":[[1,2,3],[4]],"pooling":"cls","user":"u"}"#,
+        ),
+        (
+            BodyRoute::Embeddings,
+            r#"{"input":["",[1]],"dimensions":-1,"encoding_format":"int8"}"#,
         ),
     ];
     bodies

@@ -156,6 +156,38 @@ impl<T> List<T> {
     }
 }
 
+/// `/v1/embeddings`' answer.
+#[derive(Serialize)]
+pub struct Embeddings {
+    pub object: &'static str,
+    pub data: Vec<Embedding>,
+    pub model: String,
+    pub usage: EmbeddingUsage,
+}
+
+/// One input's embedding, at its place in the request (`index`).
+#[derive(Serialize)]
+pub struct Embedding {
+    pub object: &'static str,
+    pub index: usize,
+    pub embedding: EmbeddingValue,
+}
+
+/// An embedding as floats, or as base64 of their little-endian float32 bytes.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum EmbeddingValue {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+/// An embedding's usage: its input tokens (nothing is generated).
+#[derive(Serialize)]
+pub struct EmbeddingUsage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+}
+
 /// A legacy completion's choice, whole or as a chunk.
 #[derive(Serialize)]
 pub struct TextChoice {

@@ -8,8 +8,8 @@ use crate::error::ApiError;
 use crate::serve_error::ServeError;
 use crate::state::AppState;
 use crate::{
-    context_edit, context_generate, contexts, generate, guard, kv, messages, misc, responses,
-    snapshots,
+    context_edit, context_generate, contexts, embeddings, generate, guard, kv, messages, misc,
+    responses, snapshots,
 };
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -38,10 +38,12 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
             "/v1/responses/{id}",
             get(responses::get).delete(responses::delete),
         )
+        .route("/v1/embeddings", post(embeddings::embeddings))
         // llama.cpp's aliases, for clients configured without the /v1.
         .route("/models", get(misc::models))
         .route("/completions", post(generate::completions))
         .route("/chat/completions", post(generate::chat))
+        .route("/embeddings", post(embeddings::embeddings))
         .route("/v1/contexts", post(contexts::create).get(contexts::list))
         .route(
             "/v1/contexts/{id}",
@@ -106,7 +108,12 @@ fn guarded(path: &str) -> bool {
     path.starts_with("/v1/")
         || matches!(
             path,
-            "/tokenize" | "/detokenize" | "/models" | "/completions" | "/chat/completions"
+            "/tokenize"
+                | "/detokenize"
+                | "/models"
+                | "/completions"
+                | "/chat/completions"
+                | "/embeddings"
         )
 }
 

@@ -10,6 +10,7 @@ use crate::body::parse;
 use crate::context_edit::{Append, Truncate};
 use crate::context_generate::GenerateExtra;
 use crate::contexts::CreateContext;
+use crate::embeddings::embed_job;
 use crate::error::ApiError;
 use crate::messages::chat_request;
 use crate::misc::{detokenize_request, tokenize_request};
@@ -45,11 +46,13 @@ pub enum BodyRoute {
     Messages,
     /// `POST /v1/responses`
     Responses,
+    /// `POST /v1/embeddings`
+    Embeddings,
 }
 
 impl BodyRoute {
     /// Every route, in a fixed order (a fuzz input's first byte picks one).
-    pub const ALL: [BodyRoute; 11] = [
+    pub const ALL: [BodyRoute; 12] = [
         BodyRoute::Completions,
         BodyRoute::Chat,
         BodyRoute::ContextCreate,
@@ -61,6 +64,7 @@ impl BodyRoute {
         BodyRoute::Detokenize,
         BodyRoute::Messages,
         BodyRoute::Responses,
+        BodyRoute::Embeddings,
     ];
 }
 
@@ -76,8 +80,8 @@ pub struct Loaded<'a> {
 }
 
 /// Parses and checks `body` as `route` would; `Ok` where the route would go on to run
-/// it. How many prompts' tokens a generation route would run is returned (0 for the
-/// others).
+/// it. How many prompts' tokens a generation route (or the embeddings route) would
+/// run is returned (0 for the others).
 pub fn check_body(route: BodyRoute, body: &[u8], l: &Loaded) -> Result<usize, ApiError> {
     let gen = |route: Route, r: GenRequest| {
         job(
@@ -111,5 +115,8 @@ pub fn check_body(route: BodyRoute, body: &[u8], l: &Loaded) -> Result<usize, Ap
         BodyRoute::Messages => gen(Route::Chat, chat_request(&parse(body)?)?),
         // A continuation's history comes from the stored response, not the body.
         BodyRoute::Responses => gen(Route::Chat, read(&parse(body)?)?.chat_request(&[])?),
+        BodyRoute::Embeddings => {
+            embed_job(parse(body)?, l.model, l.window).map(|j| j.inputs.iter().map(Vec::len).sum())
+        }
     }
 }

@@ -41,6 +41,7 @@ mod context_edit;
 mod context_generate;
 mod contexts;
 mod deadline;
+mod embeddings;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -30,9 +30,9 @@ pub mod tiny;
 pub mod tokenizer;
 
 pub use engine::{
-    forward_one, Completion, Context, ContextInfo, Engine, EngineConfig, EngineError, EngineStats,
-    Event, FinishReason, Holder, PageEntry, PageMap, Prompt, Request, Role, Stream, TokenLogprob,
-    Usage,
+    forward_one, Completion, Context, ContextInfo, Embedding, Engine, EngineConfig, EngineError,
+    EngineStats, Event, FinishReason, Holder, PageEntry, PageMap, Pooling, Prompt, Request, Role,
+    Stream, TokenLogprob, Usage,
 };
 pub use error::{ErrorKind, GgufError, TokenizerError};
 pub use kv::{

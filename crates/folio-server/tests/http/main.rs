@@ -5,6 +5,7 @@
 mod cancel;
 mod client;
 mod contexts;
+mod embeddings;
 mod errors;
 mod grammar_limits;
 mod hostile;

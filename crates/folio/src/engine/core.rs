@@ -9,7 +9,7 @@ use super::context::{Contexts, Job};
 use super::error::EngineError;
 use super::request::{EngineConfig, EngineStats, Event, Request};
 use super::scheduler::{check_fits, Plan, Scheduler, SchedulerConfig};
-use super::seq::{Gen, Purpose, Sink};
+use super::seq::{Embed, EmbedReply, Gen, Purpose, Sink};
 use crate::kv::{PageState, PagedKv};
 use crate::model::{Model, StepLogits};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -272,6 +272,38 @@ impl Core {
         g.forks = (1..req.n).collect();
         self.sched
             .push(id, toks, req.salt, Purpose::Generate(Box::new(g)), None);
+    }
+
+    /// Queues an embedding of `tokens` as request `id`: checked like a request's
+    /// prompt (not empty, in the vocabulary, within the window, able to fit the pool),
+    /// then a sequence the scheduler batches with the rest, whose hidden states go to
+    /// `reply` when its prompt is computed (or its error, at any point).
+    pub fn submit_embed(&mut self, id: u64, tokens: Vec<u32>, reply: EmbedReply) {
+        let window = self.sched.window();
+        let vocab = self.model.config.vocab;
+        let checked = (|| {
+            if tokens.is_empty() {
+                return Err(EngineError::EmptyPrompt);
+            }
+            if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(crate::error::TokenizerError::UnknownId(bad).into());
+            }
+            if tokens.len() >= window {
+                return Err(EngineError::PromptTooLong {
+                    len: tokens.len(),
+                    window,
+                });
+            }
+            let sliding = self.sched.most_pages_held(&self.kv);
+            check_fits(&self.kv, window, tokens.len(), 0, sliding)
+        })();
+        if let Err(e) = checked {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let e = Embed::new(tokens.len(), self.model.config.dim, reply);
+        self.sched
+            .push(id, tokens, None, Purpose::Embed(Box::new(e)), None);
     }
 
     pub fn stats(&self) -> EngineStats {

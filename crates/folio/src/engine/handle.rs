@@ -1,12 +1,13 @@
-//! The public handles: [`Engine`] (start, submit, stats, contexts, shutdown),
-//! [`Stream`] (a request's events; dropping it cancels) and [`Context`] (a program's
-//! own sequence). Each call travels to the engine thread over a channel and runs there
+//! The public handles: [`Engine`] (start, submit, embed, stats, contexts, shutdown),
+//! [`Stream`] (a request's events; dropping it cancels), [`Embedding`] (an embedding
+//! on its way; dropping it cancels) and [`Context`] (a program's own sequence). Each call travels to the engine thread over a channel and runs there
 //! between steps; a handle never touches the pool itself.
 
 use super::context::{ContextInfo, Role};
 use super::core::{Call, Cmd, Core};
 use super::error::EngineError;
 use super::pagemap::PageMap;
+use super::pooling::{pool, Pooling};
 use super::request::{Completion, EngineConfig, EngineStats, Event, Request};
 use super::seq::Sink;
 use crate::model::Model;
@@ -126,6 +127,63 @@ impl Engine {
             })
             .map_err(|_| EngineError::Closed)?;
         Ok(id)
+    }
+
+    /// Queues an embedding of `tokens`: every token's hidden state after the model's
+    /// final norm (the LM head's input, HF's `last_hidden_state`), computed by the
+    /// scheduler as a sequence like any request's prompt, so it batches with the
+    /// other work (chunked, preempted and resumed alike; it never stalls the others).
+    /// It attaches no cached prefix (every row's state is wanted) and releases its
+    /// pages when done. Refusals come from [`Embedding::wait`]: an empty prompt
+    /// ([`EngineError::EmptyPrompt`]), an id outside the vocabulary, a prompt the
+    /// window cannot hold ([`EngineError::PromptTooLong`]) or the pool never could
+    /// ([`EngineError::TooLargeForPool`]).
+    pub fn submit_embedding(&self, tokens: Vec<u32>) -> Result<Embedding, EngineError> {
+        let (tx, rx) = channel();
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let len = tokens.len();
+        let call: Call = Box::new(move |core| core.submit_embed(id, tokens, tx));
+        self.shared
+            .tx
+            .send(Cmd::Call(call))
+            .map_err(|_| EngineError::Closed)?;
+        Ok(Embedding {
+            id,
+            rx,
+            len,
+            dim: self.shared.model.config.dim,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Every token's hidden state of `tokens` (see [`Engine::submit_embedding`]),
+    /// `hidden size` floats each, in order.
+    pub fn embed(&self, tokens: Vec<u32>) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.submit_embedding(tokens)?.wait()
+    }
+
+    /// The embedding of `tokens` pooled by `how` (see [`super::pooling`]), scaled to
+    /// unit length when `normalize`. [`Pooling::Cls`] is refused as
+    /// [`Engine::check_pooling`] says.
+    pub fn embed_pooled(
+        &self,
+        tokens: Vec<u32>,
+        how: Pooling,
+        normalize: bool,
+    ) -> Result<Vec<f32>, EngineError> {
+        self.check_pooling(&tokens, how)?;
+        self.submit_embedding(tokens)?.wait_pooled(how, normalize)
+    }
+
+    /// The token the tokenizer puts first (its BOS, which plays CLS), if it puts one.
+    pub fn cls_token(&self) -> Option<u32> {
+        super::pooling::cls_token(&self.shared.model.tokenizer)
+    }
+
+    /// Whether `tokens` can be pooled by `how` (see [`super::pooling::check`]: cls
+    /// pooling needs a model with a CLS token and an input that starts with it).
+    pub fn check_pooling(&self, tokens: &[u32], how: Pooling) -> Result<(), EngineError> {
+        super::pooling::check(self.cls_token(), tokens, how)
     }
 
     /// Cancels request `id` (from [`Engine::submit_with`] or [`Stream::id`]): its
@@ -322,6 +380,67 @@ impl Iterator for Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        let _ = self.shared.tx.send(Cmd::Cancel(self.id));
+    }
+}
+
+/// An embedding on its way ([`Engine::submit_embedding`]). Dropping it before it is
+/// done cancels it and frees its pages.
+pub struct Embedding {
+    id: u64,
+    rx: Receiver<Result<Vec<f32>, EngineError>>,
+    /// Tokens, and floats per token's state.
+    len: usize,
+    dim: usize,
+    shared: Arc<Shared>,
+}
+
+impl Embedding {
+    /// The request's id (for [`Engine::cancel`]).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Tokens embedded.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no tokens (the embedding then fails as an empty prompt).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Waits for the states: one vector of `hidden size` floats per token, in order.
+    pub fn wait(self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let dim = self.dim;
+        let flat = self.wait_flat()?;
+        Ok(flat.chunks_exact(dim).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Waits for the states and pools them (see [`super::pooling::pool`]).
+    pub fn wait_pooled(self, how: Pooling, normalize: bool) -> Result<Vec<f32>, EngineError> {
+        let dim = self.dim;
+        pool(&self.wait_flat()?, dim, how, normalize)
+    }
+
+    /// The states back to back.
+    fn wait_flat(&self) -> Result<Vec<f32>, EngineError> {
+        let flat = self.rx.recv().map_err(|_| EngineError::Closed)??;
+        if flat.len() != self.len * self.dim {
+            return Err(EngineError::Internal(format!(
+                "an embedding of {} tokens came back with {} values",
+                self.len,
+                flat.len()
+            )));
+        }
+        Ok(flat)
+    }
+}
+
+impl Drop for Embedding {
+    fn drop(&mut self) {
+        // After the answer this finds nothing to cancel.
         let _ = self.shared.tx.send(Cmd::Cancel(self.id));
     }
 }

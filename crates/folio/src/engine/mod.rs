@@ -14,6 +14,8 @@
 //!   reserves or releases a sequence's pages.
 //! - `seq.rs`: one running sample: tokens, sampler, text and stop strings.
 //! - `single.rs`: [`forward_one`].
+//! - `pooling.rs`: an embedding's token states made into one vector (mean, last,
+//!   cls; L2 normalization), in float64.
 //! - `text.rs`: streamed text with stop strings held back.
 //! - `request.rs`, `error.rs`: the types callers see.
 //!
@@ -25,6 +27,7 @@ mod core;
 mod error;
 mod handle;
 mod pagemap;
+pub mod pooling;
 mod quota;
 mod request;
 mod scheduler;
@@ -35,8 +38,9 @@ mod text;
 pub use crate::model::sampler::{MAX_BIAS, MAX_LOGIT_BIAS};
 pub use context::{ContextInfo, Role};
 pub use error::EngineError;
-pub use handle::{Context, Engine, Stream};
+pub use handle::{Context, Embedding, Engine, Stream};
 pub use pagemap::{Holder, PageEntry, PageMap};
+pub use pooling::Pooling;
 pub use request::{
     Completion, EngineConfig, EngineStats, Event, FinishReason, Prompt, Request, TokenLogprob,
     Usage, MAX_BATCH_TOKENS, MAX_LOGPROBS, MAX_N, STEP_TOKEN_BOUNDS,

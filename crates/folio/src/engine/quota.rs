@@ -49,7 +49,7 @@ impl Core {
             .map(|s| {
                 let more = match &s.purpose {
                     Purpose::Generate(g) => g.max_tokens.saturating_sub(g.generated),
-                    Purpose::Flush => 0,
+                    Purpose::Flush | Purpose::Embed(_) => 0,
                 };
                 self.kv
                     .extra_pages_for(s.table.as_ref(), s.tokens.len() + more)

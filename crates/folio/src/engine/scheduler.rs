@@ -15,6 +15,12 @@
 //! forks `n > 1` samples and retires finished sequences. No sequence ever touches
 //! another's pages.
 //!
+//! An embedding is a sequence like the others that never samples: every chunk of its
+//! prompt asks for hidden states ([`Logits::Hidden`]), it attaches no cached prefix
+//! (every row's state is wanted, as for prompt log-probabilities), and it retires
+//! with its states once its prompt is computed, its pages released like a finished
+//! request's (its full pages stay in the prefix index for others).
+//!
 //! Sliding windows: a page holds its tokens' K/V for every layer, so it can go only
 //! when no layer reads it any more ([`crate::model::Config::kv_needed_from`]). Where
 //! every layer slides (Mistral-style), after each commit and at admission a plain
@@ -331,7 +337,8 @@ impl Scheduler {
     fn admit(&mut self, kv: &mut PagedKv, i: usize) {
         let s = &mut self.seqs[i];
         let mut t = kv.new_table(s.salt.as_deref());
-        let hit = if s.wants_prompt_logprobs() {
+        // Scoring and embeddings need every prompt row computed: no prefix attached.
+        let hit = if s.wants_prompt_logprobs() || s.is_embedding() {
             0
         } else {
             kv.reuse_prefix(&mut t, &s.tokens)
@@ -373,8 +380,8 @@ impl Scheduler {
                 break;
             }
             if self.seqs[i].table.is_none() {
-                let waits_for_prefix =
-                    !self.seqs[i].wants_prompt_logprobs() && self.prefix_in_flight(kv, i);
+                let whole = self.seqs[i].wants_prompt_logprobs() || self.seqs[i].is_embedding();
+                let waits_for_prefix = !whole && self.prefix_in_flight(kv, i);
                 if !admitting || waits_for_prefix {
                     // Another sequence is computing this one's prefix right now: wait
                     // for its pages to be committed, then attach them.
@@ -413,6 +420,8 @@ impl Scheduler {
                 // Scoring: every prompt row's logits, until the prompt is done.
                 Purpose::Generate(_) if s.wants_prompt_logprobs() => Logits::All,
                 Purpose::Generate(_) if len + c == s.tokens.len() => Logits::Last,
+                // An embedding: every row's hidden state, no logits.
+                Purpose::Embed(_) => Logits::Hidden,
                 _ => Logits::None,
             };
             let t = s.table.as_mut().expect("admitted");
@@ -497,7 +506,8 @@ impl Scheduler {
         self.choose_ahead(&plan, logits);
         let mut done: Vec<(usize, Option<super::FinishReason>)> = Vec::new();
         let mut children = Vec::new();
-        for ((&i, l), step) in plan.seqs.iter().zip(logits.iter()).zip(&plan.batch.seqs) {
+        let steps = plan.seqs.iter().zip(logits.iter()).zip(&plan.batch.seqs);
+        for (k, ((&i, l), step)) in steps.enumerate() {
             if let Some(t) = self.seqs[i].table.as_mut() {
                 if let Err(e) = kv.commit(t) {
                     self.seqs[i].fail(&EngineError::Internal(format!("committing pages: {e}")));
@@ -506,8 +516,18 @@ impl Scheduler {
                 }
             }
             if l.is_empty() {
-                if matches!(self.seqs[i].purpose, Purpose::Flush) && self.seqs[i].pending() == 0 {
-                    done.push((i, None));
+                let pending = self.seqs[i].pending();
+                match &mut self.seqs[i].purpose {
+                    Purpose::Flush if pending == 0 => done.push((i, None)),
+                    Purpose::Embed(e) => {
+                        e.gather(step.start, logits.states(k));
+                        if pending == 0 {
+                            e.finish();
+                            self.counters.requests_done += 1;
+                            done.push((i, None));
+                        }
+                    }
+                    _ => {}
                 }
                 continue;
             }

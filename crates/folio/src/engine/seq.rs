@@ -1,6 +1,7 @@
 //! One sample the scheduler runs: its tokens (prompt, then generated), its page table
 //! while it holds pages, and what it is for: generating (sampler, text, stop strings,
-//! limits) or only computing a context's pending tokens (a flush).
+//! limits), only computing a context's pending tokens (a flush), or gathering every
+//! prompt token's hidden state (an embedding).
 
 use super::error::EngineError;
 use super::request::{Event, FinishReason, TokenLogprob, Usage};
@@ -152,6 +153,45 @@ pub(crate) struct Before {
 pub(crate) enum Purpose {
     Generate(Box<Gen>),
     Flush,
+    Embed(Box<Embed>),
+}
+
+/// Where an embedding's states go when its prompt is computed (or its error).
+pub(crate) type EmbedReply = Sender<Result<Vec<f32>, EngineError>>;
+
+/// An embedding in progress: the hidden state of every prompt position computed so
+/// far. Written by position, so a preempted sequence's recomputation overwrites
+/// (with the same bits) what it had.
+pub(crate) struct Embed {
+    /// `dim` floats per prompt position.
+    pub states: Vec<f32>,
+    pub dim: usize,
+    pub reply: Option<EmbedReply>,
+}
+
+impl Embed {
+    pub fn new(prompt_len: usize, dim: usize, reply: EmbedReply) -> Self {
+        Self {
+            states: vec![0.0; prompt_len * dim],
+            dim,
+            reply: Some(reply),
+        }
+    }
+
+    /// The states of positions `start..` (`dim` each), from one step.
+    pub fn gather(&mut self, start: usize, states: &[f32]) {
+        let at = start * self.dim;
+        if let Some(dst) = self.states.get_mut(at..at + states.len()) {
+            dst.copy_from_slice(states);
+        }
+    }
+
+    /// Sends the states: the prompt is computed.
+    pub fn finish(&mut self) {
+        if let Some(r) = self.reply.take() {
+            let _ = r.send(Ok(std::mem::take(&mut self.states)));
+        }
+    }
 }
 
 /// Generation state of one sample.
@@ -369,6 +409,11 @@ impl Seq {
             && (!steps.checks || (steps.spare_core && g.mask_ahead)))
     }
 
+    /// Whether the sequence gathers its prompt's hidden states (an embedding).
+    pub fn is_embedding(&self) -> bool {
+        matches!(&self.purpose, Purpose::Embed(_))
+    }
+
     /// Whether the prompt's own log-probabilities are still being gathered (the
     /// prompt is computed in full then: a cached prefix has no logits to give).
     pub fn wants_prompt_logprobs(&self) -> bool {
@@ -429,6 +474,11 @@ impl Seq {
             }
             Purpose::Flush => {
                 if let Some(r) = self.ctx.as_mut().and_then(|c| c.flush_reply.take()) {
+                    let _ = r.send(Err(e.clone()));
+                }
+            }
+            Purpose::Embed(m) => {
+                if let Some(r) = m.reply.take() {
                     let _ = r.send(Err(e.clone()));
                 }
             }

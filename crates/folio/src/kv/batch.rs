@@ -5,7 +5,7 @@
 
 use super::store::PageId;
 
-/// Which positions of a step need logits.
+/// Which positions of a step need logits (or, for embeddings, hidden states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
     /// Only the last token (generation).
@@ -14,6 +14,9 @@ pub enum Logits {
     All,
     /// None (a prefill chunk that does not end the prompt).
     None,
+    /// No logits: every new token's hidden state after the final norm (the head's
+    /// input: what HF calls `last_hidden_state`), for embeddings. The head is skipped.
+    Hidden,
 }
 
 /// One sequence's part of a step: its new tokens at positions `start..`, and the pages
@@ -48,7 +51,15 @@ impl SeqStep {
         match self.logits {
             Logits::Last => 1,
             Logits::All => self.tokens.len(),
-            Logits::None => 0,
+            Logits::None | Logits::Hidden => 0,
+        }
+    }
+
+    /// Rows of hidden states this step returns (every new token's, or none).
+    pub fn state_rows(&self) -> usize {
+        match self.logits {
+            Logits::Hidden => self.tokens.len(),
+            Logits::Last | Logits::All | Logits::None => 0,
         }
     }
 }

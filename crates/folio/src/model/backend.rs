@@ -23,6 +23,15 @@
 //! - **Logits.** `out` gets `vocab` values per requested position, in the batch's
 //!   order ([`StepLogits`]). A step whose logits are not all finite is
 //!   [`StepError::NonFinite`]; the batch was checked by the model before the call.
+//! - **Hidden states.** A sequence whose step asks for
+//!   [`Logits::Hidden`](crate::kv::Logits::Hidden) (embeddings) gets no logits:
+//!   `out`'s states ([`StepLogits::reset_states`], `dim` values per row,
+//!   [`StepLogits::states`]) get the hidden state of each of its new tokens after the
+//!   final norm, the head's input (HF's `last_hidden_state`), and the head need not
+//!   run for it. Its K/V are written as for any other row. The states fall under the
+//!   same rules as logits: all finite or [`StepError::NonFinite`], the same bits
+//!   whatever else is in the batch, however the prompt was chunked, on any thread
+//!   count. A backend sizes the states buffer every step (empty when no sequence asks).
 //! - **Same bits.** Within one backend, a sequence's logits and K/V are the same bits
 //!   whatever else is in the batch, however its prompt was split into chunks, and
 //!   however many threads run it (the bit-invariance tests hold every backend to
@@ -54,7 +63,8 @@ pub trait Backend: Send + Sync {
 
     /// One forward step over a checked `batch` with `config` (the model's, with the
     /// RoPE its context window chose): K/V of every new token into `kv`, logits into
-    /// `out`.
+    /// `out` (and, for the sequences that ask for them, hidden states instead of
+    /// logits: see the module doc).
     fn step(
         &self,
         config: &Config,

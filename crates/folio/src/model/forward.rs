@@ -1,7 +1,8 @@
 //! The CPU forward step: a planned ragged [`Batch`]'s token rows through the embedding,
 //! every layer's attention block and feed-forward block, and the head, on the kernels of
 //! one [`Cpu`]. All rows share every matmul (each weight is read once per step);
-//! attention reads each row's own sequence. K/V is written to and read from a
+//! attention reads each row's own sequence. A sequence that asks for hidden states
+//! ([`Logits::Hidden`]) gets its rows after the final norm instead of logits. K/V is written to and read from a
 //! [`KvStorage`] by page id; the step never allocates pages.
 //!
 //! Every architecture of [`super::config::Arch`] runs here: their differences are
@@ -261,22 +262,39 @@ impl Forward<'_> {
         });
     }
 
-    /// The rows that want logits, all through the head together, into `out`.
+    /// The rows that want logits, all through the head together, into `out`; the rows
+    /// that want hidden states, final-normed into `out`'s states (they skip the head).
     fn head(&self, s: &mut Scratch, out: &mut StepLogits, mut obs: Option<&mut dyn Observer>) {
         let (c, w) = (self.cfg, self.weights);
         let steps = &self.batch.seqs;
-        let mut picked = Vec::new();
+        let (mut picked, mut hidden) = (Vec::new(), Vec::new());
         let mut start = 0;
         for st in steps {
             let len = st.tokens.len();
             match st.logits {
                 Logits::Last => picked.push(start + len - 1),
                 Logits::All => picked.extend(start..start + len),
+                Logits::Hidden => hidden.extend(start..start + len),
                 Logits::None => {}
             }
             start += len;
         }
         out.reset(c.vocab, steps.iter().map(|st| st.logit_rows()));
+        out.reset_states(c.dim, steps.iter().map(|st| st.state_rows()));
+        if !hidden.is_empty() {
+            // The head's input without its quantization: each row normed on its own,
+            // so its bits do not depend on the other rows or the threads.
+            let (x, d, eps, g) = (&s.x, c.dim, c.norm_eps, &w.out_norm);
+            let par = matmul::PARALLEL_ROWS;
+            self.cpu
+                .pool()
+                .rows_mut(out.states_mut(), d, par, &|first, part| {
+                    for (k, row) in part.chunks_exact_mut(d).enumerate() {
+                        let r = hidden[first + k];
+                        ops::rms_norm(&x[r * d..(r + 1) * d], g, eps, row);
+                    }
+                });
+        }
         if picked.is_empty() {
             return;
         }

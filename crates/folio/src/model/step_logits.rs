@@ -7,6 +7,10 @@
 //! faults per step, about a tenth of a batch-16 decode step's time in the runs where
 //! glibc's allocator trimmed its heap between steps. One buffer, reused, faults once
 //! (the engine frees it after a step that needed far more rows than decoding does).
+//!
+//! A sequence that asked for hidden states ([`crate::kv::Logits::Hidden`], for
+//! embeddings) gets no logits: its rows of `dim` final-normed states are in a second
+//! buffer, [`StepLogits::states`].
 
 use crate::kernels::ThreadPool;
 use std::ops::Range;
@@ -22,6 +26,9 @@ const FINITE_PART: usize = 1 << 17;
 pub struct StepLogits {
     data: Vec<f32>,
     spans: Vec<Range<usize>>,
+    /// Hidden states: `dim` floats per row of the sequences that asked for them.
+    states: Vec<f32>,
+    state_spans: Vec<Range<usize>>,
 }
 
 impl StepLogits {
@@ -45,6 +52,14 @@ impl StepLogits {
         self.spans.is_empty()
     }
 
+    /// Sequence `i`'s hidden states (`dim` per new token; empty unless it asked for
+    /// them with [`crate::kv::Logits::Hidden`]).
+    pub fn states(&self, i: usize) -> &[f32] {
+        self.state_spans
+            .get(i)
+            .map_or(&[][..], |r| &self.states[r.clone()])
+    }
+
     /// Each sequence's rows, in batch order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &[f32]> + '_ {
         self.spans.iter().map(|r| &self.data[r.clone()])
@@ -59,7 +74,7 @@ impl StepLogits {
     /// prompt row's logits (prompt log-probabilities) needs `vocab` per token, 100 MB
     /// for 512 tokens of the default model, which a kept buffer would hold for good.
     pub fn trim(&mut self, max_values: usize) {
-        if self.data.capacity() > max_values {
+        if self.data.capacity() > max_values || self.states.capacity() > max_values {
             *self = Self::new();
         }
     }
@@ -81,10 +96,30 @@ impl StepLogits {
         &mut self.data
     }
 
+    /// Sizes the states buffer for `per_seq[s]` rows of `dim` values for each sequence
+    /// s, in order (as [`StepLogits::reset`] the logits).
+    pub fn reset_states(&mut self, dim: usize, per_seq: impl Iterator<Item = usize>) {
+        self.state_spans.clear();
+        let mut at = 0;
+        for k in per_seq {
+            self.state_spans.push(at..at + k * dim);
+            at += k * dim;
+        }
+        self.states.resize(at, 0.0);
+    }
+
+    /// The whole states buffer, to be written by the step.
+    pub fn states_mut(&mut self) -> &mut [f32] {
+        &mut self.states
+    }
+
     /// Whether every value is finite: in chunks without an early exit inside, which the
     /// compiler vectorizes (this runs over every logit of every step), and over
     /// `pool`'s threads when there are several rows (16 decode rows: 3 MB).
     pub(super) fn all_finite(&self, pool: &ThreadPool) -> bool {
+        if !self.states.iter().all(|x| x.is_finite()) {
+            return false;
+        }
         let finite = |c: &[f32]| {
             c.chunks(256)
                 .all(|c| c.iter().fold(true, |ok, x| ok & x.is_finite()))

@@ -306,5 +306,12 @@ fn the_engine_runs_on_a_second_backend_unchanged() {
         got[1].iter().any(|g| g.2),
         "the second round hit the prefix cache"
     );
+    // Embeddings (hidden states instead of logits) come through the seam too.
+    let toks = (engines[0].model().tokenizer).encode("States from the final norm.", true);
+    let states: Vec<_> = engines
+        .iter()
+        .map(|e| e.embed(toks.clone()).unwrap())
+        .collect();
+    assert!(states[0] == states[1], "the mirror's hidden states differ");
     assert!(steps.load(Relaxed) > 0);
 }

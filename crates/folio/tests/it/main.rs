@@ -8,6 +8,7 @@ mod backend;
 mod batch;
 mod config;
 mod context;
+mod embeddings;
 mod engine;
 mod family_templates;
 mod family_tokenizers;
