@@ -109,6 +109,21 @@ m2 = client.messages.create(model="folio", max_tokens=24, messages=follow, tools
 assert m2.content and m2.usage.input_tokens > m.usage.input_tokens, m2
 ok(f"tool_result turn: {m2.stop_reason}, {texts(m2)!r}")
 
+# count_tokens: the prompt a create would take (a create's usage splits it into
+# input_tokens and cache_read_input_tokens).
+n = client.messages.count_tokens(model="folio", messages=ASK)
+u = client.messages.create(model="folio", max_tokens=2, messages=ASK, **GREEDY).usage
+assert n.input_tokens == u.input_tokens + u.cache_read_input_tokens, (n, u)
+with_system = client.messages.count_tokens(model="folio", messages=ASK, system="Be brief.")
+assert with_system.input_tokens > 0, with_system
+ok(f"messages.count_tokens: {n.input_tokens} tokens ({with_system.input_tokens} with a system prompt)")
+
+# Extended thinking asked for: accepted, the answer has no thinking blocks.
+t = client.messages.create(model="folio", max_tokens=16, messages=ASK,
+                           thinking={"type": "enabled", "budget_tokens": 1024}, **GREEDY)
+assert t.content and all(b.type == "text" for b in t.content), t.content
+ok("thinking enabled: accepted, a plain answer")
+
 # What folio cannot do is the SDK's BadRequestError with Anthropic's envelope.
 try:
     client.messages.create(

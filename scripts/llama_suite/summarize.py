@@ -29,12 +29,17 @@ NATIVE = re.compile(r'"(/completion|/apply-template|/slots[^"]*|/props|/infill|/
 OVERRIDES = [
     (r"test_responses_stream_with_llama_telemetry", "b",
      "llama.cpp's timings in a Responses stream, on its /responses alias"),
-    (r"test_compat_oai_responses\.py", "a", "POST /v1/responses (OpenAI's Responses API): no route"),
-    (r"count_tokens", "a", "POST /v1/messages/count_tokens (Anthropic): no route"),
-    (r"test_anthropic_thinking$", "a", "Anthropic `thinking` is refused with 400"),
-    (r"test_embedding_pooling_none$", "b", "/embeddings (llama.cpp's native route, pooling none)"),
-    (r"test_embedding\.py|test_metrics_embedding", "a",
-     "POST /v1/embeddings: no route (404)"),
+    (r"test_embedding_(mixed_input|content_text_same_as_string)", "b",
+     "llama.cpp's embedding inputs: token ids mixed with strings, {\"content\": parts}, "
+     "{\"prompt_string\"}, \"\" (OpenAI's are a string, strings, ids or lists of ids)"),
+    (r"test_embedding_pooling_none", "d",
+     "--pooling none server-wide must make /v1/embeddings a 400; folio's pooling is per "
+     "request (`pooling`), the launcher has nothing to map it to"),
+    (r"test_anthropic_thinking_history_in_count_tokens", "d",
+     "needs Qwen3's template (--chat-template-file), which renders reasoning_content; "
+     "folio serves the model's own template (SmolLM2's ignores it), and has no such flag"),
+    (r"test_metrics_embedding_prompt_is_counted", "b",
+     "llama.cpp's Process-Start-Time-Unix header and llamacpp: prompt metrics"),
     (r"test_(chat_)?completion_with_openai_library$", "b",
      "system_fingerprint must start with \"b\" (llama.cpp's build number); folio sends "
      "OpenAI's fp_..."),

@@ -103,7 +103,11 @@ pub fn run(mut a: Args) -> Result<()> {
         a.serve_figures = true;
     }
     let mut report = Report::default();
+    let began = std::time::Instant::now();
     let model = a.model.load()?;
+    let load_s = began.elapsed().as_secs_f64();
+    // After the load: what the weights and the tokenizer hold, before any pool.
+    let loaded = folio::machine::resident_memory();
     let threads = model.threads();
     let reps = a.reps as usize;
     println!(
@@ -150,6 +154,8 @@ pub fn run(mut a: Args) -> Result<()> {
             llama.push(l.round(&a, threads)?);
         }
     }
+    // Before the bandwidth probe (its buffer would be the peak).
+    let ran = folio::machine::resident_memory();
     let (pp, tg) = (median(&pps), median(&tgs));
     let bw = folio::machine::read_bandwidth(threads)?;
     let limit = bw / model.bytes_per_token() as f64;
@@ -193,9 +199,24 @@ pub fn run(mut a: Args) -> Result<()> {
             .map(|l| format!(", llama.cpp {:.0}%", 100.0 * l.1 / limit))
             .unwrap_or_default()
     );
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    if let (Some((steady, load_peak)), Some((_, peak))) = (loaded, ran) {
+        println!(
+            "memory: load {load_s:.2} s; resident after load {:.0} MiB (peak while loading {:.0} MiB); peak through pp{} and tg{} {:.0} MiB (llama.cpp's: scripts/memory.sh)",
+            mib(steady),
+            mib(load_peak),
+            a.pp,
+            a.tg,
+            mib(peak)
+        );
+    }
     report.add(
         "single",
         json!({
+            "load_s": load_s,
+            "rss_after_load_mib": loaded.map(|m| mib(m.0)),
+            "rss_peak_load_mib": loaded.map(|m| mib(m.1)),
+            "rss_peak_mib": ran.map(|m| mib(m.1)),
             "pp": {"tokens": a.pp, "folio": figure(pp, &pps),
                    "llama": llama.map(|l| figure(l.0, &l_pps))},
             "tg": {"tokens": a.tg, "folio": figure(tg, &tgs),

@@ -33,6 +33,7 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/responses", post(responses::create))
         .route(
             "/v1/responses/{id}",

@@ -5,6 +5,7 @@
 //! the chat path; the answer is Anthropic's message (`messages_answer.rs`), whole or
 //! as its typed server-sent events. Errors use Anthropic's envelope
 //! `{"type": "error", "error": {"type", "message"}}` with the chat path's statuses.
+//! `POST /v1/messages/count_tokens` counts the prompt such a request would take.
 //!
 //! | field | handling |
 //! |---|---|
@@ -14,7 +15,8 @@
 //! | `messages` | `user` / `assistant`; content a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user); `image` and `document` are a 400 (no vision) |
 //! | `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream` | as the chat fields |
 //! | `tools`, `tool_choice` (`auto`, `any`, `tool`, `none`; `disable_parallel_tool_use`) | as OpenAI's tools and `tool_choice` (`any` = `required`) |
-//! | `thinking` | a 400 unless `{"type": "disabled"}`: no extended thinking |
+//! | `thinking` | `disabled`, or `enabled` with a positive `budget_tokens`: accepted; the answer has no thinking blocks (folio does not separate a model's reasoning from its answer) |
+//! | `thinking` / `redacted_thinking` blocks (assistant) | an earlier turn's reasoning: the chat message's `reasoning_content`, for templates that render it |
 //! | anything else | ignored, as unknown chat fields are |
 
 use crate::body::JsonBody;
@@ -55,6 +57,28 @@ async fn run(st: &Arc<AppState>, r: Value) -> Result<Response, ApiError> {
     Ok(Json(answer).into_response())
 }
 
+/// `POST /v1/messages/count_tokens`: the tokens the request's prompt would take
+/// (system, messages, tools, as the chat template renders them), `{"input_tokens"}`;
+/// `max_tokens` is not needed here.
+pub async fn count_tokens(
+    State(st): State<Arc<AppState>>,
+    JsonBody(mut r): JsonBody<Value>,
+) -> Response {
+    let deadline = Deadline::start(&st);
+    if let Some(o) = r.as_object_mut() {
+        o.entry("max_tokens").or_insert(json!(1));
+        o.remove("stream");
+    }
+    let counted = async {
+        let job = prepare(&st, Route::Chat, chat_request(&r)?, deadline).await?;
+        Ok::<_, ApiError>(job.prompts[0].len())
+    };
+    match counted.await {
+        Ok(n) => Json(json!({"input_tokens": n})).into_response(),
+        Err(e) => error(e),
+    }
+}
+
 /// Anthropic's error envelope, with the chat path's status.
 pub fn error(e: ApiError) -> Response {
     let mut r = (e.status, Json(messages_answer::envelope(&e))).into_response();
@@ -82,11 +106,7 @@ fn to_chat(r: &Value) -> Result<Value, ApiError> {
     let max_tokens = r
         .get("max_tokens")
         .ok_or_else(|| bad("max_tokens", "required"))?;
-    if let Some(t) = r.get("thinking") {
-        if t.get("type").and_then(Value::as_str) != Some("disabled") {
-            return Err(bad("thinking", "extended thinking is not supported"));
-        }
-    }
+    thinking(r.get("thinking"))?;
     let mut messages = Vec::new();
     if let Some(s) = r.get("system") {
         messages.push(json!({"role": "system", "content": text_of("system", s)?}));
@@ -128,6 +148,31 @@ fn to_chat(r: &Value) -> Result<Value, ApiError> {
     Ok(Value::Object(chat))
 }
 
+/// `thinking`: `{"type": "disabled"}`, or `{"type": "enabled", "budget_tokens": n}`
+/// (n ≥ 1), accepted as llama.cpp and vLLM accept it: folio does not separate a
+/// model's reasoning from its answer, so the answer has no thinking blocks, as
+/// Anthropic's own answer has none when the model did not think.
+fn thinking(t: Option<&Value>) -> Result<(), ApiError> {
+    let Some(t) = t.filter(|t| !t.is_null()) else {
+        return Ok(());
+    };
+    match t.get("type").and_then(Value::as_str) {
+        Some("disabled") => Ok(()),
+        Some("enabled")
+            if t.get("budget_tokens")
+                .and_then(Value::as_u64)
+                .is_some_and(|n| n >= 1) =>
+        {
+            Ok(())
+        }
+        Some("enabled") => Err(bad("thinking.budget_tokens", "a positive number of tokens")),
+        _ => Err(bad(
+            "thinking",
+            "{\"type\": \"enabled\", \"budget_tokens\": n} or {\"type\": \"disabled\"}",
+        )),
+    }
+}
+
 /// The text of a string or of a list of text blocks.
 fn text_of(field: &str, v: &Value) -> Result<String, ApiError> {
     match v {
@@ -163,9 +208,16 @@ fn turn(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
         Some(Value::Array(b)) => b,
         _ => return Err(bad(&field, "content must be a string or a list of blocks")),
     };
-    let (mut text, mut calls) = (String::new(), Vec::new());
+    let (mut text, mut calls, mut reasoning) = (String::new(), Vec::new(), String::new());
     for b in blocks {
         match (b.get("type").and_then(Value::as_str), role) {
+            // An earlier turn's reasoning: the template's `reasoning_content`, for the
+            // templates that render it. A redacted one carries no text to render.
+            (Some("thinking"), "assistant") => match b.get("thinking") {
+                Some(Value::String(t)) => reasoning.push_str(t),
+                _ => return Err(bad(&field, "a thinking block without thinking")),
+            },
+            (Some("redacted_thinking"), "assistant") => {}
             (Some("text"), _) => match b.get("text") {
                 Some(Value::String(t)) => text.push_str(t),
                 _ => return Err(bad(&field, "a text block without text")),
@@ -200,11 +252,17 @@ fn turn(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
             }
         }
     }
-    if !calls.is_empty() {
-        out.push(json!({"role": "assistant", "content": text, "tool_calls": calls}));
+    let mut m = if !calls.is_empty() {
+        json!({"role": "assistant", "content": text, "tool_calls": calls})
     } else if !text.is_empty() || role == "assistant" {
-        out.push(json!({"role": role, "content": text}));
+        json!({"role": role, "content": text})
+    } else {
+        return Ok(());
+    };
+    if !reasoning.is_empty() {
+        m["reasoning_content"] = Value::String(reasoning);
     }
+    out.push(m);
     Ok(())
 }
 
@@ -304,12 +362,30 @@ mod tests {
         let image = json!({"messages": [{"role": "user", "content": [{"type": "image"}]}]});
         assert_eq!(base(image), Some((400, "messages[0]".into())));
         let thinking = json!({"thinking": {"type": "enabled", "budget_tokens": 1024}});
+        assert_eq!(base(thinking), None);
+        let thinking = json!({"thinking": {"type": "enabled"}});
+        assert_eq!(base(thinking), Some((400, "thinking.budget_tokens".into())));
+        let thinking = json!({"thinking": {"type": "always"}});
         assert_eq!(base(thinking), Some((400, "thinking".into())));
         let choice = json!({"tool_choice": {"type": "tool"}});
         assert_eq!(base(choice), Some((400, "tool_choice".into())));
         let role = json!({"messages": [{"role": "system", "content": "x"}]});
         assert_eq!(base(role), Some((400, "messages[0]".into())));
         assert_eq!(base(json!({"thinking": {"type": "disabled"}})), None);
+        // An earlier turn's thinking goes to the template as reasoning_content.
+        let history = json!({"messages": [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm"},
+                {"type": "redacted_thinking", "data": "x"}, {"type": "text", "text": "yo"}]},
+            {"role": "user", "content": "and?"}]});
+        let mut r = json!({"max_tokens": 8});
+        r.as_object_mut()
+            .unwrap()
+            .extend(history.as_object().unwrap().clone());
+        let chat = to_chat(&r).unwrap();
+        assert_eq!(
+            chat["messages"][1],
+            json!({"role": "assistant", "content": "yo", "reasoning_content": "hmm"})
+        );
         let no_max = to_chat(&json!({"messages": []})).unwrap_err();
         assert_eq!(no_max.param.as_deref(), Some("max_tokens"));
     }

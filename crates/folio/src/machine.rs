@@ -41,6 +41,18 @@ pub fn read_bandwidth(threads: usize) -> Result<f64, PoolError> {
     Ok(best)
 }
 
+/// This process's resident memory in bytes: (now, the peak so far), from
+/// /proc/self/status (`VmRSS`, `VmHWM`); `None` where it cannot be read.
+pub fn resident_memory() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
 /// Bytes of memory this process can still take: what the OS says is available
 /// (`MemAvailable` in /proc/meminfo), or less where a cgroup (a container's memory
 /// limit) leaves less room; `None` where neither can be read. A pool sized past it

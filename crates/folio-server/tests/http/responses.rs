@@ -2,7 +2,8 @@
 //! computes only what the conversation adds, stored responses are a cache that
 //! makes room for newer ones but never for a user's context, a stream's events are
 //! numbered and its final object is what `GET` returns, a stream cut short stores
-//! nothing, and every field the route lists is answered as listed.
+//! nothing, a stored response expires with its context, and every field the route
+//! lists is answered as listed.
 
 use crate::client::{eventually, get, ok, open_stream, post, request};
 use crate::server::{small_engine, start};
@@ -268,4 +269,27 @@ fn every_listed_field_is_answered_as_listed() {
         let e = post(a, "/v1/responses", &body).error(400);
         assert_eq!(e["param"], json!(k), "{k}: {e}");
     }
+}
+
+#[test]
+fn a_stored_response_expires_with_its_context() {
+    let cfg = ServeConfig {
+        context_ttl: std::time::Duration::from_millis(300),
+        ..ServeConfig::default()
+    };
+    let s = start(cfg, small_engine());
+    let a = s.addr;
+    let r = ok(a, "/v1/responses", json!({"input": "Hi.", "max_output_tokens": 3}));
+    let id = r["id"].as_str().unwrap().to_string();
+    assert_eq!(get(a, &format!("/v1/responses/{id}")).status, 200);
+    // A GET does not renew it (a look is not a use); idle past the TTL, it goes.
+    assert!(eventually(10.0, || contexts(a) == 0));
+    get(a, &format!("/v1/responses/{id}")).error(404);
+    let e = post(
+        a,
+        "/v1/responses",
+        &json!({"input": "x", "previous_response_id": id}),
+    )
+    .error(404);
+    assert_eq!(e["code"], "response_not_found");
 }

@@ -178,6 +178,10 @@ impl Observer for Probe {
     fn input(&mut self, site: Site, values: &[f32], width: usize) {
         self.record(site, values, width);
     }
+
+    fn logits(&self) -> bool {
+        false
+    }
 }
 
 /// Every new token of `batch` as (sequence, position), in order.

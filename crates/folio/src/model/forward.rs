@@ -23,6 +23,13 @@ use crate::kv::{Batch, KvStorage, Logits};
 /// values each.
 pub(super) trait Observer {
     fn input(&mut self, site: Site, values: &[f32], width: usize);
+
+    /// Whether the step's logits are wanted beside what is observed (calibration
+    /// wants only the head's input: its logits, vocabulary × rows of them, are never
+    /// computed, nor their buffer made).
+    fn logits(&self) -> bool {
+        true
+    }
 }
 
 /// What one step computes with.
@@ -279,7 +286,13 @@ impl Forward<'_> {
             }
             start += len;
         }
-        out.reset(c.vocab, steps.iter().map(|st| st.logit_rows()));
+        let logits = obs.as_deref().is_none_or(|o| o.logits());
+        out.reset(
+            c.vocab,
+            steps
+                .iter()
+                .map(|st| if logits { st.logit_rows() } else { 0 }),
+        );
         out.reset_states(c.dim, steps.iter().map(|st| st.state_rows()));
         if !hidden.is_empty() {
             // The head's input without its quantization: each row normed on its own,
@@ -301,6 +314,9 @@ impl Forward<'_> {
         let (head, pass) = (w.head(), self.outliers.head.as_ref());
         self.normed(&mut s.act, &s.x, Some(&picked), &w.out_norm, pass, &[head]);
         observe(&mut obs, Site::Head, &s.act, pass, c.dim);
+        if !logits {
+            return;
+        }
         let logits = out.data_mut();
         self.cpu.matmul(&mut s.act, &mut [(head, logits)]);
         if let Some(cap) = c.final_softcap {

@@ -182,7 +182,7 @@ impl QMatrix {
             for &b in blocks {
                 out.extend_from_slice(&own[b * size..(b + 1) * size]);
             }
-            if (r + 1) % 256 == 0 {
+            if (r + 1).is_multiple_of(256) {
                 let upto = words_before(r + 1);
                 m.data.release(0..upto);
             }

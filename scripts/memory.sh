@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Peak resident memory of folio and llama.cpp on the same model and the same work: a
+# 512-token prompt, then 128 generated tokens, 2 threads. folio runs `folio generate
+# --ctx 640 --max-tokens 128 --ignore-eos` on the prompt; llama.cpp runs `llama-bench
+# -p 512 -n 128 -r 1 -fa 1` (what the issue's figures came from). Each is measured by
+# GNU time (`Maximum resident set size`), in alternating rounds.
+#
+#   scripts/memory.sh [MODEL.gguf ...]   # default: the default model, and Gemma 3 270M
+#                                        # Q4_K_M when scripts/fetch_gemma.sh fetched it
+#   ROUNDS=3 scripts/memory.sh
+#
+# Needs /usr/bin/time (Debian's `time`), a release build, and llama.cpp built by
+# scripts/build_llama.sh. `folio bench` prints folio's own figures (load time,
+# resident memory after the load, peaks) beside its speeds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+models=("$@")
+if [ ${#models[@]} -eq 0 ]; then
+    models=(models/SmolLM2-135M-Instruct.Q4_1.gguf)
+    [ -f models/gemma-3-270m-q4_k_m.gguf ] && models+=(models/gemma-3-270m-q4_k_m.gguf)
+fi
+[ -x /usr/bin/time ] || { echo "memory.sh: needs /usr/bin/time (apt-get install time)" >&2; exit 1; }
+cargo build --release -q -p folio-cli
+eval "$(scripts/build_llama.sh)"
+bin=target/llama/build/bin
+prompt=$(mktemp)
+trap 'rm -f "$prompt"' EXIT
+# 512 tokens of plain English on both tokenizers is about 520 words.
+python3 -c "
+import random; random.seed(1)
+w='the of and to in is was for on that with as by at from his her an which be this are or it had not but what all were when we there can more'.split()
+print(' '.join(random.choice(w) for _ in range(520)))" >"$prompt"
+
+peak() { # command... → peak RSS in MiB
+    /usr/bin/time -f '%M' "$@" 2>&1 >/dev/null | tail -1 | awk '{printf "%.0f", $1 / 1024}'
+}
+
+echo "| model | folio peak MiB | llama.cpp peak MiB | folio / llama.cpp |"
+echo "|---|---|---|---|"
+for m in "${models[@]}"; do
+    f=() l=()
+    for _ in $(seq "$ROUNDS"); do
+        f+=("$(peak target/release/folio generate --model "$m" --threads 2 --ctx 640 \
+            --max-tokens 128 --ignore-eos <"$prompt")")
+        l+=("$(LD_LIBRARY_PATH=$bin peak "$bin/llama-bench" -m "$m" -p 512 -n 128 -r 1 \
+            -fa 1 -t 2)")
+    done
+    fm=$(printf '%s\n' "${f[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
+    lm=$(printf '%s\n' "${l[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
+    echo "| $(basename "$m") | $fm (${f[*]}) | $lm (${l[*]}) | $(python3 -c "print(f'{$fm / $lm:.2f}x')") |"
+done
