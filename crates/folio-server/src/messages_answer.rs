@@ -11,7 +11,7 @@ use crate::params::Job;
 use crate::run::{Run, Tagged};
 use crate::sse::Chunker;
 use crate::tally::{Counts, Tally};
-use crate::tool_stream::{Piece, ToolStream};
+use crate::tool_stream::{pieces_of, Piece, ToolStream};
 use crate::tools;
 use folio::{Event, FinishReason};
 use serde::Serialize;
@@ -211,20 +211,6 @@ impl Stream {
         }
         out
     }
-
-    /// The pieces a piece of text makes (with tools, what the call reader finds).
-    fn read(&mut self, text: &str, last: bool) -> Vec<Piece> {
-        match &mut self.tools {
-            Some(s) => {
-                let mut p = s.push(text);
-                if last {
-                    p.extend(s.finish());
-                }
-                p
-            }
-            None => vec![Piece::Content(text.to_string())],
-        }
-    }
 }
 
 impl Chunker for Stream {
@@ -243,11 +229,11 @@ impl Chunker for Stream {
         self.counts.count(&t.event);
         match t.event {
             Event::Token { text, .. } => {
-                let p = self.read(&text, false);
+                let p = pieces_of(&mut self.tools, &text, false);
                 self.pieces(p)
             }
             Event::Done { text, finish, .. } => {
-                let p = self.read(&text, true);
+                let p = pieces_of(&mut self.tools, &text, true);
                 let mut out = self.pieces(p);
                 self.close(&mut out);
                 self.finish = Some(finish);

@@ -17,7 +17,7 @@ use crate::run::Tagged;
 use crate::sse::Chunker;
 use crate::tally::{Counts, Tally};
 use crate::tool_call::Call;
-use crate::tool_stream::{Piece, ToolStream};
+use crate::tool_stream::{pieces_of, Piece, ToolStream};
 use crate::tools;
 use folio::{Event, FinishReason};
 use serde_json::{json, Map, Value};
@@ -290,20 +290,6 @@ impl Stream {
         }
         out
     }
-
-    /// The pieces a piece of text makes (with tools, what the call reader finds).
-    fn read(&mut self, text: &str, last: bool) -> Vec<Piece> {
-        match &mut self.tools {
-            Some(s) => {
-                let mut p = s.push(text);
-                if last {
-                    p.extend(s.finish());
-                }
-                p
-            }
-            None => vec![Piece::Content(text.to_string())],
-        }
-    }
 }
 
 impl Chunker for Stream {
@@ -322,12 +308,12 @@ impl Chunker for Stream {
         self.counts.count(&t.event);
         match t.event {
             Event::Token { text, .. } => {
-                let p = self.read(&text, false);
+                let p = pieces_of(&mut self.tools, &text, false);
                 self.pieces(p)
             }
             Event::Done { text, finish, .. } => {
                 self.finish = Some(finish);
-                let p = self.read(&text, true);
+                let p = pieces_of(&mut self.tools, &text, true);
                 self.pieces(p)
             }
             Event::PromptLogprobs(_) | Event::Error(_) => Vec::new(),

@@ -599,3 +599,18 @@ impl ToolStream {
         }
     }
 }
+
+/// The pieces a piece of an answer's text makes: with tools (`stream`), what the call
+/// reader finds in it (`last`: the answer ends here); without, the text as content.
+pub fn pieces_of(stream: &mut Option<ToolStream>, text: &str, last: bool) -> Vec<Piece> {
+    match stream {
+        Some(s) => {
+            let mut p = s.push(text);
+            if last {
+                p.extend(s.finish());
+            }
+            p
+        }
+        None => vec![Piece::Content(text.to_string())],
+    }
+}

@@ -279,7 +279,11 @@ fn a_stored_response_expires_with_its_context() {
     };
     let s = start(cfg, small_engine());
     let a = s.addr;
-    let r = ok(a, "/v1/responses", json!({"input": "Hi.", "max_output_tokens": 3}));
+    let r = ok(
+        a,
+        "/v1/responses",
+        json!({"input": "Hi.", "max_output_tokens": 3}),
+    );
     let id = r["id"].as_str().unwrap().to_string();
     assert_eq!(get(a, &format!("/v1/responses/{id}")).status, 200);
     // A GET does not renew it (a look is not a use); idle past the TTL, it goes.
