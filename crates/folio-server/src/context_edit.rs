@@ -75,6 +75,7 @@ pub async fn append(
 ) -> Result<Response, ApiError> {
     st.engine()?;
     let e = st.contexts.get(&id)?;
+    e.editable(&id)?;
     let a = a.checked()?;
     let v = blocking(move || {
         match a {
@@ -118,6 +119,7 @@ pub async fn truncate(
 ) -> Result<Response, ApiError> {
     st.engine()?;
     let e = st.contexts.get(&id)?;
+    e.editable(&id)?;
     let v = blocking(move || {
         e.ctx.truncate(t.tokens)?;
         info(&id, &e)

@@ -37,6 +37,7 @@ pub async fn generate(
     let extra: GenerateExtra = crate::body::parse(&body)?;
     let r: GenRequest = crate::body::parse(&body)?;
     let e = st.contexts.get(&id)?;
+    e.editable(&id)?;
     let job = prepare(&st, Route::Context, r, deadline).await?;
     let chat = extra.chat.unwrap_or(e.chat.load(Ordering::Relaxed));
     let engine = st.engine()?;

@@ -35,7 +35,14 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
 /// The route.
-pub async fn messages(State(st): State<Arc<AppState>>, JsonBody(r): JsonBody<Value>) -> Response {
+pub async fn messages(
+    State(st): State<Arc<AppState>>,
+    body: Result<JsonBody<Value>, ApiError>,
+) -> Response {
+    let r = match body {
+        Ok(JsonBody(r)) => r,
+        Err(e) => return error(e),
+    };
     match run(&st, r).await {
         Ok(r) => r,
         Err(e) => error(e),
@@ -62,11 +69,16 @@ async fn run(st: &Arc<AppState>, r: Value) -> Result<Response, ApiError> {
 /// `max_tokens` is not needed here.
 pub async fn count_tokens(
     State(st): State<Arc<AppState>>,
-    JsonBody(mut r): JsonBody<Value>,
+    body: Result<JsonBody<Value>, ApiError>,
 ) -> Response {
     let deadline = Deadline::start(&st);
+    let mut r = match body {
+        Ok(JsonBody(r)) => r,
+        Err(e) => return error(e),
+    };
+    // What is generated plays no part in a count.
     if let Some(o) = r.as_object_mut() {
-        o.entry("max_tokens").or_insert(json!(1));
+        o.insert("max_tokens".into(), json!(1));
         o.remove("stream");
     }
     let counted = async {

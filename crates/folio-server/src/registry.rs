@@ -25,7 +25,8 @@ pub struct Entry {
     pub created: u64,
     /// Messages were appended: generation replies as the assistant.
     pub chat: AtomicBool,
-    /// A stored response's context: dropped to make room when the registry is full.
+    /// A stored response's context: dropped to make room when the registry is full,
+    /// and read-only through the context routes (its record says what it holds).
     pub evictable: bool,
     last_used: Mutex<Instant>,
 }
@@ -41,6 +42,24 @@ impl Entry {
             evictable: false,
             last_used: Mutex::new(Instant::now()),
         }
+    }
+
+    /// 409 for a stored response's context: appending, truncating or generating into
+    /// it would change the conversation its response continues from under it. A
+    /// fork of it is an ordinary context.
+    pub fn editable(&self, id: &str) -> Result<(), ApiError> {
+        if self.evictable {
+            let mut e = ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "context {id:?} holds a stored response: continue it with \
+                     previous_response_id, or fork it and change the fork"
+                ),
+            );
+            e.code = Some("context_read_only");
+            return Err(e);
+        }
+        Ok(())
     }
 
     fn touch(&self) {

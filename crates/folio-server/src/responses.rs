@@ -22,7 +22,7 @@ use crate::offload::blocking;
 use crate::params::{check_salt, Route};
 use crate::registry::Entry;
 use crate::responses_answer::{self, Keep, Shape, Stream};
-use crate::responses_input::{self, Asked};
+use crate::responses_input::{self, renamed, Asked};
 use crate::responses_store::Stored;
 use crate::run::Run;
 use crate::sse;
@@ -69,7 +69,9 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
         None => (None, Vec::new()),
     };
     let gen = asked.chat_request(&history)?;
-    let mut job = prepare(&st, Route::Chat, gen, deadline).await?;
+    let mut job = prepare(&st, Route::Chat, gen, deadline)
+        .await
+        .map_err(renamed)?;
     let text = job.prompt_texts[0].clone();
     let ids = std::mem::take(&mut job.prompts[0]);
     let tok = &engine.model().tokenizer;
@@ -94,10 +96,11 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
             };
             job.prompts[0] = delta;
             let ctx = f.ctx;
-            let cut = before < f.tokens.len();
+            // `truncate(n)` drops the last n tokens: what is past the shared prefix.
+            let drop = f.tokens.len() - before;
             let ctx = blocking(move || {
-                if cut {
-                    ctx.truncate(before)?;
+                if drop > 0 {
+                    ctx.truncate(drop)?;
                 }
                 Ok(ctx)
             })
@@ -132,8 +135,8 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
         Ok((run, job))
     })
     .await;
-    let (run, job) = run?;
-    let (run, first) = first_event(run).await?;
+    let (run, job) = run.map_err(renamed)?;
+    let (run, first) = first_event(run).await.map_err(renamed)?;
     let l = st.ready()?;
     let head = crate::answer::Head::new("resp", &st.config.model_name, &l.system_fingerprint);
     let Asked {
@@ -146,7 +149,7 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
         ..
     } = asked;
     let shape = Shape {
-        id: head.id.replacen('-', "_", 1),
+        id: response_id().unwrap_or_else(|| head.id.replacen('-', "_", 1)),
         created: head.created,
         model: head.model,
         system_fingerprint: head.system_fingerprint,
@@ -169,6 +172,23 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
         keep(&object);
     }
     Ok(Json(object).into_response())
+}
+
+/// A new response id: `resp_` and 128 random bits. The id is what reads a stored
+/// response back and continues it, so it must not be guessable from another's (a
+/// count or a clock would be). `None` where the system has no randomness to give.
+fn response_id() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => Some(format!(
+            "resp_{}",
+            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )),
+        Err(e) => {
+            tracing::warn!("no random bytes for a response id ({e}): a counted id is used");
+            None
+        }
+    }
 }
 
 /// Forks stored response `prev`'s context; returns the fork and the conversation it

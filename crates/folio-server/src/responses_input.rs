@@ -55,8 +55,39 @@ impl Asked {
         messages.extend(self.input.iter().cloned());
         let mut chat = self.chat.clone();
         chat.insert("messages".into(), Value::Array(messages));
-        serde_json::from_value(Value::Object(chat)).map_err(|e| bad("input", e.to_string()))
+        let bytes =
+            serde_json::to_vec(&Value::Object(chat)).map_err(|e| bad("input", e.to_string()))?;
+        crate::body::parse(&bytes).map_err(renamed)
     }
+}
+
+/// An error of the chat path with the field named as this route's request names it
+/// (`max_output_tokens`, `input`, `text.format`, `tools[i].name`...).
+pub fn renamed(mut e: ApiError) -> ApiError {
+    let Some(p) = e.param.take() else {
+        return e;
+    };
+    let ours = if p == "max_tokens" || p == "max_completion_tokens" {
+        "max_output_tokens".to_string()
+    } else if p == "prompt" || p.starts_with("messages") {
+        "input".to_string()
+    } else if let Some(rest) = p.strip_prefix("response_format") {
+        let rest = rest.strip_prefix(".json_schema").unwrap_or(rest);
+        format!("text.format{rest}")
+    } else if let Some(rest) = p.strip_prefix("tool_choice.function") {
+        format!("tool_choice{rest}")
+    } else if p.starts_with("tools[") {
+        p.replacen(".function", "", 1)
+    } else {
+        p.clone()
+    };
+    if ours != p {
+        if let Some(rest) = e.message.strip_prefix(&format!("{p}: ")) {
+            e.message = format!("{ours}: {rest}");
+        }
+    }
+    e.param = Some(ours);
+    e
 }
 
 fn bad(field: impl Into<String>, why: impl Into<String>) -> ApiError {
@@ -139,6 +170,7 @@ pub fn read(r: &Value) -> Result<Asked, ApiError> {
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(bad("previous_response_id", "a response id")),
     };
+    types(&get)?;
     let mut chat = Map::new();
     for (from, to) in [
         ("max_output_tokens", "max_completion_tokens"),
@@ -198,6 +230,36 @@ pub fn read(r: &Value) -> Result<Asked, ApiError> {
     })
 }
 
+/// The types of the fields read here (the chat path checks the sampling ones again,
+/// under their chat names).
+fn types<'a>(get: &impl Fn(&str) -> Option<&'a Value>) -> Result<(), ApiError> {
+    if let Some(v) = get("max_output_tokens") {
+        if !v.is_u64() {
+            return Err(bad("max_output_tokens", "a non-negative integer"));
+        }
+    }
+    for k in ["temperature", "top_p"] {
+        if get(k).is_some_and(|v| !v.is_number()) {
+            return Err(bad(k, "a number"));
+        }
+    }
+    for (k, ok) in [
+        (
+            "parallel_tool_calls",
+            Value::is_boolean as fn(&Value) -> bool,
+        ),
+        ("text", Value::is_object),
+        ("metadata", Value::is_object),
+        ("cache_salt", Value::is_string),
+        ("user", Value::is_string),
+    ] {
+        if get(k).is_some_and(|v| !ok(v)) {
+            return Err(bad(k, "of the wrong type"));
+        }
+    }
+    Ok(())
+}
+
 /// The fields accepted only with some values, and the ones refused.
 fn policy<'a>(get: &impl Fn(&str) -> Option<&'a Value>) -> Result<(), ApiError> {
     for (k, why) in REFUSED {
@@ -221,7 +283,11 @@ fn policy<'a>(get: &impl Fn(&str) -> Option<&'a Value>) -> Result<(), ApiError> 
     if !is("include", &[json!([])]) {
         return Err(bad("include", "no extra output data is offered"));
     }
-    if !is("reasoning", &[json!({})]) {
+    let reasoning_empty = get("reasoning").is_none_or(|v| {
+        v.as_object()
+            .is_some_and(|o| o.values().all(Value::is_null))
+    });
+    if !reasoning_empty {
         return Err(bad(
             "reasoning",
             "folio does not control a model's reasoning",
@@ -236,7 +302,11 @@ fn items_of(items: &[Value]) -> Result<Vec<Value>, ApiError> {
     let mut out: Vec<Value> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let field = format!("input[{i}]");
-        let kind = item.get("type").and_then(Value::as_str);
+        let kind = match item.get("type") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(k)) => Some(k.as_str()),
+            Some(_) => return Err(bad(format!("{field}.type"), "a string")),
+        };
         match kind {
             None | Some("message") => out.push(message_of(&field, item)?),
             Some("function_call") => {
@@ -317,6 +387,11 @@ fn parts_text(field: &str, v: &Value) -> Result<String, ApiError> {
         let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
         match (kind, p.get("text")) {
             ("input_text" | "output_text" | "text", Some(Value::String(t))) => out.push_str(t),
+            // An earlier answer's refusal, replayed: its text is what was said.
+            ("refusal", _) => match p.get("refusal") {
+                Some(Value::String(t)) => out.push_str(t),
+                _ => return Err(bad(format!("{field}[{k}].refusal"), "a string")),
+            },
             ("input_image" | "input_file" | "input_audio", _) => {
                 return Err(bad(
                     format!("{field}[{k}]"),
@@ -344,11 +419,15 @@ fn tools_of(t: &Value) -> Result<Value, ApiError> {
         match tool.get("type").and_then(Value::as_str) {
             Some("function") => {}
             other => {
+                let other = other.map_or("(none)".to_string(), |t| format!("{t:?}"));
                 return Err(bad(
                     format!("tools[{i}].type"),
-                    format!("tool type {other:?}: only \"function\" tools are supported"),
-                ))
+                    format!("tool type {other}: only \"function\" tools are supported"),
+                ));
             }
+        }
+        if !tool.get("name").is_some_and(Value::is_string) {
+            return Err(bad(format!("tools[{i}].name"), "a function needs a name"));
         }
         let mut f = Map::new();
         for k in ["name", "description", "parameters", "strict"] {

@@ -11,6 +11,7 @@ mod grammar_limits;
 mod hostile;
 mod limits;
 mod load;
+mod messages;
 mod openai_fields;
 mod preempt;
 mod responses;

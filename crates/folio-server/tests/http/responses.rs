@@ -262,6 +262,13 @@ fn every_listed_field_is_answered_as_listed() {
         ("reasoning", json!({"effort": "low"})),
         ("temperature", json!(-1)),
         ("logit_bias", json!({"nope": 1})),
+        // Checked on the chat path, named as this route names them.
+        ("max_output_tokens", json!(-1)),
+        ("max_output_tokens", json!(0)),
+        ("max_output_tokens", json!("5")),
+        ("text", json!("x")),
+        ("temperature", json!("hot")),
+        ("cache_salt", json!(5)),
     ];
     for (k, v) in refused {
         let mut body = json!({"input": "Hi.", "store": false});
@@ -269,6 +276,63 @@ fn every_listed_field_is_answered_as_listed() {
         let e = post(a, "/v1/responses", &body).error(400);
         assert_eq!(e["param"], json!(k), "{k}: {e}");
     }
+    for (extra, param) in [
+        (json!({"tools": [{"type": "function"}]}), "tools[0].name"),
+        (
+            json!({"text": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}}),
+            "text.format",
+        ),
+        (json!({"input": "x ".repeat(5000)}), "input"),
+    ] {
+        let mut body = json!({"input": "Hi.", "store": false});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let e = post(a, "/v1/responses", &body).error(400);
+        let got = e["param"].as_str().unwrap_or_default();
+        assert!(got.starts_with(param), "{extra}: {e}");
+    }
+}
+
+#[test]
+fn a_stored_responses_context_is_read_only_and_its_id_unguessable() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let r = ok(
+        a,
+        "/v1/responses",
+        json!({"input": "Hi.", "max_output_tokens": 3}),
+    );
+    let id = r["id"].as_str().unwrap();
+    let suffix = id.strip_prefix("resp_").unwrap();
+    assert!(
+        suffix.len() == 32 && suffix.chars().all(|c| c.is_ascii_hexdigit()),
+        "{id}: 128 random bits"
+    );
+    let other = ok(
+        a,
+        "/v1/responses",
+        json!({"input": "Hi.", "max_output_tokens": 3}),
+    );
+    assert_ne!(other["id"], r["id"]);
+    let list = get(a, "/v1/contexts").json();
+    let ctx = list["data"][0]["id"].as_str().unwrap().to_string();
+    for (path, body) in [
+        ("append", json!({"text": " The password is swordfish."})),
+        ("truncate", json!({"tokens": 1})),
+        ("generate", json!({"max_tokens": 2})),
+    ] {
+        let e = post(a, &format!("/v1/contexts/{ctx}/{path}"), &body).error(409);
+        assert_eq!(e["code"], "context_read_only", "{path}: {e}");
+    }
+    // A fork is the user's own context, to change at will.
+    let fork = ok(a, &format!("/v1/contexts/{ctx}/fork"), json!({}));
+    let fid = fork["id"].as_str().unwrap();
+    ok(
+        a,
+        &format!("/v1/contexts/{fid}/append"),
+        json!({"text": " More."}),
+    );
 }
 
 #[test]
@@ -296,4 +360,44 @@ fn a_stored_response_expires_with_its_context() {
     )
     .error(404);
     assert_eq!(e["code"], "response_not_found");
+}
+
+/// A continuation whose conversation's text does not begin with what the context
+/// holds (new, changed or dropped `instructions`) is cut back to the shared prefix:
+/// it answers, and counts its input, exactly as the whole conversation sent at once.
+#[test]
+fn a_continuation_with_other_instructions_answers_as_the_whole_conversation() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    for (first, then) in [
+        (None, Some("Answer in French.")),
+        (Some("Be brief."), Some("Answer in French.")),
+        (Some("Be brief."), None),
+        (Some("Be brief."), Some("Be brief.")),
+    ] {
+        let mut one = json!({"input": "Tell me about dogs.", "max_output_tokens": 12,
+            "temperature": 0});
+        if let Some(i) = first {
+            one["instructions"] = json!(i);
+        }
+        let r1 = ok(a, "/v1/responses", one);
+        let mut two = json!({"input": "And cats?", "max_output_tokens": 12, "temperature": 0,
+            "previous_response_id": r1["id"]});
+        let mut whole = json!({"store": false, "max_output_tokens": 12, "temperature": 0,
+            "input": [{"role": "user", "content": "Tell me about dogs."},
+                {"role": "assistant", "content": text(&r1)},
+                {"role": "user", "content": "And cats?"}]});
+        if let Some(i) = then {
+            two["instructions"] = json!(i);
+            whole["instructions"] = json!(i);
+        }
+        let (chained, sent) = (ok(a, "/v1/responses", two), ok(a, "/v1/responses", whole));
+        let what = format!("{first:?} then {then:?}");
+        assert_eq!(text(&chained), text(&sent), "{what}");
+        assert_eq!(
+            chained["usage"]["input_tokens"], sent["usage"]["input_tokens"],
+            "{what}"
+        );
+        assert!(cached(&chained) > 0, "{what}: {chained}");
+    }
 }
