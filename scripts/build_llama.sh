@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds llama.cpp, the speed baseline of `folio bench`, from the sources inside
 # llama-cpp-python's sdist (PyPI), for this machine's ISA, into target/llama/:
-#   target/llama/build/bin/{llama-server,llama-bench,llama-batched-bench,libllama.so}
+#   target/llama/build/bin/{llama-server,llama-bench,llama-batched-bench,llama-quantize,
+#                          libllama.so}
 #   target/llama/venv   (python with llama-cpp-python's package over that libllama)
 # and prints the environment `folio bench` reads to find them (scripts/bench.sh
 # sources it). Does nothing that is already done.
@@ -28,7 +29,7 @@ fetch() {
 }
 
 if [ ! -x "$dir/build/bin/llama-batched-bench" ] || [ ! -x "$dir/build/bin/llama-server" ] \
-    || [ ! -x "$dir/build/bin/llama-bench" ]; then
+    || [ ! -x "$dir/build/bin/llama-bench" ] || [ ! -x "$dir/build/bin/llama-quantize" ]; then
     fetch
     command -v cmake >/dev/null || python3 -m pip install --quiet cmake
     cat >"$dir/probe.c" <<'C'
@@ -55,7 +56,8 @@ C
         -DGGML_NATIVE=OFF "${isa[@]}" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
         -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON >"$dir/cmake.log"
     cmake --build "$dir/build" -j"$(nproc)" \
-        --target llama-server llama-bench llama-batched-bench llama >"$dir/build.log"
+        --target llama-server llama-bench llama-batched-bench llama-quantize llama \
+        >"$dir/build.log"
 fi
 
 if [ ! -x "$dir/venv/bin/python" ]; then
