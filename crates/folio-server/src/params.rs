@@ -132,21 +132,6 @@ pub fn job_cancellable(
 ) -> Result<Job, ApiError> {
     openai_fields(&r)?;
     let bias = logit_bias_of(r.logit_bias.take(), model.config.vocab)?;
-    let mut job = job_unbiased(route, r, model, template, grammars, (window, cap), cancel)?;
-    job.req.sampling.logit_bias = bias;
-    Ok(job)
-}
-
-/// [`job_cancellable`] once OpenAI's fields are checked and `logit_bias` is taken out.
-fn job_unbiased(
-    route: Route,
-    mut r: GenRequest,
-    model: &Model,
-    template: Option<&ChatTemplate>,
-    grammars: Option<&Grammars>,
-    (window, cap): (usize, usize),
-    cancel: &CompileCancel,
-) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
     let (mut tool_plan, mut forced) = (None, None);
     let (prompts, prompt_texts) = match route {
@@ -209,17 +194,31 @@ fn job_unbiased(
         }
     };
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    if route == Route::Context {
-        return request_fields(
-            route,
-            r,
-            prompts,
-            prompt_texts,
-            (window, cap),
-            (grammars, cancel),
-            None,
-        );
+    // A context's prompt goes after what it holds: the engine checks the window.
+    if route != Route::Context {
+        check_lengths(&prompts, longest, window)?;
     }
+    let room = match route {
+        Route::Context => window,
+        _ => window - longest,
+    };
+    let mut job = request_fields(
+        route,
+        r,
+        prompts,
+        prompt_texts,
+        (room, cap),
+        (grammars, cancel),
+        forced,
+    )?;
+    job.tools = tool_plan;
+    job.req.sampling.logit_bias = bias;
+    Ok(job)
+}
+
+/// No prompt empty, none reaching the window, and at most [`MAX_REQUEST_TOKENS`] in
+/// all.
+fn check_lengths(prompts: &[Vec<u32>], longest: usize, window: usize) -> Result<(), ApiError> {
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         let what = if prompts.len() > 1 {
             format!("prompt {i} is empty")
@@ -241,17 +240,7 @@ fn job_unbiased(
             format!("the prompts hold {total} tokens in all; one request takes at most {MAX_REQUEST_TOKENS}: send them in several requests"),
         ));
     }
-    let mut job = request_fields(
-        route,
-        r,
-        prompts,
-        prompt_texts,
-        (window - longest, cap),
-        (grammars, cancel),
-        forced,
-    )?;
-    job.tools = tool_plan;
-    Ok(job)
+    Ok(())
 }
 
 /// The sampling and answer fields of `r`; `room` is the most tokens left to generate

@@ -338,7 +338,7 @@ impl Scheduler {
         let s = &mut self.seqs[i];
         let mut t = kv.new_table(s.salt.as_deref());
         // Scoring and embeddings need every prompt row computed: no prefix attached.
-        let hit = if s.wants_prompt_logprobs() || s.is_embedding() {
+        let hit = if s.computes_every_row() {
             0
         } else {
             kv.reuse_prefix(&mut t, &s.tokens)
@@ -380,8 +380,8 @@ impl Scheduler {
                 break;
             }
             if self.seqs[i].table.is_none() {
-                let whole = self.seqs[i].wants_prompt_logprobs() || self.seqs[i].is_embedding();
-                let waits_for_prefix = !whole && self.prefix_in_flight(kv, i);
+                let waits_for_prefix =
+                    !self.seqs[i].computes_every_row() && self.prefix_in_flight(kv, i);
                 if !admitting || waits_for_prefix {
                     // Another sequence is computing this one's prefix right now: wait
                     // for its pages to be committed, then attach them.

@@ -409,9 +409,11 @@ impl Seq {
             && (!steps.checks || (steps.spare_core && g.mask_ahead)))
     }
 
-    /// Whether the sequence gathers its prompt's hidden states (an embedding).
-    pub fn is_embedding(&self) -> bool {
-        matches!(&self.purpose, Purpose::Embed(_))
+    /// Whether every prompt row must be computed here (prompt log-probabilities
+    /// still wanted, or an embedding's hidden states): no cached prefix is attached,
+    /// nor waited for.
+    pub fn computes_every_row(&self) -> bool {
+        self.wants_prompt_logprobs() || matches!(&self.purpose, Purpose::Embed(_))
     }
 
     /// Whether the prompt's own log-probabilities are still being gathered (the
