@@ -82,13 +82,7 @@ impl StepLogits {
     /// Sizes the buffer for `per_seq[s]` rows of `vocab` values for each sequence s,
     /// in order (the step writes every value; the old contents stay until then).
     pub fn reset(&mut self, vocab: usize, per_seq: impl Iterator<Item = usize>) {
-        self.spans.clear();
-        let mut at = 0;
-        for k in per_seq {
-            self.spans.push(at..at + k * vocab);
-            at += k * vocab;
-        }
-        self.data.resize(at, 0.0);
+        lay_out(&mut self.spans, &mut self.data, vocab, per_seq);
     }
 
     /// The whole buffer, to be written by the step.
@@ -99,13 +93,7 @@ impl StepLogits {
     /// Sizes the states buffer for `per_seq[s]` rows of `dim` values for each sequence
     /// s, in order (as [`StepLogits::reset`] the logits).
     pub fn reset_states(&mut self, dim: usize, per_seq: impl Iterator<Item = usize>) {
-        self.state_spans.clear();
-        let mut at = 0;
-        for k in per_seq {
-            self.state_spans.push(at..at + k * dim);
-            at += k * dim;
-        }
-        self.states.resize(at, 0.0);
+        lay_out(&mut self.state_spans, &mut self.states, dim, per_seq);
     }
 
     /// The whole states buffer, to be written by the step.
@@ -145,6 +133,23 @@ impl std::ops::Index<usize> for StepLogits {
     fn index(&self, i: usize) -> &[f32] {
         self.seq(i)
     }
+}
+
+/// One span of `per_seq[s]` rows of `width` values per sequence, back to back, and
+/// `buf` sized to hold them all.
+fn lay_out(
+    spans: &mut Vec<Range<usize>>,
+    buf: &mut Vec<f32>,
+    width: usize,
+    per_seq: impl Iterator<Item = usize>,
+) {
+    spans.clear();
+    let mut at = 0;
+    for k in per_seq {
+        spans.push(at..at + k * width);
+        at += k * width;
+    }
+    buf.resize(at, 0.0);
 }
 
 #[cfg(test)]
