@@ -3,5 +3,5 @@
 
 pub use crate::kernels::quant::{f16_to_f32, f32_to_f16};
 pub use crate::kernels::{
-    isa, matmul, runnable as runnable_isas, Activations, Cpu, Isa, QMatrix, ThreadPool,
+    isa, matmul, runnable as runnable_isas, Activations, Cpu, Isa, Layout, QMatrix, ThreadPool,
 };

@@ -475,6 +475,59 @@ pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
     super::scalar::swiglu(&mut gate[i..n], &up[i..n]);
 }
 
+/// Quantizes `x` (a multiple of 256 long) into Q8_K blocks: the twin of
+/// `scalar::quantize_q8k`, bit for bit (the same product, rounded half to even by
+/// `vroundps` where the scalar code calls libm's `rintf`; blocks with a NaN or all
+/// zeros go to the scalar code).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    let sign = _mm256_set1_ps(-0.0);
+    let load = |s: &[f32]| {
+        // SAFETY: callers pass 8 floats.
+        unsafe { _mm256_loadu_ps(s[..8].as_ptr()) }
+    };
+    for (blk, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
+        let (mut m, mut nan) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for c in xs.chunks_exact(8) {
+            let v = load(c);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        if _mm256_movemask_ps(nan) != 0 || amax == 0.0 {
+            super::scalar::quantize_q8k(xs, std::slice::from_mut(blk));
+            continue;
+        }
+        // The first value of largest magnitude, as the scalar scan keeps it.
+        let max = xs.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+        let iscale = -128.0 / max;
+        let is = _mm256_set1_ps(iscale);
+        // Puts 32-bit lanes back in order after the two in-lane packs.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (q, c) in blk.qs.chunks_exact_mut(32).zip(xs.chunks_exact(32)) {
+            let r: [__m256i; 4] = std::array::from_fn(|k| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(_mm256_mul_ps(load(&c[8 * k..]), is)))
+            });
+            // Saturating packs: 128 (only ever -max·iscale) becomes 127, as `min(127)`.
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(r[0], r[1]),
+                _mm256_packs_epi32(r[2], r[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, order);
+            // SAFETY: `q` is 32 bytes.
+            unsafe { _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, p) };
+        }
+        for (j, s) in blk.bsums.iter_mut().enumerate() {
+            *s = blk.qs[j * 16..j * 16 + 16].iter().map(|&q| q as i16).sum();
+        }
+        blk.d = 1.0 / iscale;
+    }
+}
+
 /// Quantizes `x` into 8-bit blocks: the twin of `scalar::quantize_q8`, bit for bit.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {

@@ -62,36 +62,43 @@ pub unsafe fn probe() {
 /// sixteen-row Q4_1 kernel, against 2), on some builds and not others. The CPU still
 /// overlaps the rows; only the instruction order is kept.
 #[inline(always)]
-fn row_barrier() {
+pub(super) fn row_barrier() {
     // SAFETY: an empty instruction sequence.
     unsafe { std::arch::asm!("", options(nostack, preserves_flags)) };
 }
 
-/// Activation block `x`'s four bytes `4k..4k+4`, broadcast to every lane.
+/// Activation bytes `x[4k..4k+4]`, broadcast to every lane.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn dword(x: &BlockQ8, k: usize) -> __m512i {
-    let q: [u8; 4] = std::array::from_fn(|j| x.qs[4 * k + j] as u8);
+pub(super) fn dword(x: &[i8], k: usize) -> __m512i {
+    let q: [u8; 4] = std::array::from_fn(|j| x[4 * k + j] as u8);
     _mm512_set1_epi32(i32::from_le_bytes(q))
 }
 
-/// One activation row's block against a tile's block, added to `acc`: Σ q·x over its
-/// 32 weights in integers (`q[k]` holds weights 4k..4k+4 of every row: two chains of
-/// four `vpdpbusd`, the first from `init`, added), converted, times d·d_x. Starts with
-/// [`row_barrier`], so a wide call's rows stay in order.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vnni")]
-fn block(acc: __m512, q: &[__m512i; 8], x: &BlockQ8, init: __m512i, d: __m512) -> __m512 {
-    row_barrier();
-    let (mut p, mut p2) = (init, _mm512_setzero_si512());
-    for k in 0..4 {
-        p = _mm512_dpbusd_epi32(p, q[k], dword(x, k));
-        p2 = _mm512_dpbusd_epi32(p2, q[k + 4], dword(x, k + 4));
-    }
-    let p = _mm512_add_epi32(p, p2);
-    let sc = _mm512_mul_ps(d, _mm512_set1_ps(x.d));
-    _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc)
+/// One activation row's 32 bytes `x` (scale `xd`) against a tile's 32 weights per row,
+/// added to `acc`: Σ q·x in integers (`q[k]` holds weights 4k..4k+4 of every row: two
+/// chains of four `vpdpbusd`, the first from `init`, added), converted, times d·xd.
+/// Starts with [`row_barrier`], so a wide call's rows stay in order.
+///
+/// A macro, not a function: as an `#[inline]` function LLVM kept it out of line once
+/// the Q5_0 and K-quant kernels called it too, and the eight weight vectors went
+/// through the stack on every call (17% of Gemma 3's prefill in `block` itself).
+/// `#[inline(always)]` is refused on a `#[target_feature]` function.
+macro_rules! block {
+    ($acc:expr, $q:expr, ($x:expr, $xd:expr), $init:expr, $d:expr) => {{
+        let (q, x): (&[__m512i; 8], &[i8]) = ($q, $x);
+        $crate::kernels::avx512::row_barrier();
+        let (mut p, mut p2) = ($init, _mm512_setzero_si512());
+        for k in 0..4 {
+            p = _mm512_dpbusd_epi32(p, q[k], $crate::kernels::avx512::dword(x, k));
+            p2 = _mm512_dpbusd_epi32(p2, q[k + 4], $crate::kernels::avx512::dword(x, k + 4));
+        }
+        let p = _mm512_add_epi32(p, p2);
+        let sc = _mm512_mul_ps($d, _mm512_set1_ps($xd));
+        _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), $acc)
+    }};
 }
+pub(super) use block;
 
 /// Where a tile call writes: activation row c's results for the tile's first `len`
 /// (≤ 16) rows at `ptr + c·stride`, set, or with `add` added to what is there (one f32
@@ -108,7 +115,7 @@ pub struct TileOut {
 /// of `a` (at most 16 activation rows) as many. (Not `avx2::tile_blocks`, which takes
 /// the count from `a`: with it the 16-row Q8_0 kernel kept five accumulators on the
 /// stack inside its loop.)
-fn tile_blocks<T>(w: &[T], a: &[&[BlockQ8]], out: &TileOut) -> usize {
+pub(super) fn tile_blocks<T, A>(w: &[T], a: &[&[A]], out: &TileOut) -> usize {
     let nb = w.len();
     assert!(a.len() <= 16 && a.iter().all(|x| x.len() == nb) && out.len <= 16);
     nb
@@ -152,7 +159,7 @@ pub unsafe fn tile_q4_1x16<const C: usize>(w: &[BlockQ4_1x16], a: [&[BlockQ8]; C
         macro_rules! row {
             ($($c:literal)*) => {$(
                 if $c < C {
-                    acc[$c] = block(acc[$c], &q, &a[$c][i], zero, d);
+                    acc[$c] = block!(acc[$c], &q, (&a[$c][i].qs, a[$c][i].d), zero, d);
                 }
             )*};
         }
@@ -206,7 +213,7 @@ pub unsafe fn tile_q8_0x16<const C: usize>(
             ($($c:literal)*) => {$(
                 if $c < C {
                     let init = _mm512_set1_epi32(sums[$c][i]);
-                    acc[$c] = block(acc[$c], &q, &a[$c][i], init, d);
+                    acc[$c] = block!(acc[$c], &q, (&a[$c][i].qs, a[$c][i].d), init, d);
                 }
             )*};
         }
@@ -224,7 +231,7 @@ pub unsafe fn tile_q8_0x16<const C: usize>(
 /// `out.ptr + c·out.stride` is valid for reads and writes of `out.len` (≤ 16) floats.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn store(v: __m512, out: &TileOut, c: usize) {
+pub(super) unsafe fn store(v: __m512, out: &TileOut, c: usize) {
     let mask = ((1u32 << out.len) - 1) as __mmask16;
     let (p, add) = (out.ptr.wrapping_add(c * out.stride), out.add);
     // SAFETY: the mask covers the row's `len` valid floats only (the caller's

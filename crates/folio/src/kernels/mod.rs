@@ -10,8 +10,11 @@
 //!   over runs of keys (rows sharing each tile of K/V); `attend_runs`: one row's entries
 //!   on each path.
 //! - `cpu`: [`Cpu`], the pool and path as one handle the model calls the kernels through.
+//! - `tiles16`: the sixteen-row tile layouts of the AVX-512 path (one lane per row) for
+//!   Q4_1, Q8_0, Q5_0, Q4_K and Q6_K, and each GGUF block's way into a lane and back.
 //! - `avx512`: AVX-512 (F, BW, VL, VNNI) matmul kernels for Q4_1 and Q8_0 in sixteen-row
-//!   tiles, where the CPU runs them; every other kernel of that path is the AVX2 one.
+//!   tiles, where the CPU runs them; `avx512_kquants`: the same for Q5_0, Q4_K and Q6_K.
+//!   Every other kernel of that path is the AVX2 one.
 //! - `avx512_attend`, `avx512_block`: AVX-512 attention, one row's queries over runs of
 //!   keys (decode), and a block of rows over one widened tile of keys (prefill).
 //! - `avxvnni`: the AVX2 path with its 8-bit dot products done by AVX-VNNI's 256-bit
@@ -78,6 +81,7 @@ pub mod matmul;
 pub mod pool;
 pub mod quant;
 pub mod scalar;
+pub mod tiles16;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -90,6 +94,8 @@ mod avx512_attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512_block;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_kquants;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avxvnni;
 mod detect;
 
@@ -99,7 +105,7 @@ pub(crate) use attend_runs::attend_runs;
 pub(crate) use attend_runs::{attend_row, zmm_attention};
 pub use cpu::Cpu;
 pub use kv_rows::{KvDtype, KvRows, KvRun};
-pub use matmul::{matmul, Activations, QMatrix};
+pub use matmul::{matmul, Activations, Layout, QMatrix};
 pub use pool::ThreadPool;
 
 #[cfg(test)]
@@ -282,6 +288,16 @@ pub fn quantize_q8(isa: Isa, x: &[f32], out: &mut [quant::BlockQ8]) {
     }
 }
 
+/// Quantizes activations into Q8_K blocks (identical bytes on every path).
+pub fn quantize_q8k(isa: Isa, x: &[f32], out: &mut [quant::BlockQ8K]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 paths are only ever produced by `detect` after checking the features.
+        i if i.avx2() => unsafe { avx2::quantize_q8k(x, out) },
+        _ => scalar::quantize_q8k(x, out),
+    }
+}
+
 /// What the 8-bit rounding of blocks of 32 values leaves: `out = x - d·q`, each block
 /// rounded as [`quantize_q8`] rounds it (the same bytes on every path; `isa` only picks
 /// the rounding's speed).
@@ -316,6 +332,8 @@ pub(crate) mod tests;
 mod tests_build;
 #[cfg(test)]
 mod tests_columns;
+#[cfg(test)]
+mod tests_tiles16;
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
 mod tests_vnni;
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]

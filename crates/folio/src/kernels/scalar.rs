@@ -334,6 +334,64 @@ pub fn dot_q8_0_rows16(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
     acc
 }
 
+/// [`dot_q5_0`] in the AVX-512 sixteen-row kernel's arithmetic
+/// (`avx512_kquants::tile_q5_0x16`): per block, the integer sum scaled and fused in.
+pub fn dot_q5_0_rows16(w: &[BlockQ5_0], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let isum: i32 = q5_values(&b.qh, &b.qs)
+            .iter()
+            .zip(&x.qs)
+            .map(|(&q, &v)| (q as i32 - 16) * v as i32)
+            .sum();
+        acc = (f16_to_f32(b.d) * x.d).mul_add(isum as f32, acc);
+    }
+    acc
+}
+
+/// [`dot_q4k`] in the AVX-512 sixteen-row kernel's arithmetic
+/// (`avx512_kquants::tile_q4kx16`): per sub-block of 32, its integer sum scaled by
+/// (d·sc)·d_x and fused in; per super-block, then, the mins' integer sum by -(dmin·d_x).
+pub fn dot_q4k_rows16(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
+        let mut summ = 0i32;
+        for j in 0..8 {
+            let (sc, m) = q4k_scale_min(j, &b.scales);
+            let q = &b.qs[(j / 2) * 32..(j / 2) * 32 + 32];
+            let isum: i32 = q
+                .iter()
+                .zip(&x.qs[j * 32..j * 32 + 32])
+                .map(|(&qb, &xq)| {
+                    i32::from(if j % 2 == 0 { qb & 0xF } else { qb >> 4 }) * xq as i32
+                })
+                .sum();
+            acc = (d * sc as f32 * x.d).mul_add(isum as f32, acc);
+            summ += m as i32 * (x.bsums[2 * j] as i32 + x.bsums[2 * j + 1] as i32);
+        }
+        acc = (-(dmin * x.d)).mul_add(summ as f32, acc);
+    }
+    acc
+}
+
+/// [`dot_q6k`] in the AVX-512 sixteen-row kernel's arithmetic
+/// (`avx512_kquants::tile_q6kx16`): per sub-block of 16, its integer sum scaled by
+/// (d·sc)·d_x and fused in.
+pub fn dot_q6k_rows16(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, x) in w.iter().zip(a) {
+        let (d, v) = (f16_to_f32(b.d), q6k_values(b));
+        for s in 0..16 {
+            let isum: i32 = (0..16)
+                .map(|l| v[s * 16 + l] as i32 * x.qs[s * 16 + l] as i32)
+                .sum();
+            acc = (d * b.scales[s] as f32 * x.d).mul_add(isum as f32, acc);
+        }
+    }
+    acc
+}
+
 pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, x) in w.iter().zip(a) {

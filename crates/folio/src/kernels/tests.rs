@@ -95,7 +95,7 @@ fn cpu_runs(isa: Isa) -> bool {
 }
 
 /// The SIMD paths this CPU runs; a path it lacks is named on stderr (skipped, not silent).
-fn simd_paths() -> Vec<Isa> {
+pub(crate) fn simd_paths() -> Vec<Isa> {
     for missing in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512]
         .into_iter()
         .filter(|i| !runnable().contains(i))
@@ -171,17 +171,45 @@ fn avx512_matmul_gives_the_avx2_bits_outside_its_own_layout() {
     }
 }
 
-/// Q4_1 and Q8_0 random rows with the extreme quants (Q8_0's -128, Q4_1's 0 and 15).
-fn extreme_weights(rng: &mut SplitMix64, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+/// Random rows with the extreme quants of the tile formats in some blocks (Q8_0's -128,
+/// the 4-, 5- and 6-bit formats' all-zero and all-ones quants, the K-quants' largest
+/// sub-block scales and mins); other types as [`random_weights`] makes them.
+pub(crate) fn extreme_weights(
+    rng: &mut SplitMix64,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> Vec<u8> {
     let mut bytes = random_weights(rng, ty, rows, cols);
-    if ty == GgmlType::Q8_0 {
-        let blocks: &mut [BlockQ8_0] = bytemuck::cast_slice_mut(&mut bytes);
-        blocks[0].qs = [i8::MIN; QK];
-        blocks[5].qs[7] = i8::MIN;
-    } else {
-        let blocks: &mut [BlockQ4_1] = bytemuck::cast_slice_mut(&mut bytes);
-        blocks[0].qs = [0xFF; QK / 2];
-        blocks[3].qs = [0; QK / 2];
+    match ty {
+        GgmlType::Q8_0 => {
+            let blocks: &mut [BlockQ8_0] = bytemuck::cast_slice_mut(&mut bytes);
+            blocks[0].qs = [i8::MIN; QK];
+            blocks[5].qs[7] = i8::MIN;
+        }
+        GgmlType::Q4_1 => {
+            let blocks: &mut [BlockQ4_1] = bytemuck::cast_slice_mut(&mut bytes);
+            blocks[0].qs = [0xFF; QK / 2];
+            blocks[3].qs = [0; QK / 2];
+        }
+        GgmlType::Q5_0 => {
+            let blocks: &mut [BlockQ5_0] = bytemuck::cast_slice_mut(&mut bytes);
+            (blocks[0].qs, blocks[0].qh) = ([0xFF; QK / 2], [0xFF; 4]);
+            (blocks[3].qs, blocks[3].qh) = ([0; QK / 2], [0; 4]);
+        }
+        GgmlType::Q4_K => {
+            let blocks: &mut [BlockQ4K] = bytemuck::cast_slice_mut(&mut bytes);
+            (blocks[0].qs, blocks[0].scales) = ([0xFF; QK_K / 2], [0xFF; 12]);
+            blocks[1].qs = [0; QK_K / 2];
+        }
+        GgmlType::Q6_K => {
+            let blocks: &mut [BlockQ6K] = bytemuck::cast_slice_mut(&mut bytes);
+            (blocks[0].ql, blocks[0].qh) = ([0xFF; QK_K / 2], [0xFF; QK_K / 4]);
+            blocks[0].scales = [i8::MIN; 16];
+            (blocks[1].ql, blocks[1].qh) = ([0; QK_K / 2], [0; QK_K / 4]);
+            blocks[1].scales = [i8::MAX; 16];
+        }
+        _ => {}
     }
     bytes
 }
@@ -547,6 +575,37 @@ fn q8_quantization_is_identical_on_every_path() {
             (p.d.to_bits(), p.s.to_bits(), p.qs),
             (q.d.to_bits(), q.s.to_bits(), q.qs)
         );
+    }
+}
+
+/// Q8_K quantization gives the scalar bytes on every path: random blocks, a block whose
+/// largest magnitude is negative (-max·iscale = 128, saturated to 127), repeated
+/// largest magnitudes of both signs (the first one sets the scale), exact ties, an
+/// all-zero block and a NaN.
+#[test]
+fn q8k_quantization_is_identical_on_every_path() {
+    let mut rng = SplitMix64(19);
+    let mut x: Vec<f32> = (0..256 * 8).map(|_| rng.signed_f32() * 10.0).collect();
+    x[300] = -40.0;
+    x[301] = 40.0;
+    (x[600], x[601]) = (30.0, -30.0);
+    x[700] = 0.5 * 30.0 / 128.0 * 3.0;
+    x[768..1024].fill(0.0);
+    x[1100] = f32::NAN;
+    let zero = <BlockQ8K as bytemuck::Zeroable>::zeroed();
+    let mut want = vec![zero; 8];
+    scalar::quantize_q8k(&x, &mut want);
+    assert!(want[4].d.is_nan() && want[3].d == 0.0);
+    for isa in runnable() {
+        let mut got = vec![zero; 8];
+        super::quantize_q8k(isa, &x, &mut got);
+        for (p, q) in want.iter().zip(&got) {
+            assert_eq!(
+                (p.d.to_bits(), p.qs, p.bsums),
+                (q.d.to_bits(), q.qs, q.bsums),
+                "{isa}"
+            );
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use super::{QMatrix, PARALLEL_ROWS};
 use crate::kernels::pool::ThreadPool;
 use crate::kernels::quant::{BlockQ8, BlockQ8K, QK, QK_K};
-use crate::kernels::{scalar, Isa};
+use crate::kernels::Isa;
 use bytemuck::Zeroable;
 
 /// Rows from which [`Activations::build`] splits its rows over threads: its work per
@@ -119,9 +119,13 @@ impl Activations {
                 self.have_q8 = true;
             }
             ActKind::Q8K if !self.have_q8k => {
-                self.q8k
-                    .resize(self.n * self.cols / QK_K, BlockQ8K::zeroed());
-                scalar::quantize_q8k(&self.f32, &mut self.q8k);
+                let (nb, cols) = (self.cols / QK_K, self.cols);
+                self.q8k.resize(self.n * nb, BlockQ8K::zeroed());
+                let x = &self.f32;
+                pool.rows_mut(&mut self.q8k, nb, PARALLEL_ROWS, &|first, q| {
+                    let rows = q.len() / nb;
+                    crate::kernels::quantize_q8k(isa, &x[first * cols..(first + rows) * cols], q);
+                });
                 self.have_q8k = true;
             }
             ActKind::Q8Sums if !self.have_sums => {
@@ -160,8 +164,13 @@ impl Activations {
     }
     #[inline]
     pub(super) fn q8k_row(&self, t: usize, cols: usize) -> &[BlockQ8K] {
+        self.q8k_rows(t, 1, cols)
+    }
+    /// Rows `t..t + n` in Q8_K, one after another.
+    #[inline]
+    pub(super) fn q8k_rows(&self, t: usize, n: usize, cols: usize) -> &[BlockQ8K] {
         let nb = cols / QK_K;
-        &self.q8k[t * nb..(t + 1) * nb]
+        &self.q8k[t * nb..(t + n) * nb]
     }
 }
 

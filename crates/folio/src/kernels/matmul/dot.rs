@@ -11,7 +11,7 @@ use crate::kernels::quant::{
 use crate::kernels::{scalar, Isa};
 
 impl QMatrix {
-    /// dot(row r, activation row t) through the per-pair kernels. Packed Q4_1 and Q8_0
+    /// dot(row r, activation row t) through the per-pair kernels. Packed matrices
     /// reach here only where their layout is not the path's: four-row tiles on the
     /// scalar path, sixteen-row tiles on any path but AVX-512 (`run_tile` runs the tile
     /// kernels of the others).
@@ -21,9 +21,17 @@ impl QMatrix {
         if self.layout == Layout::Tiles16 {
             // Another path's kernels on the AVX-512 layout: the AVX-512 bits, by the
             // scalar twins.
+            use crate::kernels::tiles16::{BlockQ4Kx16, BlockQ5_0x16, BlockQ6Kx16};
             return match self.ty {
                 GgmlType::Q8_0 => scalar::dot_q8_0_rows16(&self.q8_0_row(r), act.q8_row(t, c)),
-                _ => scalar::dot_q4_1_rows16(&self.q4_1_row(r), act.q8_row(t, c)),
+                GgmlType::Q4_1 => scalar::dot_q4_1_rows16(&self.q4_1_row(r), act.q8_row(t, c)),
+                GgmlType::Q5_0 => {
+                    scalar::dot_q5_0_rows16(&self.lane_blocks::<BlockQ5_0x16>(r), act.q8_row(t, c))
+                }
+                GgmlType::Q4_K => {
+                    scalar::dot_q4k_rows16(&self.lane_blocks::<BlockQ4Kx16>(r), act.q8k_row(t, c))
+                }
+                _ => scalar::dot_q6k_rows16(&self.lane_blocks::<BlockQ6Kx16>(r), act.q8k_row(t, c)),
             };
         }
         if self.layout == Layout::Tiles4 {

@@ -1,5 +1,6 @@
-//! Between GGUF's rows of blocks and the tile layouts of Q4_1 and Q8_0: packing at load
-//! ([`QMatrix::new`], [`QMatrix::new_for`]) and into another path's layout
+//! Between GGUF's rows of blocks and the tile layouts (four-row tiles of Q4_1 and Q8_0,
+//! sixteen-row tiles of the `tiles16` types): packing at load ([`QMatrix::new`],
+//! [`QMatrix::new_for`]) and into another path's layout
 //! ([`QMatrix::with_layout`]), the rows read back bit for bit (`gguf_row`), and a
 //! matrix of chosen block columns ([`QMatrix::block_columns`], the outlier pass's).
 //! Every packing reads its source a row at a time ([`RowSource`]) and writes the one
@@ -11,6 +12,7 @@ use crate::gguf::GgmlType;
 use crate::kernels::quant::{
     BlockQ4_1, BlockQ4_1x16, BlockQ4_1x4, BlockQ8_0, BlockQ8_0x16, BlockQ8_0x4, QK,
 };
+use crate::kernels::tiles16::Tile16;
 
 /// Where a matrix being packed reads its rows: row `r`'s GGUF bytes, appended to the
 /// (cleared) buffer it is given. A slice of the file, or another matrix's rows.
@@ -25,36 +27,23 @@ impl QMatrix {
         (rows, cols, row_bytes): (usize, usize, usize),
         row: RowSource,
     ) -> Self {
+        use crate::kernels::tiles16::{BlockQ4Kx16, BlockQ5_0x16, BlockQ6Kx16};
+        let shape = (rows, cols, row_bytes);
         match (layout, ty) {
             (Layout::Rows, _) => Self::pack_rows((ty, rows, cols, row_bytes), row),
-            (Layout::Tiles16, GgmlType::Q4_1) => {
-                let put = |t: &mut BlockQ4_1x16, r: usize, blk: BlockQ4_1| {
-                    t.d[r] = blk.d;
-                    t.m[r] = blk.m;
-                    for (j, q) in t.qs.iter_mut().enumerate() {
-                        q[4 * r..4 * r + 4].copy_from_slice(&blk.qs[4 * j..4 * j + 4]);
-                    }
-                };
-                Self::pack((ty, layout), (rows, cols, row_bytes), row, put)
-            }
-            (Layout::Tiles16, _) => {
-                let put = |t: &mut BlockQ8_0x16, r: usize, blk: BlockQ8_0| {
-                    t.d[r] = blk.d;
-                    for (k, q) in t.qs.iter_mut().enumerate() {
-                        for j in 0..4 {
-                            q[4 * r + j] = (blk.qs[4 * k + j] as u8) ^ 0x80;
-                        }
-                    }
-                };
-                Self::pack((ty, layout), (rows, cols, row_bytes), row, put)
-            }
+            (Layout::Tiles16, GgmlType::Q4_1) => Self::pack16::<BlockQ4_1x16>(ty, shape, row),
+            (Layout::Tiles16, GgmlType::Q8_0) => Self::pack16::<BlockQ8_0x16>(ty, shape, row),
+            (Layout::Tiles16, GgmlType::Q5_0) => Self::pack16::<BlockQ5_0x16>(ty, shape, row),
+            (Layout::Tiles16, GgmlType::Q4_K) => Self::pack16::<BlockQ4Kx16>(ty, shape, row),
+            (Layout::Tiles16, GgmlType::Q6_K) => Self::pack16::<BlockQ6Kx16>(ty, shape, row),
+            (Layout::Tiles16, _) => unreachable!("no sixteen-row tiles for {ty}"),
             (Layout::Tiles4, GgmlType::Q4_1) => {
                 let put = |t: &mut BlockQ4_1x4, k: usize, blk: BlockQ4_1| {
                     t.dm[k] = blk.d;
                     t.dm[4 + k] = blk.m;
                     t.qs[k] = blk.qs;
                 };
-                Self::pack((ty, layout), (rows, cols, row_bytes), row, put)
+                Self::pack((ty, layout), shape, row, put)
             }
             (Layout::Tiles4, _) => {
                 let put = |t: &mut BlockQ8_0x4, k: usize, blk: BlockQ8_0| {
@@ -62,9 +51,15 @@ impl QMatrix {
                     t.qs[k].copy_from_slice(&blk.qs[..QK / 2]);
                     t.qs[4 + k].copy_from_slice(&blk.qs[QK / 2..]);
                 };
-                Self::pack((ty, layout), (rows, cols, row_bytes), row, put)
+                Self::pack((ty, layout), shape, row, put)
             }
         }
+    }
+
+    /// Packs into sixteen-row tiles of `T` ([`Tile16::put`]).
+    fn pack16<T: Tile16>(ty: GgmlType, shape: (usize, usize, usize), row: RowSource) -> Self {
+        let put = |t: &mut T, r: usize, b: T::Block| t.put(r, &b);
+        Self::pack((ty, Layout::Tiles16), shape, row, put)
     }
 
     /// GGUF's rows, as they are.
@@ -104,7 +99,7 @@ impl QMatrix {
         row: RowSource,
         put: impl Fn(&mut T, usize, B),
     ) -> Self {
-        let nb = cols / QK;
+        let nb = row_bytes / std::mem::size_of::<B>();
         let size = std::mem::size_of::<T>();
         let tr = layout.tile_rows();
         let len = rows.div_ceil(tr) * nb * size;
@@ -133,26 +128,53 @@ impl QMatrix {
         }
     }
 
-    /// The same weights, bit for bit, in `layout` (`Rows` for Q4_1 and Q8_0, or a tile
-    /// layout for another type, is not made: the matrix comes back as it is).
+    /// The same weights, bit for bit, in `layout` (a layout the type has no kernels
+    /// for, [`QMatrix::can_take`], is not made: the matrix comes back as it is).
     pub fn with_layout(self, layout: Layout) -> Self {
-        if layout == self.layout || !matches!(self.ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
-            return self;
-        }
-        if layout == Layout::Rows {
+        if layout == self.layout || !Self::can_take(self.ty, layout) {
             return self;
         }
         let shape = (self.rows, self.cols, self.row_bytes);
         Self::packed((self.ty, layout), shape, &|r, out| self.gguf_row(r, out))
     }
 
+    /// Whether some path's kernels read a matrix of `ty` in `layout`: GGUF's rows for
+    /// every type but Q4_1 and Q8_0 (always in tiles), four-row tiles for those two, and
+    /// sixteen-row tiles for the types of `tiles16`.
+    pub fn can_take(ty: GgmlType, layout: Layout) -> bool {
+        use GgmlType::*;
+        match layout {
+            Layout::Rows => !matches!(ty, Q4_1 | Q8_0),
+            Layout::Tiles4 => matches!(ty, Q4_1 | Q8_0),
+            Layout::Tiles16 => matches!(ty, Q4_1 | Q8_0 | Q5_0 | Q4_K | Q6_K),
+        }
+    }
+
     /// Row `r` as GGUF stores it, appended to `out`.
     pub(super) fn gguf_row(&self, r: usize, out: &mut Vec<u8>) {
+        use crate::kernels::tiles16::{BlockQ4Kx16, BlockQ5_0x16, BlockQ6Kx16};
+        fn put<T: Tile16>(m: &QMatrix, r: usize, out: &mut Vec<u8>) {
+            out.extend_from_slice(bytemuck::cast_slice(&m.lane_blocks::<T>(r)));
+        }
         match (self.layout, self.ty) {
             (Layout::Rows, _) => out.extend_from_slice(self.row(r)),
+            (Layout::Tiles16, GgmlType::Q4_1) => put::<BlockQ4_1x16>(self, r, out),
+            (Layout::Tiles16, GgmlType::Q8_0) => put::<BlockQ8_0x16>(self, r, out),
+            (Layout::Tiles16, GgmlType::Q5_0) => put::<BlockQ5_0x16>(self, r, out),
+            (Layout::Tiles16, GgmlType::Q4_K) => put::<BlockQ4Kx16>(self, r, out),
+            (Layout::Tiles16, _) => put::<BlockQ6Kx16>(self, r, out),
             (_, GgmlType::Q8_0) => out.extend_from_slice(bytemuck::cast_slice(&self.q8_0_row(r))),
             _ => out.extend_from_slice(bytemuck::cast_slice(&self.q4_1_row(r))),
         }
+    }
+
+    /// Row r of a matrix in sixteen-row tiles of `T`, as GGUF blocks.
+    pub(super) fn lane_blocks<T: Tile16>(&self, r: usize) -> Vec<T::Block> {
+        debug_assert_eq!(self.layout, Layout::Tiles16);
+        self.tile::<T>(r / 16)
+            .iter()
+            .map(|t| t.get(r % 16))
+            .collect()
     }
 
     /// [`QMatrix::block_columns`] of a matrix that is not needed after: its own
@@ -205,15 +227,7 @@ impl QMatrix {
     /// Row r of a packed Q8_0 matrix as GGUF blocks.
     pub(super) fn q8_0_row(&self, r: usize) -> Vec<BlockQ8_0> {
         if self.layout == Layout::Tiles16 {
-            let i = r % 16;
-            return self
-                .tile::<BlockQ8_0x16>(r / 16)
-                .iter()
-                .map(|t| BlockQ8_0 {
-                    d: t.d[i],
-                    qs: std::array::from_fn(|j| (t.qs[j / 4][4 * i + j % 4] ^ 0x80) as i8),
-                })
-                .collect();
+            return self.lane_blocks::<BlockQ8_0x16>(r);
         }
         self.tile_q8_0(r / 4)
             .iter()
@@ -229,16 +243,7 @@ impl QMatrix {
     /// Row r of a packed Q4_1 matrix as GGUF blocks.
     pub(super) fn q4_1_row(&self, r: usize) -> Vec<BlockQ4_1> {
         if self.layout == Layout::Tiles16 {
-            let i = r % 16;
-            return self
-                .tile::<BlockQ4_1x16>(r / 16)
-                .iter()
-                .map(|t| BlockQ4_1 {
-                    d: t.d[i],
-                    m: t.m[i],
-                    qs: std::array::from_fn(|j| t.qs[j / 4][4 * i + j % 4]),
-                })
-                .collect();
+            return self.lane_blocks::<BlockQ4_1x16>(r);
         }
         self.tile_q4_1(r / 4)
             .iter()

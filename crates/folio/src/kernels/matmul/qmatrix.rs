@@ -1,5 +1,5 @@
 //! [`QMatrix`], a weight matrix copied out of the file into the layout the kernels
-//! read ([`Layout`]: GGUF's rows, or Q4_1 and Q8_0 packed in tiles of rows), on buffers
+//! read ([`Layout`]: GGUF's rows, or packed in tiles of rows), on buffers
 //! asked to be backed by huge pages ([`QMatrix::gather`]: a model's matrices in one
 //! region), and its rows and tiles as the kernels and the embedding lookup read them.
 
@@ -14,9 +14,9 @@ use crate::kernels::{scalar, Isa};
 /// file into 8-byte-aligned memory at load time.
 ///
 /// NOTE: Q4_1 (the default model's type) and Q8_0 (its output head) are repacked at load
-/// into tiles of rows, tile-major, so a tile kernel reads one stream ([`Layout`]); rows
-/// past the last whole tile are zero padding. Every other type keeps GGUF's row-major
-/// blocks.
+/// into tiles of rows, tile-major, so a tile kernel reads one stream ([`Layout`]), and on
+/// the AVX-512 path so are Q5_0, Q4_K and Q6_K; rows past the last whole tile are zero
+/// padding. Every other type keeps GGUF's row-major blocks.
 pub struct QMatrix {
     pub ty: GgmlType,
     pub rows: usize,
@@ -53,7 +53,7 @@ impl std::ops::Deref for Words {
     }
 }
 
-/// How a matrix's blocks lie in memory.
+/// How a matrix's blocks lie in memory ([`QMatrix::can_take`] says which a type has).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
     /// GGUF's rows of blocks.
@@ -61,11 +61,8 @@ pub enum Layout {
     /// Q4_1 and Q8_0 in tiles of four rows ([`BlockQ4_1x4`], [`BlockQ8_0x4`]): the
     /// scalar, AVX2 and AVX-VNNI kernels' layout, and what [`QMatrix::new`] makes.
     Tiles4,
-    /// Q4_1 and Q8_0 in tiles of sixteen rows, one lane per row ([`BlockQ4_1x16`],
-    /// [`BlockQ8_0x16`]): the AVX-512 kernels' layout ([`QMatrix::for_isa`]).
-    ///
-    /// [`BlockQ4_1x16`]: crate::kernels::quant::BlockQ4_1x16
-    /// [`BlockQ8_0x16`]: crate::kernels::quant::BlockQ8_0x16
+    /// Q4_1, Q8_0, Q5_0, Q4_K and Q6_K in tiles of sixteen rows, one lane per row
+    /// (`kernels::tiles16`): the AVX-512 kernels' layout ([`QMatrix::for_isa`]).
     Tiles16,
 }
 
@@ -194,8 +191,10 @@ impl QMatrix {
 
     /// The layout `isa`'s kernels read for a matrix of type `ty`.
     pub fn layout_for(isa: Isa, ty: GgmlType) -> Layout {
+        if isa.avx512() && Self::can_take(ty, Layout::Tiles16) {
+            return Layout::Tiles16;
+        }
         match ty {
-            GgmlType::Q4_1 | GgmlType::Q8_0 if isa.avx512() => Layout::Tiles16,
             GgmlType::Q4_1 | GgmlType::Q8_0 => Layout::Tiles4,
             _ => Layout::Rows,
         }
@@ -284,7 +283,7 @@ impl QMatrix {
 
     /// Packed tiles t..t+count, one after another.
     pub(super) fn tiles<T: bytemuck::Pod>(&self, t: usize, count: usize) -> &[T] {
-        let nb = self.cols / QK;
+        let nb = self.blocks_per_row();
         let size = std::mem::size_of::<T>();
         let all: &[u8] = bytemuck::cast_slice(&self.data);
         bytemuck::cast_slice(&all[t * nb * size..(t + count) * nb * size])
@@ -302,10 +301,19 @@ impl QMatrix {
         self.tile(t)
     }
 
+    /// GGUF blocks per row (32 or 256 weights each, or one per weight for float types).
+    #[inline]
+    pub(super) fn blocks_per_row(&self) -> usize {
+        let (per_block, _) = self.ty.block_layout();
+        self.cols / per_block as usize
+    }
+
     /// Whether `isa`'s kernel for this matrix also reads [`ActKind::Q8Sums`].
     #[inline]
     pub(super) fn reads_sums(&self, isa: Isa) -> bool {
-        isa.avx512() && self.layout == Layout::Tiles16 && self.ty == GgmlType::Q8_0
+        isa.avx512()
+            && self.layout == Layout::Tiles16
+            && matches!(self.ty, GgmlType::Q8_0 | GgmlType::Q5_0)
     }
 
     /// Rows per tile of the threaded matmul's work split.
@@ -340,13 +348,13 @@ impl QMatrix {
         let n = out.len().min(self.cols);
         assert!(n == self.cols || (n.is_multiple_of(QK) && self.act_kind() == ActKind::Q8));
         let out = &mut out[..n];
-        if self.layout != Layout::Rows {
-            return match self.ty {
-                GgmlType::Q8_0 => scalar::dequant_q8_0(&self.q8_0_row(r), out),
-                _ => scalar::dequant_q4_1(&self.q4_1_row(r), out),
-            };
-        }
-        let b = self.row(r);
+        let mut packed = Vec::new();
+        let b = if self.layout == Layout::Rows {
+            self.row(r)
+        } else {
+            self.gguf_row(r, &mut packed);
+            &packed
+        };
         match self.ty {
             GgmlType::F32 => {
                 for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {

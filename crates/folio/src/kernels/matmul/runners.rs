@@ -10,7 +10,7 @@ use super::{Activations, QMatrix};
 #[cfg(target_arch = "x86_64")]
 use crate::gguf::GgmlType;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::quant::{BlockQ4_1x16, BlockQ4_1x4, BlockQ8, BlockQ8_0x16, BlockQ8_0x4, QK};
+use crate::kernels::quant::{BlockQ4_1x4, BlockQ8, BlockQ8_0x4, QK};
 use crate::kernels::Isa;
 use std::ops::Range;
 
@@ -45,30 +45,47 @@ fn run_tile16(
             }
         };
     }
+    use crate::kernels::avx512_kquants::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
     let mut t = t0;
     while t < n {
         let k = if n - t >= 16 { 16 } else { (n - t).min(8) };
-        let nb = w.cols / QK;
-        let rows = act.q8_rows(t, k, w.cols);
+        let nb = w.blocks_per_row();
+        let o = out.tile_out(t * w.rows + r0, w.rows, k, real);
         // Each row its own slice: given one slice and a stride instead, LLVM spilled the
         // sixteen-row Q8_0 kernel's accumulators (269 zmm spills), row barrier or not.
-        let a = |c: usize| &rows[c * nb..(c + 1) * nb];
-        let o = out.tile_out(t * w.rows + r0, w.rows, k, real);
-        if w.ty == GgmlType::Q4_1 {
-            let tile = w.tiles::<BlockQ4_1x16>(r0 / 16, 1);
+        let q8 = || act.q8_rows(t, k, w.cols);
+        let q8k = || act.q8k_rows(t, k, w.cols);
+        let sums = || act.sums_rows(t, k, w.cols);
+        let tile = r0 / 16;
+        macro_rules! rows {
+            ($v:expr) => {{
+                let v = $v;
+                std::array::from_fn(|c| &v[c * nb..(c + 1) * nb])
+            }};
+        }
+        match w.ty {
             // SAFETY: AVX-512 paths are only produced after running the features; `o`'s
             // rows are this call's alone (`tile_out`).
-            widths!(k, |C| unsafe {
-                tile_q4_1x16::<C>(tile, std::array::from_fn(a), &o)
-            }, 1 2 3 4 5 6 7 8 16);
-        } else {
-            let tile = w.tiles::<BlockQ8_0x16>(r0 / 16, 1);
-            let sums = act.sums_rows(t, k, w.cols);
-            let s = |c: usize| &sums[c * nb..(c + 1) * nb];
+            GgmlType::Q4_1 => widths!(k, |C| unsafe {
+                tile_q4_1x16::<C>(w.tiles(tile, 1), rows!(q8()), &o)
+            }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
-            widths!(k, |C| unsafe {
-                tile_q8_0x16::<C>(tile, std::array::from_fn(a), std::array::from_fn(s), &o)
-            }, 1 2 3 4 5 6 7 8 16);
+            GgmlType::Q8_0 => widths!(k, |C| unsafe {
+                tile_q8_0x16::<C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+            }, 1 2 3 4 5 6 7 8 16),
+            // SAFETY: as above.
+            GgmlType::Q5_0 => widths!(k, |C| unsafe {
+                tile_q5_0x16::<C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+            }, 1 2 3 4 5 6 7 8 16),
+            // SAFETY: as above.
+            GgmlType::Q4_K => widths!(k, |C| unsafe {
+                tile_q4kx16::<C>(w.tiles(tile, 1), rows!(q8k()), &o)
+            }, 1 2 3 4 5 6 7 8 16),
+            // SAFETY: as above.
+            GgmlType::Q6_K => widths!(k, |C| unsafe {
+                tile_q6kx16::<C>(w.tiles(tile, 1), rows!(q8k()), &o)
+            }, 1 2 3 4 5 6 7 8 16),
+            ty => unreachable!("no sixteen-row tile kernel for {ty}"),
         }
         t += k;
     }
@@ -123,21 +140,36 @@ pub(super) fn run_tiles_one_row(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if isa.avx512() && w.layout == Layout::Tiles16 && r0 + count * 16 <= w.rows {
-        use crate::kernels::avx512;
-        let nb = w.cols / QK;
-        let a = act.q8_row(t, w.cols);
+        use crate::kernels::{avx512, avx512_kquants as kq};
+        let nb = w.blocks_per_row();
         let tiles = r0 / 16;
         let o = out.run(t * w.rows + r0, count * 16);
+        let add = out.add;
+        let q8 = || act.q8_row(t, w.cols);
+        let q8k = || act.q8k_row(t, w.cols);
+        let sums = || act.sums_row(t, w.cols);
         match w.ty {
             // SAFETY: AVX-512 paths are only produced after running the features.
             GgmlType::Q4_1 => unsafe {
-                avx512::tiles_q4_1x16_one_row(w.tiles(tiles, count), nb, a, o, out.add)
+                avx512::tiles_q4_1x16_one_row(w.tiles(tiles, count), nb, q8(), o, add)
             },
             // SAFETY: as above.
-            _ => unsafe {
-                let sums = act.sums_row(t, w.cols);
-                avx512::tiles_q8_0x16_one_row(w.tiles(tiles, count), nb, a, sums, o, out.add)
+            GgmlType::Q8_0 => unsafe {
+                avx512::tiles_q8_0x16_one_row(w.tiles(tiles, count), nb, q8(), sums(), o, add)
             },
+            // SAFETY: as above.
+            GgmlType::Q5_0 => unsafe {
+                kq::tiles_q5_0x16_one_row(w.tiles(tiles, count), nb, q8(), sums(), o, add)
+            },
+            // SAFETY: as above.
+            GgmlType::Q4_K => unsafe {
+                kq::tiles_q4kx16_one_row(w.tiles(tiles, count), nb, q8k(), o, add)
+            },
+            // SAFETY: as above.
+            GgmlType::Q6_K => unsafe {
+                kq::tiles_q6kx16_one_row(w.tiles(tiles, count), nb, q8k(), o, add)
+            },
+            ty => unreachable!("no sixteen-row tile kernel for {ty}"),
         }
         return true;
     }
