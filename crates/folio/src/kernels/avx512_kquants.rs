@@ -1,15 +1,16 @@
 //! AVX-512 sixteen-row tile kernels for the formats of Q4_K_M and Q5_K_M files besides
-//! Q8_0: Q5_0, Q4_K and Q6_K, over the layouts of `tiles16` ([`BlockQ5_0x16`],
-//! [`BlockQ4Kx16`], [`BlockQ6Kx16`]), in the shape of `avx512`'s Q4_1 and Q8_0 kernels:
+//! Q8_0: Q5_0, Q4_K, Q5_K and Q6_K, over the layouts of `tiles16` ([`BlockQ5_0x16`],
+//! [`BlockQ4Kx16`], [`BlockQ5Kx16`], [`BlockQ6Kx16`]), in the shape of `avx512`'s Q4_1 and Q8_0 kernels:
 //! the weights of a tile column are unpacked into vectors of four unsigned bytes per row
 //! once per call, and each activation row adds them up with `vpdpbusd`; the float work
 //! is done once per (sub-)block for sixteen rows.
 //!
-//! Per row, in order (the scalar twins `scalar::dot_q5_0_rows16`, `dot_q4k_rows16` and
-//! `dot_q6k_rows16` are the same arithmetic; integer sums are exact):
+//! Per row, in order (the scalar twins `scalar::dot_q5_0_rows16`, `dot_q4k_rows16`,
+//! `dot_q5k_rows16` and `dot_q6k_rows16` are the same arithmetic; integer sums are
+//! exact):
 //! - Q5_0, per block: `acc = fma(d·d_x, Σ (q - 16)·x, acc)`; the integer sum starts from
 //!   -16·Σx (an eighth of the Q8_0 kernel's block sums).
-//! - Q4_K, per super-block: for each sub-block j of 32, `acc = fma((d·sc_j)·d_x, Σ q·x,
+//! - Q4_K and Q5_K, per super-block: for each sub-block j of 32, `acc = fma((d·sc_j)·d_x, Σ q·x,
 //!   acc)`; then `acc = fma(-(dmin·d_x), Σ_j m_j·Σx_j, acc)` (the mins' sum in integers,
 //!   by `vpdpwssd` over pairs of sub-blocks).
 //! - Q6_K, per super-block: for each sub-block s of 16, `acc = fma((d·sc_s)·d_x,
@@ -26,7 +27,7 @@
 use super::avx2::prefetch;
 use super::avx512::{block, dword, row_barrier, store, tile_blocks, TileOut};
 use super::quant::*;
-use super::tiles16::{BlockQ4Kx16, BlockQ5_0x16, BlockQ6Kx16};
+use super::tiles16::{BlockQ4Kx16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16};
 use std::arch::x86_64::*;
 
 /// `(a & mask) | b`, bit by bit (`vpternlogd`).
@@ -149,30 +150,74 @@ pub unsafe fn tile_q5_0x16<const C: usize>(
     }
 }
 
-/// Sixteen packed Q4_K rows × C activation rows (Q8_K), as [`tile_q5_0x16`] (and with
-/// its contract).
+/// The tiles of the K-quants with sub-block mins (Q4_K, Q5_K): the Q4_K fields, and
+/// Q5_K's plane of fifth bits per sub-block.
+pub trait MinTile: Sync {
+    fn k4(&self) -> &BlockQ4Kx16;
+    /// Sub-block j's fifth bits (`BlockQ5Kx16::qh`), if the format has them.
+    fn fifth(&self, j: usize) -> Option<&[u8; 64]>;
+}
+
+impl MinTile for BlockQ4Kx16 {
+    fn k4(&self) -> &BlockQ4Kx16 {
+        self
+    }
+    fn fifth(&self, _: usize) -> Option<&[u8; 64]> {
+        None
+    }
+}
+
+impl MinTile for BlockQ5Kx16 {
+    fn k4(&self) -> &BlockQ4Kx16 {
+        &self.k4
+    }
+    fn fifth(&self, j: usize) -> Option<&[u8; 64]> {
+        Some(&self.qh[j])
+    }
+}
+
+/// Sixteen packed Q4_K or Q5_K rows × C activation rows (Q8_K), as [`tile_q5_0x16`]
+/// (and with its contract).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile_q4kx16<const C: usize>(w: &[BlockQ4Kx16], a: [&[BlockQ8K]; C], out: &TileOut) {
+pub unsafe fn tile_kx16<T: MinTile, const C: usize>(w: &[T], a: [&[BlockQ8K]; C], out: &TileOut) {
     let nb = tile_blocks(w, &a, out);
-    let low4 = _mm512_set1_epi8(0x0F);
+    let (low4, bit4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
     let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
-        let b = &w[i];
+        let (t, b) = (&w[i], w[i].k4());
         let d = halves(&b.d);
         for j in 0..8 {
             // Sub-block j: the low nibbles of vectors 8(j/2).. for even j, the high ones
-            // for odd j.
-            let q: [__m512i; 8] = std::array::from_fn(|k| {
-                let raw = load(&b.qs[8 * (j / 2) + k]);
-                let raw = if j % 2 == 0 {
-                    raw
-                } else {
-                    _mm512_srli_epi16::<4>(raw)
-                };
-                _mm512_and_si512(raw, low4)
-            });
+            // for odd j; Q5_K's fifth bit k of `qh[j]` moved to bit 4.
+            // (A macro per vector, not `array::from_fn`: LLVM kept that closure out of
+            // line here, a call per vector.)
+            let fifth = t.fifth(j).map(|h| load(h));
+            macro_rules! vector {
+                ($k:literal) => {{
+                    let raw = load(&b.qs[8 * (j / 2) + $k]);
+                    let raw = if j % 2 == 0 {
+                        raw
+                    } else {
+                        _mm512_srli_epi16::<4>(raw)
+                    };
+                    match fifth {
+                        Some(h) => and_or(raw, low4, _mm512_and_si512(shift(h, 4 - $k), bit4)),
+                        None => _mm512_and_si512(raw, low4),
+                    }
+                }};
+            }
+            let q: [__m512i; 8] = [
+                vector!(0),
+                vector!(1),
+                vector!(2),
+                vector!(3),
+                vector!(4),
+                vector!(5),
+                vector!(6),
+                vector!(7),
+            ];
             let s = _mm512_mul_ps(d, bytes_ps(&b.sc[j], false));
             each_row!(C, |c| {
                 let x = &a[c][i];
@@ -266,8 +311,8 @@ pub unsafe fn tile_q6kx16<const C: usize>(w: &[BlockQ6Kx16], a: [&[BlockQ8K]; C]
 /// tile, each tile by the kernel at width one (compiled for its features, so it
 /// inlines: decode's matmuls are one row against thousands of tiles).
 macro_rules! one_row {
-    ($name:ident, $kernel:ident, $tile:ty, $act:ty $(, $sums:ident)?) => {
-        #[doc = concat!("[`", stringify!($kernel), "`] at width one over consecutive tiles.")]
+    ($name:ident, $kernel:expr, $tile:ty, $act:ty $(, $sums:ident)?) => {
+        #[doc = concat!("`", stringify!($kernel), "` over consecutive tiles.")]
         ///
         /// # Safety
         /// The CPU runs this function's features.
@@ -290,7 +335,7 @@ macro_rules! one_row {
                 };
                 // SAFETY: same CPU features as this function; `o` is one row of 16
                 // floats, borrowed mutably here.
-                unsafe { $kernel::<1>(tile, [a], $([$sums],)? &o) };
+                unsafe { $kernel(tile, [a], $([$sums],)? &o) };
             }
         }
     };
@@ -303,5 +348,21 @@ one_row!(
     BlockQ8,
     sums
 );
-one_row!(tiles_q4kx16_one_row, tile_q4kx16, BlockQ4Kx16, BlockQ8K);
-one_row!(tiles_q6kx16_one_row, tile_q6kx16, BlockQ6Kx16, BlockQ8K);
+one_row!(
+    tiles_q4kx16_one_row,
+    tile_kx16::<BlockQ4Kx16, 1>,
+    BlockQ4Kx16,
+    BlockQ8K
+);
+one_row!(
+    tiles_q5kx16_one_row,
+    tile_kx16::<BlockQ5Kx16, 1>,
+    BlockQ5Kx16,
+    BlockQ8K
+);
+one_row!(
+    tiles_q6kx16_one_row,
+    tile_q6kx16::<1>,
+    BlockQ6Kx16,
+    BlockQ8K
+);

@@ -350,29 +350,50 @@ pub fn dot_q5_0_rows16(w: &[BlockQ5_0], a: &[BlockQ8]) -> f32 {
 }
 
 /// [`dot_q4k`] in the AVX-512 sixteen-row kernel's arithmetic
-/// (`avx512_kquants::tile_q4kx16`): per sub-block of 32, its integer sum scaled by
-/// (d·sc)·d_x and fused in; per super-block, then, the mins' integer sum by -(dmin·d_x).
+/// (`avx512_kquants::tile_q4kx16`), as [`kquant_rows16`] gives it.
 pub fn dot_q4k_rows16(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
-    let mut acc = 0f32;
-    for (b, x) in w.iter().zip(a) {
-        let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
-        let mut summ = 0i32;
-        for j in 0..8 {
-            let (sc, m) = q4k_scale_min(j, &b.scales);
-            let q = &b.qs[(j / 2) * 32..(j / 2) * 32 + 32];
-            let isum: i32 = q
-                .iter()
-                .zip(&x.qs[j * 32..j * 32 + 32])
-                .map(|(&qb, &xq)| {
-                    i32::from(if j % 2 == 0 { qb & 0xF } else { qb >> 4 }) * xq as i32
-                })
-                .sum();
-            acc = (d * sc as f32 * x.d).mul_add(isum as f32, acc);
-            summ += m as i32 * (x.bsums[2 * j] as i32 + x.bsums[2 * j + 1] as i32);
-        }
-        acc = (-(dmin * x.d)).mul_add(summ as f32, acc);
+    w.iter().zip(a).fold(0f32, |acc, (b, x)| {
+        let q: [u8; QK_K] = std::array::from_fn(|i| {
+            let byte = b.qs[(i / 64) * 32 + i % 32];
+            if (i / 32) % 2 == 0 {
+                byte & 0xF
+            } else {
+                byte >> 4
+            }
+        });
+        kquant_rows16(acc, (b.d, b.dmin, &b.scales), &q, x)
+    })
+}
+
+/// [`dot_q5k`] in the AVX-512 sixteen-row kernel's arithmetic
+/// (`avx512_kquants::tile_q5kx16`), as [`kquant_rows16`] gives it.
+pub fn dot_q5k_rows16(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    w.iter().zip(a).fold(0f32, |acc, (b, x)| {
+        kquant_rows16(acc, (b.d, b.dmin, &b.scales), &q5k_values(b), x)
+    })
+}
+
+/// One Q4_K or Q5_K super-block (its scales, its values `q` in weight order) against
+/// `x`, added to `acc` in the sixteen-row kernels' order: per sub-block of 32, its
+/// integer sum scaled by (d·sc)·d_x and fused in; then the mins' integer sum, by
+/// -(dmin·d_x).
+fn kquant_rows16(
+    mut acc: f32,
+    (d, dmin, scales): (u16, u16, &[u8; 12]),
+    q: &[u8; QK_K],
+    x: &BlockQ8K,
+) -> f32 {
+    let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
+    let mut summ = 0i32;
+    for j in 0..8 {
+        let (sc, m) = q4k_scale_min(j, scales);
+        let isum: i32 = (32 * j..32 * j + 32)
+            .map(|i| q[i] as i32 * x.qs[i] as i32)
+            .sum();
+        acc = (d * sc as f32 * x.d).mul_add(isum as f32, acc);
+        summ += m as i32 * (x.bsums[2 * j] as i32 + x.bsums[2 * j + 1] as i32);
     }
-    acc
+    (-(dmin * x.d)).mul_add(summ as f32, acc)
 }
 
 /// [`dot_q6k`] in the AVX-512 sixteen-row kernel's arithmetic

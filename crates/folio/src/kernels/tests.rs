@@ -202,6 +202,12 @@ pub(crate) fn extreme_weights(
             (blocks[0].qs, blocks[0].scales) = ([0xFF; QK_K / 2], [0xFF; 12]);
             blocks[1].qs = [0; QK_K / 2];
         }
+        GgmlType::Q5_K => {
+            let blocks: &mut [BlockQ5K] = bytemuck::cast_slice_mut(&mut bytes);
+            (blocks[0].qs, blocks[0].qh) = ([0xFF; QK_K / 2], [0xFF; QK_K / 8]);
+            blocks[0].scales = [0xFF; 12];
+            (blocks[1].qs, blocks[1].qh) = ([0; QK_K / 2], [0; QK_K / 8]);
+        }
         GgmlType::Q6_K => {
             let blocks: &mut [BlockQ6K] = bytemuck::cast_slice_mut(&mut bytes);
             (blocks[0].ql, blocks[0].qh) = ([0xFF; QK_K / 2], [0xFF; QK_K / 4]);

@@ -1,4 +1,4 @@
-//! The AVX-512 sixteen-row tile kernels of Q5_0, Q4_K and Q6_K (`avx512_kquants`, over
+//! The AVX-512 sixteen-row tile kernels of Q5_0, Q4_K, Q5_K and Q6_K (`avx512_kquants`, over
 //! the `tiles16` layouts) against their scalar twins, and the layouts' packing.
 
 use super::matmul::{Layout, QMatrix};
@@ -9,7 +9,12 @@ use super::Isa;
 use crate::gguf::GgmlType;
 use crate::rng::SplitMix64;
 
-const TYPES: [GgmlType; 3] = [GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K];
+const TYPES: [GgmlType; 4] = [
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 
 /// dot(row r, activation row t) for every t, r by the scalar twin of `ty`'s sixteen-row
 /// kernel, over GGUF's rows.
@@ -37,6 +42,7 @@ fn twins(
                     scalar::quantize_q8k(x, &mut a);
                     match ty {
                         GgmlType::Q4_K => scalar::dot_q4k_rows16(bytemuck::cast_slice(row), &a),
+                        GgmlType::Q5_K => scalar::dot_q5k_rows16(bytemuck::cast_slice(row), &a),
                         _ => scalar::dot_q6k_rows16(bytemuck::cast_slice(row), &a),
                     }
                 }
@@ -46,7 +52,7 @@ fn twins(
     out
 }
 
-/// The sixteen-row Q5_0, Q4_K and Q6_K kernels compute exactly their scalar twins, bit
+/// The sixteen-row Q5_0, Q4_K, Q5_K and Q6_K kernels compute exactly their scalar twins, bit
 /// for bit: on every tile width (37 activation rows: 16, 16 and 5; one row: the decode
 /// form over many tiles), rows past the last whole tile, either thread count, the
 /// extreme quants, and activations whose largest value quantizes to -128. Every other

@@ -1,6 +1,6 @@
 //! The sixteen-row tile layouts of the AVX-512 path: one GGUF block column of sixteen
 //! rows, one 32-bit lane per row, for every format that path has a tile kernel for
-//! (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K), and each layout's way of putting one row's GGUF block
+//! (Q4_1, Q8_0, Q5_0, Q4_K, Q5_K, Q6_K), and each layout's way of putting one row's GGUF block
 //! into its lane and reading it back ([`Tile16`]). Packing keeps every bit: `get` gives
 //! back the block `put` was given, so a packed matrix still has GGUF's rows (the
 //! embedding lookup, the outlier pass's block columns, another path's layout).
@@ -70,8 +70,21 @@ pub struct BlockQ6Kx16 {
     pub qh: [[u8; 64]; 16],
 }
 
+/// Sixteen rows' Q5_K blocks: [`BlockQ4Kx16`]'s fields, and `qh[j]` the fifth bits of
+/// sub-block j (bit k of byte 4r + e is bit 4 of weight 32j + 4k + e of row r, as
+/// [`BlockQ5_0x16`]'s `qh` is of its block).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ5Kx16 {
+    pub k4: BlockQ4Kx16,
+    pub qh: [[u8; 64]; 8],
+}
+
 const _: () = assert!(std::mem::size_of::<BlockQ5_0x16>() == 16 * 22);
 const _: () = assert!(std::mem::size_of::<BlockQ4Kx16>() == 2368);
+// Q4_K and Q5_K take four bytes a row more than GGUF (their 6-bit scales and mins one
+// byte each).
+const _: () = assert!(std::mem::size_of::<BlockQ5Kx16>() == 16 * (176 + 4));
 const _: () = assert!(std::mem::size_of::<BlockQ6Kx16>() == 16 * 210);
 
 impl Tile16 for BlockQ4_1x16 {
@@ -117,26 +130,31 @@ impl Tile16 for BlockQ5_0x16 {
         for (j, q) in self.qs.iter_mut().enumerate() {
             q[4 * r..4 * r + 4].copy_from_slice(&b.qs[4 * j..4 * j + 4]);
         }
-        let h = u32::from_le_bytes(b.qh);
-        for e in 0..4 {
-            self.qh[4 * r + e] = (0..8).fold(0u8, |byte, k| {
-                byte | ((((h >> (4 * k + e)) & 1) as u8) << k)
-            });
-        }
+        put_bits(&mut self.qh, r, |i| {
+            (u32::from_le_bytes(b.qh) >> i) & 1 != 0
+        });
     }
     fn get(&self, r: usize) -> BlockQ5_0 {
-        let mut h = 0u32;
-        for e in 0..4 {
-            for k in 0..8 {
-                h |= u32::from((self.qh[4 * r + e] >> k) & 1) << (4 * k + e);
-            }
-        }
+        let h = (0..32).fold(0u32, |h, i| h | (u32::from(get_bit(&self.qh, r, i)) << i));
         BlockQ5_0 {
             d: self.d[r],
             qh: h.to_le_bytes(),
             qs: std::array::from_fn(|j| self.qs[j / 4][4 * r + j % 4]),
         }
     }
+}
+
+/// Stores 32 bits of row r, one per weight i of a block of 32 (`bit(i)`), in a plane of
+/// fifth bits: bit k of byte 4r + e holds weight 4k + e's.
+fn put_bits(plane: &mut [u8; 64], r: usize, bit: impl Fn(usize) -> bool) {
+    for e in 0..4 {
+        plane[4 * r + e] = (0..8).fold(0u8, |byte, k| byte | (u8::from(bit(4 * k + e)) << k));
+    }
+}
+
+/// Weight i's bit of row r in a plane [`put_bits`] wrote.
+fn get_bit(plane: &[u8; 64], r: usize, i: usize) -> bool {
+    (plane[4 * r + i % 4] >> (i / 4)) & 1 != 0
 }
 
 /// GGUF's twelve bytes of a Q4_K block's eight 6-bit scales and mins (the inverse of
@@ -173,6 +191,35 @@ impl Tile16 for BlockQ4Kx16 {
             dmin: self.dmin[r],
             scales: q4k_pack_scales(&sc, &m),
             qs: std::array::from_fn(|i| self.qs[i / 4][4 * r + i % 4]),
+        }
+    }
+}
+
+impl Tile16 for BlockQ5Kx16 {
+    type Block = BlockQ5K;
+    fn put(&mut self, r: usize, b: &BlockQ5K) {
+        let low = BlockQ4K {
+            d: b.d,
+            dmin: b.dmin,
+            scales: b.scales,
+            qs: b.qs,
+        };
+        self.k4.put(r, &low);
+        for (j, plane) in self.qh.iter_mut().enumerate() {
+            put_bits(plane, r, |l| (b.qh[l] >> j) & 1 != 0);
+        }
+    }
+    fn get(&self, r: usize) -> BlockQ5K {
+        let low = self.k4.get(r);
+        let qh = std::array::from_fn(|l| {
+            (0..8).fold(0u8, |h, j| h | (u8::from(get_bit(&self.qh[j], r, l)) << j))
+        });
+        BlockQ5K {
+            d: low.d,
+            dmin: low.dmin,
+            scales: low.scales,
+            qh,
+            qs: low.qs,
         }
     }
 }

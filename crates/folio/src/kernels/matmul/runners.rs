@@ -45,7 +45,8 @@ fn run_tile16(
             }
         };
     }
-    use crate::kernels::avx512_kquants::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
+    use crate::kernels::avx512_kquants::{tile_kx16, tile_q5_0x16, tile_q6kx16};
+    use crate::kernels::tiles16::{BlockQ4Kx16, BlockQ5Kx16};
     let mut t = t0;
     while t < n {
         let k = if n - t >= 16 { 16 } else { (n - t).min(8) };
@@ -79,7 +80,11 @@ fn run_tile16(
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q4_K => widths!(k, |C| unsafe {
-                tile_q4kx16::<C>(w.tiles(tile, 1), rows!(q8k()), &o)
+                tile_kx16::<BlockQ4Kx16, C>(w.tiles(tile, 1), rows!(q8k()), &o)
+            }, 1 2 3 4 5 6 7 8 16),
+            // SAFETY: as above.
+            GgmlType::Q5_K => widths!(k, |C| unsafe {
+                tile_kx16::<BlockQ5Kx16, C>(w.tiles(tile, 1), rows!(q8k()), &o)
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q6_K => widths!(k, |C| unsafe {
@@ -164,6 +169,10 @@ pub(super) fn run_tiles_one_row(
             // SAFETY: as above.
             GgmlType::Q4_K => unsafe {
                 kq::tiles_q4kx16_one_row(w.tiles(tiles, count), nb, q8k(), o, add)
+            },
+            // SAFETY: as above.
+            GgmlType::Q5_K => unsafe {
+                kq::tiles_q5kx16_one_row(w.tiles(tiles, count), nb, q8k(), o, add)
             },
             // SAFETY: as above.
             GgmlType::Q6_K => unsafe {
