@@ -37,6 +37,16 @@ SRC=llama_cpp_python-0.3.36/vendor/llama.cpp:
 A build that needs an instruction the CPU lacks cannot be measured here: run it where it
 can, the figures of the other builds are kept.
 
+--ref=FILE and --fixtures=FILE measure another reference and its llama.cpp fixtures (the
+greedy comparison runs as many tokens as the reference's own continuation). Gemma 3 270M
+(tests/it/fidelity_f64_gemma.rs), with llama-cpp-python's package from its sdist on
+PYTHONPATH:
+
+    LD_LIBRARY_PATH=... python3 scripts/llama_vs_reference.py \
+        models/gemma-3-270m-q4_k_m.gguf avx512=.../build/bin avx2=.../build-avx2/bin \
+        --ref=crates/folio/tests/fixtures/reference_f64_gemma3.json \
+        --fixtures=crates/folio/tests/fixtures/llama_cpp_gemma3.json
+
 --long (first argument) measures the long prompts of
 crates/folio/tests/fixtures/reference_f64_long.json (scripts/reference_f64_long.py)
 instead, and writes that file's "llama_cpp" figures: the prompt is prefilled as llama.cpp

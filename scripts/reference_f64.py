@@ -4,7 +4,8 @@ fixture prompts.
 
 "Exact model": the function the quantized weights of the GGUF define, evaluated in
 float64 with numpy. Every weight is the float64 value its block encodes (Q4_1: d*q + m,
-Q8_0: d*q, F32 as stored), and nothing is rounded on the way: no 8-bit quantization of
+Q8_0: d*q, Q5_0: d*(q - 16), Q4_K: d*sc*q - dmin*m, Q6_K: d*sc*(q - 32), F32 as
+stored), and nothing is rounded on the way: no 8-bit quantization of
 matmul inputs, no f16 K/V, no f32 accumulation, exact powers in RoPE. folio and every
 llama.cpp build are approximations of this function; tests/it/fidelity_f64.rs measures
 how far folio is from it, against how far llama.cpp is (scripts/llama_vs_reference.py
@@ -14,12 +15,20 @@ writes llama.cpp's figures into the same file).
     venv/bin/python scripts/reference_f64.py models/SmolLM2-135M-Instruct.Q4_1.gguf
     venv/bin/python scripts/llama_vs_reference.py ...           # see its doc
 
+Gemma 3 270M (crates/folio/tests/fixtures/reference_f64_gemma3.json, for
+tests/it/fidelity_f64_gemma.rs; the sequences of llama_cpp_gemma3.json, which
+scripts/make_fixtures.py's doc makes, 24-token continuations):
+
+    venv/bin/python scripts/reference_f64.py models/gemma-3-270m-q4_k_m.gguf \
+        crates/folio/tests/fixtures/reference_f64_gemma3.json \
+        --fixtures crates/folio/tests/fixtures/llama_cpp_gemma3.json --n-gen 24
+
 The sequences are the ones crates/folio/tests/fixtures/llama_cpp.json holds (prompt ids
 + llama.cpp's greedy continuation), teacher-forced: top5[i] is the exact model's five
 most likely next tokens after seq[..=i], as [id, logprob] (float64 log-softmax, rounded
 to 6 decimals), for every i < len(seq) - 1, as in llama_cpp.json. Each case also holds
 the exact model's own free-running greedy continuation of the prompt
-("reference_greedy_ids", 48 tokens or up to end of generation).
+("reference_greedy_ids", 48 tokens (--n-gen) or up to end of generation).
 
 The forward pass is the llama architecture as GGUF stores it: token embedding; per layer
 RMSNorm (the file's epsilon), Q/K/V projections, RoPE in ggml's "normal" layout (rotate
@@ -30,10 +39,27 @@ head h reads KV head h // (n_head / n_head_kv)), output projection, residual; RM
 SwiGLU (silu(gate) * up, then down), residual; final RMSNorm and the output head
 (output.weight, or the tied token embedding when the file has none).
 
+The gemma3 architecture as llama.cpp runs it (src/models/gemma3.cpp; folio's
+model/config.rs reads the same keys): the token embedding times sqrt(n_embd); head size
+attention.key_length; RMSNorm weights as stored (the converter has added Gemma's 1 to
+them already); per-head RMSNorm of Q and K (attn_q_norm, attn_k_norm) before RoPE; RoPE
+in the NEOX layout (rotate (x[i], x[i + n_rot/2])); Q times 1/sqrt(key_length) (the
+GGUF has no query_pre_attn_scalar; llama.cpp uses 1/sqrt(n_embd/n_head) instead only
+for the 62-layer 27B), no further score scale; the attention output and the FFN output each RMS-normed
+(post_attention_norm, post_ffw_norm) before their residual adds; GELU, tanh form
+(0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))), times up; sliding layers: with
+attention.sliding_window, layer l slides unless l % P == P - 1 (P from
+attention.sliding_window_pattern, default 6, or a flag per layer); a sliding layer masks
+keys with q_pos - k_pos >= window and uses rope.freq_base_swa (default 10000; global
+layers rope.freq_base); the tied head; logits soft-capped only when
+final_logit_softcapping is in the file (Gemma 3 270M has none, nor rope scaling).
+
 Checks run every time: each dequantized tensor against gguf-py's own float32
-dequantization, and --check-rope compares this rotation with the other ("neox") one on
-the llama.cpp fixtures (the right one agrees with llama.cpp's top token almost
-everywhere; the wrong one does not).
+dequantization (the formats whose float32 dequantization can round are built from
+exact integer parts times their float64 scales), and --check-rope compares this rotation
+with the other layout on the llama.cpp fixtures (the right one agrees with llama.cpp's
+top token almost everywhere; the wrong one does not: on Gemma 3 270M, NEOX 160 of 164
+positions, adjacent pairs 75).
 """
 import argparse
 import json
@@ -135,8 +161,8 @@ class Model:
         # unless l % P == P - 1 (P = attention.sliding_window_pattern, default 6; or a
         # flag per layer), a sliding layer masks keys with q_pos - k_pos >= window and
         # rotates with rope.freq_base_swa (default 10000, no scaling); Q is scaled by
-        # 1/sqrt(key_length) (query_pre_attn_scalar as the converter writes it), the
-        # embedding by sqrt(n_embd); no final soft-cap unless final_logit_softcapping.
+        # 1/sqrt(key_length), the embedding by sqrt(n_embd); no final soft-cap unless
+        # final_logit_softcapping.
         self.window = [None] * self.n_layer
         self.bases = [self.base] * self.n_layer
         self.softcap = None
