@@ -259,7 +259,10 @@ def main():
     doc = json.load(open(ref_path))
     figures = doc.get("llama_cpp", {}).get("builds", {})
     for name, lib in builds:
-        env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib)
+        # The build's own ggml libraries, whatever LD_LIBRARY_PATH names or the build's
+        # RUNPATH says (a copied build tree's RUNPATH is stale).
+        ld = os.pathsep.join(p for p in (lib, os.environ.get("LD_LIBRARY_PATH")) if p)
+        env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib, LD_LIBRARY_PATH=ld)
         mode = "--worker-long" if long else "--worker"
         r = subprocess.run([sys.executable, __file__, mode, model_path, f"--ref={ref_path}",
                             f"--fixtures={fixtures}"], env=env,
