@@ -10,6 +10,12 @@ them.
     python3 scripts/make_fixtures.py models/SmolLM2-135M-Instruct.Q4_1.gguf
     python3 scripts/make_fixtures.py models/SmolLM2-135M-Instruct.Q4_1.gguf \
         crates/folio/tests/fixtures/llama_cpp_fa_off.json --no-flash-attn
+    python3 scripts/make_fixtures.py models/gemma-3-270m-q4_k_m.gguf \
+        crates/folio/tests/fixtures/llama_cpp_gemma3.json \
+        --cases=short,code,non_ascii,chat_gemma --n-gen=24
+
+--cases picks prompts by name (PROMPTS, then the ones only picked by name, OTHER_PROMPTS:
+a chat in another model's template), --n-gen the length of the greedy continuation.
 
 Which llama.cpp numbers: its generation path. Tokens are fed one per step (teacher
 forcing over prompt + continuation), with flash attention on as in llama.cpp's own tools
@@ -19,6 +25,7 @@ is not used as the reference: for batches of 64+ tokens it switches to a tiled a
 whose logits differ from its own one-step logits, and with flash attention off its
 batched logits differ from its one-step ones by ~0.045 nats on average.
 """
+import hashlib
 import json
 import sys
 
@@ -85,20 +92,29 @@ PROMPTS = {
     "rust": "fn main() {\n\tlet v: Vec<u32> = (0..10).map(|x| x * x).collect();\n\tprintln!(\"{:?}\", v);\n}\n// TODO:",
 }
 
+OTHER_PROMPTS = {
+    "chat_gemma": "<start_of_turn>user\nWhat is the tallest mountain in the world?<end_of_turn>\n<start_of_turn>model\n",
+}
+
 N_GEN = 48
 TOP = 5
 
 
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     flash = "--no-flash-attn" not in sys.argv
+    n_gen = int(opts.get("n-gen", N_GEN))
+    every = {**PROMPTS, **OTHER_PROMPTS}
+    names = opts["cases"].split(",") if "cases" in opts else list(PROMPTS)
     path = args[0]
     out = args[1] if len(args) > 1 else "crates/folio/tests/fixtures/llama_cpp.json"
     llm = Llama(model_path=path, n_ctx=2048, n_batch=2048, logits_all=True,
                 n_threads=1, n_threads_batch=1, verbose=False, seed=0, flash_attn=flash)
     cases = []
-    for name, text in PROMPTS.items():
-        toks, gen, top, _ = teacher_forced(llm, text, N_GEN, TOP)
+    for name in names:
+        text = every[name]
+        toks, gen, top, _ = teacher_forced(llm, text, n_gen, TOP)
         cases.append({"name": name, "text": text, "prompt_ids": toks,
                       "greedy_ids": gen, "top5": top})
         print(f"{name}: {len(toks)} prompt tokens, {len(gen)} generated", file=sys.stderr)
@@ -106,7 +122,7 @@ def main():
         "made_by": "python3 " + " ".join(sys.argv),
         "flash_attn": flash,
         "llama_cpp_python": __version__,
-        "model_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "model_sha256": hashlib.sha256(open(path, "rb").read()).hexdigest(),
         "note": "top5[i] = llama.cpp's 5 most likely next tokens after seq[..=i] as [id, logprob]; "
                 "seq = prompt_ids + greedy_ids; fed one token per step.",
         "cases": cases,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Runs every test from a fresh clone: fetches the default model if missing, then
+# Runs every test from a fresh clone: fetches the default model and Gemma 3 270M (the
+# exact-model fidelity test of tests/it/fidelity_f64_gemma.rs runs it) if missing, then
 # formatting, clippy and the whole test suite (tests run the real model; the server's
 # tests use the official openai package and headless Chromium, which this installs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/fetch_gemma.sh
 # The web page's test drives Debian's headless Chromium through chromedriver.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     echo "installing chromium and chromium-driver (the web page's browser test)"

@@ -40,7 +40,11 @@ pub const NAN_Q8: BlockQ8 = BlockQ8 {
     qs: [0; QK],
 };
 
-/// Quantizes `x` (a multiple of 256 long) into Q8_K blocks.
+/// Quantizes `x` (a multiple of 256 long) into Q8_K blocks, as ggml's
+/// `quantize_row_q8_K_ref`: the block's largest magnitude maps to ∓127 (`iscale =
+/// -127 / max`; ggml left -128 for IQ2_XXS's AVX code), so a K-quant matmul reads the
+/// inputs llama.cpp's does (with -128, Gemma 3 270M's logits parted from llama.cpp's
+/// at the first token).
 pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     for (blk, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
         let (mut max, mut amax) = (0f32, 0f32);
@@ -59,7 +63,7 @@ pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
             };
             continue;
         }
-        let iscale = -128.0 / max;
+        let iscale = -127.0 / max;
         for (q, &v) in blk.qs.iter_mut().zip(xs) {
             *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
         }

@@ -530,6 +530,12 @@ fn q8_quantization_round_trips() {
     for (&qi, &v) in k[0].qs.iter().zip(&x) {
         assert!((qi as f32 * k[0].d - v).abs() <= k[0].d.abs() * 0.51 + 1e-6);
     }
+    // ggml's scale: the largest magnitude is ∓127, never -128.
+    let top = (0..256)
+        .max_by(|&a, &b| x[a].abs().total_cmp(&x[b].abs()))
+        .unwrap();
+    assert_eq!(k[0].qs[top], -127, "the largest magnitude maps to -127");
+    assert!(k[0].qs.iter().all(|&q| q > -128));
 }
 
 #[test]

@@ -13,6 +13,10 @@
 //! The scalar path is ~10× slower than the SIMD ones: it runs a subset of the cases
 //! (named in its line; llama.cpp's figures are taken over the same subset) and skips
 //! free-running greedy decoding.
+//!
+//! [`no_farther_than_llama_cpp`] is the whole check for one model and fixture;
+//! `fidelity_f64_gemma.rs` runs it on Gemma 3 270M. Where a fixture holds one llama.cpp
+//! build's figures (its `llama_cpp.note` says so), the range is that build alone.
 
 use crate::common::{self, ModelExt};
 use folio::internals::{runnable_isas, Isa};
@@ -20,6 +24,7 @@ use folio::kv::Logits;
 use folio::model::sampler::argmax;
 use folio::model::Model;
 use serde_json::Value;
+use std::path::Path;
 use std::time::Instant;
 
 /// The exact model's top two may be this close (nats) where folio's top token differs.
@@ -135,10 +140,18 @@ fn llama_range<'a>(
 
 #[test]
 fn teacher_forced_logprobs_no_farther_from_exact_model_than_llama_cpp() {
-    let fx = common::fixtures("reference_f64.json");
-    let builds = fx["llama_cpp"]["builds"]
-        .as_object()
-        .expect("reference_f64.json holds llama.cpp's figures (scripts/llama_vs_reference.py)");
+    no_farther_than_llama_cpp("reference_f64.json", &common::model_path(), &SCALAR_CASES);
+}
+
+/// The whole check on one model: for each instruction-set path this CPU runs, folio's
+/// distance from the exact model of `fixture` (made by `scripts/reference_f64.py`, with
+/// `scripts/llama_vs_reference.py`'s figures) against llama.cpp's range, as the module
+/// doc says. The scalar path runs `scalar_cases` only, without greedy decoding.
+pub(crate) fn no_farther_than_llama_cpp(fixture: &str, model: &Path, scalar_cases: &[&str]) {
+    let fx = common::fixtures(fixture);
+    let builds = fx["llama_cpp"]["builds"].as_object().unwrap_or_else(|| {
+        panic!("{fixture} holds llama.cpp's figures (scripts/llama_vs_reference.py)")
+    });
     let llama: Vec<String> = builds
         .iter()
         .map(|(name, b)| {
@@ -150,8 +163,11 @@ fn teacher_forced_logprobs_no_farther_from_exact_model_than_llama_cpp() {
             )
         })
         .collect();
+    let note = fx["llama_cpp"]["note"]
+        .as_str()
+        .map_or(String::new(), |n| format!(" ({n})"));
     let llama = format!(
-        "llama.cpp {} vs the exact model: {}",
+        "{fixture}: llama.cpp {} vs the exact model: {}{note}",
         fx["llama_cpp"]["commit"].as_str().unwrap_or("?"),
         llama.join("; ")
     );
@@ -171,22 +187,22 @@ fn teacher_forced_logprobs_no_farther_from_exact_model_than_llama_cpp() {
             let sub: Vec<&Value> = all
                 .iter()
                 .copied()
-                .filter(|c| SCALAR_CASES.contains(&c["name"].as_str().unwrap()))
+                .filter(|c| scalar_cases.contains(&c["name"].as_str().unwrap()))
                 .collect();
-            assert_eq!(sub.len(), SCALAR_CASES.len(), "scalar subset names");
+            assert_eq!(sub.len(), scalar_cases.len(), "scalar subset names");
             sub
         } else {
             all.clone()
         };
-        let m = Model::load(&common::model_path(), 0)
-            .expect("load the default model")
+        let m = Model::load(model, 0)
+            .unwrap_or_else(|e| panic!("load {}: {e}", model.display()))
             .with_isa(isa);
         assert_eq!(m.isa(), isa, "the model runs the path asked for");
         let t = Instant::now();
         let d = distance(&m, &cases, !scalar);
         let secs = t.elapsed().as_secs_f64();
         let subset = if scalar {
-            format!(" (subset: {})", SCALAR_CASES.join(", "))
+            format!(" (subset: {})", scalar_cases.join(", "))
         } else {
             String::new()
         };
@@ -245,7 +261,7 @@ fn teacher_forced_logprobs_no_farther_from_exact_model_than_llama_cpp() {
     }
     assert!(
         failures.is_empty(),
-        "farther from the exact model than llama.cpp: {}\n{}",
+        "{fixture}: farther from the exact model than llama.cpp: {}\n{}",
         failures.join("; "),
         lines.join("\n")
     );

@@ -14,6 +14,7 @@ mod family_templates;
 mod family_tokenizers;
 mod fidelity;
 mod fidelity_f64;
+mod fidelity_f64_gemma;
 mod fidelity_f64_long;
 mod formats;
 mod gguf_errors;
