@@ -502,7 +502,7 @@ pub unsafe fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
         }
         // The first value of largest magnitude, as the scalar scan keeps it.
         let max = xs.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
-        let iscale = -128.0 / max;
+        let iscale = -127.0 / max;
         let is = _mm256_set1_ps(iscale);
         // Puts 32-bit lanes back in order after the two in-lane packs.
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -512,7 +512,7 @@ pub unsafe fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
                     { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
                 >(_mm256_mul_ps(load(&c[8 * k..]), is)))
             });
-            // Saturating packs: 128 (only ever -max·iscale) becomes 127, as `min(127)`.
+            // Saturating packs, as `min(127)` (|iscale·v| ≤ 127 already).
             let p = _mm256_packs_epi16(
                 _mm256_packs_epi32(r[0], r[1]),
                 _mm256_packs_epi32(r[2], r[3]),

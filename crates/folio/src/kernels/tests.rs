@@ -591,17 +591,20 @@ fn q8_quantization_is_identical_on_every_path() {
 }
 
 /// Q8_K quantization gives the scalar bytes on every path: random blocks, a block whose
-/// largest magnitude is negative (-max·iscale = 128, saturated to 127), repeated
-/// largest magnitudes of both signs (the first one sets the scale), exact ties, an
-/// all-zero block and a NaN.
+/// largest magnitude is negative, repeated largest magnitudes of both signs (the first
+/// one sets the scale), exact ties, an all-zero block and a NaN.
 #[test]
 fn q8k_quantization_is_identical_on_every_path() {
     let mut rng = SplitMix64(19);
     let mut x: Vec<f32> = (0..256 * 8).map(|_| rng.signed_f32() * 10.0).collect();
     x[300] = -40.0;
     x[301] = 40.0;
-    (x[600], x[601]) = (30.0, -30.0);
-    x[700] = 0.5 * 30.0 / 128.0 * 3.0;
+    // Block 2: largest magnitude 127/64, so iscale = -64 exactly and 2.5/64 is a tie.
+    for v in &mut x[512..768] {
+        *v *= 0.1;
+    }
+    (x[600], x[601]) = (1.984375, -1.984375);
+    (x[700], x[701]) = (2.5 / 64.0, -3.5 / 64.0);
     x[768..1024].fill(0.0);
     x[1100] = f32::NAN;
     let zero = <BlockQ8K as bytemuck::Zeroable>::zeroed();
