@@ -35,7 +35,10 @@ SRC=llama_cpp_python-0.3.36/vendor/llama.cpp:
         avx512=/work/llama/build/bin avx2=/work/llama/build-avx2/bin
 
 A build that needs an instruction the CPU lacks cannot be measured here: run it where it
-can, the figures of the other builds are kept.
+can, the figures of the other builds are kept. A build named NAME-norepack is measured
+with llama.cpp's weight repacking off (its `--no-repack`; the model's extra buffer types
+unused): on K-quant models that is another summation order of the same commit, and
+llama.cpp's range covers it.
 
 --ref=FILE and --fixtures=FILE measure another reference and its llama.cpp fixtures (the
 greedy comparison runs as many tokens as the reference's own continuation). Gemma 3 270M
@@ -78,10 +81,30 @@ def log_softmax(row):
     return row - (m + np.log(np.exp(row - m).sum()))
 
 
+def no_repack_if_asked(llama_cpp):
+    """With FOLIO_LLAMA_NO_REPACK=1 (a build named ...-norepack), models load without
+    llama.cpp's extra buffer types: its CPU backend's weight repacking is off, the
+    configuration its `--no-repack` option selects."""
+    if os.environ.get("FOLIO_LLAMA_NO_REPACK") != "1":
+        return
+    import llama_cpp.llama_cpp as low  # the module `Llama` reads its defaults from
+
+    default = low.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    low.llama_model_default_params = params
+
+
 def worker(model_path, ref_path, fixtures):
     """Runs in a process whose LLAMA_CPP_LIB_PATH names the build; prints its figures."""
     import llama_cpp
     from llama_cpp import Llama
+
+    no_repack_if_asked(llama_cpp)
 
     ref = json.load(open(ref_path))
     fx = {c["name"]: c for c in json.load(open(fixtures))["cases"]}
@@ -262,7 +285,8 @@ def main():
         # The build's own ggml libraries, whatever LD_LIBRARY_PATH names or the build's
         # RUNPATH says (a copied build tree's RUNPATH is stale).
         ld = os.pathsep.join(p for p in (lib, os.environ.get("LD_LIBRARY_PATH")) if p)
-        env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib, LD_LIBRARY_PATH=ld)
+        env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib, LD_LIBRARY_PATH=ld,
+                   FOLIO_LLAMA_NO_REPACK="1" if name.endswith("-norepack") else "0")
         mode = "--worker-long" if long else "--worker"
         r = subprocess.run([sys.executable, __file__, mode, model_path, f"--ref={ref_path}",
                             f"--fixtures={fixtures}"], env=env,
