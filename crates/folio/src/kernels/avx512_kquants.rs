@@ -1,15 +1,18 @@
 //! AVX-512 sixteen-row tile kernels for the formats of Q4_K_M and Q5_K_M files besides
-//! Q8_0: Q5_0, Q4_K, Q5_K and Q6_K, over the layouts of `tiles16` ([`BlockQ5_0x16`],
-//! [`BlockQ4Kx16`], [`BlockQ5Kx16`], [`BlockQ6Kx16`]), in the shape of `avx512`'s Q4_1 and Q8_0 kernels:
+//! Q8_0 (Q5_0, Q4_K, Q5_K and Q6_K) and for Q4_0 and IQ4_NL, over the layouts of
+//! `tiles16` ([`BlockQ4_0x16`], [`BlockQ5_0x16`], [`BlockIq4Nlx16`], [`BlockQ4Kx16`],
+//! [`BlockQ5Kx16`], [`BlockQ6Kx16`]), in the shape of `avx512`'s Q4_1 and Q8_0 kernels:
 //! the weights of a tile column are unpacked into vectors of four unsigned bytes per row
 //! once per call, and each activation row adds them up with `vpdpbusd`; the float work
 //! is done once per (sub-)block for sixteen rows.
 //!
-//! Per row, in order (the scalar twins `scalar::dot_q5_0_rows16`, `dot_q4k_rows16`,
-//! `dot_q5k_rows16` and `dot_q6k_rows16` are the same arithmetic; integer sums are
-//! exact):
-//! - Q5_0, per block: `acc = fma(d·d_x, Σ (q - 16)·x, acc)`; the integer sum starts from
-//!   -16·Σx (an eighth of the Q8_0 kernel's block sums).
+//! Per row, in order (the scalar twins `scalar::dot_q4_0_rows16`, `dot_q5_0_rows16`,
+//! `dot_iq4nl_rows16`, `dot_q4k_rows16`, `dot_q5k_rows16` and `dot_q6k_rows16` are the
+//! same arithmetic; integer sums are exact):
+//! - Q4_0, Q5_0 and IQ4_NL, per block: `acc = fma(d·d_x, Σ v·x, acc)` with v the signed
+//!   value; the integer sum of the unsigned bytes starts from -offset·Σx (a sixteenth,
+//!   an eighth or all of the Q8_0 kernel's block sums -128·Σx; IQ4_NL's levels are
+//!   looked up by `vpshufb`, moved up by 128).
 //! - Q4_K and Q5_K, per super-block: for each sub-block j of 32, `acc = fma((d·sc_j)·d_x, Σ q·x,
 //!   acc)`; then `acc = fma(-(dmin·d_x), Σ_j m_j·Σx_j, acc)` (the mins' sum in integers,
 //!   by `vpdpwssd` over pairs of sub-blocks).
@@ -27,7 +30,9 @@
 use super::avx2::prefetch;
 use super::avx512::{block, dword, row_barrier, store, tile_blocks, TileOut};
 use super::quant::*;
-use super::tiles16::{BlockQ4Kx16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16};
+use super::tiles16::{
+    BlockIq4Nlx16, BlockQ4Kx16, BlockQ4_0x16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16,
+};
 use std::arch::x86_64::*;
 
 /// `(a & mask) | b`, bit by bit (`vpternlogd`).
@@ -103,8 +108,47 @@ macro_rules! each_row {
     )*};
 }
 
-/// Sixteen packed Q5_0 rows × C activation rows: `dot(row r, a[c])` written to `out` for
-/// each c, r; `sums` holds -128·Σx of each of `a`'s blocks (the Q8_0 kernel's).
+/// The tiles of the 32-weight formats with one scale and signed values (Q4_0, Q5_0,
+/// IQ4_NL): the scales, the nibbles (as Q4_0's), and how a weight vector is made from
+/// them. The integer sum starts from -128·Σx >> `SUMS_SHIFT` (the weights' offset
+/// times Σx: 8 for Q4_0, 16 for Q5_0, 128 for IQ4_NL's values moved up to bytes).
+pub trait SignedTile: Sync {
+    const SUMS_SHIFT: u32;
+    /// Whether the nibbles index IQ4_NL's levels (each moved up by 128) rather than
+    /// being the value.
+    const LEVELS: bool;
+    fn d(&self) -> &[u16; 16];
+    fn qs(&self) -> &[[u8; 64]; 4];
+    /// Q5_0's fifth bits (`BlockQ5_0x16::qh`).
+    fn fifth(&self) -> Option<&[u8; 64]>;
+}
+
+macro_rules! signed_tile {
+    ($tile:ty, $shift:literal, $levels:literal, |$t:ident| $fifth:expr) => {
+        impl SignedTile for $tile {
+            const SUMS_SHIFT: u32 = $shift;
+            const LEVELS: bool = $levels;
+            fn d(&self) -> &[u16; 16] {
+                &self.d
+            }
+            fn qs(&self) -> &[[u8; 64]; 4] {
+                &self.qs
+            }
+            fn fifth(&self) -> Option<&[u8; 64]> {
+                let $t = self;
+                $fifth
+            }
+        }
+    };
+}
+
+signed_tile!(BlockQ4_0x16, 4, false, |_t| None);
+signed_tile!(BlockQ5_0x16, 3, false, |t| Some(&t.qh));
+signed_tile!(BlockIq4Nlx16, 0, true, |_t| None);
+
+/// Sixteen packed Q4_0, Q5_0 or IQ4_NL rows × C activation rows: `dot(row r, a[c])`
+/// written to `out` for each c, r; `sums` holds -128·Σx of each of `a`'s blocks (the
+/// Q8_0 kernel's).
 ///
 /// # Safety
 /// The CPU runs this function's features, and for every c < C, `out.ptr + c·out.stride`
@@ -112,8 +156,8 @@ macro_rules! each_row {
 /// the call.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile_q5_0x16<const C: usize>(
-    w: &[BlockQ5_0x16],
+pub unsafe fn tile_q32x16<T: SignedTile, const C: usize>(
+    w: &[T],
     a: [&[BlockQ8]; C],
     sums: [&[i32]; C],
     out: &TileOut,
@@ -121,26 +165,47 @@ pub unsafe fn tile_q5_0x16<const C: usize>(
     let nb = tile_blocks(w, &a, out);
     assert!(sums.iter().all(|s| s.len() == nb));
     let (low4, bit4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+    let levels = {
+        let l: [u8; 16] = IQ4NL_VALUES.map(|v| (v as u8) ^ 0x80);
+        // SAFETY: `l` is 16 bytes.
+        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(l.as_ptr() as *const __m128i) })
+    };
     let mut acc = [_mm512_setzero_ps(); C];
     for i in 0..nb {
         prefetch(w, i + 8, 6);
         let b = &w[i];
-        let d = halves(&b.d);
-        let h = load(&b.qh);
+        let d = halves(b.d());
+        let fifth = b.fifth().map(|h| load(h));
         // Vector k: weights 4k..4k+4 of each row; nibbles from qs[k % 4] (low for k < 4),
-        // the fifth bit from bit k of `qh`, moved to bit 4.
-        let q: [__m512i; 8] = std::array::from_fn(|k| {
-            let raw = load(&b.qs[k % 4]);
-            let nib = if k < 4 {
-                raw
-            } else {
-                _mm512_srli_epi16::<4>(raw)
-            };
-            let high = _mm512_and_si512(shift(h, 4 - k as i32), bit4);
-            and_or(nib, low4, high)
-        });
+        // then Q5_0's fifth bit k moved to bit 4, or IQ4_NL's level looked up. (A macro
+        // per vector: a closure may stay out of line in a generic kernel.)
+        macro_rules! vector {
+            ($k:literal) => {{
+                let raw = load(&b.qs()[$k % 4]);
+                let nib = if $k < 4 {
+                    raw
+                } else {
+                    _mm512_srli_epi16::<4>(raw)
+                };
+                match fifth {
+                    Some(h) => and_or(nib, low4, _mm512_and_si512(shift(h, 4 - $k), bit4)),
+                    None if T::LEVELS => _mm512_shuffle_epi8(levels, _mm512_and_si512(nib, low4)),
+                    None => _mm512_and_si512(nib, low4),
+                }
+            }};
+        }
+        let q: [__m512i; 8] = [
+            vector!(0),
+            vector!(1),
+            vector!(2),
+            vector!(3),
+            vector!(4),
+            vector!(5),
+            vector!(6),
+            vector!(7),
+        ];
         each_row!(C, |c| {
-            let init = _mm512_set1_epi32(sums[c][i] >> 3);
+            let init = _mm512_set1_epi32(sums[c][i] >> T::SUMS_SHIFT);
             acc[c] = block!(acc[c], &q, (&a[c][i].qs, a[c][i].d), init, d);
         });
     }
@@ -176,7 +241,7 @@ impl MinTile for BlockQ5Kx16 {
     }
 }
 
-/// Sixteen packed Q4_K or Q5_K rows × C activation rows (Q8_K), as [`tile_q5_0x16`]
+/// Sixteen packed Q4_K or Q5_K rows × C activation rows (Q8_K), as [`tile_q32x16`]
 /// (and with its contract).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -250,7 +315,7 @@ pub unsafe fn tile_kx16<T: MinTile, const C: usize>(w: &[T], a: [&[BlockQ8K]; C]
     }
 }
 
-/// Sixteen packed Q6_K rows × C activation rows (Q8_K), as [`tile_q5_0x16`] (and with
+/// Sixteen packed Q6_K rows × C activation rows (Q8_K), as [`tile_q32x16`] (and with
 /// its contract).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -342,9 +407,23 @@ macro_rules! one_row {
 }
 
 one_row!(
+    tiles_q4_0x16_one_row,
+    tile_q32x16::<BlockQ4_0x16, 1>,
+    BlockQ4_0x16,
+    BlockQ8,
+    sums
+);
+one_row!(
     tiles_q5_0x16_one_row,
-    tile_q5_0x16,
+    tile_q32x16::<BlockQ5_0x16, 1>,
     BlockQ5_0x16,
+    BlockQ8,
+    sums
+);
+one_row!(
+    tiles_iq4nlx16_one_row,
+    tile_q32x16::<BlockIq4Nlx16, 1>,
+    BlockIq4Nlx16,
     BlockQ8,
     sums
 );

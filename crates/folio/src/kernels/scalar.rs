@@ -339,18 +339,49 @@ pub fn dot_q8_0_rows16(w: &[BlockQ8_0], a: &[BlockQ8]) -> f32 {
 }
 
 /// [`dot_q5_0`] in the AVX-512 sixteen-row kernel's arithmetic
-/// (`avx512_kquants::tile_q5_0x16`): per block, the integer sum scaled and fused in.
+/// (`avx512_kquants::tile_q32x16`), as [`signed_rows16`] gives it.
 pub fn dot_q5_0_rows16(w: &[BlockQ5_0], a: &[BlockQ8]) -> f32 {
-    let mut acc = 0f32;
-    for (b, x) in w.iter().zip(a) {
-        let isum: i32 = q5_values(&b.qh, &b.qs)
-            .iter()
-            .zip(&x.qs)
-            .map(|(&q, &v)| (q as i32 - 16) * v as i32)
-            .sum();
-        acc = (f16_to_f32(b.d) * x.d).mul_add(isum as f32, acc);
-    }
-    acc
+    signed_rows16(
+        w.iter().map(|b| {
+            let q = q5_values(&b.qh, &b.qs);
+            (b.d, std::array::from_fn(|j| q[j] as i32 - 16))
+        }),
+        a,
+    )
+}
+
+/// [`dot_q4_0`] in the AVX-512 sixteen-row kernel's arithmetic, as [`signed_rows16`].
+pub fn dot_q4_0_rows16(w: &[BlockQ4_0], a: &[BlockQ8]) -> f32 {
+    signed_rows16(
+        w.iter().map(|b| {
+            (
+                b.d,
+                std::array::from_fn(|j| {
+                    let nib = if j < 16 {
+                        b.qs[j] & 0xF
+                    } else {
+                        b.qs[j - 16] >> 4
+                    };
+                    nib as i32 - 8
+                }),
+            )
+        }),
+        a,
+    )
+}
+
+/// [`dot_iq4nl`] in the AVX-512 sixteen-row kernel's arithmetic, as [`signed_rows16`].
+pub fn dot_iq4nl_rows16(w: &[BlockIq4Nl], a: &[BlockQ8]) -> f32 {
+    signed_rows16(w.iter().map(|b| (b.d, iq4nl_values(b).map(i32::from))), a)
+}
+
+/// Blocks of 32 signed values with one scale each (`(d, values)`) against `a`, in the
+/// sixteen-row kernels' order: per block, the integer sum scaled by d·d_x and fused in.
+fn signed_rows16(w: impl Iterator<Item = (u16, [i32; QK])>, a: &[BlockQ8]) -> f32 {
+    w.zip(a).fold(0f32, |acc, ((d, q), x)| {
+        let isum: i32 = q.iter().zip(&x.qs).map(|(&q, &v)| q * v as i32).sum();
+        (f16_to_f32(d) * x.d).mul_add(isum as f32, acc)
+    })
 }
 
 /// [`dot_q4k`] in the AVX-512 sixteen-row kernel's arithmetic

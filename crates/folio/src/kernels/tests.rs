@@ -192,6 +192,12 @@ pub(crate) fn extreme_weights(
             blocks[0].qs = [0xFF; QK / 2];
             blocks[3].qs = [0; QK / 2];
         }
+        GgmlType::Q4_0 | GgmlType::IQ4_NL => {
+            // The same bytes: a scale and sixteen bytes of nibbles.
+            let blocks: &mut [BlockQ4_0] = bytemuck::cast_slice_mut(&mut bytes);
+            blocks[0].qs = [0xFF; QK / 2];
+            blocks[3].qs = [0; QK / 2];
+        }
         GgmlType::Q5_0 => {
             let blocks: &mut [BlockQ5_0] = bytemuck::cast_slice_mut(&mut bytes);
             (blocks[0].qs, blocks[0].qh) = ([0xFF; QK / 2], [0xFF; 4]);

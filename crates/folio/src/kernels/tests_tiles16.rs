@@ -1,4 +1,4 @@
-//! The AVX-512 sixteen-row tile kernels of Q5_0, Q4_K, Q5_K and Q6_K (`avx512_kquants`, over
+//! The AVX-512 sixteen-row tile kernels of Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K (`avx512_kquants`, over
 //! the `tiles16` layouts) against their scalar twins, and the layouts' packing.
 
 use super::matmul::{Layout, QMatrix};
@@ -32,10 +32,14 @@ fn twins(
         for r in 0..rows {
             let row = &bytes[r * rb..(r + 1) * rb];
             out.push(match ty {
-                GgmlType::Q5_0 => {
+                GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => {
                     let mut a = vec![<BlockQ8 as bytemuck::Zeroable>::zeroed(); cols / QK];
                     scalar::quantize_q8(x, &mut a);
-                    scalar::dot_q5_0_rows16(bytemuck::cast_slice(row), &a)
+                    match ty {
+                        GgmlType::Q4_0 => scalar::dot_q4_0_rows16(bytemuck::cast_slice(row), &a),
+                        GgmlType::Q5_0 => scalar::dot_q5_0_rows16(bytemuck::cast_slice(row), &a),
+                        _ => scalar::dot_iq4nl_rows16(bytemuck::cast_slice(row), &a),
+                    }
                 }
                 _ => {
                     let mut a = vec![<BlockQ8K as bytemuck::Zeroable>::zeroed(); cols / QK_K];
@@ -52,7 +56,7 @@ fn twins(
     out
 }
 
-/// The sixteen-row Q5_0, Q4_K, Q5_K and Q6_K kernels compute exactly their scalar twins, bit
+/// The sixteen-row Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K kernels compute exactly their scalar twins, bit
 /// for bit: on every tile width (37 activation rows: 16, 16 and 5; one row: the decode
 /// form over many tiles), rows past the last whole tile, either thread count, the
 /// extreme quants, and activations whose largest value quantizes to -128. Every other
@@ -129,7 +133,7 @@ fn sixteen_row_kquant_tiles_keep_every_bit() {
             .for_isa(Isa::Avx2);
         assert_eq!(back.layout(), Layout::Rows);
         assert_eq!(back.gguf_bytes(), bytes, "{ty}");
-        if ty == GgmlType::Q5_0 {
+        if matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL) {
             let cut = tiled.block_columns(&[3, 0, 3]).unwrap();
             assert_eq!(cut.layout(), Layout::Tiles16);
             assert_eq!(

@@ -1,6 +1,6 @@
 //! The sixteen-row tile layouts of the AVX-512 path: one GGUF block column of sixteen
 //! rows, one 32-bit lane per row, for every format that path has a tile kernel for
-//! (Q4_1, Q8_0, Q5_0, Q4_K, Q5_K, Q6_K), and each layout's way of putting one row's GGUF block
+//! (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K), and each layout's way of putting one row's GGUF block
 //! into its lane and reading it back ([`Tile16`]). Packing keeps every bit: `get` gives
 //! back the block `put` was given, so a packed matrix still has GGUF's rows (the
 //! embedding lookup, the outlier pass's block columns, another path's layout).
@@ -37,6 +37,22 @@ pub trait Tile16: Pod {
 pub struct BlockQ5_0x16 {
     pub d: [u16; 16],
     pub qh: [u8; 64],
+    pub qs: [[u8; 64]; 4],
+}
+
+/// Sixteen rows' Q4_0 blocks: the scales, then `qs` as [`BlockQ4_1x16`]'s.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockQ4_0x16 {
+    pub d: [u16; 16],
+    pub qs: [[u8; 64]; 4],
+}
+
+/// Sixteen rows' IQ4_NL blocks: the scales, then the 4-bit indices as [`BlockQ4_0x16`]'s.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub struct BlockIq4Nlx16 {
+    pub d: [u16; 16],
     pub qs: [[u8; 64]; 4],
 }
 
@@ -81,6 +97,8 @@ pub struct BlockQ5Kx16 {
 }
 
 const _: () = assert!(std::mem::size_of::<BlockQ5_0x16>() == 16 * 22);
+const _: () = assert!(std::mem::size_of::<BlockQ4_0x16>() == 16 * 18);
+const _: () = assert!(std::mem::size_of::<BlockIq4Nlx16>() == 16 * 18);
 const _: () = assert!(std::mem::size_of::<BlockQ4Kx16>() == 2368);
 // Q4_K and Q5_K take four bytes a row more than GGUF (their 6-bit scales and mins one
 // byte each).
@@ -92,15 +110,13 @@ impl Tile16 for BlockQ4_1x16 {
     fn put(&mut self, r: usize, b: &BlockQ4_1) {
         self.d[r] = b.d;
         self.m[r] = b.m;
-        for (j, q) in self.qs.iter_mut().enumerate() {
-            q[4 * r..4 * r + 4].copy_from_slice(&b.qs[4 * j..4 * j + 4]);
-        }
+        put_nibbles(&mut self.qs, r, &b.qs);
     }
     fn get(&self, r: usize) -> BlockQ4_1 {
         BlockQ4_1 {
             d: self.d[r],
             m: self.m[r],
-            qs: std::array::from_fn(|j| self.qs[j / 4][4 * r + j % 4]),
+            qs: get_nibbles(&self.qs, r),
         }
     }
 }
@@ -123,13 +139,50 @@ impl Tile16 for BlockQ8_0x16 {
     }
 }
 
+/// Row r's sixteen bytes of nibbles (Q4_0's layout) into the lane of `qs`, and back.
+fn put_nibbles(qs: &mut [[u8; 64]; 4], r: usize, from: &[u8; QK / 2]) {
+    for (j, q) in qs.iter_mut().enumerate() {
+        q[4 * r..4 * r + 4].copy_from_slice(&from[4 * j..4 * j + 4]);
+    }
+}
+
+fn get_nibbles(qs: &[[u8; 64]; 4], r: usize) -> [u8; QK / 2] {
+    std::array::from_fn(|j| qs[j / 4][4 * r + j % 4])
+}
+
+impl Tile16 for BlockQ4_0x16 {
+    type Block = BlockQ4_0;
+    fn put(&mut self, r: usize, b: &BlockQ4_0) {
+        self.d[r] = b.d;
+        put_nibbles(&mut self.qs, r, &b.qs);
+    }
+    fn get(&self, r: usize) -> BlockQ4_0 {
+        BlockQ4_0 {
+            d: self.d[r],
+            qs: get_nibbles(&self.qs, r),
+        }
+    }
+}
+
+impl Tile16 for BlockIq4Nlx16 {
+    type Block = BlockIq4Nl;
+    fn put(&mut self, r: usize, b: &BlockIq4Nl) {
+        self.d[r] = b.d;
+        put_nibbles(&mut self.qs, r, &b.qs);
+    }
+    fn get(&self, r: usize) -> BlockIq4Nl {
+        BlockIq4Nl {
+            d: self.d[r],
+            qs: get_nibbles(&self.qs, r),
+        }
+    }
+}
+
 impl Tile16 for BlockQ5_0x16 {
     type Block = BlockQ5_0;
     fn put(&mut self, r: usize, b: &BlockQ5_0) {
         self.d[r] = b.d;
-        for (j, q) in self.qs.iter_mut().enumerate() {
-            q[4 * r..4 * r + 4].copy_from_slice(&b.qs[4 * j..4 * j + 4]);
-        }
+        put_nibbles(&mut self.qs, r, &b.qs);
         put_bits(&mut self.qh, r, |i| {
             (u32::from_le_bytes(b.qh) >> i) & 1 != 0
         });
@@ -139,7 +192,7 @@ impl Tile16 for BlockQ5_0x16 {
         BlockQ5_0 {
             d: self.d[r],
             qh: h.to_le_bytes(),
-            qs: std::array::from_fn(|j| self.qs[j / 4][4 * r + j % 4]),
+            qs: get_nibbles(&self.qs, r),
         }
     }
 }

@@ -21,13 +21,22 @@ impl QMatrix {
         if self.layout == Layout::Tiles16 {
             // Another path's kernels on the AVX-512 layout: the AVX-512 bits, by the
             // scalar twins.
-            use crate::kernels::tiles16::{BlockQ4Kx16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16};
+            use crate::kernels::tiles16::{
+                BlockIq4Nlx16, BlockQ4Kx16, BlockQ4_0x16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16,
+            };
             return match self.ty {
                 GgmlType::Q8_0 => scalar::dot_q8_0_rows16(&self.q8_0_row(r), act.q8_row(t, c)),
                 GgmlType::Q4_1 => scalar::dot_q4_1_rows16(&self.q4_1_row(r), act.q8_row(t, c)),
                 GgmlType::Q5_0 => {
                     scalar::dot_q5_0_rows16(&self.lane_blocks::<BlockQ5_0x16>(r), act.q8_row(t, c))
                 }
+                GgmlType::Q4_0 => {
+                    scalar::dot_q4_0_rows16(&self.lane_blocks::<BlockQ4_0x16>(r), act.q8_row(t, c))
+                }
+                GgmlType::IQ4_NL => scalar::dot_iq4nl_rows16(
+                    &self.lane_blocks::<BlockIq4Nlx16>(r),
+                    act.q8_row(t, c),
+                ),
                 GgmlType::Q4_K => {
                     scalar::dot_q4k_rows16(&self.lane_blocks::<BlockQ4Kx16>(r), act.q8k_row(t, c))
                 }

@@ -27,13 +27,17 @@ impl QMatrix {
         (rows, cols, row_bytes): (usize, usize, usize),
         row: RowSource,
     ) -> Self {
-        use crate::kernels::tiles16::{BlockQ4Kx16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16};
+        use crate::kernels::tiles16::{
+            BlockIq4Nlx16, BlockQ4Kx16, BlockQ4_0x16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16,
+        };
         let shape = (rows, cols, row_bytes);
         match (layout, ty) {
             (Layout::Rows, _) => Self::pack_rows((ty, rows, cols, row_bytes), row),
             (Layout::Tiles16, GgmlType::Q4_1) => Self::pack16::<BlockQ4_1x16>(ty, shape, row),
             (Layout::Tiles16, GgmlType::Q8_0) => Self::pack16::<BlockQ8_0x16>(ty, shape, row),
             (Layout::Tiles16, GgmlType::Q5_0) => Self::pack16::<BlockQ5_0x16>(ty, shape, row),
+            (Layout::Tiles16, GgmlType::Q4_0) => Self::pack16::<BlockQ4_0x16>(ty, shape, row),
+            (Layout::Tiles16, GgmlType::IQ4_NL) => Self::pack16::<BlockIq4Nlx16>(ty, shape, row),
             (Layout::Tiles16, GgmlType::Q4_K) => Self::pack16::<BlockQ4Kx16>(ty, shape, row),
             (Layout::Tiles16, GgmlType::Q5_K) => Self::pack16::<BlockQ5Kx16>(ty, shape, row),
             (Layout::Tiles16, GgmlType::Q6_K) => Self::pack16::<BlockQ6Kx16>(ty, shape, row),
@@ -147,13 +151,17 @@ impl QMatrix {
         match layout {
             Layout::Rows => !matches!(ty, Q4_1 | Q8_0),
             Layout::Tiles4 => matches!(ty, Q4_1 | Q8_0),
-            Layout::Tiles16 => matches!(ty, Q4_1 | Q8_0 | Q5_0 | Q4_K | Q5_K | Q6_K),
+            Layout::Tiles16 => {
+                matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q8_0 | IQ4_NL | Q4_K | Q5_K | Q6_K)
+            }
         }
     }
 
     /// Row `r` as GGUF stores it, appended to `out`.
     pub(super) fn gguf_row(&self, r: usize, out: &mut Vec<u8>) {
-        use crate::kernels::tiles16::{BlockQ4Kx16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16};
+        use crate::kernels::tiles16::{
+            BlockIq4Nlx16, BlockQ4Kx16, BlockQ4_0x16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16,
+        };
         fn put<T: Tile16>(m: &QMatrix, r: usize, out: &mut Vec<u8>) {
             out.extend_from_slice(bytemuck::cast_slice(&m.lane_blocks::<T>(r)));
         }
@@ -162,6 +170,8 @@ impl QMatrix {
             (Layout::Tiles16, GgmlType::Q4_1) => put::<BlockQ4_1x16>(self, r, out),
             (Layout::Tiles16, GgmlType::Q8_0) => put::<BlockQ8_0x16>(self, r, out),
             (Layout::Tiles16, GgmlType::Q5_0) => put::<BlockQ5_0x16>(self, r, out),
+            (Layout::Tiles16, GgmlType::Q4_0) => put::<BlockQ4_0x16>(self, r, out),
+            (Layout::Tiles16, GgmlType::IQ4_NL) => put::<BlockIq4Nlx16>(self, r, out),
             (Layout::Tiles16, GgmlType::Q4_K) => put::<BlockQ4Kx16>(self, r, out),
             (Layout::Tiles16, GgmlType::Q5_K) => put::<BlockQ5Kx16>(self, r, out),
             (Layout::Tiles16, _) => put::<BlockQ6Kx16>(self, r, out),

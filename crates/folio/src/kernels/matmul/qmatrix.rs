@@ -313,7 +313,10 @@ impl QMatrix {
     pub(super) fn reads_sums(&self, isa: Isa) -> bool {
         isa.avx512()
             && self.layout == Layout::Tiles16
-            && matches!(self.ty, GgmlType::Q8_0 | GgmlType::Q5_0)
+            && matches!(
+                self.ty,
+                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL
+            )
     }
 
     /// Rows per tile of the threaded matmul's work split.

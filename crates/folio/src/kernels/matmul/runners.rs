@@ -45,8 +45,10 @@ fn run_tile16(
             }
         };
     }
-    use crate::kernels::avx512_kquants::{tile_kx16, tile_q5_0x16, tile_q6kx16};
-    use crate::kernels::tiles16::{BlockQ4Kx16, BlockQ5Kx16};
+    use crate::kernels::avx512_kquants::{tile_kx16, tile_q32x16, tile_q6kx16};
+    use crate::kernels::tiles16::{
+        BlockIq4Nlx16, BlockQ4Kx16, BlockQ4_0x16, BlockQ5Kx16, BlockQ5_0x16,
+    };
     let mut t = t0;
     while t < n {
         let k = if n - t >= 16 { 16 } else { (n - t).min(8) };
@@ -76,7 +78,15 @@ fn run_tile16(
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q5_0 => widths!(k, |C| unsafe {
-                tile_q5_0x16::<C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+                tile_q32x16::<BlockQ5_0x16, C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+            }, 1 2 3 4 5 6 7 8 16),
+            // SAFETY: as above.
+            GgmlType::Q4_0 => widths!(k, |C| unsafe {
+                tile_q32x16::<BlockQ4_0x16, C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+            }, 1 2 3 4 5 6 7 8 16),
+            // SAFETY: as above.
+            GgmlType::IQ4_NL => widths!(k, |C| unsafe {
+                tile_q32x16::<BlockIq4Nlx16, C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q4_K => widths!(k, |C| unsafe {
@@ -165,6 +175,14 @@ pub(super) fn run_tiles_one_row(
             // SAFETY: as above.
             GgmlType::Q5_0 => unsafe {
                 kq::tiles_q5_0x16_one_row(w.tiles(tiles, count), nb, q8(), sums(), o, add)
+            },
+            // SAFETY: as above.
+            GgmlType::Q4_0 => unsafe {
+                kq::tiles_q4_0x16_one_row(w.tiles(tiles, count), nb, q8(), sums(), o, add)
+            },
+            // SAFETY: as above.
+            GgmlType::IQ4_NL => unsafe {
+                kq::tiles_iq4nlx16_one_row(w.tiles(tiles, count), nb, q8(), sums(), o, add)
             },
             // SAFETY: as above.
             GgmlType::Q4_K => unsafe {
