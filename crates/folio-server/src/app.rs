@@ -8,8 +8,8 @@ use crate::error::ApiError;
 use crate::serve_error::ServeError;
 use crate::state::AppState;
 use crate::{
-    context_edit, context_generate, contexts, embeddings, generate, guard, kv, messages, misc,
-    responses, snapshots,
+    cache_match, context_edit, context_generate, contexts, embeddings, generate, guard, kv,
+    messages, misc, responses, snapshots,
 };
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -61,6 +61,7 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .route("/v1/snapshots/{name}", delete(snapshots::delete))
         .route("/v1/snapshots/{name}/load", post(snapshots::load))
         .route("/v1/kv", get(kv::kv))
+        .route("/v1/cache/match", post(cache_match::cache_match))
         .route("/v1/kv/check", get(kv::check))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))

@@ -15,7 +15,8 @@
 //!   before any route);
 //! - routes: `generate` (the two generation routes), `contexts` (create, list, get,
 //!   delete), `context_edit` (append, fork, truncate), `context_generate`,
-//!   `snapshots`, `kv` (`/v1/kv`, `/v1/kv/check`), `misc` (the page, health,
+//!   `snapshots`, `kv` (`/v1/kv`, `/v1/kv/check`), `cache_match` (`/v1/cache/match`,
+//!   a router's prefix probe), `misc` (the page, health,
 //!   models, metrics, tokenize);
 //! - a request's path: `body` (JSON bodies), `api` (wire request shapes), `params`
 //!   (wire request → engine request), `tools`, `tool_call` and `tool_stream` (tool
@@ -33,6 +34,7 @@ mod answer;
 mod api;
 pub mod app;
 mod body;
+mod cache_match;
 mod chat;
 mod clock;
 mod completion;

@@ -1,6 +1,7 @@
 //! `/metrics`: Prometheus text with vLLM's metric names under a `folio:` prefix (a
 //! dashboard built for vLLM works by changing the prefix), plus folio's own: pages by
-//! state, shared pages, forks, cancellations. Request figures are counted here as
+//! state, shared pages, forks, cancellations; and the figures routers score replicas
+//! by under `vllm:` itself (`render_vllm`), so a router built for vLLM works unchanged. Request figures are counted here as
 //! requests end; pool and scheduler figures come from the engine's counters at scrape
 //! time.
 
@@ -132,6 +133,13 @@ impl Metrics {
         self.render_requests(&mut out, &l);
         if let Some(s) = stats {
             render_engine(&mut out, &l, s);
+            let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            render_vllm(
+                &mut out,
+                &l,
+                s,
+                (get(&self.prefix_queries), get(&self.prefix_hits)),
+            );
         }
         out
     }
@@ -235,17 +243,90 @@ impl Metrics {
 
 /// A counter's lines.
 fn counter(out: &mut String, l: &str, name: &str, help: &str, v: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP folio:{name} {help}\n# TYPE folio:{name} counter\nfolio:{name}{{{l}}} {v}"
-    );
+    family(out, ("counter", &format!("folio:{name}")), help, l, v);
 }
 
 /// A gauge's lines.
 fn gauge(out: &mut String, l: &str, name: &str, help: &str, v: String) {
+    family(out, ("gauge", &format!("folio:{name}")), help, l, v);
+}
+
+/// One sample's family: its help, type and value, under its full name.
+fn family(
+    out: &mut String,
+    (kind, name): (&str, &str),
+    help: &str,
+    l: &str,
+    v: impl std::fmt::Display,
+) {
     let _ = writeln!(
         out,
-        "# HELP folio:{name} {help}\n# TYPE folio:{name} gauge\nfolio:{name}{{{l}}} {v}"
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {v}"
+    );
+}
+
+/// The figures a router built for vLLM scores replicas by, under vLLM's own names (llm-d's
+/// default scorers and the vLLM production stack's router read these): the queues, the
+/// KV usage (as vLLM's fraction, under its current and its older name), the prefix
+/// cache's queries and hits in tokens, and the cache's configuration as an info gauge.
+fn render_vllm(out: &mut String, l: &str, s: &EngineStats, (queries, hits): (u64, u64)) {
+    let used = (s.pages_working + s.pages_committed) as f64 / s.pages_total.max(1) as f64;
+    for (kind, name, help, v) in [
+        (
+            "gauge",
+            "num_requests_running",
+            "Requests running (holding KV pages).",
+            s.running.to_string(),
+        ),
+        (
+            "gauge",
+            "num_requests_waiting",
+            "Requests waiting for KV pages.",
+            s.waiting.to_string(),
+        ),
+        (
+            "gauge",
+            "kv_cache_usage_perc",
+            "KV cache usage: 1 means every page in use.",
+            used.to_string(),
+        ),
+        (
+            "gauge",
+            "gpu_cache_usage_perc",
+            "KV cache usage (vLLM's older name; folio's pool is in RAM).",
+            used.to_string(),
+        ),
+        (
+            "counter",
+            "prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.",
+            queries.to_string(),
+        ),
+        (
+            "counter",
+            "prefix_cache_hits_total",
+            "Prompt tokens found in the prefix cache.",
+            hits.to_string(),
+        ),
+        (
+            "counter",
+            "num_preemptions_total",
+            "Requests preempted to free KV pages.",
+            s.preemptions.to_string(),
+        ),
+    ] {
+        family(out, (kind, &format!("vllm:{name}")), help, l, v);
+    }
+    let info = format!(
+        "{l},block_size=\"{}\",num_gpu_blocks=\"{}\",num_cpu_blocks=\"0\",cache_dtype=\"auto\",enable_prefix_caching=\"True\"",
+        s.page_size, s.pages_total
+    );
+    family(
+        out,
+        ("gauge", "vllm:cache_config_info"),
+        "The KV cache's configuration (KV pages are vLLM's blocks).",
+        &info,
+        1,
     );
 }
 

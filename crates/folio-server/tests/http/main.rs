@@ -14,6 +14,7 @@ mod load;
 mod messages;
 mod openai_fields;
 mod preempt;
+mod replica;
 mod responses;
 mod routes;
 mod server;

@@ -286,6 +286,17 @@ impl Engine {
         self.call(|core| core.page_map())
     }
 
+    /// How many leading tokens of `prompt` the pool holds for a request with `salt`
+    /// ([`PagedKv::cached_prefix`](crate::kv::PagedKv::cached_prefix)): what a router
+    /// asks a replica before sending it a request.
+    pub fn cached_prefix(
+        &self,
+        prompt: Vec<u32>,
+        salt: Option<Vec<u8>>,
+    ) -> Result<usize, EngineError> {
+        self.call(move |core| core.kv.cached_prefix(salt.as_deref(), &prompt))
+    }
+
     /// (free, cached) page counts: after a drain, every page is one or the other.
     pub fn idle_pages(&self) -> Result<(usize, usize), EngineError> {
         self.call(|c| c.page_counts())

@@ -112,6 +112,25 @@ impl PagedKv {
         }
     }
 
+    /// How many leading tokens of `prompt` the pool holds in `salt`'s chain, read only:
+    /// the whole pages the prefix index holds, then the slots of a cached page that
+    /// continue the chain (what [`PagedKv::reuse_prefix`] would attach and copy for a
+    /// new table, there short of the prompt's last token, whose logits are computed).
+    pub fn cached_prefix(&self, salt: Option<&[u8]>, prompt: &[u32]) -> usize {
+        let ps = self.page_size();
+        let (mut parent, mut len) = (self.new_table(salt).tail_hash(), 0);
+        while len + ps <= prompt.len() {
+            let next = self
+                .store
+                .lookup(parent, &prompt[len..len + ps])
+                .and_then(|p| self.store.hash(p).ok().flatten());
+            let Some(h) = next else { break };
+            (parent, len) = (h, len + ps);
+        }
+        let rest = &prompt[len..(len + ps).min(prompt.len())];
+        len + self.store.best_partial(parent, rest).map_or(0, |(_, k)| k)
+    }
+
     /// A single-sequence view of `table` (see [`KvSeq`]).
     pub fn seq<'a>(&'a mut self, table: &'a mut PageTable) -> PagedSeq<'a> {
         PagedSeq { kv: self, table }
