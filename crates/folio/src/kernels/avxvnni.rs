@@ -74,6 +74,48 @@ pub(super) unsafe fn sums<const D: u8>(u: __m256i, s: __m256i) -> __m256i {
     }
 }
 
+/// `acc` plus [`sums`]`::<D>(u, s)`, wrapping: `vpdpbusd` accumulates in place (the
+/// sixteen-row tile kernels' chains, `avx2_tiles16`), `MADD` adds its sums.
+///
+/// # Safety
+/// As [`sums`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn sums_add<const D: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let mut acc = acc;
+    match D {
+        VEX => {
+            // SAFETY: register-only `vpdpbusd`, which the caller guarantees the CPU runs.
+            unsafe {
+                std::arch::asm!(
+                    "{{vex}} vpdpbusd {acc}, {u}, {s}",
+                    acc = inout(ymm_reg) acc,
+                    u = in(ymm_reg) u,
+                    s = in(ymm_reg) s,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+            }
+            acc
+        }
+        EVEX => {
+            // SAFETY: register-only `vpdpbusd` (EVEX, ymm0-15 only), which the caller
+            // guarantees the CPU runs.
+            unsafe {
+                std::arch::asm!(
+                    "{{evex}} vpdpbusd {acc}, {u}, {s}",
+                    acc = inout(ymm_reg) acc,
+                    u = in(ymm_reg) u,
+                    s = in(ymm_reg) s,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+            }
+            acc
+        }
+        // SAFETY: the same features as this function.
+        _ => _mm256_add_epi32(acc, unsafe { sums::<D>(u, s) }),
+    }
+}
+
 /// Runs one VEX `vpdpbusd` (and a ymm xor): `detect` executes this in a child process
 /// before counting the AVX-VNNI path as runnable.
 ///
