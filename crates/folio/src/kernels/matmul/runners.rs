@@ -98,6 +98,9 @@ fn run_tile16(
 
 /// Activation rows per call of the AVX2 paths' sixteen-row kernels (each half of eight
 /// rows: its weight vectors and this many accumulators in the sixteen ymm registers).
+/// Measured on Llama 3.2 1B's shapes (ffn_up Q4_K, ffn_down Q6_K, 512 rows): CPU time
+/// at width 1, 2, 3, 4 was 1.39, 1.17, 1.06, 1 (Q4_K) and 1.59, 1.16, 1.05, 1 (Q6_K);
+/// 5, 6 and 8 were no faster (spills).
 #[cfg(target_arch = "x86_64")]
 const AVX2_TILE16_WIDTH: usize = 4;
 
