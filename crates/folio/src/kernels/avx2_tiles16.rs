@@ -91,6 +91,19 @@ fn dword(x: &[i8], k: usize) -> __m256i {
     _mm256_set1_epi32(i32::from_le_bytes(q))
 }
 
+/// `a` for half `h`, the second half's opaque to the compiler: with both halves in one
+/// pass over the blocks, LLVM otherwise loaded the activations' broadcasts once for
+/// both (they are the same) and kept the first half's on the stack for the second (128
+/// ymm spills in the one-row Q6_K kernel, which ran slower than the per-row kernel).
+#[inline(always)]
+fn launder<T: Copy>(a: T, h: usize) -> T {
+    if h == 0 {
+        a
+    } else {
+        std::hint::black_box(a)
+    }
+}
+
 /// `v` shifted by `s` bits within each 16-bit lane: left for `s` > 0, right for `s` < 0
 /// (-4..=4; constant where the kernels call it, so the match folds away).
 #[inline]
@@ -237,6 +250,7 @@ pub unsafe fn tile_q5_0x16<const D: u8, const C: usize>(
         ($acc:expr, $i:expr, $h:expr) => {{
             let (i, h) = ($i, $h);
             let b = &w[i];
+            let (a, sums) = (launder(a, h), launder(sums, h));
             let d = half_ps(&b.d, h);
             let qh = half(&b.qh, h);
             // Vector k: weights 4k..4k+4 of each row; nibbles from qs[k % 4] (low for
@@ -280,6 +294,7 @@ pub unsafe fn tile_q4kx16<const D: u8, const C: usize>(
         ($acc:expr, $i:expr, $h:expr) => {{
             let (i, h) = ($i, $h);
             let b = &w[i];
+            let a = launder(a, h);
             let d = half_ps(&b.d, h);
             // Sub-block j = 2p + e: the low nibbles of vectors 8p.. (e = 0), the high
             // ones (e = 1); in sub-block order, a constant shift each.
@@ -348,6 +363,7 @@ pub unsafe fn tile_q6kx16<const D: u8, const C: usize>(
         ($acc:expr, $i:expr, $h:expr) => {{
             let (i, h) = ($i, $h);
             let b = &w[i];
+            let a = launder(a, h);
             let d = half_ps(&b.d, h);
             // Sub-blocks 4t..4t+4 take their two high bits from bits 2t.. of `qh` (moved
             // to bits 4..6 by a shift of 4 - 2t) and their low four from the low nibbles
