@@ -25,7 +25,6 @@ const ROW_TILE: usize = 4;
 /// column) gets the same arithmetic whatever the width.
 #[cfg(target_arch = "x86_64")]
 fn run_tile16(
-    isa: Isa,
     w: &QMatrix,
     act: &Activations,
     r0: usize,
@@ -47,10 +46,6 @@ fn run_tile16(
         };
     }
     use crate::kernels::avx512_kquants::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
-    if !isa.avx512() {
-        run_tile16_avx2(isa, w, act, r0, real, t0, n, out);
-        return;
-    }
     let mut t = t0;
     while t < n {
         let k = if n - t >= 16 { 16 } else { (n - t).min(8) };
@@ -108,13 +103,11 @@ const AVX2_TILE16_WIDTH: usize = 4;
 /// `kernels::avx2_tiles16`), up to [`AVX2_TILE16_WIDTH`] activation rows per call; every
 /// (row, column) gets the same arithmetic whatever the width.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 fn run_tile16_avx2(
     isa: Isa,
     w: &QMatrix,
     act: &Activations,
-    r0: usize,
-    real: usize,
+    (r0, real): (usize, usize),
     t0: usize,
     n: usize,
     out: &OutView,
@@ -326,7 +319,11 @@ pub(super) fn run_tile(
     #[cfg(target_arch = "x86_64")]
     if w.layout == Layout::Tiles16 && (isa.avx512() || (isa.avx2() && QMatrix::avx2_tiles16(w.ty)))
     {
-        run_tile16(isa, w, act, r0, r1 - r0, t0, n, out);
+        if isa.avx512() {
+            run_tile16(w, act, r0, r1 - r0, t0, n, out);
+        } else {
+            run_tile16_avx2(isa, w, act, (r0, r1 - r0), t0, n, out);
+        }
         return;
     }
     #[cfg(target_arch = "x86_64")]
