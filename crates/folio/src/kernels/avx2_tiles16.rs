@@ -373,6 +373,10 @@ pub unsafe fn tile_q6kx16<const D: u8, const C: usize>(
                 ($t:literal) => {
                     for ss in 0..4 {
                         let s = 4 * $t + ss;
+                        // At width one, each sub-block's weights loaded in its own
+                        // step: else LLVM loaded several sub-blocks ahead and spilled them
+                        // (62 ymm spills in the one-row kernel with the MADD step; 2 so).
+                        let b: &BlockQ6Kx16 = if C == 1 { std::hint::black_box(b) } else { b };
                         let q: [__m256i; 4] = std::array::from_fn(|e| {
                             let g = 4 * s + e;
                             let raw = half(&b.ql[g % 32], h);
