@@ -11,7 +11,8 @@
 //! step never saturates in these kernels (the 32-element formats: Q4_0, Q4_1, Q5_0,
 //! Q5_1, Q8_0, IQ4_NL). Its largest pair sum is 2 · 128 · 127 = 32 512 < 32 767: a Q8_0
 //! weight of -128 made positive, times an activation, which `quantize_q8` keeps within
-//! ±127. (The K-quant dots keep the AVX2 step on this path.)
+//! ±127. (The K-quant row dots keep the AVX2 step on this path; the sixteen-row tiles of
+//! `avx2_tiles16` take `D`, their 16-bit sums bounded in that module's doc.)
 //!
 //! `vpdpbusd` is written as assembly, not `_mm256_dpbusd_avx_epi32`: the intrinsic needs
 //! the `avxvnni` target feature on the whole kernel, which would mean a second copy of
@@ -71,6 +72,48 @@ pub(super) unsafe fn sums<const D: u8>(u: __m256i, s: __m256i) -> __m256i {
             acc
         }
         _ => _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
+    }
+}
+
+/// `acc` plus [`sums`]`::<D>(u, s)`, wrapping: `vpdpbusd` accumulates in place (the
+/// sixteen-row tile kernels' chains, `avx2_tiles16`), `MADD` adds its sums.
+///
+/// # Safety
+/// As [`sums`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn sums_add<const D: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let mut acc = acc;
+    match D {
+        VEX => {
+            // SAFETY: register-only `vpdpbusd`, which the caller guarantees the CPU runs.
+            unsafe {
+                std::arch::asm!(
+                    "{{vex}} vpdpbusd {acc}, {u}, {s}",
+                    acc = inout(ymm_reg) acc,
+                    u = in(ymm_reg) u,
+                    s = in(ymm_reg) s,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+            }
+            acc
+        }
+        EVEX => {
+            // SAFETY: register-only `vpdpbusd` (EVEX, ymm0-15 only), which the caller
+            // guarantees the CPU runs.
+            unsafe {
+                std::arch::asm!(
+                    "{{evex}} vpdpbusd {acc}, {u}, {s}",
+                    acc = inout(ymm_reg) acc,
+                    u = in(ymm_reg) u,
+                    s = in(ymm_reg) s,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+            }
+            acc
+        }
+        // SAFETY: the same features as this function.
+        _ => _mm256_add_epi32(acc, unsafe { sums::<D>(u, s) }),
     }
 }
 

@@ -1,20 +1,28 @@
-//! The AVX-512 sixteen-row tile kernels of Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K (`avx512_kquants`, over
-//! the `tiles16` layouts) against their scalar twins, and the layouts' packing.
+//! The sixteen-row tile kernels over the `tiles16` layouts (AVX-512, `avx512_kquants`:
+//! Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K; AVX2 and AVX-VNNI, `avx2_tiles16`: Q5_0, Q4_K
+//! and Q6_K) against their scalar twins and one another, and the layouts' packing.
 
 use super::matmul::{Layout, QMatrix};
 use super::quant::*;
 use super::scalar;
 use super::tests::{extreme_weights, run, simd_paths};
+use super::tiles16::Tile16;
 use super::Isa;
 use crate::gguf::GgmlType;
 use crate::rng::SplitMix64;
 
-const TYPES: [GgmlType; 4] = [
+/// The types in sixteen-row tiles on the AVX-512 path.
+const TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
     GgmlType::Q5_0,
+    GgmlType::IQ4_NL,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
 ];
+
+/// The types in sixteen-row tiles on the AVX2 paths.
+const AVX2_TYPES: [GgmlType; 3] = [GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K];
 
 /// dot(row r, activation row t) for every t, r by the scalar twin of `ty`'s sixteen-row
 /// kernel, over GGUF's rows.
@@ -56,26 +64,26 @@ fn twins(
     out
 }
 
-/// The sixteen-row Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K kernels compute exactly their scalar twins, bit
-/// for bit: on every tile width (37 activation rows: 16, 16 and 5; one row: the decode
-/// form over many tiles), rows past the last whole tile, either thread count, the
-/// extreme quants, and activations whose largest value quantizes to -128. Every other
-/// path given that layout gives the same bits (through the twins).
-#[test]
-fn sixteen_row_kquant_kernels_are_their_scalar_twins_exactly() {
-    let mut rng = SplitMix64(53);
+/// The sixteen-row kernels of `types` compute exactly their scalar twins, bit for bit,
+/// in the layout `for_isa(layout_isa)` gives (sixteen-row tiles on the AVX-512
+/// and the AVX2 paths): on every tile width (1, 3, 6 and 37 activation rows: the AVX2
+/// paths' widths 1..=4 and the AVX-512 path's 1..=8 and 16; one row is the decode form
+/// over many tiles), rows past the last whole tile, either thread count, the extreme
+/// quants, and activations whose largest value quantizes to -128. Every path runs:
+/// those without a kernel for the layout through the twins.
+fn kquant_tiles_compute_their_twins(layout_isa: Isa, types: &[GgmlType], seed: u64) {
+    let mut rng = SplitMix64(seed);
     let (rows, cols) = (37, 768);
-    for ty in TYPES {
+    for &ty in types {
         let bytes = extreme_weights(&mut rng, ty, rows, cols);
         let w = QMatrix::new(ty, rows, cols, &bytes)
             .unwrap()
-            .for_isa(Isa::Avx512);
-        assert_eq!(w.layout(), Layout::Tiles16);
-        for n in [1, 37] {
+            .for_isa(layout_isa);
+        assert_eq!(w.layout(), Layout::Tiles16, "{ty} for {layout_isa}");
+        for n in [1, 3, 6, 37] {
             let mut x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
             x[cols - 7] = 9.0;
             let want = twins(ty, &bytes, (rows, cols), &x, n);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let mut paths = vec![Isa::Scalar];
             paths.extend(simd_paths());
             for isa in paths {
@@ -90,6 +98,174 @@ fn sixteen_row_kquant_kernels_are_their_scalar_twins_exactly() {
             }
         }
     }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+#[test]
+fn sixteen_row_kquant_kernels_are_their_scalar_twins_exactly() {
+    kquant_tiles_compute_their_twins(Isa::Avx512, &TYPES, 53);
+}
+
+/// [`kquant_tiles_compute_their_twins`] in the AVX2 path's layout (the AVX-VNNI path's
+/// too): the `avx2_tiles16` kernels on this CPU's AVX2 paths.
+#[test]
+fn avx2_sixteen_row_kquant_kernels_are_their_scalar_twins_exactly() {
+    assert_eq!(
+        QMatrix::layout_for(Isa::AvxVnni, GgmlType::Q4_K),
+        Layout::Tiles16
+    );
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        assert_eq!(QMatrix::layout_for(Isa::Avx2, ty), Layout::Tiles4, "{ty}");
+    }
+    for ty in TYPES {
+        assert_eq!(QMatrix::layout_for(Isa::Scalar, ty), Layout::Rows, "{ty}");
+    }
+    kquant_tiles_compute_their_twins(Isa::Avx2, &AVX2_TYPES, 67);
+}
+
+/// The AVX2 and AVX-512 paths give the same bits on the sixteen-row layouts, on
+/// ordinary random weights of a model's shape (many tiles, several blocks), for the
+/// decode form, batched decode and prefill widths, and with the result added to the
+/// output (`matmul_add`).
+#[test]
+fn avx2_and_avx512_sixteen_row_kernels_give_the_same_bits() {
+    let paths = simd_paths();
+    if !paths.contains(&Isa::Avx512) || !paths.contains(&Isa::Avx2) {
+        eprintln!("skipped: this CPU does not run both the avx2 and avx512 kernels");
+        return;
+    }
+    let mut rng = SplitMix64(71);
+    let (rows, cols) = (200, 1536);
+    for ty in AVX2_TYPES {
+        let bytes = super::tests::random_weights(&mut rng, ty, rows, cols);
+        let w = QMatrix::new_for(Isa::Avx2, ty, rows, cols, &bytes).unwrap();
+        for n in [1, 2, 16, 21] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 2.0).collect();
+            let a = run(Isa::Avx2, &w, &x, n, 2);
+            let b = run(Isa::Avx512, &w, &x, n, 2);
+            assert_eq!(bits(&a), bits(&b), "{ty}, {n} rows");
+            let pool = super::ThreadPool::new(2).unwrap();
+            let mut sums = Vec::new();
+            for isa in [Isa::Avx2, Isa::Avx512] {
+                let mut act = super::Activations::default();
+                act.set(&x, n, cols);
+                let mut out = vec![0.5f32; n * rows];
+                super::matmul::matmul_add(&pool, isa, &mut act, &w, &mut out);
+                sums.push(bits(&out));
+            }
+            assert_eq!(sums[0], sums[1], "{ty}, {n} rows, added");
+        }
+    }
+}
+
+/// Sixteen rows' GGUF blocks (`nb` each, row-major in `blocks`) as a tile column.
+fn tile16<T: Tile16>(blocks: &[T::Block], nb: usize) -> Vec<T> {
+    (0..nb)
+        .map(|i| {
+            let mut t: T = bytemuck::Zeroable::zeroed();
+            for r in 0..16 {
+                t.put(r, &blocks[r * nb + i]);
+            }
+            t
+        })
+        .collect()
+}
+
+/// The `avx2_tiles16` kernels with 8-bit dot step `D` give the bits they give with
+/// `MADD`, and those of the twins, at width three (the tests of `tests_vnni` run this
+/// with AVX-VNNI's VEX step, natively or emulated, and AVX-512's EVEX one).
+///
+/// # Safety
+/// The CPU must run avx2, fma, f16c and step `D`'s instruction (or have it emulated).
+pub(crate) unsafe fn avx2_tiles16_give_the_madd_bits<const D: u8>() -> Result<(), String> {
+    use super::avx2_tiles16::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
+    use super::avx512::TileOut;
+    use super::avxvnni::MADD;
+    let mut rng = SplitMix64(73);
+    let (rows, cols, n) = (16, 512, 3);
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
+    let xs = |t: usize| &x[t * cols..(t + 1) * cols];
+    let q8: Vec<Vec<BlockQ8>> = (0..n)
+        .map(|t| {
+            let mut a = vec![bytemuck::Zeroable::zeroed(); cols / QK];
+            scalar::quantize_q8(xs(t), &mut a);
+            a
+        })
+        .collect();
+    let sums: Vec<Vec<i32>> = q8
+        .iter()
+        .map(|a| {
+            a.iter()
+                .map(|b| -128 * b.qs.iter().map(|&q| i32::from(q)).sum::<i32>())
+                .collect()
+        })
+        .collect();
+    let q8k: Vec<Vec<BlockQ8K>> = (0..n)
+        .map(|t| {
+            let mut a = vec![bytemuck::Zeroable::zeroed(); cols / QK_K];
+            scalar::quantize_q8k(xs(t), &mut a);
+            a
+        })
+        .collect();
+    for ty in AVX2_TYPES {
+        let bytes = extreme_weights(&mut rng, ty, rows, cols);
+        let want = twins(ty, &bytes, (rows, cols), &x, n);
+        let mut got = [vec![0f32; n * rows], vec![0f32; n * rows]];
+        for (step, o) in got.iter_mut().enumerate() {
+            let out = TileOut {
+                ptr: o.as_mut_ptr(),
+                stride: rows,
+                len: rows,
+                add: false,
+            };
+            let a8 = [&q8[0][..], &q8[1][..], &q8[2][..]];
+            let s8 = [&sums[0][..], &sums[1][..], &sums[2][..]];
+            let ak = [&q8k[0][..], &q8k[1][..], &q8k[2][..]];
+            // SAFETY: the caller guarantees the CPU features; `out` is `o`'s three rows
+            // of sixteen, borrowed mutably here.
+            unsafe {
+                match (ty, step) {
+                    (GgmlType::Q5_0, 0) => {
+                        let w = tile16(bytemuck::cast_slice(&bytes), cols / QK);
+                        tile_q5_0x16::<MADD, 3>(&w, a8, s8, &out)
+                    }
+                    (GgmlType::Q5_0, _) => {
+                        let w = tile16(bytemuck::cast_slice(&bytes), cols / QK);
+                        tile_q5_0x16::<D, 3>(&w, a8, s8, &out)
+                    }
+                    (GgmlType::Q4_K, 0) => tile_q4kx16::<MADD, 3>(
+                        &tile16(bytemuck::cast_slice(&bytes), cols / QK_K),
+                        ak,
+                        &out,
+                    ),
+                    (GgmlType::Q4_K, _) => tile_q4kx16::<D, 3>(
+                        &tile16(bytemuck::cast_slice(&bytes), cols / QK_K),
+                        ak,
+                        &out,
+                    ),
+                    (_, 0) => tile_q6kx16::<MADD, 3>(
+                        &tile16(bytemuck::cast_slice(&bytes), cols / QK_K),
+                        ak,
+                        &out,
+                    ),
+                    _ => tile_q6kx16::<D, 3>(
+                        &tile16(bytemuck::cast_slice(&bytes), cols / QK_K),
+                        ak,
+                        &out,
+                    ),
+                }
+            }
+        }
+        if bits(&got[0]) != bits(&want) || bits(&got[1]) != bits(&want) {
+            return Err(format!(
+                "avx2_tiles16 {ty}, step {D}: differs from the twins"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The twins are the GGUF dot products up to float rounding: the layouts compute the
@@ -130,7 +306,7 @@ fn sixteen_row_kquant_tiles_keep_every_bit() {
         }
         let back = QMatrix::new_for(Isa::Avx512, ty, rows, cols, &bytes)
             .unwrap()
-            .for_isa(Isa::Avx2);
+            .for_isa(Isa::Scalar);
         assert_eq!(back.layout(), Layout::Rows);
         assert_eq!(back.gguf_bytes(), bytes, "{ty}");
         if matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL) {

@@ -55,7 +55,8 @@ unsafe fn step_computes_vpdpbusd<const D: u8>() -> Result<(), String> {
 }
 
 /// Every AVX2 kernel with an 8-bit dot step gives, with step `D`, the bits it gives
-/// with `MADD` (row kernels of the six formats, the packed Q4_1 and Q8_0 tiles).
+/// with `MADD` (row kernels of the six formats, the packed Q4_1 and Q8_0 tiles, the
+/// sixteen-row Q5_0, Q4_K and Q6_K tiles).
 ///
 /// # Safety
 /// The CPU must run avx2, fma, f16c and step `D`'s instruction (or have it emulated).
@@ -140,7 +141,8 @@ unsafe fn kernels_give_the_madd_bits<const D: u8>() -> Result<(), String> {
     if bits(x.as_flattened()) != bits(y.as_flattened()) {
         return Err(format!("tile_q8_0x4, step {D}: {y:?}, want {x:?}"));
     }
-    Ok(())
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { super::tests_tiles16::avx2_tiles16_give_the_madd_bits::<D>() }
 }
 
 /// The matmul on the AVX-VNNI path: the AVX2 path's bits for every format, close to
@@ -150,7 +152,10 @@ fn matmul_gives_the_avx2_bits() -> Result<(), String> {
     // Rows past a multiple of four exercise the tails; 37 tokens every tile width.
     let (rows, cols, n) = (30, 768, 37);
     for ty in TYPES {
-        let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols)).unwrap();
+        // In the AVX2 paths' layout (sixteen-row tiles for Q5_0, Q4_K and Q6_K).
+        let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols))
+            .unwrap()
+            .for_isa(Isa::Avx2);
         let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
         let a = run(Isa::Avx2, &w, &x, n, 2);
         let b = run(Isa::AvxVnni, &w, &x, n, 2);

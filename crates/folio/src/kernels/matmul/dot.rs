@@ -13,14 +13,14 @@ use crate::kernels::{scalar, Isa};
 impl QMatrix {
     /// dot(row r, activation row t) through the per-pair kernels. Packed matrices
     /// reach here only where their layout is not the path's: four-row tiles on the
-    /// scalar path, sixteen-row tiles on any path but AVX-512 (`run_tile` runs the tile
-    /// kernels of the others).
+    /// scalar path, sixteen-row tiles on the scalar path and (Q4_1, Q8_0) the AVX2
+    /// paths (`run_tile` runs the tile kernels of the others).
     #[inline]
     pub(super) fn dot(&self, isa: Isa, r: usize, act: &Activations, t: usize) -> f32 {
         let c = self.cols;
         if self.layout == Layout::Tiles16 {
-            // Another path's kernels on the AVX-512 layout: the AVX-512 bits, by the
-            // scalar twins.
+            // A path without a tile kernel for this layout: the tile kernels' bits, by
+            // the scalar twins.
             use crate::kernels::tiles16::{
                 BlockIq4Nlx16, BlockQ4Kx16, BlockQ4_0x16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16,
             };

@@ -15,8 +15,8 @@ use crate::kernels::{scalar, Isa};
 ///
 /// NOTE: Q4_1 (the default model's type) and Q8_0 (its output head) are repacked at load
 /// into tiles of rows, tile-major, so a tile kernel reads one stream ([`Layout`]), and on
-/// the AVX-512 path so are Q5_0, Q4_K and Q6_K; rows past the last whole tile are zero
-/// padding. Every other type keeps GGUF's row-major blocks.
+/// the AVX-512, AVX2 and AVX-VNNI paths so are Q5_0, Q4_K and Q6_K; rows past the last
+/// whole tile are zero padding. Every other type keeps GGUF's row-major blocks.
 pub struct QMatrix {
     pub ty: GgmlType,
     pub rows: usize,
@@ -62,7 +62,8 @@ pub enum Layout {
     /// scalar, AVX2 and AVX-VNNI kernels' layout, and what [`QMatrix::new`] makes.
     Tiles4,
     /// Q4_1, Q8_0, Q5_0, Q4_K and Q6_K in tiles of sixteen rows, one lane per row
-    /// (`kernels::tiles16`): the AVX-512 kernels' layout ([`QMatrix::for_isa`]).
+    /// (`kernels::tiles16`): the AVX-512 kernels' layout, and the AVX2 and AVX-VNNI
+    /// kernels' for Q5_0, Q4_K and Q6_K ([`QMatrix::for_isa`]).
     Tiles16,
 }
 
@@ -194,6 +195,9 @@ impl QMatrix {
         if isa.avx512() && Self::can_take(ty, Layout::Tiles16) {
             return Layout::Tiles16;
         }
+        if isa.avx2() && Self::avx2_tiles16(ty) {
+            return Layout::Tiles16;
+        }
         match ty {
             GgmlType::Q4_1 | GgmlType::Q8_0 => Layout::Tiles4,
             _ => Layout::Rows,
@@ -311,12 +315,19 @@ impl QMatrix {
     /// Whether `isa`'s kernel for this matrix also reads [`ActKind::Q8Sums`].
     #[inline]
     pub(super) fn reads_sums(&self, isa: Isa) -> bool {
-        isa.avx512()
-            && self.layout == Layout::Tiles16
-            && matches!(
-                self.ty,
-                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL
-            )
+        self.layout == Layout::Tiles16
+            && match self.ty {
+                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => isa.avx512(),
+                GgmlType::Q5_0 => isa.avx2(),
+                _ => false,
+            }
+    }
+
+    /// Whether the AVX2 paths (AVX2, AVX-VNNI) have sixteen-row tile kernels for `ty`
+    /// (`kernels::avx2_tiles16`, over the AVX-512 path's layouts).
+    #[inline]
+    pub(super) fn avx2_tiles16(ty: GgmlType) -> bool {
+        matches!(ty, GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K)
     }
 
     /// Rows per tile of the threaded matmul's work split.

@@ -1,6 +1,6 @@
 //! One item of the threaded matmul's work on the path's kernels: a tile of weight rows
-//! against a block of activation rows (`run_tile`: the AVX-512 sixteen-row tiles, the
-//! AVX2 four-row tiles and register tiles over GGUF rows, else a dot per pair), or one
+//! against a block of activation rows (`run_tile`: the sixteen-row tiles of AVX-512 and,
+//! for Q5_0, Q4_K and Q6_K, of the AVX2 paths, the AVX2 four-row tiles and register tiles over GGUF rows, else a dot per pair), or one
 //! activation row against a run of whole tiles in one call (`run_tiles_one_row`, decode).
 
 use super::out::OutView;
@@ -106,6 +106,75 @@ fn run_tile16(
     }
 }
 
+/// Activation rows per call of the AVX2 paths' sixteen-row kernels (each half of eight
+/// rows: its weight vectors and this many accumulators in the sixteen ymm registers).
+/// Measured on Llama 3.2 1B's shapes (ffn_up Q4_K, ffn_down Q6_K, 512 rows): CPU time
+/// at width 1, 2, 3, 4 was 1.39, 1.17, 1.06, 1 (Q4_K) and 1.59, 1.16, 1.05, 1 (Q6_K);
+/// 5, 6 and 8 were no faster (spills).
+#[cfg(target_arch = "x86_64")]
+const AVX2_TILE16_WIDTH: usize = 4;
+
+/// [`run_tile16`] on the AVX2 and AVX-VNNI paths (Q5_0, Q4_K, Q6_K:
+/// `kernels::avx2_tiles16`), up to [`AVX2_TILE16_WIDTH`] activation rows per call; every
+/// (row, column) gets the same arithmetic whatever the width.
+#[cfg(target_arch = "x86_64")]
+fn run_tile16_avx2(
+    isa: Isa,
+    w: &QMatrix,
+    act: &Activations,
+    (r0, real): (usize, usize),
+    t0: usize,
+    n: usize,
+    out: &OutView,
+) {
+    use crate::kernels::avx2_tiles16::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
+    macro_rules! widths {
+        ($k:expr, |$c:ident| $call:expr, $($w:literal)*) => {
+            match $k {
+                $($w => {
+                    const $c: usize = $w;
+                    $call
+                })*
+                _ => unreachable!("widths cover 1..=AVX2_TILE16_WIDTH"),
+            }
+        };
+    }
+    let mut t = t0;
+    while t < n {
+        let k = (n - t).min(AVX2_TILE16_WIDTH);
+        let nb = w.blocks_per_row();
+        let o = out.tile_out(t * w.rows + r0, w.rows, k, real);
+        let q8 = || act.q8_rows(t, k, w.cols);
+        let q8k = || act.q8k_rows(t, k, w.cols);
+        let sums = || act.sums_rows(t, k, w.cols);
+        let tile = r0 / 16;
+        macro_rules! rows {
+            ($v:expr) => {{
+                let v = $v;
+                std::array::from_fn(|c| &v[c * nb..(c + 1) * nb])
+            }};
+        }
+        match w.ty {
+            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
+            // and the AVX-VNNI one after running its `vpdpbusd`; `o`'s rows are this
+            // call's alone (`tile_out`).
+            GgmlType::Q5_0 => with_dot!(isa, D => widths!(k, |C| unsafe {
+                tile_q5_0x16::<D, C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+            }, 1 2 3 4)),
+            // SAFETY: as above.
+            GgmlType::Q4_K => with_dot!(isa, D => widths!(k, |C| unsafe {
+                tile_q4kx16::<D, C>(w.tiles(tile, 1), rows!(q8k()), &o)
+            }, 1 2 3 4)),
+            // SAFETY: as above.
+            GgmlType::Q6_K => with_dot!(isa, D => widths!(k, |C| unsafe {
+                tile_q6kx16::<D, C>(w.tiles(tile, 1), rows!(q8k()), &o)
+            }, 1 2 3 4)),
+            ty => unreachable!("no AVX2 sixteen-row tile kernel for {ty}"),
+        }
+        t += k;
+    }
+}
+
 /// Runs a four-row tile kernel over activation rows `t0..n` in calls as wide as the
 /// widest width listed (the rest in one narrower call), and writes the first `real`
 /// rows' results; `act.row` names the activations' row accessor the kernel reads.
@@ -201,6 +270,36 @@ pub(super) fn run_tiles_one_row(
         return true;
     }
     #[cfg(target_arch = "x86_64")]
+    if isa.avx2()
+        && w.layout == Layout::Tiles16
+        && QMatrix::avx2_tiles16(w.ty)
+        && r0 + count * 16 <= w.rows
+    {
+        use crate::kernels::avx2_tiles16 as kt;
+        let nb = w.blocks_per_row();
+        let tiles = r0 / 16;
+        let o = out.run(t * w.rows + r0, count * 16);
+        let add = out.add;
+        let q8k = || act.q8k_row(t, w.cols);
+        match w.ty {
+            // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
+            // and the AVX-VNNI one after running its `vpdpbusd`.
+            GgmlType::Q5_0 => with_dot!(isa, D => unsafe {
+                let (a, sums) = (act.q8_row(t, w.cols), act.sums_row(t, w.cols));
+                kt::tiles_q5_0x16_one_row::<D>(w.tiles(tiles, count), nb, a, sums, o, add)
+            }),
+            // SAFETY: as above.
+            GgmlType::Q4_K => with_dot!(isa, D => unsafe {
+                kt::tiles_q4kx16_one_row::<D>(w.tiles(tiles, count), nb, q8k(), o, add)
+            }),
+            // SAFETY: as above.
+            _ => with_dot!(isa, D => unsafe {
+                kt::tiles_q6kx16_one_row::<D>(w.tiles(tiles, count), nb, q8k(), o, add)
+            }),
+        }
+        return true;
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() && w.layout == Layout::Tiles4 && r0 + count * ROW_TILE <= w.rows {
         use crate::kernels::avx2;
         let nb = w.cols / QK;
@@ -245,8 +344,13 @@ pub(super) fn run_tile(
 ) {
     let (r0, r1, t0, n) = (rows.start, rows.end, acts.start, acts.end);
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() && w.layout == Layout::Tiles16 {
-        run_tile16(w, act, r0, r1 - r0, t0, n, out);
+    if w.layout == Layout::Tiles16 && (isa.avx512() || (isa.avx2() && QMatrix::avx2_tiles16(w.ty)))
+    {
+        if isa.avx512() {
+            run_tile16(w, act, r0, r1 - r0, t0, n, out);
+        } else {
+            run_tile16_avx2(isa, w, act, (r0, r1 - r0), t0, n, out);
+        }
         return;
     }
     #[cfg(target_arch = "x86_64")]
