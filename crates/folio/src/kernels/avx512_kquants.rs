@@ -27,13 +27,31 @@
 //! its rows); slices are indexed with bounds checks.
 #![allow(unsafe_code)]
 
-use super::avx2::prefetch;
 use super::avx512::{block, dword, row_barrier, store, tile_blocks, TileOut};
 use super::quant::*;
 use super::tiles16::{
     BlockIq4Nlx16, BlockQ4Kx16, BlockQ4_0x16, BlockQ5Kx16, BlockQ5_0x16, BlockQ6Kx16,
 };
 use std::arch::x86_64::*;
+
+/// How far ahead of the block being read the kernels ask for the weights, into L2:
+/// decode streams them from memory, one row against every tile. Into L1, or a block or
+/// two ahead, the misses queued up behind the prefetches: Llama-1B's Q6_K head (215 MB)
+/// took 7.5 ms a row with every line of the block after next asked into L1, 6.9 ms
+/// with the row kernels, and 4.2 ms like this (docs/BENCHMARKS.md).
+const AHEAD: usize = 48 * 1024;
+
+/// Asks L2 for part `part` of `parts` of the lines of the `size`-byte block at byte `at`
+/// of `w`, [`AHEAD`] bytes further on (past the end is harmless: a hint).
+#[inline(always)]
+fn prefetch_ahead(w: &[u8], at: usize, size: usize, (part, parts): (usize, usize)) {
+    let lines = size.div_ceil(64).div_ceil(parts);
+    let p = w.as_ptr().wrapping_add(at + AHEAD + 64 * lines * part) as *const i8;
+    for l in 0..lines {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l)) };
+    }
+}
 
 /// `(a & mask) | b`, bit by bit (`vpternlogd`).
 #[inline]
@@ -112,7 +130,7 @@ macro_rules! each_row {
 /// IQ4_NL): the scales, the nibbles (as Q4_0's), and how a weight vector is made from
 /// them. The integer sum starts from -128·Σx >> `SUMS_SHIFT` (the weights' offset
 /// times Σx: 8 for Q4_0, 16 for Q5_0, 128 for IQ4_NL's values moved up to bytes).
-pub trait SignedTile: Sync {
+pub trait SignedTile: bytemuck::Pod + Sync {
     const SUMS_SHIFT: u32;
     /// Whether the nibbles index IQ4_NL's levels (each moved up by 128) rather than
     /// being the value.
@@ -171,8 +189,10 @@ pub unsafe fn tile_q32x16<T: SignedTile, const C: usize>(
         _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(l.as_ptr() as *const __m128i) })
     };
     let mut acc = [_mm512_setzero_ps(); C];
+    let bytes: &[u8] = bytemuck::cast_slice(w);
+    let size = std::mem::size_of::<T>();
     for i in 0..nb {
-        prefetch(w, i + 8, 6);
+        prefetch_ahead(bytes, i * size, size, (0, 1));
         let b = &w[i];
         let d = halves(b.d());
         let fifth = b.fifth().map(|h| load(h));
@@ -217,7 +237,7 @@ pub unsafe fn tile_q32x16<T: SignedTile, const C: usize>(
 
 /// The tiles of the K-quants with sub-block mins (Q4_K, Q5_K): the Q4_K fields, and
 /// Q5_K's plane of fifth bits per sub-block.
-pub trait MinTile: Sync {
+pub trait MinTile: bytemuck::Pod + Sync {
     fn k4(&self) -> &BlockQ4Kx16;
     /// Sub-block j's fifth bits (`BlockQ5Kx16::qh`), if the format has them.
     fn fifth(&self, j: usize) -> Option<&[u8; 64]>;
@@ -250,10 +270,13 @@ pub unsafe fn tile_kx16<T: MinTile, const C: usize>(w: &[T], a: [&[BlockQ8K]; C]
     let (low4, bit4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
     let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); C];
+    let bytes: &[u8] = bytemuck::cast_slice(w);
+    let size = std::mem::size_of::<T>();
     for i in 0..nb {
         let (t, b) = (&w[i], w[i].k4());
         let d = halves(&b.d);
         for j in 0..8 {
+            prefetch_ahead(bytes, i * size, size, (j, 8));
             // Sub-block j: the low nibbles of vectors 8(j/2).. for even j, the high ones
             // for odd j; Q5_K's fifth bit k of `qh[j]` moved to bit 4.
             // (A macro per vector, not `array::from_fn`: LLVM kept that closure out of
@@ -323,6 +346,8 @@ pub unsafe fn tile_q6kx16<const C: usize>(w: &[BlockQ6Kx16], a: [&[BlockQ8K]; C]
     let nb = tile_blocks(w, &a, out);
     let (low4, bits45) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
     let mut acc = [_mm512_setzero_ps(); C];
+    let bytes: &[u8] = bytemuck::cast_slice(w);
+    const SIZE: usize = std::mem::size_of::<BlockQ6Kx16>();
     for i in 0..nb {
         let b = &w[i];
         let d = halves(&b.d);
@@ -334,6 +359,7 @@ pub unsafe fn tile_q6kx16<const C: usize>(w: &[BlockQ6Kx16], a: [&[BlockQ8K]; C]
             ($t:literal) => {
                 for ss in 0..4 {
                     let s = 4 * $t + ss;
+                    prefetch_ahead(bytes, i * SIZE, SIZE, (s, 16));
                     let q: [__m512i; 4] = std::array::from_fn(|e| {
                         let g = 4 * s + e;
                         let raw = load(&b.ql[g % 32]);
