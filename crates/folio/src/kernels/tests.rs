@@ -262,19 +262,25 @@ fn avx512_sixteen_row_kernels_are_their_scalar_twins_exactly() {
                     });
                 }
             }
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            let mut paths = vec![Isa::Scalar];
-            paths.extend(simd_paths());
-            for isa in paths {
-                for threads in [1, 2] {
-                    let got = run(isa, &w, &x, n, threads);
-                    assert_eq!(
-                        bits(&got),
-                        bits(&want),
-                        "{ty} on {isa}, {n} rows, {threads} threads"
-                    );
-                }
-            }
+            every_path_gives(&w, &x, n, &want, &format!("{ty}"));
+        }
+    }
+}
+
+/// `w` × the `n` rows of `x` give `want` bit for bit on every path this CPU runs (the
+/// scalar one included), on one thread and on two.
+pub(crate) fn every_path_gives(w: &QMatrix, x: &[f32], n: usize, want: &[f32], what: &str) {
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let mut paths = vec![Isa::Scalar];
+    paths.extend(simd_paths());
+    for isa in paths {
+        for threads in [1, 2] {
+            let got = run(isa, w, x, n, threads);
+            assert_eq!(
+                bits(&got),
+                bits(want),
+                "{what} on {isa}, {n} rows, {threads} threads"
+            );
         }
     }
 }

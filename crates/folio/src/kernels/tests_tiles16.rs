@@ -5,7 +5,7 @@
 use super::matmul::{Layout, QMatrix};
 use super::quant::*;
 use super::scalar;
-use super::tests::{extreme_weights, run, simd_paths};
+use super::tests::{every_path_gives, extreme_weights, run, simd_paths};
 use super::tiles16::Tile16;
 use super::Isa;
 use crate::gguf::GgmlType;
@@ -84,18 +84,7 @@ fn kquant_tiles_compute_their_twins(layout_isa: Isa, types: &[GgmlType], seed: u
             let mut x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
             x[cols - 7] = 9.0;
             let want = twins(ty, &bytes, (rows, cols), &x, n);
-            let mut paths = vec![Isa::Scalar];
-            paths.extend(simd_paths());
-            for isa in paths {
-                for threads in [1, 2] {
-                    let got = run(isa, &w, &x, n, threads);
-                    assert_eq!(
-                        bits(&got),
-                        bits(&want),
-                        "{ty} on {isa}, {n} rows, {threads} threads"
-                    );
-                }
-            }
+            every_path_gives(&w, &x, n, &want, &format!("{ty} in {layout_isa}'s layout"));
         }
     }
 }
