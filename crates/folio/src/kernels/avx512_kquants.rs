@@ -37,8 +37,9 @@ use std::arch::x86_64::*;
 /// How far ahead of the block being read the kernels ask for the weights, into L2:
 /// decode streams them from memory, one row against every tile. Into L1, or a block or
 /// two ahead, the misses queued up behind the prefetches: Llama-1B's Q6_K head (215 MB)
-/// took 7.5 ms a row with every line of the block after next asked into L1, 6.9 ms
-/// with the row kernels, and 4.2 ms like this (docs/BENCHMARKS.md).
+/// took 7.5 ms a row with every line of the block after next asked into L1, 6.8-7.2
+/// ms with the row kernels, and 4.2-6.5 ms like this (the shared machine's bandwidth
+/// varies; docs/BENCHMARKS.md).
 const AHEAD: usize = 48 * 1024;
 
 /// Asks L2 for part `part` of `parts` of the lines of the `size`-byte block at byte `at`
