@@ -35,9 +35,10 @@
 //! weights stream through once, two accumulators), and so do Q6_K's wider calls (four
 //! weight vectors per step); Q4_K's and Q5_0's (eight) run half by half (the second
 //! half's bytes of each cache line are then in L1 or L2), so only C accumulators are
-//! live beside a block's weight vectors. No software prefetch yet: into L1 a block or
-//! two ahead made the AVX-512 kernels' decode slower than none; into L2 48 KiB ahead
-//! (`avx512_kquants::AHEAD`) made it faster there, and is not tried here yet.
+//! live beside a block's weight vectors. No software prefetch: the AVX-512 kernels'
+//! (each block's lines into L2 48 KiB ahead, `avx512_kquants::AHEAD`) measured no
+//! faster here (Llama-1B shape, `FOLIO_ISA=avx2`, tg64 29-32 against 32-35 tok/s
+//! without, alternating), nor did one into L1 on Q6_K decode.
 //!
 //! Every function here is `unsafe` because it is compiled for CPU features the caller
 //! must have checked (and step `D`'s instruction), and writes through a [`TileOut`]'s
