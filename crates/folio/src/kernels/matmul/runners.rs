@@ -60,45 +60,39 @@ fn run_tile16(
         let q8k = || act.q8k_rows(t, k, w.cols);
         let sums = || act.sums_rows(t, k, w.cols);
         let tile = r0 / 16;
-        macro_rules! rows {
-            ($v:expr) => {{
-                let v = $v;
-                std::array::from_fn(|c| &v[c * nb..(c + 1) * nb])
-            }};
-        }
         match w.ty {
             // SAFETY: AVX-512 paths are only produced after running the features; `o`'s
             // rows are this call's alone (`tile_out`).
             GgmlType::Q4_1 => widths!(k, |C| unsafe {
-                tile_q4_1x16::<C>(w.tiles(tile, 1), rows!(q8()), &o)
+                tile_q4_1x16::<C>(w.tiles(tile, 1), per_row(q8(), nb), &o)
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q8_0 => widths!(k, |C| unsafe {
-                tile_q8_0x16::<C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+                tile_q8_0x16::<C>(w.tiles(tile, 1), per_row(q8(), nb), per_row(sums(), nb), &o)
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q5_0 => widths!(k, |C| unsafe {
-                tile_q32x16::<BlockQ5_0x16, C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+                tile_q32x16::<BlockQ5_0x16, C>(w.tiles(tile, 1), per_row(q8(), nb), per_row(sums(), nb), &o)
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q4_0 => widths!(k, |C| unsafe {
-                tile_q32x16::<BlockQ4_0x16, C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+                tile_q32x16::<BlockQ4_0x16, C>(w.tiles(tile, 1), per_row(q8(), nb), per_row(sums(), nb), &o)
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::IQ4_NL => widths!(k, |C| unsafe {
-                tile_q32x16::<BlockIq4Nlx16, C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+                tile_q32x16::<BlockIq4Nlx16, C>(w.tiles(tile, 1), per_row(q8(), nb), per_row(sums(), nb), &o)
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q4_K => widths!(k, |C| unsafe {
-                tile_kx16::<BlockQ4Kx16, C>(w.tiles(tile, 1), rows!(q8k()), &o)
+                tile_kx16::<BlockQ4Kx16, C>(w.tiles(tile, 1), per_row(q8k(), nb), &o)
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q5_K => widths!(k, |C| unsafe {
-                tile_kx16::<BlockQ5Kx16, C>(w.tiles(tile, 1), rows!(q8k()), &o)
+                tile_kx16::<BlockQ5Kx16, C>(w.tiles(tile, 1), per_row(q8k(), nb), &o)
             }, 1 2 3 4 5 6 7 8 16),
             // SAFETY: as above.
             GgmlType::Q6_K => widths!(k, |C| unsafe {
-                tile_q6kx16::<C>(w.tiles(tile, 1), rows!(q8k()), &o)
+                tile_q6kx16::<C>(w.tiles(tile, 1), per_row(q8k(), nb), &o)
             }, 1 2 3 4 5 6 7 8 16),
             ty => unreachable!("no sixteen-row tile kernel for {ty}"),
         }
@@ -148,31 +142,31 @@ fn run_tile16_avx2(
         let q8k = || act.q8k_rows(t, k, w.cols);
         let sums = || act.sums_rows(t, k, w.cols);
         let tile = r0 / 16;
-        macro_rules! rows {
-            ($v:expr) => {{
-                let v = $v;
-                std::array::from_fn(|c| &v[c * nb..(c + 1) * nb])
-            }};
-        }
         match w.ty {
             // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
             // and the AVX-VNNI one after running its `vpdpbusd`; `o`'s rows are this
             // call's alone (`tile_out`).
             GgmlType::Q5_0 => with_dot!(isa, D => widths!(k, |C| unsafe {
-                tile_q5_0x16::<D, C>(w.tiles(tile, 1), rows!(q8()), rows!(sums()), &o)
+                tile_q5_0x16::<D, C>(w.tiles(tile, 1), per_row(q8(), nb), per_row(sums(), nb), &o)
             }, 1 2 3 4)),
             // SAFETY: as above.
             GgmlType::Q4_K => with_dot!(isa, D => widths!(k, |C| unsafe {
-                tile_q4kx16::<D, C>(w.tiles(tile, 1), rows!(q8k()), &o)
+                tile_q4kx16::<D, C>(w.tiles(tile, 1), per_row(q8k(), nb), &o)
             }, 1 2 3 4)),
             // SAFETY: as above.
             GgmlType::Q6_K => with_dot!(isa, D => widths!(k, |C| unsafe {
-                tile_q6kx16::<D, C>(w.tiles(tile, 1), rows!(q8k()), &o)
+                tile_q6kx16::<D, C>(w.tiles(tile, 1), per_row(q8k(), nb), &o)
             }, 1 2 3 4)),
             ty => unreachable!("no AVX2 sixteen-row tile kernel for {ty}"),
         }
         t += k;
     }
+}
+
+/// `C` activation rows of `nb` blocks each, back to back in `v`, as one slice per row.
+#[cfg(target_arch = "x86_64")]
+fn per_row<T, const C: usize>(v: &[T], nb: usize) -> [&[T]; C] {
+    std::array::from_fn(|c| &v[c * nb..(c + 1) * nb])
 }
 
 /// Runs a four-row tile kernel over activation rows `t0..n` in calls as wide as the
