@@ -49,6 +49,11 @@ pub struct Args {
     /// run in the same invocation for its aggregate decode figure at batch 16.
     #[arg(long, value_name = "PATH")]
     pub llama_batched_bench: Option<std::path::PathBuf>,
+    /// Also print speculative decoding's figures: decode tok/s with drafts against
+    /// without, on replays whose answers repeat their input and on free chat, one
+    /// request at a time and 16 at once (the same tokens checked).
+    #[arg(long)]
+    pub spec_figures: bool,
     /// Also print serving figures over HTTP (`folio serve` in its own process): output
     /// tok/s and TTFT p50/p95 at 1, 16 and 32 concurrent clients (distinct prompts, and
     /// sharing a 1000-token prefix), warm vs cold TTFT for a 2000-token prefix, peak
@@ -77,7 +82,7 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub llama_server: Option<std::path::PathBuf>,
     /// Every figure set: --long-figures, --batch-figures, --kv-figures,
-    /// --grammar-figures and --serve-figures (not --contention).
+    /// --grammar-figures, --spec-figures and --serve-figures (not --contention).
     #[arg(long)]
     pub all: bool,
     /// Also write the figures as JSON to PATH, with the machine and the command
@@ -101,6 +106,7 @@ pub fn run(mut a: Args) -> Result<()> {
         a.kv_figures = true;
         a.grammar_figures = true;
         a.serve_figures = true;
+        a.spec_figures = true;
     }
     let mut report = Report::default();
     let began = std::time::Instant::now();
@@ -245,6 +251,9 @@ pub fn run(mut a: Args) -> Result<()> {
     }
     if a.grammar_figures {
         crate::bench_grammar::run(&mut report, a.model.load()?, a.model.page_size, reps)?;
+    }
+    if a.spec_figures {
+        crate::bench_spec::run_figures(&mut report, &a.model, reps)?;
     }
     if a.kv_figures {
         kv_figures(&mut report, &model, &a)?;

@@ -3,55 +3,13 @@
 //! same number of tokens), alone and 16 at once, taking turns (and which goes first)
 //! each round; and the time to build the token table and to compile the schema.
 
-use crate::figures::{median, rounds};
+use crate::figures::{decode_rate, median, rounds};
 use crate::report::{figure, Report};
 use anyhow::Result;
 use folio::grammar::{GrammarSpec, Grammars};
-use folio::{Engine, EngineConfig, Event, Model, Prompt, Request};
+use folio::{Engine, EngineConfig, Model, Prompt, Request};
 use serde_json::json;
 use std::time::Instant;
-
-/// Decode tok/s of `reqs` run at once: tokens after each request's first, over the
-/// time from the first token to the last.
-fn decode_rate(engine: &Engine, reqs: Vec<Request>) -> Result<(f64, Vec<usize>)> {
-    let streams: Vec<_> = reqs
-        .into_iter()
-        .map(|r| engine.submit(r))
-        .collect::<Result<_, _>>()?;
-    let handles: Vec<_> = streams
-        .into_iter()
-        .map(|s| {
-            std::thread::spawn(move || {
-                let (mut first, mut last, mut n) = (None, Instant::now(), 0usize);
-                for ev in s {
-                    match ev {
-                        Event::Token { .. } => {
-                            let now = Instant::now();
-                            first.get_or_insert(now);
-                            last = now;
-                            n += 1;
-                        }
-                        Event::Done { .. } | Event::Error(_) => break,
-                        Event::PromptLogprobs(_) => {}
-                    }
-                }
-                (first.unwrap_or(last), last, n)
-            })
-        })
-        .collect();
-    let got: Vec<(Instant, Instant, usize)> = handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .map_err(|_| anyhow::anyhow!("a client thread panicked"))
-        })
-        .collect::<Result<_>>()?;
-    let start = got.iter().map(|g| g.0).min().unwrap_or_else(Instant::now);
-    let end = got.iter().map(|g| g.1).max().unwrap_or(start);
-    let tokens: usize = got.iter().map(|g| g.2.saturating_sub(1)).sum();
-    let secs = (end - start).as_secs_f64().max(1e-9);
-    Ok((tokens as f64 / secs, got.iter().map(|g| g.2).collect()))
-}
 
 pub fn run(report: &mut Report, model: Model, page_size: usize, reps: usize) -> Result<()> {
     let t = Instant::now();
@@ -129,6 +87,7 @@ pub fn run(report: &mut Report, model: Model, page_size: usize, reps: usize) -> 
             let mut run_constrained = || -> Result<Vec<usize>> {
                 let before = engine.stats()?;
                 let (rate, got) = decode_rate(&engine, constrained())?;
+                let got: Vec<usize> = got.iter().map(Vec::len).collect();
                 let after = engine.stats()?;
                 checked += after.grammar_checked - before.grammar_checked;
                 masked += after.grammar_masked - before.grammar_masked;

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use folio::kv::{KvSeq, Logits};
 use folio::model::sampler::argmax;
-use folio::{forward_one, Model};
+use folio::{forward_one, Engine, Event, Model, Request};
 use std::time::Instant;
 
 /// The text the prefill figures' prompts repeat.
@@ -66,4 +66,46 @@ pub fn speeds<S: KvSeq>(
         logits = forward_one(model, seq, &[next], Logits::Last)?;
     }
     Ok((pp, n as f64 / t.elapsed().as_secs_f64()))
+}
+
+/// Decode tok/s of `reqs` run at once: tokens after each request's first, over the
+/// time from the first token to the last; and each request's tokens.
+pub fn decode_rate(engine: &Engine, reqs: Vec<Request>) -> Result<(f64, Vec<Vec<u32>>)> {
+    let streams: Vec<_> = reqs
+        .into_iter()
+        .map(|r| engine.submit(r))
+        .collect::<Result<_, _>>()?;
+    let handles: Vec<_> = streams
+        .into_iter()
+        .map(|s| {
+            std::thread::spawn(move || {
+                let (mut first, mut last, mut ids) = (None, Instant::now(), Vec::new());
+                for ev in s {
+                    match ev {
+                        Event::Token { id, .. } => {
+                            let now = Instant::now();
+                            first.get_or_insert(now);
+                            last = now;
+                            ids.push(id);
+                        }
+                        Event::Done { .. } | Event::Error(_) => break,
+                        Event::PromptLogprobs(_) => {}
+                    }
+                }
+                (first.unwrap_or(last), last, ids)
+            })
+        })
+        .collect();
+    let got: Vec<(Instant, Instant, Vec<u32>)> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))
+        })
+        .collect::<Result<_>>()?;
+    let start = got.iter().map(|g| g.0).min().unwrap_or_else(Instant::now);
+    let end = got.iter().map(|g| g.1).max().unwrap_or(start);
+    let tokens: usize = got.iter().map(|g| g.2.len().saturating_sub(1)).sum();
+    let secs = (end - start).as_secs_f64().max(1e-9);
+    Ok((tokens as f64 / secs, got.into_iter().map(|g| g.2).collect()))
 }

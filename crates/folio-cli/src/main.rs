@@ -6,6 +6,7 @@ mod bench_contention;
 mod bench_grammar;
 mod bench_long;
 mod bench_serve;
+mod bench_spec;
 mod chat;
 mod figures;
 mod generate;

@@ -43,6 +43,26 @@ pub struct ModelArgs {
     /// pass over the outlier blocks (which puts folio ~30% nearer the exact model).
     #[arg(long)]
     pub llama_arithmetic: bool,
+    /// Speculative decoding without a draft model: `auto` drafts a sample's next
+    /// tokens from its own text and recent outputs where that pays, `off` never does.
+    /// The output is the same token for token either way.
+    #[arg(long, value_enum, default_value_t = SpecArg::Auto)]
+    pub spec: SpecArg,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecArg {
+    Auto,
+    Off,
+}
+
+impl SpecArg {
+    pub fn mode(self) -> folio::SpecMode {
+        match self {
+            SpecArg::Auto => folio::SpecMode::Auto,
+            SpecArg::Off => folio::SpecMode::Off,
+        }
+    }
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +152,7 @@ impl ModelArgs {
             max_seq_tokens: Some(window),
             snapshot_dir: self.snapshot_dir.clone(),
             kv_dtype: self.kv_dtype.dtype(),
+            speculative: self.spec.mode(),
             ..EngineConfig::default()
         })
     }

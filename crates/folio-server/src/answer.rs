@@ -122,6 +122,29 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptDetails,
+    /// Speculative decoding's tokens, as OpenAI reports predicted outputs': drafted
+    /// tokens accepted and rejected (present when any was drafted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionDetails>,
+}
+
+#[derive(Serialize, Debug, Clone, Copy)]
+pub struct CompletionDetails {
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
+}
+
+impl Usage {
+    /// With the drafted and accepted tokens of speculative decoding (none: unchanged).
+    pub fn with_drafts(mut self, drafted: usize, accepted: usize) -> Self {
+        if drafted > 0 {
+            self.completion_tokens_details = Some(CompletionDetails {
+                accepted_prediction_tokens: accepted,
+                rejected_prediction_tokens: drafted.saturating_sub(accepted),
+            });
+        }
+        self
+    }
 }
 
 #[derive(Serialize, Debug, Clone, Copy)]
@@ -137,6 +160,7 @@ pub fn usage(prompt: usize, completion: usize, cached: usize) -> Usage {
         prompt_tokens_details: PromptDetails {
             cached_tokens: cached,
         },
+        completion_tokens_details: None,
     }
 }
 

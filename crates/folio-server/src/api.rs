@@ -33,6 +33,9 @@ pub struct GenRequest {
     pub repetition_penalty: Option<f32>,
     pub repeat_penalty: Option<f32>,
     pub ignore_eos: Option<bool>,
+    /// folio's: `false` keeps this request out of speculative decoding (the output is
+    /// the same either way).
+    pub speculative: Option<bool>,
     /// Chat: a boolean; completions: how many alternatives per token.
     pub logprobs: Option<LogprobsInput>,
     /// Chat: alternatives per token (with `logprobs: true`).

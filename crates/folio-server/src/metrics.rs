@@ -265,6 +265,52 @@ fn family(
     );
 }
 
+/// Speculative decoding's figures: drafts verified, tokens drafted and accepted, the
+/// acceptance rate and the tokens a draft step yields on average.
+fn render_spec(out: &mut String, l: &str, s: &EngineStats) {
+    counter(
+        out,
+        l,
+        "spec_decode_num_drafts_total",
+        "Decode steps of a sample that verified a draft.",
+        s.spec_drafts,
+    );
+    counter(
+        out,
+        l,
+        "spec_decode_num_draft_tokens_total",
+        "Tokens drafted (without a draft model).",
+        s.spec_drafted_tokens,
+    );
+    counter(
+        out,
+        l,
+        "spec_decode_num_accepted_tokens_total",
+        "Drafted tokens accepted.",
+        s.spec_accepted_tokens,
+    );
+    let rate = s.spec_accepted_tokens as f64 / s.spec_drafted_tokens.max(1) as f64;
+    gauge(
+        out,
+        l,
+        "spec_decode_acceptance_rate",
+        "Drafted tokens accepted, as a fraction of those drafted (0 before any draft).",
+        rate.to_string(),
+    );
+    let per_step = if s.spec_drafts == 0 {
+        0.0
+    } else {
+        1.0 + s.spec_accepted_tokens as f64 / s.spec_drafts as f64
+    };
+    gauge(
+        out,
+        l,
+        "spec_decode_tokens_per_draft_step",
+        "Tokens a sample's draft step yielded on average (1 + accepted per draft; 0 before any).",
+        per_step.to_string(),
+    );
+}
+
 /// The figures a router built for vLLM scores replicas by, under vLLM's own names (llm-d's
 /// default scorers and the vLLM production stack's router read these): the queues, the
 /// KV usage (as vLLM's fraction, under its current and its older name), the prefix
@@ -313,6 +359,24 @@ fn render_vllm(out: &mut String, l: &str, s: &EngineStats, (queries, hits): (u64
             "num_preemptions_total",
             "Requests preempted to free KV pages.",
             s.preemptions.to_string(),
+        ),
+        (
+            "counter",
+            "spec_decode_num_drafts_total",
+            "Speculative decoding: decode steps of a sample that verified a draft.",
+            s.spec_drafts.to_string(),
+        ),
+        (
+            "counter",
+            "spec_decode_num_draft_tokens_total",
+            "Speculative decoding: tokens drafted.",
+            s.spec_drafted_tokens.to_string(),
+        ),
+        (
+            "counter",
+            "spec_decode_num_accepted_tokens_total",
+            "Speculative decoding: drafted tokens accepted.",
+            s.spec_accepted_tokens.to_string(),
         ),
     ] {
         family(out, (kind, &format!("vllm:{name}")), help, l, v);
@@ -417,6 +481,7 @@ fn render_engine(out: &mut String, l: &str, s: &EngineStats) {
         s.prefilled_tokens,
     );
     counter(out, l, "engine_steps_total", "Forward steps run.", s.steps);
+    render_spec(out, l, s);
     histogram(
         out,
         "folio:iteration_tokens_total",

@@ -11,7 +11,8 @@
 //! names it. A `null` is the field left out. Fields outside both schemas (other
 //! servers' extensions folio does not know) are still ignored; the extensions it
 //! knows (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`,
-//! `guided_*`, `structured_outputs`, `json_schema`) are implemented. The checks apply
+//! `guided_*`, `structured_outputs`, `json_schema`, and folio's own `speculative`:
+//! `false` keeps the request out of speculative decoding) are implemented. The checks apply
 //! on both routes (and a context's generation).
 //!
 //! | field | schema | folio |
@@ -272,6 +273,7 @@ fn request_fields(
     req.sampling = sampling;
     req.stop = stop;
     req.ignore_eos = r.ignore_eos.unwrap_or(false);
+    req.speculative = r.speculative.unwrap_or(true);
     req.logprobs = logprobs;
     req.prompt_logprobs = if echo { logprobs } else { None };
     if let Some(k) = req.prompt_logprobs {

@@ -22,12 +22,17 @@ pub struct Counts {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Speculative decoding: tokens drafted and accepted, every sample's.
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 impl Counts {
     pub fn count(&mut self, ev: &Event) {
         if let Event::Done { index, usage, .. } = ev {
             self.completion_tokens += usage.completion_tokens;
+            self.drafted_tokens += usage.drafted_tokens;
+            self.accepted_tokens += usage.accepted_tokens;
             if *index == 0 {
                 self.prompt_tokens += usage.prompt_tokens;
                 self.cached_tokens += usage.cached_tokens;
@@ -41,6 +46,7 @@ impl Counts {
             self.completion_tokens,
             self.cached_tokens,
         )
+        .with_drafts(self.drafted_tokens, self.accepted_tokens)
     }
 }
 

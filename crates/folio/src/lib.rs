@@ -32,7 +32,7 @@ pub mod tokenizer;
 pub use engine::{
     forward_one, Completion, Context, ContextInfo, Embedding, Engine, EngineConfig, EngineError,
     EngineStats, Event, FinishReason, Holder, PageEntry, PageMap, Pooling, Prompt, Request, Role,
-    Stream, TokenLogprob, Usage,
+    SpecMode, Stream, TokenLogprob, Usage,
 };
 pub use error::{ErrorKind, GgufError, TokenizerError};
 pub use kv::{

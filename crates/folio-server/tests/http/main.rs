@@ -19,5 +19,6 @@ mod responses;
 mod routes;
 mod server;
 mod snapshots_hostile;
+mod spec;
 mod stall;
 mod tool_calls;

@@ -414,6 +414,9 @@ impl Contexts {
             tx,
         );
         g.grammar = r.grammar;
+        if r.speculative {
+            g.spec = Some(Box::new(super::spec::SpecState::new()));
+        }
         Ok(Job {
             req,
             tokens,

@@ -10,6 +10,7 @@ use super::error::EngineError;
 use super::request::{EngineConfig, EngineStats, Event, Request};
 use super::scheduler::{check_fits, Plan, Scheduler, SchedulerConfig};
 use super::seq::{Embed, EmbedReply, Gen, Purpose, Sink};
+use super::spec::SpecState;
 use crate::kv::{PageState, PagedKv};
 use crate::model::{Model, StepLogits};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -90,6 +91,7 @@ impl Core {
             } else {
                 1
             },
+            speculative: cfg.speculative,
             sliding_window: if cfg.free_window_pages {
                 model.config.sliding_window()
             } else {
@@ -270,6 +272,9 @@ impl Core {
         g.prompt_logprobs = req.prompt_logprobs.map(|k| (k, Vec::new()));
         g.grammar = req.grammar;
         g.forks = (1..req.n).collect();
+        if req.speculative {
+            g.spec = Some(Box::new(SpecState::new()));
+        }
         self.sched
             .push(id, toks, req.salt, Purpose::Generate(Box::new(g)), None);
     }
@@ -338,6 +343,9 @@ impl Core {
             grammar_masked: grammar.masked,
             grammar_masks_ahead: grammar.masks_ahead,
             grammar_masks_ahead_used: grammar.masks_ahead_used,
+            spec_drafts: c.spec_drafts,
+            spec_drafted_tokens: c.spec_drafted_tokens,
+            spec_accepted_tokens: c.spec_accepted_tokens,
         }
     }
 

@@ -17,6 +17,8 @@
 //! - `pooling.rs`: an embedding's token states made into one vector (mean, last,
 //!   cls; L2 normalization), in float64.
 //! - `text.rs`: streamed text with stop strings held back.
+//! - `spec/`: speculative decoding without a draft model: drafts from the sample's own
+//!   tokens and the salt's recent outputs, how many tokens to draft.
 //! - `request.rs`, `error.rs`: the types callers see.
 //!
 //! NOTE: everything that touches the pool runs on the engine thread; handles talk to
@@ -33,6 +35,7 @@ mod request;
 mod scheduler;
 mod seq;
 mod single;
+pub mod spec;
 mod text;
 
 pub use crate::model::sampler::{MAX_BIAS, MAX_LOGIT_BIAS};
@@ -46,3 +49,4 @@ pub use request::{
     Usage, MAX_BATCH_TOKENS, MAX_LOGPROBS, MAX_N, STEP_TOKEN_BOUNDS,
 };
 pub use single::forward_one;
+pub use spec::SpecMode;

@@ -4,6 +4,7 @@
 //! [`Completion`]s gathered from one, and the [`EngineStats`] counters.
 
 use super::error::EngineError;
+use super::spec::SpecMode;
 use crate::kv::{KvDtype, PoolShape};
 use crate::model::sampler::{MAX_BIAS, MAX_LOGIT_BIAS};
 use crate::model::{Model, SamplingParams};
@@ -54,6 +55,9 @@ pub struct EngineConfig {
     /// Most snapshots kept (`--max-snapshots`); a save under a new name past it is
     /// refused.
     pub snapshot_max_count: usize,
+    /// Speculative decoding without a draft model (`--spec`; see `engine/spec`): the
+    /// output is the same token for token either way; `Auto` drafts where it pays.
+    pub speculative: SpecMode,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +75,7 @@ impl Default for EngineConfig {
             context_pages: None,
             snapshot_max_bytes: 4 << 30,
             snapshot_max_count: 256,
+            speculative: SpecMode::Auto,
         }
     }
 }
@@ -189,6 +194,9 @@ pub struct Request {
     /// Constrained decoding: only tokens this grammar allows are sampled, and the
     /// output ends when it is complete (see [`crate::grammar`]).
     pub grammar: Option<crate::grammar::Grammar>,
+    /// Let the engine draft this request's tokens (when its `speculative` mode allows):
+    /// the same output either way, only faster or not.
+    pub speculative: bool,
 }
 
 /// The most samples one request may ask for.
@@ -209,6 +217,7 @@ impl Request {
             n: 1,
             salt: None,
             grammar: None,
+            speculative: true,
         }
     }
 
@@ -344,6 +353,10 @@ pub struct Usage {
     /// Prompt tokens whose K/V came from the prefix cache (or a fork), not computed.
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Tokens drafted by speculative decoding and verified, and those accepted (each
+    /// accepted one saved a decode step; the output is the same either way).
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// What a request's stream delivers. `index` says which of the `n` samples.
@@ -417,6 +430,11 @@ pub struct EngineStats {
     /// previous sample needed one), and how many of them a sample used.
     pub grammar_masks_ahead: u64,
     pub grammar_masks_ahead_used: u64,
+    /// Speculative decoding: samples' decode steps that carried a draft, the tokens
+    /// drafted in them, and those accepted.
+    pub spec_drafts: u64,
+    pub spec_drafted_tokens: u64,
+    pub spec_accepted_tokens: u64,
 }
 
 /// Bucket bounds of [`EngineStats::step_tokens`] (vLLM's for `iteration_tokens_total`).

@@ -35,7 +35,8 @@
 use super::error::EngineError;
 use super::request::STEP_TOKEN_BOUNDS;
 use super::seq::{After, Gen, GrammarSteps, Purpose, Seq};
-use crate::kv::{Batch, KvError, Logits, PageTable, PagedKv};
+use super::spec::{history::History, salt_key, SpecMode, SpecState, SPEC_ROWS};
+use crate::kv::{Batch, KvError, Logits, PageState, PageTable, PagedKv};
 use crate::model::StepLogits;
 use crate::tokenizer::Tokenizer;
 
@@ -77,13 +78,19 @@ pub(crate) struct Counters {
     pub step_tokens_sum: u64,
     /// Samples chosen on the forward pass's threads ([`Scheduler::choose_ahead`]).
     pub samples_chosen_ahead: u64,
+    /// Decode steps of a sample that carried a draft, tokens drafted, tokens accepted.
+    pub spec_drafts: u64,
+    pub spec_drafted_tokens: u64,
+    pub spec_accepted_tokens: u64,
 }
 
 /// One planned step: `seqs[i]` is the index of the sequence that runs
-/// `batch.seqs[i]`, whose slots are reserved.
+/// `batch.seqs[i]`, whose slots are reserved. `drafts[i]` of its tokens (after the
+/// first) are a draft to verify (see `engine/spec`).
 pub(crate) struct Plan {
     pub seqs: Vec<usize>,
     pub batch: Batch,
+    pub drafts: Vec<usize>,
 }
 
 /// How a [`Scheduler`] runs, fixed for its life: from the engine's configuration,
@@ -107,6 +114,8 @@ pub(crate) struct SchedulerConfig {
     /// The widest window when every layer of the model slides and plain requests free
     /// the pages it left (`EngineConfig::free_window_pages`); `None` otherwise.
     pub sliding_window: Option<usize>,
+    /// Speculative decoding (`EngineConfig::speculative`).
+    pub speculative: SpecMode,
 }
 
 /// The live sequences and the rules that run them.
@@ -120,6 +129,8 @@ pub(crate) struct Scheduler {
     /// Finished or failed sequences that belong to a context: the core hands their
     /// tables back (others release their pages here).
     retired: Vec<Seq>,
+    /// Recent outputs per salt, which drafts may continue.
+    history: History,
 }
 
 impl Scheduler {
@@ -137,6 +148,7 @@ impl Scheduler {
                 masks_ahead_used: 0,
             },
             retired: Vec::new(),
+            history: History::new(),
             cfg,
         }
     }
@@ -269,6 +281,20 @@ impl Scheduler {
         });
     }
 
+    /// Keeps a finished sample's output for later drafts under its salt.
+    fn remember(&mut self, s: &Seq) {
+        if self.cfg.speculative == SpecMode::Off {
+            return;
+        }
+        if let Purpose::Generate(g) = &s.purpose {
+            if g.spec.is_some() {
+                let salt = salt_key(s.salt.as_deref());
+                self.history
+                    .record(salt, &s.tokens[s.prompt_len.min(s.tokens.len())..]);
+            }
+        }
+    }
+
     /// Drops every sample of request `req` (its stream is gone), or stops a context's
     /// flush: its table goes back with what was computed, the rest pending again.
     pub fn cancel(&mut self, kv: &mut PagedKv, req: u64) {
@@ -364,6 +390,7 @@ impl Scheduler {
         let mut plan = Plan {
             seqs: Vec::new(),
             batch: Batch::default(),
+            drafts: Vec::new(),
         };
         let mut admitting = true;
         let mut failed = Vec::new();
@@ -431,6 +458,7 @@ impl Scheduler {
                         s.prompt_len.saturating_sub(len).min(c) as u64;
                     plan.seqs.push(i);
                     plan.batch.seqs.push(step);
+                    plan.drafts.push(0);
                     budget -= c;
                 }
                 Err(KvError::OutOfPages { .. }) => admitting = false,
@@ -453,12 +481,109 @@ impl Scheduler {
             self.unblock(kv);
             return None;
         }
+        self.add_drafts(kv, &mut plan, budget);
         self.counters.steps += 1;
         let rows = plan.batch.num_tokens();
         let bucket = STEP_TOKEN_BOUNDS.partition_point(|&b| b < rows);
         self.counters.step_tokens[bucket] += 1;
         self.counters.step_tokens_sum += rows as u64;
         Some(plan)
+    }
+
+    /// Extends decoding samples' one-token steps with drafts while the step has few
+    /// rows (`SPEC_ROWS`) and `budget` rows are left, each draft's slots reserved from
+    /// free pages only (a draft never evicts a cached page or preempts anyone).
+    fn add_drafts(&mut self, kv: &mut PagedKv, plan: &mut Plan, budget: usize) {
+        if self.cfg.speculative == SpecMode::Off {
+            return;
+        }
+        let mut room = SPEC_ROWS
+            .saturating_sub(plan.batch.num_tokens())
+            .min(budget);
+        for e in 0..plan.seqs.len() {
+            if room == 0 {
+                break;
+            }
+            let step = &mut plan.batch.seqs[e];
+            let s = &mut self.seqs[plan.seqs[e]];
+            if step.tokens.len() != 1 || step.logits != Logits::Last || s.pending() != 0 {
+                continue;
+            }
+            let Purpose::Generate(g) = &mut s.purpose else {
+                continue;
+            };
+            // Past its first token (which may fork `n > 1` samples), within its limits.
+            let left = g.max_tokens.saturating_sub(g.generated);
+            let window_left = self.cfg.window.saturating_sub(s.tokens.len());
+            let Some(spec) = g.spec.as_mut().filter(|_| g.generated > 0) else {
+                continue;
+            };
+            let most = room.min(left.saturating_sub(1)).min(window_left);
+            if most == 0 {
+                continue;
+            }
+            let draft = spec.draft(&s.tokens, most, &self.history, salt_key(s.salt.as_deref()));
+            if draft.is_empty() {
+                continue;
+            }
+            let t = s.table.as_mut().expect("planned");
+            if kv.pages_to_grow(t, draft.len()) > kv.count(PageState::Free) {
+                continue;
+            }
+            let Ok(more) = kv.plan(t, &draft, Logits::All) else {
+                continue;
+            };
+            step.tokens.extend_from_slice(&draft);
+            step.pages = more.pages;
+            step.logits = Logits::All;
+            plan.drafts[e] = draft.len();
+            room -= draft.len();
+        }
+    }
+
+    /// Samples a verified draft's rows in order, as decode steps one at a time would,
+    /// and stops at the first token that differs from the draft (or when the sample
+    /// ends). The rows not used give their slots back; then the pages are committed.
+    fn verify(
+        &mut self,
+        kv: &mut PagedKv,
+        tok: &Tokenizer,
+        i: usize,
+        step: &crate::kv::SeqStep,
+        drafted: usize,
+        logits: &[f32],
+    ) -> Result<After, EngineError> {
+        let rows = drafted + 1;
+        let vocab = logits.len() / rows;
+        let s = &mut self.seqs[i];
+        let mut used = 0;
+        let mut after = After::Continue;
+        for (r, row) in logits.chunks_exact(vocab).enumerate() {
+            used = r + 1;
+            let before = s.tokens.len();
+            after = s.sample(tok, row, self.cfg.window, &mut self.grammar);
+            self.counters.generated_tokens += (s.tokens.len() - before) as u64;
+            let matched =
+                r < drafted && s.tokens.len() > before && s.tokens[before] == step.tokens[r + 1];
+            if !matches!(after, After::Continue) || !matched {
+                break;
+            }
+        }
+        let accepted = used - 1;
+        if let Purpose::Generate(g) = &mut s.purpose {
+            if let Some(spec) = g.spec.as_mut() {
+                spec.record(drafted, accepted);
+            }
+        }
+        self.counters.spec_drafts += 1;
+        self.counters.spec_drafted_tokens += drafted as u64;
+        self.counters.spec_accepted_tokens += accepted as u64;
+        if let Some(t) = s.table.as_mut() {
+            kv.abort(t, rows - used);
+            kv.commit(t)
+                .map_err(|e| EngineError::Internal(format!("committing pages: {e}")))?;
+        }
+        Ok(after)
     }
 
     /// Nothing could run: the oldest sequence holding pages (else the oldest) cannot fit
@@ -508,6 +633,18 @@ impl Scheduler {
         let mut children = Vec::new();
         let steps = plan.seqs.iter().zip(logits.iter()).zip(&plan.batch.seqs);
         for (k, ((&i, l), step)) in steps.enumerate() {
+            if plan.drafts[k] > 0 {
+                match self.verify(kv, tok, i, step, plan.drafts[k], l) {
+                    Ok(After::Continue) => {}
+                    Ok(After::Finished(why)) => done.push((i, Some(why))),
+                    Ok(After::Gone) => done.push((i, None)),
+                    Err(e) => {
+                        self.seqs[i].fail(&e);
+                        done.push((i, None));
+                    }
+                }
+                continue;
+            }
             if let Some(t) = self.seqs[i].table.as_mut() {
                 if let Err(e) = kv.commit(t) {
                     self.seqs[i].fail(&EngineError::Internal(format!("committing pages: {e}")));
@@ -557,6 +694,7 @@ impl Scheduler {
             if let Some(why) = why {
                 s.finish(why);
                 self.counters.requests_done += 1;
+                self.remember(&s);
             }
             if let (Purpose::Flush, Some(link)) = (&s.purpose, s.ctx.as_mut()) {
                 if let Some(r) = link.flush_reply.take() {
@@ -661,6 +799,9 @@ impl Scheduler {
             );
             // Each sample walks its own copy of the grammar, from the start.
             gen.grammar = g.grammar.clone();
+            if g.spec.is_some() {
+                gen.spec = Some(Box::new(SpecState::new()));
+            }
             // Without a page for the copy of the partial page, the sample starts
             // from the prefix cache instead.
             let table = s.table.as_mut().and_then(|t| kv.fork(t).ok());

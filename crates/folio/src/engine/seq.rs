@@ -5,6 +5,7 @@
 
 use super::error::EngineError;
 use super::request::{Event, FinishReason, TokenLogprob, Usage};
+use super::spec::SpecState;
 use super::text::TextOut;
 use crate::kv::PageTable;
 use crate::model::{sampler::log_softmax, Sampler, SamplingParams};
@@ -217,6 +218,8 @@ pub(crate) struct Gen {
     pub tx: Sink,
     /// Samples still to fork from this one's prompt once it is computed (n > 1).
     pub forks: Vec<usize>,
+    /// Drafting state, when the request allows speculative decoding.
+    pub spec: Option<Box<SpecState>>,
 }
 
 pub(crate) struct Seq {
@@ -271,6 +274,7 @@ impl Gen {
             chosen: None,
             tx,
             forks: Vec::new(),
+            spec: None,
         }
     }
 }
@@ -282,10 +286,16 @@ impl Seq {
     }
 
     pub fn usage(&self) -> Usage {
+        let (drafted_tokens, accepted_tokens) = match &self.purpose {
+            Purpose::Generate(g) => g.spec.as_ref().map_or((0, 0), |s| (s.drafted, s.accepted)),
+            _ => (0, 0),
+        };
         Usage {
             prompt_tokens: self.prompt_len,
             cached_tokens: self.cached.unwrap_or(0),
             completion_tokens: self.tokens.len() - self.prompt_len,
+            drafted_tokens,
+            accepted_tokens,
         }
     }
 

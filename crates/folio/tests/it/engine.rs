@@ -19,7 +19,7 @@ fn model() -> Model {
 /// of them at once on a 2-core machine mostly wait for each other.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 

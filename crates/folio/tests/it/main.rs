@@ -27,5 +27,6 @@ mod quant_reference;
 mod readme;
 mod sliding_window;
 mod snapshot_hostile;
+mod spec;
 mod tiny_model;
 mod tokenizer_parity;

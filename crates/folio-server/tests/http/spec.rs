@@ -1,0 +1,104 @@
+//! Speculative decoding over HTTP (issue 40): drafted and accepted tokens in the usage
+//! (OpenAI's `completion_tokens_details`, as for predicted outputs), `"speculative":
+//! false` per request, `--spec off` for the server; the same text every way; the
+//! counters in `/metrics` under folio's and vLLM's names.
+
+use crate::client::{metric, post};
+use crate::server::{small_engine, start};
+use folio::SpecMode;
+use folio_server::ServeConfig;
+use serde_json::{json, Value};
+
+const PROMPT: &str = "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Monday, \
+Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Monday, Tuesday,";
+
+fn complete(addr: std::net::SocketAddr, extra: Value) -> Value {
+    let mut b = json!({"prompt": PROMPT, "max_tokens": 40, "temperature": 0});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    let r = post(addr, "/v1/completions", &b);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+#[test]
+fn drafts_are_reported_and_change_nothing_else() {
+    let s = start(ServeConfig::default(), small_engine());
+    let on = complete(s.addr, json!({}));
+    let d = &on["usage"]["completion_tokens_details"];
+    let accepted = d["accepted_prediction_tokens"].as_u64().unwrap();
+    let rejected = d["rejected_prediction_tokens"].as_u64().unwrap();
+    assert!(
+        accepted > 0,
+        "repeating text accepts drafts: {}",
+        on["usage"]
+    );
+    let off = complete(s.addr, json!({"speculative": false}));
+    assert_eq!(on["choices"][0]["text"], off["choices"][0]["text"]);
+    assert_eq!(
+        on["usage"]["completion_tokens"],
+        off["usage"]["completion_tokens"]
+    );
+    assert!(
+        off["usage"].get("completion_tokens_details").is_none(),
+        "nothing drafted, no details: {}",
+        off["usage"]
+    );
+    // Streamed, with usage at the end: the same figures' shape.
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "stream": true,
+                "stream_options": {"include_usage": true}}),
+    );
+    let last: Value = r
+        .events()
+        .iter()
+        .filter(|e| e.as_str() != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .rfind(|v| !v["usage"].is_null())
+        .unwrap();
+    assert!(
+        last["usage"]["completion_tokens_details"]["accepted_prediction_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let drafted = metric(s.addr, "folio:spec_decode_num_draft_tokens_total", "");
+    let acc = metric(s.addr, "folio:spec_decode_num_accepted_tokens_total", "");
+    assert!(acc >= 2.0 * accepted as f64, "{acc} {accepted}");
+    assert!(drafted >= acc + 2.0 * rejected as f64);
+    assert_eq!(
+        metric(s.addr, "vllm:spec_decode_num_draft_tokens_total", ""),
+        drafted
+    );
+    assert_eq!(
+        metric(s.addr, "vllm:spec_decode_num_accepted_tokens_total", ""),
+        acc
+    );
+    assert!(metric(s.addr, "folio:spec_decode_acceptance_rate", "") > 0.0);
+    assert!(metric(s.addr, "folio:spec_decode_tokens_per_draft_step", "") > 1.0);
+    // A server started with speculation off drafts nothing, and says the same.
+    let mut cfg = small_engine();
+    cfg.speculative = SpecMode::Off;
+    let plain = start(ServeConfig::default(), cfg);
+    let p = complete(plain.addr, json!({}));
+    assert_eq!(p["choices"][0]["text"], on["choices"][0]["text"]);
+    assert!(p["usage"].get("completion_tokens_details").is_none());
+    assert_eq!(
+        metric(plain.addr, "folio:spec_decode_num_draft_tokens_total", ""),
+        0.0
+    );
+}
+
+#[test]
+fn a_speculative_field_of_the_wrong_type_is_a_400() {
+    let s = start(ServeConfig::default(), small_engine());
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 2, "speculative": "yes"}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+}

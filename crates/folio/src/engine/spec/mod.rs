@@ -1,0 +1,108 @@
+//! Speculative decoding without a draft model: a decoding sample's next tokens are
+//! guessed from text it has seen, and checked in the normal batched step.
+//!
+//! A guess (a *draft*) comes from the sample's own prompt and output ([`lookup`]: the
+//! longest recent n-gram that ends the sequence and occurred before, and what followed
+//! it), or else from the server's recent outputs under the same cache salt
+//! ([`history`]; tenants never learn from each other). The scheduler plans the draft as
+//! extra rows of the sample's decode step, all rows' logits asked for; the step runs
+//! beside other samples' decode rows and prefill chunks.
+//!
+//! Checking is sampling: row `r` of the step is sampled exactly as a plain decode step
+//! at that position would be (the same sampler, the same random stream, the same
+//! grammar and stop rules), and the walk stops at the first sampled token that differs
+//! from the draft's. Because a row's logits are the same bits however the rows were
+//! grouped into steps (the backend's contract), the tokens are exactly those of
+//! decoding one at a time, greedy or sampled: a draft only changes how many tokens
+//! one weight read yields. (The textbook acceptance rule keeps only the distribution;
+//! with a drafter that proposes single tokens, drawing from the target and comparing
+//! accepts with the same probability, `p(draft)`, and keeps the very tokens.) Rejected
+//! rows' slots are given back before the step's pages are committed, so nothing else
+//! ever sees them.
+//!
+//! [`adapt`] decides per sample how many tokens to draft, from its recent acceptance,
+//! and the scheduler adds drafts only while a step has few rows (a step of many rows
+//! is compute-bound: every extra row costs a row's compute).
+
+pub(crate) mod adapt;
+pub(crate) mod history;
+pub(crate) mod lookup;
+
+use adapt::Adapt;
+use history::History;
+use lookup::Lookup;
+
+/// Whether the engine drafts (`--spec`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecMode {
+    /// Draft where the sample's recent acceptance says it pays, in steps of few rows.
+    #[default]
+    Auto,
+    /// Never draft: one token per decode step.
+    Off,
+}
+
+/// The most tokens one draft proposes.
+pub const MAX_DRAFT: usize = 8;
+
+/// A step with at least this many rows gets no drafts: its weights are read once for
+/// many rows already, so a drafted row costs about what it could save.
+pub const SPEC_ROWS: usize = 16;
+
+/// One sample's drafting state: its n-gram index and its acceptance record.
+pub(crate) struct SpecState {
+    lookup: Lookup,
+    adapt: Adapt,
+    /// Tokens drafted and verified for this sample, and those accepted.
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+impl SpecState {
+    pub fn new() -> Self {
+        Self {
+            lookup: Lookup::new(),
+            adapt: Adapt::new(),
+            drafted: 0,
+            accepted: 0,
+        }
+    }
+
+    /// A draft of at most `room` tokens continuing `tokens`, or none when no guess is
+    /// worth its rows now. `history` holds the outputs of earlier samples under this
+    /// sample's salt.
+    pub fn draft(&mut self, tokens: &[u32], room: usize, history: &History, salt: u64) -> Vec<u32> {
+        let room = room.min(MAX_DRAFT);
+        let Some(k) = self.adapt.next_k(room) else {
+            return Vec::new();
+        };
+        let mut d = self.lookup.propose(tokens, k);
+        if d.is_empty() {
+            d = history.propose(salt, tokens, k);
+        }
+        if d.is_empty() {
+            self.adapt.no_draft();
+        }
+        d
+    }
+
+    /// Records a verified draft: `drafted` tokens, of which the first `accepted` matched.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        self.drafted += drafted;
+        self.accepted += accepted;
+        self.adapt.record(drafted, accepted);
+    }
+}
+
+/// A salt's key in the history (no salt is a salt of its own).
+pub(crate) fn salt_key(salt: Option<&[u8]>) -> u64 {
+    match salt {
+        None => 0,
+        Some(s) => xxhash_rust::xxh3::xxh3_64_with_seed(s, 1) | 1,
+    }
+}
+
+/// The key of an n-gram of tokens.
+pub(crate) fn ngram_key(seed: u64, gram: &[u32]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(bytemuck::cast_slice(gram), seed)
+}
