@@ -74,7 +74,7 @@ pub struct GenRequest {
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     pub service_tier: Option<String>,
     pub store: Option<bool>,
-    #[allow(dead_code)] // Accepted and ignored: checked for its type only.
+    /// OpenAI's predicted outputs: `{"type": "content", "content": text or text parts}`.
     pub prediction: Option<serde_json::Map<String, serde_json::Value>>,
     pub reasoning_effort: Option<String>,
     pub verbosity: Option<String>,

@@ -28,7 +28,7 @@
 //! | `user`, `safety_identifier` | both / chat | accepted, ignored: an end-user id for OpenAI's abuse monitoring (as llama.cpp and vLLM do) |
 //! | `prompt_cache_key` | chat | accepted, ignored: a routing hint for OpenAI's cache; folio's prefix cache needs none (`cache_salt` separates tenants) |
 //! | `metadata` | chat | accepted (an object), ignored: it only labels stored completions, and folio stores none (`store: true` is refused) |
-//! | `prediction` | chat | accepted (an object), ignored: a latency hint whose answer is by definition the one without it |
+//! | `prediction` | chat | implemented (both routes): `{"type": "content", "content": text or text parts}`, tokenized and drafted from by speculative decoding while the output agrees with it; the answer is the one without it, `completion_tokens_details` counts the drafted tokens accepted and rejected |
 //! | `service_tier` | chat | `"auto"` and `"default"` accepted (the one tier); any other a 400 |
 //! | `store` | chat | `false` accepted; `true` a 400: folio does not store chat completions |
 //! | `modalities` | chat | `["text"]` accepted; anything else a 400 |
@@ -106,6 +106,53 @@ pub fn check_salt(salt: Option<&str>) -> Result<(), ApiError> {
 /// figures: at most this many.
 pub const MAX_ECHO_FIGURES: usize = 1 << 20;
 
+/// OpenAI's predicted output as tokens: `{"type": "content", "content": "..."}` or
+/// content as text parts (`[{"type": "text", "text": "..."}]`).
+fn prediction_of(
+    p: Option<serde_json::Map<String, serde_json::Value>>,
+    tok: &folio::tokenizer::Tokenizer,
+) -> Result<Vec<u32>, ApiError> {
+    use serde_json::Value;
+    let Some(p) = p else {
+        return Ok(Vec::new());
+    };
+    let bad = |why: &str| ApiError::invalid("prediction", why.to_string());
+    if p.get("type").and_then(Value::as_str) != Some("content") {
+        return Err(bad("prediction.type must be \"content\""));
+    }
+    let text = match p.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    _ => return Err(bad(
+                        "prediction.content parts must be {\"type\": \"text\", \"text\": string}",
+                    )),
+                }
+            }
+            text
+        }
+        _ => {
+            return Err(bad(
+                "prediction.content must be a string or a list of text parts",
+            ))
+        }
+    };
+    let ids = tok
+        .try_encode(&text, false)
+        .map_err(folio::EngineError::from)?;
+    if ids.len() > folio::engine::MAX_PREDICTION {
+        return Err(bad(&format!(
+            "prediction.content is {} tokens; at most {}",
+            ids.len(),
+            folio::engine::MAX_PREDICTION
+        )));
+    }
+    Ok(ids)
+}
+
 /// Checks `r` for `route` and tokenizes its prompt(s); `window` is the most tokens a
 /// sequence holds, `cap` the most one choice may generate (`--max-tokens-cap`).
 pub fn job(
@@ -134,6 +181,7 @@ pub fn job_cancellable(
     openai_fields(&r)?;
     let bias = logit_bias_of(r.logit_bias.take(), model.config.vocab)?;
     let tok = &model.tokenizer;
+    let prediction = prediction_of(r.prediction.take(), tok)?;
     let (mut tool_plan, mut forced) = (None, None);
     let (prompts, prompt_texts) = match route {
         Route::Completions => {
@@ -214,6 +262,7 @@ pub fn job_cancellable(
     )?;
     job.tools = tool_plan;
     job.req.sampling.logit_bias = bias;
+    job.req.prediction = prediction;
     Ok(job)
 }
 

@@ -102,3 +102,49 @@ fn a_speculative_field_of_the_wrong_type_is_a_400() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
 }
+
+/// OpenAI's predicted outputs: drafts follow the prediction, so a right one is almost
+/// wholly accepted; right, wrong or absent, the answer is the same.
+#[test]
+fn a_prediction_is_drafted_from_and_changes_nothing_else() {
+    let s = start(ServeConfig::default(), small_engine());
+    let chat = |prediction: Option<Value>| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Write a haiku about the sea."}],
+                           "max_tokens": 48, "temperature": 0, "speculative": prediction.is_some()});
+        if let Some(p) = prediction {
+            b["prediction"] = p;
+        }
+        let r = post(s.addr, "/v1/chat/completions", &b);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let plain = chat(None);
+    let text = plain["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let right = chat(Some(json!({"type": "content", "content": text})));
+    assert_eq!(right["choices"][0]["message"]["content"], json!(text));
+    let d = &right["usage"]["completion_tokens_details"];
+    let completion = right["usage"]["completion_tokens"].as_u64().unwrap();
+    let accepted = d["accepted_prediction_tokens"].as_u64().unwrap();
+    assert!(
+        accepted * 10 >= (completion - 1) * 8,
+        "a right prediction: {accepted} of {completion} tokens accepted"
+    );
+    let parts = json!({"type": "content", "content": [{"type": "text", "text": "The sea is wide and "},
+                                                      {"type": "text", "text": "grey tonight."}]});
+    let wrong = chat(Some(parts));
+    assert_eq!(wrong["choices"][0]["message"]["content"], json!(text));
+    for bad in [
+        json!({"type": "text", "content": "x"}),
+        json!({"type": "content"}),
+        json!({"type": "content", "content": [{"type": "image", "url": "x"}]}),
+        json!({"type": "content", "content": 5}),
+    ] {
+        let b = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "prediction": bad});
+        let r = post(s.addr, "/v1/chat/completions", &b);
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert_eq!(r.error(400)["param"], "prediction");
+    }
+}

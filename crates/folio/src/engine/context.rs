@@ -415,7 +415,7 @@ impl Contexts {
         );
         g.grammar = r.grammar;
         if r.speculative {
-            g.spec = Some(Box::new(super::spec::SpecState::new()));
+            g.spec = Some(Box::new(super::spec::SpecState::new(r.prediction)));
         }
         Ok(Job {
             req,

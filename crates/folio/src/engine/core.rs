@@ -273,7 +273,7 @@ impl Core {
         g.grammar = req.grammar;
         g.forks = (1..req.n).collect();
         if req.speculative {
-            g.spec = Some(Box::new(SpecState::new()));
+            g.spec = Some(Box::new(SpecState::new(req.prediction)));
         }
         self.sched
             .push(id, toks, req.salt, Purpose::Generate(Box::new(g)), None);

@@ -46,7 +46,7 @@ pub use pagemap::{Holder, PageEntry, PageMap};
 pub use pooling::Pooling;
 pub use request::{
     Completion, EngineConfig, EngineStats, Event, FinishReason, Prompt, Request, TokenLogprob,
-    Usage, MAX_BATCH_TOKENS, MAX_LOGPROBS, MAX_N, STEP_TOKEN_BOUNDS,
+    Usage, MAX_BATCH_TOKENS, MAX_LOGPROBS, MAX_N, MAX_PREDICTION, STEP_TOKEN_BOUNDS,
 };
 pub use single::forward_one;
 pub use spec::SpecMode;

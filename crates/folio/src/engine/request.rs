@@ -197,10 +197,15 @@ pub struct Request {
     /// Let the engine draft this request's tokens (when its `speculative` mode allows):
     /// the same output either way, only faster or not.
     pub speculative: bool,
+    /// The output the caller expects (OpenAI's predicted outputs), as tokens: drafts
+    /// follow it where the output agrees with it. It changes only the speed.
+    pub prediction: Vec<u32>,
 }
 
 /// The most samples one request may ask for.
 pub const MAX_N: usize = 128;
+/// The most tokens a request's `prediction` may hold.
+pub const MAX_PREDICTION: usize = 1 << 16;
 /// The most alternatives per token a request may ask log-probabilities of.
 pub const MAX_LOGPROBS: usize = 20;
 
@@ -218,6 +223,7 @@ impl Request {
             salt: None,
             grammar: None,
             speculative: true,
+            prediction: Vec::new(),
         }
     }
 
@@ -235,6 +241,15 @@ impl Request {
         }
         if self.logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
             return Err(p("logprobs", format!("must be at most {MAX_LOGPROBS}")));
+        }
+        if self.prediction.len() > MAX_PREDICTION {
+            return Err(p(
+                "prediction",
+                format!(
+                    "has {} tokens; at most {MAX_PREDICTION}",
+                    self.prediction.len()
+                ),
+            ));
         }
         if self.prompt_logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
             return Err(p(
@@ -303,6 +318,12 @@ impl Request {
     /// Checks the token ids the request names outside its prompt (`logit_bias`)
     /// against a vocabulary of `vocab` tokens (the engine calls it with its model's).
     pub fn validate_ids(&self, vocab: usize) -> Result<(), EngineError> {
+        if let Some(&id) = self.prediction.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::Param {
+                name: "prediction",
+                reason: format!("token {id} is outside the vocabulary (0..{vocab})"),
+            });
+        }
         match self
             .sampling
             .logit_bias

@@ -522,7 +522,8 @@ impl Scheduler {
             if most == 0 {
                 continue;
             }
-            let draft = spec.draft(&s.tokens, most, &self.history, salt_key(s.salt.as_deref()));
+            let salt = salt_key(s.salt.as_deref());
+            let draft = spec.draft(&s.tokens, s.prompt_len, most, &self.history, salt);
             if draft.is_empty() {
                 continue;
             }
@@ -799,8 +800,8 @@ impl Scheduler {
             );
             // Each sample walks its own copy of the grammar, from the start.
             gen.grammar = g.grammar.clone();
-            if g.spec.is_some() {
-                gen.spec = Some(Box::new(SpecState::new()));
+            if let Some(spec) = &g.spec {
+                gen.spec = Some(Box::new(SpecState::new(spec.prediction().to_vec())));
             }
             // Without a page for the copy of the partial page, the sample starts
             // from the prefix cache instead.

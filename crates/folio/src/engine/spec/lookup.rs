@@ -2,6 +2,10 @@
 //! n-gram that ends the sequence (its prompt and its output so far), the longest such
 //! n-gram first. Code edits, quotes, reformatting and retrieval answers repeat their
 //! input in long runs, which this finds in O(1) per token.
+//!
+//! A predicted output (given by the caller) comes first: while the output so far is
+//! its beginning, the draft is its next tokens; once they part, its n-grams are looked
+//! up like the sequence's own.
 
 use super::ngram_key;
 use std::collections::HashMap;
@@ -37,14 +41,67 @@ pub(crate) struct Lookup {
     next: IdMap<u32>,
     /// Positions whose preceding n-grams are indexed: `1..indexed`.
     indexed: usize,
+    /// The predicted output and its n-grams (the position after each one's latest
+    /// occurrence that has a continuation).
+    prediction: Vec<u32>,
+    predicted_next: IdMap<u32>,
 }
 
 impl Lookup {
+    #[cfg(test)]
     pub fn new() -> Self {
+        Self::with_prediction(Vec::new())
+    }
+
+    pub fn with_prediction(prediction: Vec<u32>) -> Self {
+        let mut predicted_next = IdMap::default();
+        for i in 1..prediction.len() {
+            for n in MIN_N..=MAX_N.min(i) {
+                predicted_next.insert(ngram_key(n as u64, &prediction[i - n..i]), i as u32);
+            }
+        }
         Self {
             next: IdMap::default(),
             indexed: 1,
+            prediction,
+            predicted_next,
         }
+    }
+
+    pub fn prediction(&self) -> &[u32] {
+        &self.prediction
+    }
+
+    /// From the predicted output: its next tokens while the output (`tokens[out_start..]`)
+    /// is its beginning, else what followed the longest n-gram ending `tokens` in it.
+    fn predicted(&self, tokens: &[u32], out_start: usize, k: usize) -> Vec<u32> {
+        let p = &self.prediction;
+        if p.is_empty() {
+            return Vec::new();
+        }
+        let out = &tokens[out_start.min(tokens.len())..];
+        if out.len() < p.len() && p.starts_with(out) {
+            return p[out.len()..(out.len() + k).min(p.len())].to_vec();
+        }
+        Self::find(&self.predicted_next, p, tokens, k)
+    }
+
+    /// What followed, in `text`, the longest n-gram ending `tokens` (`next` indexes
+    /// `text`'s n-grams).
+    fn find(next: &IdMap<u32>, text: &[u32], tokens: &[u32], k: usize) -> Vec<u32> {
+        let len = tokens.len();
+        for n in (MIN_N..=MAX_N.min(len)).rev() {
+            let tail = &tokens[len - n..];
+            let Some(&p) = next.get(&ngram_key(n as u64, tail)) else {
+                continue;
+            };
+            let p = p as usize;
+            // A hash collision proposes nothing rather than a wrong guess.
+            if p >= n && p < text.len() && &text[p - n..p] == tail {
+                return text[p..(p + k).min(text.len())].to_vec();
+            }
+        }
+        Vec::new()
     }
 
     /// Indexes the n-grams that end before each token not yet seen (every position
@@ -52,7 +109,8 @@ impl Lookup {
     fn update(&mut self, tokens: &[u32]) {
         if tokens.len() < self.indexed {
             // The sequence was cut back (it never is today): start again.
-            *self = Self::new();
+            self.next.clear();
+            self.indexed = 1;
         }
         for i in self.indexed..tokens.len() {
             for n in MIN_N..=MAX_N.min(i) {
@@ -63,23 +121,15 @@ impl Lookup {
         self.indexed = tokens.len().max(1);
     }
 
-    /// Up to `k` tokens that followed the latest earlier occurrence of the longest
-    /// n-gram ending `tokens`; empty when none occurred.
-    pub fn propose(&mut self, tokens: &[u32], k: usize) -> Vec<u32> {
-        self.update(tokens);
-        let len = tokens.len();
-        for n in (MIN_N..=MAX_N.min(len)).rev() {
-            let tail = &tokens[len - n..];
-            let Some(&p) = self.next.get(&ngram_key(n as u64, tail)) else {
-                continue;
-            };
-            let p = p as usize;
-            // A hash collision proposes nothing rather than a wrong guess.
-            if p >= n && p < len && &tokens[p - n..p] == tail {
-                return tokens[p..(p + k).min(len)].to_vec();
-            }
+    /// Up to `k` tokens: from the predicted output, else what followed the latest
+    /// earlier occurrence of the longest n-gram ending `tokens`; empty when none.
+    pub fn propose(&mut self, tokens: &[u32], out_start: usize, k: usize) -> Vec<u32> {
+        let d = self.predicted(tokens, out_start, k);
+        if !d.is_empty() {
+            return d;
         }
-        Vec::new()
+        self.update(tokens);
+        Self::find(&self.next, tokens, tokens, k)
     }
 }
 
@@ -88,31 +138,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn follows_the_prediction_then_finds_it_again() {
+        let mut l = Lookup::with_prediction(vec![7, 8, 9, 10, 11, 12, 13]);
+        // Prompt [1, 2], output [7, 8] so far: the prediction's next tokens.
+        assert_eq!(l.propose(&[1, 2, 7, 8], 2, 3), vec![9, 10, 11]);
+        // The output left it (5 instead of 10), then came back to "11 12".
+        assert_eq!(l.propose(&[1, 2, 7, 8, 9, 5, 11, 12], 2, 3), vec![13]);
+        // Nothing in the prediction fits: the sequence's own n-grams.
+        assert_eq!(l.propose(&[1, 2, 3, 1, 2], 2, 1), vec![3]);
+    }
+
+    #[test]
     fn proposes_what_followed_the_longest_latest_match() {
         let mut l = Lookup::new();
         // "1 2 3 4 5 ... 1 2 3" → "4 5 6".
         let t = [1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3];
-        assert_eq!(l.propose(&t, 3), vec![4, 5, 6]);
+        assert_eq!(l.propose(&t, 0, 3), vec![4, 5, 6]);
         // The longest n-gram wins over a later shorter one: "7 2 3 8" occurs later,
         // but "1 2 3" matches three tokens.
         let t = [1, 2, 3, 4, 7, 2, 3, 8, 1, 2, 3];
         let mut l = Lookup::new();
-        assert_eq!(l.propose(&t, 2), vec![4, 7]);
+        assert_eq!(l.propose(&t, 0, 2), vec![4, 7]);
         // Nothing repeats: nothing proposed.
         let mut l = Lookup::new();
-        assert!(l.propose(&[1, 2, 3, 4], 4).is_empty());
+        assert!(l.propose(&[1, 2, 3, 4], 0, 4).is_empty());
         // The draft stops at the end of what is known.
         let mut l = Lookup::new();
-        assert_eq!(l.propose(&[5, 6, 7, 5, 6], 8), vec![7, 5, 6]);
+        assert_eq!(l.propose(&[5, 6, 7, 5, 6], 0, 8), vec![7, 5, 6]);
     }
 
     #[test]
     fn grows_with_the_sequence_and_takes_the_latest_occurrence() {
         let mut l = Lookup::new();
         let mut t = vec![1, 2, 3, 10, 4, 1, 2, 3, 20];
-        assert!(l.propose(&t, 1).is_empty());
+        assert!(l.propose(&t, 0, 1).is_empty());
         t.extend([4, 1, 2, 3]);
         // "4 1 2 3" last continued with 20.
-        assert_eq!(l.propose(&t, 1), vec![20]);
+        assert_eq!(l.propose(&t, 0, 1), vec![20]);
     }
 }

@@ -1,7 +1,9 @@
 //! Speculative decoding without a draft model: a decoding sample's next tokens are
 //! guessed from text it has seen, and checked in the normal batched step.
 //!
-//! A guess (a *draft*) comes from the sample's own prompt and output ([`lookup`]: the
+//! A guess (a *draft*) comes from the output the caller predicted, if any (OpenAI's
+//! predicted outputs: followed while the output agrees with it, found again by n-gram
+//! where it does not), from the sample's own prompt and output ([`lookup`]: the
 //! longest recent n-gram that ends the sequence and occurred before, and what followed
 //! it), or else from the server's recent outputs under the same cache salt
 //! ([`history`]; tenants never learn from each other). The scheduler plans the draft as
@@ -59,24 +61,37 @@ pub(crate) struct SpecState {
 }
 
 impl SpecState {
-    pub fn new() -> Self {
+    /// `prediction`: the output the caller expects (may be empty).
+    pub fn new(prediction: Vec<u32>) -> Self {
         Self {
-            lookup: Lookup::new(),
-            adapt: Adapt::new(),
+            adapt: Adapt::new(!prediction.is_empty()),
+            lookup: Lookup::with_prediction(prediction),
             drafted: 0,
             accepted: 0,
         }
     }
 
-    /// A draft of at most `room` tokens continuing `tokens`, or none when no guess is
-    /// worth its rows now. `history` holds the outputs of earlier samples under this
-    /// sample's salt.
-    pub fn draft(&mut self, tokens: &[u32], room: usize, history: &History, salt: u64) -> Vec<u32> {
+    /// The output the caller predicted.
+    pub fn prediction(&self) -> &[u32] {
+        self.lookup.prediction()
+    }
+
+    /// A draft of at most `room` tokens continuing `tokens` (whose output starts at
+    /// `out_start`), or none when no guess is worth its rows now. `history` holds the
+    /// outputs of earlier samples under this sample's salt.
+    pub fn draft(
+        &mut self,
+        tokens: &[u32],
+        out_start: usize,
+        room: usize,
+        history: &History,
+        salt: u64,
+    ) -> Vec<u32> {
         let room = room.min(MAX_DRAFT);
         let Some(k) = self.adapt.next_k(room) else {
             return Vec::new();
         };
-        let mut d = self.lookup.propose(tokens, k);
+        let mut d = self.lookup.propose(tokens, out_start, k);
         if d.is_empty() {
             d = history.propose(salt, tokens, k);
         }
