@@ -156,6 +156,21 @@ assert whole.usage.completion_tokens == last.usage.completion_tokens, (
 )
 ok(f"chat stream: {len(chunks)} chunks, {streamed!r}, usage {last.usage.prompt_tokens}+{last.usage.completion_tokens}")
 
+# --- predicted outputs: the prediction is drafted from; the answer is unchanged ---------
+predicted = client.chat.completions.create(
+    model=MODEL,
+    messages=user("Write one sentence about the sea."),
+    max_tokens=16,
+    temperature=0,
+    prediction={"type": "content", "content": streamed},
+)
+assert predicted.choices[0].message.content == streamed, (
+    f"prediction: {predicted.choices[0].message.content!r} != {streamed!r}"
+)
+d = predicted.usage.completion_tokens_details
+assert d is not None and d.accepted_prediction_tokens > 0, f"prediction: usage {predicted.usage}"
+ok(f"prediction: {d.accepted_prediction_tokens} predicted tokens accepted, {d.rejected_prediction_tokens} rejected")
+
 # --- n = 3 -----------------------------------------------------------------------------
 r = client.chat.completions.create(
     model=MODEL, messages=user("Tell me a fact."), max_tokens=8, temperature=1, seed=7, n=3

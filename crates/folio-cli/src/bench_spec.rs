@@ -9,84 +9,37 @@
 use crate::figures::{decode_rate, median, rounds};
 use crate::opts::ModelArgs;
 use crate::report::{figure, Report};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use folio::tokenizer::Message;
 use folio::{Engine, Prompt, Request, SamplingParams, SpecMode};
 use serde_json::json;
 
-const CODE: &str = r#"import csv
+/// The workloads, shared with `scripts/bench_spec_servers.py` (folio's and llama.cpp's
+/// servers on the same messages).
+const WORKLOADS: &str = include_str!("../../../scripts/spec_workloads.json");
 
-def load_orders(path):
-    orders = []
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            orders.append({"id": int(row["id"]), "total": float(row["total"])})
-    return orders
-
-def sum_totals(orders):
-    total = 0.0
-    for order in orders:
-        total += order["total"]
-    return total
-
-def largest(orders):
-    best = None
-    for order in orders:
-        if best is None or order["total"] > best["total"]:
-            best = order
-    return best
-
-if __name__ == "__main__":
-    orders = load_orders("orders.csv")
-    print("sum:", sum_totals(orders))
-    print("largest:", largest(orders))
-"#;
-
-const PASSAGE: &str = "The lighthouse at Point Arena was built in 1870. An earthquake in 1906 \
-damaged the tower so badly that it had to be torn down. A new tower, made of reinforced \
-concrete, was finished in 1908 and stands 115 feet tall. Its first-order Fresnel lens was \
-made in France and weighs more than six tons. The light was automated in 1977, and the \
-keepers' houses are now rented to visitors. On a clear night the beam can be seen from \
-25 miles out at sea.";
-
-const JSON_IN: &str = r#"{"name":"Ada Lovelace","born":1815,"died":1852,"fields":["mathematics","computing"],"known_for":"the first published algorithm for a machine","father":"Lord Byron","country":"United Kingdom"}"#;
-
-/// (kind, user message) of the replays whose answers repeat their input.
-fn replays() -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "code edit",
-            format!("Here is a Python file:\n\n{CODE}\nRename the variable `orders` to `items` everywhere and print the whole file again."),
-        ),
-        (
-            "quotes",
-            format!("{PASSAGE}\n\nQuote, word for word, every sentence of the passage above that contains a year."),
-        ),
-        (
-            "JSON reformat",
-            format!("Reformat this JSON with one key per line and two spaces of indentation:\n\n{JSON_IN}"),
-        ),
-        (
-            "retrieval",
-            format!("Document:\n{PASSAGE}\n\nQuestion: how tall is the tower and what is it made of? Answer by quoting the document."),
-        ),
-    ]
-}
-
-fn chat() -> Vec<String> {
-    [
-        "Tell me a short story about a cat who learns to sail.",
-        "What are three good habits for staying healthy?",
-        "Explain why the sky is blue to a ten-year-old.",
-        "Give me ideas for a birthday party for my grandmother.",
-        "Why do people enjoy gardening?",
-        "Describe your perfect weekend.",
-        "What makes a good teacher?",
-        "How do bees make honey?",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+/// (kind, user message) of the replays whose answers repeat their input, and the free
+/// chat messages.
+fn workloads() -> Result<(Vec<(String, String)>, Vec<String>)> {
+    let w: serde_json::Value = serde_json::from_str(WORKLOADS)?;
+    let replays = w["replays"]
+        .as_array()
+        .context("replays")?
+        .iter()
+        .map(|r| -> Result<(String, String)> {
+            Ok((
+                r["kind"].as_str().context("kind")?.to_string(),
+                r["message"].as_str().context("message")?.to_string(),
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let chat = w["chat"]
+        .as_array()
+        .context("chat")?
+        .iter()
+        .map(|m| m.as_str().map(str::to_string).context("a chat message"))
+        .collect::<Result<_>>()?;
+    Ok((replays, chat))
 }
 
 struct Run {
@@ -152,16 +105,17 @@ pub fn run_figures(report: &mut Report, args: &ModelArgs, reps: usize) -> Result
     println!("Speculative decoding (greedy, 256 tokens each; drafts from the prompt and recent outputs):");
     println!("| workload | requests at once | spec off tok/s | spec auto tok/s | ratio | accepted / drafted | tokens per draft step |");
     println!("|----------|------------------|----------------|-----------------|-------|--------------------|-----------------------|");
-    let mut cases: Vec<(String, Vec<String>, bool)> = replays()
-        .into_iter()
-        .map(|(k, m)| (k.to_string(), vec![m], false))
+    let (replays, chat) = workloads()?;
+    let mut cases: Vec<(String, Vec<String>, bool)> = replays
+        .iter()
+        .map(|(k, m)| (k.clone(), vec![m.clone()], false))
         .collect();
-    let all: Vec<String> = replays().into_iter().map(|(_, m)| m).collect();
+    let all: Vec<String> = replays.into_iter().map(|(_, m)| m).collect();
     let sixteen =
         |v: &[String]| -> Vec<String> { (0..16).map(|i| v[i % v.len()].clone()).collect() };
     cases.push(("all replays".into(), sixteen(&all), true));
-    cases.push(("free chat".into(), chat(), false));
-    cases.push(("free chat".into(), sixteen(&chat()), true));
+    cases.push(("free chat".into(), sixteen(&chat), true));
+    cases.push(("free chat".into(), chat, false));
     let mut rec = serde_json::Map::new();
     for (kind, messages, together) in cases {
         let (mut on, mut off) = (Vec::new(), Vec::new());

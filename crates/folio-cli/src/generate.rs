@@ -207,18 +207,22 @@ pub fn stats_json(o: &Outcome) -> serde_json::Value {
         "ttft_ms": o.ttft.as_secs_f64() * 1e3,
         "prefill_tok_s": o.prefill_tok_s(),
         "decode_tok_s": o.decode_tok_s(),
+        "drafted_tokens": o.usage.drafted_tokens,
+        "accepted_tokens": o.usage.accepted_tokens,
     })
 }
 
 pub fn stats_line(o: &Outcome) -> String {
     format!(
-        "prompt {} tokens ({} from cache, {} prefilled) | TTFT {:.1} ms | prefill {:.1} tok/s | decode {:.1} tok/s over {} tokens",
+        "prompt {} tokens ({} from cache, {} prefilled) | TTFT {:.1} ms | prefill {:.1} tok/s | decode {:.1} tok/s over {} tokens | drafted {}, accepted {}",
         o.usage.prompt_tokens,
         o.usage.cached_tokens,
         o.usage.prompt_tokens - o.usage.cached_tokens,
         o.ttft.as_secs_f64() * 1e3,
         o.prefill_tok_s(),
         o.decode_tok_s(),
-        o.ids.len()
+        o.ids.len(),
+        o.usage.drafted_tokens,
+        o.usage.accepted_tokens
     )
 }

@@ -83,6 +83,36 @@ fn greedy_generate_json_matches_llama_cpp() {
     }
 }
 
+/// `--spec auto` (the default) drafts and `--spec off` does not; the tokens are the same.
+#[test]
+fn spec_flag_changes_speed_figures_not_tokens() {
+    let prompt = "one two three four five six seven, one two three four five six seven, one two";
+    let run = |spec: &str| {
+        json(&folio(
+            &[
+                "generate",
+                prompt,
+                "--temperature",
+                "0",
+                "--max-tokens",
+                "40",
+                "--json",
+                "--spec",
+                spec,
+            ],
+            None,
+        ))
+    };
+    let (auto, off) = (run("auto"), run("off"));
+    assert_eq!(auto["generated_ids"], off["generated_ids"]);
+    assert_eq!(off["stats"]["drafted_tokens"], 0);
+    assert!(
+        auto["stats"]["accepted_tokens"].as_u64().unwrap() > 0,
+        "{}",
+        auto["stats"]
+    );
+}
+
 #[test]
 fn stop_strings_end_generation_and_are_not_printed() {
     let v = json(&folio(
