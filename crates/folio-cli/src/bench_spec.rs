@@ -18,9 +18,11 @@ use serde_json::json;
 /// servers on the same messages).
 const WORKLOADS: &str = include_str!("../../../scripts/spec_workloads.json");
 
-/// (kind, user message) of the replays whose answers repeat their input, and the free
-/// chat messages.
-fn workloads() -> Result<(Vec<(String, String)>, Vec<String>)> {
+/// (kind, user message) of each replay whose answer repeats its input.
+type Replays = Vec<(String, String)>;
+
+/// The replays and the free chat messages.
+fn workloads() -> Result<(Replays, Vec<String>)> {
     let w: serde_json::Value = serde_json::from_str(WORKLOADS)?;
     let replays = w["replays"]
         .as_array()
