@@ -209,3 +209,50 @@ fn a_request_may_turn_drafts_off() {
     same(&plain, &spec, "per-request switch");
     assert!(drafted(&spec).1 > 0, "{:?}", drafted(&spec));
 }
+
+/// Drafts near every limit: `max_tokens` of 1 to 3, a window that ends mid-draft, a
+/// context's generation; the same tokens as without drafts, and the pool's invariants
+/// hold after each (no slot of a rejected row is left behind).
+#[test]
+fn drafts_at_the_limits_keep_tokens_and_pages_right() {
+    let _serial = crate::engine::serial();
+    let p = &prompts()[1];
+    let n = model().tokenizer.encode(p, true).len();
+    for window in [n + 3, n + 9, n + 40] {
+        let mk = |mode| {
+            let cfg = EngineConfig {
+                kv_pages: 64,
+                page_size: 16,
+                max_seq_tokens: Some(window),
+                speculative: mode,
+                ..Default::default()
+            };
+            Engine::new(model(), cfg).unwrap()
+        };
+        let (on, off) = (mk(SpecMode::Auto), mk(SpecMode::Off));
+        for max_tokens in [1, 2, 3, 64] {
+            let r = || request(p, &greedy(), max_tokens);
+            let (a, b) = (run(&on, vec![r()]), run(&off, vec![r()]));
+            same(&a, &b, &format!("window {window}, max_tokens {max_tokens}"));
+            on.check_invariants().unwrap();
+        }
+        // A context's generation, twice: the second continues from the first's pages.
+        let ctx = on.context(None).unwrap();
+        let ctx_off = off.context(None).unwrap();
+        for c in [&ctx, &ctx_off] {
+            c.append_text(p).unwrap();
+        }
+        for _ in 0..2 {
+            let mut r = request("", &greedy(), 8);
+            r.prompt = Prompt::Tokens(Vec::new());
+            let a = ctx.generate(r.clone()).and_then(|s| s.collect_all());
+            let b = ctx_off.generate(r).and_then(|s| s.collect_all());
+            match (a, b) {
+                (Ok(a), Ok(b)) => same(&[a], &[b], &format!("context, window {window}")),
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => panic!("window {window}: {a:?} against {b:?}"),
+            }
+            on.check_invariants().unwrap();
+        }
+    }
+}
