@@ -1,12 +1,15 @@
-//! How many tokens a sample drafts: from its recent acceptance, the draft length that
-//! gives the most tokens per unit of step time, or none.
+//! How many tokens a sample drafts: from its recent acceptance of drafts from the
+//! same source, the draft length that gives the most tokens per unit of step time, or
+//! none.
 //!
 //! With a per-token acceptance rate `a`, a draft of `k` tokens yields `1 + a + … + a^k`
 //! tokens from one step, and costs `1 + ROW_COST · k` decode steps. The sample drafts
-//! the `k` with the best ratio when that beats 1 by `MARGIN`. After two drafts in a row
-//! with nothing accepted, or when no length pays, it waits a number of steps that
-//! doubles with each failed try (free chat seldom repeats itself, and then drafts almost
-//! never), then tries again from at least `PROBE`.
+//! the `k` with the best ratio when that beats 1 by `MARGIN`. Rates are kept per
+//! source ([`Source`]): a five-token match in the prompt is followed far more often
+//! than a two-token one, and a caller's prediction more than either. After two drafts
+//! in a row with nothing accepted, the sample waits a number of steps that doubles with
+//! each failed try (free chat seldom repeats itself, and then drafts almost never),
+//! then tries again from at least `PROBE`.
 
 use super::MAX_DRAFT;
 
@@ -16,22 +19,50 @@ use super::MAX_DRAFT;
 pub const ROW_COST: f32 = 0.1;
 /// The least gain (tokens per step-time) a draft must promise.
 const MARGIN: f32 = 0.05;
-/// The rate a sample starts from; with a predicted output, the caller's word.
-const PRIOR: f32 = 0.5;
-const PREDICTED: f32 = 0.9;
-/// The rate a sample tries again from after waiting.
+/// The rate a source tries again from after waiting, and drifts to while declined.
 const PROBE: f32 = 0.35;
 /// Drafts in a row with nothing accepted before a sample waits.
 const MISSES: u32 = 2;
-/// Weight of the latest draft in the rate.
+/// Weight of the latest draft in a rate.
 const WEIGHT: f32 = 0.3;
 /// Steps a sample waits after its first failed try; doubled up to `MAX_WAIT`.
 const FIRST_WAIT: u32 = 4;
 const MAX_WAIT: u32 = 64;
 
+/// Where a draft came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The caller's predicted output, followed while the output agrees with it.
+    Predicted,
+    /// What followed an n-gram (n ≥ 2) of the sample's own tokens, or of the
+    /// prediction where the output left it.
+    Own(usize),
+    /// What followed an n-gram (n ≥ 3) in a recent output under the same salt.
+    History(usize),
+}
+
+/// Sources told apart: the prediction, own n-grams of 2..=5, history of 3..=5.
+const SOURCES: usize = 8;
+
+impl Source {
+    fn index(self) -> usize {
+        match self {
+            Source::Predicted => 0,
+            Source::Own(n) => 1 + n.clamp(2, 5) - 2,
+            Source::History(n) => 5 + n.clamp(3, 5) - 3,
+        }
+    }
+
+    /// The rate a sample starts from: the caller's word, then longer matches first.
+    fn prior(i: usize) -> f32 {
+        [0.9, 0.35, 0.45, 0.55, 0.65, 0.4, 0.5, 0.6][i]
+    }
+}
+
 pub(crate) struct Adapt {
-    /// Estimated chance that a drafted token is accepted, given the ones before it were.
-    rate: f32,
+    /// Per source: the estimated chance that a drafted token is accepted, given the
+    /// ones before it were.
+    rates: [f32; SOURCES],
     /// Steps still to wait before drafting again, and the next wait.
     wait: u32,
     backoff: u32,
@@ -47,32 +78,44 @@ pub fn gain(a: f32, k: usize) -> f32 {
 }
 
 impl Adapt {
-    /// `predicted`: the caller gave the output it expects.
-    pub fn new(predicted: bool) -> Self {
+    pub fn new() -> Self {
         Self {
-            rate: if predicted { PREDICTED } else { PRIOR },
+            rates: std::array::from_fn(Source::prior),
             wait: 0,
             backoff: FIRST_WAIT,
             misses: 0,
         }
     }
 
-    /// The draft length to ask for now, at most `room`; `None`: no draft this step.
-    pub fn next_k(&mut self, room: usize) -> Option<usize> {
-        if self.wait > 0 {
-            self.wait -= 1;
-            if self.wait == 0 {
-                self.rate = self.rate.max(PROBE);
+    /// Whether the sample may draft this step (false while it waits; the wait counts
+    /// down).
+    pub fn ready(&mut self) -> bool {
+        if self.wait == 0 {
+            return true;
+        }
+        self.wait -= 1;
+        if self.wait == 0 {
+            for r in &mut self.rates {
+                *r = r.max(PROBE);
             }
-            return None;
         }
-        let room = room.min(MAX_DRAFT);
-        let best = (1..=room).max_by(|&a, &b| gain(self.rate, a).total_cmp(&gain(self.rate, b)))?;
-        if gain(self.rate, best) < 1.0 + MARGIN {
-            self.back_off();
-            return None;
+        false
+    }
+
+    /// How many of `available` tokens from `source` to draft; 0: none this step.
+    pub fn choose(&mut self, source: Source, available: usize) -> usize {
+        let rate = &mut self.rates[source.index()];
+        let a = *rate;
+        let best =
+            (1..=available.min(MAX_DRAFT)).max_by(|&x, &y| gain(a, x).total_cmp(&gain(a, y)));
+        match best {
+            Some(k) if gain(a, k) >= 1.0 + MARGIN => k,
+            _ => {
+                // Declined: the rate drifts back so that the source is tried again.
+                *rate += (PROBE - *rate) / 16.0;
+                0
+            }
         }
-        Some(best)
     }
 
     fn back_off(&mut self) {
@@ -81,11 +124,8 @@ impl Adapt {
         self.misses = 0;
     }
 
-    /// No guess was found: nothing learnt.
-    pub fn no_draft(&mut self) {}
-
-    /// A draft of `drafted` tokens had its first `accepted` accepted.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
+    /// A draft of `drafted` tokens from `source` had its first `accepted` accepted.
+    pub fn record(&mut self, source: Source, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
         }
@@ -93,7 +133,8 @@ impl Adapt {
         // never judged).
         let tried = accepted + usize::from(accepted < drafted);
         let seen = accepted as f32 / tried as f32;
-        self.rate += (seen - self.rate) * WEIGHT;
+        let rate = &mut self.rates[source.index()];
+        *rate += (seen - *rate) * WEIGHT;
         if accepted > 0 {
             self.backoff = FIRST_WAIT;
             self.misses = 0;
@@ -106,8 +147,8 @@ impl Adapt {
     }
 
     #[cfg(test)]
-    pub fn rate(&self) -> f32 {
-        self.rate
+    pub fn rate(&self, source: Source) -> f32 {
+        self.rates[source.index()]
     }
 }
 
@@ -117,19 +158,25 @@ mod tests {
 
     #[test]
     fn drafts_long_while_accepted_and_backs_off_when_not() {
-        let mut a = Adapt::new(false);
+        let src = Source::Own(3);
+        let mut a = Adapt::new();
         for _ in 0..10 {
-            let k = a.next_k(8).expect("drafts at a good rate");
-            a.record(k, k);
+            assert!(a.ready());
+            let k = a.choose(src, 8);
+            assert!(k > 0, "drafts at a good rate");
+            a.record(src, k, k);
         }
-        assert_eq!(a.next_k(8), Some(8), "rate {}", a.rate());
+        assert_eq!(a.choose(src, 8), 8, "rate {}", a.rate(src));
         // A run of rejections: it stops drafting, then waits longer after each try.
-        let mut a = Adapt::new(false);
+        let mut a = Adapt::new();
         let mut drafted_steps = 0;
         for _ in 0..200 {
-            if let Some(k) = a.next_k(8) {
-                drafted_steps += 1;
-                a.record(k, 0);
+            if a.ready() {
+                let k = a.choose(src, 8);
+                if k > 0 {
+                    drafted_steps += 1;
+                    a.record(src, k, 0);
+                }
             }
         }
         assert!(
@@ -137,6 +184,24 @@ mod tests {
             "drafted on {drafted_steps} of 200 steps"
         );
         assert!(drafted_steps > 2, "it keeps trying now and then");
+    }
+
+    #[test]
+    fn each_source_keeps_its_own_rate() {
+        let mut a = Adapt::new();
+        for _ in 0..6 {
+            let k = a.choose(Source::Own(2), 8);
+            if k > 0 {
+                a.record(Source::Own(2), k, 0);
+            }
+            let k = a.choose(Source::Own(5), 8);
+            a.record(Source::Own(5), k, k);
+            a.ready();
+        }
+        assert!(a.rate(Source::Own(2)) < 0.3, "{}", a.rate(Source::Own(2)));
+        assert!(a.rate(Source::Own(5)) > 0.8);
+        // A prediction is trusted from the start: the longest draft.
+        assert_eq!(Adapt::new().choose(Source::Predicted, 8), 8);
     }
 
     #[test]

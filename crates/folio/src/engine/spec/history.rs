@@ -95,8 +95,8 @@ impl History {
     }
 
     /// Up to `k` tokens that followed the longest n-gram ending `tokens` in a recent
-    /// output under `salt`; empty when none.
-    pub fn propose(&self, salt: u64, tokens: &[u32], k: usize) -> Vec<u32> {
+    /// output under `salt`, and the n-gram's length.
+    pub fn propose(&self, salt: u64, tokens: &[u32], k: usize) -> Option<(Vec<u32>, usize)> {
         let len = tokens.len();
         for n in (MIN_N..=MAX_N.min(len)).rev() {
             let tail = &tokens[len - n..];
@@ -106,10 +106,10 @@ impl History {
             let Some(d) = self.doc(id) else { continue };
             let p = p as usize;
             if d.salt == salt && p >= n && d.tokens.get(p - n..p) == Some(tail) {
-                return d.tokens[p..(p + k).min(d.tokens.len())].to_vec();
+                return Some((d.tokens[p..(p + k).min(d.tokens.len())].to_vec(), n));
             }
         }
-        Vec::new()
+        None
     }
 
     /// Output tokens held.
@@ -123,15 +123,19 @@ impl History {
 mod tests {
     use super::*;
 
+    fn drafted(h: &History, salt: u64, tokens: &[u32], k: usize) -> Vec<u32> {
+        h.propose(salt, tokens, k).map(|d| d.0).unwrap_or_default()
+    }
+
     #[test]
     fn drafts_from_earlier_outputs_of_the_same_salt_only() {
         let mut h = History::new();
         h.record(7, &[10, 11, 12, 13, 14, 15]);
-        assert_eq!(h.propose(7, &[1, 2, 10, 11, 12], 2), vec![13, 14]);
+        assert_eq!(drafted(&h, 7, &[1, 2, 10, 11, 12], 2), vec![13, 14]);
         // Another tenant learns nothing from salt 7's outputs.
-        assert!(h.propose(8, &[1, 2, 10, 11, 12], 2).is_empty());
+        assert!(drafted(&h, 8, &[1, 2, 10, 11, 12], 2).is_empty());
         // Two tokens are too short a match across samples.
-        assert!(h.propose(7, &[1, 11, 12], 2).is_empty());
+        assert!(drafted(&h, 7, &[1, 11, 12], 2).is_empty());
     }
 
     #[test]
@@ -143,7 +147,7 @@ mod tests {
         }
         assert!(h.tokens() <= HISTORY_TOKENS);
         // The latest copy still drafts.
-        assert_eq!(h.propose(1, &[5, 6, 7], 3), vec![8, 9, 10]);
+        assert_eq!(drafted(&h, 1, &[5, 6, 7], 3), vec![8, 9, 10]);
         let mut h = History::new();
         h.record(1, &[1, 2, 3, 4, 5]);
         for i in 0..(HISTORY_TOKENS / MAX_DOC + 1) as u32 {
@@ -151,7 +155,7 @@ mod tests {
             h.record(2, &other);
         }
         assert!(
-            h.propose(1, &[1, 2, 3], 2).is_empty(),
+            drafted(&h, 1, &[1, 2, 3], 2).is_empty(),
             "the oldest output is gone"
         );
         assert!(

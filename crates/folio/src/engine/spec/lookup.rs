@@ -7,6 +7,7 @@
 //! its beginning, the draft is its next tokens; once they part, its n-grams are looked
 //! up like the sequence's own.
 
+use super::adapt::Source;
 use super::ngram_key;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -74,21 +75,27 @@ impl Lookup {
 
     /// From the predicted output: its next tokens while the output (`tokens[out_start..]`)
     /// is its beginning, else what followed the longest n-gram ending `tokens` in it.
-    fn predicted(&self, tokens: &[u32], out_start: usize, k: usize) -> Vec<u32> {
+    fn predicted(&self, tokens: &[u32], out_start: usize, k: usize) -> Option<(Vec<u32>, Source)> {
         let p = &self.prediction;
         if p.is_empty() {
-            return Vec::new();
+            return None;
         }
         let out = &tokens[out_start.min(tokens.len())..];
         if out.len() < p.len() && p.starts_with(out) {
-            return p[out.len()..(out.len() + k).min(p.len())].to_vec();
+            let d = p[out.len()..(out.len() + k).min(p.len())].to_vec();
+            return Some((d, Source::Predicted));
         }
         Self::find(&self.predicted_next, p, tokens, k)
     }
 
     /// What followed, in `text`, the longest n-gram ending `tokens` (`next` indexes
-    /// `text`'s n-grams).
-    fn find(next: &IdMap<u32>, text: &[u32], tokens: &[u32], k: usize) -> Vec<u32> {
+    /// `text`'s n-grams), and the n-gram's length.
+    fn find(
+        next: &IdMap<u32>,
+        text: &[u32],
+        tokens: &[u32],
+        k: usize,
+    ) -> Option<(Vec<u32>, Source)> {
         let len = tokens.len();
         for n in (MIN_N..=MAX_N.min(len)).rev() {
             let tail = &tokens[len - n..];
@@ -98,10 +105,10 @@ impl Lookup {
             let p = p as usize;
             // A hash collision proposes nothing rather than a wrong guess.
             if p >= n && p < text.len() && &text[p - n..p] == tail {
-                return text[p..(p + k).min(text.len())].to_vec();
+                return Some((text[p..(p + k).min(text.len())].to_vec(), Source::Own(n)));
             }
         }
-        Vec::new()
+        None
     }
 
     /// Indexes the n-grams that end before each token not yet seen (every position
@@ -121,12 +128,16 @@ impl Lookup {
         self.indexed = tokens.len().max(1);
     }
 
-    /// Up to `k` tokens: from the predicted output, else what followed the latest
-    /// earlier occurrence of the longest n-gram ending `tokens`; empty when none.
-    pub fn propose(&mut self, tokens: &[u32], out_start: usize, k: usize) -> Vec<u32> {
-        let d = self.predicted(tokens, out_start, k);
-        if !d.is_empty() {
-            return d;
+    /// Up to `k` tokens and where they came from: the predicted output, else what
+    /// followed the latest earlier occurrence of the longest n-gram ending `tokens`.
+    pub fn propose(
+        &mut self,
+        tokens: &[u32],
+        out_start: usize,
+        k: usize,
+    ) -> Option<(Vec<u32>, Source)> {
+        if let Some(d) = self.predicted(tokens, out_start, k) {
+            return Some(d);
         }
         self.update(tokens);
         Self::find(&self.next, tokens, tokens, k)
@@ -137,15 +148,22 @@ impl Lookup {
 mod tests {
     use super::*;
 
+    fn drafted(l: &mut Lookup, tokens: &[u32], out_start: usize, k: usize) -> Vec<u32> {
+        l.propose(tokens, out_start, k)
+            .map(|d| d.0)
+            .unwrap_or_default()
+    }
+
     #[test]
     fn follows_the_prediction_then_finds_it_again() {
         let mut l = Lookup::with_prediction(vec![7, 8, 9, 10, 11, 12, 13]);
         // Prompt [1, 2], output [7, 8] so far: the prediction's next tokens.
-        assert_eq!(l.propose(&[1, 2, 7, 8], 2, 3), vec![9, 10, 11]);
+        assert_eq!(drafted(&mut l, &[1, 2, 7, 8], 2, 3), vec![9, 10, 11]);
+        assert_eq!(l.propose(&[1, 2, 7, 8], 2, 3).unwrap().1, Source::Predicted);
         // The output left it (5 instead of 10), then came back to "11 12".
-        assert_eq!(l.propose(&[1, 2, 7, 8, 9, 5, 11, 12], 2, 3), vec![13]);
+        assert_eq!(drafted(&mut l, &[1, 2, 7, 8, 9, 5, 11, 12], 2, 3), vec![13]);
         // Nothing in the prediction fits: the sequence's own n-grams.
-        assert_eq!(l.propose(&[1, 2, 3, 1, 2], 2, 1), vec![3]);
+        assert_eq!(drafted(&mut l, &[1, 2, 3, 1, 2], 2, 1), vec![3]);
     }
 
     #[test]
@@ -153,27 +171,28 @@ mod tests {
         let mut l = Lookup::new();
         // "1 2 3 4 5 ... 1 2 3" → "4 5 6".
         let t = [1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3];
-        assert_eq!(l.propose(&t, 0, 3), vec![4, 5, 6]);
+        assert_eq!(drafted(&mut l, &t, 0, 3), vec![4, 5, 6]);
         // The longest n-gram wins over a later shorter one: "7 2 3 8" occurs later,
         // but "1 2 3" matches three tokens.
         let t = [1, 2, 3, 4, 7, 2, 3, 8, 1, 2, 3];
         let mut l = Lookup::new();
-        assert_eq!(l.propose(&t, 0, 2), vec![4, 7]);
+        assert_eq!(drafted(&mut l, &t, 0, 2), vec![4, 7]);
+        assert_eq!(l.propose(&t, 0, 2).unwrap().1, Source::Own(3));
         // Nothing repeats: nothing proposed.
         let mut l = Lookup::new();
-        assert!(l.propose(&[1, 2, 3, 4], 0, 4).is_empty());
+        assert!(drafted(&mut l, &[1, 2, 3, 4], 0, 4).is_empty());
         // The draft stops at the end of what is known.
         let mut l = Lookup::new();
-        assert_eq!(l.propose(&[5, 6, 7, 5, 6], 0, 8), vec![7, 5, 6]);
+        assert_eq!(drafted(&mut l, &[5, 6, 7, 5, 6], 0, 8), vec![7, 5, 6]);
     }
 
     #[test]
     fn grows_with_the_sequence_and_takes_the_latest_occurrence() {
         let mut l = Lookup::new();
         let mut t = vec![1, 2, 3, 10, 4, 1, 2, 3, 20];
-        assert!(l.propose(&t, 0, 1).is_empty());
+        assert!(drafted(&mut l, &t, 0, 1).is_empty());
         t.extend([4, 1, 2, 3]);
         // "4 1 2 3" last continued with 20.
-        assert_eq!(l.propose(&t, 0, 1), vec![20]);
+        assert_eq!(drafted(&mut l, &t, 0, 1), vec![20]);
     }
 }

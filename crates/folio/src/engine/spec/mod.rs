@@ -30,7 +30,7 @@ pub(crate) mod adapt;
 pub(crate) mod history;
 pub(crate) mod lookup;
 
-use adapt::Adapt;
+use adapt::{Adapt, Source};
 use history::History;
 use lookup::Lookup;
 
@@ -55,6 +55,8 @@ pub const SPEC_ROWS: usize = 16;
 pub(crate) struct SpecState {
     lookup: Lookup,
     adapt: Adapt,
+    /// Where the draft being verified came from.
+    source: Source,
     /// Tokens drafted and verified for this sample, and those accepted.
     pub drafted: usize,
     pub accepted: usize,
@@ -64,8 +66,9 @@ impl SpecState {
     /// `prediction`: the output the caller expects (may be empty).
     pub fn new(prediction: Vec<u32>) -> Self {
         Self {
-            adapt: Adapt::new(!prediction.is_empty()),
+            adapt: Adapt::new(),
             lookup: Lookup::with_prediction(prediction),
+            source: Source::Predicted,
             drafted: 0,
             accepted: 0,
         }
@@ -87,17 +90,19 @@ impl SpecState {
         history: &History,
         salt: u64,
     ) -> Vec<u32> {
+        if !self.adapt.ready() {
+            return Vec::new();
+        }
         let room = room.min(MAX_DRAFT);
-        let Some(k) = self.adapt.next_k(room) else {
+        let found = self.lookup.propose(tokens, out_start, room).or_else(|| {
+            let (d, n) = history.propose(salt, tokens, room)?;
+            Some((d, Source::History(n)))
+        });
+        let Some((mut d, source)) = found else {
             return Vec::new();
         };
-        let mut d = self.lookup.propose(tokens, out_start, k);
-        if d.is_empty() {
-            d = history.propose(salt, tokens, k);
-        }
-        if d.is_empty() {
-            self.adapt.no_draft();
-        }
+        d.truncate(self.adapt.choose(source, d.len()));
+        self.source = source;
         d
     }
 
@@ -105,7 +110,7 @@ impl SpecState {
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         self.drafted += drafted;
         self.accepted += accepted;
-        self.adapt.record(drafted, accepted);
+        self.adapt.record(self.source, drafted, accepted);
     }
 }
 
