@@ -122,10 +122,14 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptDetails,
-    /// Speculative decoding's tokens, as OpenAI reports predicted outputs': drafted
-    /// tokens accepted and rejected (present when any was drafted).
+    /// OpenAI's predicted outputs (present when the request gave a `prediction`): the
+    /// prediction's tokens the output took (as verified drafts), and the rest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens_details: Option<CompletionDetails>,
+    /// folio's: tokens speculative decoding drafted and accepted, from any source
+    /// (present when any was drafted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<Speculative>,
 }
 
 #[derive(Serialize, Debug, Clone, Copy)]
@@ -134,13 +138,31 @@ pub struct CompletionDetails {
     pub rejected_prediction_tokens: usize,
 }
 
+#[derive(Serialize, Debug, Clone, Copy)]
+pub struct Speculative {
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
+}
+
 impl Usage {
     /// With the drafted and accepted tokens of speculative decoding (none: unchanged).
     pub fn with_drafts(mut self, drafted: usize, accepted: usize) -> Self {
         if drafted > 0 {
+            self.speculative = Some(Speculative {
+                drafted_tokens: drafted,
+                accepted_tokens: accepted,
+            });
+        }
+        self
+    }
+
+    /// With OpenAI's predicted-output figures, when the request gave a prediction of
+    /// `predicted` tokens, `accepted` of which the output took.
+    pub fn with_prediction(mut self, predicted: usize, accepted: usize) -> Self {
+        if predicted > 0 {
             self.completion_tokens_details = Some(CompletionDetails {
                 accepted_prediction_tokens: accepted,
-                rejected_prediction_tokens: drafted.saturating_sub(accepted),
+                rejected_prediction_tokens: predicted.saturating_sub(accepted),
             });
         }
         self
@@ -161,6 +183,7 @@ pub fn usage(prompt: usize, completion: usize, cached: usize) -> Usage {
             cached_tokens: cached,
         },
         completion_tokens_details: None,
+        speculative: None,
     }
 }
 

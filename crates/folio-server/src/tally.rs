@@ -22,9 +22,12 @@ pub struct Counts {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub completion_tokens: usize,
-    /// Speculative decoding: tokens drafted and accepted, every sample's.
+    /// Speculative decoding: tokens drafted and accepted, every sample's; the
+    /// prediction's tokens (sample 0's) and those the samples accepted.
     pub drafted_tokens: usize,
     pub accepted_tokens: usize,
+    pub prediction_tokens: usize,
+    pub accepted_prediction_tokens: usize,
 }
 
 impl Counts {
@@ -33,9 +36,11 @@ impl Counts {
             self.completion_tokens += usage.completion_tokens;
             self.drafted_tokens += usage.drafted_tokens;
             self.accepted_tokens += usage.accepted_tokens;
+            self.accepted_prediction_tokens += usage.accepted_prediction_tokens;
             if *index == 0 {
                 self.prompt_tokens += usage.prompt_tokens;
                 self.cached_tokens += usage.cached_tokens;
+                self.prediction_tokens += usage.prediction_tokens;
             }
         }
     }
@@ -47,6 +52,7 @@ impl Counts {
             self.cached_tokens,
         )
         .with_drafts(self.drafted_tokens, self.accepted_tokens)
+        .with_prediction(self.prediction_tokens, self.accepted_prediction_tokens)
     }
 }
 

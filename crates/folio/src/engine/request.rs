@@ -374,10 +374,13 @@ pub struct Usage {
     /// Prompt tokens whose K/V came from the prefix cache (or a fork), not computed.
     pub cached_tokens: usize,
     pub completion_tokens: usize,
-    /// Tokens drafted by speculative decoding and verified, and those accepted (each
-    /// accepted one saved a decode step; the output is the same either way).
+    /// Tokens drafted by speculative decoding, and those accepted (each accepted one
+    /// saved a decode step; the output is the same either way).
     pub drafted_tokens: usize,
     pub accepted_tokens: usize,
+    /// Tokens of the request's `prediction`, and those the output took as drafts.
+    pub prediction_tokens: usize,
+    pub accepted_prediction_tokens: usize,
 }
 
 /// What a request's stream delivers. `index` says which of the `n` samples.

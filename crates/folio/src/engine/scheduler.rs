@@ -35,8 +35,8 @@
 use super::error::EngineError;
 use super::request::STEP_TOKEN_BOUNDS;
 use super::seq::{After, Gen, GrammarSteps, Purpose, Seq};
-use super::spec::{history::History, salt_key, SpecMode, SpecState, SPEC_ROWS};
-use crate::kv::{Batch, KvError, Logits, PageState, PageTable, PagedKv};
+use super::spec::{history::History, salt_key, SpecMode, SPEC_ROWS};
+use crate::kv::{Batch, KvError, Logits, PageTable, PagedKv};
 use crate::model::StepLogits;
 use crate::tokenizer::Tokenizer;
 
@@ -514,7 +514,9 @@ impl Scheduler {
             };
             // Past its first token (which may fork `n > 1` samples), within its limits.
             let left = g.max_tokens.saturating_sub(g.generated);
-            let window_left = self.cfg.window.saturating_sub(s.tokens.len());
+            // Row r of the draft is sampled only while the sequence stays short of the
+            // window: r <= window - 1 - len.
+            let window_left = self.cfg.window.saturating_sub(s.tokens.len() + 1);
             let Some(spec) = g.spec.as_mut().filter(|_| g.generated > 0) else {
                 continue;
             };
@@ -528,7 +530,7 @@ impl Scheduler {
                 continue;
             }
             let t = s.table.as_mut().expect("planned");
-            if kv.pages_to_grow(t, draft.len()) > kv.count(PageState::Free) {
+            if kv.pages_to_grow(t, draft.len()) > kv.num_free() {
                 continue;
             }
             let Ok(more) = kv.plan(t, &draft, Logits::All) else {
@@ -557,7 +559,7 @@ impl Scheduler {
         let rows = drafted + 1;
         let vocab = logits.len() / rows;
         let s = &mut self.seqs[i];
-        let mut used = 0;
+        let (mut used, mut accepted) = (0, 0);
         let mut after = After::Continue;
         for (r, row) in logits.chunks_exact(vocab).enumerate() {
             used = r + 1;
@@ -566,14 +568,19 @@ impl Scheduler {
             self.counters.generated_tokens += (s.tokens.len() - before) as u64;
             let matched =
                 r < drafted && s.tokens.len() > before && s.tokens[before] == step.tokens[r + 1];
+            accepted += usize::from(matched);
             if !matches!(after, After::Continue) || !matched {
                 break;
             }
         }
-        let accepted = used - 1;
+        // Draft tokens compared with a sampled token (the sample may end before the
+        // last). The rows kept are those sampled from: the step's first token and the
+        // accepted draft tokens sampled after (a matched token that ended the sample
+        // is never computed on).
+        let judged = used.min(drafted);
         if let Purpose::Generate(g) = &mut s.purpose {
             if let Some(spec) = g.spec.as_mut() {
-                spec.record(drafted, accepted);
+                spec.record(drafted, judged, accepted);
             }
         }
         self.counters.spec_drafts += 1;
@@ -801,7 +808,7 @@ impl Scheduler {
             // Each sample walks its own copy of the grammar, from the start.
             gen.grammar = g.grammar.clone();
             if let Some(spec) = &g.spec {
-                gen.spec = Some(Box::new(SpecState::new(spec.prediction().to_vec())));
+                gen.spec = Some(Box::new(spec.sibling()));
             }
             // Without a page for the copy of the partial page, the sample starts
             // from the prefix cache instead.

@@ -286,16 +286,27 @@ impl Seq {
     }
 
     pub fn usage(&self) -> Usage {
-        let (drafted_tokens, accepted_tokens) = match &self.purpose {
-            Purpose::Generate(g) => g.spec.as_ref().map_or((0, 0), |s| (s.drafted, s.accepted)),
-            _ => (0, 0),
+        let spec = match &self.purpose {
+            Purpose::Generate(g) => g.spec.as_deref(),
+            _ => None,
         };
+        let (drafted_tokens, accepted_tokens, prediction_tokens, accepted_prediction_tokens) = spec
+            .map_or((0, 0, 0, 0), |s| {
+                (
+                    s.drafted,
+                    s.accepted,
+                    s.predicted_tokens(),
+                    s.accepted_predicted,
+                )
+            });
         Usage {
             prompt_tokens: self.prompt_len,
             cached_tokens: self.cached.unwrap_or(0),
             completion_tokens: self.tokens.len() - self.prompt_len,
             drafted_tokens,
             accepted_tokens,
+            prediction_tokens,
+            accepted_prediction_tokens,
         }
     }
 

@@ -156,6 +156,11 @@ impl PagedKv {
         self.store.num_pages()
     }
 
+    /// Free pages (no cached page evicted to get them).
+    pub fn num_free(&self) -> usize {
+        self.store.num_free()
+    }
+
     /// Pages a reservation can get now: free, or cached and reclaimable.
     pub fn num_available(&self) -> usize {
         self.store.num_available()

@@ -113,7 +113,7 @@ impl PageStore {
     pub fn num_pages(&self) -> usize {
         self.pages.len()
     }
-    #[cfg(test)]
+    /// Free pages.
     pub fn num_free(&self) -> usize {
         self.free.len()
     }

@@ -185,11 +185,25 @@ fn stops_grammars_forks_logprobs_and_preemption_give_the_same_tokens() {
         let (a, b) = (run(&on, mix()), run(&off, mix()));
         same(&a, &b, &format!("pool of {pages} pages"));
         let st = on.stats().unwrap();
+        let per: Vec<Vec<usize>> = a
+            .iter()
+            .map(|r| r.iter().map(|c| c.usage.drafted_tokens).collect())
+            .collect();
         println!(
-            "pool {pages}: {} drafted, {} accepted, {} preemptions",
+            "pool {pages}: {} drafted, {} accepted, {} preemptions; drafted per request {per:?}",
             st.spec_drafted_tokens, st.spec_accepted_tokens, st.preemptions
         );
         assert!(st.spec_accepted_tokens > 0, "{st:?}");
+        if pages == 512 {
+            // The stop-string requests, the grammar and every one of the n = 3 forks
+            // verified drafts (the mix is only a test of them if they did).
+            for (i, what) in [(0, "stop"), (1, "stop"), (2, "grammar"), (3, "n = 3")] {
+                assert!(
+                    per[i].iter().all(|&d| d > 0),
+                    "{what} (request {i}) drafted nothing: {per:?}"
+                );
+            }
+        }
         if pages == 14 {
             assert!(st.preemptions > 0, "a 14-page pool must preempt: {st:?}");
         }
@@ -235,6 +249,11 @@ fn drafts_at_the_limits_keep_tokens_and_pages_right() {
             let (a, b) = (run(&on, vec![r()]), run(&off, vec![r()]));
             same(&a, &b, &format!("window {window}, max_tokens {max_tokens}"));
             on.check_invariants().unwrap();
+            if max_tokens == 64 && window > n + 3 {
+                // The window ends the sample while drafts are being verified.
+                assert!(drafted(&a).0 > 0, "window {window}: nothing drafted");
+                assert_eq!(a[0][0].finish, Some(folio::FinishReason::Length));
+            }
         }
         // A context's generation, twice: the second continues from the first's pages.
         let ctx = on.context(None).unwrap();

@@ -34,9 +34,10 @@ const MAX_WAIT: u32 = 64;
 pub enum Source {
     /// The caller's predicted output, followed while the output agrees with it.
     Predicted,
-    /// What followed an n-gram (n ≥ 2) of the sample's own tokens, or of the
-    /// prediction where the output left it.
+    /// What followed an n-gram (n ≥ 2) of the sample's own tokens.
     Own(usize),
+    /// What followed an n-gram (n ≥ 2) of the prediction, where the output left it.
+    PredictedNgram(usize),
     /// What followed an n-gram (n ≥ 3) in a recent output under the same salt.
     History(usize),
 }
@@ -48,7 +49,7 @@ impl Source {
     fn index(self) -> usize {
         match self {
             Source::Predicted => 0,
-            Source::Own(n) => 1 + n.clamp(2, 5) - 2,
+            Source::Own(n) | Source::PredictedNgram(n) => 1 + n.clamp(2, 5) - 2,
             Source::History(n) => 5 + n.clamp(3, 5) - 3,
         }
     }

@@ -5,27 +5,29 @@
 
 use super::lookup::IdMap;
 use super::ngram_key;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// Shortest n-gram matched across samples (a sample's own tokens use shorter ones:
 /// across samples a short match says less).
 const MIN_N: usize = 3;
 const MAX_N: usize = 5;
-/// Most output tokens kept, all salts together; the oldest outputs go first (about
-/// 3 index entries of 25 bytes per token: some 10 MB when full).
+/// Most output tokens kept, all salts together (about 3 index entries of 25 bytes per
+/// token: some 10 MB when full). Past it, the salt holding the most loses its oldest
+/// output: one tenant's traffic never flushes another's history.
 pub const HISTORY_TOKENS: usize = 1 << 17;
 /// The longest output kept whole; a longer one keeps its last part.
 const MAX_DOC: usize = 1 << 13;
 
 struct Doc {
-    id: u64,
     salt: u64,
     tokens: Vec<u32>,
 }
 
 /// Recent outputs and, for each (salt, n-gram), where its latest continuation is.
 pub(crate) struct History {
-    docs: VecDeque<Doc>,
+    docs: HashMap<u64, Doc>,
+    /// Each salt's documents, oldest first, and its tokens.
+    salts: HashMap<u64, (VecDeque<u64>, usize)>,
     /// (salt, n-gram) key → (document id, position after the n-gram).
     next: IdMap<(u64, u32)>,
     tokens: usize,
@@ -35,7 +37,8 @@ pub(crate) struct History {
 impl History {
     pub fn new() -> Self {
         Self {
-            docs: VecDeque::new(),
+            docs: HashMap::new(),
+            salts: HashMap::new(),
             next: IdMap::default(),
             tokens: 0,
             next_id: 0,
@@ -61,37 +64,48 @@ impl History {
             }
         }
         self.tokens += output.len();
-        self.docs.push_back(Doc {
+        let (ids, held) = self.salts.entry(salt).or_default();
+        ids.push_back(id);
+        *held += output.len();
+        self.docs.insert(
             id,
-            salt,
-            tokens: output.to_vec(),
-        });
+            Doc {
+                salt,
+                tokens: output.to_vec(),
+            },
+        );
         while self.tokens > HISTORY_TOKENS {
-            let Some(old) = self.docs.pop_front() else {
+            // The salt holding the most gives up its oldest output.
+            let Some((&biggest, _)) = self.salts.iter().max_by_key(|(_, (_, held))| *held) else {
                 break;
             };
-            self.tokens -= old.tokens.len();
-            self.forget(&old);
+            let (ids, held) = self.salts.get_mut(&biggest).expect("just found");
+            let Some(old) = ids
+                .pop_front()
+                .and_then(|id| self.docs.remove(&id).map(|d| (id, d)))
+            else {
+                break;
+            };
+            *held -= old.1.tokens.len();
+            if ids.is_empty() {
+                self.salts.remove(&biggest);
+            }
+            self.tokens -= old.1.tokens.len();
+            self.forget(old.0, &old.1);
         }
     }
 
-    /// Drops the entries that still point into `doc`.
-    fn forget(&mut self, doc: &Doc) {
+    /// Drops the entries that still point into document `id`.
+    fn forget(&mut self, id: u64, doc: &Doc) {
         let t = &doc.tokens;
         for i in MIN_N..t.len() {
             for n in MIN_N..=MAX_N.min(i) {
                 let k = Self::key(doc.salt, &t[i - n..i]);
-                if self.next.get(&k).is_some_and(|&(d, _)| d == doc.id) {
+                if self.next.get(&k).is_some_and(|&(d, _)| d == id) {
                     self.next.remove(&k);
                 }
             }
         }
-    }
-
-    fn doc(&self, id: u64) -> Option<&Doc> {
-        let first = self.docs.front()?.id;
-        let d = self.docs.get(id.checked_sub(first)? as usize)?;
-        (d.id == id).then_some(d)
     }
 
     /// Up to `k` tokens that followed the longest n-gram ending `tokens` in a recent
@@ -103,7 +117,9 @@ impl History {
             let Some(&(id, p)) = self.next.get(&Self::key(salt, tail)) else {
                 continue;
             };
-            let Some(d) = self.doc(id) else { continue };
+            let Some(d) = self.docs.get(&id) else {
+                continue;
+            };
             let p = p as usize;
             if d.salt == salt && p >= n && d.tokens.get(p - n..p) == Some(tail) {
                 return Some((d.tokens[p..(p + k).min(d.tokens.len())].to_vec(), n));
@@ -139,6 +155,22 @@ mod tests {
     }
 
     #[test]
+    fn one_salt_flooding_the_history_evicts_its_own_outputs_first() {
+        let mut h = History::new();
+        h.record(1, &[1, 2, 3, 4, 5]);
+        for i in 0..(2 * HISTORY_TOKENS / MAX_DOC) as u32 {
+            let flood: Vec<u32> = (0..MAX_DOC as u32).map(|t| t + 100 + i).collect();
+            h.record(2, &flood);
+        }
+        assert!(h.tokens() <= HISTORY_TOKENS);
+        assert_eq!(
+            drafted(&h, 1, &[1, 2, 3], 2),
+            vec![4, 5],
+            "salt 1 kept its output"
+        );
+    }
+
+    #[test]
     fn stays_within_its_token_bound_and_forgets_the_oldest() {
         let mut h = History::new();
         let doc: Vec<u32> = (0..MAX_DOC as u32).collect();
@@ -152,7 +184,7 @@ mod tests {
         h.record(1, &[1, 2, 3, 4, 5]);
         for i in 0..(HISTORY_TOKENS / MAX_DOC + 1) as u32 {
             let other: Vec<u32> = (0..MAX_DOC as u32).map(|t| t + 100 + i).collect();
-            h.record(2, &other);
+            h.record(1, &other);
         }
         assert!(
             drafted(&h, 1, &[1, 2, 3], 2).is_empty(),

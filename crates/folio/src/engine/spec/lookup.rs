@@ -36,47 +36,95 @@ impl Hasher for IdHasher {
 
 pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
-/// One sequence's n-grams: for each n-gram of `MIN_N..=MAX_N` tokens, the position
-/// after its latest occurrence that has a continuation.
+/// The n-grams of a token list: for each n-gram of `MIN_N..=MAX_N` tokens, the
+/// position after its latest occurrence that has a continuation.
+fn index(text: &[u32], from: usize, next: &mut IdMap<u32>) {
+    for i in from.max(1)..text.len() {
+        for n in MIN_N..=MAX_N.min(i) {
+            next.insert(ngram_key(n as u64, &text[i - n..i]), i as u32);
+        }
+    }
+}
+
+/// What followed, in `text`, the longest n-gram ending `tokens` (`next` indexes
+/// `text`'s n-grams), and the n-gram's length.
+fn find(next: &IdMap<u32>, text: &[u32], tokens: &[u32], k: usize) -> Option<(Vec<u32>, usize)> {
+    let len = tokens.len();
+    for n in (MIN_N..=MAX_N.min(len)).rev() {
+        let tail = &tokens[len - n..];
+        let Some(&p) = next.get(&ngram_key(n as u64, tail)) else {
+            continue;
+        };
+        let p = p as usize;
+        // A hash collision proposes nothing rather than a wrong guess.
+        if p >= n && p < text.len() && &text[p - n..p] == tail {
+            return Some((text[p..(p + k).min(text.len())].to_vec(), n));
+        }
+    }
+    None
+}
+
+/// The most recent tokens of a sequence that its own index covers: a sample drafting
+/// from a 100k-token context indexes its last 8k on its first draft (about 1 ms),
+/// not the whole context every turn.
+pub const SPAN: usize = 8192;
+
+/// A request's predicted output and its n-gram index, built on first use and shared
+/// by the request's samples (`n > 1`).
+#[derive(Default)]
+pub(crate) struct Prediction {
+    pub tokens: Vec<u32>,
+    next: std::sync::OnceLock<IdMap<u32>>,
+}
+
+impl Prediction {
+    pub fn new(tokens: Vec<u32>) -> Self {
+        Self {
+            tokens,
+            next: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn next(&self) -> &IdMap<u32> {
+        self.next.get_or_init(|| {
+            let mut next = IdMap::default();
+            index(&self.tokens, 1, &mut next);
+            next
+        })
+    }
+}
+
+/// One sample's drafting sources: its own recent tokens' n-grams, and the request's
+/// predicted output.
 pub(crate) struct Lookup {
     next: IdMap<u32>,
-    /// Positions whose preceding n-grams are indexed: `1..indexed`.
+    /// Positions whose preceding n-grams are indexed: up to `indexed`.
     indexed: usize,
-    /// The predicted output and its n-grams (the position after each one's latest
-    /// occurrence that has a continuation).
-    prediction: Vec<u32>,
-    predicted_next: IdMap<u32>,
+    prediction: std::sync::Arc<Prediction>,
 }
 
 impl Lookup {
     #[cfg(test)]
     pub fn new() -> Self {
-        Self::with_prediction(Vec::new())
+        Self::with_prediction(Default::default())
     }
 
-    pub fn with_prediction(prediction: Vec<u32>) -> Self {
-        let mut predicted_next = IdMap::default();
-        for i in 1..prediction.len() {
-            for n in MIN_N..=MAX_N.min(i) {
-                predicted_next.insert(ngram_key(n as u64, &prediction[i - n..i]), i as u32);
-            }
-        }
+    pub fn with_prediction(prediction: std::sync::Arc<Prediction>) -> Self {
         Self {
             next: IdMap::default(),
             indexed: 1,
             prediction,
-            predicted_next,
         }
     }
 
-    pub fn prediction(&self) -> &[u32] {
+    pub fn prediction(&self) -> &std::sync::Arc<Prediction> {
         &self.prediction
     }
 
     /// From the predicted output: its next tokens while the output (`tokens[out_start..]`)
     /// is its beginning, else what followed the longest n-gram ending `tokens` in it.
     fn predicted(&self, tokens: &[u32], out_start: usize, k: usize) -> Option<(Vec<u32>, Source)> {
-        let p = &self.prediction;
+        let p = &self.prediction.tokens;
         if p.is_empty() {
             return None;
         }
@@ -85,46 +133,21 @@ impl Lookup {
             let d = p[out.len()..(out.len() + k).min(p.len())].to_vec();
             return Some((d, Source::Predicted));
         }
-        Self::find(&self.predicted_next, p, tokens, k)
-    }
-
-    /// What followed, in `text`, the longest n-gram ending `tokens` (`next` indexes
-    /// `text`'s n-grams), and the n-gram's length.
-    fn find(
-        next: &IdMap<u32>,
-        text: &[u32],
-        tokens: &[u32],
-        k: usize,
-    ) -> Option<(Vec<u32>, Source)> {
-        let len = tokens.len();
-        for n in (MIN_N..=MAX_N.min(len)).rev() {
-            let tail = &tokens[len - n..];
-            let Some(&p) = next.get(&ngram_key(n as u64, tail)) else {
-                continue;
-            };
-            let p = p as usize;
-            // A hash collision proposes nothing rather than a wrong guess.
-            if p >= n && p < text.len() && &text[p - n..p] == tail {
-                return Some((text[p..(p + k).min(text.len())].to_vec(), Source::Own(n)));
-            }
-        }
-        None
+        let (d, n) = find(self.prediction.next(), p, tokens, k)?;
+        Some((d, Source::PredictedNgram(n)))
     }
 
     /// Indexes the n-grams that end before each token not yet seen (every position
-    /// `i < tokens.len()` continues the n-grams ending at `i - 1`).
+    /// `i < tokens.len()` continues the n-grams ending at `i - 1`), within the last
+    /// [`SPAN`] tokens.
     fn update(&mut self, tokens: &[u32]) {
         if tokens.len() < self.indexed {
             // The sequence was cut back (it never is today): start again.
             self.next.clear();
             self.indexed = 1;
         }
-        for i in self.indexed..tokens.len() {
-            for n in MIN_N..=MAX_N.min(i) {
-                self.next
-                    .insert(ngram_key(n as u64, &tokens[i - n..i]), i as u32);
-            }
-        }
+        let from = self.indexed.max(tokens.len().saturating_sub(SPAN));
+        index(tokens, from, &mut self.next);
         self.indexed = tokens.len().max(1);
     }
 
@@ -140,7 +163,8 @@ impl Lookup {
             return Some(d);
         }
         self.update(tokens);
-        Self::find(&self.next, tokens, tokens, k)
+        let (d, n) = find(&self.next, tokens, tokens, k)?;
+        Some((d, Source::Own(n)))
     }
 }
 
@@ -156,7 +180,9 @@ mod tests {
 
     #[test]
     fn follows_the_prediction_then_finds_it_again() {
-        let mut l = Lookup::with_prediction(vec![7, 8, 9, 10, 11, 12, 13]);
+        let mut l = Lookup::with_prediction(std::sync::Arc::new(Prediction::new(vec![
+            7, 8, 9, 10, 11, 12, 13,
+        ])));
         // Prompt [1, 2], output [7, 8] so far: the prediction's next tokens.
         assert_eq!(drafted(&mut l, &[1, 2, 7, 8], 2, 3), vec![9, 10, 11]);
         assert_eq!(l.propose(&[1, 2, 7, 8], 2, 3).unwrap().1, Source::Predicted);
@@ -184,6 +210,17 @@ mod tests {
         // The draft stops at the end of what is known.
         let mut l = Lookup::new();
         assert_eq!(drafted(&mut l, &[5, 6, 7, 5, 6], 0, 8), vec![7, 5, 6]);
+    }
+
+    #[test]
+    fn indexes_only_the_last_span_of_a_long_sequence() {
+        let mut t: Vec<u32> = (0..3 * SPAN as u32).map(|i| i % 5000 + 10).collect();
+        let mut l = Lookup::new();
+        t.extend([10, 11]);
+        // "10 11" began the sequence and recurs every 5000 tokens; the index keeps
+        // the last span's occurrences only.
+        assert_eq!(drafted(&mut l, &t, 0, 1), vec![12]);
+        assert!(l.next.len() <= 4 * (SPAN + 2), "{} entries", l.next.len());
     }
 
     #[test]

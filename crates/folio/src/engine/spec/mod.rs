@@ -32,7 +32,8 @@ pub(crate) mod lookup;
 
 use adapt::{Adapt, Source};
 use history::History;
-use lookup::Lookup;
+use lookup::{Lookup, Prediction};
+use std::sync::Arc;
 
 /// Whether the engine drafts (`--spec`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,26 +58,39 @@ pub(crate) struct SpecState {
     adapt: Adapt,
     /// Where the draft being verified came from.
     source: Source,
-    /// Tokens drafted and verified for this sample, and those accepted.
+    /// Tokens drafted for this sample, those accepted, and those accepted that came
+    /// from the caller's prediction.
     pub drafted: usize,
     pub accepted: usize,
+    pub accepted_predicted: usize,
 }
 
 impl SpecState {
     /// `prediction`: the output the caller expects (may be empty).
     pub fn new(prediction: Vec<u32>) -> Self {
+        Self::with(Arc::new(Prediction::new(prediction)))
+    }
+
+    fn with(prediction: Arc<Prediction>) -> Self {
         Self {
             adapt: Adapt::new(),
             lookup: Lookup::with_prediction(prediction),
             source: Source::Predicted,
             drafted: 0,
             accepted: 0,
+            accepted_predicted: 0,
         }
     }
 
-    /// The output the caller predicted.
-    pub fn prediction(&self) -> &[u32] {
-        self.lookup.prediction()
+    /// A fresh state for another sample of the same request (`n > 1`), sharing its
+    /// prediction and the prediction's index.
+    pub fn sibling(&self) -> Self {
+        Self::with(self.lookup.prediction().clone())
+    }
+
+    /// Tokens in the caller's prediction.
+    pub fn predicted_tokens(&self) -> usize {
+        self.lookup.prediction().tokens.len()
     }
 
     /// A draft of at most `room` tokens continuing `tokens` (whose output starts at
@@ -106,11 +120,15 @@ impl SpecState {
         d
     }
 
-    /// Records a verified draft: `drafted` tokens, of which the first `accepted` matched.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
+    /// Records a verified draft: `drafted` tokens, of which `judged` were compared with
+    /// a sampled token (the sample may end first) and the first `accepted` matched.
+    pub fn record(&mut self, drafted: usize, judged: usize, accepted: usize) {
         self.drafted += drafted;
         self.accepted += accepted;
-        self.adapt.record(self.source, drafted, accepted);
+        if matches!(self.source, Source::Predicted | Source::PredictedNgram(_)) {
+            self.accepted_predicted += accepted;
+        }
+        self.adapt.record(self.source, judged, accepted);
     }
 }
 
