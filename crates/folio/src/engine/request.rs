@@ -204,8 +204,9 @@ pub struct Request {
 
 /// The most samples one request may ask for.
 pub const MAX_N: usize = 128;
-/// The most tokens a request's `prediction` may hold.
-pub const MAX_PREDICTION: usize = 1 << 16;
+/// The most tokens a request's `prediction` may hold (its n-gram index, four entries per
+/// token, is built on the engine thread at the request's first draft).
+pub const MAX_PREDICTION: usize = 1 << 14;
 /// The most alternatives per token a request may ask log-probabilities of.
 pub const MAX_LOGPROBS: usize = 20;
 
