@@ -65,6 +65,10 @@ pub struct Args {
     /// --llama-bench) in the same rounds.
     #[arg(long)]
     pub long_figures: bool,
+    /// With --long-figures: also measure these K/V element types (comma-separated: f16,
+    /// f32, q8_0), each in its own pool, taking turns with --kv-dtype's round by round.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub long_kv_dtypes: Vec<crate::opts::KvDtypeArg>,
     /// llama.cpp's `llama-bench` binary [default: $FOLIO_LLAMA_BENCH]: measured with
     /// --long-figures in the same rounds as folio.
     #[arg(long, value_name = "PATH")]
@@ -125,7 +129,8 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut seq = match a.model.kv {
         KvKind::Basic => {
             let c = &model.config;
-            OneSeq::Basic(BasicCache::with_dtype(c.n_layers, c.kv_dim(), ctx, dtype))
+            let (kvd, hd) = (c.kv_dim(), c.head_dim);
+            OneSeq::Basic(BasicCache::with_dtype(c.n_layers, kvd, hd, ctx, dtype))
         }
         KvKind::Paged => {
             let pages = a.model.pool_pages(&model, a.model.page_size, 2 * ctx)?;
@@ -237,6 +242,10 @@ pub fn run(mut a: Args) -> Result<()> {
                 threads,
                 model_path: &path,
                 llama_bench: llama_tool(&a, &a.llama_bench, "FOLIO_LLAMA_BENCH"),
+                dtypes: std::iter::once(&a.model.kv_dtype)
+                    .chain(&a.long_kv_dtypes)
+                    .map(|d| d.dtype())
+                    .collect(),
             },
         )?;
     }

@@ -1,12 +1,14 @@
 //! `folio bench --long-figures`: long context. Prefill tok/s of prompts of 512, 2048 and
 //! 8000 tokens, and single-sequence decode tok/s after a prompt of 0 (one token), 2048
 //! and 8000 tokens, on a paged cache; llama.cpp's `llama-bench` (flash attention on,
-//! same threads) in the same rounds when its path is given, the two taking turns.
+//! same threads) in the same rounds when its path is given, the two taking turns. With
+//! more than one K/V element type (`--long-kv-dtypes`) each has its own pool and they
+//! take turns too; a second table gives each one's figures and its ratio to the first.
 
 use crate::figures::{baseline_output, bench_prompt, median, rounds};
 use crate::report::{figure, Report};
 use anyhow::Result;
-use folio::kv::{KvSeq, Logits, PagedKv};
+use folio::kv::{KvDtype, KvSeq, Logits, PagedKv};
 use folio::model::sampler::argmax;
 use folio::{forward_one, Model};
 use serde_json::json;
@@ -27,6 +29,8 @@ pub struct LongArgs<'a> {
     pub model_path: &'a Path,
     /// llama.cpp's `llama-bench`, when measured.
     pub llama_bench: Option<PathBuf>,
+    /// The K/V element types measured (at least one): the first is the main table's.
+    pub dtypes: Vec<KvDtype>,
 }
 
 /// One round's figures: pp tok/s per PP, decode tok/s per DEPTH.
@@ -35,14 +39,28 @@ type Round = ([f64; 3], [f64; 3]);
 pub fn run(report: &mut Report, model: &Model, a: &LongArgs) -> Result<()> {
     let most = PP.iter().chain(&DEPTH).copied().max().unwrap_or(0) + TG + 1;
     let prompt = bench_prompt(model, most);
-    let dtype = folio::kv::KvDtype::F16;
-    let shape = model.pool_shape(most.div_ceil(a.page_size) + 1, a.page_size, dtype);
-    let mut pool = PagedKv::with_shape(shape, most, &model.fingerprint());
-    let mut table = pool.new_table(None);
+    let dtypes = if a.dtypes.is_empty() {
+        vec![KvDtype::F16]
+    } else {
+        a.dtypes.clone()
+    };
+    let mut pools: Vec<_> = dtypes
+        .iter()
+        .map(|&dtype| {
+            let shape = model.pool_shape(most.div_ceil(a.page_size) + 1, a.page_size, dtype);
+            let pool = PagedKv::with_shape(shape, most, &model.fingerprint());
+            let table = pool.new_table(None);
+            (pool, table)
+        })
+        .collect();
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let mut each: Vec<Vec<Round>> = vec![Vec::new(); dtypes.len()];
     for _ in 0..a.reps {
-        let mut seq = pool.seq(&mut table);
-        ours.push(folio_round(model, &mut seq, &prompt)?);
+        for ((pool, table), rounds) in pools.iter_mut().zip(&mut each) {
+            let mut seq = pool.seq(table);
+            rounds.push(folio_round(model, &mut seq, &prompt)?);
+        }
+        ours.push(each[0].last().copied().unwrap_or_default());
         if let Some(exe) = &a.llama_bench {
             if let Some(r) = llama_round(exe, a.model_path, a.threads)? {
                 theirs.push(r);
@@ -51,8 +69,8 @@ pub fn run(report: &mut Report, model: &Model, a: &LongArgs) -> Result<()> {
     }
     println!();
     println!(
-        "Long context (paged cache, page size {}, f16 K/V, {} threads; decode: {TG} tokens after the prompt)",
-        a.page_size, a.threads
+        "Long context (paged cache, page size {}, {} K/V, {} threads; decode: {TG} tokens after the prompt)",
+        a.page_size, dtypes[0], a.threads
     );
     println!("| test          | folio tok/s | llama.cpp tok/s | folio / llama.cpp |");
     println!("|---------------|-------------|-----------------|-------------------|");
@@ -106,7 +124,59 @@ pub fn run(report: &mut Report, model: &Model, a: &LongArgs) -> Result<()> {
             .map(|_| "llama-bench, flash attention on")),
     );
     report.add("long", rec.into());
+    if dtypes.len() > 1 {
+        dtype_table(report, &dtypes, &each);
+    }
     Ok(())
+}
+
+/// The figures of every K/V element type measured (`each[i]`: `dtypes[i]`'s rounds),
+/// medians, with each one's ratio to the first's.
+fn dtype_table(report: &mut Report, dtypes: &[KvDtype], each: &[Vec<Round>]) {
+    println!();
+    println!(
+        "Long context by K/V element type (same rounds, taking turns; ratio to {}):",
+        dtypes[0]
+    );
+    let head: Vec<String> = dtypes.iter().map(|d| format!("{d} tok/s")).collect();
+    println!("| test          | {} |", head.join(" | "));
+    println!("|---------------|{}", "---|".repeat(dtypes.len()));
+    let mut rec = serde_json::Map::new();
+    let mut notes = Vec::new();
+    let mut row = |name: String, pick: &dyn Fn(&Round) -> f64| {
+        let all: Vec<Vec<f64>> = each.iter().map(|r| r.iter().map(pick).collect()).collect();
+        let first = median(&all[0]);
+        let cells: Vec<String> = all
+            .iter()
+            .map(|v| {
+                let m = median(v);
+                if std::ptr::eq(v, &all[0]) {
+                    format!("{m:.1}")
+                } else {
+                    format!("{m:.1} ({:.2}x)", m / first)
+                }
+            })
+            .collect();
+        println!("| {name:<13} | {} |", cells.join(" | "));
+        let mut r = serde_json::Map::new();
+        for (d, v) in dtypes.iter().zip(&all) {
+            r.insert(d.to_string(), figure(median(v), v));
+            notes.push(format!("{name} {d}: {}", rounds(v)));
+        }
+        rec.insert(name, r.into());
+    };
+    for (i, n) in PP.iter().enumerate() {
+        row(format!("pp{n}"), &|r: &Round| r.0[i]);
+    }
+    for (i, d) in DEPTH.iter().enumerate() {
+        row(format!("tg{TG} @ d{d}"), &|r: &Round| r.1[i]);
+    }
+    println!(
+        "(medians of {} rounds; every round: {})",
+        each[0].len(),
+        notes.join("; ")
+    );
+    report.add("long_kv_dtypes", rec.into());
 }
 
 /// folio's prefill at each PP length, then decode at each depth.
