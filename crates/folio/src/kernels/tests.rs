@@ -5,7 +5,7 @@
 use super::avxvnni::MADD;
 use super::matmul::{matmul, Activations, QMatrix};
 use super::quant::*;
-use super::{detect, runnable, scalar, Isa, ThreadPool};
+use super::{detect, runnable, scalar, Isa, KvDtype, ThreadPool};
 use crate::gguf::GgmlType;
 use crate::rng::SplitMix64;
 
@@ -790,12 +790,22 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
         let vf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 3.0).collect();
         let k16: Vec<u16> = kf.iter().map(|&x| f32_to_f16(x)).collect();
         let v16: Vec<u16> = vf.iter().map(|&x| f32_to_f16(x)).collect();
-        for (f32_kv, round) in [(false, true), (false, false), (true, false)] {
+        let (k8, v8) = (Q8Rows::new(&kf, hd), Q8Rows::new(&vf, hd));
+        // 8-bit rows never round (`round` is ignored for them, as for f32).
+        let kinds = [
+            (KvDtype::F16, true),
+            (KvDtype::F16, false),
+            (KvDtype::F32, false),
+            (KvDtype::Q8, false),
+            (KvDtype::Q8, true),
+        ];
+        for (dtype, round) in kinds {
+            let f32_kv = dtype != KvDtype::F16;
             // The second KV head of each row.
-            let (k, v) = if f32_kv {
-                (KvRows::F32(&kf[hd..]), KvRows::F32(&vf[hd..]))
-            } else {
-                (KvRows::F16(&k16[hd..]), KvRows::F16(&v16[hd..]))
+            let (k, v) = match dtype {
+                KvDtype::F32 => (KvRows::F32(&kf[hd..]), KvRows::F32(&vf[hd..])),
+                KvDtype::F16 => (KvRows::F16(&k16[hd..]), KvRows::F16(&v16[hd..])),
+                KvDtype::Q8 => (k8.rows(hd), v8.rows(hd)),
             };
             let run = |isa: Isa, q: &[f32], cut: usize| {
                 let g = q.len() / hd;
@@ -845,7 +855,9 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
                 for &isa in &paths {
                     for cut in [0, 16, 33] {
                         let (a, st) = run(isa, &qk, cut);
-                        let what = format!("{isa:?}, head {hd}, {g} queries, cut {cut}, f32 {f32_kv}, round {round}");
+                        let what = format!(
+                            "{isa:?}, head {hd}, {g} queries, cut {cut}, {dtype}, round {round}"
+                        );
                         assert_eq!(
                             want,
                             a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -930,6 +942,69 @@ fn attention_block_gives_each_row_its_bits_alone() {
     }
 }
 
+/// K or V rows in the 8-bit format: the bytes and the scales of head rows of `hd`.
+struct Q8Rows {
+    q: Vec<i8>,
+    d: Vec<u16>,
+    hd: usize,
+}
+
+impl Q8Rows {
+    fn new(x: &[f32], hd: usize) -> Self {
+        let (mut q, mut d) = (vec![0i8; x.len()], vec![0u16; x.len() / hd]);
+        super::quantize_kv_q8(x, hd, &mut q, &mut d);
+        Q8Rows { q, d, hd }
+    }
+
+    /// The rows from element `at` (a head row's first) on.
+    fn rows(&self, at: usize) -> super::KvRows<'_> {
+        super::KvRows::Q8 {
+            q: &self.q,
+            d: &self.d,
+            hd: self.hd,
+        }
+        .skip(at)
+    }
+}
+
+/// 8-bit K/V: each value is `q · d` within half a step (`d / 2`) of what was written,
+/// `d = amax / 127` of its head row, a row of zeros stays zeros, and a non-finite
+/// value leaves the row's other values readable (no NaN scale).
+#[test]
+fn q8_kv_rows_read_back_within_half_a_step() {
+    let mut rng = SplitMix64(41);
+    for hd in [32, 64, 128] {
+        let mut x: Vec<f32> = (0..8 * hd).map(|_| rng.signed_f32() * 5.0).collect();
+        x[hd..2 * hd].fill(0.0);
+        x[2 * hd + 3] = f32::INFINITY;
+        x[3 * hd + 5] = f32::NAN;
+        let r = Q8Rows::new(&x, hd);
+        let rows = r.rows(0);
+        for (row, xs) in x.chunks(hd).enumerate() {
+            let amax = xs
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(0f32, |m, v| m.max(v.abs()));
+            let d = f16_to_f32(r.d[row]);
+            assert!(d.is_finite(), "head {hd}, row {row}: scale {d}");
+            if row == 1 {
+                assert_eq!(d, 0.0);
+            }
+            for (i, &v) in xs.iter().enumerate() {
+                let got = rows.get(row * hd + i);
+                assert!(got.is_finite(), "head {hd}, row {row}, {i}: {got}");
+                if v.is_finite() && row != 2 {
+                    let step = (amax / 127.0) * 1.001;
+                    assert!(
+                        (got - v).abs() <= step / 2.0 + 1e-6,
+                        "head {hd}, row {row}: {got} for {v}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// `attention_block_gives_each_row_its_bits_alone` for head size `hd`.
 fn block_case(rng: &mut SplitMix64, hd: usize) {
     use super::{KvRows, KvRun};
@@ -939,13 +1014,15 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
     let vf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 3.0).collect();
     let k16: Vec<u16> = kf.iter().map(|&x| f32_to_f16(x)).collect();
     let v16: Vec<u16> = vf.iter().map(|&x| f32_to_f16(x)).collect();
-    for f32_kv in [false, true] {
+    let (k8, v8) = (Q8Rows::new(&kf, hd), Q8Rows::new(&vf, hd));
+    for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Q8] {
+        let f32_kv = dtype != KvDtype::F16;
         let rows_at = |p: usize| {
             let at = p * stride + off;
-            if f32_kv {
-                (KvRows::F32(&kf[at..]), KvRows::F32(&vf[at..]))
-            } else {
-                (KvRows::F16(&k16[at..]), KvRows::F16(&v16[at..]))
+            match dtype {
+                KvDtype::F32 => (KvRows::F32(&kf[at..]), KvRows::F32(&vf[at..])),
+                KvDtype::F16 => (KvRows::F16(&k16[at..]), KvRows::F16(&v16[at..])),
+                KvDtype::Q8 => (k8.rows(at), v8.rows(at)),
             }
         };
         // The keys 0..len as pages of `page` keys.
@@ -1019,7 +1096,7 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
                 };
                 super::attend(isa, &a, &mut state, &mut acc);
                 let what =
-                    format!("{isa}, head {hd}, {g} heads, {rows} rows, page {page}, f32 {f32_kv}");
+                    format!("{isa}, head {hd}, {g} heads, {rows} rows, page {page}, {dtype}");
                 assert_eq!(want_state, state, "{what}");
                 assert_eq!(want_acc, acc, "{what}");
             }

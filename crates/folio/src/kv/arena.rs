@@ -267,6 +267,63 @@ mod tests {
         }
     }
 
+    /// 8-bit pages: a slot's bytes (values, then scales) read back through
+    /// `read_slot`/`write_slot` and `copy_slots` unchanged, runs hold `q · d` within half
+    /// a step of what was written, and a page is the real size (one byte per value, two
+    /// per head row's scale).
+    #[test]
+    fn q8_slots_round_trip_and_pages_are_their_real_size() {
+        let (pages, layers, ps, hd, heads) = (5, 2, 4, 8, 3);
+        let d = hd * heads;
+        let mut a = KvArena::new(pages, layers, ps, d, hd, KvDtype::Q8).with_chunk(2);
+        assert_eq!(
+            KvArena::page_bytes(layers, ps, d, hd, KvDtype::Q8),
+            layers * 2 * ps * (d + 2 * heads)
+        );
+        assert_eq!(a.slot_bytes(), layers * 2 * (d + 2 * heads));
+        let val = |p: usize, l: usize, s: usize, i: usize| {
+            ((p * 31 + l * 7 + s * 3 + i) % 23) as f32 - 11.0
+        };
+        for (p, l, s) in
+            (0..pages).flat_map(|p| (0..layers).flat_map(move |l| (0..ps).map(move |s| (p, l, s))))
+        {
+            let k: Vec<f32> = (0..d).map(|i| val(p, l, s, i)).collect();
+            let v: Vec<f32> = k.iter().map(|x| x / 4.0).collect();
+            a.write(p as u32, l, s, &k, &v);
+        }
+        for (p, l, s) in
+            (0..pages).flat_map(|p| (0..layers).flat_map(move |l| (0..ps).map(move |s| (p, l, s))))
+        {
+            let (k, v) = a.run(p as u32, l, s);
+            for i in 0..d {
+                let (want, head) = (
+                    val(p, l, s, i),
+                    &(0..d).map(|j| val(p, l, s, j)).collect::<Vec<_>>()[i / hd * hd..][..hd],
+                );
+                let step = head.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+                assert!((k.get(i) - want).abs() <= step * 0.51, "K {p} {l} {s} {i}");
+                assert!(
+                    (v.get(i) - want / 4.0).abs() <= step * 0.26,
+                    "V {p} {l} {s} {i}"
+                );
+            }
+        }
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        a.read_slot(3, 1, &mut x);
+        assert_eq!(x.len(), a.slot_bytes());
+        a.write_slot(0, 2, &x);
+        a.read_slot(0, 2, &mut y);
+        assert_eq!(x, y);
+        a.copy_slots(3, 4, 2);
+        y.clear();
+        a.read_slot(4, 1, &mut y);
+        assert_eq!(x, y);
+        assert!(a.slot_finite(&x));
+        // A non-finite scale (the second f16 after the first K row's values) is caught.
+        x[d + 2..d + 4].copy_from_slice(&0x7c00u16.to_le_bytes());
+        assert!(!a.slot_finite(&x));
+    }
+
     #[test]
     #[should_panic(expected = "outside the arena")]
     fn a_page_past_the_pool_is_refused_not_aliased() {
