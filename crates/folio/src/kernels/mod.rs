@@ -108,7 +108,7 @@ pub use attend::{attend, Attend};
 pub(crate) use attend_runs::attend_runs;
 pub(crate) use attend_runs::{attend_row, zmm_attention};
 pub use cpu::Cpu;
-pub use kv_rows::{quantize_kv_q8, KvDtype, KvRows, KvRun};
+pub use kv_rows::{quantize_kv_q8, rotate_heads, KvDtype, KvRows, KvRun};
 pub use matmul::{matmul, Activations, Layout, QMatrix};
 pub use pool::ThreadPool;
 

@@ -3,7 +3,7 @@
 //! (`kernels::kv_rows` describes the format), chosen at run time.
 
 use crate::kernels::advise_huge_pages;
-use crate::kernels::{quantize_kv_q8, to_f16};
+use crate::kernels::{quantize_kv_q8, rotate_heads, to_f16};
 pub use crate::kernels::{KvDtype, KvRows};
 
 /// The K rows and the V rows of one run of slots.
@@ -54,7 +54,7 @@ impl KvBuf {
     }
 
     /// Stores `src` at element `at`, converted to the buffer's dtype (8-bit: whole head
-    /// rows, quantized).
+    /// rows, rotated then quantized: `kernels::kv_rows`).
     pub fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             KvBuf::F16(v) => to_f16(src, &mut v[at..at + src.len()]),
@@ -66,7 +66,9 @@ impl KvBuf {
                     &mut q[at..at + src.len()],
                     &mut d[at / h..(at + src.len()) / h],
                 );
-                quantize_kv_q8(src, h, q, d);
+                let mut x = src.to_vec();
+                rotate_heads(&mut x, h);
+                quantize_kv_q8(&x, h, q, d);
             }
         }
     }

@@ -142,7 +142,7 @@ fn q8_kv_at_2k_tokens_is_within_10_percent_of_f16s_distance_from_the_exact_model
     let f16 = distance(&m, case, KvDtype::F16);
     let q8 = distance(&m, case, KvDtype::Q8);
     let line = format!(
-        "{isa}, long_2k: mean |Δ logprob| f16 K/V {:.5} (max {:.4}), q8_0 K/V {:.5} (max {:.4}):          q8_0 / f16 = {:.4}; top token differs at {} (f16) and {} (q8_0) of {} scored positions; {:.1}s",
+        "{isa}, long_2k: mean |Δ logprob| f16 K/V {:.5} (max {:.4}), q8_0 K/V {:.5} (max {:.4}): q8_0 / f16 = {:.4}; top token differs at {} (f16) and {} (q8_0) of {} scored positions; {:.1}s",
         f16.mean,
         f16.max,
         q8.mean,
