@@ -1005,6 +1005,46 @@ fn q8_kv_rows_read_back_within_half_a_step() {
     }
 }
 
+/// The 8-bit format's rotation (`rotate_heads`) keeps dot products (it is orthogonal)
+/// and is its own inverse, up to rounding, for powers of two; other head sizes are left
+/// as they are.
+#[test]
+fn the_q8_rotation_keeps_dot_products_and_undoes_itself() {
+    let mut rng = SplitMix64(43);
+    for hd in [2, 32, 64, 128, 256] {
+        let x: Vec<f32> = (0..3 * hd).map(|_| rng.signed_f32() * 4.0).collect();
+        let y: Vec<f32> = (0..3 * hd).map(|_| rng.signed_f32() * 4.0).collect();
+        let (mut rx, mut ry) = (x.clone(), y.clone());
+        super::rotate_heads(&mut rx, hd);
+        super::rotate_heads(&mut ry, hd);
+        for h in 0..3 {
+            let dot = |a: &[f32], b: &[f32]| -> f64 {
+                a[h * hd..(h + 1) * hd]
+                    .iter()
+                    .zip(&b[h * hd..(h + 1) * hd])
+                    .map(|(p, q)| f64::from(*p) * f64::from(*q))
+                    .sum()
+            };
+            assert!(
+                (dot(&x, &y) - dot(&rx, &ry)).abs() < 1e-3 * hd as f64,
+                "head {hd}"
+            );
+        }
+        assert_ne!(rx, x, "head {hd}: rotated");
+        super::rotate_heads(&mut rx, hd);
+        for (a, b) in rx.iter().zip(&x) {
+            assert!(
+                (a - b).abs() < 1e-5 * 4.0 * hd as f32,
+                "head {hd}: {a} vs {b}"
+            );
+        }
+    }
+    let x: Vec<f32> = (0..96).map(|i| i as f32).collect();
+    let mut r = x.clone();
+    super::rotate_heads(&mut r, 96);
+    assert_eq!(r, x, "96 is not a power of two: not rotated");
+}
+
 /// `attention_block_gives_each_row_its_bits_alone` for head size `hd`.
 fn block_case(rng: &mut SplitMix64, hd: usize) {
     use super::{KvRows, KvRun};

@@ -155,6 +155,17 @@ impl PagedKv {
         &mut self.arena
     }
 
+    /// The element type of the pool's K/V.
+    pub fn dtype(&self) -> KvDtype {
+        self.arena.dtype()
+    }
+
+    /// Bytes of K/V one page holds (the pool's real size per page: 8-bit K/V's scales
+    /// included).
+    pub fn page_bytes(&self) -> usize {
+        self.arena.slot_bytes() * self.page_size()
+    }
+
     /// Token slots per page.
     pub fn page_size(&self) -> usize {
         self.store.page_size()
