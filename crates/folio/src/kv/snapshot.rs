@@ -660,13 +660,18 @@ impl PagedKv {
         let file = if head == HEAD {
             dtype_of(u32_at(36)).ok_or_else(|| corrupt("unknown K/V element type"))?
         } else {
-            // Version 1: f16 or f32, whichever this pool's rows would make that size
-            // (what else, a foreign file).
+            // Version 1: f16 or f32 (never 8-bit), whichever this pool's rows would make
+            // that size; a size neither makes is a shape error below (the pool's type),
+            // or, in an 8-bit pool, an f16 file.
             let halves = |d| self.arena.slot_bytes_as(d) / 2;
-            [super::KvDtype::F16, super::KvDtype::F32]
-                .into_iter()
+            let v1 = [super::KvDtype::F16, super::KvDtype::F32];
+            v1.into_iter()
                 .find(|&d| halves(d) == u32_at(32) as usize)
-                .unwrap_or(super::KvDtype::F32)
+                .unwrap_or(if v1.contains(&pool) {
+                    pool
+                } else {
+                    super::KvDtype::F16
+                })
         };
         if file != pool {
             return Err(SnapshotError::WrongDtype {
