@@ -65,8 +65,9 @@ pub struct Args {
     /// --llama-bench) in the same rounds.
     #[arg(long)]
     pub long_figures: bool,
-    /// With --long-figures: also measure these K/V element types (comma-separated: f16,
-    /// f32, q8_0), each in its own pool, taking turns with --kv-dtype's round by round.
+    /// Also print decode tok/s at depths 2048 and 8000 with --kv-dtype's K/V and these
+    /// element types (comma-separated: f16, f32, q8_0), each in its own pool, taking
+    /// turns round by round (3 × --reps rounds), with the ratios to --kv-dtype's.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub long_kv_dtypes: Vec<crate::opts::KvDtypeArg>,
     /// llama.cpp's `llama-bench` binary [default: $FOLIO_LLAMA_BENCH]: measured with
@@ -242,11 +243,21 @@ pub fn run(mut a: Args) -> Result<()> {
                 threads,
                 model_path: &path,
                 llama_bench: llama_tool(&a, &a.llama_bench, "FOLIO_LLAMA_BENCH"),
-                dtypes: std::iter::once(&a.model.kv_dtype)
-                    .chain(&a.long_kv_dtypes)
-                    .map(|d| d.dtype())
-                    .collect(),
+                dtype: a.model.kv_dtype.dtype(),
             },
+        )?;
+    }
+    if !a.long_kv_dtypes.is_empty() {
+        let dtypes: Vec<_> = std::iter::once(&a.model.kv_dtype)
+            .chain(&a.long_kv_dtypes)
+            .map(|d| d.dtype())
+            .collect();
+        crate::bench_long::compare_dtypes(
+            &mut report,
+            &model,
+            &dtypes,
+            a.model.page_size,
+            3 * reps,
         )?;
     }
     if a.contention {
