@@ -50,7 +50,8 @@ pub struct ModelArgs {
 pub enum KvDtypeArg {
     F16,
     F32,
-    /// 8-bit values, one f16 scale per head row (`d = amax / 127`, `q = round(x / d)`).
+    /// 8-bit values, one f16 scale per head row, after a Hadamard rotation of the row
+    /// (`d = amax / 127`, `q = round(x / d)`).
     #[value(name = "q8_0", alias = "q8")]
     Q8_0,
 }
