@@ -774,7 +774,8 @@ fn attention_simd_is_bit_identical_to_scalar() {
 
 /// Every head size that is a multiple of 32 (Phi-3's 96, Qwen3's 128, Gemma's 256 and
 /// the rest) on every SIMD path this CPU runs: each query of a group gets the bits the
-/// scalar twin gives it alone, with both roundings and f32 K/V, in one run or two calls.
+/// scalar twin gives it alone, with both roundings, f32 and 8-bit K/V, in one run or
+/// two calls.
 #[test]
 fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
     use super::{KvRows, KvRun};
@@ -875,7 +876,8 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
 
 /// Asking for the next keys while computing (`Attend::ahead`, a decode step's next
 /// piece) changes no bit: every path gives `attend_runs`'s state and accumulators, with
-/// the next keys in pages or in one run, as many as the keys read or none.
+/// the next keys in pages or in one run, as many as the keys read or none, over f16
+/// and 8-bit K/V.
 #[test]
 fn asking_for_the_next_keys_changes_no_bit() {
     use super::{KvRows, KvRun};
@@ -887,21 +889,34 @@ fn asking_for_the_next_keys_changes_no_bit() {
     let v: Vec<u16> = (0..n * stride)
         .map(|_| f32_to_f16(rng.signed_f32() * 3.0))
         .collect();
-    // Keys `from..to` of the second head, as pages of `page`, or whole rows (`off` 0).
-    let pages = |from: usize, to: usize, page: usize, off: usize| -> Vec<KvRun> {
+    // The same values in the 8-bit format.
+    let wide = |x: &[u16]| x.iter().map(|&h| f16_to_f32(h)).collect::<Vec<f32>>();
+    let (k8, v8) = (Q8Rows::new(&wide(&k), hd), Q8Rows::new(&wide(&v), hd));
+    // Keys `from..to` of the second head, as pages of `page`, or whole rows (`off` 0),
+    // f16 or 8-bit.
+    let pages = |from: usize, to: usize, page: usize, off: usize, q8: bool| -> Vec<KvRun> {
         (from..to)
             .step_by(page)
-            .map(|p| KvRun {
-                k: KvRows::F16(&k[p * stride + off..]),
-                v: KvRows::F16(&v[p * stride + off..]),
-                n: page.min(to - p),
+            .map(|p| {
+                let at = p * stride + off;
+                let (k, v) = if q8 {
+                    (k8.rows(at), v8.rows(at))
+                } else {
+                    (KvRows::F16(&k[at..]), KvRows::F16(&v[at..]))
+                };
+                KvRun {
+                    k,
+                    v,
+                    n: page.min(to - p),
+                }
             })
             .collect()
     };
     let q: Vec<f32> = (0..3 * hd).map(|_| rng.signed_f32() * 4.0).collect();
     let mut qk = Vec::new();
     super::round_f16(&q, &mut qk);
-    for isa in runnable() {
+    for (isa, q8) in runnable().into_iter().flat_map(|i| [(i, false), (i, true)]) {
+        let pages = |from, to, page, off| pages(from, to, page, off, q8);
         for (read, page, later) in [(128, 16, 43), (300, 7, 300), (128, 128, 0), (40, 16, 600)] {
             let runs = pages(0, read, page, hd);
             let ahead = pages(read, (read + later).min(n), page, 0);
@@ -923,7 +938,8 @@ fn asking_for_the_next_keys_changes_no_bit() {
                 ..row(&qk, &runs, stride, 0.125)
             };
             super::attend_row(isa, isa.f16_attention(), &c, st, ac);
-            let what = format!("{isa}, {read} keys in pages of {page}, {later} asked for");
+            let what =
+                format!("{isa}, 8-bit {q8}, {read} keys in pages of {page}, {later} asked for");
             assert_eq!(want_state, state, "{what}");
             assert_eq!(want_acc, acc, "{what}");
         }
@@ -932,7 +948,7 @@ fn asking_for_the_next_keys_changes_no_bit() {
 
 /// A block of query rows through `attend` (keys in pages, each row with its own
 /// causal limit) gives every query exactly the bits the scalar kernel gives it alone
-/// over its keys in one run, on every path, for f16 and f32 K/V.
+/// over its keys in one run, on every path, for f16, f32 and 8-bit K/V.
 #[test]
 fn attention_block_gives_each_row_its_bits_alone() {
     let mut rng = SplitMix64(23);
