@@ -70,6 +70,11 @@ pub struct Args {
     /// --llama-bench) in the same rounds.
     #[arg(long)]
     pub long_figures: bool,
+    /// Also print decode tok/s at depths 2048 and 8000 with --kv-dtype's K/V and these
+    /// element types (comma-separated: f16, f32, q8_0), each in its own pool, taking
+    /// turns round by round (3 × --reps rounds), with the ratios to --kv-dtype's.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub long_kv_dtypes: Vec<crate::opts::KvDtypeArg>,
     /// llama.cpp's `llama-bench` binary [default: $FOLIO_LLAMA_BENCH]: measured with
     /// --long-figures in the same rounds as folio.
     #[arg(long, value_name = "PATH")]
@@ -131,7 +136,8 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut seq = match a.model.kv {
         KvKind::Basic => {
             let c = &model.config;
-            OneSeq::Basic(BasicCache::with_dtype(c.n_layers, c.kv_dim(), ctx, dtype))
+            let (kvd, hd) = (c.kv_dim(), c.head_dim);
+            OneSeq::Basic(BasicCache::with_dtype(c.n_layers, kvd, hd, ctx, dtype))
         }
         KvKind::Paged => {
             let pages = a.model.pool_pages(&model, a.model.page_size, 2 * ctx)?;
@@ -243,7 +249,21 @@ pub fn run(mut a: Args) -> Result<()> {
                 threads,
                 model_path: &path,
                 llama_bench: llama_tool(&a, &a.llama_bench, "FOLIO_LLAMA_BENCH"),
+                dtype: a.model.kv_dtype.dtype(),
             },
+        )?;
+    }
+    if !a.long_kv_dtypes.is_empty() {
+        let dtypes: Vec<_> = std::iter::once(&a.model.kv_dtype)
+            .chain(&a.long_kv_dtypes)
+            .map(|d| d.dtype())
+            .collect();
+        crate::bench_long::compare_dtypes(
+            &mut report,
+            &model,
+            &dtypes,
+            a.model.page_size,
+            3 * reps,
         )?;
     }
     if a.contention {

@@ -2,11 +2,13 @@
 //! 8000 tokens, and single-sequence decode tok/s after a prompt of 0 (one token), 2048
 //! and 8000 tokens, on a paged cache; llama.cpp's `llama-bench` (flash attention on,
 //! same threads) in the same rounds when its path is given, the two taking turns.
+//! `folio bench --long-kv-dtypes`: decode at depths 2048 and 8000 for several K/V
+//! element types ([`compare_dtypes`]), taking turns round by round.
 
 use crate::figures::{baseline_output, bench_prompt, median, rounds};
 use crate::report::{figure, Report};
 use anyhow::Result;
-use folio::kv::{KvSeq, Logits, PagedKv};
+use folio::kv::{KvDtype, KvSeq, Logits, PagedKv};
 use folio::model::sampler::argmax;
 use folio::{forward_one, Model};
 use serde_json::json;
@@ -27,6 +29,8 @@ pub struct LongArgs<'a> {
     pub model_path: &'a Path,
     /// llama.cpp's `llama-bench`, when measured.
     pub llama_bench: Option<PathBuf>,
+    /// The K/V element type of the pool.
+    pub dtype: KvDtype,
 }
 
 /// One round's figures: pp tok/s per PP, decode tok/s per DEPTH.
@@ -35,7 +39,7 @@ type Round = ([f64; 3], [f64; 3]);
 pub fn run(report: &mut Report, model: &Model, a: &LongArgs) -> Result<()> {
     let most = PP.iter().chain(&DEPTH).copied().max().unwrap_or(0) + TG + 1;
     let prompt = bench_prompt(model, most);
-    let dtype = folio::kv::KvDtype::F16;
+    let dtype = a.dtype;
     let shape = model.pool_shape(most.div_ceil(a.page_size) + 1, a.page_size, dtype);
     let mut pool = PagedKv::with_shape(shape, most, &model.fingerprint());
     let mut table = pool.new_table(None);
@@ -51,8 +55,8 @@ pub fn run(report: &mut Report, model: &Model, a: &LongArgs) -> Result<()> {
     }
     println!();
     println!(
-        "Long context (paged cache, page size {}, f16 K/V, {} threads; decode: {TG} tokens after the prompt)",
-        a.page_size, a.threads
+        "Long context (paged cache, page size {}, {} K/V, {} threads; decode: {TG} tokens after the prompt)",
+        a.page_size, dtype, a.threads
     );
     println!("| test          | folio tok/s | llama.cpp tok/s | folio / llama.cpp |");
     println!("|---------------|-------------|-----------------|-------------------|");
@@ -106,6 +110,101 @@ pub fn run(report: &mut Report, model: &Model, a: &LongArgs) -> Result<()> {
             .map(|_| "llama-bench, flash attention on")),
     );
     report.add("long", rec.into());
+    Ok(())
+}
+
+/// Decode depths of the K/V element type comparison.
+const DTYPE_DEPTHS: [usize; 2] = [2048, 8000];
+
+/// `folio bench --long-kv-dtypes`: decode tok/s at depths 2048 and 8000 for each K/V
+/// element type in `dtypes` (the first is the baseline of the ratios), each in its own
+/// pool. Each (type, depth) sequence is prefilled once; then every round decodes
+/// [`TG`] greedy tokens on each of them in turn and truncates back to the depth, so the
+/// types take turns round by round on the same machine state. Returns nothing but the
+/// printed table and the report's `long_kv_dtypes` section.
+pub fn compare_dtypes(
+    report: &mut Report,
+    model: &Model,
+    dtypes: &[KvDtype],
+    page_size: usize,
+    rounds_n: usize,
+) -> Result<()> {
+    let most = DTYPE_DEPTHS.iter().sum::<usize>() + 2 * (TG + 1);
+    let prompt = bench_prompt(model, most);
+    let pages = DTYPE_DEPTHS
+        .iter()
+        .map(|d| (d + TG + 1).div_ceil(page_size) + 1)
+        .sum::<usize>();
+    // Per type: its pool, and per depth a table prefilled to it and the first token
+    // of its decode.
+    let mut setups = Vec::new();
+    for &dtype in dtypes {
+        let shape = model.pool_shape(pages, page_size, dtype);
+        let mut pool = PagedKv::with_shape(shape, most, &model.fingerprint());
+        let mut seqs = Vec::new();
+        for &d in &DTYPE_DEPTHS {
+            let mut t = pool.new_table(None);
+            let logits = forward_one(model, &mut pool.seq(&mut t), &prompt[..d], Logits::Last)?;
+            seqs.push((t, argmax(&logits), d));
+        }
+        setups.push((pool, seqs));
+    }
+    // speeds[type][depth]: tok/s of every round.
+    let mut speeds = vec![vec![Vec::new(); DTYPE_DEPTHS.len()]; dtypes.len()];
+    for _ in 0..rounds_n {
+        for ((pool, seqs), sp) in setups.iter_mut().zip(&mut speeds) {
+            for ((t, first, d), s) in seqs.iter_mut().zip(sp.iter_mut()) {
+                let mut seq = pool.seq(t);
+                seq.truncate(*d);
+                let mut next = *first;
+                let began = Instant::now();
+                for _ in 0..TG {
+                    let l = forward_one(model, &mut seq, &[next], Logits::Last)?;
+                    next = argmax(&l);
+                }
+                s.push(TG as f64 / began.elapsed().as_secs_f64());
+            }
+        }
+    }
+    println!();
+    println!(
+        "Decode by K/V element type (paged cache, page size {page_size}, {TG} tokens at each depth; the types take turns round by round; ratio to {}):",
+        dtypes[0]
+    );
+    let head: Vec<String> = dtypes.iter().map(|d| format!("{d} tok/s")).collect();
+    println!("| test          | {} |", head.join(" | "));
+    println!("|---------------|{}", "---|".repeat(dtypes.len()));
+    let mut rec = serde_json::Map::new();
+    let mut notes = Vec::new();
+    for (i, d) in DTYPE_DEPTHS.iter().enumerate() {
+        let name = format!("tg{TG} @ d{d}");
+        let first = median(&speeds[0][i]);
+        let mut cells = Vec::new();
+        let mut r = serde_json::Map::new();
+        for (j, dtype) in dtypes.iter().enumerate() {
+            let v = &speeds[j][i];
+            let m = median(v);
+            cells.push(if j == 0 {
+                format!("{m:.1}")
+            } else {
+                format!("{m:.1} ({:.2}x)", m / first)
+            });
+            r.insert(dtype.to_string(), figure(m, v));
+            notes.push(format!("{name} {dtype}: {}", rounds(v)));
+        }
+        println!("| {name:<13} | {} |", cells.join(" | "));
+        rec.insert(name, r.into());
+    }
+    println!(
+        "(medians of {rounds_n} rounds; every round: {})",
+        notes.join("; ")
+    );
+    let bytes: Vec<String> = dtypes
+        .iter()
+        .map(|&d| format!("{d} {} bytes", model.pool_shape(0, 1, d).page_bytes()))
+        .collect();
+    println!("(K/V per token: {})", bytes.join(", "));
+    report.add("long_kv_dtypes", rec.into());
     Ok(())
 }
 

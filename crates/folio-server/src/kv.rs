@@ -20,6 +20,9 @@ type St = State<Arc<AppState>>;
 struct KvView {
     object: &'static str,
     page_size: usize,
+    /// The K/V element type (`f16`, `f32`, `q8_0`) and the bytes of K/V one page holds.
+    kv_dtype: &'static str,
+    page_bytes: usize,
     totals: Totals,
     pages: Vec<Page>,
 }
@@ -133,6 +136,8 @@ pub async fn kv(State(st): St) -> Result<Response, ApiError> {
     let answer = KvView {
         object: "kv",
         page_size: map.page_size,
+        kv_dtype: map.kv_dtype.name(),
+        page_bytes: map.page_bytes,
         totals,
         pages,
     };

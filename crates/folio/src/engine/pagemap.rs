@@ -32,6 +32,9 @@ pub struct PageEntry {
 #[derive(Debug, Clone, Default)]
 pub struct PageMap {
     pub page_size: usize,
+    /// The K/V element type, and the bytes of K/V one page holds in it.
+    pub kv_dtype: crate::kv::KvDtype,
+    pub page_bytes: usize,
     pub pages: Vec<PageEntry>,
 }
 
@@ -78,6 +81,8 @@ impl Core {
             hold(t, Holder::Snapshot(name.to_string()));
         }
         PageMap {
+            kv_dtype: self.kv.dtype(),
+            page_bytes: self.kv.page_bytes(),
             page_size: self.kv.page_size(),
             pages,
         }

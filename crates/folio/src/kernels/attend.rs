@@ -78,15 +78,16 @@ fn block(isa: Isa, a: &Attend, most: usize, state: &mut [(f32, f32)], acc: &mut 
     let rows = a.keys.len();
     let (group, width) = (state.len() / rows, a.q.len() / rows);
     let mut tile = Vec::with_capacity(TILE_KEYS + 1);
-    // Where the AVX-512 kernel runs, each tile of f16 keys and values is widened to f32
-    // once for the whole block: the same values (the conversion is exact) for every
-    // row, whose kernel then reads them without converting again.
+    // Where the AVX-512 kernel runs, each tile of f16 or 8-bit keys and values is
+    // widened to f32 once for the whole block: the same values (the conversion is
+    // exact, `q · d` for 8-bit rows) for every row, whose kernel then reads them
+    // without converting again.
     let hd = width / group;
     let widen = a.cap == 0.0
         && super::zmm_attention(isa, isa.f16_attention(), hd)
         && a.runs
             .first()
-            .is_some_and(|r| matches!(r.k, KvRows::F16(_)));
+            .is_some_and(|r| matches!(r.k, KvRows::F16(_) | KvRows::Q8 { .. }));
     let (mut k32, mut v32) = (Vec::new(), Vec::new());
     // The AVX-512 block kernel takes head sizes up to 128 (its accumulators' registers).
     let blocked = widen && hd <= 128;
@@ -198,8 +199,8 @@ fn rows_over_tile(isa: Isa, a: &Attend, t0: usize, state: &mut [(f32, f32)], acc
     }
 }
 
-/// The K and V rows of `runs` (f16, `hd` values each, `stride` apart) as f32 rows back
-/// to back in `k` and `v`.
+/// The K and V rows of `runs` (f16 or 8-bit, `hd` values each, `stride` apart) as f32
+/// rows back to back in `k` and `v`.
 fn widen_tile(runs: &[KvRun], stride: usize, hd: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) {
     k.clear();
     v.clear();
@@ -208,7 +209,13 @@ fn widen_tile(runs: &[KvRun], stride: usize, hd: usize, k: &mut Vec<f32>, v: &mu
             #[cfg(target_arch = "x86_64")]
             // SAFETY: only called where the AVX-512 kernel runs, which `detect` checked.
             unsafe {
-                super::avx512_attend::widen_rows(rows.raw(), run.n, stride, hd, out)
+                match rows {
+                    KvRows::Q8 { q, d, .. } => {
+                        super::avx512_attend::widen_rows_q8(q, d, run.n, stride, hd, out)
+                    }
+                    KvRows::F16(x) => super::avx512_attend::widen_rows(x, run.n, stride, hd, out),
+                    KvRows::F32(_) => unreachable!("f32 rows are not widened"),
+                }
             };
             #[cfg(not(target_arch = "x86_64"))]
             let _ = (rows, out);

@@ -4,8 +4,10 @@
 //! [`super::attend`] (`attend.rs`); the tests compare each path with the scalar one.
 
 #[cfg(target_arch = "x86_64")]
+use super::avx2::{KV_F16, KV_F32, KV_Q8};
+#[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512_attend};
-use super::{scalar, Attend, Isa, KvRows};
+use super::{scalar, Attend, Isa};
 
 /// Continues the online softmax of one row's queries (`c.q`: the query heads of one KV
 /// head, back to back) over every key of `c.runs` (`c.keys` is not read: a row's
@@ -33,7 +35,7 @@ pub(crate) fn attend_row(
     }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() && simd_head(hd) {
-        let f32_rows = runs.first().is_some_and(|r| matches!(r.k, KvRows::F32(_)));
+        let kind = runs.first().map_or(KV_F16, |r| avx2::kind_of(&r.k));
         let zmm = zmm_attention(isa, round, hd);
         // As many queries per call as keep their values and accumulators in registers
         // (32 zmm or 16 ymm; the AVX2 kernel spills either way past head size 64).
@@ -57,47 +59,50 @@ pub(crate) fn attend_row(
             // by `detect` after checking avx2, fma and f16c, and the AVX-512 path after
             // running one of its instructions.
             macro_rules! zmm {
-                ($f32:expr; $(($c:literal, $g:pat) => $gc:literal),*) => {
+                ($kind:expr; $(($c:literal, $g:pat) => $gc:literal),*) => {
                     match (hd / 32, k) {
                         $(($c, $g) => {
                             // SAFETY: see above; `zmm` is only set on the AVX-512 path.
-                            unsafe { avx512_attend::attend_runs_zmm::<$f32, $c, $gc>(q, runs, ahead, stride, scale, st, acc) }
+                            unsafe { avx512_attend::attend_runs_zmm::<$kind, $c, $gc>(q, runs, ahead, stride, scale, st, acc) }
                         })*
                         _ => unreachable!(),
                     }
                 };
             }
             macro_rules! ymm {
-                ($f32:expr, $round:expr; $(($n:literal, $g:pat) => $gn:literal),*) => {
+                ($kind:expr, $round:expr; $(($n:literal, $g:pat) => $gn:literal),*) => {
                     match (hd / 8, k) {
                         $(($n, $g) => {
                             // SAFETY: see above; this is the AVX2 path or one above it.
-                            unsafe { avx2::attend_runs_ymm::<$f32, $round, $n, $gn>(q, runs, stride, scale, st, acc) }
+                            unsafe { avx2::attend_runs_ymm::<$kind, $round, $n, $gn>(q, runs, stride, scale, st, acc) }
                         })*
                         _ => unreachable!(),
                     }
                 };
             }
             macro_rules! zmm_all {
-                ($f32:expr) => {
-                    zmm!($f32; (1, 1) => 1, (1, 2) => 2, (1, 3) => 3, (2, 1) => 1, (2, 2) => 2,
+                ($kind:expr) => {
+                    zmm!($kind; (1, 1) => 1, (1, 2) => 2, (1, 3) => 3, (2, 1) => 1, (2, 2) => 2,
                         (2, 3) => 3, (3, 1) => 1, (3, 2) => 2, (4, _) => 1, (5, _) => 1,
                         (6, _) => 1, (7, _) => 1, (8, _) => 1)
                 };
             }
             macro_rules! ymm_all {
-                ($f32:expr, $round:expr) => {
-                    ymm!($f32, $round; (8, 1) => 1, (8, 2) => 2, (8, 3) => 3, (8, 4) => 4,
+                ($kind:expr, $round:expr) => {
+                    ymm!($kind, $round; (8, 1) => 1, (8, 2) => 2, (8, 3) => 3, (8, 4) => 4,
                         (4, _) => 1, (12, _) => 1, (16, _) => 1, (20, _) => 1, (24, _) => 1,
                         (28, _) => 1, (32, _) => 1)
                 };
             }
-            match (zmm, f32_rows, round) {
-                (true, true, _) => zmm_all!(true),
-                (true, false, _) => zmm_all!(false),
-                (false, true, _) => ymm_all!(true, false),
-                (false, false, true) => ymm_all!(false, true),
-                (false, false, false) => ymm_all!(false, false),
+            // Only f16 rows round (f32 and 8-bit ones keep f32 accumulators).
+            match (zmm, kind, round) {
+                (true, KV_F32, _) => zmm_all!(KV_F32),
+                (true, KV_Q8, _) => zmm_all!(KV_Q8),
+                (true, _, _) => zmm_all!(KV_F16),
+                (false, KV_F32, _) => ymm_all!(KV_F32, false),
+                (false, KV_Q8, _) => ymm_all!(KV_Q8, false),
+                (false, _, true) => ymm_all!(KV_F16, true),
+                (false, _, false) => ymm_all!(KV_F16, false),
             }
             g += k;
         }

@@ -679,7 +679,8 @@ pub(super) unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
 /// `rows`, with `_mm_prefetch`'s `HINT` (`_MM_HINT_T0`: into L1; `_MM_HINT_T1`: into L2):
 /// the attention kernels start loading a page's rows before they read them (pages are
 /// scattered in memory, so the hardware prefetcher would only find each page after a
-/// few misses).
+/// few misses). For 8-bit rows (one byte per element: `stride_bytes` is the stride in
+/// elements) the rows' scales too.
 #[inline(always)]
 pub(super) fn prefetch_rows<const HINT: i32>(
     rows: &super::KvRows,
@@ -687,16 +688,83 @@ pub(super) fn prefetch_rows<const HINT: i32>(
     stride_bytes: usize,
     width: usize,
 ) {
-    let base = match rows {
-        super::KvRows::F16(x) => x.as_ptr() as *const i8,
-        super::KvRows::F32(x) => x.as_ptr() as *const i8,
-    };
+    let base = rows.as_ptr() as *const i8;
     for p in 0..n {
         let row = base.wrapping_add(p * stride_bytes);
         for line in (0..width).step_by(64) {
             // SAFETY: prefetching never faults, whatever the address.
             unsafe { _mm_prefetch::<HINT>(row.wrapping_add(line)) };
         }
+    }
+    if let (super::KvRows::Q8 { d, hd, .. }, true) = (rows, n > 0) {
+        let end = 2 * ((n - 1) * stride_bytes / hd + 1);
+        let base = d.as_ptr() as *const i8;
+        for line in (0..end).step_by(64) {
+            // SAFETY: prefetching never faults, whatever the address.
+            unsafe { _mm_prefetch::<HINT>(base.wrapping_add(line)) };
+        }
+    }
+}
+
+/// Stored-row kinds, the attention kernels' `KIND` parameter: f16, f32, or 8-bit with
+/// a scale per row ([`super::KvRows::Q8`]).
+pub(super) const KV_F16: u8 = 0;
+pub(super) const KV_F32: u8 = 1;
+pub(super) const KV_Q8: u8 = 2;
+
+/// Bytes per stored element of rows of `KIND`.
+pub(super) const fn kind_size(kind: u8) -> usize {
+    match kind {
+        KV_F32 => 4,
+        KV_F16 => 2,
+        _ => 1,
+    }
+}
+
+/// The kind of `rows`.
+pub(super) fn kind_of(rows: &super::KvRows) -> u8 {
+    match rows {
+        super::KvRows::F16(_) => KV_F16,
+        super::KvRows::F32(_) => KV_F32,
+        super::KvRows::Q8 { .. } => KV_Q8,
+    }
+}
+
+/// A run's rows as the kernel of `KIND` reads them: the elements, and for 8-bit rows
+/// their scales (else null). Panics on rows of another kind, or 8-bit rows whose head
+/// size is not `hd`, whose stride is not whole head rows, or whose scales stop short
+/// of `n` rows `stride` apart.
+#[inline(always)]
+pub(super) fn kind_rows<const KIND: u8>(
+    r: &super::KvRows,
+    n: usize,
+    stride: usize,
+    hd: usize,
+) -> (*const u8, *const u16) {
+    match (r, KIND) {
+        (super::KvRows::F16(x), KV_F16) => (x.as_ptr() as *const u8, std::ptr::null()),
+        (super::KvRows::F32(x), KV_F32) => (x.as_ptr() as *const u8, std::ptr::null()),
+        (super::KvRows::Q8 { q, d, hd: h }, KV_Q8) => {
+            assert!(*h == hd && stride.is_multiple_of(hd));
+            assert!(n == 0 || d.len() > (n - 1) * stride / hd);
+            (q.as_ptr() as *const u8, d.as_ptr())
+        }
+        _ => panic!("K/V rows of another dtype than the kernel's"),
+    }
+}
+
+/// The scale of row `p` of 8-bit rows (`d`: their scales, `per_row` = stride / head
+/// size apart) as f32, in every lane; 1 for other kinds.
+///
+/// # Safety
+/// For `KV_Q8`, `d` holds at least `p * per_row + 1` scales; the CPU runs F16C.
+#[inline(always)]
+pub(super) unsafe fn row_scale<const KIND: u8>(d: *const u16, p: usize, per_row: usize) -> f32 {
+    if KIND == KV_Q8 {
+        // SAFETY: the caller's bound.
+        unsafe { h2f(*d.add(p * per_row)) }
+    } else {
+        1.0
     }
 }
 
@@ -706,16 +774,12 @@ pub(super) fn prefetch_rows<const HINT: i32>(
 /// and converted once for all of them, and their accumulators' dependency chains (an
 /// f16 rounding after every key) interleave instead of waiting on one another. Each
 /// query gets exactly the operations the single-query scalar twin does, so the same
-/// bits. `F32`: the K/V rows are f32 (else f16). `ROUND`: the accumulators are rounded
+/// bits. `KIND`: the K/V rows' type (`KV_F16`, `KV_F32`, `KV_Q8`: 8-bit values read as
+/// `q · d`, the same exact f32 the scalar twin reads). `ROUND`: the accumulators are rounded
 /// to f16 after every step, as llama.cpp's flash attention keeps them (only with f16
 /// K/V; else they stay f32). `q` and `acc` hold the G queries' values back to back; `state[g]` is query g's (running max, running sum).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attend_runs_ymm<
-    const F32: bool,
-    const ROUND: bool,
-    const N: usize,
-    const G: usize,
->(
+pub unsafe fn attend_runs_ymm<const KIND: u8, const ROUND: bool, const N: usize, const G: usize>(
     q: &[f32],
     runs: &[super::KvRun],
     stride: usize,
@@ -734,17 +798,21 @@ pub unsafe fn attend_runs_ymm<
     let qv: [[__m256; N]; G] = std::array::from_fn(|g| std::array::from_fn(|i| load(q, g, i)));
     let mut av: [[__m256; N]; G] =
         std::array::from_fn(|g| std::array::from_fn(|i| load(acc, g, i)));
-    // Eight elements of a row from its start (f16 converted, or f32 as they are).
+    // Eight elements of a row from its element 8·i (f16 converted, f32 as they are,
+    // 8-bit ones times the row's scale `d`: exact).
     #[inline(always)]
-    unsafe fn load8<const F32: bool>(row: *const u8, i: usize) -> __m256 {
+    unsafe fn load8<const KIND: u8>(row: *const u8, i: usize, d: __m256) -> __m256 {
         // SAFETY: the caller passes a row of at least 8·(i + 1) elements of the run's type.
         unsafe {
-            if F32 {
-                _mm256_loadu_ps((row as *const f32).add(8 * i))
-            } else {
-                _mm256_cvtph_ps(_mm_loadu_si128(
+            match KIND {
+                KV_F32 => _mm256_loadu_ps((row as *const f32).add(8 * i)),
+                KV_F16 => _mm256_cvtph_ps(_mm_loadu_si128(
                     (row as *const u16).add(8 * i) as *const __m128i
-                ))
+                )),
+                _ => {
+                    let b = _mm_loadl_epi64(row.add(8 * i) as *const __m128i);
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), d)
+                }
             }
         }
     }
@@ -757,7 +825,7 @@ pub unsafe fn attend_runs_ymm<
             v
         }
     }
-    let size = if F32 { 4 } else { 2 };
+    let size = kind_size(KIND);
     // (max, sum) per query, held locally so the sums' chain stays in registers.
     let mut st: [(f32, f32); G] = std::array::from_fn(|g| state[g]);
     for (ri, run) in runs.iter().enumerate() {
@@ -773,12 +841,11 @@ pub unsafe fn attend_runs_ymm<
         }
         let last = (run.n - 1) * stride + hd;
         assert!(run.k.len() >= last && run.v.len() >= last);
-        let ptr = |r: &super::KvRows| match (r, F32) {
-            (super::KvRows::F16(x), false) => x.as_ptr() as *const u8,
-            (super::KvRows::F32(x), true) => x.as_ptr() as *const u8,
-            _ => panic!("K/V rows of another dtype than the kernel's"),
-        };
-        let (kp, vp) = (ptr(&run.k), ptr(&run.v));
+        let ((kp, kd), (vp, vd)) = (
+            kind_rows::<KIND>(&run.k, run.n, stride, hd),
+            kind_rows::<KIND>(&run.v, run.n, stride, hd),
+        );
+        let per_row = stride / hd;
         // Scores of up to 16 keys first (independent work the CPU overlaps), then the
         // online softmax over them in key order: the same operations per key as one
         // key at a time, so the same bits.
@@ -794,8 +861,12 @@ pub unsafe fn attend_runs_ymm<
                 for (k, p) in (k8..k9).enumerate() {
                     // Row p spans p*stride .. p*stride+hd <= last <= len (asserted).
                     let kr = kp.wrapping_add(p * stride * size);
-                    // SAFETY: kr is a whole row of this run (see above).
-                    let kv: [__m256; N] = std::array::from_fn(|i| unsafe { load8::<F32>(kr, i) });
+                    // SAFETY: kr is a whole row of this run and p one of its rows, whose
+                    // scale `kind_rows` checked is there (see above).
+                    let kv: [__m256; N] = unsafe {
+                        let d = _mm256_set1_ps(row_scale::<KIND>(kd, p, per_row));
+                        std::array::from_fn(|i| load8::<KIND>(kr, i, d))
+                    };
                     for (qg, pg) in qv.iter().zip(part.iter_mut()) {
                         let mut d = [_mm256_setzero_ps(); 4];
                         for i in 0..N {
@@ -840,6 +911,8 @@ pub unsafe fn attend_runs_ymm<
             }
             for (k, p) in (g0..g1).enumerate() {
                 let vr = vp.wrapping_add(p * stride * size);
+                // SAFETY: as for K above.
+                let dv = _mm256_set1_ps(unsafe { row_scale::<KIND>(vd, p, per_row) });
                 let mut vsv = [_mm256_setzero_ps(); G];
                 for g in 0..G {
                     let (m, sum) = &mut st[g];
@@ -862,7 +935,7 @@ pub unsafe fn attend_runs_ymm<
                 #[allow(clippy::needless_range_loop)]
                 for i in 0..N {
                     // SAFETY: vr is a whole row of this run (see above).
-                    let v = unsafe { load8::<F32>(vr, i) };
+                    let v = unsafe { load8::<KIND>(vr, i, dv) };
                     for (a, vs) in av.iter_mut().zip(&vsv) {
                         // SAFETY: same CPU features as this function.
                         a[i] = unsafe { round::<ROUND>(_mm256_fmadd_ps(v, *vs, a[i])) };

@@ -15,8 +15,8 @@
 //! call, where the AVX2 kernel's 16 spill to the stack on every key.
 #![allow(unsafe_code)]
 
-use super::avx2::{hsum8, prefetch_rows};
-use super::{KvRows, KvRun};
+use super::avx2::{hsum8, kind_rows, kind_size, prefetch_rows, row_scale, KV_F16, KV_F32};
+use super::KvRun;
 use std::arch::x86_64::*;
 
 /// How many runs ahead the kernel prefetches K for f32 rows: mostly a prefill tile
@@ -91,35 +91,38 @@ impl Frontier {
     }
 }
 
-/// Sixteen elements of a row from its element `16 * i` (f16 converted, or f32 as they
-/// are).
+/// Sixteen elements of a row from its element `16 * i` (f16 converted, f32 as they
+/// are, 8-bit ones times the row's scale `d`: exact).
 ///
 /// # Safety
 /// `row` points at a row of at least `16 * (i + 1)` elements of the kernel's type.
 #[inline(always)]
-unsafe fn load16<const F32: bool>(row: *const u8, i: usize) -> __m512 {
+unsafe fn load16<const KIND: u8>(row: *const u8, i: usize, d: __m512) -> __m512 {
     // SAFETY: the caller passes a whole row; same CPU features as the callers.
     unsafe {
-        if F32 {
-            _mm512_loadu_ps((row as *const f32).add(16 * i))
-        } else {
-            _mm512_cvtph_ps(_mm256_loadu_si256(
+        match KIND {
+            KV_F32 => _mm512_loadu_ps((row as *const f32).add(16 * i)),
+            KV_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(
                 (row as *const u16).add(16 * i) as *const __m256i
-            ))
+            )),
+            _ => {
+                let b = _mm_loadu_si128(row.add(16 * i) as *const __m128i);
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), d)
+            }
         }
     }
 }
 
 /// Continues the online softmax of `G` queries of head size `32 * C` that share their
 /// keys (the query heads of one KV head) over `runs`: the same operations per query as
-/// `scalar::attend_runs` with `round = false`, so the same bits. `F32`: the K/V rows
-/// are f32 (else f16). `q` and `acc` hold the G queries' values back to back;
+/// `scalar::attend_runs` with `round = false`, so the same bits. `KIND`: the K/V rows'
+/// type (`avx2::KV_F16`, `KV_F32`, `KV_Q8`). `q` and `acc` hold the G queries' values back to back;
 /// `state[g]` is query g's (running max, running sum).
 ///
 /// # Safety
 /// The CPU must run AVX-512 F and AVX2 + FMA + F16C (checked by `detect`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
+pub unsafe fn attend_runs_zmm<const KIND: u8, const C: usize, const G: usize>(
     q: &[f32],
     runs: &[KvRun],
     ahead: &[KvRun],
@@ -142,7 +145,7 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
     let mut av: [[[__m512; 2]; C]; G] = std::array::from_fn(|g| {
         std::array::from_fn(|j| [load(acc, g, 2 * j), load(acc, g, 2 * j + 1)])
     });
-    let size = if F32 { 4 } else { 2 };
+    let size = kind_size(KIND);
     let mut st: [(f32, f32); G] = std::array::from_fn(|g| state[g]);
     // `ahead`'s whole rows, asked for in step with the keys read: after `seen` of
     // `total` keys, `seen · later / total` of its `later` keys.
@@ -153,13 +156,13 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
     // This call's own keys: asked for ahead of the reads unless they are pages whose
     // caller asked for them with its previous call (`ahead`).
     let mut front = Frontier::new(runs);
-    let own = !(F32 || (front.paged && later > 0));
+    let own = !(KIND == KV_F32 || (front.paged && later > 0));
     if own {
         front.advance(runs, front.distance(), stride, size, hd * size);
     }
     let (mut seen, mut asked) = (0, 0);
     for (ri, run) in runs.iter().enumerate() {
-        if F32 {
+        if KIND == KV_F32 {
             if let Some(next) = runs.get(ri + PREFETCH_RUNS) {
                 prefetch_rows::<_MM_HINT_T0>(&next.k, next.n, stride * size, hd * size);
             }
@@ -169,12 +172,11 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
         }
         let last = (run.n - 1) * stride + hd;
         assert!(run.k.len() >= last && run.v.len() >= last);
-        let ptr = |r: &KvRows| match (r, F32) {
-            (KvRows::F16(x), false) => x.as_ptr() as *const u8,
-            (KvRows::F32(x), true) => x.as_ptr() as *const u8,
-            _ => panic!("K/V rows of another dtype than the kernel's"),
-        };
-        let (kp, vp) = (ptr(&run.k), ptr(&run.v));
+        let ((kp, kd), (vp, vd)) = (
+            kind_rows::<KIND>(&run.k, run.n, stride, hd),
+            kind_rows::<KIND>(&run.v, run.n, stride, hd),
+        );
+        let per_row = stride / hd;
         let mut scores = [[0f32; 16]; G];
         for g0 in (0..run.n).step_by(16) {
             let g1 = (g0 + 16).min(run.n);
@@ -195,10 +197,17 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
                 for (k, p) in (k8..k9).enumerate() {
                     // Row p spans p*stride .. p*stride+hd <= last <= len (asserted).
                     let kr = kp.wrapping_add(p * stride * size);
-                    // SAFETY: kr is a whole row of this run (see above).
-                    let kv: [[__m512; 2]; C] = std::array::from_fn(|j| unsafe {
-                        [load16::<F32>(kr, 2 * j), load16::<F32>(kr, 2 * j + 1)]
-                    });
+                    // SAFETY: kr is a whole row of this run and p one of its rows, whose
+                    // scale `kind_rows` checked is there (see above).
+                    let kv: [[__m512; 2]; C] = unsafe {
+                        let d = _mm512_set1_ps(row_scale::<KIND>(kd, p, per_row));
+                        std::array::from_fn(|j| {
+                            [
+                                load16::<KIND>(kr, 2 * j, d),
+                                load16::<KIND>(kr, 2 * j + 1, d),
+                            ]
+                        })
+                    };
                     for (qg, pg) in qv.iter().zip(part.iter_mut()) {
                         // [d0 | d1] over the even pieces, [d2 | d3] over the odd ones.
                         let (mut e, mut o) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -248,6 +257,8 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
             let mut sums: [(f32, f32); G] = st;
             for (k, p) in (g0..g1).enumerate() {
                 let vr = vp.wrapping_add(p * stride * size);
+                // SAFETY: as for K above.
+                let dv = _mm512_set1_ps(unsafe { row_scale::<KIND>(vd, p, per_row) });
                 let mut vsv = [_mm512_setzero_ps(); G];
                 for g in 0..G {
                     let (m, sum) = &mut sums[g];
@@ -272,8 +283,12 @@ pub unsafe fn attend_runs_zmm<const F32: bool, const C: usize, const G: usize>(
                 #[allow(clippy::needless_range_loop)]
                 for j in 0..C {
                     // SAFETY: vr is a whole row of this run (see above).
-                    let (v0, v1) =
-                        unsafe { (load16::<F32>(vr, 2 * j), load16::<F32>(vr, 2 * j + 1)) };
+                    let (v0, v1) = unsafe {
+                        (
+                            load16::<KIND>(vr, 2 * j, dv),
+                            load16::<KIND>(vr, 2 * j + 1, dv),
+                        )
+                    };
                     for g in 0..G {
                         a[g][j][0] = _mm512_fmadd_ps(v0, vsv[g], a[g][j][0]);
                         a[g][j][1] = _mm512_fmadd_ps(v1, vsv[g], a[g][j][1]);
@@ -359,6 +374,41 @@ pub(super) unsafe fn expf16(x: __m512) -> __m512 {
 pub unsafe fn expf16_mem(x: &[f32; 16], out: &mut [f32; 16]) {
     // SAFETY: both are 16 floats.
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), expf16(_mm512_loadu_ps(x.as_ptr()))) };
+}
+
+/// Appends `n` rows of `width` 8-bit values (one head row each), `stride` apart from the
+/// start of `q` (row p's scale `d[p · stride / width]`), to `out` as f32 `q · d` (exact:
+/// what the kernels read).
+///
+/// # Safety
+/// The CPU must run AVX-512 F (checked by `detect`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn widen_rows_q8(
+    q: &[i8],
+    d: &[u16],
+    n: usize,
+    stride: usize,
+    width: usize,
+    out: &mut Vec<f32>,
+) {
+    assert!(width.is_multiple_of(16) && stride.is_multiple_of(width));
+    assert!(n == 0 || (q.len() >= (n - 1) * stride + width && d.len() > (n - 1) * stride / width));
+    out.reserve(n * width);
+    for p in 0..n {
+        let row = &q[p * stride..][..width];
+        // SAFETY: same CPU features as this function.
+        let s = _mm512_set1_ps(unsafe { super::avx2::h2f(d[p * stride / width]) });
+        for c in row.chunks_exact(16) {
+            // SAFETY: `c` is 16 bytes; `out` has room for the 16 floats (reserved).
+            unsafe {
+                let b = _mm_loadu_si128(c.as_ptr() as *const __m128i);
+                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+                let len = out.len();
+                _mm512_storeu_ps(out.as_mut_ptr().add(len), v);
+                out.set_len(len + 16);
+            }
+        }
+    }
 }
 
 /// Appends `n` rows of `width` f16 values, `stride` apart from the start of `rows`, to

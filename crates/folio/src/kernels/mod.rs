@@ -24,7 +24,7 @@
 //! - `matmul/`: [`QMatrix`] (weights laid out and packed for the kernels), the
 //!   [`Activations`] a matmul reads, and the threaded tiled matmul (its `mod.rs` maps
 //!   the files).
-//! - `kv_rows`: [`KvDtype`], [`KvRows`], [`KvRun`]: stored K/V as the attention kernels
+//! - `kv_rows`: [`KvDtype`], [`KvRows`], [`KvRun`]: stored K/V (f16, f32, 8-bit) as the attention kernels
 //!   read it.
 //! - `pool`: a persistent thread pool, one barrier per parallel region; tasks are claimed
 //!   dynamically and waiting threads park, so more threads than cores degrade gracefully.
@@ -108,7 +108,7 @@ pub use attend::{attend, Attend};
 pub(crate) use attend_runs::attend_runs;
 pub(crate) use attend_runs::{attend_row, zmm_attention};
 pub use cpu::Cpu;
-pub use kv_rows::{KvDtype, KvRows, KvRun};
+pub use kv_rows::{quantize_kv_q8, rotate_heads, KvDtype, KvRows, KvRun};
 pub use matmul::{matmul, Activations, Layout, QMatrix};
 pub use pool::ThreadPool;
 

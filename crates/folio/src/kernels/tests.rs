@@ -5,7 +5,7 @@
 use super::avxvnni::MADD;
 use super::matmul::{matmul, Activations, QMatrix};
 use super::quant::*;
-use super::{detect, runnable, scalar, Isa, ThreadPool};
+use super::{detect, runnable, scalar, Isa, KvDtype, ThreadPool};
 use crate::gguf::GgmlType;
 use crate::rng::SplitMix64;
 
@@ -774,7 +774,8 @@ fn attention_simd_is_bit_identical_to_scalar() {
 
 /// Every head size that is a multiple of 32 (Phi-3's 96, Qwen3's 128, Gemma's 256 and
 /// the rest) on every SIMD path this CPU runs: each query of a group gets the bits the
-/// scalar twin gives it alone, with both roundings and f32 K/V, in one run or two calls.
+/// scalar twin gives it alone, with both roundings, f32 and 8-bit K/V, in one run or
+/// two calls.
 #[test]
 fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
     use super::{KvRows, KvRun};
@@ -790,12 +791,22 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
         let vf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 3.0).collect();
         let k16: Vec<u16> = kf.iter().map(|&x| f32_to_f16(x)).collect();
         let v16: Vec<u16> = vf.iter().map(|&x| f32_to_f16(x)).collect();
-        for (f32_kv, round) in [(false, true), (false, false), (true, false)] {
+        let (k8, v8) = (Q8Rows::new(&kf, hd), Q8Rows::new(&vf, hd));
+        // 8-bit rows never round (`round` is ignored for them, as for f32).
+        let kinds = [
+            (KvDtype::F16, true),
+            (KvDtype::F16, false),
+            (KvDtype::F32, false),
+            (KvDtype::Q8, false),
+            (KvDtype::Q8, true),
+        ];
+        for (dtype, round) in kinds {
+            let f32_kv = dtype != KvDtype::F16;
             // The second KV head of each row.
-            let (k, v) = if f32_kv {
-                (KvRows::F32(&kf[hd..]), KvRows::F32(&vf[hd..]))
-            } else {
-                (KvRows::F16(&k16[hd..]), KvRows::F16(&v16[hd..]))
+            let (k, v) = match dtype {
+                KvDtype::F32 => (KvRows::F32(&kf[hd..]), KvRows::F32(&vf[hd..])),
+                KvDtype::F16 => (KvRows::F16(&k16[hd..]), KvRows::F16(&v16[hd..])),
+                KvDtype::Q8 => (k8.rows(hd), v8.rows(hd)),
             };
             let run = |isa: Isa, q: &[f32], cut: usize| {
                 let g = q.len() / hd;
@@ -845,7 +856,9 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
                 for &isa in &paths {
                     for cut in [0, 16, 33] {
                         let (a, st) = run(isa, &qk, cut);
-                        let what = format!("{isa:?}, head {hd}, {g} queries, cut {cut}, f32 {f32_kv}, round {round}");
+                        let what = format!(
+                            "{isa:?}, head {hd}, {g} queries, cut {cut}, {dtype}, round {round}"
+                        );
                         assert_eq!(
                             want,
                             a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -863,7 +876,8 @@ fn attention_simd_is_bit_identical_to_scalar_at_every_head_size() {
 
 /// Asking for the next keys while computing (`Attend::ahead`, a decode step's next
 /// piece) changes no bit: every path gives `attend_runs`'s state and accumulators, with
-/// the next keys in pages or in one run, as many as the keys read or none.
+/// the next keys in pages or in one run, as many as the keys read or none, over f16
+/// and 8-bit K/V.
 #[test]
 fn asking_for_the_next_keys_changes_no_bit() {
     use super::{KvRows, KvRun};
@@ -875,21 +889,34 @@ fn asking_for_the_next_keys_changes_no_bit() {
     let v: Vec<u16> = (0..n * stride)
         .map(|_| f32_to_f16(rng.signed_f32() * 3.0))
         .collect();
-    // Keys `from..to` of the second head, as pages of `page`, or whole rows (`off` 0).
-    let pages = |from: usize, to: usize, page: usize, off: usize| -> Vec<KvRun> {
+    // The same values in the 8-bit format.
+    let wide = |x: &[u16]| x.iter().map(|&h| f16_to_f32(h)).collect::<Vec<f32>>();
+    let (k8, v8) = (Q8Rows::new(&wide(&k), hd), Q8Rows::new(&wide(&v), hd));
+    // Keys `from..to` of the second head, as pages of `page`, or whole rows (`off` 0),
+    // f16 or 8-bit.
+    let pages = |from: usize, to: usize, page: usize, off: usize, q8: bool| -> Vec<KvRun> {
         (from..to)
             .step_by(page)
-            .map(|p| KvRun {
-                k: KvRows::F16(&k[p * stride + off..]),
-                v: KvRows::F16(&v[p * stride + off..]),
-                n: page.min(to - p),
+            .map(|p| {
+                let at = p * stride + off;
+                let (k, v) = if q8 {
+                    (k8.rows(at), v8.rows(at))
+                } else {
+                    (KvRows::F16(&k[at..]), KvRows::F16(&v[at..]))
+                };
+                KvRun {
+                    k,
+                    v,
+                    n: page.min(to - p),
+                }
             })
             .collect()
     };
     let q: Vec<f32> = (0..3 * hd).map(|_| rng.signed_f32() * 4.0).collect();
     let mut qk = Vec::new();
     super::round_f16(&q, &mut qk);
-    for isa in runnable() {
+    for (isa, q8) in runnable().into_iter().flat_map(|i| [(i, false), (i, true)]) {
+        let pages = |from, to, page, off| pages(from, to, page, off, q8);
         for (read, page, later) in [(128, 16, 43), (300, 7, 300), (128, 128, 0), (40, 16, 600)] {
             let runs = pages(0, read, page, hd);
             let ahead = pages(read, (read + later).min(n), page, 0);
@@ -911,7 +938,8 @@ fn asking_for_the_next_keys_changes_no_bit() {
                 ..row(&qk, &runs, stride, 0.125)
             };
             super::attend_row(isa, isa.f16_attention(), &c, st, ac);
-            let what = format!("{isa}, {read} keys in pages of {page}, {later} asked for");
+            let what =
+                format!("{isa}, 8-bit {q8}, {read} keys in pages of {page}, {later} asked for");
             assert_eq!(want_state, state, "{what}");
             assert_eq!(want_acc, acc, "{what}");
         }
@@ -920,7 +948,7 @@ fn asking_for_the_next_keys_changes_no_bit() {
 
 /// A block of query rows through `attend` (keys in pages, each row with its own
 /// causal limit) gives every query exactly the bits the scalar kernel gives it alone
-/// over its keys in one run, on every path, for f16 and f32 K/V.
+/// over its keys in one run, on every path, for f16, f32 and 8-bit K/V.
 #[test]
 fn attention_block_gives_each_row_its_bits_alone() {
     let mut rng = SplitMix64(23);
@@ -928,6 +956,109 @@ fn attention_block_gives_each_row_its_bits_alone() {
     for hd in [64, 32, 96, 128, 160] {
         block_case(&mut rng, hd);
     }
+}
+
+/// K or V rows in the 8-bit format: the bytes and the scales of head rows of `hd`.
+struct Q8Rows {
+    q: Vec<i8>,
+    d: Vec<u16>,
+    hd: usize,
+}
+
+impl Q8Rows {
+    fn new(x: &[f32], hd: usize) -> Self {
+        let (mut q, mut d) = (vec![0i8; x.len()], vec![0u16; x.len() / hd]);
+        super::quantize_kv_q8(x, hd, &mut q, &mut d);
+        Q8Rows { q, d, hd }
+    }
+
+    /// The rows from element `at` (a head row's first) on.
+    fn rows(&self, at: usize) -> super::KvRows<'_> {
+        super::KvRows::Q8 {
+            q: &self.q,
+            d: &self.d,
+            hd: self.hd,
+        }
+        .skip(at)
+    }
+}
+
+/// 8-bit K/V: each value is `q · d` within half a step (`d / 2`) of what was written,
+/// `d = amax / 127` of its head row, a row of zeros stays zeros, and a non-finite
+/// value leaves the row's other values readable (no NaN scale).
+#[test]
+fn q8_kv_rows_read_back_within_half_a_step() {
+    let mut rng = SplitMix64(41);
+    for hd in [32, 64, 128] {
+        let mut x: Vec<f32> = (0..8 * hd).map(|_| rng.signed_f32() * 5.0).collect();
+        x[hd..2 * hd].fill(0.0);
+        x[2 * hd + 3] = f32::INFINITY;
+        x[3 * hd + 5] = f32::NAN;
+        let r = Q8Rows::new(&x, hd);
+        let rows = r.rows(0);
+        for (row, xs) in x.chunks(hd).enumerate() {
+            let amax = xs
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(0f32, |m, v| m.max(v.abs()));
+            let d = f16_to_f32(r.d[row]);
+            assert!(d.is_finite(), "head {hd}, row {row}: scale {d}");
+            if row == 1 {
+                assert_eq!(d, 0.0);
+            }
+            for (i, &v) in xs.iter().enumerate() {
+                let got = rows.get(row * hd + i);
+                assert!(got.is_finite(), "head {hd}, row {row}, {i}: {got}");
+                if v.is_finite() && row != 2 {
+                    let step = (amax / 127.0) * 1.001;
+                    assert!(
+                        (got - v).abs() <= step / 2.0 + 1e-6,
+                        "head {hd}, row {row}: {got} for {v}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The 8-bit format's rotation (`rotate_heads`) keeps dot products (it is orthogonal)
+/// and is its own inverse, up to rounding, for powers of two; other head sizes are left
+/// as they are.
+#[test]
+fn the_q8_rotation_keeps_dot_products_and_undoes_itself() {
+    let mut rng = SplitMix64(43);
+    for hd in [2, 32, 64, 128, 256] {
+        let x: Vec<f32> = (0..3 * hd).map(|_| rng.signed_f32() * 4.0).collect();
+        let y: Vec<f32> = (0..3 * hd).map(|_| rng.signed_f32() * 4.0).collect();
+        let (mut rx, mut ry) = (x.clone(), y.clone());
+        super::rotate_heads(&mut rx, hd);
+        super::rotate_heads(&mut ry, hd);
+        for h in 0..3 {
+            let dot = |a: &[f32], b: &[f32]| -> f64 {
+                a[h * hd..(h + 1) * hd]
+                    .iter()
+                    .zip(&b[h * hd..(h + 1) * hd])
+                    .map(|(p, q)| f64::from(*p) * f64::from(*q))
+                    .sum()
+            };
+            assert!(
+                (dot(&x, &y) - dot(&rx, &ry)).abs() < 1e-3 * hd as f64,
+                "head {hd}"
+            );
+        }
+        assert_ne!(rx, x, "head {hd}: rotated");
+        super::rotate_heads(&mut rx, hd);
+        for (a, b) in rx.iter().zip(&x) {
+            assert!(
+                (a - b).abs() < 1e-5 * 4.0 * hd as f32,
+                "head {hd}: {a} vs {b}"
+            );
+        }
+    }
+    let x: Vec<f32> = (0..96).map(|i| i as f32).collect();
+    let mut r = x.clone();
+    super::rotate_heads(&mut r, 96);
+    assert_eq!(r, x, "96 is not a power of two: not rotated");
 }
 
 /// `attention_block_gives_each_row_its_bits_alone` for head size `hd`.
@@ -939,13 +1070,15 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
     let vf: Vec<f32> = (0..n * stride).map(|_| rng.signed_f32() * 3.0).collect();
     let k16: Vec<u16> = kf.iter().map(|&x| f32_to_f16(x)).collect();
     let v16: Vec<u16> = vf.iter().map(|&x| f32_to_f16(x)).collect();
-    for f32_kv in [false, true] {
+    let (k8, v8) = (Q8Rows::new(&kf, hd), Q8Rows::new(&vf, hd));
+    for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Q8] {
+        let f32_kv = dtype != KvDtype::F16;
         let rows_at = |p: usize| {
             let at = p * stride + off;
-            if f32_kv {
-                (KvRows::F32(&kf[at..]), KvRows::F32(&vf[at..]))
-            } else {
-                (KvRows::F16(&k16[at..]), KvRows::F16(&v16[at..]))
+            match dtype {
+                KvDtype::F32 => (KvRows::F32(&kf[at..]), KvRows::F32(&vf[at..])),
+                KvDtype::F16 => (KvRows::F16(&k16[at..]), KvRows::F16(&v16[at..])),
+                KvDtype::Q8 => (k8.rows(at), v8.rows(at)),
             }
         };
         // The keys 0..len as pages of `page` keys.
@@ -1019,7 +1152,7 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
                 };
                 super::attend(isa, &a, &mut state, &mut acc);
                 let what =
-                    format!("{isa}, head {hd}, {g} heads, {rows} rows, page {page}, f32 {f32_kv}");
+                    format!("{isa}, head {hd}, {g} heads, {rows} rows, page {page}, {dtype}");
                 assert_eq!(want_state, state, "{what}");
                 assert_eq!(want_acc, acc, "{what}");
             }

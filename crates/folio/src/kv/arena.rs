@@ -1,5 +1,6 @@
-//! The K/V bytes of every page: one allocation for the whole pool, f16 (default) or
-//! f32 elements.
+//! The K/V bytes of every page: one allocation for the whole pool, f16 (default), f32
+//! or 8-bit elements (these with one scale per head row, kept in a second array of the
+//! same layout: see `kernels::kv_rows`).
 //!
 //! Layout: pages in chunks of [`CHUNK_TOKENS`] tokens' worth, each chunk
 //! `[layer][K | V][page][slot][kv_dim]`. A page's K rows for one layer are contiguous
@@ -30,23 +31,28 @@ pub struct KvArena {
     n_layers: usize,
     page_size: usize,
     kv_dim: usize,
+    head_dim: usize,
 }
 
 impl KvArena {
+    /// `head_dim` is the head size (`kv_dim` a multiple of it), which 8-bit K/V keeps a
+    /// scale per.
     pub fn new(
         n_pages: usize,
         n_layers: usize,
         page_size: usize,
         kv_dim: usize,
+        head_dim: usize,
         dtype: KvDtype,
     ) -> Self {
         Self {
-            data: KvBuf::new(dtype, n_pages * n_layers * 2 * page_size * kv_dim),
+            data: KvBuf::new(dtype, n_pages * n_layers * 2 * page_size * kv_dim, head_dim),
             n_pages,
             chunk: (CHUNK_TOKENS / page_size).max(1),
             n_layers,
             page_size,
             kv_dim,
+            head_dim,
         }
     }
 
@@ -63,9 +69,15 @@ impl KvArena {
         (first, self.chunk.min(self.n_pages - first))
     }
 
-    /// Bytes of K/V one page holds.
-    pub fn page_bytes(n_layers: usize, page_size: usize, kv_dim: usize, dtype: KvDtype) -> usize {
-        n_layers * 2 * page_size * kv_dim * dtype.size()
+    /// Bytes of K/V one page holds (8-bit K/V: the scales too).
+    pub fn page_bytes(
+        n_layers: usize,
+        page_size: usize,
+        kv_dim: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> usize {
+        n_layers * 2 * page_size * dtype.row_bytes(kv_dim, head_dim)
     }
 
     pub fn num_pages(&self) -> usize {
@@ -93,7 +105,7 @@ impl KvArena {
         base + run * ps + slot * self.kv_dim
     }
 
-    /// K of one slot as raw 16-bit units (two per f32 element).
+    /// K of one slot as raw 16-bit units (two per f32 element; f16 and f32 only).
     pub fn k_row(&self, page: u32, layer: usize, slot: usize) -> &[u16] {
         let at = self.at(page, layer, false, slot);
         self.data.raw(at, at + self.kv_dim)
@@ -140,31 +152,61 @@ impl KvArena {
         }
     }
 
-    /// All layers' K then V rows of `slot` in `page`, as raw units, appended to `out`
+    /// All layers' K then V rows of `slot` in `page`, as their stored bytes
+    /// (little-endian; 8-bit rows: the values, then the scales), appended to `out`
     /// (snapshots).
-    pub fn read_slot(&self, page: u32, slot: usize, out: &mut Vec<u16>) {
+    pub fn read_slot(&self, page: u32, slot: usize, out: &mut Vec<u8>) {
         for layer in 0..self.n_layers {
-            out.extend_from_slice(self.k_row(page, layer, slot));
-            out.extend_from_slice(self.v_row(page, layer, slot));
-        }
-    }
-
-    /// The inverse of [`KvArena::read_slot`]; `data` is [`KvArena::slot_halves`] units.
-    pub fn write_slot(&mut self, page: u32, slot: usize, data: &[u16]) {
-        let d = self.kv_dim;
-        let w = d * self.dtype().size() / 2;
-        for layer in 0..self.n_layers {
-            for (j, v) in [false, true].into_iter().enumerate() {
+            for v in [false, true] {
                 let at = self.at(page, layer, v, slot);
-                let src = &data[(layer * 2 + j) * w..(layer * 2 + j + 1) * w];
-                self.data.raw_mut(at, at + d).copy_from_slice(src);
+                self.data.get_bytes(at, at + self.kv_dim, out);
             }
         }
     }
 
-    /// Raw 16-bit units per slot across all layers, K and V.
+    /// The inverse of [`KvArena::read_slot`]; `data` is [`KvArena::slot_bytes`] long.
+    pub fn write_slot(&mut self, page: u32, slot: usize, data: &[u8]) {
+        let w = self.data.bytes_of(0, self.kv_dim);
+        assert_eq!(data.len(), self.slot_bytes());
+        for layer in 0..self.n_layers {
+            for (j, v) in [false, true].into_iter().enumerate() {
+                let at = self.at(page, layer, v, slot);
+                let src = &data[(layer * 2 + j) * w..(layer * 2 + j + 1) * w];
+                self.data.put_bytes(at, at + self.kv_dim, src);
+            }
+        }
+    }
+
+    /// Bytes per slot across all layers, K and V.
+    pub fn slot_bytes(&self) -> usize {
+        self.n_layers * 2 * self.dtype().row_bytes(self.kv_dim, self.head_dim)
+    }
+
+    /// What [`KvArena::slot_bytes`] would be for `dtype`.
+    pub fn slot_bytes_as(&self, dtype: KvDtype) -> usize {
+        self.n_layers * 2 * dtype.row_bytes(self.kv_dim, self.head_dim)
+    }
+
+    /// Whether every element (and 8-bit scale) of one slot's bytes, as
+    /// [`KvArena::read_slot`] gives them, is a finite number.
+    pub fn slot_finite(&self, data: &[u8]) -> bool {
+        let f16 = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 != 0x7c00;
+        let w = self.dtype().row_bytes(self.kv_dim, self.head_dim);
+        data.chunks(w).all(|seg| match self.dtype() {
+            KvDtype::F16 => seg.chunks_exact(2).all(f16),
+            KvDtype::F32 => seg
+                .chunks_exact(4)
+                .all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
+            KvDtype::Q8 => seg
+                .get(self.kv_dim..)
+                .is_some_and(|d| d.chunks_exact(2).all(f16)),
+        })
+    }
+
+    /// [`KvArena::slot_bytes`] in 16-bit units (a whole number: K and V of a layer
+    /// are the same size).
     pub fn slot_halves(&self) -> usize {
-        self.n_layers * 2 * self.kv_dim * self.dtype().size() / 2
+        self.slot_bytes() / 2
     }
 
     /// Copies the first `n` slots of every layer's K and V from page `src` to `dst`.
@@ -187,7 +229,7 @@ mod tests {
     fn a_run_over_consecutive_pages_is_their_runs_end_to_end() {
         let (pages, layers, ps, d) = (7, 3, 4, 6);
         for (dtype, chunk) in [(KvDtype::F16, 3), (KvDtype::F32, 3), (KvDtype::F16, 7)] {
-            let mut a = KvArena::new(pages, layers, ps, d, dtype).with_chunk(chunk);
+            let mut a = KvArena::new(pages, layers, ps, d, d, dtype).with_chunk(chunk);
             for (p, l, s) in (0..pages)
                 .flat_map(|p| (0..layers).flat_map(move |l| (0..ps).map(move |s| (p, l, s))))
             {
@@ -217,6 +259,7 @@ mod tests {
                     let want = match dtype {
                         KvDtype::F16 => f32_to_f16(x),
                         KvDtype::F32 => x.to_bits() as u16,
+                        KvDtype::Q8 => unreachable!("not tested here"),
                     };
                     assert_eq!(first, want, "slot {s} of page {p}, layer {layer}");
                 }
@@ -224,10 +267,69 @@ mod tests {
         }
     }
 
+    /// 8-bit pages: a slot's bytes (values, then scales) read back through
+    /// `read_slot`/`write_slot` and `copy_slots` unchanged, runs hold `q · d` within half
+    /// a step of what was written (rotated), and a page is the real size (one byte per value, two
+    /// per head row's scale).
+    #[test]
+    fn q8_slots_round_trip_and_pages_are_their_real_size() {
+        let (pages, layers, ps, hd, heads) = (5, 2, 4, 8, 3);
+        let d = hd * heads;
+        let mut a = KvArena::new(pages, layers, ps, d, hd, KvDtype::Q8).with_chunk(2);
+        assert_eq!(
+            KvArena::page_bytes(layers, ps, d, hd, KvDtype::Q8),
+            layers * 2 * ps * (d + 2 * heads)
+        );
+        assert_eq!(a.slot_bytes(), layers * 2 * (d + 2 * heads));
+        let val = |p: usize, l: usize, s: usize, i: usize| {
+            ((p * 31 + l * 7 + s * 3 + i) % 23) as f32 - 11.0
+        };
+        for (p, l, s) in
+            (0..pages).flat_map(|p| (0..layers).flat_map(move |l| (0..ps).map(move |s| (p, l, s))))
+        {
+            let k: Vec<f32> = (0..d).map(|i| val(p, l, s, i)).collect();
+            let v: Vec<f32> = k.iter().map(|x| x / 4.0).collect();
+            a.write(p as u32, l, s, &k, &v);
+        }
+        for (p, l, s) in
+            (0..pages).flat_map(|p| (0..layers).flat_map(move |l| (0..ps).map(move |s| (p, l, s))))
+        {
+            let (k, v) = a.run(p as u32, l, s);
+            // The rows are stored rotated (`kernels::kv_rows`).
+            let mut want: Vec<f32> = (0..d).map(|i| val(p, l, s, i)).collect();
+            crate::kernels::rotate_heads(&mut want, hd);
+            for (h, head) in want.chunks(hd).enumerate() {
+                let step = head.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+                for (j, &w) in head.iter().enumerate() {
+                    let i = h * hd + j;
+                    assert!((k.get(i) - w).abs() <= step * 0.51, "K {p} {l} {s} {i}");
+                    assert!(
+                        (v.get(i) - w / 4.0).abs() <= step * 0.26,
+                        "V {p} {l} {s} {i}"
+                    );
+                }
+            }
+        }
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        a.read_slot(3, 1, &mut x);
+        assert_eq!(x.len(), a.slot_bytes());
+        a.write_slot(0, 2, &x);
+        a.read_slot(0, 2, &mut y);
+        assert_eq!(x, y);
+        a.copy_slots(3, 4, 2);
+        y.clear();
+        a.read_slot(4, 1, &mut y);
+        assert_eq!(x, y);
+        assert!(a.slot_finite(&x));
+        // A non-finite scale (the second f16 after the first K row's values) is caught.
+        x[d + 2..d + 4].copy_from_slice(&0x7c00u16.to_le_bytes());
+        assert!(!a.slot_finite(&x));
+    }
+
     #[test]
     #[should_panic(expected = "outside the arena")]
     fn a_page_past_the_pool_is_refused_not_aliased() {
-        let a = KvArena::new(2, 2, 4, 8, KvDtype::F16);
+        let a = KvArena::new(2, 2, 4, 8, 8, KvDtype::F16);
         let _ = a.k_row(2, 0, 0);
     }
 }

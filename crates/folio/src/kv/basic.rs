@@ -10,7 +10,7 @@ use super::single::KvSeq;
 use super::storage::KvStorage;
 use super::store::PageId;
 
-/// A sequence's K/V, stored as f16 (what llama.cpp stores by default) or f32.
+/// A sequence's K/V, stored as f16 (what llama.cpp stores by default), f32 or 8-bit.
 pub struct BasicCache {
     capacity: usize,
     kv_dim: usize,
@@ -24,32 +24,40 @@ pub struct BasicCache {
 
 impl BasicCache {
     pub fn new(n_layers: usize, kv_dim: usize, capacity: usize) -> Self {
-        Self::with_dtype(n_layers, kv_dim, capacity, KvDtype::F16)
+        Self::with_dtype(n_layers, kv_dim, kv_dim, capacity, KvDtype::F16)
     }
 
-    pub fn with_dtype(n_layers: usize, kv_dim: usize, capacity: usize, dtype: KvDtype) -> Self {
+    /// `head_dim`: the head size, which 8-bit K/V keeps a scale per (`kv_dim` a
+    /// multiple of it).
+    pub fn with_dtype(
+        n_layers: usize,
+        kv_dim: usize,
+        head_dim: usize,
+        capacity: usize,
+        dtype: KvDtype,
+    ) -> Self {
         Self {
             capacity,
             kv_dim,
             tokens: Vec::new(),
             pending: Vec::new(),
             k: (0..n_layers)
-                .map(|_| KvBuf::new(dtype, capacity * kv_dim))
+                .map(|_| KvBuf::new(dtype, capacity * kv_dim, head_dim))
                 .collect(),
             v: (0..n_layers)
-                .map(|_| KvBuf::new(dtype, capacity * kv_dim))
+                .map(|_| KvBuf::new(dtype, capacity * kv_dim, head_dim))
                 .collect(),
         }
     }
 
     /// One layer's K and V slabs as raw 16-bit units, `capacity` rows each (for
-    /// copying rows in bulk).
+    /// copying rows in bulk; f16 and f32 only).
     pub fn layer_mut(&mut self, layer: usize) -> (&mut [u16], &mut [u16]) {
         let n = self.capacity * self.kv_dim;
         (self.k[layer].raw_mut(0, n), self.v[layer].raw_mut(0, n))
     }
 
-    /// K of position `pos` in `layer` as raw 16-bit units.
+    /// K of position `pos` in `layer` as raw 16-bit units (f16 and f32 only).
     pub fn k_row(&self, layer: usize, pos: usize) -> &[u16] {
         self.k[layer].raw(pos * self.kv_dim, (pos + 1) * self.kv_dim)
     }

@@ -81,6 +81,14 @@ pub enum SnapshotError {
     },
     #[error("{path}: {reason}")]
     Corrupt { path: PathBuf, reason: String },
+    /// The file holds K/V of another element type than the pool's (`--kv-dtype`): it
+    /// is not restored (K/V of one dtype is never read as another).
+    #[error("{path}: saved with {file} K/V; this pool stores {pool} (--kv-dtype): not restored")]
+    WrongDtype {
+        path: PathBuf,
+        file: super::buf::KvDtype,
+        pool: super::buf::KvDtype,
+    },
     /// A save that never completed (the process was killed while writing it): its
     /// temporary file is removed at start and the last complete save stays.
     #[error("{path}: an interrupted save of snapshot {name:?} ({bytes} bytes written) was removed; the last complete save of {name:?}, if any, is the one restored")]
@@ -122,6 +130,7 @@ impl SnapshotError {
             | SnapshotError::TooMany { .. } => ErrorKind::Unavailable,
             SnapshotError::Io { .. }
             | SnapshotError::Corrupt { .. }
+            | SnapshotError::WrongDtype { .. }
             | SnapshotError::Interrupted { .. }
             | SnapshotError::SaveGone(_) => ErrorKind::Internal,
         }

@@ -36,13 +36,23 @@ pub struct PoolShape {
     pub page_size: usize,
     pub n_layers: usize,
     pub kv_dim: usize,
+    /// The head size (`kv_dim` is a multiple): 8-bit K/V keeps a scale per head row.
+    pub head_dim: usize,
     pub dtype: KvDtype,
 }
 
 impl PoolShape {
     /// Bytes of K/V one page holds.
     pub fn page_bytes(&self) -> usize {
-        KvArena::page_bytes(self.n_layers, self.page_size, self.kv_dim, self.dtype)
+        let PoolShape {
+            n_layers,
+            page_size,
+            kv_dim,
+            head_dim,
+            dtype,
+            ..
+        } = *self;
+        KvArena::page_bytes(n_layers, page_size, kv_dim, head_dim, dtype)
     }
 
     /// Pages that fit in `bytes` of K/V memory (`--kv-memory`).
@@ -68,6 +78,7 @@ impl PagedKv {
             page_size,
             n_layers,
             kv_dim,
+            head_dim: kv_dim,
             dtype: KvDtype::F16,
         };
         Self::with_shape(shape, max_tokens, fingerprint)
@@ -80,16 +91,19 @@ impl PagedKv {
             page_size,
             n_layers,
             kv_dim,
+            head_dim,
             dtype,
         } = shape;
         // The dtype is part of the chain root: pages of different dtypes never match.
         let mut salted = fingerprint.to_vec();
-        if dtype != KvDtype::F16 {
-            salted.extend_from_slice(b":f32");
+        match dtype {
+            KvDtype::F16 => {}
+            KvDtype::F32 => salted.extend_from_slice(b":f32"),
+            KvDtype::Q8 => salted.extend_from_slice(b":q8_0"),
         }
         Self {
             store: PageStore::new(n_pages, page_size),
-            arena: KvArena::new(n_pages, n_layers, page_size, kv_dim, dtype),
+            arena: KvArena::new(n_pages, n_layers, page_size, kv_dim, head_dim, dtype),
             root: Hasher128::root(&salted, page_size, b""),
             max_tokens,
             fingerprint: fingerprint
@@ -139,6 +153,17 @@ impl PagedKv {
     /// The K/V storage a planned step runs on.
     pub fn storage(&mut self) -> &mut KvArena {
         &mut self.arena
+    }
+
+    /// The element type of the pool's K/V.
+    pub fn dtype(&self) -> KvDtype {
+        self.arena.dtype()
+    }
+
+    /// Bytes of K/V one page holds (the pool's real size per page: 8-bit K/V's scales
+    /// included).
+    pub fn page_bytes(&self) -> usize {
+        self.arena.slot_bytes() * self.page_size()
     }
 
     /// Token slots per page.

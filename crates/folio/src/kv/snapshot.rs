@@ -19,9 +19,13 @@
 //! the one that publishes last is the snapshot, on disk and in memory alike (rename
 //! and record happen under the directory's lock, and so does a delete).
 //!
-//! File format (little-endian): magic `FOLIOSNP`, version u32, fingerprint [u8; 16],
-//! page_size u32, slot_halves u32, n_tokens u64, tokens [u32], then for every token
-//! its K/V halves [u16; slot_halves], then xxh3-128 of everything before it.
+//! File format (little-endian): magic `FOLIOSNP`, version u32 (2), fingerprint
+//! [u8; 16], page_size u32, slot_halves u32, dtype u32 (0 f16, 1 f32, 2 q8_0), n_tokens
+//! u64, tokens [u32], then for every token its K/V bytes [u8; 2 · slot_halves] (every
+//! layer's K then V row as the pool stores it: f16 or f32 elements, or the 8-bit
+//! values then their scales), then xxh3-128 of everything before it. Version 1 had no
+//! dtype field (f16 or f32, told apart by slot_halves); it is still read. A file of
+//! another dtype than the pool's is [`SnapshotError::WrongDtype`], never restored.
 
 use super::error::KvError;
 pub use super::error::SnapshotError;
@@ -34,9 +38,28 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"FOLIOSNP";
-const VERSION: u32 = 1;
-/// Bytes before the tokens: magic, version, fingerprint, page size, slot halves, count.
-const HEAD: usize = 8 + 4 + 16 + 4 + 4 + 8;
+const VERSION: u32 = 2;
+/// Bytes before the tokens: magic, version, fingerprint, page size, slot halves, dtype,
+/// count.
+const HEAD: usize = 8 + 4 + 16 + 4 + 4 + 4 + 8;
+/// The same in version 1 (no dtype).
+const HEAD_V1: usize = HEAD - 4;
+
+/// The dtype's code in a snapshot file.
+fn dtype_code(d: super::KvDtype) -> u32 {
+    match d {
+        super::KvDtype::F16 => 0,
+        super::KvDtype::F32 => 1,
+        super::KvDtype::Q8 => 2,
+    }
+}
+
+/// The dtype of a snapshot file's code.
+fn dtype_of(code: u32) -> Option<super::KvDtype> {
+    [super::KvDtype::F16, super::KvDtype::F32, super::KvDtype::Q8]
+        .into_iter()
+        .find(|&d| dtype_code(d) == code)
+}
 /// About how many bytes of K/V one [`PagedKv::save_chunk`] copies (at least a token's).
 pub const SAVE_CHUNK_BYTES: usize = 2 << 20;
 
@@ -299,7 +322,7 @@ impl PagedKv {
                 });
             }
         }
-        let slot_bytes = 2 * self.arena.slot_halves();
+        let slot_bytes = self.arena.slot_bytes();
         let bytes = (table.len() * (4 + slot_bytes) + HEAD + 16) as u64;
         if let Some(dir) = self.snapshot_dir.clone() {
             // Replacing a snapshot frees its file: only the difference counts.
@@ -327,6 +350,7 @@ impl PagedKv {
             head.extend_from_slice(&self.fingerprint);
             head.extend_from_slice(&(self.store.page_size() as u32).to_le_bytes());
             head.extend_from_slice(&(self.arena.slot_halves() as u32).to_le_bytes());
+            head.extend_from_slice(&dtype_code(self.arena.dtype()).to_le_bytes());
             head.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
             for tok in &tokens {
                 head.extend_from_slice(&tok.to_le_bytes());
@@ -358,8 +382,9 @@ impl PagedKv {
         Ok(None)
     }
 
-    /// Appends the K/V bytes (little-endian halves, every layer's K then V per token)
-    /// of tokens `from..from + n` of save `id`'s pinned pages to `out`.
+    /// Appends the K/V bytes (little-endian, every layer's K then V per token, as
+    /// [`super::KvArena::read_slot`] gives them) of tokens `from..from + n` of save
+    /// `id`'s pinned pages to `out`.
     pub fn save_chunk(
         &self,
         id: u64,
@@ -375,19 +400,9 @@ impl PagedKv {
         let t = &p.table;
         let ps = self.store.page_size();
         let end = (from + n).min(t.len());
-        let mut slot = Vec::with_capacity(self.arena.slot_halves());
-        out.reserve((end.saturating_sub(from)) * 2 * self.arena.slot_halves());
+        out.reserve((end.saturating_sub(from)) * self.arena.slot_bytes());
         for pos in from..end {
-            slot.clear();
-            self.arena
-                .read_slot(t.page(pos / ps).0, pos % ps, &mut slot);
-            if cfg!(target_endian = "little") {
-                out.extend_from_slice(bytemuck::cast_slice(&slot));
-            } else {
-                for h in &slot {
-                    out.extend_from_slice(&h.to_le_bytes());
-                }
-            }
+            self.arena.read_slot(t.page(pos / ps).0, pos % ps, out);
         }
         Ok(())
     }
@@ -582,9 +597,9 @@ impl PagedKv {
             .ok_or_else(|| corrupt("the file name is not a snapshot name"))?
             .to_string();
         check_name(&name).map_err(|_| corrupt("the file name is not a snapshot name"))?;
-        let head = HEAD;
         // Only a regular file, and no larger than a snapshot of the longest sequence this
-        // pool holds can be: the bound is known before a byte is read.
+        // pool holds can be in any dtype (the widest, f32, so that a file of another
+        // dtype is read and named as such): the bound is known before a byte is read.
         let meta = std::fs::metadata(path).map_err(|source| SnapshotError::Io {
             path: path.to_path_buf(),
             error: source.into(),
@@ -592,9 +607,13 @@ impl PagedKv {
         if !meta.is_file() {
             return Err(corrupt("not a regular file"));
         }
+        let widest = self
+            .arena
+            .slot_bytes()
+            .max(self.arena.slot_bytes_as(super::KvDtype::F32));
         let limit = (self.max_tokens() as u64)
-            .saturating_mul(4 + 2 * self.arena.slot_halves() as u64)
-            .saturating_add(head as u64 + 16);
+            .saturating_mul(4 + widest as u64)
+            .saturating_add(HEAD as u64 + 16);
         if meta.len() > limit {
             return Err(corrupt(&format!(
                 "{} bytes, more than a snapshot of this pool can hold ({limit})",
@@ -608,7 +627,7 @@ impl PagedKv {
         if b.len() as u64 > limit {
             return Err(corrupt("the file grew while it was read"));
         }
-        if b.len() < head + 16 {
+        if b.len() < HEAD_V1 + 16 {
             return Err(corrupt("truncated"));
         }
         let (body, sum) = b.split_at(b.len() - 16);
@@ -619,8 +638,13 @@ impl PagedKv {
             return Err(corrupt("not a folio snapshot"));
         }
         let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4 bytes"));
-        if u32_at(8) != VERSION {
-            return Err(corrupt("unknown snapshot version"));
+        let head = match u32_at(8) {
+            1 => HEAD_V1,
+            VERSION => HEAD,
+            _ => return Err(corrupt("unknown snapshot version")),
+        };
+        if body.len() < head {
+            return Err(corrupt("truncated"));
         }
         if body[12..28] != self.fingerprint {
             return Err(corrupt("made with another model"));
@@ -632,21 +656,41 @@ impl PagedKv {
                 u32_at(28)
             )));
         }
+        let pool = self.arena.dtype();
+        let file = if head == HEAD {
+            dtype_of(u32_at(36)).ok_or_else(|| corrupt("unknown K/V element type"))?
+        } else {
+            // Version 1: f16 or f32 (never 8-bit), whichever this pool's rows would make
+            // that size; a size neither makes is a shape error below (the pool's type),
+            // or, in an 8-bit pool, an f16 file.
+            let halves = |d| self.arena.slot_bytes_as(d) / 2;
+            let v1 = [super::KvDtype::F16, super::KvDtype::F32];
+            v1.into_iter()
+                .find(|&d| halves(d) == u32_at(32) as usize)
+                .unwrap_or(if v1.contains(&pool) {
+                    pool
+                } else {
+                    super::KvDtype::F16
+                })
+        };
+        if file != pool {
+            return Err(SnapshotError::WrongDtype {
+                path: path.to_path_buf(),
+                file,
+                pool,
+            });
+        }
         if u32_at(32) as usize != self.arena.slot_halves() {
-            let dtype = match self.arena.dtype() {
-                super::KvDtype::F16 => "f16",
-                super::KvDtype::F32 => "f32",
-            };
             return Err(corrupt(&format!(
-                "made with another K/V element type ({} bytes per token; this pool stores {dtype}, {} bytes per token)",
+                "made with another K/V shape ({} bytes per token; this pool stores {pool}, {} bytes per token)",
                 2 * u64::from(u32_at(32)),
-                2 * self.arena.slot_halves()
+                self.arena.slot_bytes()
             )));
         }
-        let n = u64::from_le_bytes(body[36..44].try_into().expect("8 bytes")) as usize;
-        let halves = self.arena.slot_halves();
+        let n = u64::from_le_bytes(body[head - 8..head].try_into().expect("8 bytes")) as usize;
+        let slot_bytes = self.arena.slot_bytes();
         let want = n
-            .checked_mul(4 + 2 * halves)
+            .checked_mul(4 + slot_bytes)
             .and_then(|x| x.checked_add(head))
             .ok_or_else(|| corrupt("size overflows"))?;
         if body.len() != want {
@@ -664,8 +708,8 @@ impl PagedKv {
             .collect();
         // The checksum is no signature: whoever can write the directory can make a
         // file that passes it. A token the model cannot embed would fail every step
-        // that computes it; a non-finite K/V element would poison every sequence that
-        // shares the page.
+        // that computes it; a non-finite K/V element (or 8-bit scale) would poison every
+        // sequence that shares the page.
         if let Some(vocab) = self.snap.vocab {
             if let Some((pos, bad)) = tokens
                 .iter()
@@ -677,39 +721,24 @@ impl PagedKv {
                 )));
             }
         }
-        let elem = match self.arena.dtype() {
-            super::KvDtype::F16 => 2,
-            super::KvDtype::F32 => 4,
-        };
-        let finite = |c: &[u8]| match c {
-            // f16: not all exponent bits set.
-            [a, b] => u16::from_le_bytes([*a, *b]) & 0x7c00 != 0x7c00,
-            // f32, stored as two halves, low first.
-            [a, b, c, d] => f32::from_bits(u32::from_le_bytes([*a, *b, *c, *d])).is_finite(),
-            _ => false,
-        };
         if let Some(i) = body[head + 4 * n..]
-            .chunks_exact(elem)
-            .position(|c| !finite(c))
+            .chunks_exact(slot_bytes.max(1))
+            .position(|c| !self.arena.slot_finite(c))
         {
             return Err(corrupt(&format!(
-                "a K/V element of token {} is not a finite number",
-                i * elem / (2 * halves).max(1)
+                "a K/V element of token {i} is not a finite number"
             )));
         }
         let mut t = self.new_table(None);
         let kv_at = head + 4 * n;
-        let mut slot = vec![0u16; halves];
         for (pos, &tok) in tokens.iter().enumerate() {
             if let Err(e) = self.store.push(&mut t, tok) {
                 self.release(t)?;
                 return Err(e.into());
             }
-            for (i, h) in slot.iter_mut().enumerate() {
-                let at = kv_at + (pos * halves + i) * 2;
-                *h = u16::from_le_bytes([body[at], body[at + 1]]);
-            }
-            self.arena.write_slot(t.page(pos / ps).0, pos % ps, &slot);
+            let at = kv_at + pos * slot_bytes;
+            let slot = &body[at..at + slot_bytes];
+            self.arena.write_slot(t.page(pos / ps).0, pos % ps, slot);
         }
         self.store.commit_full(&mut t)?;
         Ok((name, t, b.len() as u64))

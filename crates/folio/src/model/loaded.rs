@@ -235,6 +235,7 @@ impl Model {
             page_size,
             n_layers: self.config.n_layers,
             kv_dim: self.config.kv_dim(),
+            head_dim: self.config.head_dim,
             dtype,
         }
     }

@@ -9,8 +9,8 @@ use crate::common::{forward_tables, ModelExt};
 use folio::gguf::GgmlType;
 use folio::internals::{f16_to_f32, f32_to_f16, isa, runnable_isas, Cpu, Isa};
 use folio::kv::{
-    BasicCache, Batch, KvPair, KvRows, KvSeq, KvStorage, Logits, PageId, PageTable, PagedKv,
-    SeqStep,
+    BasicCache, Batch, KvDtype, KvPair, KvRows, KvSeq, KvStorage, Logits, PageId, PageTable,
+    PagedKv, SeqStep,
 };
 use folio::model::{
     attention, AttentionStep, Heads, Model, Scores, StepError, StepLogits, ROW_BLOCK, SPLIT_KEYS,
@@ -54,11 +54,12 @@ fn workload(rng: &mut SplitMix64, vocab: usize, n: usize, max_len: usize) -> Vec
     out
 }
 
-/// Every position's logits of each sequence, run alone in one pass on a contiguous cache.
-fn alone(m: &Model, seqs: &[Vec<u32>]) -> Vec<Vec<f32>> {
+/// Every position's logits of each sequence, run alone in one pass on a contiguous cache
+/// of `dtype`.
+fn alone(m: &Model, seqs: &[Vec<u32>], dtype: KvDtype) -> Vec<Vec<f32>> {
     seqs.iter()
         .map(|t| {
-            let mut c = m.new_cache(t.len());
+            let mut c = m.new_cache_as(dtype, t.len());
             m.run(&mut c, t, Logits::All).unwrap()
         })
         .collect()
@@ -67,17 +68,17 @@ fn alone(m: &Model, seqs: &[Vec<u32>]) -> Vec<Vec<f32>> {
 /// Runs all sequences through random batched steps (random subsets, random chunk
 /// lengths, decode-sized and prefill-sized mixed) on one paged pool and checks every
 /// returned row against `want`. With `warm`, each sequence first attaches whatever
-/// prefix the pool has indexed.
+/// prefix the pool has indexed. The pool stores `dtype`.
 fn batched(
     m: &Model,
-    seqs: &[Vec<u32>],
-    want: &[Vec<f32>],
+    (seqs, want): (&[Vec<u32>], &[Vec<f32>]),
+    dtype: KvDtype,
     page_size: usize,
     warm: bool,
     rng: &mut SplitMix64,
 ) -> usize {
     let v = m.config.vocab;
-    let mut kv = m.new_paged(4096, page_size, 4096);
+    let mut kv = m.new_paged_as(dtype, 4096, page_size, 4096);
     let mut tables: Vec<PageTable> = seqs.iter().map(|_| kv.new_table(None)).collect();
     let mut hits = 0;
     let mut started = vec![false; seqs.len()];
@@ -119,7 +120,7 @@ fn batched(
         for (&(i, at, n), got) in chosen.iter().zip(&out) {
             assert!(
                 got[..] == want[i][at * v..(at + n) * v],
-                "{}: sequence {i}, positions {at}..{}, page size {page_size}, warm {warm}",
+                "{} {dtype}: sequence {i}, positions {at}..{}, page size {page_size}, warm {warm}",
                 m.isa(),
                 at + n
             );
@@ -131,11 +132,19 @@ fn batched(
 #[test]
 fn batched_logits_equal_single_sequence_runs_bit_for_bit() {
     for isa in paths() {
-        batched_equals_alone_on(isa);
+        batched_equals_alone_on(isa, KvDtype::F16);
     }
 }
 
-fn batched_equals_alone_on(isa: Isa) {
+/// The same over 8-bit K/V (`--kv-dtype q8_0`).
+#[test]
+fn batched_logits_equal_single_sequence_runs_bit_for_bit_over_q8_kv() {
+    for isa in paths() {
+        batched_equals_alone_on(isa, KvDtype::Q8);
+    }
+}
+
+fn batched_equals_alone_on(isa: Isa, dtype: KvDtype) {
     let (_d1, one) = tiny(1, isa);
     let (_d2, two) = tiny(2, isa);
     let mut rng = SplitMix64(77);
@@ -143,14 +152,14 @@ fn batched_equals_alone_on(isa: Isa) {
     for case in 0..6 {
         let seqs = workload(&mut rng, one.config.vocab, 7, 120);
         // The oracle: alone, contiguous cache, one thread.
-        let want = alone(&one, &seqs);
+        let want = alone(&one, &seqs, dtype);
         for &ps in &[1usize, 3, 16] {
-            let cold = batched(&two, &seqs, &want, ps, false, &mut rng);
+            let cold = batched(&two, (&seqs, &want), dtype, ps, false, &mut rng);
             assert_eq!(cold, 0);
-            warm_hits += batched(&two, &seqs, &want, ps, true, &mut rng);
+            warm_hits += batched(&two, (&seqs, &want), dtype, ps, true, &mut rng);
         }
         // Warm: the second pass over the same pool finds the first pass's pages.
-        let mut kv = two.new_paged(4096, 16, 4096);
+        let mut kv = two.new_paged_as(dtype, 4096, 16, 4096);
         let mut first = kv.new_table(None);
         two.run(&mut kv.seq(&mut first), &seqs[0], Logits::All)
             .unwrap();
@@ -164,7 +173,7 @@ fn batched_equals_alone_on(isa: Isa) {
         let got = two.run(&mut kv.seq(&mut t), rest, Logits::All).unwrap();
         assert!(
             got[..] == want[0][hit * two.config.vocab..],
-            "{isa}, case {case}: warm"
+            "{isa} {dtype}, case {case}: warm"
         );
     }
     assert!(warm_hits > 0, "the warm runs found no prefix");
@@ -174,11 +183,19 @@ fn batched_equals_alone_on(isa: Isa) {
 fn the_default_model_batched_equals_alone_including_split_k() {
     // The scalar path is covered on the tiny model above (the default one is slow there).
     for isa in paths().into_iter().filter(|&i| i != Isa::Scalar) {
-        default_model_batched_equals_alone_on(isa);
+        default_model_batched_equals_alone_on(isa, KvDtype::F16);
     }
 }
 
-fn default_model_batched_equals_alone_on(isa: Isa) {
+/// The same over 8-bit K/V (`--kv-dtype q8_0`).
+#[test]
+fn the_default_model_batched_equals_alone_including_split_k_over_q8_kv() {
+    for isa in paths().into_iter().filter(|&i| i != Isa::Scalar) {
+        default_model_batched_equals_alone_on(isa, KvDtype::Q8);
+    }
+}
+
+fn default_model_batched_equals_alone_on(isa: Isa, dtype: KvDtype) {
     let m = Model::load(&common::model_path(), 2).unwrap().with_isa(isa);
     let mut rng = SplitMix64(3);
     let v = m.config.vocab;
@@ -189,7 +206,7 @@ fn default_model_batched_equals_alone_on(isa: Isa) {
             .map(|i| (i * 7919 % v) as u32)
             .collect(),
     );
-    let mut kv = m.new_paged(2048, 16, 4096);
+    let mut kv = m.new_paged_as(dtype, 2048, 16, 4096);
     let mut tables: Vec<PageTable> = seqs.iter().map(|_| kv.new_table(None)).collect();
     // Prefill everything but the last token in one batch, then decode the last tokens
     // together, and compare the last rows with each sequence alone.
@@ -205,9 +222,13 @@ fn default_model_batched_equals_alone_on(isa: Isa) {
         .collect();
     let got = forward_tables(&m, &mut kv, &mut refs, &steps).unwrap();
     for (i, s) in seqs.iter().enumerate() {
-        let mut c = m.new_cache(s.len());
+        let mut c = m.new_cache_as(dtype, s.len());
         let want = m.run(&mut c, s, Logits::Last).unwrap();
-        assert!(got[i] == want, "{isa}: sequence {i} ({} tokens)", s.len());
+        assert!(
+            got[i] == want,
+            "{isa} {dtype}: sequence {i} ({} tokens)",
+            s.len()
+        );
     }
 }
 
@@ -215,7 +236,15 @@ fn default_model_batched_equals_alone_on(isa: Isa) {
 fn a_long_prompt_gives_the_same_bits_whole_chunked_or_block_by_block() {
     // The scalar path is covered on the tiny model (the default one is slow there).
     for isa in paths().into_iter().filter(|&i| i != Isa::Scalar) {
-        long_prompt_invariance_on(isa);
+        long_prompt_invariance_on(isa, KvDtype::F16);
+    }
+}
+
+/// The same over 8-bit K/V (`--kv-dtype q8_0`).
+#[test]
+fn a_long_prompt_gives_the_same_bits_whole_chunked_or_block_by_block_over_q8_kv() {
+    for isa in paths().into_iter().filter(|&i| i != Isa::Scalar) {
+        long_prompt_invariance_on(isa, KvDtype::Q8);
     }
 }
 
@@ -223,15 +252,15 @@ fn a_long_prompt_gives_the_same_bits_whole_chunked_or_block_by_block() {
 /// of odd sizes beside another sequence (pages of 16), and one row block at a time
 /// (pages of 7, chunks of ROW_BLOCK rows that start mid-block): the last token's logits
 /// must be the same bits (each depends on every row's attention through the K/V).
-fn long_prompt_invariance_on(isa: Isa) {
+fn long_prompt_invariance_on(isa: Isa, dtype: KvDtype) {
     let m = Model::load(&common::model_path(), 2).unwrap().with_isa(isa);
     let v = m.config.vocab;
     let n = 2 * SPLIT_KEYS + 60;
     let prompt: Vec<u32> = (0..n).map(|i| (i * 7919 % v) as u32).collect();
-    let mut c = m.new_cache(n);
+    let mut c = m.new_cache_as(dtype, n);
     let want = m.run(&mut c, &prompt, Logits::Last).unwrap();
     // Chunks of odd sizes, batched with a short sequence that decodes beside them.
-    let mut kv = m.new_paged(2 * n.div_ceil(16) + 16, 16, 4096);
+    let mut kv = m.new_paged_as(dtype, 2 * n.div_ceil(16) + 16, 16, 4096);
     let (mut a, mut b) = (kv.new_table(None), kv.new_table(None));
     let other: Vec<u32> = (0..n).map(|i| (i * 31 % v) as u32).collect();
     let mut at = 0;
@@ -250,9 +279,12 @@ fn long_prompt_invariance_on(isa: Isa) {
             break;
         }
     }
-    assert!(got == want, "{isa}: {n} tokens in chunks of odd sizes");
+    assert!(
+        got == want,
+        "{isa} {dtype}: {n} tokens in chunks of odd sizes"
+    );
     // One row block per step, the blocks offset from the step's start.
-    let mut kv = m.new_paged(n.div_ceil(7) + 4, 7, 4096);
+    let mut kv = m.new_paged_as(dtype, n.div_ceil(7) + 4, 7, 4096);
     let mut t = kv.new_table(None);
     let mut at = 0;
     while at < n {
@@ -266,7 +298,10 @@ fn long_prompt_invariance_on(isa: Isa) {
         )
         .unwrap();
         if end == n {
-            assert!(out[0] == want, "{isa}: {n} tokens one row block at a time");
+            assert!(
+                out[0] == want,
+                "{isa} {dtype}: {n} tokens one row block at a time"
+            );
         }
         at = end;
     }
@@ -538,7 +573,6 @@ fn a_batch_whose_pages_do_not_hold_its_positions_is_refused_and_writes_nothing()
 
 #[test]
 fn f32_kv_on_the_default_model_batches_bit_for_bit_and_stays_close_to_f16() {
-    use folio::kv::KvDtype;
     let m = Model::load(&common::model_path(), 2).unwrap();
     let toks = m.tokenizer.encode(
         "The history of the printing press begins long before Gutenberg.",

@@ -125,6 +125,7 @@ impl ModelExt for Model {
         BasicCache::with_dtype(
             c.n_layers,
             c.kv_dim(),
+            c.head_dim,
             capacity.min(c.context_length),
             dtype,
         )

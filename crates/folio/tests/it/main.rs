@@ -20,6 +20,7 @@ mod formats;
 mod gguf_errors;
 mod grammar;
 mod kv_props;
+mod kv_q8;
 mod layering;
 mod outliers;
 mod paged;

@@ -71,8 +71,12 @@ struct Worker<'a> {
     plan: &'a Plan,
     q: &'a [f32],
     scale: Scale,
-    /// Each KV head's queries for the unit's rows (rounded to f16 over f16 K/V).
+    /// Each KV head's queries for the unit's rows (rounded to f16 over f16 K/V, rotated
+    /// over 8-bit K/V).
     qh: Vec<Vec<f32>>,
+    /// Whether the unit's K/V is 8-bit, stored rotated (`kernels::kv_rows`): its
+    /// queries are rotated the same way and its accumulators rotated back.
+    rotated: bool,
     acc: Vec<f32>,
     state: Vec<(f32, f32)>,
     keys: Vec<usize>,
@@ -97,6 +101,7 @@ impl<'a> Worker<'a> {
             q,
             scale,
             qh: vec![Vec::with_capacity(ROW_BLOCK * group * h.head_dim); h.n_kv_heads],
+            rotated: false,
             acc: vec![0f32; ROW_BLOCK * h.n_heads * h.head_dim],
             state: vec![(0f32, 0f32); ROW_BLOCK * h.n_heads],
             keys: Vec::with_capacity(ROW_BLOCK),
@@ -165,16 +170,21 @@ impl<'a> Worker<'a> {
     }
 
     /// Each of the unit's KV heads' query heads for its rows (adjacent in the row),
-    /// rounded to f16 over f16 K/V, as llama.cpp does.
+    /// rounded to f16 over f16 K/V, as llama.cpp does; rotated as the K rows are over
+    /// 8-bit K/V (`(Hq)·(Hk) = q·k`).
     fn queries(&mut self, step: &SeqStep, u: &Unit) {
         let h = self.at.heads;
         let w = h.n_heads / h.n_kv_heads * h.head_dim;
         let d = h.n_heads * h.head_dim;
-        let f16 = {
+        let (f16, q8) = {
             let (page, slot) = step.slot(u.k0 as usize);
             let rows = self.at.kv.run(page.0, self.at.layer, slot).0;
-            matches!(rows, kernels::KvRows::F16(_))
+            (
+                matches!(rows, kernels::KvRows::F16(_)),
+                matches!(rows, kernels::KvRows::Q8 { .. }),
+            )
         };
+        self.rotated = q8;
         for kh in u.h0 as usize..u.h1 as usize {
             let qh = &mut self.qh[kh];
             qh.clear();
@@ -186,11 +196,15 @@ impl<'a> Worker<'a> {
                     qh.extend_from_slice(qs);
                 }
             }
+            if q8 {
+                kernels::rotate_heads(qh, h.head_dim);
+            }
         }
     }
 
     /// The unit's partial states, [max, sum, acc] per (KV head, row, query head), from
-    /// the start of `out`.
+    /// the start of `out`; over 8-bit K/V the accumulators rotated back (`Σ p·Hv =
+    /// H Σ p·v`, `H` its own inverse).
     fn store(&self, u: &Unit, out: &mut [f32]) {
         let hd = self.at.heads.head_dim;
         let n = u.heads() * u.rows() * (self.at.heads.n_heads / self.at.heads.n_kv_heads);
@@ -199,6 +213,9 @@ impl<'a> Worker<'a> {
             o[0] = st.0;
             o[1] = st.1;
             o[2..].copy_from_slice(a);
+            if self.rotated {
+                kernels::rotate_heads(&mut o[2..], hd);
+            }
         }
     }
 }
