@@ -222,7 +222,11 @@ impl Host {
             .build();
         // WASI with nothing granted: no files, no sockets, no environment, no
         // arguments; stdout and stderr go nowhere.
-        let wasi = WasiCtxBuilder::new().build();
+        let wasi = WasiCtxBuilder::new()
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
         let state = RunState {
             wasi,
             table: Default::default(),
@@ -273,8 +277,10 @@ impl Host {
             (Err(_), Some(Stop::Cancelled)) => Err(InferletError::Cancelled),
             (Err(_), Some(Stop::Quota(m))) => Err(InferletError::Quota(m)),
             (Err(e), None) => {
-                let msg = format!("{e:#}");
-                tracing::info!("an inferlet trapped: {msg}");
+                // The root cause ("unknown handle index 7777", "wasm `unreachable`
+                // instruction executed"), not the guest's backtrace.
+                let msg = e.root_cause().to_string();
+                tracing::info!("an inferlet trapped: {e:#}");
                 Err(InferletError::Trap(msg))
             }
         }

@@ -166,3 +166,18 @@ impl Library {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::check_name;
+
+    #[test]
+    fn names_are_plain_file_names() {
+        for ok in ["a", "best_of_n", "agent-2", "v1.2", &"x".repeat(64)] {
+            assert!(check_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".hidden", "../etc", "a/b", "a b", "é", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+}
