@@ -23,7 +23,9 @@ def main():
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
     max_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 128
     post(f"{base}/v1/inferlets?name=figgen", open(wasm, "rb").read(), "application/wasm")
-    prompt = "Write a long story about a lighthouse keeper and the sea."
+    # A prompt the model continues without an end-of-text (greedy: the same tokens
+    # both ways).
+    prompt = "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     inp = {"input": {"prompt": prompt, "max_tokens": max_tokens, "stream": False}}
     comp, inf = [], []

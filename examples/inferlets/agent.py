@@ -55,4 +55,4 @@ def main(input):
         folio.emit({"step": len(steps), "call": g.text, "result": got, "context_tokens": len(ctx)})
     ctx.user("What is the total?")
     answer = ctx.reply(max_tokens=24, regex=r"The total is [0-9]{1,6}\.")
-    return {"steps": len(steps), "answer": answer.text, "true_total": total}
+    return {"steps": len(steps), "answer": answer.text, "true_total": total, "context_tokens": len(ctx)}

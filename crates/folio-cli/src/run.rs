@@ -1,5 +1,5 @@
 //! `folio run PROG.wasm --input JSON`: one inferlet run on a local engine, its chunks
-//! printed as they come (text as it is, JSON one object a line), with the same
+//! printed as they come (text as it is, each JSON chunk on a line of its own), with the same
 //! sandbox as `folio serve` gives it.
 
 use crate::opts::ModelArgs;
@@ -47,15 +47,29 @@ pub fn run(a: Args) -> Result<()> {
         let _ = ctrlc::set_handler(move || c.cancel());
     }
     let permit = host.permit()?;
-    let report = host.run(permit, &program, &a.input, None, &cancel, |chunk| {
+    // Whether the output ends a line (a JSON chunk starts one of its own).
+    let line_start = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let ls = line_start.clone();
+    let report = host.run(permit, &program, &a.input, None, &cancel, move |chunk| {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut out = std::io::stdout().lock();
         let ok = match chunk {
-            Chunk::Text(t) => out.write_all(t.as_bytes()),
-            Chunk::Json(v) => writeln!(out, "{v}"),
+            Chunk::Text(t) => {
+                if !t.is_empty() {
+                    ls.store(t.ends_with('\n'), Relaxed);
+                }
+                out.write_all(t.as_bytes())
+            }
+            Chunk::Json(v) => {
+                let nl = if ls.swap(true, Relaxed) { "" } else { "\n" };
+                writeln!(out, "{nl}{v}")
+            }
         };
         ok.and_then(|()| out.flush()).is_ok()
     })?;
-    println!();
+    if !line_start.load(std::sync::atomic::Ordering::Relaxed) {
+        println!();
+    }
     if a.stats {
         eprintln!(
             "host calls {}, instantiate {:.1} ms, run {:.1} ms",

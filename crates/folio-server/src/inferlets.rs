@@ -10,8 +10,8 @@
 
 use crate::answer::List;
 use crate::body::{JsonBody, RawBody};
-use crate::config::ServeConfig;
 use crate::error::ApiError;
+use crate::inferlet_host::Inferlets;
 use crate::offload::blocking;
 use crate::state::AppState;
 use axum::body::{Body, Bytes};
@@ -19,32 +19,12 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use folio::Engine;
-use folio_inferlet::{Cancel, Chunk, Host, InferletError, Library, RunReport};
+use folio_inferlet::{Cancel, Chunk, InferletError, RunReport};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
 type St = State<Arc<AppState>>;
-
-/// The host and the stored programs, built when the engine has loaded.
-pub struct Inferlets {
-    pub host: Host,
-    pub library: Library,
-}
-
-impl Inferlets {
-    /// The host over `engine` with the configured limits, and the programs in
-    /// `--inferlet-dir` (compiled now).
-    pub fn new(engine: Engine, cfg: &ServeConfig) -> Result<Self, InferletError> {
-        let host = Host::new(engine, cfg.inferlet_limits.clone())?;
-        let library = match &cfg.inferlet_dir {
-            Some(d) => Library::open(&host, d)?,
-            None => Library::in_memory(),
-        };
-        Ok(Self { host, library })
-    }
-}
 
 /// A stored program as the routes show it.
 #[derive(Serialize)]

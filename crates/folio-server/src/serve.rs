@@ -156,7 +156,7 @@ fn with_extras(engine: Engine, config: &ServeConfig) -> Result<Loaded, String> {
             None
         }
     };
-    let inferlets = match crate::inferlets::Inferlets::new(engine.clone(), config) {
+    let inferlets = match crate::inferlet_host::Inferlets::new(engine.clone(), config) {
         Ok(i) => Some(std::sync::Arc::new(i)),
         Err(e @ folio_inferlet::InferletError::Io(_)) => return Err(e.to_string()),
         Err(e) => {

@@ -28,7 +28,7 @@ pub struct Loaded {
     pub system_fingerprint: String,
     /// The inferlet host and stored programs; `None` when the host cannot be built
     /// (the inferlet routes then answer 503).
-    pub inferlets: Option<std::sync::Arc<crate::inferlets::Inferlets>>,
+    pub inferlets: Option<std::sync::Arc<crate::inferlet_host::Inferlets>>,
 }
 
 pub struct AppState {
