@@ -4,7 +4,8 @@ calculator loop of examples/inferlets/agent.py run as an inferlet, against the s
 loop driven by a client over HTTP (/v1/chat/completions with the whole history each
 turn, the tool calls under the same regex). Reports latency and tokens prefilled
 (the client's: prompt tokens not found in the prefix cache; the inferlet's: its one
-context's final length, each token computed once).
+context's final length, each token computed once). Each round uses a new order of
+the items, so no round reuses another's pages.
 
 usage: scripts/inferlet_agent_figure.py URL AGENT.wasm [ROUNDS]
 """
@@ -24,11 +25,11 @@ def post(url, body, ctype="application/json"):
         return json.loads(r.read())
 
 
-def client_loop(base):
+def client_loop(base, items, salt):
     msgs = [
         {"role": "system", "content": "You are a careful accountant. Use the calculator for every addition."},
-        {"role": "user", "content": "Add up the prices of: " + ", ".join(ITEMS) + ". Use calc(a + b), one addition per step."},
-        {"role": "assistant", "content": f"lookup({ITEMS[0]}) = {PRICES[ITEMS[0]]}"},
+        {"role": "user", "content": "Add up the prices of: " + ", ".join(items) + ". Use calc(a + b), one addition per step."},
+        {"role": "assistant", "content": f"lookup({items[0]}) = {PRICES[items[0]]}"},
     ]
     prefilled = 0
 
@@ -36,6 +37,7 @@ def client_loop(base):
         nonlocal prefilled
         r = post(f"{base}/v1/chat/completions", json.dumps({
             "messages": msgs, "max_tokens": 24, "temperature": 0, "guided_regex": regex,
+            "cache_salt": salt,
         }).encode())
         u = r["usage"]
         cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
@@ -45,7 +47,7 @@ def client_loop(base):
         return text
 
     steps = 0
-    for item in ITEMS[1:]:
+    for item in items[1:]:
         msgs.append({"role": "user", "content": f"lookup({item}) = {PRICES[item]}. Next step."})
         call = chat(r"calc\([0-9]{1,5} \+ [0-9]{1,5}\)")
         a, _, b = call[len("calc("):-1].split()
@@ -60,16 +62,20 @@ def main():
     base, wasm = sys.argv[1], sys.argv[2]
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     post(f"{base}/v1/inferlets?name=figagent", open(wasm, "rb").read(), "application/wasm")
-    inp = json.dumps({"input": {"items": ITEMS, "max_steps": 8}}).encode()
     ti, tc = [], []
     for i in range(rounds + 1):
+        # A new order each round, so no round finds the last one's pages; the
+        # client's turns share a salt of their own (its prefix cache works within
+        # the round, as a client's would).
+        items = ITEMS[i % len(ITEMS):] + ITEMS[:i % len(ITEMS)]
+        inp = json.dumps({"input": {"items": items, "max_steps": 8}}).encode()
         t = time.perf_counter()
         r = post(f"{base}/v1/inferlets/figagent/run", inp)
         a = time.perf_counter() - t
         out = [o["json"] for o in r["output"] if o["type"] == "json"]
         isteps, itoks = out[-1]["steps"], out[-1]["context_tokens"]
         t = time.perf_counter()
-        csteps, ctoks = client_loop(base)
+        csteps, ctoks = client_loop(base, items, f"client-{i}")
         c = time.perf_counter() - t
         if i == 0:
             continue  # warm-up
