@@ -586,15 +586,30 @@ fn a_full_context_says_so_and_points_to_reset() {
     );
 }
 
-/// examples/inferlets/generate.py built into a component (built now when missing;
-/// the first build installs componentize-py into target/inferlet-venv).
+/// examples/inferlets/generate.py built into a component (scripts/test.sh builds
+/// it; built here when missing or older than its sources: the first build installs
+/// componentize-py into target/inferlet-venv).
 fn generate_guest() -> std::path::PathBuf {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = root.join("target/inferlets/cli-generate.wasm");
-    if !out.exists() {
+    let src = root.join("examples/inferlets/generate.py");
+    let out = root.join("target/inferlets/generate.wasm");
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let sources = [
+        src.clone(),
+        root.join("crates/folio-inferlet/sdk/python/folio.py"),
+        root.join("crates/folio-inferlet/sdk/python/main_wrapper.py"),
+        root.join("crates/folio-inferlet/wit/folio.wit"),
+    ];
+    let newest = sources.iter().filter_map(|p| modified(p)).max();
+    let stale = match (modified(&out), newest) {
+        (None, _) => true,
+        (Some(built), Some(n)) => n > built,
+        (Some(_), None) => false,
+    };
+    if stale {
         let st = Command::new("bash")
             .arg(root.join("scripts/build_inferlet.sh"))
-            .arg(root.join("examples/inferlets/generate.py"))
+            .arg(&src)
             .arg(&out)
             .status()
             .expect("run scripts/build_inferlet.sh");
