@@ -2,7 +2,8 @@
 # Runs every test from a fresh clone: fetches the default model and Gemma 3 270M (the
 # exact-model fidelity test of tests/it/fidelity_f64_gemma.rs runs it) if missing, then
 # formatting, clippy and the whole test suite (tests run the real model; the server's
-# tests use the official openai package and headless Chromium, which this installs).
+# tests use the official openai package and headless Chromium, which this installs;
+# the inferlets' tests, Python guests built with componentize-py, installed here too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,4 +15,9 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
 fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
+# The example inferlets (Python guests, componentize-py installed into
+# target/inferlet-venv from PyPI): the inferlets tests upload and run them.
+for g in best_of_n agent json_extract generate chat hostile; do
+    scripts/build_inferlet.sh "examples/inferlets/$g.py" "target/inferlets/$g.wasm"
+done
 cargo test --workspace --release --lib --bins --tests 2>&1

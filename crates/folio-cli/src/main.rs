@@ -12,6 +12,7 @@ mod figures;
 mod generate;
 mod opts;
 mod report;
+mod run;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,8 @@ enum Cmd {
     /// Prefill and decode speed, with llama.cpp's figures from the same run when
     /// llama-cpp-python is installed.
     Bench(bench::Args),
+    /// Runs an inferlet (a folio:inferlet component) once, printing what it emits.
+    Run(run::Args),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Cmd::Generate(a) => generate::run(a),
         Cmd::Chat(a) => chat::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Run(a) => run::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -75,6 +75,26 @@ pub struct Args {
     /// Most snapshots kept; a save under a new name past it answers 507.
     #[arg(long, default_value_t = 256)]
     pub max_snapshots: usize,
+    /// Where uploaded inferlets (POST /v1/inferlets) persist; they are compiled
+    /// again at start. Without it they live in memory only.
+    #[arg(long, value_name = "DIR")]
+    pub inferlet_dir: Option<std::path::PathBuf>,
+    /// Seconds one inferlet run may take, generation included; a program past it is
+    /// stopped (its contexts dropped) and the run answers 400.
+    #[arg(long, default_value_t = 120.0)]
+    pub inferlet_time_limit: f64,
+    /// Linear memory one inferlet instance may hold (suffixes K, M, G, KiB, MiB, GiB).
+    #[arg(long, value_parser = opts::parse_size, default_value = "256MiB")]
+    pub inferlet_memory: u64,
+    /// Inferlet runs at once; one more answers 429.
+    #[arg(long, default_value_t = 4)]
+    pub max_inferlet_runs: usize,
+    /// Contexts one inferlet run may hold at once.
+    #[arg(long, default_value_t = 64)]
+    pub inferlet_contexts: usize,
+    /// Largest inferlet upload (suffixes as --inferlet-memory).
+    #[arg(long, value_parser = opts::parse_size, default_value = "64MiB")]
+    pub inferlet_max_bytes: u64,
 }
 
 /// Full-length sequences the default pool holds (`--kv-memory` or `--kv-pages` set
@@ -88,6 +108,7 @@ pub fn run(a: Args) -> Result<()> {
         ("--shutdown-timeout", a.shutdown_timeout),
         ("--context-ttl", a.context_ttl),
         ("--request-timeout", a.request_timeout),
+        ("--inferlet-time-limit", a.inferlet_time_limit),
     ] {
         anyhow::ensure!(
             v.is_finite() && (0.0..=1e9).contains(&v),
@@ -111,6 +132,15 @@ pub fn run(a: Args) -> Result<()> {
         max_tokens: a.max_tokens_cap,
         request_timeout: (a.request_timeout > 0.0)
             .then(|| Duration::from_secs_f64(a.request_timeout)),
+        inferlet_dir: a.inferlet_dir.clone(),
+        inferlet_limits: folio_inferlet::Limits {
+            run_time: Duration::from_secs_f64(a.inferlet_time_limit),
+            memory_bytes: usize::try_from(a.inferlet_memory).unwrap_or(usize::MAX),
+            contexts: a.inferlet_contexts,
+            concurrent_runs: a.max_inferlet_runs,
+            program_bytes: usize::try_from(a.inferlet_max_bytes).unwrap_or(usize::MAX),
+            ..folio_inferlet::Limits::default()
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

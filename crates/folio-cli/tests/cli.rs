@@ -615,3 +615,81 @@ fn a_full_context_says_so_and_points_to_reset() {
         "{err}"
     );
 }
+
+/// examples/inferlets/generate.py built into a component (scripts/test.sh builds
+/// it; built here when missing or older than its sources: the first build installs
+/// componentize-py into target/inferlet-venv).
+fn generate_guest() -> std::path::PathBuf {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let src = root.join("examples/inferlets/generate.py");
+    let out = root.join("target/inferlets/generate.wasm");
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let sources = [
+        src.clone(),
+        root.join("crates/folio-inferlet/sdk/python/folio.py"),
+        root.join("crates/folio-inferlet/sdk/python/main_wrapper.py"),
+        root.join("crates/folio-inferlet/wit/folio.wit"),
+    ];
+    let newest = sources.iter().filter_map(|p| modified(p)).max();
+    let stale = match (modified(&out), newest) {
+        (None, _) => true,
+        (Some(built), Some(n)) => n > built,
+        (Some(_), None) => false,
+    };
+    if stale {
+        let st = Command::new("bash")
+            .arg(root.join("scripts/build_inferlet.sh"))
+            .arg(&src)
+            .arg(&out)
+            .status()
+            .expect("run scripts/build_inferlet.sh");
+        assert!(st.success(), "building the generate guest failed");
+    }
+    out
+}
+
+#[test]
+fn run_prints_what_an_inferlet_emits_and_matches_generate() {
+    let prog = generate_guest();
+    let prog = prog.to_str().unwrap();
+    let input = r#"{"prompt": "The capital of France is", "max_tokens": 8}"#;
+    let out = folio(&["run", prog, "--input", input], None);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The streamed text, then the JSON the program returns, one object a line.
+    let (text, last) = stdout.trim_end().rsplit_once('\n').unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(v["tokens"], 8);
+    assert_eq!(v["finish"], "length");
+    let g = json(&folio(
+        &[
+            "generate",
+            "The capital of France is",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "8",
+            "--json",
+        ],
+        None,
+    ));
+    assert_eq!(text, g["text"].as_str().unwrap(), "the same greedy text");
+    // Input that is not JSON, and a file that is no component: errors, exit 1.
+    let bad = folio(&["run", prog, "--input", "{not json"], None);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--input is not JSON"));
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"\0asm\x01\0\0\0").unwrap();
+    let bad = folio(&["run", junk.to_str().unwrap()], None);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("not a valid inferlet component"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}

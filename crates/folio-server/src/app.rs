@@ -8,8 +8,8 @@ use crate::error::ApiError;
 use crate::serve_error::ServeError;
 use crate::state::AppState;
 use crate::{
-    cache_match, context_edit, context_generate, contexts, embeddings, generate, guard, kv,
-    messages, misc, responses, snapshots,
+    cache_match, context_edit, context_generate, contexts, embeddings, generate, guard, inferlets,
+    kv, messages, misc, responses, snapshots,
 };
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -60,6 +60,14 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .route("/v1/snapshots", post(snapshots::save).get(snapshots::list))
         .route("/v1/snapshots/{name}", delete(snapshots::delete))
         .route("/v1/snapshots/{name}/load", post(snapshots::load))
+        .route(
+            "/v1/inferlets",
+            post(inferlets::upload)
+                .layer(DefaultBodyLimit::max(cfg.inferlet_limits.program_bytes))
+                .get(inferlets::list),
+        )
+        .route("/v1/inferlets/{name}", delete(inferlets::delete))
+        .route("/v1/inferlets/{name}/run", post(inferlets::run))
         .route("/v1/kv", get(kv::kv))
         .route("/v1/cache/match", post(cache_match::cache_match))
         .route("/v1/kv/check", get(kv::check))

@@ -1,6 +1,7 @@
 //! [`ServeConfig`]: the server's own settings (the engine's are the engine's), read by
 //! the routes through [`crate::state::AppState`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Server settings (the engine's are the engine's).
@@ -32,6 +33,10 @@ pub struct ServeConfig {
     /// error event ending its stream); a snapshot save's flush is cancelled and
     /// nothing is written (see `deadline.rs`); `None`: no limit.
     pub request_timeout: Option<Duration>,
+    /// Where uploaded inferlets persist (`--inferlet-dir`); `None`: in memory only.
+    pub inferlet_dir: Option<PathBuf>,
+    /// The inferlet sandbox's bounds (time, memory, contexts, runs at once).
+    pub inferlet_limits: folio_inferlet::Limits,
 }
 
 impl Default for ServeConfig {
@@ -48,6 +53,8 @@ impl Default for ServeConfig {
             max_contexts: 64,
             max_tokens: 4096,
             request_timeout: Some(Duration::from_secs(600)),
+            inferlet_dir: None,
+            inferlet_limits: folio_inferlet::Limits::default(),
         }
     }
 }

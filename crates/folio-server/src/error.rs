@@ -129,6 +129,47 @@ impl From<EngineError> for ApiError {
     }
 }
 
+impl From<folio_inferlet::InferletError> for ApiError {
+    fn from(e: folio_inferlet::InferletError) -> Self {
+        use folio_inferlet::InferletError as I;
+        let mut out = match e {
+            I::Engine(e) => return e.into(),
+            ref e => {
+                let status = match e.kind() {
+                    ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+                    ErrorKind::NotFound => StatusCode::NOT_FOUND,
+                    ErrorKind::Busy => StatusCode::CONFLICT,
+                    ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                    ErrorKind::Limit => StatusCode::TOO_MANY_REQUESTS,
+                    ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                ApiError::new(status, e.to_string())
+            }
+        };
+        out.code = match e {
+            I::Invalid(_) => Some("inferlet_invalid"),
+            I::BadName(_) => Some("inferlet_name"),
+            I::TimedOut(_) => Some("inferlet_time_limit"),
+            I::Trap(_) => Some("inferlet_trap"),
+            I::Program(_) => Some("inferlet_error"),
+            I::Cancelled => Some("inferlet_cancelled"),
+            I::Quota(_) => Some("inferlet_quota"),
+            I::TooManyRuns(_) => Some("inferlet_runs"),
+            _ => None,
+        };
+        if matches!(e, I::BadName(_)) {
+            out.param = Some("name".into());
+        }
+        if out.status == StatusCode::TOO_MANY_REQUESTS && matches!(e, I::TooManyRuns(_)) {
+            out.retry_after = Some(1);
+        }
+        if out.status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!("{}", out.message);
+        }
+        out
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();

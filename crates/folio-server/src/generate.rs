@@ -1,11 +1,12 @@
 //! The two generation routes, `/v1/completions` and `/v1/chat/completions`: check
 //! and tokenize the request, start it, wait for its first event (so an error found
 //! before any output is a status, not a broken stream), then answer at once or as a
-//! stream (the answers' shapes are `completion.rs`'s and `chat.rs`'s).
+//! stream (the answers' shapes are `completion.rs`'s and `chat.rs`'s). A chat whose
+//! `model` is `"inferlet:NAME"` runs that program instead (`inferlets.rs`).
 
 use crate::answer::Head;
 use crate::api::GenRequest;
-use crate::body::JsonBody;
+use crate::body::{JsonBody, RawBody};
 use crate::chat::{self, Chat};
 use crate::completion::{self, echo_only, Completions};
 use crate::deadline::Deadline;
@@ -41,7 +42,23 @@ pub async fn completions(
     answer_completion(st.ready()?.engine.clone(), head, job, run, first).await
 }
 
-pub async fn chat(State(st): St, JsonBody(r): JsonBody<GenRequest>) -> Result<Response, ApiError> {
+/// The `model` field alone, to find `"inferlet:NAME"` before the full parse.
+#[derive(serde::Deserialize)]
+struct ModelOnly {
+    model: Option<String>,
+}
+
+/// `/v1/chat/completions`: a chat with the model, or, when `model` is
+/// `"inferlet:NAME"`, a run of that program with the request as its input.
+pub async fn chat(State(st): St, RawBody(body): RawBody) -> Result<Response, ApiError> {
+    let model = serde_json::from_slice::<ModelOnly>(&body)
+        .ok()
+        .and_then(|m| m.model);
+    if let Some(name) = model.as_deref().and_then(|m| m.strip_prefix("inferlet:")) {
+        let name = name.to_string();
+        return crate::inferlets::chat(&st, &name, &body).await;
+    }
+    let r: GenRequest = crate::body::parse(&body)?;
     let deadline = Deadline::start(&st);
     let job = prepare(&st, Route::Chat, r, deadline).await?;
     let head = Head::new(

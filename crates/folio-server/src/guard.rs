@@ -12,6 +12,10 @@
 //!   cross-site form or `text/plain` "simple request" is refused: a page can send JSON
 //!   only after a CORS preflight, which we answer for allowed origins alone). 415.
 //! - **Content-Length** over `--max-body`: 413 at once, before `100 Continue`.
+//!
+//! One route takes another body: an inferlet upload (`POST /v1/inferlets`) is the
+//! component's bytes as `application/wasm` (no form or simple request can send that
+//! type either), up to the inferlet size limit instead of `--max-body`.
 
 use crate::allowed::strip_port;
 use crate::error::ApiError;
@@ -40,6 +44,18 @@ fn declared_length(h: &HeaderMap) -> Option<u64> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Whether the request is an inferlet upload (a component's bytes, not JSON).
+fn is_upload(req: &Request) -> bool {
+    req.method() == axum::http::Method::POST && req.uri().path() == "/v1/inferlets"
+}
+
+fn is_type(h: &HeaderMap, want: &str) -> bool {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case(want))
 }
 
 fn is_json(h: &HeaderMap) -> bool {
@@ -76,19 +92,37 @@ pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
             ));
         }
     }
+    let upload = is_upload(&req);
+    let (limit, flag) = if upload {
+        (
+            st.config.inferlet_limits.program_bytes,
+            "--inferlet-max-bytes",
+        )
+    } else {
+        (st.config.max_body, "--max-body")
+    };
+    if upload
+        && (has_body(h) || h.contains_key(header::CONTENT_TYPE))
+        && !is_type(h, "application/wasm")
+    {
+        return ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "an inferlet upload is the component's bytes with Content-Type: application/wasm",
+        )
+        .into_response();
+    }
     if let Some(n) = declared_length(h) {
-        if n > st.config.max_body as u64 {
+        if n > limit as u64 {
             return ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
-                    "the request body ({n} bytes) is over the server's limit of {} bytes (--max-body)",
-                    st.config.max_body
+                    "the request body ({n} bytes) is over the server's limit of {limit} bytes ({flag})"
                 ),
             )
             .into_response();
         }
     }
-    if (has_body(h) || h.contains_key(header::CONTENT_TYPE)) && !is_json(h) {
+    if !upload && (has_body(h) || h.contains_key(header::CONTENT_TYPE)) && !is_json(h) {
         let given = h
             .get(header::CONTENT_TYPE)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());

@@ -17,7 +17,8 @@
 //!   delete), `context_edit` (append, fork, truncate), `context_generate`,
 //!   `snapshots`, `kv` (`/v1/kv`, `/v1/kv/check`), `cache_match` (`/v1/cache/match`,
 //!   a router's prefix probe), `misc` (the page, health,
-//!   models, metrics, tokenize);
+//!   models, metrics, tokenize), `inferlets` (upload, list, delete and run user
+//!   programs, over `folio_inferlet`; the host and the programs are `inferlet_host`'s);
 //! - a request's path: `body` (JSON bodies), `api` (wire request shapes), `params`
 //!   (wire request → engine request), `tools`, `tool_call` and `tool_stream` (tool
 //!   calls), `deadline` (`--request-timeout`), `run` (one request's events and
@@ -51,6 +52,8 @@ mod generate;
 mod guard;
 #[cfg(test)]
 mod import_graph;
+mod inferlet_host;
+mod inferlets;
 mod kv;
 mod messages;
 mod messages_answer;

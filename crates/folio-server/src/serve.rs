@@ -104,7 +104,8 @@ where
     R: FnOnce() + Send + 'static,
 {
     tokio::spawn(async move {
-        let load = move || load().map(with_extras);
+        let config = st.config.clone();
+        let load = move || load().and_then(|e| with_extras(e, &config));
         match tokio::task::spawn_blocking(load).await {
             Ok(Ok(loaded)) => {
                 let _ = st.loaded.set(loaded);
@@ -136,8 +137,10 @@ fn spawn_reaper(st: Arc<AppState>) -> JoinHandle<()> {
 }
 
 /// The engine and what is built once beside it: the chat template and the grammar
-/// token table (a failure of either only disables what needs it, with a warning).
-fn with_extras(engine: Engine) -> Loaded {
+/// token table (a failure of either only disables what needs it, with a warning), and
+/// the inferlet host with the programs of `--inferlet-dir` (a directory that cannot
+/// be read fails the load; a host that cannot be built only disables inferlets).
+fn with_extras(engine: Engine, config: &ServeConfig) -> Result<Loaded, String> {
     let model = engine.model();
     let template = match model.tokenizer.chat_template() {
         Ok(t) => Some(t),
@@ -153,12 +156,21 @@ fn with_extras(engine: Engine) -> Loaded {
             None
         }
     };
-    Loaded {
+    let inferlets = match crate::inferlet_host::Inferlets::new(engine.clone(), config) {
+        Ok(i) => Some(std::sync::Arc::new(i)),
+        Err(e @ folio_inferlet::InferletError::Io(_)) => return Err(e.to_string()),
+        Err(e) => {
+            tracing::warn!("{e}: the inferlet routes will answer 503");
+            None
+        }
+    };
+    Ok(Loaded {
         system_fingerprint: crate::answer::system_fingerprint(&engine.fingerprint()),
         engine,
         template,
         grammars,
-    }
+        inferlets,
+    })
 }
 
 /// Accepts connections until `signal` resolves; returns the handle that waits for

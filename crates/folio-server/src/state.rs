@@ -26,6 +26,9 @@ pub struct Loaded {
     /// Every completion's `system_fingerprint`: `fp_` and the model fingerprint's
     /// first 12 hex digits.
     pub system_fingerprint: String,
+    /// The inferlet host and stored programs; `None` when the host cannot be built
+    /// (the inferlet routes then answer 503).
+    pub inferlets: Option<std::sync::Arc<crate::inferlet_host::Inferlets>>,
 }
 
 pub struct AppState {

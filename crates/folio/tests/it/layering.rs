@@ -194,6 +194,28 @@ fn the_server_uses_only_the_engine_facade() {
     );
 }
 
+/// The inferlet host sits on the engine's handles too (contexts, requests, the
+/// tokenizer's text calls), and the server names only its public items.
+#[test]
+fn the_inferlet_host_uses_only_the_engine_facade() {
+    let bad = naming(
+        "crates/folio-inferlet/src",
+        &[
+            "folio::kernels",
+            "folio::internals",
+            "folio::kv",
+            "folio::gguf",
+            "PagedKv",
+            "forward_one",
+        ],
+    );
+    assert!(
+        bad.is_empty(),
+        "the inferlet host reaches below the engine:\n{}",
+        bad.join("\n")
+    );
+}
+
 #[test]
 fn the_check_finds_a_forbidden_import() {
     // The check itself: a file that imports upward is reported.

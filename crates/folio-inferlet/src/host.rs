@@ -1,0 +1,297 @@
+//! [`Host`]: the wasmtime engine every inferlet runs on (component model, WASI 0.2
+//! with nothing granted, epoch interruption ticked by a background thread), the
+//! linker with folio's interface, and the count of runs at once. [`Host::compile`]
+//! compiles and links a component once (an upload); [`Host::run`] only
+//! instantiates it in a fresh store bounded by [`Limits`] and calls its `run`.
+
+use crate::bindings::InferletPre;
+use crate::error::InferletError;
+use crate::limits::{Limits, TICK};
+use crate::run::{Chunk, RunState, Stop};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Store, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime_wasi::WasiCtxBuilder;
+
+/// A compiled, linked program: a run only instantiates it.
+#[derive(Clone)]
+pub struct Program {
+    pre: InferletPre<RunState>,
+    /// Size of the component's bytes.
+    pub size: usize,
+}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Program").field("size", &self.size).finish()
+    }
+}
+
+/// What a finished run reports besides its chunks.
+#[derive(Debug, Clone, Copy)]
+pub struct RunReport {
+    /// Host calls the guest made.
+    pub host_calls: u64,
+    /// The run's wall time, instantiation included.
+    pub elapsed: Duration,
+    /// Of which instantiation.
+    pub instantiate: Duration,
+}
+
+/// Shared by the host and its ticker thread.
+struct Shared {
+    stop: AtomicBool,
+    running: AtomicUsize,
+}
+
+/// The inferlet host over one folio engine.
+pub struct Host {
+    wasm: wasmtime::Engine,
+    linker: Linker<RunState>,
+    engine: folio::Engine,
+    grammars: Option<Arc<folio::grammar::Grammars>>,
+    limits: Limits,
+    shared: Arc<Shared>,
+    ticker: Option<JoinHandle<()>>,
+}
+
+/// A slot among the runs allowed at once; dropping it frees the slot.
+pub struct Permit {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.shared.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A handle that stops a run (checked at every epoch tick and host call).
+#[derive(Clone, Default, Debug)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Host {
+    /// A host over `engine` with `limits`; starts the epoch ticker.
+    pub fn new(engine: folio::Engine, limits: Limits) -> Result<Self, InferletError> {
+        let mut cfg = Config::new();
+        cfg.wasm_component_model(true);
+        cfg.epoch_interruption(true);
+        let wasm = wasmtime::Engine::new(&cfg).map_err(|e| InferletError::Host(e.to_string()))?;
+        let mut linker = Linker::new(&wasm);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| InferletError::Host(e.to_string()))?;
+        crate::bindings::Inferlet::add_to_linker::<RunState, HasSelf<RunState>>(&mut linker, |s| s)
+            .map_err(|e| InferletError::Host(e.to_string()))?;
+        let model = engine.model();
+        let grammars = match folio::grammar::Grammars::new(&model.tokenizer, model.config.vocab) {
+            Ok(g) => Some(Arc::new(g)),
+            Err(e) => {
+                tracing::warn!("inferlets: no grammars for this vocabulary: {e}");
+                None
+            }
+        };
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            running: AtomicUsize::new(0),
+        });
+        let ticker = {
+            let (wasm, shared) = (wasm.clone(), shared.clone());
+            std::thread::Builder::new()
+                .name("folio-inferlet-epoch".into())
+                .spawn(move || {
+                    while !shared.stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(TICK);
+                        wasm.increment_epoch();
+                    }
+                })
+                .map_err(|e| InferletError::Host(format!("cannot start the epoch ticker: {e}")))?
+        };
+        Ok(Self {
+            wasm,
+            linker,
+            engine,
+            grammars,
+            limits,
+            shared,
+            ticker: Some(ticker),
+        })
+    }
+
+    /// The limits runs are held to.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The folio engine the programs drive.
+    pub fn engine(&self) -> &folio::Engine {
+        &self.engine
+    }
+
+    /// Runs going on now.
+    pub fn running(&self) -> usize {
+        self.shared.running.load(Ordering::Acquire)
+    }
+
+    /// Compiles `bytes` (a component of the `folio:inferlet` world) and links it;
+    /// a module, a component of another world or one that imports what the host
+    /// does not give (sockets, say) is [`InferletError::Invalid`].
+    pub fn compile(&self, bytes: &[u8]) -> Result<Program, InferletError> {
+        if bytes.len() > self.limits.program_bytes {
+            return Err(InferletError::TooLarge {
+                size: bytes.len(),
+                limit: self.limits.program_bytes,
+            });
+        }
+        let t = Instant::now();
+        let component = Component::new(&self.wasm, bytes)
+            .map_err(|e| InferletError::Invalid(format!("{e:#}")))?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| InferletError::Invalid(format!("{e:#}")))?;
+        let pre = InferletPre::new(pre).map_err(|e| InferletError::Invalid(format!("{e:#}")))?;
+        tracing::info!(
+            "inferlet compiled: {} bytes in {:.2} s",
+            bytes.len(),
+            t.elapsed().as_secs_f64()
+        );
+        Ok(Program {
+            pre,
+            size: bytes.len(),
+        })
+    }
+
+    /// A slot for one run, or [`InferletError::TooManyRuns`].
+    pub fn permit(&self) -> Result<Permit, InferletError> {
+        let max = self.limits.concurrent_runs;
+        let mut now = self.shared.running.load(Ordering::Acquire);
+        loop {
+            if now >= max {
+                return Err(InferletError::TooManyRuns(max));
+            }
+            match self.shared.running.compare_exchange(
+                now,
+                now + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    return Ok(Permit {
+                        shared: self.shared.clone(),
+                    })
+                }
+                Err(v) => now = v,
+            }
+        }
+    }
+
+    /// Runs `program` with `input` (JSON text), sending its chunks to `sink` (which
+    /// answers false when the caller is gone: the run is then cancelled). The run
+    /// may take `time_limit` when given and shorter than the host's limit. Blocks
+    /// until the run ends; call it off an async runtime's threads. Whatever the
+    /// outcome, the run's contexts are dropped before it returns.
+    pub fn run(
+        &self,
+        _permit: Permit,
+        program: &Program,
+        input: &str,
+        time_limit: Option<Duration>,
+        cancel: &Cancel,
+        sink: impl FnMut(Chunk) -> bool + Send + 'static,
+    ) -> Result<RunReport, InferletError> {
+        let started = Instant::now();
+        let mut quota = self.limits.clone();
+        quota.run_time = time_limit.map_or(quota.run_time, |t| t.min(quota.run_time));
+        let run_time = quota.run_time;
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(self.limits.memory_bytes)
+            .trap_on_grow_failure(false)
+            .build();
+        // WASI with nothing granted: no files, no sockets, no environment, no
+        // arguments; stdout and stderr go nowhere.
+        let wasi = WasiCtxBuilder::new()
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        let state = RunState {
+            wasi,
+            table: Default::default(),
+            limits,
+            engine: self.engine.clone(),
+            grammars: self.grammars.clone(),
+            sink: Box::new(sink),
+            cancel: cancel.0.clone(),
+            started,
+            deadline: started + run_time,
+            quota,
+            live_contexts: 0,
+            emitted_bytes: 0,
+            host_calls: 0,
+            stop: None,
+        };
+        let mut store = Store::new(&self.wasm, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|mut cx| {
+            let s = cx.data_mut();
+            if s.cancel.load(Ordering::Relaxed) {
+                return Err(s.halt(Stop::Cancelled));
+            }
+            if Instant::now() >= s.deadline {
+                return Err(s.halt(Stop::TimedOut));
+            }
+            Ok(UpdateDeadline::Continue(1))
+        });
+        let result = program
+            .pre
+            .instantiate(&mut store)
+            .map(|inst| (inst, started.elapsed()))
+            .and_then(|(inst, took)| inst.call_run(&mut store, input).map(|r| (r, took)));
+        let host_calls = store.data().host_calls;
+        let stop = store.data_mut().stop.take();
+        // Dropping the store drops the resource table: every context still held.
+        drop(store);
+        let elapsed = started.elapsed();
+        match (result, stop) {
+            (Ok((Ok(()), instantiate)), _) => Ok(RunReport {
+                host_calls,
+                elapsed,
+                instantiate,
+            }),
+            (Ok((Err(msg), _)), _) => Err(InferletError::Program(msg)),
+            (Err(_), Some(Stop::TimedOut)) => Err(InferletError::TimedOut(run_time)),
+            (Err(_), Some(Stop::Cancelled)) => Err(InferletError::Cancelled),
+            (Err(_), Some(Stop::Quota(m))) => Err(InferletError::Quota(m)),
+            (Err(e), None) => {
+                // The root cause ("unknown handle index 7777", "wasm `unreachable`
+                // instruction executed"), not the guest's backtrace.
+                let msg = e.root_cause().to_string();
+                tracing::info!("an inferlet trapped: {e:#}");
+                Err(InferletError::Trap(msg))
+            }
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+    }
+}

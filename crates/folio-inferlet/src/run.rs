@@ -1,0 +1,544 @@
+//! One run's state ([`RunState`], the data of its wasmtime store) and the host
+//! functions the guest calls: contexts (a resource table of engine
+//! [`folio::Context`]s: a guest holds only indices the table checks, so a forged or
+//! dropped handle traps, and dropping the table at the run's end drops every context
+//! it still holds, returning their pages), generation, the forward pass, the
+//! tokenizer and `emit`.
+//!
+//! Every host call first checks that the run may go on (not cancelled, within its
+//! time); a call that waits on the engine (flush, generate) waits no longer than the
+//! run's deadline and cancels the engine's work past it.
+
+use crate::bindings::folio::inferlet::{contexts, host, types};
+use crate::limits::Limits;
+use folio::{EngineError, Event, FinishReason, Prompt, Request, SamplingParams};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::component::{Resource, ResourceTable};
+use wasmtime::StoreLimits;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+/// A chunk a program sends its caller.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Chunk {
+    Text(String),
+    Json(serde_json::Value),
+}
+
+/// Why a run was stopped by the host (set before the trap that stops it).
+#[derive(Debug, Clone)]
+pub enum Stop {
+    TimedOut,
+    Cancelled,
+    Quota(String),
+}
+
+/// A context the guest holds.
+pub struct CtxEntry {
+    ctx: folio::Context,
+}
+
+/// The receiving end of a run's chunks: false when the caller is gone.
+pub type Sink = Box<dyn FnMut(Chunk) -> bool + Send>;
+
+/// A run's store data.
+pub struct RunState {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    pub(crate) engine: folio::Engine,
+    pub(crate) grammars: Option<Arc<folio::grammar::Grammars>>,
+    pub(crate) sink: Sink,
+    pub(crate) cancel: Arc<AtomicBool>,
+    pub(crate) started: Instant,
+    pub(crate) deadline: Instant,
+    pub(crate) quota: Limits,
+    pub(crate) live_contexts: usize,
+    pub(crate) emitted_bytes: usize,
+    pub(crate) host_calls: u64,
+    pub(crate) stop: Option<Stop>,
+}
+
+impl WasiView for RunState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// A host call's answer: the outer error traps (stops the run), the inner one is the
+/// guest's to handle.
+type Answer<T> = wasmtime::Result<Result<T, types::Error>>;
+
+fn err(kind: types::ErrorKind, message: impl Into<String>) -> types::Error {
+    types::Error {
+        kind,
+        message: message.into(),
+    }
+}
+
+/// An engine error as the guest sees it.
+fn guest_error(e: &EngineError) -> types::Error {
+    use folio::ErrorKind as K;
+    use types::ErrorKind as G;
+    let kind = match e.kind() {
+        K::Invalid => G::Invalid,
+        K::NotFound => G::NotFound,
+        K::Busy => G::Busy,
+        K::Limit => G::Limit,
+        K::Unavailable => G::Unavailable,
+        K::Internal => G::Internal,
+    };
+    err(kind, e.to_string())
+}
+
+impl RunState {
+    /// Whether the run may go on; otherwise records why and returns the trap.
+    fn go_on(&mut self) -> wasmtime::Result<()> {
+        self.host_calls += 1;
+        if self.cancel.load(Ordering::Relaxed) {
+            return Err(self.halt(Stop::Cancelled));
+        }
+        if Instant::now() >= self.deadline {
+            return Err(self.halt(Stop::TimedOut));
+        }
+        Ok(())
+    }
+
+    /// Records why the run stops; the error to trap with.
+    pub(crate) fn halt(&mut self, why: Stop) -> wasmtime::Error {
+        let msg = match &why {
+            Stop::TimedOut => "the run's time limit passed".to_string(),
+            Stop::Cancelled => "the run was cancelled".to_string(),
+            Stop::Quota(m) => m.clone(),
+        };
+        self.stop.get_or_insert(why);
+        wasmtime::Error::msg(msg)
+    }
+
+    /// An engine error, for the guest: the run's own deadline passing in the engine
+    /// (a flush cut short) stops the run instead.
+    fn engine_answer<T>(&mut self, r: Result<T, EngineError>) -> Answer<T> {
+        match r {
+            Ok(v) => Ok(Ok(v)),
+            Err(EngineError::TimedOut { .. }) => Err(self.halt(Stop::TimedOut)),
+            Err(e) => Ok(Err(guest_error(&e))),
+        }
+    }
+
+    fn entry(&self, r: &Resource<CtxEntry>) -> wasmtime::Result<&CtxEntry> {
+        Ok(self.table.get(r)?)
+    }
+
+    /// Adds a context to the table within the run's quota.
+    fn hold(&mut self, ctx: folio::Context) -> Answer<Resource<CtxEntry>> {
+        let r = self.table.push(CtxEntry { ctx })?;
+        self.live_contexts += 1;
+        Ok(Ok(r))
+    }
+
+    fn room_for_context(&self) -> Result<(), types::Error> {
+        if self.live_contexts >= self.quota.contexts {
+            return Err(err(
+                types::ErrorKind::Limit,
+                format!(
+                    "a run may hold at most {} contexts at once; drop one first",
+                    self.quota.contexts
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn remaining(&self) -> (Instant, Duration) {
+        (self.deadline, self.quota.run_time)
+    }
+
+    fn send(&mut self, chunk: Chunk, bytes: usize) -> wasmtime::Result<()> {
+        self.emitted_bytes = self.emitted_bytes.saturating_add(bytes);
+        if self.emitted_bytes > self.quota.output_bytes {
+            let m = format!(
+                "the run emitted more than {} bytes, its output limit",
+                self.quota.output_bytes
+            );
+            return Err(self.halt(Stop::Quota(m)));
+        }
+        if !(self.sink)(chunk) {
+            self.cancel.store(true, Ordering::Relaxed);
+            return Err(self.halt(Stop::Cancelled));
+        }
+        Ok(())
+    }
+
+    /// The engine request of a `generate`.
+    fn request(
+        &self,
+        p: &types::GenParams,
+        logprobs: Option<usize>,
+    ) -> Result<Request, types::Error> {
+        let mut req = Request::new(Prompt::Tokens(Vec::new()));
+        req.max_tokens = p.max_tokens.min(self.quota.max_tokens) as usize;
+        req.sampling = match &p.sampling {
+            None => SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            Some(s) => SamplingParams {
+                temperature: s.temperature,
+                top_k: s.top_k as usize,
+                top_p: s.top_p,
+                min_p: s.min_p,
+                seed: s.seed,
+                ..SamplingParams::default()
+            },
+        };
+        req.stop = p.stop.clone();
+        req.logprobs = logprobs.or(p.logprobs.then_some(0));
+        if let Some(g) = &p.grammar {
+            let spec = match g {
+                types::Grammar::JsonSchema(s) => {
+                    let v = serde_json::from_str(s).map_err(|e| {
+                        err(
+                            types::ErrorKind::Invalid,
+                            format!("the JSON schema is not JSON: {e}"),
+                        )
+                    })?;
+                    folio::grammar::GrammarSpec::JsonSchema(v)
+                }
+                types::Grammar::JsonObject => folio::grammar::GrammarSpec::JsonObject,
+                types::Grammar::Regex(r) => folio::grammar::GrammarSpec::Regex(r.clone()),
+                types::Grammar::Choice(c) => folio::grammar::GrammarSpec::Choice(c.clone()),
+            };
+            let grammars = self.grammars.as_ref().ok_or_else(|| {
+                err(
+                    types::ErrorKind::Invalid,
+                    "this model's vocabulary cannot serve grammars",
+                )
+            })?;
+            let g = grammars
+                .compile(&spec)
+                .map_err(|e| guest_error(&EngineError::from(e)))?;
+            req.grammar = Some(g);
+        }
+        req.validate().map_err(|e| guest_error(&e))?;
+        Ok(req)
+    }
+
+    /// Runs a generation on `ctx` to its end, within the run's deadline and
+    /// cancellation; streams each piece to the caller when `stream`.
+    fn generation(
+        &mut self,
+        ctx: &Resource<CtxEntry>,
+        req: Request,
+        chat: bool,
+        stream: bool,
+    ) -> Answer<(types::Generation, Vec<Option<folio::TokenLogprob>>)> {
+        let (tx, rx) = channel();
+        let started = {
+            let e = self.entry(ctx)?;
+            e.ctx
+                .generate_with(req, chat, move |ev| tx.send(ev).is_ok())
+        };
+        let rid = match started {
+            Ok(id) => id,
+            Err(e) => return self.engine_answer(Err(e)),
+        };
+        let mut out = types::Generation {
+            text: String::new(),
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            finish: types::Finish::Length,
+        };
+        let mut probs = Vec::new();
+        loop {
+            let wait = self
+                .deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50));
+            let ev = match rx.recv_timeout(wait) {
+                Ok(ev) => ev,
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Err(stop) = self.go_on() {
+                        self.engine.cancel(rid);
+                        return Err(stop);
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Ok(Err(guest_error(&EngineError::Closed)))
+                }
+            };
+            match ev {
+                Event::Token {
+                    id, text, logprob, ..
+                } => {
+                    out.tokens.push(id);
+                    if let Some(lp) = &logprob {
+                        out.logprobs.push(lp.logprob);
+                    }
+                    probs.push(logprob);
+                    if stream && !text.is_empty() {
+                        let n = text.len();
+                        if let Err(e) = self.send(Chunk::Text(text.clone()), n) {
+                            self.engine.cancel(rid);
+                            return Err(e);
+                        }
+                    }
+                    out.text.push_str(&text);
+                }
+                Event::PromptLogprobs(_) => {}
+                Event::Done { text, finish, .. } => {
+                    if stream && !text.is_empty() {
+                        let n = text.len();
+                        self.send(Chunk::Text(text.clone()), n)?;
+                    }
+                    out.text.push_str(&text);
+                    out.finish = match finish {
+                        FinishReason::Eos => types::Finish::Eos,
+                        FinishReason::Stop => types::Finish::Stop,
+                        FinishReason::Length => types::Finish::Length,
+                    };
+                    return Ok(Ok((out, probs)));
+                }
+                Event::Error(e) => return self.engine_answer(Err(e)),
+            }
+        }
+    }
+}
+
+impl types::Host for RunState {}
+
+impl contexts::Host for RunState {}
+
+impl contexts::HostContext for RunState {
+    fn create(
+        &mut self,
+        system: Option<String>,
+        salt: Option<String>,
+    ) -> Answer<Resource<CtxEntry>> {
+        self.go_on()?;
+        if let Err(e) = self.room_for_context() {
+            return Ok(Err(e));
+        }
+        let made = self
+            .engine
+            .context(salt.map(String::into_bytes))
+            .and_then(|ctx| {
+                if let Some(s) = &system {
+                    ctx.system(s)?;
+                }
+                Ok(ctx)
+            });
+        match self.engine_answer(made)? {
+            Ok(ctx) => self.hold(ctx),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    fn append_text(&mut self, me: Resource<CtxEntry>, text: String) -> Answer<()> {
+        self.go_on()?;
+        let r = self.entry(&me)?.ctx.append_text(&text);
+        self.engine_answer(r)
+    }
+
+    fn append_tokens(&mut self, me: Resource<CtxEntry>, tokens: Vec<u32>) -> Answer<()> {
+        self.go_on()?;
+        let r = self.entry(&me)?.ctx.append_tokens(&tokens);
+        self.engine_answer(r)
+    }
+
+    fn append_message(
+        &mut self,
+        me: Resource<CtxEntry>,
+        role: types::Role,
+        text: String,
+    ) -> Answer<()> {
+        self.go_on()?;
+        let role = match role {
+            types::Role::System => folio::Role::System,
+            types::Role::User => folio::Role::User,
+            types::Role::Assistant => folio::Role::Assistant,
+        };
+        let r = self.entry(&me)?.ctx.message(role, &text);
+        self.engine_answer(r)
+    }
+
+    fn flush(&mut self, me: Resource<CtxEntry>) -> Answer<()> {
+        self.go_on()?;
+        let deadline = self.remaining();
+        let r = self.entry(&me)?.ctx.flush_by(Some(deadline));
+        self.engine_answer(r)
+    }
+
+    fn fork(&mut self, me: Resource<CtxEntry>) -> Answer<Resource<CtxEntry>> {
+        self.go_on()?;
+        if let Err(e) = self.room_for_context() {
+            return Ok(Err(e));
+        }
+        let r = self.entry(&me)?.ctx.fork();
+        match self.engine_answer(r)? {
+            Ok(ctx) => self.hold(ctx),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    fn truncate(&mut self, me: Resource<CtxEntry>, n: u32) -> Answer<()> {
+        self.go_on()?;
+        let r = self.entry(&me)?.ctx.truncate(n as usize);
+        self.engine_answer(r)
+    }
+
+    fn info(&mut self, me: Resource<CtxEntry>) -> Answer<types::Info> {
+        self.go_on()?;
+        let r = self.entry(&me)?.ctx.info();
+        let to32 = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Ok(self.engine_answer(r)?.map(|i| types::Info {
+            seq_len: to32(i.seq_len),
+            page_size: to32(i.page_size),
+            committed_pages: to32(i.committed_pages),
+            working_pages: to32(i.working_pages),
+            pending_tokens: to32(i.pending_tokens),
+        }))
+    }
+
+    fn tokens(&mut self, me: Resource<CtxEntry>) -> Answer<Vec<u32>> {
+        self.go_on()?;
+        let r = self.entry(&me)?.ctx.tokens();
+        self.engine_answer(r)
+    }
+
+    fn generate(
+        &mut self,
+        me: Resource<CtxEntry>,
+        params: types::GenParams,
+    ) -> Answer<types::Generation> {
+        self.go_on()?;
+        self.entry(&me)?;
+        let req = match self.request(&params, None) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(self
+            .generation(&me, req, params.chat, params.stream)?
+            .map(|(g, _)| g))
+    }
+
+    fn next_logprobs(
+        &mut self,
+        me: Resource<CtxEntry>,
+        k: u32,
+    ) -> Answer<Vec<types::TokenLogprob>> {
+        self.go_on()?;
+        let k = k.max(1) as usize;
+        if k > folio::engine::MAX_LOGPROBS {
+            return Ok(Err(err(
+                types::ErrorKind::Invalid,
+                format!("k is {k}; at most {}", folio::engine::MAX_LOGPROBS),
+            )));
+        }
+        let before = match self.engine_answer(self.entry(&me)?.ctx.info())? {
+            Ok(i) => i.seq_len,
+            Err(e) => return Ok(Err(e)),
+        };
+        // One greedy token with its alternatives, then the token is taken back.
+        let mut req = Request::new(Prompt::Tokens(Vec::new()));
+        req.max_tokens = 1;
+        req.ignore_eos = true;
+        req.sampling.temperature = 0.0;
+        req.logprobs = Some(k);
+        let (_, probs) = match self.generation(&me, req, false, false)? {
+            Ok(g) => g,
+            Err(e) => return Ok(Err(e)),
+        };
+        let after = match self.engine_answer(self.entry(&me)?.ctx.info())? {
+            Ok(i) => i.seq_len,
+            Err(e) => return Ok(Err(e)),
+        };
+        if after > before {
+            let r = self.entry(&me)?.ctx.truncate(after - before);
+            if let Err(e) = self.engine_answer(r)? {
+                return Ok(Err(e));
+            }
+        }
+        let tok = &self.engine.model().tokenizer;
+        let top = probs
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|lp| lp.top)
+            .unwrap_or_default();
+        Ok(Ok(top
+            .into_iter()
+            .take(k)
+            .map(|(token, logprob)| types::TokenLogprob {
+                token,
+                text: tok.decode(&[token]),
+                logprob,
+            })
+            .collect()))
+    }
+
+    fn drop(&mut self, me: Resource<CtxEntry>) -> wasmtime::Result<()> {
+        self.table.delete(me)?;
+        self.live_contexts = self.live_contexts.saturating_sub(1);
+        Ok(())
+    }
+}
+
+impl host::Host for RunState {
+    fn tokenize(&mut self, text: String) -> Answer<Vec<u32>> {
+        self.go_on()?;
+        let r = self.engine.model().tokenizer.try_encode(&text, false);
+        self.engine_answer(r.map_err(EngineError::from))
+    }
+
+    fn detokenize(&mut self, tokens: Vec<u32>) -> Answer<String> {
+        self.go_on()?;
+        let vocab = self.engine.model().config.vocab;
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Ok(Err(err(
+                types::ErrorKind::Invalid,
+                format!("token {bad} is outside the vocabulary (0..{vocab})"),
+            )));
+        }
+        Ok(Ok(self.engine.model().tokenizer.decode(&tokens)))
+    }
+
+    fn emit(&mut self, text: String) -> Answer<()> {
+        self.go_on()?;
+        let n = text.len();
+        self.send(Chunk::Text(text), n)?;
+        Ok(Ok(()))
+    }
+
+    fn emit_json(&mut self, json: String) -> Answer<()> {
+        self.go_on()?;
+        let v: serde_json::Value = match serde_json::from_str(&json) {
+            Ok(v) => v,
+            Err(e) => {
+                return Ok(Err(err(
+                    types::ErrorKind::Invalid,
+                    format!("emit-json: the text is not JSON: {e}"),
+                )))
+            }
+        };
+        self.send(Chunk::Json(v), json.len())?;
+        Ok(Ok(()))
+    }
+
+    fn log(&mut self, message: String) -> wasmtime::Result<()> {
+        self.go_on()?;
+        let m: String = message.chars().take(1000).collect();
+        tracing::info!(target: "inferlet", "{m}");
+        Ok(())
+    }
+
+    fn elapsed_us(&mut self) -> wasmtime::Result<u64> {
+        self.go_on()?;
+        Ok(self.started.elapsed().as_micros() as u64)
+    }
+}
