@@ -235,9 +235,14 @@ def main():
         cold_warm(rec, os.path.join(plots, "ttft_cold_warm.svg"))
     if "kv" in rec:
         kv_memory(rec, os.path.join(plots, "kv_memory.svg"))
-    # The hand-kept design measurements (docs/bench/design.md) follow the run's figures.
-    design = os.path.join(plots, "design.md")
-    extra = open(design).read() if os.path.exists(design) else ""
+    # The hand-kept sections follow the run's figures: measurements made with other
+    # commands (docs/bench/measured.md: real models, 8-bit K/V, speculative decoding),
+    # then the design measurements (docs/bench/design.md).
+    extra = ""
+    for name in ("measured.md", "design.md"):
+        kept = os.path.join(plots, name)
+        if os.path.exists(kept):
+            extra += ("\n" if extra else "") + open(kept).read()
     with open(page, "w") as f:
         f.write(markdown(rec, plots) + "\n")
         if extra:
