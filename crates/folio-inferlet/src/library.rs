@@ -28,13 +28,7 @@ pub struct Library {
 /// Whether `name` can name a program: 1 to 64 letters, digits, '-', '_' and '.',
 /// not starting with '.'.
 pub fn check_name(name: &str) -> Result<(), InferletError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
+    if folio::is_plain_name(name, 64) {
         Ok(())
     } else {
         Err(InferletError::BadName(name.chars().take(80).collect()))

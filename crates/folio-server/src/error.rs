@@ -91,16 +91,21 @@ struct Fields<'a> {
     code: Option<&'static str>,
 }
 
+/// The HTTP status of an error of `kind`.
+fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Busy => StatusCode::CONFLICT,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Limit => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
-        let status = match e.kind() {
-            ErrorKind::Invalid => StatusCode::BAD_REQUEST,
-            ErrorKind::NotFound => StatusCode::NOT_FOUND,
-            ErrorKind::Busy => StatusCode::CONFLICT,
-            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorKind::Limit => StatusCode::TOO_MANY_REQUESTS,
-            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        };
+        let status = status_of(e.kind());
         let mut out = ApiError::new(status, e.to_string());
         match &e {
             EngineError::Param { name, .. } => out.param = Some((*name).to_string()),
@@ -134,17 +139,7 @@ impl From<folio_inferlet::InferletError> for ApiError {
         use folio_inferlet::InferletError as I;
         let mut out = match e {
             I::Engine(e) => return e.into(),
-            ref e => {
-                let status = match e.kind() {
-                    ErrorKind::Invalid => StatusCode::BAD_REQUEST,
-                    ErrorKind::NotFound => StatusCode::NOT_FOUND,
-                    ErrorKind::Busy => StatusCode::CONFLICT,
-                    ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                    ErrorKind::Limit => StatusCode::TOO_MANY_REQUESTS,
-                    ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-                };
-                ApiError::new(status, e.to_string())
-            }
+            ref e => ApiError::new(status_of(e.kind()), e.to_string()),
         };
         out.code = match e {
             I::Invalid(_) => Some("inferlet_invalid"),

@@ -61,7 +61,7 @@ pub use error::{KvError, SnapshotError};
 pub use hash::{Hasher128, PageHash};
 pub use paged::{PagedKv, PagedSeq, PoolShape};
 pub use single::KvSeq;
-pub use snapshot::check_name as check_snapshot_name;
+pub use snapshot::{check_name as check_snapshot_name, is_plain_name};
 pub use snapshot::{
     remove_snapshot_file, SaveTicket, SnapshotLimits, SnapshotLock, Written, SAVE_CHUNK_BYTES,
 };

@@ -63,16 +63,22 @@ fn dtype_of(code: u32) -> Option<super::KvDtype> {
 /// About how many bytes of K/V one [`PagedKv::save_chunk`] copies (at least a token's).
 pub const SAVE_CHUNK_BYTES: usize = 2 << 20;
 
-/// Whether `name` can name a snapshot (letters, digits, '-', '_' and '.', 1 to 128 of
-/// them, not starting with '.'): callers check before doing work that ends in a save.
-pub fn check_name(name: &str) -> Result<(), SnapshotError> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
+/// Whether `name` is 1 to `max` letters, digits, '-', '_' and '.', not starting with
+/// '.': a name that is a plain file name on every system (snapshots, and the server's
+/// stored programs).
+pub fn is_plain_name(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
         && !name.starts_with('.')
         && name
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Whether `name` can name a snapshot (letters, digits, '-', '_' and '.', 1 to 128 of
+/// them, not starting with '.'): callers check before doing work that ends in a save.
+pub fn check_name(name: &str) -> Result<(), SnapshotError> {
+    if is_plain_name(name, 128) {
         Ok(())
     } else {
         Err(SnapshotError::BadName(name.into()))
