@@ -66,5 +66,5 @@ pub use snapshot::{
     remove_snapshot_file, SaveTicket, SnapshotLimits, SnapshotLock, Written, SAVE_CHUNK_BYTES,
 };
 pub use storage::KvStorage;
-pub use store::{PageId, PageState, PageView, Stats, MAX_PAGES};
+pub use store::{PageEvent, PageId, PageState, PageView, Stats, MAX_PAGES};
 pub use table::{holders, shared_pages, ForkGroup, PageTable};

@@ -12,7 +12,7 @@ use super::buf::KvDtype;
 use super::error::KvError;
 use super::hash::{Hasher128, PageHash};
 use super::single::KvSeq;
-use super::store::{PageId, PageState, PageStore, Stats};
+use super::store::{PageEvent, PageId, PageState, PageStore, Stats};
 use super::table::PageTable;
 
 /// One pool of pages for all sequences of a model.
@@ -214,6 +214,22 @@ impl PagedKv {
     /// A page's state (an error for an id outside the pool).
     pub fn page_state(&self, id: PageId) -> Result<PageState, KvError> {
         self.store.state(id)
+    }
+
+    /// Starts (or stops) recording the prefix index's changes for
+    /// [`PagedKv::take_page_events`]: pages stored and evicted. The owner takes them
+    /// after every step; nothing is recorded while off.
+    pub fn set_page_events(&mut self, on: bool) {
+        self.store.recording = on;
+        if !on {
+            self.store.events.clear();
+        }
+    }
+
+    /// The prefix index's changes since the last call, in order (see
+    /// [`PagedKv::set_page_events`]).
+    pub fn take_page_events(&mut self) -> Vec<PageEvent> {
+        std::mem::take(&mut self.store.events)
     }
 
     /// Checks the store's invariants against the references `holders` should hold

@@ -51,6 +51,23 @@ pub struct PageView {
     pub lru_rank: Option<usize>,
 }
 
+/// A change to the prefix index, for observers outside the pool (the disk tier's
+/// write-behind, a KV-event publisher). Recorded only while one listens
+/// ([`super::PagedKv::set_page_events`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageEvent {
+    /// A page entered the index (a commit that was not deduplicated, or a page read
+    /// back from disk): its chained hash, the hash it continues, and its tokens.
+    Stored {
+        id: PageId,
+        hash: PageHash,
+        parent: PageHash,
+        tokens: Vec<u32>,
+    },
+    /// A page left the index: evicted to make room.
+    Removed { hash: PageHash },
+}
+
 /// Counters by page state and of the cache's work.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -76,6 +93,9 @@ pub struct PageStore {
     /// Slot copies (src, dst, n) that sequence operations made in token space and the
     /// owner of the K/V arena must repeat there (fork, copy-on-write truncate).
     pub(crate) copies: Vec<(PageId, PageId, usize)>,
+    /// Index changes since the owner last took them, while `recording`.
+    pub(crate) events: Vec<PageEvent>,
+    pub(crate) recording: bool,
 }
 
 impl PageStore {
@@ -104,6 +124,8 @@ impl PageStore {
             children: HashMap::new(),
             stats: Stats::default(),
             copies: Vec::new(),
+            events: Vec::new(),
+            recording: false,
         }
     }
 
@@ -190,6 +212,9 @@ impl PageStore {
                     self.lru_remove(i);
                     if let Some(h) = self.pages[i as usize].hash.take() {
                         self.index.remove(&h);
+                        if self.recording {
+                            self.events.push(PageEvent::Removed { hash: h });
+                        }
                     }
                     if let Some(p) = self.pages[i as usize].parent.take() {
                         if let Some(kids) = self.children.get_mut(&p) {
@@ -263,6 +288,14 @@ impl PageStore {
         p.parent = Some(parent);
         self.index.insert(h, id.0);
         self.children.entry(parent).or_default().push(id.0);
+        if self.recording {
+            self.events.push(PageEvent::Stored {
+                id,
+                hash: h,
+                parent,
+                tokens: self.pages[id.0 as usize].tokens.clone(),
+            });
+        }
         Ok((id, h))
     }
 
@@ -567,5 +600,35 @@ mod tests {
             "evicted pages leave the index"
         );
         assert_eq!(s.lookup(root, &[10, 11]), Some(a));
+    }
+
+    #[test]
+    fn index_changes_are_recorded_only_while_listened_to() {
+        let mut s = PageStore::new(3, 2);
+        let root = Hasher128::root(b"m", 2, b"");
+        let a = full(&mut s, 10);
+        s.commit(a, root).unwrap();
+        assert!(s.events.is_empty(), "nothing is recorded while off");
+        s.recording = true;
+        let b = full(&mut s, 20);
+        let (b, hb) = s.commit(b, root).unwrap();
+        let again = full(&mut s, 20);
+        s.commit(again, root).unwrap();
+        assert_eq!(
+            s.events,
+            vec![PageEvent::Stored {
+                id: b,
+                hash: hb,
+                parent: root,
+                tokens: vec![20, 21]
+            }],
+            "a deduplicated commit stores nothing new"
+        );
+        s.events.clear();
+        s.release(a).unwrap();
+        let ha = Hasher128::page(root, &[10, 11]);
+        let got = s.reserve_n(2).unwrap();
+        assert_eq!(got[1], a, "the cached page is evicted");
+        assert_eq!(s.events, vec![PageEvent::Removed { hash: ha }]);
     }
 }

@@ -448,7 +448,9 @@ fn choosing_samples_on_threads_gives_the_serial_tokens() {
     };
     let mut compared = 0;
     for (label, sampling) in &configs {
-        for seeds in [0, 1000] {
+        // Greedy choices do not depend on the seed: one seed set there.
+        let seed_sets: &[u64] = if *label == "greedy" { &[0] } else { &[0, 1000] };
+        for &seeds in seed_sets {
             let sixteen =
                 |e: &Engine| batch(e, (0..16).map(|i| request(i, seeds, sampling)).collect());
             let forked = |e: &Engine| {
