@@ -40,6 +40,15 @@ pub struct ModelArgs {
     /// any prompt that begins with them.
     #[arg(long, value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
+    /// A disk tier under the pool (paged cache): every committed page is written
+    /// behind to a file here and read back when a prompt's prefix is no longer in
+    /// memory, also after a restart. One server per directory.
+    #[arg(long, value_name = "DIR")]
+    pub kv_disk: Option<PathBuf>,
+    /// Most bytes the disk tier's files may take (suffixes K, M, G, KiB, MiB, GiB); the
+    /// least recently used pages go first.
+    #[arg(long, value_parser = parse_size, default_value = "4GiB", requires = "kv_disk")]
+    pub kv_disk_size: u64,
     /// Round every matmul input to 8 bits as llama.cpp does, without folio's second
     /// pass over the outlier blocks (which puts folio ~30% nearer the exact model).
     #[arg(long)]
@@ -152,6 +161,10 @@ impl ModelArgs {
             self.snapshot_dir.is_none() || self.kv == KvKind::Paged,
             "--snapshot-dir needs the paged cache (--kv paged)"
         );
+        anyhow::ensure!(
+            self.kv_disk.is_none() || self.kv == KvKind::Paged,
+            "--kv-disk needs the paged cache (--kv paged)"
+        );
         Ok(EngineConfig {
             kv_pages: self.pool_pages(model, page_size, default_tokens)?,
             page_size,
@@ -159,6 +172,10 @@ impl ModelArgs {
             snapshot_dir: self.snapshot_dir.clone(),
             kv_dtype: self.kv_dtype.dtype(),
             speculative: self.spec.mode(),
+            kv_disk: self.kv_disk.as_ref().map(|dir| folio::kv::DiskConfig {
+                dir: dir.clone(),
+                max_bytes: self.kv_disk_size,
+            }),
             ..EngineConfig::default()
         })
     }

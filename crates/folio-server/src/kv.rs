@@ -1,5 +1,6 @@
 //! The pool over HTTP: `GET /v1/kv`, every page (state, references, fill, indexed,
-//! eviction rank, who holds it, contexts under their server ids) and the totals; and
+//! eviction rank, whether the disk tier has it too, who holds it, contexts under their
+//! server ids) and the totals (the disk tier's among them); and
 //! `GET /v1/kv/check`, the page store's invariants checked between two steps. Both
 //! are debug views behind the API key like the rest of `/v1`.
 
@@ -39,6 +40,17 @@ struct Totals {
     shared: usize,
     running: usize,
     waiting: usize,
+    /// The disk tier (`--kv-disk`), when on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk: Option<DiskTotals>,
+}
+
+/// What the disk tier holds, and its limit.
+#[derive(Serialize)]
+struct DiskTotals {
+    pages: usize,
+    bytes: u64,
+    max_bytes: u64,
 }
 
 /// One page: its state, references, fill, whether the prefix index has it, its
@@ -51,6 +63,8 @@ struct Page {
     fill: usize,
     indexed: bool,
     lru: Option<usize>,
+    /// Its content is on disk too (`--kv-disk`): it survives eviction and restarts.
+    on_disk: bool,
     holders: Vec<String>,
 }
 
@@ -108,6 +122,7 @@ pub async fn kv(State(st): St) -> Result<Response, ApiError> {
             fill: p.fill,
             indexed: p.indexed,
             lru: p.lru_rank,
+            on_disk: p.on_disk,
             holders: p
                 .holders
                 .iter()
@@ -132,6 +147,11 @@ pub async fn kv(State(st): St) -> Result<Response, ApiError> {
         shared: stats.pages_shared,
         running: stats.running,
         waiting: stats.waiting,
+        disk: stats.disk.as_ref().map(|d| DiskTotals {
+            pages: d.pages,
+            bytes: d.bytes,
+            max_bytes: d.max_bytes,
+        }),
     };
     let answer = KvView {
         object: "kv",

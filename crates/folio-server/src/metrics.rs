@@ -311,6 +311,71 @@ fn render_spec(out: &mut String, l: &str, s: &EngineStats) {
     );
 }
 
+/// The disk tier's figures (`--kv-disk`): what it holds, its reads and its writes.
+fn render_disk(out: &mut String, l: &str, d: &folio::kv::DiskStats) {
+    for (name, help, v) in [
+        ("kv_disk_pages", "KV pages on disk.", d.pages as u64),
+        (
+            "kv_disk_bytes",
+            "Bytes of the disk tier's page files.",
+            d.bytes,
+        ),
+        (
+            "kv_disk_max_bytes",
+            "The disk tier's limit (--kv-disk-size).",
+            d.max_bytes,
+        ),
+        (
+            "kv_disk_write_queue",
+            "Pages waiting to be written behind.",
+            d.queued,
+        ),
+    ] {
+        gauge(out, l, name, help, v.to_string());
+    }
+    for (name, help, v) in [
+        (
+            "kv_disk_hits_total",
+            "KV pages read back from disk into the pool.",
+            d.hits,
+        ),
+        (
+            "kv_disk_misses_total",
+            "Prefix lookups that ran out of pages in memory and found none on disk.",
+            d.misses,
+        ),
+        (
+            "kv_disk_writes_total",
+            "KV pages written to disk.",
+            d.writes,
+        ),
+        (
+            "kv_disk_writes_dropped_total",
+            "Pages not written because the write-behind queue was full.",
+            d.dropped,
+        ),
+        (
+            "kv_disk_write_errors_total",
+            "Page writes that failed (I/O error, full disk).",
+            d.write_errors,
+        ),
+        (
+            "kv_disk_skipped_files_total",
+            "Page files skipped and removed as unusable (corrupt, cut short, another pool's).",
+            d.skipped,
+        ),
+    ] {
+        counter(out, l, name, help, v);
+    }
+    family(
+        out,
+        ("counter", "folio:kv_disk_read_seconds_total"),
+        "Seconds spent reading and checking pages read back from disk.",
+        l,
+        d.read_seconds,
+    );
+}
+
 /// The figures a router built for vLLM scores replicas by, under vLLM's own names (llm-d's
 /// default scorers and the vLLM production stack's router read these): the queues, the
 /// KV usage (as vLLM's fraction, under its current and its older name), the prefix
@@ -482,6 +547,9 @@ fn render_engine(out: &mut String, l: &str, s: &EngineStats) {
     );
     counter(out, l, "engine_steps_total", "Forward steps run.", s.steps);
     render_spec(out, l, s);
+    if let Some(d) = &s.disk {
+        render_disk(out, l, d);
+    }
     histogram(
         out,
         "folio:iteration_tokens_total",

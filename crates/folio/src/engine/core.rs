@@ -60,6 +60,23 @@ impl Core {
             max_bytes: cfg.snapshot_max_bytes,
             max_count: cfg.snapshot_max_count,
         });
+        if let Some(disk) = &cfg.kv_disk {
+            let o = kv.attach_disk(disk)?;
+            tracing::info!(
+                "kv disk: {} pages ({} MB) indexed in {}{}",
+                o.pages,
+                o.bytes >> 20,
+                o.dir.display(),
+                if o.skipped + o.unfinished > 0 {
+                    format!(
+                        "; removed {} unusable files and {} unfinished writes",
+                        o.skipped, o.unfinished
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
         if let Some(dir) = &cfg.snapshot_dir {
             let (_, skipped) = kv.open_snapshot_dir(dir)?;
             let restored = kv.snapshot_list();
@@ -346,6 +363,7 @@ impl Core {
             spec_drafts: c.spec_drafts,
             spec_drafted_tokens: c.spec_drafted_tokens,
             spec_accepted_tokens: c.spec_accepted_tokens,
+            disk: kv.disk_stats(),
         }
     }
 

@@ -20,6 +20,8 @@ pub enum EngineError {
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
     #[error(transparent)]
+    Disk(#[from] crate::kv::DiskError),
+    #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Step(#[from] StepError),
@@ -66,6 +68,7 @@ impl EngineError {
             E::Internal(_) => ErrorKind::Internal,
             E::Kv(e) => e.kind(),
             E::Snapshot(e) => e.kind(),
+            E::Disk(e) => e.kind(),
             E::Tokenizer(e) => e.kind(),
             E::Step(e) => e.kind(),
             E::Grammar(e) => e.kind(),

@@ -297,6 +297,12 @@ impl Engine {
         self.call(move |core| core.kv.cached_prefix(salt.as_deref(), &prompt))
     }
 
+    /// Waits until every page committed so far is on disk (`--kv-disk`; nothing to do
+    /// without it): before a planned restart, and in tests.
+    pub fn flush_kv_disk(&self) -> Result<(), EngineError> {
+        self.call(|core| core.kv.flush_disk())
+    }
+
     /// (free, cached) page counts: after a drain, every page is one or the other.
     pub fn idle_pages(&self) -> Result<(usize, usize), EngineError> {
         self.call(|c| c.page_counts())

@@ -25,6 +25,8 @@ pub struct PageEntry {
     pub fill: usize,
     pub indexed: bool,
     pub lru_rank: Option<usize>,
+    /// Its content is in the disk tier too (`--kv-disk`).
+    pub on_disk: bool,
     pub holders: Vec<Holder>,
 }
 
@@ -44,12 +46,14 @@ impl Core {
             .kv
             .page_views()
             .into_iter()
-            .map(|v| PageEntry {
+            .enumerate()
+            .map(|(i, v)| PageEntry {
                 state: v.state,
                 refs: v.refs,
                 fill: v.fill,
                 indexed: v.indexed,
                 lru_rank: v.lru_rank,
+                on_disk: v.indexed && self.kv.page_on_disk(crate::kv::PageId(i as u32)),
                 holders: Vec::new(),
             })
             .collect();

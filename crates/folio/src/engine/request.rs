@@ -58,6 +58,9 @@ pub struct EngineConfig {
     /// Speculative decoding without a draft model (`--spec`; see `engine/spec`): the
     /// output is the same token for token either way; `Auto` drafts where it pays.
     pub speculative: SpecMode,
+    /// The disk tier under the pool (`--kv-disk`, see `kv::disk`): committed pages
+    /// written behind to files and read back on a prefix hit, across restarts.
+    pub kv_disk: Option<crate::kv::DiskConfig>,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +79,7 @@ impl Default for EngineConfig {
             snapshot_max_bytes: 4 << 30,
             snapshot_max_count: 256,
             speculative: SpecMode::Auto,
+            kv_disk: None,
         }
     }
 }
@@ -460,6 +464,8 @@ pub struct EngineStats {
     pub spec_drafts: u64,
     pub spec_drafted_tokens: u64,
     pub spec_accepted_tokens: u64,
+    /// The disk tier's figures, when it is on (`--kv-disk`).
+    pub disk: Option<crate::kv::DiskStats>,
 }
 
 /// Bucket bounds of [`EngineStats::step_tokens`] (vLLM's for `iteration_tokens_total`).

@@ -19,7 +19,7 @@ use super::table::PageTable;
 pub struct PagedKv {
     pub(super) store: PageStore,
     pub(super) arena: KvArena,
-    root: PageHash,
+    pub(super) root: PageHash,
     /// The most tokens one sequence may hold.
     max_tokens: usize,
     pub(super) fingerprint: Vec<u8>,
@@ -27,6 +27,12 @@ pub struct PagedKv {
     pub(super) snapshot_dir: Option<std::path::PathBuf>,
     /// Snapshots on disk and the saves in flight (see `snapshot.rs`).
     pub(super) snap: super::snapshot::SnapState,
+    /// The disk tier, when on (`kv::disk`).
+    pub(super) disk: Option<super::disk::DiskTier>,
+    /// Whether the owner takes the index's changes ([`PagedKv::take_page_events`]),
+    /// and how many of them the disk tier has seen.
+    pub(super) events_wanted: bool,
+    pub(super) disk_seen: usize,
 }
 
 /// The shape of a pool: how many pages, and what one page holds.
@@ -115,6 +121,9 @@ impl PagedKv {
             snapshots: Default::default(),
             snapshot_dir: None,
             snap: Default::default(),
+            disk: None,
+            events_wanted: false,
+            disk_seen: 0,
         }
     }
 
@@ -127,17 +136,19 @@ impl PagedKv {
     }
 
     /// How many leading tokens of `prompt` the pool holds in `salt`'s chain, read only:
-    /// the whole pages the prefix index holds, then the slots of a cached page that
+    /// the whole pages the prefix index or the disk tier holds, then the slots of a cached page that
     /// continue the chain (what [`PagedKv::reuse_prefix`] would attach and copy for a
     /// new table, there short of the prompt's last token, whose logits are computed).
     pub fn cached_prefix(&self, salt: Option<&[u8]>, prompt: &[u32]) -> usize {
         let ps = self.page_size();
         let (mut parent, mut len) = (self.new_table(salt).tail_hash(), 0);
         while len + ps <= prompt.len() {
+            let chunk = &prompt[len..len + ps];
             let next = self
                 .store
-                .lookup(parent, &prompt[len..len + ps])
-                .and_then(|p| self.store.hash(p).ok().flatten());
+                .lookup(parent, chunk)
+                .and_then(|p| self.store.hash(p).ok().flatten())
+                .or_else(|| self.disk_has(parent, chunk));
             let Some(h) = next else { break };
             (parent, len) = (h, len + ps);
         }
@@ -220,15 +231,20 @@ impl PagedKv {
     /// [`PagedKv::take_page_events`]: pages stored and evicted. The owner takes them
     /// after every step; nothing is recorded while off.
     pub fn set_page_events(&mut self, on: bool) {
-        self.store.recording = on;
+        self.spill();
+        self.events_wanted = on;
+        self.store.recording = on || self.disk.is_some();
         if !on {
             self.store.events.clear();
+            self.disk_seen = 0;
         }
     }
 
     /// The prefix index's changes since the last call, in order (see
     /// [`PagedKv::set_page_events`]).
     pub fn take_page_events(&mut self) -> Vec<PageEvent> {
+        self.spill();
+        self.disk_seen = 0;
         std::mem::take(&mut self.store.events)
     }
 
@@ -246,6 +262,7 @@ impl PagedKv {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<SeqStep, KvError> {
+        self.spill();
         let start = t.len();
         if start + tokens.len() > self.max_tokens {
             return Err(KvError::SequenceFull {
@@ -272,7 +289,9 @@ impl PagedKv {
     /// After the model ran a planned step: commits the full pages of `t` (an identical
     /// indexed page replaces ours).
     pub fn commit(&mut self, t: &mut PageTable) -> Result<(), KvError> {
-        self.store.commit_full(t)
+        let r = self.store.commit_full(t);
+        self.spill();
+        r
     }
 
     /// Gives back the last `n` planned tokens of `t` after a failed step.
@@ -283,6 +302,7 @@ impl PagedKv {
 
     /// Forks a table (committed pages shared, the partial page and its K/V copied).
     pub fn fork(&mut self, t: &mut PageTable) -> Result<PageTable, KvError> {
+        self.spill();
         let f = self.store.fork(t)?;
         self.apply_copies();
         Ok(f)
@@ -305,6 +325,7 @@ impl PagedKv {
     /// Drops the last `n` tokens of `t`; crossing into a committed page copies its kept
     /// slots into a fresh working page (the committed page is never written).
     pub fn truncate(&mut self, t: &mut PageTable, n: usize) -> Result<(), KvError> {
+        self.spill();
         let r = self.store.truncate(t, n);
         self.apply_copies();
         r
@@ -348,9 +369,10 @@ impl PagedKv {
         // Whole pages, short of the last token (it must be computed for its logits).
         // An error stops the attach where it was: the copy below and the caller go on
         // from what `t` holds then.
-        let _ = self
-            .store
-            .attach_indexed(t, &prompt[..prompt.len().saturating_sub(1)]);
+        let head = &prompt[..prompt.len().saturating_sub(1)];
+        let _ = self.store.attach_indexed(t, head);
+        // Past the pages in memory: those the disk tier holds, read back.
+        self.attach_from_disk(t, head, prompt.len());
         // Below page granularity: a cached page whose first k tokens continue the prompt
         // gives those k slots by copy (the shared page itself is never written).
         let len = t.len();

@@ -19,6 +19,7 @@ mod fidelity_f64_long;
 mod formats;
 mod gguf_errors;
 mod grammar;
+mod kv_disk;
 mod kv_props;
 mod kv_q8;
 mod layering;

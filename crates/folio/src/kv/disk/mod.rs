@@ -1,0 +1,449 @@
+//! The disk tier: committed pages kept in files under the pool, content-addressed by
+//! their chained hash, so a prefix the pool evicted (or a restarted server never
+//! computed) is read back instead of recomputed.
+//!
+//! - Write-behind: every page that enters the prefix index is copied (on the engine
+//!   thread: one memcpy of the page) into a bounded queue; a writer thread writes it
+//!   whole to a temporary file and renames it into place, so a file under its final
+//!   name is always complete. A full queue drops the write (counted): the tier is a
+//!   cache and never slows the step down.
+//! - Read-back: a prefix lookup that runs out of pages in memory continues here
+//!   (`pool.rs`). The files of the run of pages the index holds are read ahead in page
+//!   order on a reader thread while the engine thread checks each one and copies it
+//!   into a free page: the whole file's checksum, its pool, its hash chained from its
+//!   parent and tokens, and the tokens against the prompt's. Anything else is skipped,
+//!   logged with the reason, and its file removed.
+//! - LRU by bytes on disk (`--kv-disk-size`); the index is rebuilt from the files at
+//!   start (least recently used by modification time, which a hit refreshes), so a
+//!   restarted server keeps its prefix cache. Leftover temporary files are removed.
+//!
+//! Files live in `DIR/<pool root>/`, one directory per model, page size and K/V type.
+//! One pool at a time owns a directory (an advisory lock, taken at start, released
+//! when the pool is dropped or the process ends).
+
+mod file;
+mod index;
+mod pool;
+
+use super::hash::PageHash;
+use file::{Bad, Expect, PageFile};
+use index::DiskIndex;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime};
+
+/// Pages the write-behind queue holds before it drops writes.
+const QUEUE_PAGES: usize = 256;
+
+/// Where the disk tier keeps pages, and how many bytes it may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskConfig {
+    pub dir: PathBuf,
+    pub max_bytes: u64,
+}
+
+/// The disk tier's figures (metrics and the page map).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DiskStats {
+    /// Pages and bytes on disk, and the limit.
+    pub pages: usize,
+    pub bytes: u64,
+    pub max_bytes: u64,
+    /// Pages read back into the pool.
+    pub hits: u64,
+    /// Prefix lookups that ran out of pages in memory and found none on disk either.
+    pub misses: u64,
+    /// Seconds spent reading and checking the pages read back.
+    pub read_seconds: f64,
+    /// Pages written, and pages waiting in the write-behind queue.
+    pub writes: u64,
+    pub queued: u64,
+    /// Writes dropped (queue full), failed (I/O error, full disk), and files skipped as
+    /// unusable (corrupt, cut short, another pool's).
+    pub dropped: u64,
+    pub write_errors: u64,
+    pub skipped: u64,
+}
+
+/// Opening the disk tier's directory failed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum DiskError {
+    #[error("the KV disk directory {path}: {message}")]
+    Io { path: PathBuf, message: String },
+    #[error("the KV disk directory {0} is in use by another process")]
+    Locked(PathBuf),
+}
+
+impl DiskError {
+    /// An operator's setting, never a request's fault.
+    pub fn kind(&self) -> crate::error::ErrorKind {
+        crate::error::ErrorKind::Internal
+    }
+}
+
+/// What opening found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DiskOpened {
+    pub dir: PathBuf,
+    pub pages: usize,
+    pub bytes: u64,
+    /// Files removed as unusable (each logged) and unfinished writes removed.
+    pub skipped: usize,
+    pub unfinished: usize,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    read_nanos: AtomicU64,
+    writes: AtomicU64,
+    queued: AtomicU64,
+    dropped: AtomicU64,
+    write_errors: AtomicU64,
+    skipped: AtomicU64,
+}
+
+/// State the engine thread and the writer share.
+struct Shared {
+    dir: PathBuf,
+    expect: Expect,
+    index: Mutex<DiskIndex>,
+    counters: Counters,
+}
+
+impl Shared {
+    fn index(&self) -> MutexGuard<'_, DiskIndex> {
+        // A writer that panicked mid-update leaves an index still worth reading.
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn path(&self, h: PageHash) -> PathBuf {
+        self.dir.join(format!("{:032x}.page", h.0))
+    }
+
+    fn skip(&self, path: &Path, why: &dyn std::fmt::Display) {
+        tracing::warn!("kv disk: skipped {}: {why}; removed", path.display());
+        self.counters.skipped.fetch_add(1, Ordering::Relaxed);
+        let _ = fs::remove_file(path);
+    }
+
+    /// Writes one page whole under a temporary name, then renames it into place.
+    fn write(&self, page: &PageFile, seq: u64) {
+        let bytes = self.expect.file_len();
+        if self.index().contains(&page.hash) || !self.index().fits(bytes) {
+            return;
+        }
+        let data = file::encode(&self.expect, page);
+        let tmp = self.dir.join(format!(
+            ".{:032x}.{}.{seq}.tmp",
+            page.hash.0,
+            std::process::id()
+        ));
+        let done = fs::write(&tmp, &data).and_then(|()| fs::rename(&tmp, self.path(page.hash)));
+        if let Err(e) = done {
+            let _ = fs::remove_file(&tmp);
+            let n = self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+            // A full disk fails every write: say so once in a while, not per page.
+            if n.is_power_of_two() || n == 0 {
+                tracing::warn!(
+                    "kv disk: writing a page failed ({e}); {} writes failed so far",
+                    n + 1
+                );
+            }
+            return;
+        }
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        let evicted = self.index().insert(page.hash, bytes);
+        for h in evicted {
+            let _ = fs::remove_file(self.path(h));
+        }
+    }
+}
+
+/// What the writer thread is asked to do, in order.
+enum Job {
+    Write(PageFile),
+    /// Pages used again: refresh their files' modification times.
+    Touch(Vec<PageHash>),
+    /// Answer once every write queued before this one is done.
+    Flush(SyncSender<()>),
+}
+
+/// The disk tier of one pool.
+pub struct DiskTier {
+    shared: Arc<Shared>,
+    queue: Option<SyncSender<Job>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    /// The directory's lock, released when the tier is dropped.
+    _lock: fs::File,
+}
+
+impl DiskTier {
+    /// Opens (creating) `cfg.dir/<root>/`, takes its lock, removes unfinished writes and
+    /// unusable files, indexes the rest, and starts the writer.
+    fn open(cfg: &DiskConfig, expect: Expect) -> Result<(Self, DiskOpened), DiskError> {
+        let dir = cfg.dir.join(format!("{:032x}", expect.root.0));
+        let io = |e: std::io::Error| DiskError::Io {
+            path: dir.clone(),
+            message: e.to_string(),
+        };
+        fs::create_dir_all(&dir).map_err(io)?;
+        let lock = lock(&dir)?;
+        let mut opened = DiskOpened {
+            dir: dir.clone(),
+            ..Default::default()
+        };
+        let shared = Arc::new(Shared {
+            dir: dir.clone(),
+            expect,
+            index: Mutex::new(DiskIndex::new(cfg.max_bytes)),
+            counters: Counters::default(),
+        });
+        let mut found: Vec<(SystemTime, PageHash)> = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io)? {
+            let Ok(entry) = entry else { continue };
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                let _ = fs::remove_file(&path);
+                opened.unfinished += 1;
+                continue;
+            }
+            if !name.ends_with(".page") {
+                continue;
+            }
+            match read_header(&path, &expect) {
+                Ok((h, mtime)) if path == shared.path(h) => found.push((mtime, h)),
+                Ok(_) => {
+                    shared.skip(&path, &"its name is not its page hash");
+                    opened.skipped += 1;
+                }
+                Err(why) => {
+                    shared.skip(&path, &why);
+                    opened.skipped += 1;
+                }
+            }
+        }
+        found.sort();
+        {
+            let mut ix = shared.index();
+            for (_, h) in found {
+                for old in ix.insert(h, expect.file_len()) {
+                    let _ = fs::remove_file(shared.path(old));
+                }
+            }
+            opened.pages = ix.len();
+            opened.bytes = ix.bytes();
+        }
+        let (tx, rx) = sync_channel::<Job>(QUEUE_PAGES);
+        let w = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("folio-kv-disk".into())
+            .spawn(move || {
+                let mut seq = 0u64;
+                while let Ok(job) = rx.recv() {
+                    match job {
+                        Job::Write(page) => {
+                            w.write(&page, seq);
+                            w.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                            seq += 1;
+                        }
+                        Job::Touch(hashes) => {
+                            // The LRU order a restart rebuilds: files' modification times.
+                            let now = SystemTime::now();
+                            for h in hashes {
+                                if let Ok(f) = fs::File::options().write(true).open(w.path(h)) {
+                                    let _ = f.set_modified(now);
+                                }
+                            }
+                        }
+                        Job::Flush(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .map_err(io)?;
+        Ok((
+            Self {
+                shared,
+                queue: Some(tx),
+                writer: Some(writer),
+                _lock: lock,
+            },
+            opened,
+        ))
+    }
+
+    /// Whether the disk holds the page with hash `h`.
+    fn has(&self, h: PageHash) -> bool {
+        self.shared.index().contains(&h)
+    }
+
+    /// Queues a page for writing; a full queue drops it.
+    fn submit(&self, page: PageFile) {
+        let Some(q) = &self.queue else { return };
+        self.shared.counters.queued.fetch_add(1, Ordering::Relaxed);
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
+            q.try_send(Job::Write(page))
+        {
+            self.shared.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks pages used again (those the disk holds): most recently used now, and
+    /// after a restart (their files' times are refreshed behind).
+    fn touch(&self, mut hashes: Vec<PageHash>) {
+        {
+            let mut ix = self.shared.index();
+            hashes.retain(|h| ix.contains(h));
+            for h in &hashes {
+                ix.touch(h);
+            }
+        }
+        if let (Some(q), false) = (&self.queue, hashes.is_empty()) {
+            let _ = q.try_send(Job::Touch(hashes));
+        }
+    }
+
+    /// Reads the files of `hashes` in order on a reader thread, handing each to `take`
+    /// as it arrives (a file that cannot be read comes as `None`); `take` returns
+    /// whether to go on. Returns how many were taken.
+    fn read_run(&self, hashes: &[PageHash], mut take: impl FnMut(Option<Vec<u8>>) -> bool) {
+        let (tx, rx) = sync_channel::<Option<Vec<u8>>>(4);
+        let paths: Vec<PathBuf> = hashes.iter().map(|&h| self.shared.path(h)).collect();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                for p in paths {
+                    if tx.send(fs::read(p).ok()).is_err() {
+                        break;
+                    }
+                }
+            });
+            for data in rx.iter() {
+                if !take(data) {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Checks a file read back as page `h` after `parent` holding `tokens`: the page,
+    /// or `None` (skipped, logged and removed).
+    fn check(
+        &self,
+        h: PageHash,
+        parent: PageHash,
+        tokens: &[u32],
+        data: Option<Vec<u8>>,
+    ) -> Option<PageFile> {
+        let path = self.shared.path(h);
+        let Some(data) = data else {
+            // Evicted (and removed) by the writer after the lookup: a plain miss.
+            self.shared.index().remove(&h);
+            return None;
+        };
+        let why: Box<dyn std::fmt::Display> = match file::decode(&self.shared.expect, &data) {
+            Ok(p) if p.hash == h && p.parent == parent && p.tokens == tokens => {
+                self.touch(vec![h]);
+                return Some(p);
+            }
+            Ok(_) => Box::new("its parent or tokens are not the prompt's"),
+            Err(e) => Box::new(e),
+        };
+        self.shared.index().remove(&h);
+        self.shared.skip(&path, &*why);
+        None
+    }
+
+    fn stats(&self) -> DiskStats {
+        let c = &self.shared.counters;
+        let ix = self.shared.index();
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DiskStats {
+            pages: ix.len(),
+            bytes: ix.bytes(),
+            max_bytes: ix.max_bytes(),
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            read_seconds: get(&c.read_nanos) as f64 * 1e-9,
+            writes: get(&c.writes),
+            queued: get(&c.queued),
+            dropped: get(&c.dropped),
+            write_errors: get(&c.write_errors),
+            skipped: get(&c.skipped),
+        }
+    }
+
+    fn count_read(&self, since: Instant, hits: u64) {
+        let c = &self.shared.counters;
+        c.read_nanos
+            .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        c.hits.fetch_add(hits, Ordering::Relaxed);
+    }
+
+    fn count_miss(&self) {
+        self.shared.counters.misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Waits until every page queued so far is written.
+    fn flush(&self) {
+        let Some(q) = &self.queue else { return };
+        let (tx, rx) = sync_channel(1);
+        if q.send(Job::Flush(tx)).is_ok() {
+            let _ = rx.recv();
+        }
+    }
+}
+
+impl Drop for DiskTier {
+    fn drop(&mut self) {
+        // Finish the queued writes: a clean shutdown keeps every page.
+        self.queue.take();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// The page hash a file's header claims, and its modification time.
+fn read_header(path: &Path, e: &Expect) -> Result<(PageHash, SystemTime), String> {
+    let mut f = fs::File::open(path).map_err(|e| e.to_string())?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    let mut head = Vec::with_capacity(file::HEADER);
+    (&mut f)
+        .take(file::HEADER as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| e.to_string())?;
+    let h = file::check_header(e, &head, meta.len()).map_err(|b: Bad| b.to_string())?;
+    Ok((h, meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+}
+
+/// Takes an advisory lock on `dir`, held while the returned file is open (the OS
+/// releases it however the process ends).
+fn lock(dir: &Path) -> Result<fs::File, DiskError> {
+    let path = dir.join("lock");
+    let f = fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| DiskError::Io {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(fs::TryLockError::WouldBlock) => Err(DiskError::Locked(dir.to_path_buf())),
+        Err(fs::TryLockError::Error(e)) => Err(DiskError::Io {
+            path,
+            message: e.to_string(),
+        }),
+    }
+}
