@@ -5,7 +5,9 @@
 //! (also hung up) and deleted. Every answer is a success or a named refusal (409,
 //! 429, 503), never another error; the page store's invariants hold throughout; at
 //! the end every page is free or cached; the server's resident memory stays flat
-//! after warm-up (the curve is printed).
+//! after warm-up (the curve is printed). The disk tier is on, smaller than the
+//! working set (pages are read back, and evicted from disk too): its files stay
+//! under `--kv-disk-size` and are exactly what its index counts.
 //!
 //! `FOLIO_SOAK_REQUESTS` sets the number of requests (200 by default; the long form
 //! runs 2000: scripts/soak.sh).
@@ -37,13 +39,21 @@ const QUESTIONS: [&str; 8] = [
     "Count from one to ten.",
 ];
 
-/// A prompt: a shared system-like prefix (prefix hits) or a question alone.
+/// A prompt: a shared system-like prefix (prefix hits), a question alone, or one of
+/// six documents of about ten pages before it (together more than the pool holds, so
+/// their pages are evicted and read back from the disk tier).
 fn prompt(rng: &mut SplitMix64) -> String {
     let q = QUESTIONS[rng.below(QUESTIONS.len() as u64) as usize];
-    if rng.below(2) == 0 {
-        format!("You are a careful assistant. Answer in one short paragraph, plainly and without lists. {q}")
-    } else {
-        q.to_string()
+    match rng.below(3) {
+        0 => format!("You are a careful assistant. Answer in one short paragraph, plainly and without lists. {q}"),
+        1 => q.to_string(),
+        _ => {
+            let k = rng.below(6);
+            let doc: String = (0..12)
+                .map(|i| format!("Record {k}-{i}: the shipment of {} crates left port {} on day {}. ", 7 * i + k, 3 + i, 11 * k + i))
+                .collect();
+            format!("{doc}Given these records: {q}")
+        }
     }
 }
 
@@ -208,6 +218,12 @@ fn client(sh: &Shared, seed: u64) {
         }
         let every = (sh.total / 20).max(1);
         if i.is_multiple_of(every) {
+            // The write-behind queue drains.
+            let queued = || crate::client::metric(a, "folio:kv_disk_write_queue", "");
+            let end = Instant::now() + Duration::from_secs(10);
+            while queued() > 0.0 && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let check = get(a, "/v1/kv/check");
             if check.status != 200 {
                 sh.tally
@@ -311,7 +327,22 @@ fn soak_of_random_requests_ends_with_every_page_free_or_cached_and_memory_flat()
         .unwrap_or(200);
     // 48 pages of 16 tokens: eight clients, n up to 3 and contexts need more, so
     // cached pages are evicted and running sequences preempted.
-    let s = server::start(&["--ctx", "1024", "--kv-pages", "48", "--max-contexts", "16"]);
+    // The disk tier: about 85 pages' worth (a page file is about 0.37 MB), less than
+    // the soak writes.
+    let disk = tempfile::tempdir().unwrap();
+    let disk_max: u64 = 32 << 20;
+    let s = server::start(&[
+        "--ctx",
+        "1024",
+        "--kv-pages",
+        "48",
+        "--max-contexts",
+        "16",
+        "--kv-disk",
+        disk.path().to_str().unwrap(),
+        "--kv-disk-size",
+        &disk_max.to_string(),
+    ]);
     let sh = Arc::new(Shared {
         addr: s.addr,
         pid: s.pid(),
@@ -340,6 +371,12 @@ fn soak_of_random_requests_ends_with_every_page_free_or_cached_and_memory_flat()
         std::thread::sleep(Duration::from_millis(50));
         t = totals();
     }
+    // The write-behind queue drains.
+    let queued = || crate::client::metric(a, "folio:kv_disk_write_queue", "");
+    let end = Instant::now() + Duration::from_secs(10);
+    while queued() > 0.0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let check = get(a, "/v1/kv/check");
     let contexts = get(a, "/v1/contexts").json()["data"].clone();
     let metrics = get(a, "/metrics").text();
@@ -351,6 +388,14 @@ fn soak_of_random_requests_ends_with_every_page_free_or_cached_and_memory_flat()
             .unwrap_or("?")
             .to_string()
     };
+    let on_disk: u64 = std::fs::read_dir(disk.path())
+        .unwrap()
+        .flatten()
+        .filter(|d| d.path().is_dir())
+        .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten())
+        .filter(|f| f.path().extension().is_some_and(|x| x == "page"))
+        .map(|f| f.metadata().unwrap().len())
+        .sum();
     let rss_end = s.rss_kib().unwrap_or(0);
     let mut curve = sh.rss.lock().unwrap().clone();
     curve.sort();
@@ -367,6 +412,16 @@ fn soak_of_random_requests_ends_with_every_page_free_or_cached_and_memory_flat()
         metric("folio:requests_cancelled_total"),
     );
     eprintln!(
+        "soak: disk tier: {} pages, {} bytes of {disk_max}, {} hits, {} misses, {} writes, {} dropped, {} skipped",
+        metric("folio:kv_disk_pages"),
+        metric("folio:kv_disk_bytes"),
+        metric("folio:kv_disk_hits_total"),
+        metric("folio:kv_disk_misses_total"),
+        metric("folio:kv_disk_writes_total"),
+        metric("folio:kv_disk_writes_dropped_total"),
+        metric("folio:kv_disk_skipped_files_total"),
+    );
+    eprintln!(
         "soak: RSS (MiB) by requests sent: {}",
         curve
             .iter()
@@ -377,6 +432,18 @@ fn soak_of_random_requests_ends_with_every_page_free_or_cached_and_memory_flat()
     assert!(tally.failures.is_empty(), "{:#?}", tally.failures);
     assert_eq!(check.status, 200, "{}", check.text());
     assert_eq!(contexts, json!([]), "every context was deleted");
+    assert!(on_disk <= disk_max, "{on_disk} bytes on disk");
+    assert_eq!(
+        metric("folio:kv_disk_bytes"),
+        on_disk.to_string(),
+        "the files are what the disk index counts"
+    );
+    assert_eq!(metric("folio:kv_disk_skipped_files_total"), "0");
+    assert_ne!(
+        metric("folio:kv_disk_hits_total"),
+        "0",
+        "pages were read back"
+    );
     assert_eq!(t["working"], 0, "{t}");
     assert_eq!(t["committed"], 0, "{t}");
     assert_eq!(t["pinned"], 0, "{t}");

@@ -38,13 +38,30 @@ impl Expect {
     }
 }
 
-/// A page read back and checked.
+/// A page to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct PageFile {
     pub hash: PageHash,
     pub parent: PageHash,
     pub tokens: Vec<u32>,
     pub bytes: Vec<u8>,
+}
+
+/// A page read back and checked: the file's bytes, kept whole (no copy of the K/V).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PageRead {
+    pub hash: PageHash,
+    pub parent: PageHash,
+    pub tokens: Vec<u32>,
+    data: Vec<u8>,
+    kv: std::ops::Range<usize>,
+}
+
+impl PageRead {
+    /// The page's K/V, slot after slot.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data[self.kv.clone()]
+    }
 }
 
 /// Why a file was not used (logged with its name; the file is removed).
@@ -119,13 +136,13 @@ pub(super) fn check_header(e: &Expect, head: &[u8], len: u64) -> Result<PageHash
 
 /// A whole file, checked: length, header, checksum, and that its hash chains from its
 /// parent and tokens.
-pub(super) fn decode(e: &Expect, data: &[u8]) -> Result<PageFile, Bad> {
-    let hash = check_header(e, data, data.len() as u64)?;
+pub(super) fn decode(e: &Expect, data: Vec<u8>) -> Result<PageRead, Bad> {
+    let hash = check_header(e, &data, data.len() as u64)?;
     let body = data.len() - 8;
-    if xxhash_rust::xxh3::xxh3_64(&data[..body]) != u64_at(data, body) {
+    if xxhash_rust::xxh3::xxh3_64(&data[..body]) != u64_at(&data, body) {
         return Err(Bad::Checksum);
     }
-    let parent = PageHash(u128_at(data, 40));
+    let parent = PageHash(u128_at(&data, 40));
     let tokens: Vec<u32> = data[HEADER..HEADER + 4 * e.page_size]
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -133,11 +150,12 @@ pub(super) fn decode(e: &Expect, data: &[u8]) -> Result<PageFile, Bad> {
     if Hasher128::page(parent, &tokens) != hash {
         return Err(Bad::Hash);
     }
-    Ok(PageFile {
+    Ok(PageRead {
         hash,
         parent,
         tokens,
-        bytes: data[HEADER + 4 * e.page_size..body].to_vec(),
+        kv: HEADER + 4 * e.page_size..body,
+        data,
     })
 }
 
@@ -170,20 +188,27 @@ mod tests {
         let p = page(&e);
         let file = encode(&e, &p);
         assert_eq!(file.len() as u64, e.file_len());
-        assert_eq!(decode(&e, &file), Ok(p.clone()));
+        let back = decode(&e, file.clone()).unwrap();
+        assert_eq!(
+            (back.hash, back.parent, &back.tokens, back.bytes()),
+            (p.hash, p.parent, &p.tokens, &p.bytes[..])
+        );
         // Every single flipped byte is caught (header, tokens, K/V or checksum).
         for i in 0..file.len() {
             let mut bad = file.clone();
             bad[i] ^= 0x10;
-            assert!(decode(&e, &bad).is_err(), "byte {i} flipped");
+            assert!(decode(&e, bad).is_err(), "byte {i} flipped");
         }
         // Every truncation, and a byte too many.
         for n in 0..file.len() {
-            assert!(matches!(decode(&e, &file[..n]), Err(Bad::Length { .. })));
+            assert!(matches!(
+                decode(&e, file[..n].to_vec()),
+                Err(Bad::Length { .. })
+            ));
         }
         let mut long = file.clone();
         long.push(0);
-        assert!(matches!(decode(&e, &long), Err(Bad::Length { .. })));
+        assert!(matches!(decode(&e, long), Err(Bad::Length { .. })));
         // Another model's, page size's or dtype's pool.
         for other in [
             Expect {
@@ -192,13 +217,13 @@ mod tests {
             },
             Expect { dtype: 2, ..e },
         ] {
-            assert_eq!(decode(&other, &file), Err(Bad::OtherPool));
+            assert_eq!(decode(&other, file.clone()), Err(Bad::OtherPool));
         }
         // A consistent file whose hash is not its content's.
         let lie = PageFile {
             hash: PageHash(7),
             ..p
         };
-        assert_eq!(decode(&e, &encode(&e, &lie)), Err(Bad::Hash));
+        assert_eq!(decode(&e, encode(&e, &lie)), Err(Bad::Hash));
     }
 }

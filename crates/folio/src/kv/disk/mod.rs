@@ -26,7 +26,7 @@ mod index;
 mod pool;
 
 use super::hash::PageHash;
-use file::{Bad, Expect, PageFile};
+use file::{Bad, Expect, PageFile, PageRead};
 use index::DiskIndex;
 use std::fs;
 use std::io::Read;
@@ -314,7 +314,7 @@ impl DiskTier {
 
     /// Reads the files of `hashes` in order on a reader thread, handing each to `take`
     /// as it arrives (a file that cannot be read comes as `None`); `take` returns
-    /// whether to go on. Returns how many were taken.
+    /// whether to go on.
     fn read_run(&self, hashes: &[PageHash], mut take: impl FnMut(Option<Vec<u8>>) -> bool) {
         let (tx, rx) = sync_channel::<Option<Vec<u8>>>(4);
         let paths: Vec<PathBuf> = hashes.iter().map(|&h| self.shared.path(h)).collect();
@@ -331,6 +331,9 @@ impl DiskTier {
                     break;
                 }
             }
+            // Stopped early: the reader's next send fails and it ends (the scope waits
+            // for it, so the receiver must go first).
+            drop(rx);
         });
     }
 
@@ -342,14 +345,14 @@ impl DiskTier {
         parent: PageHash,
         tokens: &[u32],
         data: Option<Vec<u8>>,
-    ) -> Option<PageFile> {
+    ) -> Option<PageRead> {
         let path = self.shared.path(h);
         let Some(data) = data else {
             // Evicted (and removed) by the writer after the lookup: a plain miss.
             self.shared.index().remove(&h);
             return None;
         };
-        let why: Box<dyn std::fmt::Display> = match file::decode(&self.shared.expect, &data) {
+        let why: Box<dyn std::fmt::Display> = match file::decode(&self.shared.expect, data) {
             Ok(p) if p.hash == h && p.parent == parent && p.tokens == tokens => {
                 self.touch(vec![h]);
                 return Some(p);

@@ -160,12 +160,8 @@ impl PagedKv {
             for &tok in &page.tokens {
                 let _ = store.push_token(id, tok);
             }
-            for slot in 0..ps {
-                arena.write_slot(
-                    id.0,
-                    slot,
-                    &page.bytes[slot * slot_bytes..(slot + 1) * slot_bytes],
-                );
+            for (slot, bytes) in page.bytes().chunks_exact(slot_bytes).enumerate() {
+                arena.write_slot(id.0, slot, bytes);
             }
             match store.commit(id, parent) {
                 Ok((kept, h2)) => {
