@@ -5,7 +5,8 @@
 # process runs in a process group of its own, its pid and log in the run directory.
 #
 #   scripts/cluster.sh up [--replicas N] [--router smg|nginx] [--policy POLICY]
-#                         [--port PORT] [--threads T] [--hash-bytes B] [-- SERVE_ARGS...]
+#                         [--port PORT] [--threads T] [--hash-bytes B]
+#                         [--router-arg ARG]... [-- SERVE_ARGS...]
 #   scripts/cluster.sh status      # each replica's pid, port, /health; the router's view
 #   scripts/cluster.sh kill I      # SIGKILL replica I (0-based), as a crash would
 #   scripts/cluster.sh restart I   # stop replica I if it runs, start it on its port again
@@ -15,7 +16,8 @@
 # Defaults: 2 replicas, router smg, policy cache_aware (smg's others: round_robin,
 # power_of_two, consistent_hashing, prefix_hash, ...), router port 8080, one forward
 # thread per replica, model name `folio` on every replica (smg needs `model` in each
-# request). Environment: FOLIO_CLUSTER_DIR (run directory: pids, ports, logs; default
+# request). --router-arg passes one more argument to smg (e.g. --cache-threshold 0.5 as
+# two). Environment: FOLIO_CLUSTER_DIR (run directory: pids, ports, logs; default
 # target/cluster), FOLIO_BIN (default target/release/folio, built if missing),
 # FOLIO_MODEL, FOLIO_SMG_VENV (default target/smg-venv).
 set -euo pipefail
@@ -111,12 +113,22 @@ write_nginx_conf() {
     for ((i = 0; i < REPLICAS; i++)); do
         servers+="        server 127.0.0.1:$(cat "$dir/replica-$i.port") max_fails=1 fail_timeout=2s;"$'\n'
     done
-    # The key is the body's first HASH_BYTES bytes: for a chat request that is the
-    # model, the system prompt and the first user turn, the same on every turn of one
-    # conversation (turns are appended), so a conversation stays on the replica that
-    # holds its prefix. Clients must put `messages` early and keep the fields before
-    # it fixed; a shared system prompt longer than HASH_BYTES sends everyone to one
-    # replica (raise --hash-bytes).
+    # The hash key of a chat request is its body up to the end of the first user
+    # message (model, system prompt, first user turn): the same on every turn of one
+    # conversation, since turns are appended, so a conversation stays on the replica
+    # that holds its prefix while different conversations spread. It needs "role"
+    # before "content" in that message (as OpenAI's SDKs and json.dumps of a literal
+    # write it) and the fields before `messages` fixed across turns. Other bodies
+    # (completions) hash their first HASH_BYTES bytes.
+    # (Written unexpanded: the regex's backslashes reach nginx as they stand.)
+    cat >"$dir/nginx/prefix_map.conf" <<'MAP'
+map $request_body $folio_prefix {
+    '~(?s)^(?<head>.*?"role"\s*:\s*"user"\s*,\s*"content"\s*:\s*"(?:[^"\\\\]|\\\\.)*")' $head;
+    'HEAD_RULE' $head;
+    default $request_body;
+}
+MAP
+    sed -i "s|'HEAD_RULE'|'~(?s)^(?<head>.{1,$HASH_BYTES})'|" "$dir/nginx/prefix_map.conf"
     cat >"$conf" <<EOF
 daemon off;
 worker_processes 1;
@@ -124,7 +136,8 @@ pid $dir/nginx/nginx.pid;
 error_log stderr warn;
 events { worker_connections 1024; }
 http {
-    access_log $dir/nginx/access.log;
+    log_format upstream '\$time_iso8601 \$status \$upstream_addr \$upstream_status \$request_time';
+    access_log $dir/nginx/access.log upstream;
     client_body_temp_path $dir/nginx/tmp/body;
     proxy_temp_path $dir/nginx/tmp/proxy;
     fastcgi_temp_path $dir/nginx/tmp/fastcgi;
@@ -133,10 +146,7 @@ http {
     client_max_body_size 4m;
     client_body_buffer_size 4m;
     client_body_in_single_buffer on;
-    map \$request_body \$folio_prefix {
-        "~(?s)^(?<head>.{1,$HASH_BYTES})" \$head;
-        default \$request_body;
-    }
+    include $dir/nginx/prefix_map.conf;
     upstream folio {
         hash \$folio_prefix consistent;
 $servers        keepalive 32;
@@ -150,7 +160,9 @@ $servers        keepalive 32;
             proxy_set_header Host \$host;
             proxy_buffering off;
             proxy_read_timeout 600s;
-            proxy_next_upstream error timeout;
+            # A POST whose replica died before answering is sent to the next one (a
+            # generation is safe to run twice); a stream already under way is not.
+            proxy_next_upstream error timeout non_idempotent;
             proxy_next_upstream_tries 3;
         }
     }
@@ -166,14 +178,19 @@ start_router() {
     done
     case $ROUTER in
     smg)
-        local smg
+        local smg policy_args=()
         smg=$(install_smg)
+        # smg's default threshold (0.3) counts a shared system prompt as a match: every
+        # conversation that starts with it goes to the replica that saw it first. At
+        # 0.6 only a conversation's own earlier turns pin it (--router-arg overrides).
+        [ "$POLICY" = cache_aware ] && policy_args=(--cache-threshold 0.6)
         # Health probes every second (2 failures: out; 1 success: back in); a
         # refused connection is retried on another worker; the circuit breaker
         # re-probes a worker 2 s after it opens, so a restarted replica rejoins in
         # seconds rather than smg's default minute.
+        # shellcheck disable=SC2086
         NO_COLOR=1 setsid "$smg" launch --host 127.0.0.1 --port "$ROUTER_PORT" \
-            --worker-urls "${urls[@]}" --policy "$POLICY" \
+            --worker-urls "${urls[@]}" --policy "$POLICY" "${policy_args[@]}" \
             --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" \
             --disable-tokenizer-autoload \
             --health-check-interval-secs 1 --health-check-timeout-secs 2 \
@@ -181,6 +198,7 @@ start_router() {
             --retry-max-retries 3 --retry-initial-backoff-ms 50 --retry-max-backoff-ms 500 \
             --cb-failure-threshold 3 --cb-success-threshold 1 --cb-timeout-duration-secs 2 \
             --shutdown-grace-period-secs 2 --log-level "${SMG_LOG_LEVEL:-warn}" \
+            $ROUTER_ARGS \
             </dev/null >>"$log" 2>&1 &
         pid=$!
         ;;
@@ -208,7 +226,7 @@ start_router() {
         sleep 0.1
     done
     ok200 "http://127.0.0.1:$ROUTER_PORT/v1/models" || die "the router is not ready after 60 s: see $log"
-    echo "router $ROUTER ($([ "$ROUTER" = smg ] && echo "policy $POLICY" || echo "hash of the first $HASH_BYTES body bytes")): pid $pid, http://127.0.0.1:$ROUTER_PORT"
+    echo "router $ROUTER ($([ "$ROUTER" = smg ] && echo "policy $POLICY" || echo "consistent hash of the first user turn")): pid $pid, http://127.0.0.1:$ROUTER_PORT"
 }
 
 load_config() {
@@ -233,7 +251,7 @@ cmd=${1:-}
 case $cmd in
 up)
     REPLICAS=2 ROUTER=smg POLICY=cache_aware ROUTER_PORT=8080 THREADS=1 HASH_BYTES=512
-    SERVE_ARGS=""
+    SERVE_ARGS="" ROUTER_ARGS=""
     while [ $# -gt 0 ]; do
         case $1 in
         --replicas) REPLICAS=$2; shift 2 ;;
@@ -242,6 +260,7 @@ up)
         --port) ROUTER_PORT=$2; shift 2 ;;
         --threads) THREADS=$2; shift 2 ;;
         --hash-bytes) HASH_BYTES=$2; shift 2 ;;
+        --router-arg) ROUTER_ARGS+=" $2"; shift 2 ;;
         --) shift; SERVE_ARGS="$*"; break ;;
         *) die "unknown option $1" ;;
         esac
@@ -258,6 +277,7 @@ up)
         echo "REPLICAS=$REPLICAS ROUTER=$ROUTER POLICY=$POLICY ROUTER_PORT=$ROUTER_PORT"
         echo "THREADS=$THREADS HASH_BYTES=$HASH_BYTES"
         printf 'SERVE_ARGS=%q\n' "$SERVE_ARGS"
+        printf 'ROUTER_ARGS=%q\n' "$ROUTER_ARGS"
     } >"$dir/cluster.env"
     trap 'echo "start-up failed: stopping what started" >&2; down >&2' ERR
     for ((i = 0; i < REPLICAS; i++)); do start_replica "$i"; done
