@@ -434,7 +434,7 @@ fn a_replica_killed_under_load_loses_only_its_requests_in_flight_and_rejoins_aft
     }
     if failed > 0 {
         let log = cluster.log("router.log");
-        let tail: Vec<_> = log.lines().rev().take(30).collect();
+        let tail: Vec<_> = log.lines().rev().take(12).collect();
         eprintln!("the router's log, last lines:");
         for l in tail.into_iter().rev() {
             eprintln!("  {l}");
