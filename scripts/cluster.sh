@@ -82,7 +82,8 @@ install_smg() {
 # Starts replica I on the port in replica-I.port (0 the first time: the ready line
 # says which it got), waits for /health.
 start_replica() {
-    local i=$1 port=0 log="$dir/replica-$i.log" from pid line
+    local i=$1
+    local port=0 log="$dir/replica-$i.log" from pid line
     [ -f "$dir/replica-$i.port" ] && port=$(cat "$dir/replica-$i.port")
     echo "=== start $(date -u +%FT%TZ) port $port" >>"$log"
     from=$(($(stat -c %s "$log") + 1))
