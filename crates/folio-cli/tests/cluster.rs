@@ -147,7 +147,7 @@ fn alive(pid: u32) -> bool {
 /// why there was none (refused, reset, cut short).
 fn post(addr: SocketAddr, path: &str, body: &Value) -> Result<(u16, String), String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-    // smg has been seen (once in five runs) to leave a request that was in flight on
+    // smg has been seen (once in about ten runs) to leave a request that was in flight on
     // the killed replica unanswered for over a minute: a request unanswered for
     // READ_TIMEOUT counts as failed, which only one in flight at the kill may.
     s.set_read_timeout(Some(READ_TIMEOUT)).ok();
