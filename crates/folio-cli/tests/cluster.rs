@@ -5,7 +5,8 @@
 //! whole: only requests in flight at the kill may fail, every other answer is the one a
 //! single replica gives for its prompt, the replica restarts on its port and the gateway
 //! sends it traffic again. Skipped, with the reason printed, only where smg cannot be
-//! installed (no python3 venv, no PyPI). Then the nginx variant (Debian's `nginx`;
+//! installed (no python3 venv, no PyPI). `FOLIO_CLUSTER_KILLS=N` is the long form: N
+//! kills and restarts, of replica 1 and 0 in turn, with totals. Then the nginx variant (Debian's `nginx`;
 //! skipped where it is not installed): every turn of a conversation reaches the replica
 //! its first turn did, a killed replica's conversations go on elsewhere, and the
 //! restarted replica gets them back.
@@ -296,6 +297,192 @@ struct Outcome {
     result: Result<String, String>,
 }
 
+/// One kill of replica `victim` under load and its restart; asserts as the test's doc
+/// says.
+fn kill_and_restart(
+    cluster: &Cluster,
+    router: SocketAddr,
+    replicas: [SocketAddr; 2],
+    reference: &[String],
+    victim: usize,
+) -> Cycle {
+    // Clients send the prompts through the gateway in turn, streamed and whole.
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (stop, outcomes) = (Arc::clone(&stop), Arc::clone(&outcomes));
+            std::thread::spawn(move || {
+                let mut k = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let i = (c + k * CLIENTS + k) % TOPICS.len();
+                    let stream = (c + k) % 2 == 1;
+                    let start = Instant::now();
+                    let r = post(router, "/v1/chat/completions", &body(i, stream));
+                    let result = answer(r, stream);
+                    outcomes.lock().unwrap().push(Outcome {
+                        start,
+                        end: Instant::now(),
+                        prompt: i,
+                        stream,
+                        result,
+                    });
+                    k += 1;
+                }
+            })
+        })
+        .collect();
+
+    // Kill the victim while it has requests running (its own gauge says so).
+    std::thread::sleep(Duration::from_millis(1500));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (scraped_at, in_flight) = loop {
+        let at = Instant::now();
+        let running = metric(replicas[victim], "vllm:num_requests_running").unwrap_or(0.0);
+        let waiting = metric(replicas[victim], "vllm:num_requests_waiting").unwrap_or(0.0);
+        if running >= 1.0 || Instant::now() > deadline {
+            break (at, (running + waiting) as usize);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        in_flight >= 1,
+        "the gateway sent replica {victim} nothing in 15 s; router log:\n{}",
+        cluster.log("router.log")
+    );
+    let kill_start = Instant::now();
+    cluster.run(&["kill", &victim.to_string()]);
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
+
+    let after = outcomes.iter().filter(|o| o.start >= killed).count();
+    let overlapping = outcomes
+        .iter()
+        .filter(|o| o.start < killed && o.end > kill_start)
+        .count();
+    let started_near_kill = outcomes
+        .iter()
+        .filter(|o| o.start >= scraped_at && o.start < killed)
+        .count();
+    let mut failed = 0;
+    for o in &outcomes {
+        match &o.result {
+            Ok(text) => assert_eq!(
+                text, &reference[o.prompt],
+                "prompt {} (stream {}) through the gateway answered differently from one replica",
+                o.prompt, o.stream
+            ),
+            Err(e) => {
+                failed += 1;
+                assert!(
+                    o.start < killed && o.end > kill_start,
+                    "a request not in flight at the kill failed (started {:?} after the kill): {e}",
+                    o.start.checked_duration_since(killed)
+                );
+                eprintln!(
+                    "in flight at the kill, failed: prompt {} stream {}: {e}",
+                    o.prompt, o.stream
+                );
+            }
+        }
+    }
+    if failed > 0 {
+        let log = cluster.log("router.log");
+        let tail: Vec<_> = log.lines().rev().take(12).collect();
+        eprintln!("the router's log, last lines:");
+        for l in tail.into_iter().rev() {
+            eprintln!("  {l}");
+        }
+    }
+    assert!(
+        failed <= in_flight + started_near_kill,
+        "{failed} requests failed, but replica {victim} held {in_flight} (+{started_near_kill} \
+         sent between its gauge and the kill)"
+    );
+    assert!(after >= CLIENTS, "only {after} requests after the kill");
+    eprintln!(
+        "kill of replica {victim}: {} requests, {} after the kill (all answered as one \
+         replica does), {} in flight across the kill, the replica held {} by its gauge, {} \
+         failed (the gateway retried the rest)",
+        outcomes.len(),
+        after,
+        overlapping,
+        in_flight,
+        failed
+    );
+
+    // Restart: same port, the gateway's health checks take it back, traffic returns.
+    let restarted = Instant::now();
+    let old_pid = cluster.file(&format!("replica-{victim}.pid"));
+    eprintln!("{}", cluster.run(&["restart", &victim.to_string()]));
+    assert_ne!(
+        cluster.file(&format!("replica-{victim}.pid")),
+        old_pid,
+        "not a new process"
+    );
+    assert_eq!(
+        cluster.replica(victim),
+        replicas[victim],
+        "restarted on another port"
+    );
+    let served = |a| metric(a, "folio:request_success_total").unwrap_or(0.0);
+    let mut sent = 0;
+    let back = std::thread::scope(|s| {
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end {
+            let batch: Vec<_> = (0..CLIENTS)
+                .map(|c| {
+                    let i = (sent + c) % TOPICS.len();
+                    s.spawn(move || {
+                        (
+                            i,
+                            answer(post(router, "/v1/chat/completions", &body(i, false)), false),
+                        )
+                    })
+                })
+                .collect();
+            for h in batch {
+                let (i, r) = h.join().unwrap();
+                let text = r.unwrap_or_else(|e| panic!("prompt {i} after the restart: {e}"));
+                assert_eq!(text, reference[i], "prompt {i} after the restart");
+            }
+            sent += CLIENTS;
+            if served(replicas[victim]) > 0.0 {
+                return true;
+            }
+        }
+        false
+    });
+    assert!(
+        back,
+        "the gateway sent the restarted replica nothing in 20 s ({sent} requests); status:\n{}",
+        String::from_utf8_lossy(&cluster.script(&["status"]).stdout)
+    );
+    let rejoined = restarted.elapsed().as_secs_f64();
+    eprintln!(
+        "restart: replica {victim} served again {rejoined:.1} s after `restart` began ({sent} \
+         requests sent)"
+    );
+    Cycle {
+        requests: outcomes.len(),
+        failed,
+        in_flight,
+        rejoined,
+    }
+}
+
+struct Cycle {
+    requests: usize,
+    failed: usize,
+    in_flight: usize,
+    rejoined: f64,
+}
+
 #[test]
 fn a_replica_killed_under_load_loses_only_its_requests_in_flight_and_rejoins_after_restart() {
     let begun = Instant::now();
@@ -350,159 +537,29 @@ fn a_replica_killed_under_load_loses_only_its_requests_in_flight_and_rejoins_aft
         all.into_iter().map(|(_, t)| t).collect()
     });
 
-    // Clients send the prompts through the gateway in turn, streamed and whole.
-    let stop = Arc::new(AtomicBool::new(false));
-    let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            let (stop, outcomes) = (Arc::clone(&stop), Arc::clone(&outcomes));
-            std::thread::spawn(move || {
-                let mut k = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let i = (c + k * CLIENTS + k) % TOPICS.len();
-                    let stream = (c + k) % 2 == 1;
-                    let start = Instant::now();
-                    let r = post(router, "/v1/chat/completions", &body(i, stream));
-                    let result = answer(r, stream);
-                    outcomes.lock().unwrap().push(Outcome {
-                        start,
-                        end: Instant::now(),
-                        prompt: i,
-                        stream,
-                        result,
-                    });
-                    k += 1;
-                }
-            })
-        })
+    // FOLIO_CLUSTER_KILLS=N (the long form): N kills, replica 1 and 0 in turn.
+    let kills: usize = std::env::var("FOLIO_CLUSTER_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let cycles: Vec<Cycle> = (0..kills)
+        .map(|k| kill_and_restart(&cluster, router, replicas, &reference, 1 - k % 2))
         .collect();
-
-    // Kill replica 1 while it has requests running (its own gauge says so).
-    std::thread::sleep(Duration::from_millis(1500));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let (scraped_at, in_flight) = loop {
-        let at = Instant::now();
-        let running = metric(replicas[1], "vllm:num_requests_running").unwrap_or(0.0);
-        let waiting = metric(replicas[1], "vllm:num_requests_waiting").unwrap_or(0.0);
-        if running >= 1.0 || Instant::now() > deadline {
-            break (at, (running + waiting) as usize);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(
-        in_flight >= 1,
-        "the gateway sent replica 1 nothing in 15 s; router log:\n{}",
-        cluster.log("router.log")
-    );
-    let kill_start = Instant::now();
-    cluster.run(&["kill", "1"]);
-    let killed = Instant::now();
-    std::thread::sleep(Duration::from_secs(3));
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().unwrap();
+    if kills > 1 {
+        let sum = |f: fn(&Cycle) -> usize| cycles.iter().map(f).sum::<usize>();
+        let mut rejoin: Vec<f64> = cycles.iter().map(|c| c.rejoined).collect();
+        rejoin.sort_by(f64::total_cmp);
+        eprintln!(
+            "{kills} kills: {} requests, {} failed, {} held by the killed replicas' gauges at \
+             the kills; back in service {:.1}-{:.1} s after `restart` began (median {:.1})",
+            sum(|c| c.requests),
+            sum(|c| c.failed),
+            sum(|c| c.in_flight),
+            rejoin[0],
+            rejoin[kills - 1],
+            rejoin[kills / 2]
+        );
     }
-    let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
-
-    let after = outcomes.iter().filter(|o| o.start >= killed).count();
-    let overlapping = outcomes
-        .iter()
-        .filter(|o| o.start < killed && o.end > kill_start)
-        .count();
-    let started_near_kill = outcomes
-        .iter()
-        .filter(|o| o.start >= scraped_at && o.start < killed)
-        .count();
-    let mut failed = 0;
-    for o in &outcomes {
-        match &o.result {
-            Ok(text) => assert_eq!(
-                text, &reference[o.prompt],
-                "prompt {} (stream {}) through the gateway answered differently from one replica",
-                o.prompt, o.stream
-            ),
-            Err(e) => {
-                failed += 1;
-                assert!(
-                    o.start < killed && o.end > kill_start,
-                    "a request not in flight at the kill failed (started {:?} after the kill): {e}",
-                    o.start.checked_duration_since(killed)
-                );
-                eprintln!(
-                    "in flight at the kill, failed: prompt {} stream {}: {e}",
-                    o.prompt, o.stream
-                );
-            }
-        }
-    }
-    if failed > 0 {
-        let log = cluster.log("router.log");
-        let tail: Vec<_> = log.lines().rev().take(12).collect();
-        eprintln!("the router's log, last lines:");
-        for l in tail.into_iter().rev() {
-            eprintln!("  {l}");
-        }
-    }
-    assert!(
-        failed <= in_flight + started_near_kill,
-        "{failed} requests failed, but replica 1 held {in_flight} (+{started_near_kill} sent \
-         between its gauge and the kill)"
-    );
-    assert!(after >= CLIENTS, "only {after} requests after the kill");
-    eprintln!(
-        "kill: {} requests, {} after the kill (all answered as one replica does), {} in \
-         flight across the kill, replica 1 held {} by its gauge, {} failed (the gateway \
-         retried the rest)",
-        outcomes.len(),
-        after,
-        overlapping,
-        in_flight,
-        failed
-    );
-
-    // Restart: same port, the gateway's health checks take it back, traffic returns.
-    let restarted = Instant::now();
-    let old_pid = cluster.file("replica-1.pid");
-    eprintln!("{}", cluster.run(&["restart", "1"]));
-    assert_ne!(cluster.file("replica-1.pid"), old_pid, "not a new process");
-    assert_eq!(cluster.replica(1), replicas[1], "restarted on another port");
-    let served = |a| metric(a, "folio:request_success_total").unwrap_or(0.0);
-    let mut sent = 0;
-    let back = std::thread::scope(|s| {
-        let end = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < end {
-            let batch: Vec<_> = (0..CLIENTS)
-                .map(|c| {
-                    let i = (sent + c) % TOPICS.len();
-                    s.spawn(move || {
-                        (
-                            i,
-                            answer(post(router, "/v1/chat/completions", &body(i, false)), false),
-                        )
-                    })
-                })
-                .collect();
-            for h in batch {
-                let (i, r) = h.join().unwrap();
-                let text = r.unwrap_or_else(|e| panic!("prompt {i} after the restart: {e}"));
-                assert_eq!(text, reference[i], "prompt {i} after the restart");
-            }
-            sent += CLIENTS;
-            if served(replicas[1]) > 0.0 {
-                return true;
-            }
-        }
-        false
-    });
-    assert!(
-        back,
-        "the gateway sent the restarted replica nothing in 20 s ({sent} requests); status:\n{}",
-        String::from_utf8_lossy(&cluster.script(&["status"]).stdout)
-    );
-    eprintln!(
-        "restart: replica 1 served again {:.1} s after `restart` began ({sent} requests sent)",
-        restarted.elapsed().as_secs_f64()
-    );
 
     // `down` leaves no process behind.
     let pids = cluster.pids();
