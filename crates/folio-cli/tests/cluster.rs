@@ -370,6 +370,10 @@ fn kill_and_restart(
         .filter(|o| o.start >= scraped_at && o.start < killed)
         .count();
     let mut failed = 0;
+    let failed_streams = outcomes
+        .iter()
+        .filter(|o| o.stream && o.result.is_err())
+        .count();
     for o in &outcomes {
         match &o.result {
             Ok(text) => assert_eq!(
@@ -471,6 +475,7 @@ fn kill_and_restart(
     Cycle {
         requests: outcomes.len(),
         failed,
+        failed_streams,
         in_flight,
         rejoined,
     }
@@ -479,6 +484,7 @@ fn kill_and_restart(
 struct Cycle {
     requests: usize,
     failed: usize,
+    failed_streams: usize,
     in_flight: usize,
     rejoined: f64,
 }
@@ -550,10 +556,12 @@ fn a_replica_killed_under_load_loses_only_its_requests_in_flight_and_rejoins_aft
         let mut rejoin: Vec<f64> = cycles.iter().map(|c| c.rejoined).collect();
         rejoin.sort_by(f64::total_cmp);
         eprintln!(
-            "{kills} kills: {} requests, {} failed, {} held by the killed replicas' gauges at \
-             the kills; back in service {:.1}-{:.1} s after `restart` began (median {:.1})",
+            "{kills} kills: {} requests, {} failed ({} of them streams under way), {} held by \
+             the killed replicas' gauges at the kills; back in service {:.1}-{:.1} s after \
+             `restart` began (median {:.1})",
             sum(|c| c.requests),
             sum(|c| c.failed),
+            sum(|c| c.failed_streams),
             sum(|c| c.in_flight),
             rejoin[0],
             rejoin[kills - 1],
