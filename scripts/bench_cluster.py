@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """folio replicas behind a router on a multi-turn chat replay (issue 41's benchmark).
 
-Many users chat at once, each conversation growing turn by turn: every turn sends the
+Many users chat at once (arriving --arrival-ms apart), each conversation growing turn by turn: every turn sends the
 whole conversation so far (a short shared system prompt, the user's turns, the model's
 own earlier answers) and waits for the answer before the next. Greedy, short
 max_tokens, the same replay for every mode, so every mode computes the same tokens.
@@ -11,6 +11,8 @@ round (the order rotates):
   single       one `folio serve` replica, one thread, asked directly
   cache_aware  2 replicas (one thread each) behind smg --policy cache_aware
   round_robin  2 replicas (one thread each) behind smg --policy round_robin
+  nginx        (with --modes) 2 replicas behind nginx, consistent hash of the first turn
+  POLICY       (with --modes) 2 replicas behind smg --policy POLICY
 
 Figures per mode (medians over rounds): the aggregate prefix-cache hit rate (the sum
 over replicas of vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total, in
@@ -127,12 +129,14 @@ def stream_chat(port, messages, max_tokens):
     return first - t0, tokens if tokens is not None else chunks, "".join(text)
 
 
-def replay(port, users, turns, max_tokens):
-    """Every user's conversation at once; (ttfts, completion tokens, seconds, answers)."""
+def replay(port, users, turns, max_tokens, arrival):
+    """Every user's conversation, user u starting u * arrival seconds in; (ttfts,
+    completion tokens, seconds, answers)."""
     ttfts, tokens, answers, errors = [], [0], {}, []
     lock = threading.Lock()
 
     def user(u):
+        time.sleep(u * arrival)
         messages = [{"role": "system", "content": SYSTEM}]
         for t in range(turns):
             ask = first_turn(u) if t == 0 else FOLLOW_UPS[(u + t - 1) % len(FOLLOW_UPS)]
@@ -163,19 +167,21 @@ def replay(port, users, turns, max_tokens):
 
 def run_mode(mode, args):
     replicas, policy = (1, "cache_aware") if mode == "single" else (2, mode)
+    router_kind = "nginx" if mode == "nginx" else "smg"
     with tempfile.TemporaryDirectory(prefix=f"folio-cluster-{mode}-") as run_dir:
         extra = []
-        if mode != "single":
+        if router_kind == "smg" and mode != "single":
             for a in args.smg_args.split():
                 extra += ["--router-arg", a]
-        cluster(run_dir, "up", "--replicas", str(replicas), "--router", "smg",
-                "--policy", policy, "--port", "0", "--threads", "1", *extra)
+        cluster(run_dir, "up", "--replicas", str(replicas), "--router", router_kind,
+                *(["--policy", policy] if router_kind == "smg" else []), "--port", "0", "--threads", "1", *extra)
         try:
             ports = [read(os.path.join(run_dir, f"replica-{i}.port")) for i in range(replicas)]
             router = [w.split("=", 1)[1] for w in read(os.path.join(run_dir, "cluster.env")).split()
                       if w.startswith("ROUTER_PORT=")][0]
             port = ports[0] if mode == "single" else router
-            ttfts, tokens, secs, answers = replay(port, args.users, args.turns, args.max_tokens)
+            ttfts, tokens, secs, answers = replay(port, args.users, args.turns, args.max_tokens,
+                                                   args.arrival_ms / 1000)
             hits = sum(metric_sum(p, "vllm:prefix_cache_hits_total") for p in ports)
             queries = sum(metric_sum(p, "vllm:prefix_cache_queries_total") for p in ports)
             served = [metric_sum(p, "folio:request_success_total") for p in ports]
@@ -199,9 +205,11 @@ def main():
     ap.add_argument("--users", type=int, default=16)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--arrival-ms", type=float, default=100,
+                    help="user u starts u times this after the first (0: all at once)")
     ap.add_argument("--reps", type=int, default=3, help="rounds; every mode runs once a round")
     ap.add_argument("--modes", default="single,cache_aware,round_robin",
-                    help="single, or any smg policy (2 replicas behind it)")
+                    help="single, nginx, or any smg policy (2 replicas behind it)")
     ap.add_argument("--smg-args", default="", help="more smg flags for the 2-replica modes")
     ap.add_argument("--json", help="also write every round's figures here")
     args = ap.parse_args()
@@ -229,8 +237,8 @@ def main():
         return statistics.median(f[k] for f in rounds[m])
 
     load = os.getloadavg()
-    print(f"{args.users} users x {args.turns} turns, max_tokens {args.max_tokens}, greedy, "
-          f"streamed; {args.reps} round(s), modes in turn; load average at the end "
+    print(f"{args.users} users x {args.turns} turns, one arriving every {args.arrival_ms:g} ms, "
+          f"max_tokens {args.max_tokens}, greedy, streamed; {args.reps} round(s), modes in turn; load average at the end "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
     print("| mode | prefix-hit rate | TTFT p50 (ms) | TTFT p90 (ms) | completion tok/s | req/s |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # N `folio serve` replicas on loopback behind an existing router: the SGLang model
 # gateway (PyPI `smg`, pinned below, installed into target/smg-venv on first use) or
-# nginx with consistent hashing on the request's first bytes (Debian's `nginx`). Every
+# nginx hashing each conversation's first user turn (Debian's `nginx`). Every
 # process runs in a process group of its own, its pid and log in the run directory.
 #
 #   scripts/cluster.sh up [--replicas N] [--router smg|nginx] [--policy POLICY]
@@ -16,10 +16,11 @@
 # Defaults: 2 replicas, router smg, policy cache_aware (smg's others: round_robin,
 # power_of_two, consistent_hashing, prefix_hash, ...), router port 8080, one forward
 # thread per replica, model name `folio` on every replica (smg needs `model` in each
-# request). --router-arg passes one more argument to smg (e.g. --cache-threshold 0.5 as
-# two). Environment: FOLIO_CLUSTER_DIR (run directory: pids, ports, logs; default
-# target/cluster), FOLIO_BIN (default target/release/folio, built if missing),
-# FOLIO_MODEL, FOLIO_SMG_VENV (default target/smg-venv).
+# request). --router-arg passes one more argument to smg, as in
+# `--router-arg --cache-threshold --router-arg 0.6`. Environment: FOLIO_CLUSTER_DIR
+# (run directory: pids, ports, logs; default target/cluster), FOLIO_BIN (default
+# target/release/folio, built if missing), FOLIO_MODEL, FOLIO_SMG_VENV (default
+# target/smg-venv), SMG_LOG_LEVEL (warn).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 SMG_VERSION=1.13.0
@@ -179,19 +180,15 @@ start_router() {
     done
     case $ROUTER in
     smg)
-        local smg policy_args=()
+        local smg
         smg=$(install_smg)
-        # smg's default threshold (0.3) counts a shared system prompt as a match: every
-        # conversation that starts with it goes to the replica that saw it first. At
-        # 0.6 only a conversation's own earlier turns pin it (--router-arg overrides).
-        [ "$POLICY" = cache_aware ] && policy_args=(--cache-threshold 0.6)
         # Health probes every second (2 failures: out; 1 success: back in); a
         # refused connection is retried on another worker; the circuit breaker
         # re-probes a worker 2 s after it opens, so a restarted replica rejoins in
         # seconds rather than smg's default minute.
         # shellcheck disable=SC2086
         NO_COLOR=1 setsid "$smg" launch --host 127.0.0.1 --port "$ROUTER_PORT" \
-            --worker-urls "${urls[@]}" --policy "$POLICY" "${policy_args[@]}" \
+            --worker-urls "${urls[@]}" --policy "$POLICY" \
             --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" \
             --disable-tokenizer-autoload \
             --health-check-interval-secs 1 --health-check-timeout-secs 2 \
@@ -327,7 +324,7 @@ install-smg)
     install_smg
     ;;
 *)
-    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     exit 2
     ;;
 esac
