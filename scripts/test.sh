@@ -13,6 +13,12 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
     echo "installing chromium and chromium-driver (the web page's browser test)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+# The cluster tests put replicas behind smg (PyPI, installed by scripts/cluster.sh into
+# target/smg-venv) and behind Debian's nginx.
+if ! command -v nginx >/dev/null; then
+    echo "installing nginx-light (the cluster test's consistent-hash router)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 # The example inferlets (Python guests, componentize-py installed into

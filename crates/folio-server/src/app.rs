@@ -29,6 +29,7 @@ pub fn router(st: Arc<AppState>) -> Result<Router, ServeError> {
         .route("/", get(misc::index))
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
+        .route("/version", get(misc::version))
         .route("/v1/models", get(misc::models))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))

@@ -74,6 +74,22 @@ pub async fn health(State(st): St) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, Json(Health { status })).into_response()
 }
 
+#[derive(Serialize)]
+struct Version {
+    version: &'static str,
+}
+
+/// vLLM's `GET /version`. Routers tell engines apart by their routes: the SGLang model
+/// gateway takes a worker that answers it for a vLLM one and then reads its load from
+/// the `vllm:` gauges of `/metrics`; without it folio is a "generic" worker whose load
+/// the gateway never reads.
+pub async fn version() -> Response {
+    Json(Version {
+        version: env!("CARGO_PKG_VERSION"),
+    })
+    .into_response()
+}
+
 pub async fn models(State(st): St) -> Result<Response, ApiError> {
     let l = st.ready()?;
     let model = ModelView {

@@ -278,6 +278,10 @@ fn tokenize_models_and_metrics() {
     let m = get(s.addr, "/v1/models").json();
     assert_eq!(m["object"], "list");
     assert_eq!(m["data"][0]["object"], "model");
+    // vLLM's /version: the SGLang gateway reads a worker's load only where it answers.
+    let v = get(s.addr, "/version");
+    assert_eq!(v.status, 200);
+    assert_eq!(v.json()["version"], env!("CARGO_PKG_VERSION"));
     post(
         s.addr,
         "/v1/completions",
