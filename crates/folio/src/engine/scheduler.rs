@@ -414,6 +414,16 @@ impl Scheduler {
                     // for its pages to be committed, then attach them.
                     continue;
                 }
+                // Its prefix continues on disk: while others run, wait for the read
+                // ahead (the files are read beside the steps, not in one).
+                let others_run = self.seqs.iter().any(|s| s.table.is_some());
+                let s = &self.seqs[i];
+                if others_run
+                    && !s.computes_every_row()
+                    && kv.disk_prefetching(s.salt.as_deref(), &s.tokens)
+                {
+                    continue;
+                }
                 self.admit(kv, i);
             }
             let len = self.seqs[i].table.as_ref().expect("admitted").len();

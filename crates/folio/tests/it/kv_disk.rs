@@ -272,3 +272,36 @@ fn a_directory_in_use_is_a_clear_error() {
         Ok(_) => panic!("two pools on one directory"),
     }
 }
+
+#[test]
+fn a_prompt_waits_for_its_disk_prefix_to_be_read_beside_others_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("kv");
+    let p = prompt(8, 203);
+    let cold = run(&engine(dir.path(), 256, None), p.clone());
+    {
+        let e = engine(dir.path(), 256, Some((&disk, 1 << 30)));
+        run(&e, p.clone());
+    }
+    let e = engine(dir.path(), 256, Some((&disk, 1 << 30)));
+    // A long generation keeps the engine stepping while the prompt's pages are read.
+    let mut long = Request::new(Prompt::Tokens(prompt(9, 20)));
+    long.max_tokens = 1500;
+    long.ignore_eos = true;
+    let busy = e.submit(long).unwrap();
+    let mut pieces = busy.into_iter();
+    pieces.next().expect("the long generation started");
+    let got = run(&e, p.clone());
+    let st = e.stats().unwrap();
+    let d = st.disk.clone().unwrap();
+    assert!(st.running >= 1, "the long generation still runs: {st:?}");
+    assert_eq!(bits(&got), bits(&cold), "the same bits as the cold run");
+    assert_eq!(got.usage.cached_tokens, (p.len() - 1) / PAGE * PAGE);
+    assert_eq!(
+        d.prefetched as usize,
+        (p.len() - 1) / PAGE,
+        "the prompt's pages were read ahead while the other ran: {d:?}"
+    );
+    drop(pieces);
+    e.check_invariants().unwrap();
+}

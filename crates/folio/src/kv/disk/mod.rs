@@ -8,11 +8,13 @@
 //!   name is always complete. A full queue drops the write (counted): the tier is a
 //!   cache and never slows the step down.
 //! - Read-back: a prefix lookup that runs out of pages in memory continues here
-//!   (`pool.rs`). The files of the run of pages the index holds are read ahead in page
-//!   order on a reader thread while the engine thread checks each one and copies it
-//!   into a free page: the whole file's checksum, its pool, its hash chained from its
-//!   parent and tokens, and the tokens against the prompt's. Anything else is skipped,
-//!   logged with the reason, and its file removed.
+//!   (`pool.rs`). While other sequences run, a prompt whose prefix continues on disk
+//!   waits to be admitted until a thread of its own has read the run's files, so the
+//!   reads overlap the steps; with nothing else running the files are read ahead in
+//!   page order on a reader thread while the engine thread works through them. Each
+//!   is checked before it is copied into a free page: the whole file's checksum, its
+//!   pool, its hash chained from its parent and tokens, and the tokens against the
+//!   prompt's. Anything else is skipped, logged with the reason, and its file removed.
 //! - LRU by bytes on disk (`--kv-disk-size`); the index is rebuilt from the files at
 //!   start (least recently used by modification time, which a hit refreshes), so a
 //!   restarted server keeps its prefix cache. Leftover temporary files are removed.
@@ -67,6 +69,9 @@ pub struct DiskStats {
     pub dropped: u64,
     pub write_errors: u64,
     pub skipped: u64,
+    /// Pages read ahead while other sequences' steps ran (a prompt waiting for its
+    /// prefix from disk is admitted once they are read).
+    pub prefetched: u64,
 }
 
 /// Opening the disk tier's directory failed.
@@ -106,6 +111,7 @@ struct Counters {
     dropped: AtomicU64,
     write_errors: AtomicU64,
     skipped: AtomicU64,
+    prefetched: AtomicU64,
 }
 
 /// State the engine thread and the writer share.
@@ -124,6 +130,31 @@ impl Shared {
 
     fn path(&self, h: PageHash) -> PathBuf {
         self.dir.join(format!("{:032x}.page", h.0))
+    }
+
+    /// Checks a file read back as page `h` after `parent` holding `tokens`: the page,
+    /// or `None` (skipped, logged and removed).
+    fn check(
+        &self,
+        h: PageHash,
+        parent: PageHash,
+        tokens: &[u32],
+        data: Option<Vec<u8>>,
+    ) -> Option<PageRead> {
+        let path = self.path(h);
+        let Some(data) = data else {
+            // Evicted (and removed) by the writer after the lookup: a plain miss.
+            self.index().remove(&h);
+            return None;
+        };
+        let why: Box<dyn std::fmt::Display> = match file::decode(&self.expect, data) {
+            Ok(p) if p.hash == h && p.parent == parent && p.tokens == tokens => return Some(p),
+            Ok(_) => Box::new("its parent or tokens are not the prompt's"),
+            Err(e) => Box::new(e),
+        };
+        self.index().remove(&h);
+        self.skip(&path, &*why);
+        None
     }
 
     fn skip(&self, path: &Path, why: &dyn std::fmt::Display) {
@@ -179,9 +210,20 @@ pub struct DiskTier {
     shared: Arc<Shared>,
     queue: Option<SyncSender<Job>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    /// Runs of pages being read ahead for prompts waiting to be admitted.
+    prefetches: Vec<Prefetch>,
     /// The directory's lock, released when the tier is dropped.
     _lock: fs::File,
 }
+
+/// Files of a run of pages read ahead on a thread of their own, while steps go on.
+struct Prefetch {
+    hashes: Vec<PageHash>,
+    reader: std::thread::JoinHandle<Vec<Option<Vec<u8>>>>,
+}
+
+/// Read-aheads kept at most (a prompt that never came to be admitted leaves one).
+const PREFETCHES: usize = 8;
 
 impl DiskTier {
     /// Opens (creating) `cfg.dir/<root>/`, takes its lock, removes unfinished writes and
@@ -274,6 +316,7 @@ impl DiskTier {
                 shared,
                 queue: Some(tx),
                 writer: Some(writer),
+                prefetches: Vec::new(),
                 _lock: lock,
             },
             opened,
@@ -312,12 +355,68 @@ impl DiskTier {
         }
     }
 
-    /// Reads the files of `hashes` in order on a reader thread, handing each to `take`
-    /// as it arrives (a file that cannot be read comes as `None`); `take` returns
-    /// whether to go on.
-    fn read_run(&self, hashes: &[PageHash], mut take: impl FnMut(Option<Vec<u8>>) -> bool) {
-        let (tx, rx) = sync_channel::<Option<Vec<u8>>>(4);
+    /// Whether the run of pages `hashes` is being read ahead: starts reading it (on a
+    /// thread of its own) if nobody is, and answers `false` once it is read, when the
+    /// prompt can be admitted and [`DiskTier::read_run`] takes the files.
+    fn prefetching(&mut self, hashes: &[PageHash]) -> bool {
+        if let Some(p) = self.prefetches.iter().find(|p| p.hashes[0] == hashes[0]) {
+            return !p.reader.is_finished();
+        }
+        if self.prefetches.len() >= PREFETCHES {
+            // The oldest read-ahead's prompt went away (or waits behind many others).
+            self.prefetches.remove(0);
+        }
         let paths: Vec<PathBuf> = hashes.iter().map(|&h| self.shared.path(h)).collect();
+        let spawned = std::thread::Builder::new()
+            .name("folio-kv-read".into())
+            .spawn(move || paths.into_iter().map(|p| fs::read(p).ok()).collect());
+        match spawned {
+            Ok(reader) => {
+                self.shared
+                    .counters
+                    .prefetched
+                    .fetch_add(hashes.len() as u64, Ordering::Relaxed);
+                self.prefetches.push(Prefetch {
+                    hashes: hashes.to_vec(),
+                    reader,
+                });
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Hands the files of `hashes` to `take` in order (a file that cannot be read comes
+    /// as `None`) until it answers `false`: those read ahead for this run, the rest
+    /// read on a reader thread as `take` works through them.
+    fn read_run(&mut self, hashes: &[PageHash], mut take: impl FnMut(Option<Vec<u8>>) -> bool) {
+        let mut ahead: Vec<Option<Vec<u8>>> = Vec::new();
+        if let Some(i) = self
+            .prefetches
+            .iter()
+            .position(|p| p.hashes[0] == hashes[0])
+        {
+            let p = self.prefetches.swap_remove(i);
+            let n = p
+                .hashes
+                .iter()
+                .zip(hashes)
+                .take_while(|(a, b)| a == b)
+                .count();
+            ahead = p.reader.join().unwrap_or_default();
+            ahead.truncate(n);
+        }
+        let done = ahead.len();
+        for data in ahead {
+            if !take(data) {
+                return;
+            }
+        }
+        let (tx, rx) = sync_channel::<Option<Vec<u8>>>(4);
+        let paths: Vec<PathBuf> = hashes[done..]
+            .iter()
+            .map(|&h| self.shared.path(h))
+            .collect();
         std::thread::scope(|s| {
             s.spawn(move || {
                 for p in paths {
@@ -337,34 +436,6 @@ impl DiskTier {
         });
     }
 
-    /// Checks a file read back as page `h` after `parent` holding `tokens`: the page,
-    /// or `None` (skipped, logged and removed).
-    fn check(
-        &self,
-        h: PageHash,
-        parent: PageHash,
-        tokens: &[u32],
-        data: Option<Vec<u8>>,
-    ) -> Option<PageRead> {
-        let path = self.shared.path(h);
-        let Some(data) = data else {
-            // Evicted (and removed) by the writer after the lookup: a plain miss.
-            self.shared.index().remove(&h);
-            return None;
-        };
-        let why: Box<dyn std::fmt::Display> = match file::decode(&self.shared.expect, data) {
-            Ok(p) if p.hash == h && p.parent == parent && p.tokens == tokens => {
-                self.touch(vec![h]);
-                return Some(p);
-            }
-            Ok(_) => Box::new("its parent or tokens are not the prompt's"),
-            Err(e) => Box::new(e),
-        };
-        self.shared.index().remove(&h);
-        self.shared.skip(&path, &*why);
-        None
-    }
-
     fn stats(&self) -> DiskStats {
         let c = &self.shared.counters;
         let ix = self.shared.index();
@@ -381,6 +452,7 @@ impl DiskTier {
             dropped: get(&c.dropped),
             write_errors: get(&c.write_errors),
             skipped: get(&c.skipped),
+            prefetched: get(&c.prefetched),
         }
     }
 

@@ -121,7 +121,9 @@ impl PagedKv {
     /// order, each checked and copied into a fresh page, committed, and attached.
     /// Returns the pages attached.
     fn load_run(&mut self, t: &mut PageTable, tokens: &[u32], full: usize) -> usize {
-        let Some(disk) = &self.disk else { return 0 };
+        let Some(disk) = &mut self.disk else {
+            return 0;
+        };
         let ps = self.store.page_size();
         if !t.len.is_multiple_of(ps) {
             return 0;
@@ -144,6 +146,7 @@ impl PagedKv {
         let (store, arena) = (&mut self.store, &mut self.arena);
         let mut loaded = 0;
         let hashes: Vec<PageHash> = run.iter().map(|r| r.1).collect();
+        let shared = disk.shared.clone();
         disk.read_run(&hashes, |data| {
             let (parent, h, at) = run[loaded];
             // Room for this page, the rest of the prompt and a token after it.
@@ -151,7 +154,7 @@ impl PagedKv {
             if store.num_available() < 1 + rest {
                 return false;
             }
-            let Some(page) = disk.check(h, parent, &tokens[at..at + ps], data) else {
+            let Some(page) = shared.check(h, parent, &tokens[at..at + ps], data) else {
                 return false;
             };
             let Ok(id) = store.reserve() else {
@@ -179,7 +182,43 @@ impl PagedKv {
             }
         });
         disk.count_read(started, loaded as u64);
+        disk.touch(hashes[..loaded].to_vec());
         loaded
+    }
+
+    /// Whether a prompt (for a table of `salt`) waits for its prefix to be read ahead
+    /// from disk: the pages after those in memory that the disk holds, read on a
+    /// thread of their own while steps go on (see `kv::disk`). `false` when there is
+    /// nothing to read, or once it is read: admit it then.
+    pub fn disk_prefetching(&mut self, salt: Option<&[u8]>, prompt: &[u32]) -> bool {
+        if self.disk.is_none() {
+            return false;
+        }
+        let ps = self.page_size();
+        let head = &prompt[..prompt.len().saturating_sub(1)];
+        let (mut parent, mut len) = (self.new_table(salt).tail_hash(), 0);
+        while len + ps <= head.len() {
+            let next = self
+                .store
+                .lookup(parent, &head[len..len + ps])
+                .and_then(|p| self.store.hash(p).ok().flatten());
+            let Some(h) = next else { break };
+            (parent, len) = (h, len + ps);
+        }
+        // No more than the pool could take in (the rest is read when admitted).
+        let room = self.store.num_available().saturating_sub(1);
+        let mut run = Vec::new();
+        while len + ps <= head.len() && run.len() < room {
+            let Some(h) = self.disk_has(parent, &head[len..len + ps]) else {
+                break;
+            };
+            run.push(h);
+            (parent, len) = (h, len + ps);
+        }
+        match &mut self.disk {
+            Some(d) if !run.is_empty() => d.prefetching(&run),
+            _ => false,
+        }
     }
 
     /// Pages of `tokens` after `parent` that continue on disk (read only: for
