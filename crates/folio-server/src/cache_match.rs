@@ -8,8 +8,9 @@
 //! The count is what the pool holds; a request then reports as cached that many tokens
 //! but never its last one, whose logits it computes. The count is a snapshot: pages may
 //! be evicted or added before the request arrives.
-//! It covers the pages in memory (a disk tier, when there is one, is another tier of the
-//! answer's `tiers`).
+//! `tiers` splits it: `memory`, the tokens before the first page only the disk tier
+//! holds (`--kv-disk`), and `disk`, those from there on (read back when the request
+//! comes).
 
 use crate::api::{ChatMessage, TokenizeRequest};
 use crate::body::JsonBody;
@@ -52,6 +53,7 @@ struct CacheMatch {
 #[derive(Serialize)]
 struct Tiers {
     memory: usize,
+    disk: usize,
 }
 
 pub async fn cache_match(
@@ -102,12 +104,12 @@ pub async fn cache_match(
     let salt = r.cache_salt.map(String::into_bytes);
     let n = tokens.len();
     let engine = l.engine.clone();
-    let cached = blocking(move || Ok(engine.cached_prefix(tokens, salt)?)).await?;
+    let (memory, disk) = blocking(move || Ok(engine.cached_prefix_tiers(tokens, salt)?)).await?;
     Ok(Json(CacheMatch {
         object: "cache.match",
         prompt_tokens: n,
-        cached_tokens: cached,
-        tiers: Tiers { memory: cached },
+        cached_tokens: memory + disk,
+        tiers: Tiers { memory, disk },
     })
     .into_response())
 }

@@ -112,6 +112,17 @@ fn sigkill_during_write_behind_restarts_and_serves_the_cold_bits() {
     );
     s.kill();
     let s = server::start(&args);
+    // A router's probe sees the prompt's pages on the disk tier.
+    let m = ok(
+        s.addr,
+        "/v1/cache/match",
+        json!({"tokens": tokens(PROMPT, 7)}),
+    );
+    assert_eq!(
+        m["tiers"],
+        json!({"memory": 0, "disk": PROMPT / 16 * 16}),
+        "{m}"
+    );
     let got = completion(s.addr);
     assert_eq!(answer(&got), cold, "read back from disk: the cold bits");
     let cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]

@@ -297,6 +297,15 @@ impl Engine {
         self.call(move |core| core.kv.cached_prefix(salt.as_deref(), &prompt))
     }
 
+    /// [`Engine::cached_prefix`] by tier: (in memory, then on disk only).
+    pub fn cached_prefix_tiers(
+        &self,
+        prompt: Vec<u32>,
+        salt: Option<Vec<u8>>,
+    ) -> Result<(usize, usize), EngineError> {
+        self.call(move |core| core.kv.cached_prefix_tiers(salt.as_deref(), &prompt))
+    }
+
     /// Waits until every page committed so far is on disk (`--kv-disk`; nothing to do
     /// without it): before a planned restart, and in tests.
     pub fn flush_kv_disk(&self) -> Result<(), EngineError> {

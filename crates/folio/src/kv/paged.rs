@@ -136,24 +136,41 @@ impl PagedKv {
     }
 
     /// How many leading tokens of `prompt` the pool holds in `salt`'s chain, read only:
-    /// the whole pages the prefix index or the disk tier holds, then the slots of a cached page that
-    /// continue the chain (what [`PagedKv::reuse_prefix`] would attach and copy for a
-    /// new table, there short of the prompt's last token, whose logits are computed).
+    /// the whole pages the prefix index or the disk tier holds, then the slots of a
+    /// cached page that continue the chain (what [`PagedKv::reuse_prefix`] would attach
+    /// and copy for a new table, there short of the prompt's last token, whose logits
+    /// are computed).
     pub fn cached_prefix(&self, salt: Option<&[u8]>, prompt: &[u32]) -> usize {
+        let (memory, disk) = self.cached_prefix_tiers(salt, prompt);
+        memory + disk
+    }
+
+    /// [`PagedKv::cached_prefix`] by tier: the tokens before the first page only the
+    /// disk tier holds, and those from there on.
+    pub fn cached_prefix_tiers(&self, salt: Option<&[u8]>, prompt: &[u32]) -> (usize, usize) {
         let ps = self.page_size();
         let (mut parent, mut len) = (self.new_table(salt).tail_hash(), 0);
+        let mut memory = None;
         while len + ps <= prompt.len() {
             let chunk = &prompt[len..len + ps];
-            let next = self
+            let in_memory = self
                 .store
                 .lookup(parent, chunk)
-                .and_then(|p| self.store.hash(p).ok().flatten())
-                .or_else(|| self.disk_has(parent, chunk));
+                .and_then(|p| self.store.hash(p).ok().flatten());
+            let next = match in_memory {
+                Some(h) => Some(h),
+                None => {
+                    memory.get_or_insert(len);
+                    self.disk_has(parent, chunk)
+                }
+            };
             let Some(h) = next else { break };
             (parent, len) = (h, len + ps);
         }
         let rest = &prompt[len..(len + ps).min(prompt.len())];
-        len + self.store.best_partial(parent, rest).map_or(0, |(_, k)| k)
+        let total = len + self.store.best_partial(parent, rest).map_or(0, |(_, k)| k);
+        let memory = memory.map_or(total, |m| m.min(total));
+        (memory, total - memory)
     }
 
     /// A single-sequence view of `table` (see [`KvSeq`]).
