@@ -85,35 +85,48 @@ fn page_files(disk: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn a_restarted_engine_reads_its_prefix_back_from_disk_with_a_cold_runs_bits() {
+    for dtype in [KvDtype::F16, KvDtype::Q8] {
+        restart_reads_back(dtype);
+    }
+}
+
+fn restart_reads_back(dtype: KvDtype) {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("kv");
     let p = prompt(1, 203);
-    let cold = run(&engine(dir.path(), 256, None), p.clone());
+    let new = |disk: Option<(&Path, u64)>| {
+        Engine::new(model(dir.path()), config(256, disk, dtype)).unwrap()
+    };
+    let cold = run(&new(None), p.clone());
     let first = {
-        let e = engine(dir.path(), 256, Some((&disk, 1 << 30)));
+        let e = new(Some((&disk, 1 << 30)));
         let c = run(&e, p.clone());
         e.flush_kv_disk().unwrap();
         c
     };
-    assert_eq!(bits(&first), bits(&cold));
+    assert_eq!(bits(&first), bits(&cold), "{dtype}");
     let full_pages = (p.len() + 12 - 1) / PAGE;
     assert!(
         page_files(&disk).len() >= full_pages,
-        "every committed page is written behind: {} files",
+        "{dtype}: every committed page is written behind: {} files",
         page_files(&disk).len()
     );
     // A new engine on the same directory: the prompt's pages come from disk.
-    let e = engine(dir.path(), 256, Some((&disk, 1 << 30)));
+    let e = new(Some((&disk, 1 << 30)));
     let again = run(&e, p.clone());
     let st = e.stats().unwrap().disk.expect("the disk tier is on");
     assert_eq!(
         again.usage.cached_tokens,
         (p.len() - 1) / PAGE * PAGE,
-        "every whole page short of the last token is read back: {st:?}"
+        "{dtype}: every whole page short of the last token is read back: {st:?}"
     );
     assert_eq!(st.hits as usize, (p.len() - 1) / PAGE);
     assert_eq!(st.skipped, 0);
-    assert_eq!(bits(&again), bits(&cold), "the same bits as the cold run");
+    assert_eq!(
+        bits(&again),
+        bits(&cold),
+        "{dtype}: the same bits as the cold run"
+    );
     e.check_invariants().unwrap();
 }
 
