@@ -30,6 +30,14 @@ fn answer(v: &Value) -> (Value, Value) {
     )
 }
 
+/// The answer of a server without the disk tier.
+fn cold_answer() -> (Value, Value) {
+    let s = server::start(&["--ctx", "2048"]);
+    let c = completion(s.addr);
+    s.kill();
+    answer(&c)
+}
+
 /// Every file under `dir`, with its size.
 fn files(dir: &Path) -> Vec<(String, u64)> {
     let mut out = Vec::new();
@@ -55,12 +63,7 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn sigkill_during_write_behind_restarts_and_serves_the_cold_bits() {
-    let cold = {
-        let s = server::start(&["--ctx", "2048"]);
-        let c = completion(s.addr);
-        s.kill();
-        answer(&c)
-    };
+    let cold = cold_answer();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap().to_string();
     let args = ["--ctx", "2048", "--kv-disk", &d];
@@ -139,12 +142,7 @@ fn sigkill_during_write_behind_restarts_and_serves_the_cold_bits() {
 
 #[test]
 fn a_disk_that_refuses_writes_costs_the_tier_never_a_request() {
-    let cold = {
-        let s = server::start(&["--ctx", "2048"]);
-        let c = completion(s.addr);
-        s.kill();
-        answer(&c)
-    };
+    let cold = cold_answer();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap().to_string();
     // Files cannot grow past 64 KiB: every page write fails as on a full disk.
