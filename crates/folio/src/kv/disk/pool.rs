@@ -93,7 +93,7 @@ impl PagedKv {
     /// After the prefix index ran out: continues `t` along `tokens` (the prompt short of
     /// its last token; the sequence holds `full` tokens once prefilled) with pages from
     /// disk, alternating with pages the index holds, while there is room for the rest
-    /// of the sequence. Returns the tokens `t` holds.
+    /// of the sequence.
     pub(crate) fn attach_from_disk(&mut self, t: &mut PageTable, tokens: &[u32], full: usize) {
         let Some(disk) = &self.disk else { return };
         // The pages found in memory are used again on disk too.
