@@ -7,7 +7,8 @@
 # module that exports `main(input)` and imports the SDK from "./folio.js" (see
 # docs/inferlets.md). The build puts the SDK next to the program. The compilers are
 # pinned and installed on first use: componentize-py into target/inferlet-venv
-# (PyPI), componentize-js into target/inferlet-js (npm).
+# (PyPI), componentize-js (0.23.0, its dependencies locked by
+# crates/folio-inferlet/sdk/js/package-lock.json) into target/inferlet-js (npm).
 set -euo pipefail
 if [ $# -ne 2 ]; then
     echo "usage: $0 PROG.py|PROG.js OUT.wasm" >&2
@@ -36,15 +37,16 @@ case "$src" in
     ;;
 *.js | *.mjs)
     js="${FOLIO_INFERLET_JS:-$root/target/inferlet-js}"
-    version=0.23.0
+    sdk="$root/crates/folio-inferlet/sdk/js"
     bin="$js/node_modules/.bin/componentize-js"
-    have="$(node -p "require('$js/node_modules/@bytecodealliance/componentize-js/package.json').version" 2>/dev/null || true)"
-    if [ ! -x "$bin" ] || [ "$have" != "$version" ]; then
+    # componentize-js and everything it pulls in are pinned by sdk/js/package-lock.json.
+    if [ ! -x "$bin" ] || ! cmp -s "$sdk/package-lock.json" "$js/package-lock.json" \
+        || ! cmp -s "$sdk/package.json" "$js/package.json"; then
         command -v npm >/dev/null || { echo "npm is needed to build JavaScript inferlets" >&2; exit 3; }
         mkdir -p "$js"
-        printf '{"name": "folio-inferlet-js", "private": true, "dependencies": {"@bytecodealliance/componentize-js": "%s"}}\n' "$version" >"$js/package.json"
-        npm install --prefix "$js" --no-audit --no-fund --loglevel=error --save-exact >/dev/null \
-            || { echo "npm install of @bytecodealliance/componentize-js@$version failed" >&2; exit 3; }
+        cp "$sdk/package.json" "$sdk/package-lock.json" "$js/"
+        npm ci --prefix "$js" --no-audit --no-fund --loglevel=error >/dev/null \
+            || { echo "npm ci of @bytecodealliance/componentize-js failed" >&2; exit 3; }
     fi
     cp "$root/crates/folio-inferlet/sdk/js/folio.js" "$work/folio.js"
     cp "$root/crates/folio-inferlet/sdk/js/main_wrapper.js" "$work/app.js"

@@ -69,10 +69,8 @@ fn js_errors_end_the_run_with_the_programs_message() {
     let bad = json!({"text": "x", "schema": {"type": "object", "properties": 7}});
     let e = run(a, "json_extract_js", bad).error(400);
     assert_eq!(e["code"], "inferlet_error", "{e}");
-    assert!(
-        e["message"].as_str().unwrap().starts_with("invalid: "),
-        "{e}"
-    );
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("invalid: the grammar does not compile"), "{e}");
     assert_no_page_held(a);
     let ok = run(a, "generate_js", json!({"prompt": "Hi", "max_tokens": 2}));
     assert_eq!(json_chunks(&ok.json()).last().unwrap()["tokens"], 2);
