@@ -25,7 +25,7 @@ cargo clippy --all-targets --quiet -- -D warnings
 # The example inferlets (Python guests, componentize-py installed into
 # target/inferlet-venv from PyPI; JavaScript guests, componentize-js installed into
 # target/inferlet-js from npm): the inferlets tests upload and run them.
-for g in best_of_n agent json_extract generate chat hostile; do
+for g in best_of_n agent json_extract generate chat hostile beam lookup; do
     scripts/build_inferlet.sh "examples/inferlets/$g.py" "target/inferlets/$g.wasm"
 done
 for g in generate best_of_n json_extract; do

@@ -19,6 +19,7 @@ mod examples;
 mod hostile;
 mod js;
 mod routes;
+mod search;
 
 use client::{get, Resp};
 use serde_json::{json, Value};
@@ -89,7 +90,7 @@ pub const JS_GUESTS: [&str; 3] = ["generate", "best_of_n", "json_extract"];
 /// now if missing or stale). The build script exits with 3 when npm cannot install
 /// componentize-js: then `None`, and the JavaScript tests say they are skipped.
 pub fn js_guest(name: &str) -> Option<Vec<u8>> {
-    let sdk = ["js/folio.js", "js/main_wrapper.js"];
+    let sdk = ["js/folio.js", "js/main_wrapper.js", "js/package-lock.json"];
     match build(name, "js", &format!("{name}_js"), &sdk) {
         Ok(b) => Some(b),
         Err((Some(3), e)) => {
@@ -207,6 +208,8 @@ pub fn shared_server() -> SocketAddr {
             "generate",
             "chat",
             "hostile",
+            "beam",
+            "lookup",
         ] {
             let r = upload(a, name, &guest(name));
             assert_eq!(r.status, 201, "{name}: {}", r.text());
