@@ -3,7 +3,8 @@
 # exact-model fidelity test of tests/it/fidelity_f64_gemma.rs runs it) if missing, then
 # formatting, clippy and the whole test suite (tests run the real model; the server's
 # tests use the official openai package and headless Chromium, which this installs;
-# the inferlets' tests, Python guests built with componentize-py, installed here too).
+# the inferlets' tests, Python guests built with componentize-py and JavaScript guests
+# built with componentize-js, installed here too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -22,8 +23,19 @@ fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 # The example inferlets (Python guests, componentize-py installed into
-# target/inferlet-venv from PyPI): the inferlets tests upload and run them.
-for g in best_of_n agent json_extract generate chat hostile; do
+# target/inferlet-venv from PyPI; JavaScript guests, componentize-js installed into
+# target/inferlet-js from npm): the inferlets tests upload and run them.
+for g in best_of_n agent json_extract generate chat hostile beam lookup; do
     scripts/build_inferlet.sh "examples/inferlets/$g.py" "target/inferlets/$g.wasm"
+done
+for g in generate best_of_n json_extract; do
+    rc=0
+    scripts/build_inferlet.sh "examples/inferlets/$g.js" "target/inferlets/${g}_js.wasm" || rc=$?
+    if [ "$rc" = 3 ]; then
+        echo "skipping the JavaScript inferlets: npm could not install componentize-js"
+        break
+    elif [ "$rc" != 0 ]; then
+        exit "$rc"
+    fi
 done
 cargo test --workspace --release --lib --bins --tests 2>&1

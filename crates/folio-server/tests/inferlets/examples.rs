@@ -4,7 +4,7 @@ use crate::client::{self, get, Open};
 use crate::{assert_no_page_held, greedy, run, serial, shared_server};
 use serde_json::{json, Value};
 
-fn json_chunks(v: &Value) -> Vec<Value> {
+pub fn json_chunks(v: &Value) -> Vec<Value> {
     v["output"]
         .as_array()
         .unwrap()
@@ -18,9 +18,16 @@ fn json_chunks(v: &Value) -> Vec<Value> {
 fn best_of_n_forks_samples_and_scores_each_candidate() {
     let _s = serial();
     let a = shared_server();
+    best_of_n_checks(a, "best_of_n");
+}
+
+/// Runs the best-of-n program uploaded as `name` (3 candidates): each candidate's
+/// scores are log-probabilities that add up, the best is the top score, and no page
+/// is held afterwards. Returns the JSON chunks.
+pub fn best_of_n_checks(a: std::net::SocketAddr, name: &str) -> Vec<Value> {
     let r = run(
         a,
-        "best_of_n",
+        name,
         json!({"prompt": "Name a primary colour.", "n": 3, "max_tokens": 12}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
@@ -49,6 +56,7 @@ fn best_of_n_forks_samples_and_scores_each_candidate() {
         .unwrap();
     assert_eq!(best["candidate"], top["candidate"], "{out:?}");
     assert_no_page_held(a);
+    out
 }
 
 #[test]
@@ -94,30 +102,43 @@ fn agent_loop_runs_five_calculator_steps_inside_the_guest() {
 fn json_extraction_answers_json_under_the_schema() {
     let _s = serial();
     let a = shared_server();
+    json_extraction_checks(a, "json_extract");
+}
+
+/// Runs the JSON-extraction program uploaded as `name`: exactly the schema's keys
+/// with the schema's types. Returns the extracted object.
+pub fn json_extraction_checks(a: std::net::SocketAddr, name: &str) -> Value {
     let r = run(
         a,
-        "json_extract",
+        name,
         json!({"text": "Maria Lopez, 34, moved to Lisbon last spring to work as a nurse."}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
     let out = json_chunks(&r.json());
-    let x = &out.last().unwrap()["extracted"];
+    let x = out.last().unwrap()["extracted"].clone();
     let obj = x.as_object().expect("an object");
     assert_eq!(obj.len(), 3, "exactly the schema's keys: {x}");
     assert!(x["name"].is_string() && x["city"].is_string(), "{x}");
     assert!(x["age"].is_i64(), "{x}");
     assert_no_page_held(a);
+    x
 }
 
 #[test]
 fn streamed_run_sends_one_event_per_piece_and_matches_completions() {
     let _s = serial();
     let a = shared_server();
+    streamed_generate_checks(a, "generate");
+}
+
+/// Runs the plain-generation program uploaded as `name`, streamed and then as JSON:
+/// one event per piece, the same greedy text as /v1/completions both ways.
+pub fn streamed_generate_checks(a: std::net::SocketAddr, name: &str) {
     let prompt = "The capital of France is";
     let want = greedy(a, prompt);
     let mut o: Open = client::open_stream(
         a,
-        "/v1/inferlets/generate/run",
+        &format!("/v1/inferlets/{name}/run"),
         &json!({"stream": true, "input": {"prompt": prompt, "max_tokens": 24}}),
     );
     assert_eq!(o.status, 200);
@@ -145,7 +166,7 @@ fn streamed_run_sends_one_event_per_piece_and_matches_completions() {
     assert!(done["usage"]["host_calls"].as_u64().unwrap() >= 3, "{done}");
     assert_no_page_held(a);
     // The JSON answer gathers the same chunks.
-    let r = run(a, "generate", json!({"prompt": prompt, "max_tokens": 24}));
+    let r = run(a, name, json!({"prompt": prompt, "max_tokens": 24}));
     assert_eq!(r.json()["text"], want);
     assert_eq!(get(a, "/health").status, 200);
 }

@@ -1,10 +1,11 @@
-//! Inferlets end to end: the example programs (Python, built with componentize-py
-//! by `scripts/build_inferlet.sh`) uploaded to a real server on loopback over HTTP
+//! Inferlets end to end: the example programs (Python, built with componentize-py,
+//! and JavaScript, built with componentize-js, by `scripts/build_inferlet.sh`) uploaded to a real server on loopback over HTTP
 //! and run against the real default model; and hostile programs, after which the
 //! server still serves, no page is held and a greedy answer is unchanged.
 //!
 //! The guests are built here when missing or older than their sources (the first
-//! build installs componentize-py into target/inferlet-venv from PyPI). Tests run one
+//! build installs componentize-py into target/inferlet-venv from PyPI and
+//! componentize-js into target/inferlet-js from npm). Tests run one
 //! at a time (a lock): the page checks need no other run going.
 
 #[path = "../http/client.rs"]
@@ -16,7 +17,9 @@ mod server;
 
 mod examples;
 mod hostile;
+mod js;
 mod routes;
+mod search;
 
 use client::{get, Resp};
 use serde_json::{json, Value};
@@ -37,20 +40,20 @@ fn newest(paths: &[PathBuf]) -> std::time::SystemTime {
         .expect("the guest's sources exist")
 }
 
-/// The component built from `examples/inferlets/{name}.py` (built now if missing or
-/// stale).
-pub fn guest(name: &str) -> Vec<u8> {
+/// Builds `examples/inferlets/{name}.{ext}` into `target/inferlets/{out}.wasm` when
+/// that is missing or older than its sources; `Err` holds the build's exit code and
+/// what failed.
+fn build(name: &str, ext: &str, out: &str, sdk: &[&str]) -> Result<Vec<u8>, (Option<i32>, String)> {
     static BUILD: Mutex<()> = Mutex::new(());
     let _b = BUILD.lock().unwrap_or_else(|p| p.into_inner());
     let r = root();
-    let src = r.join(format!("examples/inferlets/{name}.py"));
-    let out = r.join(format!("target/inferlets/{name}.wasm"));
-    let inputs = [
-        src.clone(),
-        r.join("crates/folio-inferlet/sdk/python/folio.py"),
-        r.join("crates/folio-inferlet/sdk/python/main_wrapper.py"),
-        r.join("crates/folio-inferlet/wit/folio.wit"),
-    ];
+    let src = r.join(format!("examples/inferlets/{name}.{ext}"));
+    let out = r.join(format!("target/inferlets/{out}.wasm"));
+    let mut inputs = vec![src.clone(), r.join("crates/folio-inferlet/wit/folio.wit")];
+    inputs.extend(
+        sdk.iter()
+            .map(|f| r.join("crates/folio-inferlet/sdk").join(f)),
+    );
     let fresh = std::fs::metadata(&out)
         .and_then(|m| m.modified())
         .is_ok_and(|t| t >= newest(&inputs));
@@ -61,10 +64,55 @@ pub fn guest(name: &str) -> Vec<u8> {
             .arg(&out)
             .status()
             .expect("run scripts/build_inferlet.sh");
-        assert!(st.success(), "building the {name} guest failed");
+        if !st.success() {
+            return Err((st.code(), format!("building {name}.{ext} failed ({st})")));
+        }
     }
-    std::fs::read(&out).expect("the built guest")
+    Ok(std::fs::read(&out).expect("the built guest"))
 }
+
+/// The component built from `examples/inferlets/{name}.py` (built now if missing or
+/// stale).
+pub fn guest(name: &str) -> Vec<u8> {
+    build(
+        name,
+        "py",
+        name,
+        &["python/folio.py", "python/main_wrapper.py"],
+    )
+    .unwrap_or_else(|(_, e)| panic!("{e}"))
+}
+
+/// The JavaScript examples (`examples/inferlets/{name}.js`), uploaded as `{name}_js`.
+pub const JS_GUESTS: [&str; 3] = ["generate", "best_of_n", "json_extract"];
+
+/// The component built from `examples/inferlets/{name}.js` by componentize-js (built
+/// now if missing or stale). The build script exits with 3 when npm cannot install
+/// componentize-js: then `None`, and the JavaScript tests say they are skipped.
+pub fn js_guest(name: &str) -> Option<Vec<u8>> {
+    let sdk = ["js/folio.js", "js/main_wrapper.js", "js/package-lock.json"];
+    match build(name, "js", &format!("{name}_js"), &sdk) {
+        Ok(b) => Some(b),
+        Err((Some(3), e)) => {
+            eprintln!("skipping the JavaScript guests: {e}: npm could not install componentize-js");
+            None
+        }
+        Err((_, e)) => panic!("{e}"),
+    }
+}
+
+/// Whether the shared server holds the JavaScript guests (false, with the reason
+/// printed, only when componentize-js could not be installed).
+pub fn js_ready() -> bool {
+    shared_server();
+    let ready = *JS_READY.get().expect("set by shared_server");
+    if !ready {
+        eprintln!("skipped: componentize-js could not be installed from npm");
+    }
+    ready
+}
+
+static JS_READY: OnceLock<bool> = OnceLock::new();
 
 /// POSTs a component under `name`.
 pub fn upload(a: SocketAddr, name: &str, bytes: &[u8]) -> Resp {
@@ -160,10 +208,22 @@ pub fn shared_server() -> SocketAddr {
             "generate",
             "chat",
             "hostile",
+            "beam",
+            "lookup",
         ] {
             let r = upload(a, name, &guest(name));
             assert_eq!(r.status, 201, "{name}: {}", r.text());
         }
+        let mut js = true;
+        for name in JS_GUESTS {
+            let Some(bytes) = js_guest(name) else {
+                js = false;
+                break;
+            };
+            let r = upload(a, &format!("{name}_js"), &bytes);
+            assert_eq!(r.status, 201, "{name}_js: {}", r.text());
+        }
+        JS_READY.set(js).unwrap();
         (s, a)
     })
     .1
