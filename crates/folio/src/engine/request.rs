@@ -58,6 +58,9 @@ pub struct EngineConfig {
     /// Speculative decoding without a draft model (`--spec`; see `engine/spec`): the
     /// output is the same token for token either way; `Auto` drafts where it pays.
     pub speculative: SpecMode,
+    /// Where the prefix index's changes go (`folio serve --kv-events`; see
+    /// `engine/events.rs`): `None`, nothing is recorded.
+    pub kv_events: Option<super::events::KvEventTap>,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +79,7 @@ impl Default for EngineConfig {
             snapshot_max_bytes: 4 << 30,
             snapshot_max_count: 256,
             speculative: SpecMode::Auto,
+            kv_events: None,
         }
     }
 }
