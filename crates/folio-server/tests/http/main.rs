@@ -9,6 +9,7 @@ mod embeddings;
 mod errors;
 mod grammar_limits;
 mod hostile;
+mod kv_events;
 mod limits;
 mod load;
 mod messages;
