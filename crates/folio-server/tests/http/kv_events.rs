@@ -156,3 +156,53 @@ fn a_subscriber_rebuilds_every_vllm_key_in_sequence_and_holds_what_the_pool_inde
     );
     eprintln!("{}", verdict.join("\n"));
 }
+
+#[test]
+fn a_lagging_subscriber_loses_batches_counted_then_is_told_to_start_over() {
+    // Room for one batch, and nobody reading while requests run.
+    let (tap, rx) = folio::kv_event_channel(1);
+    let engine = EngineConfig {
+        kv_events: Some(tap),
+        ..small_engine()
+    };
+    let s = start(ServeConfig::default(), engine);
+    let run = |salt: usize| {
+        ok(
+            s.addr,
+            "/v1/completions",
+            json!({"prompt": tokens(70, salt), "max_tokens": 20, "temperature": 0, "ignore_eos": true}),
+        );
+    };
+    run(1);
+    run(2);
+    let first = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("engine running")
+        .expect("the first batch");
+    assert!(first.cleared, "the first batch starts over");
+    assert!(rx.dropped() > 0, "a full channel drops batches");
+    // Now a reader keeps up: what comes next starts over, then flows.
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        while let Some(b) = rx
+            .recv_timeout(Duration::from_secs(3))
+            .expect("engine running")
+        {
+            got.push(b);
+        }
+        got
+    });
+    run(3);
+    let after = reader.join().expect("the reader");
+    assert!(
+        after.first().is_some_and(|b| b.cleared),
+        "the first batch after a loss says cleared: {after:?}"
+    );
+    assert!(
+        after
+            .iter()
+            .flat_map(|b| &b.events)
+            .any(|e| matches!(e, folio::KvEvent::Stored { .. })),
+        "what was stored since arrives: {after:?}"
+    );
+}
