@@ -19,6 +19,7 @@ mod replica;
 mod responses;
 mod routes;
 mod server;
+mod shared_snapshots;
 mod snapshots_hostile;
 mod spec;
 mod stall;
