@@ -95,7 +95,28 @@ pub struct Args {
     /// Largest inferlet upload (suffixes as --inferlet-memory).
     #[arg(long, value_parser = opts::parse_size, default_value = "64MiB")]
     pub inferlet_max_bytes: u64,
+    /// Publish the prefix cache's changes (pages stored, evicted) as vLLM's KV events
+    /// on a ZMQ PUB socket, for a prefix-aware router: `tcp://*:PORT` binds, any
+    /// other host connects to a subscriber that binds (llm-d's). Off by default.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
+    /// The KV events' topic (first frame) [default: kv@HOST:PORT@MODEL, the form
+    /// llm-d's indexer reads a replica and a model from].
+    #[arg(long, value_name = "TOPIC")]
+    pub kv_events_topic: Option<String>,
+    /// The KV events' block keys: `vllm`, vLLM's sha256_cbor keys (a router
+    /// reproduces them from the token ids), or `folio`, the pool's own 128-bit hashes.
+    #[arg(long, value_name = "MODE", default_value = "vllm")]
+    pub kv_events_hash: folio_server::kv_events::KvHashMode,
+    /// The seed of the `vllm` keys' chain, as vLLM takes it from PYTHONHASHSEED:
+    /// replicas and router with the same seed agree on every key.
+    #[arg(long, value_name = "SEED", env = "PYTHONHASHSEED", default_value = "0")]
+    pub kv_events_seed: String,
 }
+
+/// Engine steps' KV-event batches that may wait for the publisher; past them the
+/// engine drops batches and the subscriber is told to start over.
+const KV_EVENT_BATCHES: usize = 4096;
 
 /// Full-length sequences the default pool holds (`--kv-memory` or `--kv-pages` set
 /// it otherwise).
@@ -104,6 +125,10 @@ const DEFAULT_SEQUENCES: usize = 8;
 pub fn run(a: Args) -> Result<()> {
     let path = a.model.path()?;
     anyhow::ensure!(a.max_tokens_cap >= 1, "--max-tokens-cap must be at least 1");
+    anyhow::ensure!(
+        a.kv_events.is_none() || a.model.kv == opts::KvKind::Paged,
+        "--kv-events needs the paged pool (--kv paged): the contiguous cache has no prefix index"
+    );
     for (flag, v) in [
         ("--shutdown-timeout", a.shutdown_timeout),
         ("--context-ttl", a.context_ttl),
@@ -155,8 +180,27 @@ pub fn run(a: Args) -> Result<()> {
         let addr = listener.local_addr()?;
         let (model_args, batch, ctx_pages) = (a.model.clone(), a.max_batch_tokens, a.context_pages);
         let quota = (a.snapshot_max_bytes, a.max_snapshots);
-        let load =
-            move || load(&path, &model_args, batch, ctx_pages, quota).map_err(|e| format!("{e:#}"));
+        let tap = match &a.kv_events {
+            None => None,
+            Some(endpoint) => {
+                let (tap, rx) = folio::kv_event_channel(KV_EVENT_BATCHES);
+                let cfg = folio_server::kv_events::KvEventsConfig {
+                    endpoint: endpoint.clone(),
+                    topic: a
+                        .kv_events_topic
+                        .clone()
+                        .unwrap_or_else(|| format!("kv@{addr}@{name}")),
+                    hash: a.kv_events_hash,
+                    seed: a.kv_events_seed.clone(),
+                    block_size: a.model.page_size,
+                };
+                folio_server::kv_events::spawn(cfg, rx)?;
+                Some(tap)
+            }
+        };
+        let load = move || {
+            load(&path, &model_args, batch, ctx_pages, quota, tap).map_err(|e| format!("{e:#}"))
+        };
         let ready = move || {
             println!("folio: serving {name} at http://{addr} (OpenAI API: http://{addr}/v1)")
         };
@@ -168,13 +212,15 @@ pub fn run(a: Args) -> Result<()> {
 
 /// Reads the weights once with a progress bar (the mmap then finds them in the page
 /// cache), then builds the engine.
-/// `quota`: the snapshot files' most bytes and most snapshots.
+/// `quota`: the snapshot files' most bytes and most snapshots; `kv_events`: where the
+/// prefix index's changes go (`--kv-events`).
 fn load(
     path: &Path,
     args: &ModelArgs,
     max_batch_tokens: usize,
     context_pages: Option<usize>,
     quota: (u64, usize),
+    kv_events: Option<folio::KvEventTap>,
 ) -> Result<Engine> {
     warm(path).with_context(|| format!("reading {}", path.display()))?;
     let model =
@@ -185,6 +231,7 @@ fn load(
     // A server's contexts belong to its clients: they share half the pool by default.
     config.context_pages = Some(context_pages.unwrap_or(config.kv_pages / 2));
     (config.snapshot_max_bytes, config.snapshot_max_count) = quota;
+    config.kv_events = kv_events;
     Engine::new(model, config).map_err(|e| match opts::flag_error(&e) {
         Some(msg) => anyhow::anyhow!(msg),
         None => e.into(),

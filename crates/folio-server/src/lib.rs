@@ -28,7 +28,9 @@
 //! - shared: `state` (what every route shares), `registry` (the live contexts),
 //!   `config`, `metrics`, `clock`, `offload` (engine calls off the async threads), `error`
 //!   (a route's failure), `serve_error` (serve's own);
-//! - `fuzzing` (the body checks alone, for the fuzz targets).
+//! - `fuzzing` (the body checks alone, for the fuzz targets);
+//! - [`kv_events`] (`--kv-events`: the prefix index's changes published over ZMQ in
+//!   vLLM's format, on a thread of its own beside the server).
 
 mod allowed;
 mod answer;
@@ -55,6 +57,7 @@ mod import_graph;
 mod inferlet_host;
 mod inferlets;
 mod kv;
+pub mod kv_events;
 mod messages;
 mod messages_answer;
 mod metrics;

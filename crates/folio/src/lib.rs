@@ -30,8 +30,9 @@ pub mod tiny;
 pub mod tokenizer;
 
 pub use engine::{
-    forward_one, Completion, Context, ContextInfo, Embedding, Engine, EngineConfig, EngineError,
-    EngineStats, Event, FinishReason, Holder, PageEntry, PageMap, Pooling, Prompt, Request, Role,
+    forward_one, kv_event_channel, Completion, Context, ContextInfo, Embedding, Engine,
+    EngineConfig, EngineError, EngineStats, Event, FinishReason, Holder, KvEvent, KvEventBatch,
+    KvEventReceiver, KvEventTap, KvParent, PageEntry, PageMap, Pooling, Prompt, Request, Role,
     SpecMode, Stream, TokenLogprob, Usage,
 };
 pub use error::{ErrorKind, GgufError, TokenizerError};

@@ -46,6 +46,8 @@ pub(crate) struct Core {
     pub contexts: Contexts,
     /// The step's logits, a buffer kept from step to step (see [`StepLogits`]).
     logits: StepLogits,
+    /// KV events' sender, when someone subscribed (`EngineConfig::kv_events`).
+    events: Option<super::events::EventPump>,
 }
 
 impl Core {
@@ -77,6 +79,11 @@ impl Core {
                 }
             );
         }
+        // Before snapshots are restored: their pages are stored events too.
+        let events = cfg
+            .kv_events
+            .clone()
+            .map(|t| super::events::EventPump::new(t, &mut kv));
         if let Some(dir) = &cfg.snapshot_dir {
             let (_, skipped) = kv.open_snapshot_dir(dir)?;
             let restored = kv.snapshot_list();
@@ -116,6 +123,7 @@ impl Core {
             },
         });
         Ok(Self {
+            events,
             logits: StepLogits::new(),
             model,
             kv,
@@ -129,6 +137,9 @@ impl Core {
     /// waiting, and stops the engine: its state can no longer be trusted.
     pub fn run(mut self, rx: Receiver<Cmd>) {
         let why = loop {
+            if let Some(e) = &mut self.events {
+                e.pump(&mut self.kv);
+            }
             let cmd = if self.sched.seqs().is_empty() {
                 match rx.recv() {
                     Ok(c) => c,

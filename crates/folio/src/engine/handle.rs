@@ -213,14 +213,31 @@ impl Engine {
         self.call(|core| core.stats())
     }
 
-    /// Names of the snapshots held.
+    /// Names of the snapshots held, and with a snapshot directory, those of the files
+    /// there (other processes sharing it save there too), sorted.
     pub fn snapshots(&self) -> Result<Vec<String>, EngineError> {
-        self.call(|core| core.kv.snapshot_names())
+        Ok(self.snapshot_list()?.into_iter().map(|(n, _)| n).collect())
     }
 
     /// Each snapshot's name and token count, sorted by name.
+    /// With a snapshot directory, the files there that this engine has not restored
+    /// yet are listed too (their header's token count; read on this thread): another
+    /// process sharing the directory saved them, and a load restores them.
     pub fn snapshot_list(&self) -> Result<Vec<(String, usize)>, EngineError> {
-        self.call(|core| core.kv.snapshot_list())
+        let (mut held, dir, rejected) = self.call(|core| {
+            let dir = core.kv.snapshot_dir_path().map(|d| d.to_path_buf());
+            (core.kv.snapshot_list(), dir, core.kv.snapshot_rejected())
+        })?;
+        if let Some(dir) = dir {
+            for (name, n, stamp) in crate::kv::list_snapshot_files(&dir) {
+                let bad = rejected.get(&name) == Some(&stamp);
+                if !bad && !held.iter().any(|(h, _)| *h == name) {
+                    held.push((name, n));
+                }
+            }
+            held.sort();
+        }
+        Ok(held)
     }
 
     /// Writes the file of a save pinned on the engine thread ([`Context::save_by`]),
@@ -744,9 +761,35 @@ impl Context {
     }
 
     /// A new context sharing snapshot `name`'s pages.
+    /// With a snapshot directory, a name this engine does not hold is looked for
+    /// there: another process sharing the directory may have saved it since this one
+    /// started. The file is read on this thread, then checked and restored (as at
+    /// start) on the engine's.
     pub fn load(engine: &Engine, name: &str) -> Result<Context, EngineError> {
-        let name = name.to_string();
-        let id = engine.call(move |c| c.contexts.load(&mut c.kv, &name))??;
+        let owned = name.to_string();
+        let missing = |e: &EngineError| {
+            matches!(
+                e,
+                EngineError::Snapshot(crate::kv::SnapshotError::NotFound(_))
+            )
+        };
+        let id = match engine.call(move |c| c.contexts.load(&mut c.kv, &owned))? {
+            Ok(id) => id,
+            Err(e) if missing(&e) => {
+                let n = name.to_string();
+                let Some((path, limit)) = engine.call(move |c| c.kv.snapshot_file(&n))? else {
+                    return Err(e);
+                };
+                let bytes = crate::kv::read_snapshot_file(&path, limit)?;
+                let n = name.to_string();
+                engine.call(move |c| {
+                    c.kv.restore_snapshot(&path, bytes)?;
+                    tracing::info!("snapshot {n:?} restored from {}", path.display());
+                    c.contexts.load(&mut c.kv, &n)
+                })??
+            }
+            Err(e) => return Err(e),
+        };
         Ok(Context::new(engine.clone(), id))
     }
 

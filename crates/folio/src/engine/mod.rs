@@ -16,6 +16,7 @@
 //! - `single.rs`: [`forward_one`].
 //! - `pooling.rs`: an embedding's token states made into one vector (mean, last,
 //!   cls; L2 normalization), in float64.
+//! - `events.rs`: the prefix index's changes sent to one subscriber (KV events).
 //! - `text.rs`: streamed text with stop strings held back.
 //! - `spec/`: speculative decoding without a draft model: drafts from the sample's own
 //!   tokens and the salt's recent outputs, how many tokens to draft.
@@ -27,6 +28,7 @@
 mod context;
 mod core;
 mod error;
+mod events;
 mod handle;
 mod pagemap;
 pub mod pooling;
@@ -41,6 +43,7 @@ mod text;
 pub use crate::model::sampler::{MAX_BIAS, MAX_LOGIT_BIAS};
 pub use context::{ContextInfo, Role};
 pub use error::EngineError;
+pub use events::{kv_event_channel, KvEvent, KvEventBatch, KvEventReceiver, KvEventTap, KvParent};
 pub use handle::{Context, Embedding, Engine, Stream};
 pub use pagemap::{Holder, PageEntry, PageMap};
 pub use pooling::Pooling;

@@ -61,6 +61,9 @@ pub struct EngineConfig {
     /// The disk tier under the pool (`--kv-disk`, see `kv::disk`): committed pages
     /// written behind to files and read back on a prefix hit, across restarts.
     pub kv_disk: Option<crate::kv::DiskConfig>,
+    /// Where the prefix index's changes go (`folio serve --kv-events`; see
+    /// `engine/events.rs`): `None`, nothing is recorded.
+    pub kv_events: Option<super::events::KvEventTap>,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +83,7 @@ impl Default for EngineConfig {
             snapshot_max_count: 256,
             speculative: SpecMode::Auto,
             kv_disk: None,
+            kv_events: None,
         }
     }
 }

@@ -19,6 +19,15 @@
 //! the one that publishes last is the snapshot, on disk and in memory alike (rename
 //! and record happen under the directory's lock, and so does a delete).
 //!
+//! Several processes (replicas) may share one directory. Each save's temporary file
+//! has its own unpredictable name and is locked (`flock`) from creation to rename, so
+//! concurrent saves of one name never write one file and the last rename wins whole;
+//! a process starting removes only the temporary files no live save holds. Files
+//! other processes save later are listed ([`list_snapshot_files`]) and restored when a
+//! load asks for them ([`read_snapshot_file`] off the pool's thread, then
+//! [`PagedKv::restore_snapshot`] with every check of a restore at start). A file that
+//! fails its checks is remembered as it was and left out until it changes.
+//!
 //! File format (little-endian): magic `FOLIOSNP`, version u32 (2), fingerprint
 //! [u8; 16], page_size u32, slot_halves u32, dtype u32 (0 f16, 1 f32, 2 q8_0), n_tokens
 //! u64, tokens [u32], then for every token its K/V bytes [u8; 2 · slot_halves] (every
@@ -126,6 +135,17 @@ pub(super) struct SnapState {
     /// Token ids at or past this are outside the model's vocabulary (restore checks).
     vocab: Option<usize>,
     lock: SnapshotLock,
+    /// Files that failed their checks (at start, or when a load looked for them), as
+    /// they were then: left out of listings and loads until they change.
+    rejected: HashMap<String, FileStamp>,
+}
+
+/// A file's size and modification time: whether it changed since it was looked at.
+pub type FileStamp = (u64, Option<std::time::SystemTime>);
+
+fn stamp(path: &Path) -> Option<FileStamp> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()))
 }
 
 impl SnapState {
@@ -493,6 +513,11 @@ impl PagedKv {
             .map(|d| d.join(format!("{name}.snap"))))
     }
 
+    /// The snapshot directory, if any.
+    pub fn snapshot_dir_path(&self) -> Option<&Path> {
+        self.snapshot_dir.as_deref()
+    }
+
     /// Each snapshot's name and token count, sorted by name.
     pub fn snapshot_list(&self) -> Vec<(String, usize)> {
         let mut v: Vec<(String, usize)> = self
@@ -569,7 +594,10 @@ impl PagedKv {
                     self.snap.sizes.insert(name.clone(), bytes);
                     names.push(name);
                 }
-                Err(e) => skipped.push(e),
+                Err(e) => {
+                    self.reject(&path);
+                    skipped.push(e);
+                }
             }
         }
         // Restored files count against the quota; over it, they stay (nothing is
@@ -593,6 +621,79 @@ impl PagedKv {
     /// token id (below the vocabulary, when known) and every K/V element (finite).
     /// Returns the name, the restored table and the file's size.
     fn read_file(&mut self, path: &Path) -> Result<(String, PageTable, u64), SnapshotError> {
+        let b = read_snapshot_file(path, self.snapshot_file_limit())?;
+        self.restore_bytes(path, b)
+    }
+
+    /// The most bytes a snapshot file of this pool may have: one of the longest
+    /// sequence it holds in any dtype (the widest, f32, so that a file of another dtype
+    /// is read and named as such).
+    fn snapshot_file_limit(&self) -> u64 {
+        let widest = self
+            .arena
+            .slot_bytes()
+            .max(self.arena.slot_bytes_as(super::KvDtype::F32));
+        (self.max_tokens() as u64)
+            .saturating_mul(4 + widest as u64)
+            .saturating_add(HEAD as u64 + 16)
+    }
+
+    /// Where snapshot `name`'s file is (with a snapshot directory), and the most bytes
+    /// it may have: what a caller needs to read it off the pool's thread
+    /// ([`read_snapshot_file`]) for [`PagedKv::restore_snapshot`].
+    /// A file that failed its checks and has not changed since is none.
+    pub fn snapshot_file(&self, name: &str) -> Option<(PathBuf, u64)> {
+        check_name(name).ok()?;
+        let path = self.snapshot_dir.as_ref()?.join(format!("{name}.snap"));
+        if self
+            .snap
+            .rejected
+            .get(name)
+            .is_some_and(|&s| stamp(&path) == Some(s))
+        {
+            return None;
+        }
+        Some((path, self.snapshot_file_limit()))
+    }
+
+    /// The files that failed their checks, by snapshot name, as they were then (a
+    /// listing leaves them out while they are unchanged).
+    pub fn snapshot_rejected(&self) -> HashMap<String, FileStamp> {
+        self.snap.rejected.clone()
+    }
+
+    /// Remembers that the file at `path` failed its checks.
+    fn reject(&mut self, path: &Path) {
+        if let (Some(name), Some(s)) = (path.file_stem().and_then(|s| s.to_str()), stamp(path)) {
+            self.snap.rejected.insert(name.to_string(), s);
+        }
+    }
+
+    /// Restores the snapshot whose file `path` held `bytes` (read by
+    /// [`read_snapshot_file`], on another thread): every check of a restore at start
+    /// holds. A snapshot of that name held already is kept and this is a no-op
+    /// (another caller restored it first). For a directory other processes share:
+    /// a snapshot another replica saved after this one started.
+    pub fn restore_snapshot(&mut self, path: &Path, bytes: Vec<u8>) -> Result<(), SnapshotError> {
+        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        if self.snapshots.contains_key(name) {
+            return Ok(());
+        }
+        let (name, table, size) = self.restore_bytes(path, bytes).inspect_err(|_| {
+            self.reject(path);
+        })?;
+        self.snapshots.insert(name.clone(), table);
+        self.snap.sizes.insert(name, size);
+        Ok(())
+    }
+
+    /// Checks a snapshot file's bytes and restores its pages: its name, the table, the
+    /// file's size.
+    fn restore_bytes(
+        &mut self,
+        path: &Path,
+        b: Vec<u8>,
+    ) -> Result<(String, PageTable, u64), SnapshotError> {
         let corrupt = |reason: &str| SnapshotError::Corrupt {
             path: path.to_path_buf(),
             reason: reason.into(),
@@ -603,35 +704,8 @@ impl PagedKv {
             .ok_or_else(|| corrupt("the file name is not a snapshot name"))?
             .to_string();
         check_name(&name).map_err(|_| corrupt("the file name is not a snapshot name"))?;
-        // Only a regular file, and no larger than a snapshot of the longest sequence this
-        // pool holds can be in any dtype (the widest, f32, so that a file of another
-        // dtype is read and named as such): the bound is known before a byte is read.
-        let meta = std::fs::metadata(path).map_err(|source| SnapshotError::Io {
-            path: path.to_path_buf(),
-            error: source.into(),
-        })?;
-        if !meta.is_file() {
-            return Err(corrupt("not a regular file"));
-        }
-        let widest = self
-            .arena
-            .slot_bytes()
-            .max(self.arena.slot_bytes_as(super::KvDtype::F32));
-        let limit = (self.max_tokens() as u64)
-            .saturating_mul(4 + widest as u64)
-            .saturating_add(HEAD as u64 + 16);
-        if meta.len() > limit {
-            return Err(corrupt(&format!(
-                "{} bytes, more than a snapshot of this pool can hold ({limit})",
-                meta.len()
-            )));
-        }
-        let b = read_at_most(path, limit).map_err(|source| SnapshotError::Io {
-            path: path.to_path_buf(),
-            error: source.into(),
-        })?;
-        if b.len() as u64 > limit {
-            return Err(corrupt("the file grew while it was read"));
+        if b.len() as u64 > self.snapshot_file_limit() {
+            return Err(corrupt("larger than a snapshot of this pool can be"));
         }
         if b.len() < HEAD_V1 + 16 {
             return Err(corrupt("truncated"));
@@ -768,7 +842,14 @@ fn create_temp(dir: &Path, name: &str) -> std::io::Result<(PathBuf, File)> {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
         }
         match o.open(&path) {
-            Ok(f) => return Ok((path, f)),
+            Ok(f) => {
+                // Held until the file is renamed or removed: another process sharing
+                // the directory sees a save in flight, not an interrupted one. Best
+                // effort: where the file system has no locks, the save goes on (and a
+                // replica starting may take its file for an interrupted one's).
+                let _ = f.try_lock();
+                return Ok((path, f));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => return Err(e),
         }
@@ -833,8 +914,25 @@ fn io_error(path: &Path, e: std::io::Error) -> SnapshotError {
     }
 }
 
+/// Whether a save holds the temporary file at `path` (its writer keeps it locked from
+/// creation to rename): another process sharing the directory is writing it.
+fn save_in_flight(path: &Path) -> bool {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK);
+    }
+    match o.open(path) {
+        Ok(f) => matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
+}
+
 /// Removes the temporary files of saves that never completed (the process was killed
-/// while writing); each is reported.
+/// while writing); each is reported. A file a save still holds (another process
+/// sharing the directory writes it) is left alone.
 fn remove_interrupted(dir: &Path) -> Vec<SnapshotError> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -846,6 +944,9 @@ fn remove_interrupted(dir: &Path) -> Vec<SnapshotError> {
             continue;
         };
         let path = e.path();
+        if save_in_flight(&path) {
+            continue;
+        }
         // Not followed: a link's own size, and `remove_file` removes the link itself.
         let bytes = e.metadata().map_or(0, |m| m.len());
         if std::fs::remove_file(&path).is_ok() {
@@ -860,6 +961,90 @@ fn remove_interrupted(dir: &Path) -> Vec<SnapshotError> {
     out
 }
 
+/// Reads a snapshot file for [`PagedKv::restore_snapshot`], on any thread: only a
+/// regular file, and no larger than `limit` ([`PagedKv::snapshot_file`]): the bound is
+/// known before a byte is read. No file is [`SnapshotError::NotFound`].
+pub fn read_snapshot_file(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotError> {
+    let corrupt = |reason: String| SnapshotError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let io = |source: std::io::Error| SnapshotError::Io {
+        path: path.to_path_buf(),
+        error: source.into(),
+    };
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+            return Err(SnapshotError::NotFound(name.to_string()));
+        }
+        Err(e) => return Err(io(e)),
+    };
+    if !meta.is_file() {
+        return Err(corrupt("not a regular file".into()));
+    }
+    if meta.len() > limit {
+        return Err(corrupt(format!(
+            "{} bytes, more than a snapshot of this pool can hold ({limit})",
+            meta.len()
+        )));
+    }
+    let b = read_at_most(path, limit).map_err(io)?;
+    if b.len() as u64 > limit {
+        return Err(corrupt("the file grew while it was read".into()));
+    }
+    Ok(b)
+}
+
+/// The snapshot files in `dir` (other processes' included), each one's token count as
+/// its header says (not checked: the file is checked when it is restored) and its
+/// stamp. Files whose header is not a snapshot's are left out.
+pub fn list_snapshot_files(dir: &Path) -> Vec<(String, usize, FileStamp)> {
+    use std::io::Read;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.filter_map(Result::ok) {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "snap") {
+            continue;
+        }
+        let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        if check_name(name).is_err() || !e.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let mut head = [0u8; HEAD];
+        let Ok(mut f) = File::open(&path) else {
+            continue;
+        };
+        if f.read_exact(&mut head[..HEAD_V1]).is_err() || &head[..8] != MAGIC {
+            continue;
+        }
+        let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
+        let end = match version {
+            1 => HEAD_V1,
+            VERSION => {
+                if f.read_exact(&mut head[HEAD_V1..]).is_err() {
+                    continue;
+                }
+                HEAD
+            }
+            _ => continue,
+        };
+        let n = u64::from_le_bytes(head[end - 8..end].try_into().expect("8 bytes"));
+        let Some(s) = stamp(&path) else {
+            continue;
+        };
+        out.push((name.to_string(), n as usize, s));
+    }
+    out.sort();
+    out
+}
+
 /// Reads `path` whole but never more than `limit` + 1 bytes (a file that grows, or a
 /// device behind a name, cannot make the read unbounded).
 fn read_at_most(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
@@ -869,4 +1054,44 @@ fn read_at_most(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
         .take(limit.saturating_add(1))
         .read_to_end(&mut b)?;
     Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_temporary_file_a_save_holds_is_left_alone_and_one_nobody_holds_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        // Another process's save in flight: its file is open and locked.
+        let (held, f) = create_temp(dir.path(), "s").unwrap();
+        assert!(save_in_flight(&held));
+        assert!(remove_interrupted(dir.path()).is_empty());
+        assert!(held.exists(), "a save in flight keeps its file");
+        // Its writer died: the lock went with it.
+        drop(f);
+        assert!(!save_in_flight(&held));
+        let removed = remove_interrupted(dir.path());
+        assert!(
+            matches!(&removed[..], [SnapshotError::Interrupted { name, .. }] if name == "s"),
+            "{removed:?}"
+        );
+        assert!(!held.exists());
+    }
+
+    #[test]
+    fn files_another_process_saved_are_listed_by_their_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut head = Vec::new();
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&VERSION.to_le_bytes());
+        head.extend_from_slice(&[0; 16 + 4 + 4 + 4]);
+        head.extend_from_slice(&42u64.to_le_bytes());
+        std::fs::write(dir.path().join("doc.snap"), &head).unwrap();
+        std::fs::write(dir.path().join("junk.snap"), b"not a snapshot").unwrap();
+        std::fs::write(dir.path().join(".doc.snap.0000000000000000.tmp"), &head).unwrap();
+        let listed = list_snapshot_files(dir.path());
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].0.as_str(), listed[0].1), ("doc", 42));
+    }
 }
