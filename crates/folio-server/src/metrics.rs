@@ -312,7 +312,7 @@ fn render_spec(out: &mut String, l: &str, s: &EngineStats) {
 }
 
 /// The disk tier's figures (`--kv-disk`): what it holds, its reads and its writes.
-fn render_disk(out: &mut String, l: &str, d: &folio::kv::DiskStats) {
+fn render_disk(out: &mut String, l: &str, d: &folio::DiskStats) {
     for (name, help, v) in [
         ("kv_disk_pages", "KV pages on disk.", d.pages as u64),
         (

@@ -37,7 +37,7 @@ pub use engine::{
 };
 pub use error::{ErrorKind, GgufError, TokenizerError};
 pub use kv::{
-    is_plain_name, BasicCache, Batch, KvDtype, KvError, KvSeq, Logits, PageState, PagedKv, SeqStep,
-    SnapshotError,
+    is_plain_name, BasicCache, Batch, DiskConfig, DiskError, DiskStats, KvDtype, KvError, KvSeq,
+    Logits, PageState, PagedKv, SeqStep, SnapshotError,
 };
 pub use model::{Model, ModelError, SamplingParams, StepError};
