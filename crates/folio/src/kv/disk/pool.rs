@@ -121,26 +121,17 @@ impl PagedKv {
     /// order, each checked and copied into a fresh page, committed, and attached.
     /// Returns the pages attached.
     fn load_run(&mut self, t: &mut PageTable, tokens: &[u32], full: usize) -> usize {
-        let Some(disk) = &mut self.disk else {
-            return 0;
-        };
         let ps = self.store.page_size();
         if !t.len.is_multiple_of(ps) {
             return 0;
         }
-        let mut run: Vec<(PageHash, PageHash, usize)> = Vec::new();
-        let (mut parent, mut at) = (t.tail_hash(), t.len);
-        while at + ps <= tokens.len() {
-            let h = Hasher128::page(parent, &tokens[at..at + ps]);
-            if !disk.has(h) || self.store.lookup(parent, &tokens[at..at + ps]).is_some() {
-                break;
-            }
-            run.push((parent, h, at));
-            (parent, at) = (h, at + ps);
-        }
+        let run = self.disk_run(t.tail_hash(), t.len, tokens, usize::MAX);
         if run.is_empty() {
             return 0;
         }
+        let Some(disk) = &mut self.disk else {
+            return 0;
+        };
         let started = Instant::now();
         let slot_bytes = self.arena.slot_bytes();
         let (store, arena) = (&mut self.store, &mut self.arena);
@@ -207,22 +198,44 @@ impl PagedKv {
         }
         // No more than the pool could take in (the rest is read when admitted).
         let room = self.store.num_available().saturating_sub(1);
-        let mut run = Vec::new();
-        while len + ps <= head.len() && run.len() < room {
-            let Some(h) = self.disk_has(parent, &head[len..len + ps]) else {
-                break;
-            };
-            run.push(h);
-            (parent, len) = (h, len + ps);
-        }
+        let run: Vec<PageHash> = self
+            .disk_run(parent, len, head, room)
+            .into_iter()
+            .map(|r| r.1)
+            .collect();
         match &mut self.disk {
             Some(d) if !run.is_empty() => d.prefetching(&run),
             _ => false,
         }
     }
 
-    /// Pages of `tokens` after `parent` that continue on disk (read only: for
-    /// [`PagedKv::cached_prefix`]).
+    /// The run of at most `most` pages of `tokens` from `at` (after the page hashed
+    /// `parent`) that the disk holds and the prefix index does not: each page's
+    /// parent, hash and start, up to the first page it lacks or memory has.
+    fn disk_run(
+        &self,
+        mut parent: PageHash,
+        mut at: usize,
+        tokens: &[u32],
+        most: usize,
+    ) -> Vec<(PageHash, PageHash, usize)> {
+        let ps = self.store.page_size();
+        let mut run = Vec::new();
+        while at + ps <= tokens.len() && run.len() < most {
+            let chunk = &tokens[at..at + ps];
+            if self.store.lookup(parent, chunk).is_some() {
+                break;
+            }
+            let Some(h) = self.disk_has(parent, chunk) else {
+                break;
+            };
+            run.push((parent, h, at));
+            (parent, at) = (h, at + ps);
+        }
+        run
+    }
+
+    /// The hash of the page of `chunk` after `parent`, when the disk holds it.
     pub(crate) fn disk_has(&self, parent: PageHash, chunk: &[u32]) -> Option<PageHash> {
         let h = Hasher128::page(parent, chunk);
         self.disk.as_ref()?.has(h).then_some(h)
