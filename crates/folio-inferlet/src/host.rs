@@ -13,7 +13,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Config, Store, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime::{
+    Config, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
+    UpdateDeadline,
+};
 use wasmtime_wasi::WasiCtxBuilder;
 
 /// A compiled, linked program: a run only instantiates it.
@@ -89,7 +92,19 @@ impl Host {
         let mut cfg = Config::new();
         cfg.wasm_component_model(true);
         cfg.epoch_interruption(true);
-        let wasm = wasmtime::Engine::new(&cfg).map_err(|e| InferletError::Host(e.to_string()))?;
+        cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool(&limits)));
+        let wasm = match wasmtime::Engine::new(&cfg) {
+            Ok(w) => w,
+            Err(e) => {
+                // The pool reserves address space up front; where that is refused
+                // (a tight `ulimit -v`), instances are allocated one by one instead.
+                tracing::warn!(
+                    "inferlets: no instance pool ({e:#}); instances are allocated per run"
+                );
+                cfg.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+                wasmtime::Engine::new(&cfg).map_err(|e| InferletError::Host(e.to_string()))?
+            }
+        };
         let mut linker = Linker::new(&wasm);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| InferletError::Host(e.to_string()))?;
@@ -238,7 +253,7 @@ impl Host {
             started,
             deadline: started + run_time,
             quota,
-            live_contexts: 0,
+            live: Vec::new(),
             emitted_bytes: 0,
             host_calls: 0,
             stop: None,
@@ -285,6 +300,37 @@ impl Host {
             }
         }
     }
+}
+
+/// The instance pool: a slot per run allowed at once (and one spare), each sized for
+/// the largest guest we build (a Python component: a dozen core instances, tables of
+/// some 20 000 functions), its memories bounded by the run's memory limit. A slot
+/// keeps its mappings between runs, and a memory is reset copy-on-write from the
+/// module's image, so a run's instantiation is a few page-table updates.
+fn pool(limits: &Limits) -> PoolingAllocationConfig {
+    const CORE_PER_COMPONENT: u32 = 32;
+    const MEMORIES_PER_COMPONENT: u32 = 8;
+    const TABLES_PER_COMPONENT: u32 = 32;
+    let slots = u32::try_from(limits.concurrent_runs)
+        .unwrap_or(u32::MAX)
+        .saturating_add(1);
+    let mut p = PoolingAllocationConfig::new();
+    p.total_component_instances(slots)
+        .total_core_instances(slots.saturating_mul(CORE_PER_COMPONENT))
+        .total_memories(slots.saturating_mul(MEMORIES_PER_COMPONENT))
+        .total_tables(slots.saturating_mul(TABLES_PER_COMPONENT))
+        .total_stacks(slots)
+        .max_core_instances_per_component(CORE_PER_COMPONENT)
+        .max_memories_per_component(MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(TABLES_PER_COMPONENT)
+        .max_tables_per_module(4)
+        .max_memories_per_module(1)
+        .table_elements(100_000)
+        .max_core_instance_size(4 << 20)
+        .max_component_instance_size(4 << 20)
+        .max_memory_size(limits.memory_bytes)
+        .max_unused_warm_slots(slots);
+    p
 }
 
 impl Drop for Host {

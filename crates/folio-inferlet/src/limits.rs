@@ -13,6 +13,10 @@ pub struct Limits {
     pub memory_bytes: usize,
     /// Contexts one run may hold at once (created and forked, not yet dropped).
     pub contexts: usize,
+    /// Pool pages one run's contexts may hold together, each page counted once (a
+    /// page forks share counts once). A generation is cut to the room left; a flush
+    /// or pass that takes the run past it stops the run (its pages return).
+    pub pages: usize,
     /// Runs at once; one more is refused ([`crate::InferletError::TooManyRuns`]).
     pub concurrent_runs: usize,
     /// Bytes one run may emit to its caller.
@@ -35,6 +39,7 @@ impl Default for Limits {
             run_time: Duration::from_secs(120),
             memory_bytes: 256 << 20,
             contexts: 64,
+            pages: 4096,
             concurrent_runs: 4,
             output_bytes: 8 << 20,
             max_tokens: 4096,

@@ -55,7 +55,8 @@ pub struct RunState {
     pub(crate) started: Instant,
     pub(crate) deadline: Instant,
     pub(crate) quota: Limits,
-    pub(crate) live_contexts: usize,
+    /// The table indices of the contexts the run holds (for the page quota).
+    pub(crate) live: Vec<u32>,
     pub(crate) emitted_bytes: usize,
     pub(crate) host_calls: u64,
     pub(crate) stop: Option<Stop>,
@@ -137,12 +138,62 @@ impl RunState {
     /// Adds a context to the table within the run's quota.
     fn hold(&mut self, ctx: folio::Context) -> Answer<Resource<CtxEntry>> {
         let r = self.table.push(CtxEntry { ctx })?;
-        self.live_contexts += 1;
+        self.live.push(r.rep());
+        self.pages_within_quota()?;
         Ok(Ok(r))
     }
 
+    /// The pool pages the run's contexts hold, each counted once (forks share).
+    fn pages_held(&self) -> wasmtime::Result<usize> {
+        let mut ids = Vec::new();
+        for &rep in &self.live {
+            let e: &CtxEntry = self.table.get(&Resource::new_borrow(rep))?;
+            // A context busy elsewhere cannot be: the run is sequential.
+            ids.extend(e.ctx.page_ids().unwrap_or_default());
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids.len())
+    }
+
+    /// After a call that may have taken pages: past the run's page quota, the run
+    /// stops (its contexts are dropped with it and their pages return).
+    fn pages_within_quota(&mut self) -> wasmtime::Result<()> {
+        let held = self.pages_held()?;
+        if held > self.quota.pages {
+            let m = format!(
+                "the run's contexts held {held} pages, over its quota of {}",
+                self.quota.pages
+            );
+            return Err(self.halt(Stop::Quota(m)));
+        }
+        Ok(())
+    }
+
+    /// Tokens a generation may still add before the run's page quota (the pages
+    /// left, each filled).
+    fn tokens_within_quota(&self, ctx: &Resource<CtxEntry>) -> wasmtime::Result<usize> {
+        let left = self.quota.pages.saturating_sub(self.pages_held()?);
+        let page = self
+            .entry(ctx)?
+            .ctx
+            .info()
+            .map_or(1, |i| i.page_size.max(1));
+        Ok(left * page)
+    }
+
+    fn no_pages_left(&self) -> types::Error {
+        err(
+            types::ErrorKind::Limit,
+            format!(
+                "the run's contexts hold its quota of {} pages; drop or truncate one first",
+                self.quota.pages
+            ),
+        )
+    }
+
     fn room_for_context(&self) -> Result<(), types::Error> {
-        if self.live_contexts >= self.quota.contexts {
+        if self.live.len() >= self.quota.contexts {
             return Err(err(
                 types::ErrorKind::Limit,
                 format!(
@@ -236,7 +287,11 @@ impl RunState {
         req: Request,
         chat: bool,
         stream: bool,
-    ) -> Answer<(types::Generation, Vec<Option<folio::TokenLogprob>>)> {
+    ) -> Answer<(
+        types::Generation,
+        Vec<Option<folio::TokenLogprob>>,
+        Vec<folio::TokenLogprob>,
+    )> {
         let (tx, rx) = channel();
         let started = {
             let e = self.entry(ctx)?;
@@ -254,6 +309,7 @@ impl RunState {
             finish: types::Finish::Length,
         };
         let mut probs = Vec::new();
+        let mut prompt = Vec::new();
         loop {
             let wait = self
                 .deadline
@@ -290,7 +346,7 @@ impl RunState {
                     }
                     out.text.push_str(&text);
                 }
-                Event::PromptLogprobs(_) => {}
+                Event::PromptLogprobs(lp) => prompt = lp,
                 Event::Done { text, finish, .. } => {
                     if stream && !text.is_empty() {
                         let n = text.len();
@@ -302,11 +358,87 @@ impl RunState {
                         FinishReason::Stop => types::Finish::Stop,
                         FinishReason::Length => types::Finish::Length,
                     };
-                    return Ok(Ok((out, probs)));
+                    return Ok(Ok((out, probs, prompt)));
                 }
                 Event::Error(e) => return self.engine_answer(Err(e)),
             }
         }
+    }
+}
+
+impl RunState {
+    /// One forward pass over `tokens` appended to `ctx` (and what was pending): each
+    /// appended token's log-probability and top `k`, and the top `k` after the last
+    /// (a one-token greedy generation, taken back). The appended tokens stay.
+    fn pass(
+        &mut self,
+        ctx: &Resource<CtxEntry>,
+        tokens: Vec<u32>,
+        k: u32,
+    ) -> Answer<types::Scores> {
+        let k = k as usize;
+        if k > folio::engine::MAX_LOGPROBS {
+            return Ok(Err(err(
+                types::ErrorKind::Invalid,
+                format!("k is {k}; at most {}", folio::engine::MAX_LOGPROBS),
+            )));
+        }
+        if self.tokens_within_quota(ctx)? <= tokens.len() {
+            return Ok(Err(self.no_pages_left()));
+        }
+        let before = match self.engine_answer(self.entry(ctx)?.ctx.info())? {
+            Ok(i) => i.seq_len,
+            Err(e) => return Ok(Err(e)),
+        };
+        let scored = !tokens.is_empty();
+        let mut req = Request::new(Prompt::Tokens(tokens));
+        req.max_tokens = 1;
+        req.ignore_eos = true;
+        req.speculative = false;
+        req.sampling.temperature = 0.0;
+        req.logprobs = Some(k);
+        req.prompt_logprobs = scored.then_some(k);
+        let (_, probs, prompt) = match self.generation(ctx, req, false, false)? {
+            Ok(g) => g,
+            Err(e) => return Ok(Err(e)),
+        };
+        // The sampled token is taken back: the context ends with the scored tokens.
+        let after = match self.engine_answer(self.entry(ctx)?.ctx.info())? {
+            Ok(i) => i.seq_len,
+            Err(e) => return Ok(Err(e)),
+        };
+        let added = before + prompt.len();
+        if after > added {
+            let r = self.entry(ctx)?.ctx.truncate(after - added);
+            if let Err(e) = self.engine_answer(r)? {
+                return Ok(Err(e));
+            }
+        }
+        let tok = &self.engine.model().tokenizer;
+        let top = |list: Vec<(u32, f32)>| -> Vec<types::TokenLogprob> {
+            list.into_iter()
+                .take(k)
+                .map(|(token, logprob)| types::TokenLogprob {
+                    token,
+                    text: tok.decode(&[token]),
+                    logprob,
+                })
+                .collect()
+        };
+        let next = probs
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|lp| top(lp.top))
+            .unwrap_or_default();
+        let tokens = prompt
+            .into_iter()
+            .map(|lp| types::Scored {
+                logprob: lp.logprob,
+                top: top(lp.top),
+            })
+            .collect();
+        Ok(Ok(types::Scores { tokens, next }))
     }
 }
 
@@ -371,7 +503,9 @@ impl contexts::HostContext for RunState {
         self.go_on()?;
         let deadline = self.remaining();
         let r = self.entry(&me)?.ctx.flush_by(Some(deadline));
-        self.engine_answer(r)
+        let r = self.engine_answer(r)?;
+        self.pages_within_quota()?;
+        Ok(r)
     }
 
     fn fork(&mut self, me: Resource<CtxEntry>) -> Answer<Resource<CtxEntry>> {
@@ -418,13 +552,20 @@ impl contexts::HostContext for RunState {
     ) -> Answer<types::Generation> {
         self.go_on()?;
         self.entry(&me)?;
-        let req = match self.request(&params, None) {
+        let mut req = match self.request(&params, None) {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
         };
-        Ok(self
+        let room = self.tokens_within_quota(&me)?;
+        if room == 0 {
+            return Ok(Err(self.no_pages_left()));
+        }
+        req.max_tokens = req.max_tokens.min(room);
+        let r = self
             .generation(&me, req, params.chat, params.stream)?
-            .map(|(g, _)| g))
+            .map(|(g, _, _)| g);
+        self.pages_within_quota()?;
+        Ok(r)
     }
 
     fn next_logprobs(
@@ -433,58 +574,70 @@ impl contexts::HostContext for RunState {
         k: u32,
     ) -> Answer<Vec<types::TokenLogprob>> {
         self.go_on()?;
-        let k = k.max(1) as usize;
-        if k > folio::engine::MAX_LOGPROBS {
-            return Ok(Err(err(
-                types::ErrorKind::Invalid,
-                format!("k is {k}; at most {}", folio::engine::MAX_LOGPROBS),
-            )));
+        Ok(self.pass(&me, Vec::new(), k.max(1))?.map(|s| s.next))
+    }
+
+    fn score(&mut self, me: Resource<CtxEntry>, tokens: Vec<u32>, k: u32) -> Answer<types::Scores> {
+        self.go_on()?;
+        let r = self.pass(&me, tokens, k)?;
+        self.pages_within_quota()?;
+        Ok(r)
+    }
+
+    fn save(&mut self, me: Resource<CtxEntry>, name: String) -> Answer<()> {
+        self.go_on()?;
+        let deadline = self.remaining();
+        let r = self.entry(&me)?.ctx.save_by(&name, Some(deadline));
+        self.engine_answer(r)
+    }
+
+    fn open(&mut self, name: String) -> Answer<Resource<CtxEntry>> {
+        self.go_on()?;
+        if let Err(e) = self.room_for_context() {
+            return Ok(Err(e));
         }
-        let before = match self.engine_answer(self.entry(&me)?.ctx.info())? {
-            Ok(i) => i.seq_len,
-            Err(e) => return Ok(Err(e)),
-        };
-        // One greedy token with its alternatives, then the token is taken back.
-        let mut req = Request::new(Prompt::Tokens(Vec::new()));
-        req.max_tokens = 1;
-        req.ignore_eos = true;
-        req.sampling.temperature = 0.0;
-        req.logprobs = Some(k);
-        let (_, probs) = match self.generation(&me, req, false, false)? {
-            Ok(g) => g,
-            Err(e) => return Ok(Err(e)),
-        };
-        let after = match self.engine_answer(self.entry(&me)?.ctx.info())? {
-            Ok(i) => i.seq_len,
-            Err(e) => return Ok(Err(e)),
-        };
-        if after > before {
-            let r = self.entry(&me)?.ctx.truncate(after - before);
-            if let Err(e) = self.engine_answer(r)? {
-                return Ok(Err(e));
-            }
+        let r = folio::Context::load(&self.engine, &name);
+        match self.engine_answer(r)? {
+            Ok(ctx) => self.hold(ctx),
+            Err(e) => Ok(Err(e)),
         }
-        let tok = &self.engine.model().tokenizer;
-        let top = probs
-            .into_iter()
-            .flatten()
-            .next()
-            .map(|lp| lp.top)
-            .unwrap_or_default();
-        Ok(Ok(top
-            .into_iter()
-            .take(k)
-            .map(|(token, logprob)| types::TokenLogprob {
-                token,
-                text: tok.decode(&[token]),
-                logprob,
-            })
-            .collect()))
+    }
+
+    fn reserve_pages(&mut self, me: Resource<CtxEntry>, n: u32) -> Answer<()> {
+        self.go_on()?;
+        let left = self.quota.pages.saturating_sub(self.pages_held()?);
+        if n as usize > left {
+            return Ok(Err(self.no_pages_left()));
+        }
+        let r = self.entry(&me)?.ctx.reserve_working_pages(n as usize);
+        self.engine_answer(r)
+    }
+
+    fn commit_pages(&mut self, me: Resource<CtxEntry>, k: u32) -> Answer<()> {
+        self.go_on()?;
+        let r = self.entry(&me)?.ctx.commit_working_pages(k as usize);
+        self.engine_answer(r)
+    }
+
+    fn release_pages(&mut self, me: Resource<CtxEntry>, n: u32) -> Answer<()> {
+        self.go_on()?;
+        let r = self.entry(&me)?.ctx.release_working_pages(n as usize);
+        self.engine_answer(r)
+    }
+
+    fn truncate_working(&mut self, me: Resource<CtxEntry>, n: u32) -> Answer<()> {
+        self.go_on()?;
+        let r = self
+            .entry(&me)?
+            .ctx
+            .truncate_working_page_tokens(n as usize);
+        self.engine_answer(r)
     }
 
     fn drop(&mut self, me: Resource<CtxEntry>) -> wasmtime::Result<()> {
+        let rep = me.rep();
         self.table.delete(me)?;
-        self.live_contexts = self.live_contexts.saturating_sub(1);
+        self.live.retain(|&r| r != rep);
         Ok(())
     }
 }

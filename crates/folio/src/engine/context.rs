@@ -12,7 +12,7 @@
 use super::error::EngineError;
 use super::request::Request;
 use super::scheduler::check_fits;
-use super::seq::{Before, CtxLink, Gen, Purpose, Seq, Sink};
+use super::seq::{Before, CtxLink, Gen, PromptScores, Purpose, Seq, Sink};
 use crate::kv::{PageId, PageTable, PagedKv, SaveTicket};
 use crate::model::Model;
 use crate::tokenizer::Message;
@@ -344,13 +344,13 @@ impl Contexts {
                 "a context generates one sample (n = 1)",
             ));
         }
-        if r.prompt_logprobs.is_some() {
+        let extra = r.prompt.tokens(model)?;
+        if r.prompt_logprobs.is_some() && extra.is_empty() {
             return Err(EngineError::param(
                 "prompt_logprobs",
-                "a context keeps its computed tokens: score a prompt with a request",
+                "a context scores the request's own prompt tokens: give some",
             ));
         }
-        let extra = r.prompt.tokens(model)?;
         // The template's generation prompt (the assistant's header), and how many
         // tokens it puts after a reply (room kept for them, so the reply recorded in
         // the context never takes it past the window).
@@ -397,6 +397,7 @@ impl Contexts {
             }
         };
         tokens.append(&mut c.pending);
+        let extra_len = extra.len();
         tokens.extend(extra);
         for p in c.spare.drain(..) {
             let _ = kv.release_page(p);
@@ -414,6 +415,11 @@ impl Contexts {
             tx,
         );
         g.grammar = r.grammar;
+        // Scored: the request's own tokens, which come last (the context's earlier
+        // rows are computed already and give nothing).
+        g.prompt_logprobs = r
+            .prompt_logprobs
+            .map(|k| PromptScores::new(k, tokens.len() - extra_len));
         if r.speculative {
             g.spec = Some(Box::new(super::spec::SpecState::new(r.prediction)));
         }
@@ -477,6 +483,22 @@ impl Contexts {
             pending_tokens: c.pending.len(),
             spare_pages: c.spare.len(),
         })
+    }
+
+    /// The ids of the pool pages the context holds: its table's (a sliding window's
+    /// forgotten pages left out), then the spare pages it reserved.
+    pub fn page_ids(&mut self, id: u64) -> Result<Vec<u32>, EngineError> {
+        let c = self.idle(id)?;
+        let t = c.table.as_ref().expect("idle");
+        let mut ids: Vec<u32> = t
+            .pages()
+            .into_iter()
+            .enumerate()
+            .filter(|&(i, _)| t.holds(i))
+            .map(|(_, p)| p.0)
+            .collect();
+        ids.extend(c.spare.iter().map(|p| p.0));
+        Ok(ids)
     }
 
     pub fn tokens(&mut self, kv: &PagedKv, id: u64) -> Result<Vec<u32>, EngineError> {

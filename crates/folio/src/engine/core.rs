@@ -9,7 +9,7 @@ use super::context::{Contexts, Job};
 use super::error::EngineError;
 use super::request::{EngineConfig, EngineStats, Event, Request};
 use super::scheduler::{check_fits, Plan, Scheduler, SchedulerConfig};
-use super::seq::{Embed, EmbedReply, Gen, Purpose, Sink};
+use super::seq::{Embed, EmbedReply, Gen, PromptScores, Purpose, Sink};
 use super::spec::SpecState;
 use crate::kv::{PageState, PagedKv};
 use crate::model::{Model, StepLogits};
@@ -297,7 +297,7 @@ impl Core {
             req.logprobs,
             tx,
         );
-        g.prompt_logprobs = req.prompt_logprobs.map(|k| (k, Vec::new()));
+        g.prompt_logprobs = req.prompt_logprobs.map(|k| PromptScores::new(k, 1));
         g.grammar = req.grammar;
         g.forks = (1..req.n).collect();
         if req.speculative {

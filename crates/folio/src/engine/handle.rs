@@ -707,6 +707,14 @@ impl Context {
         self.engine.call(move |c| c.contexts.info(&c.kv, id))?
     }
 
+    /// The ids of the pool pages it holds (pages shared with forks and the prefix
+    /// cache included: a caller counting a group of contexts' pages counts each id
+    /// once).
+    pub fn page_ids(&self) -> Result<Vec<u32>, EngineError> {
+        let id = self.id;
+        self.engine.call(move |c| c.contexts.page_ids(id))?
+    }
+
     /// The tokens held, computed then pending.
     pub fn tokens(&self) -> Result<Vec<u32>, EngineError> {
         let id = self.id;

@@ -193,7 +193,10 @@ pub struct Request {
     /// this many alternatives) in one [`Event::PromptLogprobs`] before the first token:
     /// scoring and teacher forcing. The prompt is then computed in full, not taken
     /// from the prefix cache (a cached page has no logits). With this set,
-    /// `max_tokens` may be 0: score the prompt, generate nothing.
+    /// `max_tokens` may be 0: score the prompt, generate nothing. On a
+    /// [`Context`](super::Context), only the request's own prompt tokens are scored
+    /// (the context's earlier rows are computed already): a guest's drafted tokens
+    /// checked in one pass.
     pub prompt_logprobs: Option<usize>,
     /// Independent samples of the same prompt; they fork the prompt's pages.
     pub n: usize,

@@ -195,6 +195,26 @@ impl Embed {
     }
 }
 
+/// A prompt's log-probabilities being gathered: of the tokens at positions
+/// `from..prompt_len` (`from` ≥ 1: the first token has nothing before it; a request
+/// scores from 1, a context's generation from its own prompt's first token), each with
+/// `k` alternatives, those of `from..from + got.len()` so far.
+pub(crate) struct PromptScores {
+    pub k: usize,
+    pub from: usize,
+    pub got: Vec<TokenLogprob>,
+}
+
+impl PromptScores {
+    pub fn new(k: usize, from: usize) -> Self {
+        Self {
+            k,
+            from: from.max(1),
+            got: Vec::new(),
+        }
+    }
+}
+
 /// Generation state of one sample.
 pub(crate) struct Gen {
     pub sampler: Sampler,
@@ -203,9 +223,8 @@ pub(crate) struct Gen {
     pub max_tokens: usize,
     pub ignore_eos: bool,
     pub logprobs: Option<usize>,
-    /// The prompt's own log-probabilities, while they are being gathered: how many
-    /// alternatives each, and those of prompt tokens `1..=len` so far.
-    pub prompt_logprobs: Option<(usize, Vec<TokenLogprob>)>,
+    /// The prompt's own log-probabilities, while they are being gathered.
+    pub prompt_logprobs: Option<PromptScores>,
     /// What the output must match, advanced by each sampled token.
     pub grammar: Option<crate::grammar::Grammar>,
     /// The grammar's tokens for the next sample, computed while the step ran.
@@ -445,24 +464,25 @@ impl Seq {
 
     /// Takes the prompt log-probabilities from a step's logits: `rows` rows of
     /// `vocab` logits for positions `start..`. Row `r` predicts the token at
-    /// `start + r + 1`. Once every prompt token after the first has its figure, they
-    /// go out in one event (before the first sampled token).
+    /// `start + r + 1`. Once every scored prompt token has its figure, they go out in
+    /// one event (before the first sampled token).
     pub fn gather_prompt_logprobs(&mut self, start: usize, logits: &[f32], vocab: usize) {
         let Purpose::Generate(g) = &mut self.purpose else {
             return;
         };
-        let Some((k, got)) = &mut g.prompt_logprobs else {
+        let Some(p) = &mut g.prompt_logprobs else {
             return;
         };
         for (r, row) in logits.chunks_exact(vocab).enumerate() {
             let next = start + r + 1;
-            // A preempted sequence recomputes rows it already gave: take each once.
-            if next < self.prompt_len && next == got.len() + 1 {
-                got.push(token_logprob(row, self.tokens[next], *k));
+            // Rows before `from` (a context's earlier tokens) give nothing; a preempted
+            // sequence recomputes rows it already gave: take each once.
+            if next < self.prompt_len && next == p.from + p.got.len() {
+                p.got.push(token_logprob(row, self.tokens[next], p.k));
             }
         }
-        if got.len() + 1 >= self.prompt_len {
-            let (_, all) = g.prompt_logprobs.take().expect("gathering");
+        if p.from + p.got.len() >= self.prompt_len {
+            let all = g.prompt_logprobs.take().expect("gathering").got;
             g.tx.send(Event::PromptLogprobs(all));
         }
     }
