@@ -35,6 +35,12 @@ def main(input):
         kept = []
         while True:
             kept.append(folio.Context())
+    if attack == "pages":
+        # Long contexts (each its own text: the same text would share pages, which
+        # the quota counts once) until the run's page quota stops it.
+        kept = []
+        while True:
+            kept.append(folio.Context().append(f"{len(kept)} pages " * 300).flush())
     if attack == "flood":
         while True:
             folio.emit("x" * 65536)

@@ -92,6 +92,11 @@ pub struct Args {
     /// Contexts one inferlet run may hold at once.
     #[arg(long, default_value_t = 64)]
     pub inferlet_contexts: usize,
+    /// Pool pages one inferlet run's contexts may hold together (each page once);
+    /// past it the run is stopped (429) and its pages return. The contexts' share
+    /// of the pool (--context-pages) bounds all runs together besides.
+    #[arg(long, default_value_t = 4096)]
+    pub inferlet_pages: usize,
     /// Largest inferlet upload (suffixes as --inferlet-memory).
     #[arg(long, value_parser = opts::parse_size, default_value = "64MiB")]
     pub inferlet_max_bytes: u64,
@@ -162,6 +167,7 @@ pub fn run(a: Args) -> Result<()> {
             run_time: Duration::from_secs_f64(a.inferlet_time_limit),
             memory_bytes: usize::try_from(a.inferlet_memory).unwrap_or(usize::MAX),
             contexts: a.inferlet_contexts,
+            pages: a.inferlet_pages,
             concurrent_runs: a.max_inferlet_runs,
             program_bytes: usize::try_from(a.inferlet_max_bytes).unwrap_or(usize::MAX),
             ..folio_inferlet::Limits::default()

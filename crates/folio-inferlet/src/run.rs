@@ -287,82 +287,161 @@ impl RunState {
         req: Request,
         chat: bool,
         stream: bool,
-    ) -> Answer<(
-        types::Generation,
-        Vec<Option<folio::TokenLogprob>>,
-        Vec<folio::TokenLogprob>,
-    )> {
-        let (tx, rx) = channel();
-        let started = {
-            let e = self.entry(ctx)?;
-            e.ctx
-                .generate_with(req, chat, move |ev| tx.send(ev).is_ok())
+    ) -> Answer<Outcome> {
+        let mut all = self.generations(vec![(ctx, req, chat, stream)])?;
+        Ok(all.pop().expect("one job, one answer"))
+    }
+
+    /// Runs generations on several contexts at once (the engine batches them, as
+    /// it does a request's `n` samples), each to its end, within the run's deadline
+    /// and cancellation. One job's failure (a busy context) is its own answer; the
+    /// run stopping cancels them all.
+    fn generations(
+        &mut self,
+        jobs: Vec<(&Resource<CtxEntry>, Request, bool, bool)>,
+    ) -> wasmtime::Result<Vec<Result<Outcome, types::Error>>> {
+        let (tx, rx) = channel::<(usize, Event)>();
+        let mut runs: Vec<Running> = Vec::with_capacity(jobs.len());
+        for (i, (ctx, req, chat, stream)) in jobs.into_iter().enumerate() {
+            let tx = tx.clone();
+            let started = self
+                .entry(ctx)?
+                .ctx
+                .generate_with(req, chat, move |ev| tx.send((i, ev)).is_ok());
+            runs.push(Running::new(started.map_err(|e| guest_error(&e)), stream));
+        }
+        drop(tx);
+        let cancel_all = |runs: &[Running], engine: &folio::Engine| {
+            for r in runs.iter().filter(|r| r.result.is_none()) {
+                engine.cancel(r.rid);
+            }
         };
-        let rid = match started {
-            Ok(id) => id,
-            Err(e) => return self.engine_answer(Err(e)),
-        };
-        let mut out = types::Generation {
-            text: String::new(),
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            finish: types::Finish::Length,
-        };
-        let mut probs = Vec::new();
-        let mut prompt = Vec::new();
-        loop {
+        while runs.iter().any(|r| r.result.is_none()) {
             let wait = self
                 .deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(50));
-            let ev = match rx.recv_timeout(wait) {
-                Ok(ev) => ev,
+            let (i, ev) = match rx.recv_timeout(wait) {
+                Ok(x) => x,
                 Err(RecvTimeoutError::Timeout) => {
                     if let Err(stop) = self.go_on() {
-                        self.engine.cancel(rid);
+                        cancel_all(&runs, &self.engine);
                         return Err(stop);
                     }
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Ok(Err(guest_error(&EngineError::Closed)))
+                    for r in runs.iter_mut().filter(|r| r.result.is_none()) {
+                        r.result = Some(Err(guest_error(&EngineError::Closed)));
+                    }
+                    break;
                 }
             };
-            match ev {
+            let piece = match ev {
                 Event::Token {
                     id, text, logprob, ..
                 } => {
-                    out.tokens.push(id);
+                    let r = &mut runs[i];
+                    r.out.tokens.push(id);
                     if let Some(lp) = &logprob {
-                        out.logprobs.push(lp.logprob);
+                        r.out.logprobs.push(lp.logprob);
                     }
-                    probs.push(logprob);
-                    if stream && !text.is_empty() {
-                        let n = text.len();
-                        if let Err(e) = self.send(Chunk::Text(text.clone()), n) {
-                            self.engine.cancel(rid);
-                            return Err(e);
-                        }
-                    }
-                    out.text.push_str(&text);
+                    r.probs.push(logprob);
+                    r.out.text.push_str(&text);
+                    text
                 }
-                Event::PromptLogprobs(lp) => prompt = lp,
+                Event::PromptLogprobs(lp) => {
+                    runs[i].prompt = lp;
+                    String::new()
+                }
                 Event::Done { text, finish, .. } => {
-                    if stream && !text.is_empty() {
-                        let n = text.len();
-                        self.send(Chunk::Text(text.clone()), n)?;
-                    }
-                    out.text.push_str(&text);
-                    out.finish = match finish {
+                    let r = &mut runs[i];
+                    r.out.text.push_str(&text);
+                    r.out.finish = match finish {
                         FinishReason::Eos => types::Finish::Eos,
                         FinishReason::Stop => types::Finish::Stop,
                         FinishReason::Length => types::Finish::Length,
                     };
-                    return Ok(Ok((out, probs, prompt)));
+                    r.finish();
+                    text
                 }
-                Event::Error(e) => return self.engine_answer(Err(e)),
+                Event::Error(EngineError::TimedOut { .. }) => {
+                    cancel_all(&runs, &self.engine);
+                    return Err(self.halt(Stop::TimedOut));
+                }
+                Event::Error(e) => {
+                    runs[i].result = Some(Err(guest_error(&e)));
+                    String::new()
+                }
+            };
+            if runs[i].stream && !piece.is_empty() {
+                let n = piece.len();
+                if let Err(e) = self.send(Chunk::Text(piece), n) {
+                    cancel_all(&runs, &self.engine);
+                    return Err(e);
+                }
             }
         }
+        Ok(runs
+            .into_iter()
+            .map(|r| r.result.expect("every job ended"))
+            .collect())
+    }
+}
+
+/// A finished generation: the guest's record, each token's log-probability (with
+/// its alternatives when asked for), and the prompt's when scored.
+type Outcome = (
+    types::Generation,
+    Vec<Option<folio::TokenLogprob>>,
+    Vec<folio::TokenLogprob>,
+);
+
+/// One generation of [`RunState::generations`] while it runs.
+struct Running {
+    rid: u64,
+    stream: bool,
+    out: types::Generation,
+    probs: Vec<Option<folio::TokenLogprob>>,
+    prompt: Vec<folio::TokenLogprob>,
+    /// Set when it has ended (or never started).
+    result: Option<Result<Outcome, types::Error>>,
+}
+
+impl Running {
+    fn new(started: Result<u64, types::Error>, stream: bool) -> Self {
+        let (rid, result) = match started {
+            Ok(rid) => (rid, None),
+            Err(e) => (0, Some(Err(e))),
+        };
+        Self {
+            rid,
+            stream,
+            out: types::Generation {
+                text: String::new(),
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                finish: types::Finish::Length,
+            },
+            probs: Vec::new(),
+            prompt: Vec::new(),
+            result,
+        }
+    }
+
+    fn finish(&mut self) {
+        let out = std::mem::replace(
+            &mut self.out,
+            types::Generation {
+                text: String::new(),
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                finish: types::Finish::Length,
+            },
+        );
+        let probs = std::mem::take(&mut self.probs);
+        let prompt = std::mem::take(&mut self.prompt);
+        self.result = Some(Ok((out, probs, prompt)));
     }
 }
 
@@ -444,7 +523,42 @@ impl RunState {
 
 impl types::Host for RunState {}
 
-impl contexts::Host for RunState {}
+impl contexts::Host for RunState {
+    fn generate_all(
+        &mut self,
+        jobs: Vec<(Resource<CtxEntry>, types::GenParams)>,
+    ) -> wasmtime::Result<Vec<Result<types::Generation, types::Error>>> {
+        self.go_on()?;
+        let mut answers: Vec<Option<Result<types::Generation, types::Error>>> =
+            (0..jobs.len()).map(|_| None).collect();
+        // The run's page room, shared out among the jobs.
+        let room = match jobs.first() {
+            Some((ctx, _)) => self.tokens_within_quota(ctx)? / jobs.len(),
+            None => 0,
+        };
+        let mut ready = Vec::new();
+        for (i, (ctx, p)) in jobs.iter().enumerate() {
+            self.entry(ctx)?;
+            match self.request(p, None) {
+                Ok(_) if room == 0 => answers[i] = Some(Err(self.no_pages_left())),
+                Ok(mut req) => {
+                    req.max_tokens = req.max_tokens.min(room);
+                    ready.push((i, (ctx, req, p.chat, p.stream)));
+                }
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        let (at, started): (Vec<usize>, Vec<_>) = ready.into_iter().unzip();
+        for (i, r) in at.into_iter().zip(self.generations(started)?) {
+            answers[i] = Some(r.map(|(g, _, _)| g));
+        }
+        self.pages_within_quota()?;
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every job answered"))
+            .collect())
+    }
+}
 
 impl contexts::HostContext for RunState {
     fn create(
@@ -536,6 +650,7 @@ impl contexts::HostContext for RunState {
             committed_pages: to32(i.committed_pages),
             working_pages: to32(i.working_pages),
             pending_tokens: to32(i.pending_tokens),
+            spare_pages: to32(i.spare_pages),
         }))
     }
 
@@ -659,6 +774,11 @@ impl host::Host for RunState {
             )));
         }
         Ok(Ok(self.engine.model().tokenizer.decode(&tokens)))
+    }
+
+    fn end_tokens(&mut self) -> wasmtime::Result<Vec<u32>> {
+        self.go_on()?;
+        Ok(self.engine.model().tokenizer.eog_tokens().to_vec())
     }
 
     fn emit(&mut self, text: String) -> Answer<()> {

@@ -28,10 +28,12 @@ __all__ = [
     "Context",
     "FolioError",
     "Generation",
+    "generate_all",
     "emit",
     "log",
     "tokenize",
     "detokenize",
+    "end_tokens",
     "elapsed_us",
 ]
 
@@ -85,6 +87,71 @@ class Generation:
 
     def __repr__(self):
         return f"Generation(text={self.text!r}, finish={self.finish!r})"
+
+
+def _params(
+    max_tokens=128,
+    temperature=0.0,
+    top_k=0,
+    top_p=1.0,
+    min_p=0.0,
+    seed=0,
+    stop=(),
+    json_schema=None,
+    json_object=False,
+    regex=None,
+    choice=None,
+    chat=False,
+    logprobs=False,
+    stream=False,
+):
+    grammar = None
+    if json_schema is not None:
+        if not isinstance(json_schema, str):
+            json_schema = _json.dumps(json_schema)
+        grammar = _types.Grammar_JsonSchema(json_schema)
+    elif json_object:
+        grammar = _types.Grammar_JsonObject()
+    elif regex is not None:
+        grammar = _types.Grammar_Regex(regex)
+    elif choice is not None:
+        grammar = _types.Grammar_Choice(list(choice))
+    sampling = None
+    if temperature > 0:
+        sampling = _types.Sampling(
+            temperature=float(temperature),
+            top_k=int(top_k),
+            top_p=float(top_p),
+            min_p=float(min_p),
+            seed=int(seed),
+        )
+    if isinstance(stop, str):
+        stop = [stop]
+    return _types.GenParams(
+        max_tokens=int(max_tokens),
+        sampling=sampling,
+        stop=list(stop),
+        grammar=grammar,
+        chat=bool(chat),
+        logprobs=bool(logprobs),
+        stream=bool(stream),
+    )
+
+
+def generate_all(jobs):
+    """Generates on several contexts at once, batched by the engine (one weight
+    read per step for all, as a request's ``n`` samples). ``jobs`` is a list of
+    ``(context, keywords)`` with :meth:`Context.generate`'s keywords; returns one
+    :class:`Generation` per job, in order (a job that failed raises when all are
+    done)."""
+    raw = _contexts.generate_all([(c._raw, _params(**kw)) for c, kw in jobs])
+    out = []
+    for r in raw:
+        if isinstance(r, _Err):
+            v = r.value
+            raise FolioError(_KINDS.get(v.kind, "internal"), v.message)
+        out.append(Generation(r.value))
+    return out
 
 
 class Context:
@@ -146,65 +213,22 @@ class Context:
             "committed_pages": i.committed_pages,
             "working_pages": i.working_pages,
             "pending_tokens": i.pending_tokens,
+            "spare_pages": i.spare_pages,
         }
 
     def __len__(self):
         return _call(self._raw.info).seq_len
 
     # Generation.
-    def generate(
-        self,
-        max_tokens=128,
-        temperature=0.0,
-        top_k=0,
-        top_p=1.0,
-        min_p=0.0,
-        seed=0,
-        stop=(),
-        json_schema=None,
-        json_object=False,
-        regex=None,
-        choice=None,
-        chat=False,
-        logprobs=False,
-        stream=False,
-    ):
+    def generate(self, **kw):
         """Generates a continuation (greedy unless ``temperature`` > 0); its tokens
-        stay in the context. At most one of ``json_schema`` (a dict or JSON text),
-        ``json_object``, ``regex`` and ``choice`` constrains the output. ``stream``
-        sends each piece to the caller as it comes."""
-        grammar = None
-        if json_schema is not None:
-            if not isinstance(json_schema, str):
-                json_schema = _json.dumps(json_schema)
-            grammar = _types.Grammar_JsonSchema(json_schema)
-        elif json_object:
-            grammar = _types.Grammar_JsonObject()
-        elif regex is not None:
-            grammar = _types.Grammar_Regex(regex)
-        elif choice is not None:
-            grammar = _types.Grammar_Choice(list(choice))
-        sampling = None
-        if temperature > 0:
-            sampling = _types.Sampling(
-                temperature=float(temperature),
-                top_k=int(top_k),
-                top_p=float(top_p),
-                min_p=float(min_p),
-                seed=int(seed),
-            )
-        if isinstance(stop, str):
-            stop = [stop]
-        params = _types.GenParams(
-            max_tokens=int(max_tokens),
-            sampling=sampling,
-            stop=list(stop),
-            grammar=grammar,
-            chat=bool(chat),
-            logprobs=bool(logprobs),
-            stream=bool(stream),
-        )
-        return Generation(_call(self._raw.generate, params))
+        stay in the context. Keywords: ``max_tokens`` (128), ``temperature``,
+        ``top_k``, ``top_p``, ``min_p``, ``seed``, ``stop`` (a str or list), at most
+        one of ``json_schema`` (a dict or JSON text), ``json_object``, ``regex`` and
+        ``choice`` to constrain the output, ``chat`` (the assistant's turn),
+        ``logprobs`` (each token's), ``stream`` (each piece sent to the caller as it
+        comes)."""
+        return Generation(_call(self._raw.generate, _params(**kw)))
 
     def reply(self, **kw):
         """The assistant's reply in a chat (recorded as its message)."""
@@ -215,6 +239,48 @@ class Context:
         """One forward pass: the ``k`` most likely next tokens as
         ``(token, text, logprob)``, best first. The context is unchanged."""
         return [(t.token, t.text, t.logprob) for t in _call(self._raw.next_logprobs, k)]
+
+    def score(self, tokens, k=1):
+        """Appends ``tokens`` and computes them in one forward pass. Returns
+        ``(scored, next)``: for each token, ``(logprob, top)`` (its log-probability
+        given what precedes it, and the ``k`` most likely tokens in its place as
+        ``(token, text, logprob)``), and the ``k`` most likely after the last. The
+        tokens stay in the context: truncate those you reject."""
+        s = _call(self._raw.score, list(tokens), k)
+        top = lambda lst: [(t.token, t.text, t.logprob) for t in lst]  # noqa: E731
+        return [(t.logprob, top(t.top)) for t in s.tokens], top(s.next)
+
+    # Snapshots.
+    def save(self, name):
+        """Saves the context as snapshot ``name`` (the server's snapshot store)."""
+        _call(self._raw.save, name)
+        return self
+
+    @classmethod
+    def open(cls, name):
+        """A new context restored from snapshot ``name``."""
+        return cls(_raw=_call(_contexts.Context.open, name))
+
+    # Raw page operations.
+    def reserve_pages(self, n):
+        """Reserves ``n`` working pages ahead."""
+        _call(self._raw.reserve_pages, n)
+        return self
+
+    def commit_pages(self, k):
+        """Commits the first ``k`` full working pages."""
+        _call(self._raw.commit_pages, k)
+        return self
+
+    def release_pages(self, n):
+        """Releases ``n`` working pages from the tail (reserved spares first)."""
+        _call(self._raw.release_pages, n)
+        return self
+
+    def truncate_working(self, n):
+        """Drops the last ``n`` tokens within the working pages."""
+        _call(self._raw.truncate_working, n)
+        return self
 
     # Lifetime.
     def drop(self):
@@ -250,6 +316,11 @@ def tokenize(text):
 
 def detokenize(tokens):
     return _call(_host.detokenize, list(tokens))
+
+
+def end_tokens():
+    """The tokens that end a generation (EOS and its kin)."""
+    return list(_host.end_tokens())
 
 
 def elapsed_us():

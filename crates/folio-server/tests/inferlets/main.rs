@@ -17,6 +17,7 @@ mod server;
 
 mod examples;
 mod hostile;
+mod interface;
 mod js;
 mod routes;
 mod search;
@@ -188,6 +189,10 @@ pub fn serial() -> MutexGuard<'static, ()> {
 /// Contexts one run may hold on the shared server.
 pub const CONTEXTS: usize = 6;
 
+/// Pages one run's contexts may hold on the shared server (of 512; the contexts'
+/// share is half the pool, so the run's quota is what stops a hog).
+pub const PAGES: usize = 120;
+
 /// The server the examples and the attacks share (each program uploaded once:
 /// compiling a Python component takes seconds). Hostile runs ask for a short time
 /// limit.
@@ -197,6 +202,7 @@ pub fn shared_server() -> SocketAddr {
         let mut cfg = folio_server::ServeConfig::default();
         cfg.inferlet_limits.memory_bytes = 192 << 20;
         cfg.inferlet_limits.contexts = CONTEXTS;
+        cfg.inferlet_limits.pages = PAGES;
         cfg.inferlet_limits.concurrent_runs = 2;
         cfg.inferlet_limits.output_bytes = 1 << 20;
         let s = server::start(cfg, server::small_engine());
@@ -210,6 +216,8 @@ pub fn shared_server() -> SocketAddr {
             "hostile",
             "beam",
             "lookup",
+            "score",
+            "snapshot",
         ] {
             let r = upload(a, name, &guest(name));
             assert_eq!(r.status, 201, "{name}: {}", r.text());

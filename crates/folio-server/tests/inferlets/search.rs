@@ -93,5 +93,12 @@ fn prompt_lookup_decoding_gives_the_greedy_text_and_accepts_drafted_tokens() {
         accepted >= 4 && accepted <= drafted,
         "the repeated phrase is drafted: {v}"
     );
+    // Each pass checks a whole draft: fewer passes than tokens.
+    let passes = v["passes"].as_u64().unwrap();
+    assert_eq!(
+        passes + accepted,
+        24,
+        "a pass gives its accepted tokens and one more: {v}"
+    );
     assert_no_page_held(a);
 }

@@ -420,6 +420,13 @@ impl Contexts {
         g.prompt_logprobs = r
             .prompt_logprobs
             .map(|k| PromptScores::new(k, tokens.len() - extra_len));
+        if let Some(p) = &g.prompt_logprobs {
+            // The row before the first scored token gives its figure: it is
+            // computed in this job even when the context had computed it.
+            if table.len() >= p.from {
+                kv.truncate_to(&mut table, p.from - 1);
+            }
+        }
         if r.speculative {
             g.spec = Some(Box::new(super::spec::SpecState::new(r.prediction)));
         }

@@ -252,7 +252,14 @@ impl Core {
         let vocab = self.model.config.vocab;
         let bad = j.tokens.iter().copied().find(|&t| t as usize >= vocab);
         if bad.is_none() && j.table.is_empty() {
-            self.kv.reuse_prefix(&mut j.table, &j.tokens);
+            // A scoring job computes the rows from the one before its first scored
+            // token (`reuse_prefix` keeps short of the last token it is given).
+            let reusable = match &j.purpose {
+                Purpose::Generate(g) => g.prompt_logprobs.as_ref().map(|p| p.from),
+                _ => None,
+            };
+            let upto = reusable.unwrap_or(j.tokens.len()).min(j.tokens.len());
+            self.kv.reuse_prefix(&mut j.table, &j.tokens[..upto]);
         }
         let ctx = Some((j.link, j.table));
         self.sched.push(j.req, j.tokens, j.salt, j.purpose, ctx);

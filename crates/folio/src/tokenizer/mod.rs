@@ -437,6 +437,11 @@ impl Tokenizer {
         self.eog.contains(&id)
     }
 
+    /// Every token that ends a generation.
+    pub fn eog_tokens(&self) -> &[u32] {
+        &self.eog
+    }
+
     /// Whether the file asks for a BOS token in front of every prompt.
     pub fn adds_bos(&self) -> bool {
         self.add_bos && self.bos.is_some()
