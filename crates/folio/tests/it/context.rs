@@ -299,3 +299,57 @@ fn chat_helpers_render_the_models_template() {
     let held = tok.decode_special(&ctx.tokens().unwrap());
     assert_eq!(held, rendered, "finish {:?}", reply[0].finish);
 }
+
+/// A context scores its request's own prompt tokens: the figures are a plain
+/// request's prompt log-probabilities of the same tokens, bit for bit, whether the
+/// context's last token was computed already (flushed: its row is recomputed),
+/// pending, or its tokens sit in the prefix cache; and the earlier tokens get none.
+#[test]
+fn a_context_scores_its_own_prompt_tokens_as_a_request_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = tiny_engine(&dir, None);
+    let all: Vec<u32> = (1..40).map(|i| (i * 7 % 60) as u32 + 3).collect();
+    let (head, tail) = all.split_at(23);
+    let mut req = greedy(1);
+    req.prompt = Prompt::Tokens(all.clone());
+    req.prompt_logprobs = Some(3);
+    let want =
+        e.submit(req).unwrap().collect_all().unwrap()[0].prompt_logprobs[head.len() - 1..].to_vec();
+    assert_eq!(want.len(), tail.len());
+    for flushed in [true, false] {
+        let ctx = e.context(None).unwrap();
+        ctx.append_tokens(head).unwrap();
+        if flushed {
+            ctx.flush().unwrap();
+        }
+        let mut r = greedy(1);
+        r.prompt = Prompt::Tokens(tail.to_vec());
+        r.prompt_logprobs = Some(3);
+        let mut got = Vec::new();
+        for ev in ctx.generate(r).unwrap() {
+            if let folio::engine::Event::PromptLogprobs(lp) = ev {
+                got = lp;
+            }
+        }
+        let bits = |v: &[folio::engine::TokenLogprob]| {
+            v.iter()
+                .map(|l| {
+                    let top: Vec<(u32, u32)> =
+                        l.top.iter().map(|&(t, p)| (t, p.to_bits())).collect();
+                    (l.logprob.to_bits(), top)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&got), bits(&want), "flushed {flushed}");
+        assert_eq!(ctx.info().unwrap().seq_len, all.len() + 1);
+    }
+    // Nothing to score is refused.
+    let ctx = e.context(None).unwrap();
+    ctx.append_tokens(head).unwrap();
+    let mut r = greedy(1);
+    r.prompt_logprobs = Some(1);
+    match ctx.generate(r) {
+        Err(err) => assert!(err.to_string().contains("prompt_logprobs"), "{err}"),
+        Ok(_) => panic!("scoring nothing was accepted"),
+    }
+}
