@@ -97,6 +97,10 @@ pub struct Args {
     /// of the pool (--context-pages) bounds all runs together besides.
     #[arg(long, default_value_t = 4096)]
     pub inferlet_pages: usize,
+    /// Allocate each inferlet run's instance afresh instead of from the pool of
+    /// warm slots reserved at start.
+    #[arg(long)]
+    pub no_inferlet_pool: bool,
     /// Largest inferlet upload (suffixes as --inferlet-memory).
     #[arg(long, value_parser = opts::parse_size, default_value = "64MiB")]
     pub inferlet_max_bytes: u64,
@@ -168,6 +172,7 @@ pub fn run(a: Args) -> Result<()> {
             memory_bytes: usize::try_from(a.inferlet_memory).unwrap_or(usize::MAX),
             contexts: a.inferlet_contexts,
             pages: a.inferlet_pages,
+            pooled: !a.no_inferlet_pool,
             concurrent_runs: a.max_inferlet_runs,
             program_bytes: usize::try_from(a.inferlet_max_bytes).unwrap_or(usize::MAX),
             ..folio_inferlet::Limits::default()

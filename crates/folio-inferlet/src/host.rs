@@ -92,7 +92,9 @@ impl Host {
         let mut cfg = Config::new();
         cfg.wasm_component_model(true);
         cfg.epoch_interruption(true);
-        cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool(&limits)));
+        if limits.pooled {
+            cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool(&limits)));
+        }
         let wasm = match wasmtime::Engine::new(&cfg) {
             Ok(w) => w,
             Err(e) => {

@@ -27,6 +27,9 @@ pub struct Limits {
     pub program_bytes: usize,
     /// Programs kept in a store.
     pub programs: usize,
+    /// Instances from the pooling allocator (slots reserved at start, reused warm);
+    /// off: each run's instance is allocated afresh.
+    pub pooled: bool,
 }
 
 /// How often the epoch ticks: the granularity of the time limit and of cancellation
@@ -45,6 +48,7 @@ impl Default for Limits {
             max_tokens: 4096,
             program_bytes: 64 << 20,
             programs: 64,
+            pooled: true,
         }
     }
 }
