@@ -212,3 +212,55 @@ fn js_prompt_lookup_with_score_is_greedy_in_fewer_passes_than_tokens() {
     assert!(passes < 24, "fewer forward passes than tokens: {v}");
     assert_no_page_held(a);
 }
+
+#[test]
+fn js_a_saved_snapshot_opens_with_the_same_tokens_and_continuation() {
+    let _s = serial();
+    if !js_ready() {
+        return;
+    }
+    let a = shared_server();
+    let input =
+        json!({"prompt": "The capital of France is", "name": "js-snapshot", "max_tokens": 12});
+    let out = chunks(a, "snapshot_js", input);
+    let v = out.last().unwrap();
+    assert_eq!(v["same_tokens"], true, "{v}");
+    assert_eq!(v["restored"], v["original"], "the same continuation: {v}");
+    let ops = v["ops"].as_array().unwrap();
+    let field = |i: usize, when: &str, k: &str| ops[i][when][k].as_u64().unwrap();
+    for (i, o) in ops.iter().enumerate().take(3) {
+        assert!(o["error"].is_null(), "{o}");
+        assert_eq!(
+            o["op"].as_str().unwrap(),
+            ["reservePages(2)", "releasePages(2)", "truncateWorking(1)"][i]
+        );
+    }
+    // Reserving and releasing pages leaves the tokens as they were, and the release
+    // leaves no more working pages than the reservation did.
+    for i in 0..2 {
+        assert_eq!(
+            field(i, "after", "seqLen"),
+            field(i, "before", "seqLen"),
+            "{v}"
+        );
+    }
+    assert!(
+        field(1, "after", "workingPages") <= field(0, "after", "workingPages"),
+        "{v}"
+    );
+    assert_eq!(
+        field(2, "after", "seqLen"),
+        field(2, "before", "seqLen") - 1,
+        "{v}"
+    );
+    // Committing a page: done, or refused with the SDK's error (no full working page).
+    let c = &ops[3];
+    assert!(c["error"].is_null() || c["error"].is_string(), "{c}");
+    assert!(
+        field(3, "after", "committedPages") >= field(3, "before", "committedPages"),
+        "{c}"
+    );
+    let d = crate::raw(a, "DELETE", "/v1/snapshots/js-snapshot", &[], b"");
+    assert_eq!(d.status, 200, "{}", d.text());
+    assert_no_page_held(a);
+}

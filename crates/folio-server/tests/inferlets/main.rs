@@ -85,7 +85,7 @@ pub fn guest(name: &str) -> Vec<u8> {
 }
 
 /// The JavaScript examples (`examples/inferlets/{name}.js`), uploaded as `{name}_js`.
-pub const JS_GUESTS: [&str; 8] = [
+pub const JS_GUESTS: [&str; 9] = [
     "generate",
     "best_of_n",
     "json_extract",
@@ -94,6 +94,7 @@ pub const JS_GUESTS: [&str; 8] = [
     "beam",
     "lookup",
     "hostile",
+    "snapshot",
 ];
 
 /// The component built from `examples/inferlets/{name}.js` by componentize-js (built
