@@ -79,6 +79,8 @@ function grammarOf(o) {
   return undefined;
 }
 
+const tokenLogprob = (t) => ({ token: t.token, text: t.text, logprob: t.logprob });
+
 /**
  * A sequence in the engine's paged KV cache, owned by this run.
  *
@@ -217,7 +219,62 @@ export class Context {
   /** One forward pass: the `k` most likely next tokens as `{token, text,
    * logprob}`, best first. The context is unchanged. */
   nextLogprobs(k = 5) {
-    return call(() => this.raw.nextLogprobs(k)).map((t) => ({ token: t.token, text: t.text, logprob: t.logprob }));
+    return call(() => this.raw.nextLogprobs(k)).map(tokenLogprob);
+  }
+
+  /**
+   * Appends `tokens` and computes them in one forward pass: `{tokens: [{logprob,
+   * top}], next}`, each drafted token's log-probability given what precedes it with
+   * the `k` (at most 20) likeliest tokens in its place (`top`, best first, as
+   * `{token, text, logprob}`), and the `k` likeliest after the last (`next`). The
+   * tokens stay in the context: truncate the ones you reject.
+   */
+  score(tokens, k = 1) {
+    const s = call(() => this.raw.score(Uint32Array.from(tokens), k >>> 0));
+    return {
+      tokens: s.tokens.map((t) => ({ logprob: t.logprob, top: t.top.map(tokenLogprob) })),
+      next: s.next.map(tokenLogprob),
+    };
+  }
+
+  // Snapshots.
+
+  /** Saves the context as the named snapshot (its pages pinned; the same store as
+   * `POST /v1/contexts/{id}/save`). */
+  save(name) {
+    call(() => this.raw.save(str(name, "save")));
+    return this;
+  }
+
+  /** A new context restored from the named snapshot. */
+  static open(name) {
+    return new Context({}, call(() => RawContext.open(str(name, "open"))));
+  }
+
+  // Raw page operations, for hand-written loops.
+
+  /** Reserves `n` working pages ahead (later input does not wait on allocation). */
+  reservePages(n) {
+    call(() => this.raw.reservePages(n >>> 0));
+    return this;
+  }
+
+  /** Commits the first `k` full working pages (shareable from then on). */
+  commitPages(k) {
+    call(() => this.raw.commitPages(k >>> 0));
+    return this;
+  }
+
+  /** Releases `n` working pages from the tail (reserved spares first). */
+  releasePages(n) {
+    call(() => this.raw.releasePages(n >>> 0));
+    return this;
+  }
+
+  /** Drops the last `n` tokens within the working pages (never a committed one). */
+  truncateWorking(n) {
+    call(() => this.raw.truncateWorking(n >>> 0));
+    return this;
   }
 
   // Lifetime.

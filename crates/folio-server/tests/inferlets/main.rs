@@ -19,6 +19,7 @@ mod examples;
 mod hostile;
 mod interface;
 mod js;
+mod js_hostile;
 mod routes;
 mod search;
 
@@ -85,7 +86,17 @@ pub fn guest(name: &str) -> Vec<u8> {
 }
 
 /// The JavaScript examples (`examples/inferlets/{name}.js`), uploaded as `{name}_js`.
-pub const JS_GUESTS: [&str; 3] = ["generate", "best_of_n", "json_extract"];
+pub const JS_GUESTS: [&str; 9] = [
+    "generate",
+    "best_of_n",
+    "json_extract",
+    "agent",
+    "chat",
+    "beam",
+    "lookup",
+    "hostile",
+    "snapshot",
+];
 
 /// The component built from `examples/inferlets/{name}.js` by componentize-js (built
 /// now if missing or stale). The build script exits with 3 when npm cannot install
