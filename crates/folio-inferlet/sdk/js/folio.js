@@ -22,7 +22,7 @@
  * names: options objects for keyword arguments, camelCase.
  */
 
-import { Context as RawContext } from "folio:inferlet/contexts@0.1.0";
+import { Context as RawContext, generateAll as rawGenerateAll } from "folio:inferlet/contexts@0.1.0";
 import * as host from "folio:inferlet/host@0.1.0";
 
 /** A host call failed: `kind` says whose fault, `message` what happened. */
@@ -80,6 +80,35 @@ function grammarOf(o) {
 }
 
 const tokenLogprob = (t) => ({ token: t.token, text: t.text, logprob: t.logprob });
+
+// The WIT `gen-params` of `Context.generate`'s options.
+function paramsOf(opts) {
+  const {
+    maxTokens = 128,
+    temperature = 0,
+    topK = 0,
+    topP = 1,
+    minP = 0,
+    seed = 0,
+    stop = [],
+    chat = false,
+    logprobs = false,
+    stream = false,
+  } = opts;
+  const sampling =
+    temperature > 0
+      ? { temperature: Number(temperature), topK: topK >>> 0, topP: Number(topP), minP: Number(minP), seed: BigInt(seed) }
+      : undefined;
+  return {
+    maxTokens: maxTokens >>> 0,
+    sampling,
+    stop: typeof stop === "string" ? [stop] : Array.from(stop, String),
+    grammar: grammarOf(opts),
+    chat: Boolean(chat),
+    logprobs: Boolean(logprobs),
+    stream: Boolean(stream),
+  };
+}
 
 /**
  * A sequence in the engine's paged KV cache, owned by this run.
@@ -156,7 +185,7 @@ export class Context {
     return Array.from(call(() => this.raw.tokens()));
   }
 
-  /** `{seqLen, pageSize, committedPages, workingPages, pendingTokens}`. */
+  /** `{seqLen, pageSize, committedPages, workingPages, pendingTokens, sparePages}`. */
   info() {
     const i = call(() => this.raw.info());
     return {
@@ -165,6 +194,7 @@ export class Context {
       committedPages: i.committedPages,
       workingPages: i.workingPages,
       pendingTokens: i.pendingTokens,
+      sparePages: i.sparePages,
     };
   }
 
@@ -183,32 +213,7 @@ export class Context {
    * `chat`, `logprobs`, `stream` (send each piece to the caller as it comes).
    */
   generate(opts = {}) {
-    const {
-      maxTokens = 128,
-      temperature = 0,
-      topK = 0,
-      topP = 1,
-      minP = 0,
-      seed = 0,
-      stop = [],
-      chat = false,
-      logprobs = false,
-      stream = false,
-    } = opts;
-    const sampling =
-      temperature > 0
-        ? { temperature: Number(temperature), topK: topK >>> 0, topP: Number(topP), minP: Number(minP), seed: BigInt(seed) }
-        : undefined;
-    const params = {
-      maxTokens: maxTokens >>> 0,
-      sampling,
-      stop: typeof stop === "string" ? [stop] : Array.from(stop, String),
-      grammar: grammarOf(opts),
-      chat: Boolean(chat),
-      logprobs: Boolean(logprobs),
-      stream: Boolean(stream),
-    };
-    return new Generation(call(() => this.raw.generate(params)));
+    return new Generation(call(() => this.raw.generate(paramsOf(opts))));
   }
 
   /** The assistant's reply in a chat (recorded as its message). */
@@ -309,6 +314,25 @@ export function tokenize(text) {
 
 export function detokenize(tokens) {
   return call(() => host.detokenize(Uint32Array.from(tokens)));
+}
+
+/**
+ * Generates on several contexts at once, batched by the engine (one weight read per
+ * step for all, as a request's `n` samples). `jobs` is a list of `[context, opts]`
+ * with `Context.generate`'s options; returns one `Generation` per job, in order (a
+ * job that failed throws once all are done).
+ */
+export function generateAll(jobs) {
+  const raw = rawGenerateAll(jobs.map(([c, o]) => [c.raw, paramsOf(o ?? {})]));
+  return raw.map((r) => {
+    if (r.tag === "err") throw new FolioError(r.val.kind, r.val.message);
+    return new Generation(r.val);
+  });
+}
+
+/** The tokens that end a generation (EOS and its kin). */
+export function endTokens() {
+  return Array.from(host.endTokens());
 }
 
 /** Microseconds since the run started. */
