@@ -6,10 +6,12 @@
 //! [`KvStorage::write`] (where forks, snapshots and the prefix cache find them), and
 //! hands back the requested logits or hidden states.
 //!
-//! Its arithmetic is not the CPU's (f32 activations where the CPU quantizes them to
-//! 8 bits, its own reduction orders): its [`Backend::kv_signature`] keeps its K/V out
-//! of the CPU's prefix cache and snapshots, and the tests hold its logits to the CPU's
-//! within a tolerance, not bit for bit.
+//! Its arithmetic is not the CPU's (by default f32 matmul inputs where the CPU rounds
+//! them to 8 bits, plus its own summation orders; or, with
+//! [`GpuBackend::with_llama_arithmetic`], 8-bit inputs as llama.cpp's): its
+//! [`Backend::kv_signature`] keeps its K/V out of the CPU's prefix cache and
+//! snapshots, and the tests hold its logits to the CPU's within a tolerance, not bit
+//! for bit, and to the exact model's fidelity bound.
 
 use crate::device::Gpu;
 use crate::error::GpuError;
@@ -31,6 +33,9 @@ pub struct GpuBackend {
     kernels: Kernels,
     weights: Weights,
     pool: Mutex<Option<Pool>>,
+    /// Matmul inputs rounded to 8 bits as llama.cpp (and the CPU backend) round them;
+    /// off by default: f32 inputs put the GPU nearer the exact model.
+    llama: bool,
 }
 
 impl GpuBackend {
@@ -53,16 +58,33 @@ impl GpuBackend {
             kernels,
             weights,
             pool: Mutex::new(None),
+            llama: false,
         })
     }
 
-    /// `model` (loaded from `path`) moved onto `gpu`, its CPU backend dropped; or, where
+    /// `model` (loaded from `path`) moved onto `gpu`, its CPU backend dropped, with
+    /// llama.cpp's arithmetic or not ([`GpuBackend::with_llama_arithmetic`]); or, where
     /// the GPU path cannot run it, `model` unchanged and why.
-    pub fn put_on(model: Model, path: &Path, gpu: Gpu) -> (Model, Result<(), GpuError>) {
+    pub fn put_on(
+        model: Model,
+        path: &Path,
+        gpu: Gpu,
+        llama_arithmetic: bool,
+    ) -> (Model, Result<(), GpuError>) {
         match Self::load(gpu, path, &model.config) {
-            Ok(b) => (model.with_backend(|_cpu| Box::new(b)), Ok(())),
+            Ok(b) => {
+                let b = b.with_llama_arithmetic(llama_arithmetic);
+                (model.with_backend(|_cpu| Box::new(b)), Ok(()))
+            }
             Err(e) => (model, Err(e)),
         }
+    }
+
+    /// The same backend with llama.cpp's arithmetic (every matmul input rounded to
+    /// 8-bit blocks, as the CPU backend's `Model::llama_arithmetic`), or without.
+    pub fn with_llama_arithmetic(mut self, on: bool) -> Self {
+        self.llama = on;
+        self
     }
 
     /// The adapter the backend runs on.
@@ -87,7 +109,11 @@ impl Backend for GpuBackend {
     }
 
     fn kv_signature(&self) -> Vec<u8> {
-        b"gpu:wgpu:f32-activations:v1".to_vec()
+        if self.llama {
+            b"gpu:wgpu:q8-inputs:v1".to_vec()
+        } else {
+            b"gpu:wgpu:f32-inputs:v1".to_vec()
+        }
     }
 
     fn step(
@@ -128,6 +154,7 @@ impl Backend for GpuBackend {
             config,
             pool,
             table: &table,
+            llama: self.llama,
         };
         let got = step.run(batch).map_err(StepError::Device)?;
         // Every new row's K and V to the host's storage.

@@ -11,8 +11,12 @@ pub(crate) struct Kernel(wgpu::ComputePipeline);
 /// Every pipeline the step records.
 pub(crate) struct Kernels {
     pub rms_norm: Kernel,
+    /// Q4_1 and Q8_0 matmuls on 8-bit inputs (llama.cpp's arithmetic).
     pub q4_1: Kernel,
     pub q8_0: Kernel,
+    /// The same on f32 inputs (the default).
+    pub q4_1_f32: Kernel,
+    pub q8_0_f32: Kernel,
     pub f32w: Kernel,
     pub quantize: Kernel,
     pub rope: Kernel,
@@ -51,6 +55,10 @@ impl Kernels {
             )
         };
         let matmul = module("matmul", include_str!("wgsl/matmul.wgsl"));
+        let matmul_f32_inputs = module(
+            "matmul_f32_inputs",
+            include_str!("wgsl/matmul_f32_inputs.wgsl"),
+        );
         Kernels {
             rms_norm: pipeline(
                 &module("rms_norm", include_str!("wgsl/rms_norm.wgsl")),
@@ -58,6 +66,8 @@ impl Kernels {
             ),
             q4_1: pipeline(&matmul, "q4_1"),
             q8_0: pipeline(&matmul, "q8_0"),
+            q4_1_f32: pipeline(&matmul_f32_inputs, "q4_1"),
+            q8_0_f32: pipeline(&matmul_f32_inputs, "q8_0"),
             f32w: pipeline(
                 &module("matmul_f32", include_str!("wgsl/matmul_f32.wgsl")),
                 "main",

@@ -35,6 +35,8 @@ pub(crate) struct Step<'a> {
     pub config: &'a Config,
     pub pool: &'a Pool,
     pub table: &'a StepTable,
+    /// Matmul inputs rounded to 8 bits (llama.cpp's arithmetic), else f32.
+    pub llama: bool,
 }
 
 fn f(x: f32) -> u32 {
@@ -108,18 +110,23 @@ impl Step<'_> {
             };
             // A matmul input into 8-bit blocks (in `aq`), for the matrices after it.
             let quantize = |p: &mut wgpu::ComputePass<'_>, a, width: usize, rows: usize| {
+                if !self.llama {
+                    return;
+                }
                 let groups = ((width as u32 / 32).div_ceil(WG), rows as u32);
                 let params = [width as u32, rows as u32];
                 Kernels::dispatch(gpu, p, &k.quantize, &params, &[a, &aq], groups);
             };
-            // `a` · `m`ᵀ into `y` (added with `add`): quantized formats read `aq`,
-            // which holds `a` quantized.
+            // `a` · `m`ᵀ into `y` (added with `add`): with llama.cpp's arithmetic the
+            // quantized formats read `aq`, which holds `a` quantized.
             let matmul =
                 |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows: usize, add: bool| {
-                    let (kernel, input): (&Kernel, &wgpu::Buffer) = match m.format {
-                        Format::Q4_1 => (&k.q4_1, &aq),
-                        Format::Q8_0 => (&k.q8_0, &aq),
-                        Format::F32 => (&k.f32w, a),
+                    let (kernel, input): (&Kernel, &wgpu::Buffer) = match (m.format, self.llama) {
+                        (Format::Q4_1, true) => (&k.q4_1, &aq),
+                        (Format::Q8_0, true) => (&k.q8_0, &aq),
+                        (Format::Q4_1, false) => (&k.q4_1_f32, a),
+                        (Format::Q8_0, false) => (&k.q8_0_f32, a),
+                        (Format::F32, _) => (&k.f32w, a),
                     };
                     let params = [m.cols as u32, m.rows as u32, rows as u32, add as u32];
                     let groups = (

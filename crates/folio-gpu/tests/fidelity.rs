@@ -2,8 +2,9 @@
 //! contract in `folio::model::Backend`): teacher-forced top-5 log-probabilities of the
 //! float64 evaluation of the default model (`crates/folio/tests/fixtures/
 //! reference_f64.json`, `scripts/reference_f64.py`) no farther from it than
-//! llama.cpp's farther build (mean and max |Δ|). The CPU backend's distance is printed
-//! beside it.
+//! llama.cpp's farther build (mean and max |Δ|) over the same cases. The CPU
+//! backend's distance is printed beside it. Two of the nine cases run ([`CASES`]):
+//! on lavapipe (a software rasterizer) four of them took 2.5 minutes on 2 cores.
 //!
 //! Without a Vulkan adapter the test says so and returns.
 
@@ -13,6 +14,9 @@ use folio::Model;
 use folio_gpu::{Gpu, GpuBackend};
 use serde_json::Value;
 use std::path::PathBuf;
+
+/// The cases run (the fixture's "long" alone is half its positions).
+const CASES: [&str; 2] = ["short", "digits"];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -51,6 +55,7 @@ fn distance(m: &Model, cases: &[Value]) -> (f64, f64) {
     (sum / n as f64, max)
 }
 
+/// The GPU's default arithmetic (f32 matmul inputs).
 #[test]
 fn the_gpu_is_no_farther_from_the_exact_model_than_llama_cpp() {
     let gpu = match Gpu::open(true) {
@@ -66,29 +71,41 @@ fn the_gpu_is_no_farther_from_the_exact_model_than_llama_cpp() {
     )
     .unwrap();
     let builds = fx["llama_cpp"]["builds"].as_object().unwrap();
-    let far = |key: &str| {
-        builds
-            .values()
-            .map(|b| b[key].as_f64().unwrap())
-            .fold(0f64, f64::max)
-    };
-    let (bound_mean, bound_max) = (far("mean"), far("max"));
-    let cases = fx["cases"].as_array().unwrap();
+    // Each build's (mean, max) over the cases run, from its per-case (sum, max, count).
+    let figures = builds.values().map(|b| {
+        let (mut sum, mut max, mut n) = (0f64, 0f64, 0f64);
+        for name in CASES {
+            let c = &b["per_case"][name];
+            sum += c[0].as_f64().unwrap();
+            max = max.max(c[1].as_f64().unwrap());
+            n += c[2].as_f64().unwrap();
+        }
+        (sum / n, max)
+    });
+    let (bound_mean, bound_max) = figures.fold((0f64, 0f64), |a, b| (a.0.max(b.0), a.1.max(b.1)));
+    let cases: Vec<Value> = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| CASES.contains(&c["name"].as_str().unwrap()))
+        .cloned()
+        .collect();
+    assert_eq!(cases.len(), CASES.len());
     let path = std::env::var_os("FOLIO_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     let cpu = Model::load(&path, 2).unwrap();
-    let (cm, cx) = distance(&cpu, cases);
+    let (cm, cx) = distance(&cpu, &cases);
     let on_gpu = {
-        let (m, r) = GpuBackend::put_on(Model::load(&path, 2).unwrap(), &path, gpu);
+        let (m, r) = GpuBackend::put_on(Model::load(&path, 2).unwrap(), &path, gpu, false);
         r.unwrap();
         m
     };
-    let (gm, gx) = distance(&on_gpu, cases);
+    let (gm, gx) = distance(&on_gpu, &cases);
     eprintln!(
         "|Δ logprob| vs the exact model over {} cases: gpu mean {gm:.4} max {gx:.4}; \
          cpu mean {cm:.4} max {cx:.4}; llama.cpp's farther build mean {bound_mean:.4} \
-         max {bound_max:.4}",
+         max {bound_max:.4} (cases {CASES:?})",
         cases.len()
     );
     assert!(gm <= bound_mean, "gpu mean {gm} > llama.cpp's {bound_mean}");
