@@ -46,7 +46,7 @@ impl GpuBackend {
         weights::check(config)?;
         let g = Gguf::open(path)?;
         let weights = weights::load(&gpu, &g, config)?;
-        let kernels = Kernels::new(&gpu);
+        let kernels = Kernels::new(&gpu)?;
         tracing::info!(
             adapter = %gpu.adapter().name,
             widened = weights.widened,
@@ -156,7 +156,15 @@ impl Backend for GpuBackend {
             table: &table,
             llama: self.llama,
         };
-        let got = step.run(batch).map_err(StepError::Device)?;
+        let scope = self
+            .gpu
+            .device
+            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let got = step.run(batch);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(StepError::Device(e.to_string()));
+        }
+        let got = got.map_err(StepError::Device)?;
         // Every new row's K and V to the host's storage.
         let d = config.kv_dim();
         let n = table.rows.len();

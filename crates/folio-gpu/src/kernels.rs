@@ -4,6 +4,7 @@
 //! and how it is dispatched.
 
 use crate::device::Gpu;
+use crate::error::GpuError;
 
 /// A kernel: its pipeline (its bind group layout inferred from the shader).
 pub(crate) struct Kernel(wgpu::ComputePipeline);
@@ -33,7 +34,18 @@ pub(crate) const MATMUL_ROWS: u32 = 8;
 pub(crate) const Q8_WORDS: usize = 10;
 
 impl Kernels {
-    pub fn new(gpu: &Gpu) -> Self {
+    /// Every kernel compiled for `gpu`; a shader or pipeline the device refuses is
+    /// [`GpuError::Device`].
+    pub fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let kernels = Self::compile(gpu);
+        match pollster::block_on(scope.pop()) {
+            None => Ok(kernels),
+            Some(e) => Err(GpuError::Device(format!("compiling the kernels: {e}"))),
+        }
+    }
+
+    fn compile(gpu: &Gpu) -> Self {
         let module = |name: &str, src: &str| {
             gpu.device
                 .create_shader_module(wgpu::ShaderModuleDescriptor {

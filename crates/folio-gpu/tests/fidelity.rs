@@ -3,8 +3,9 @@
 //! float64 evaluation of the default model (`crates/folio/tests/fixtures/
 //! reference_f64.json`, `scripts/reference_f64.py`) no farther from it than
 //! llama.cpp's farther build (mean and max |Δ|) over the same cases. The CPU
-//! backend's distance is printed beside it. Two of the nine cases run ([`CASES`]):
-//! on lavapipe (a software rasterizer) four of them took 2.5 minutes on 2 cores.
+//! backend's distance is printed beside it. One of the nine cases runs ([`CASES`]):
+//! on lavapipe (a software rasterizer, CI's device) four of them took 2.5 minutes on
+//! 2 cores, "short" and "digits" 45–86 s; docs/gpu.md has the wider figures.
 //!
 //! Without a Vulkan adapter the test says so and returns.
 
@@ -16,7 +17,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 /// The cases run (the fixture's "long" alone is half its positions).
-const CASES: [&str; 2] = ["short", "digits"];
+const CASES: [&str; 1] = ["short"];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
