@@ -20,6 +20,12 @@ if ! command -v nginx >/dev/null; then
     echo "installing nginx-light (the cluster test's consistent-hash router)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
 fi
+# The GPU backend's tests (crates/folio-gpu) run on Mesa's lavapipe, Vulkan on the
+# CPU, where there is no GPU; without any adapter they skip, saying so.
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+    echo "installing mesa-vulkan-drivers (lavapipe: the GPU backend's tests on the CPU)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 # The example inferlets (Python guests, componentize-py installed into

@@ -122,11 +122,12 @@ pub fn run(mut a: Args) -> Result<()> {
     let threads = model.threads();
     let reps = a.reps as usize;
     println!(
-        "folio bench: {} | {} threads | kernels {} | kv {:?}",
+        "folio bench: {} | {} threads | kernels {} | kv {:?} | backend {}",
         a.model.path()?.display(),
         threads,
         folio::machine::isa_name(),
-        a.model.kv
+        a.model.kv,
+        model.backend().describe()
     );
 
     let prompt = bench_prompt(&model, a.pp);

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use folio::kv::KvDtype;
 use folio::{EngineConfig, Model, Prompt, Request, SamplingParams};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The default model's file name, as `scripts/setup.sh` fetches it.
 pub const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -58,6 +58,19 @@ pub struct ModelArgs {
     /// The output is the same token for token either way.
     #[arg(long, value_enum, default_value_t = SpecArg::Auto)]
     pub spec: SpecArg,
+    /// Where the forward pass runs: `cpu`; `gpu` (a Vulkan adapter, a software one such
+    /// as lavapipe included; an error without one); `auto`, a hardware GPU where
+    /// there is one, else the CPU. A model, or a K/V type, the GPU path does not run
+    /// stays on the CPU, with a log line.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceArg {
+    Cpu,
+    Gpu,
+    Auto,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,7 +220,38 @@ impl ModelArgs {
         let path = self.path()?;
         let m = Model::load(&path, self.threads)
             .with_context(|| format!("loading {}", path.display()))?;
-        Ok(self.arithmetic(m))
+        self.place(self.arithmetic(m), &path)
+    }
+
+    /// `model` (loaded from `path`) on the device `--device` asks for (see the flag).
+    pub fn place(&self, model: Model, path: &Path) -> Result<Model> {
+        let forced = match self.device {
+            DeviceArg::Cpu => return Ok(model),
+            DeviceArg::Gpu => true,
+            DeviceArg::Auto => false,
+        };
+        let gpu = match folio_gpu::Gpu::open(forced) {
+            Ok(g) => g,
+            Err(e) if forced => anyhow::bail!("--device gpu: {e}"),
+            Err(e) => {
+                tracing::info!("--device auto: {e}; the forward pass runs on the CPU");
+                return Ok(model);
+            }
+        };
+        if self.kv_dtype == KvDtypeArg::Q8_0 {
+            tracing::warn!("the gpu backend does not read 8-bit K/V yet: running on the CPU");
+            return Ok(model);
+        }
+        match folio_gpu::GpuBackend::put_on(model, path, gpu, self.llama_arithmetic) {
+            (m, Ok(())) => {
+                tracing::info!(backend = %m.backend().describe(), "the forward pass runs on the GPU");
+                Ok(m)
+            }
+            (m, Err(e)) => {
+                tracing::warn!("{e}: running on the CPU");
+                Ok(m)
+            }
+        }
     }
 
     /// `model` with the arithmetic the flags ask for.

@@ -236,7 +236,7 @@ fn load(
     warm(path).with_context(|| format!("reading {}", path.display()))?;
     let model =
         Model::load(path, args.threads).with_context(|| format!("loading {}", path.display()))?;
-    let model = args.arithmetic(model);
+    let model = args.place(args.arithmetic(model), path)?;
     let mut config = args.engine_config(&model, DEFAULT_SEQUENCES)?;
     config.max_batch_tokens = max_batch_tokens;
     // A server's contexts belong to its clients: they share half the pool by default.

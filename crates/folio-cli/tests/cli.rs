@@ -693,3 +693,44 @@ fn run_prints_what_an_inferlet_emits_and_matches_generate() {
         String::from_utf8_lossy(&bad.stderr)
     );
 }
+
+/// `--device`: `auto` stays on the CPU where the only Vulkan adapter is a software one
+/// (lavapipe, as in CI) or there is none, saying why at `FOLIO_LOG=info`; `gpu` runs on
+/// lavapipe, and its greedy answer is the CPU's on this prompt. Without any adapter,
+/// `gpu` is an error naming the flag (and the rest is skipped).
+#[test]
+fn the_device_flag_picks_the_backend_or_says_why_not() {
+    let run = |device: &str| {
+        folio_with(
+            &[
+                "generate",
+                "The capital of France is",
+                "--temperature",
+                "0",
+                "--max-tokens",
+                "8",
+                "--json",
+                "--device",
+                device,
+            ],
+            None,
+            &[("FOLIO_LOG", "info")],
+        )
+    };
+    let cpu = json(&run("cpu"));
+    let auto = run("auto");
+    let log = String::from_utf8_lossy(&auto.stderr).to_string();
+    if !log.contains("runs on the GPU") {
+        assert!(log.contains("the forward pass runs on the CPU"), "{log}");
+        assert_eq!(json(&auto)["text"], cpu["text"]);
+    }
+    let gpu = run("gpu");
+    let log = String::from_utf8_lossy(&gpu.stderr).to_string();
+    if !gpu.status.success() {
+        assert!(log.contains("--device gpu: no GPU adapter found"), "{log}");
+        eprintln!("skipped the GPU run: no Vulkan adapter");
+        return;
+    }
+    assert!(log.contains("the forward pass runs on the GPU"), "{log}");
+    assert_eq!(json(&gpu)["text"], cpu["text"], "{log}");
+}

@@ -49,6 +49,10 @@ pub enum StepError {
     BadBatch { seq: usize, reason: String },
     #[error("the model computed non-finite logits (the weights or the input are broken)")]
     NonFinite,
+    /// A backend's device failed the step (lost, out of memory, a pool larger than it
+    /// holds): the backend's own words.
+    #[error("the backend's device failed the step: {0}")]
+    Device(String),
 }
 
 impl StepError {
@@ -57,7 +61,9 @@ impl StepError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             StepError::Empty { .. } | StepError::BadToken(_) => ErrorKind::Invalid,
-            StepError::BadBatch { .. } | StepError::NonFinite => ErrorKind::Internal,
+            StepError::BadBatch { .. } | StepError::NonFinite | StepError::Device(_) => {
+                ErrorKind::Internal
+            }
         }
     }
 }

@@ -12,12 +12,14 @@
 //!   block, head.
 //! - `attention`: paged attention (plan, run, combine).
 //! - `config`, `weights`, `rope`, `ops`: the layer's description and its small steps.
+//! - `dequant`: [`dequantize`], a tensor's rows as floats for backends of their own.
 //! - `sampler`, `step_logits`: what comes out of a step.
 
 mod attention;
 mod backend;
 mod config;
 mod cpu;
+mod dequant;
 mod error;
 mod forward;
 mod loaded;
@@ -37,6 +39,7 @@ pub use attention::{attention, AttentionStep, Heads, Scores, ROW_BLOCK, SPLIT_KE
 pub use backend::Backend;
 pub use config::{Activation, Arch, Config, LayerSpec, SUPPORTED};
 pub use cpu::CpuBackend;
+pub use dequant::dequantize;
 pub use error::{ModelError, StepError};
 pub use loaded::Model;
 pub use rope::{Rope, RopeStyle, SCALING_TYPES};

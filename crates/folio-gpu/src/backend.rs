@@ -1,0 +1,188 @@
+//! [`GpuBackend`]: folio's [`Backend`] on a wgpu device. It owns the weights in
+//! device memory ([`crate::weights`]), the compiled kernels and the device's K/V pool
+//! ([`crate::pool`], whose module doc states which pages each step uploads). Each step
+//! lays the batch out ([`crate::table`]), uploads the pages it reads, runs
+//! ([`crate::step`]), writes every new row's K and V to the host storage through
+//! [`KvStorage::write`] (where forks, snapshots and the prefix cache find them), and
+//! hands back the requested logits or hidden states.
+//!
+//! Its arithmetic is not the CPU's (by default f32 matmul inputs where the CPU rounds
+//! them to 8 bits, plus its own summation orders; or, with
+//! [`GpuBackend::with_llama_arithmetic`], 8-bit inputs as llama.cpp's): its
+//! [`Backend::kv_signature`] keeps its K/V out of the CPU's prefix cache and
+//! snapshots, and the tests hold its logits to the CPU's within a tolerance, not bit
+//! for bit, and to the exact model's fidelity bound.
+
+use crate::device::Gpu;
+use crate::error::GpuError;
+use crate::kernels::Kernels;
+use crate::pool::Pool;
+use crate::step::Step;
+use crate::table::{StepTable, TableError};
+use crate::weights::{self, Weights};
+use folio::gguf::Gguf;
+use folio::kv::KvStorage;
+use folio::model::{Backend, Config, Model, StepError, StepLogits};
+use folio::Batch;
+use std::path::Path;
+use std::sync::Mutex;
+
+/// The forward step on a GPU.
+pub struct GpuBackend {
+    gpu: Gpu,
+    kernels: Kernels,
+    weights: Weights,
+    pool: Mutex<Option<Pool>>,
+    /// Matmul inputs rounded to 8 bits as llama.cpp (and the CPU backend) round them;
+    /// off by default: f32 inputs put the GPU nearer the exact model.
+    llama: bool,
+}
+
+impl GpuBackend {
+    /// The weights of the GGUF file at `path` (whose configuration is `config`, as the
+    /// model loaded it) uploaded to `gpu`. A model the GPU path does not run is
+    /// [`GpuError::Unsupported`].
+    pub fn load(gpu: Gpu, path: &Path, config: &Config) -> Result<Self, GpuError> {
+        weights::check(config)?;
+        let g = Gguf::open(path)?;
+        let weights = weights::load(&gpu, &g, config)?;
+        let kernels = Kernels::new(&gpu)?;
+        tracing::info!(
+            adapter = %gpu.adapter().name,
+            widened = weights.widened,
+            bytes = weights.bytes_per_token(),
+            "gpu: weights uploaded"
+        );
+        Ok(GpuBackend {
+            gpu,
+            kernels,
+            weights,
+            pool: Mutex::new(None),
+            llama: false,
+        })
+    }
+
+    /// `model` (loaded from `path`) moved onto `gpu`, its CPU backend dropped, with
+    /// llama.cpp's arithmetic or not ([`GpuBackend::with_llama_arithmetic`]); or, where
+    /// the GPU path cannot run it, `model` unchanged and why.
+    pub fn put_on(
+        model: Model,
+        path: &Path,
+        gpu: Gpu,
+        llama_arithmetic: bool,
+    ) -> (Model, Result<(), GpuError>) {
+        match Self::load(gpu, path, &model.config) {
+            Ok(b) => {
+                let b = b.with_llama_arithmetic(llama_arithmetic);
+                (model.with_backend(|_cpu| Box::new(b)), Ok(()))
+            }
+            Err(e) => (model, Err(e)),
+        }
+    }
+
+    /// The same backend with llama.cpp's arithmetic (every matmul input rounded to
+    /// 8-bit blocks, as the CPU backend's `Model::llama_arithmetic`), or without.
+    pub fn with_llama_arithmetic(mut self, on: bool) -> Self {
+        self.llama = on;
+        self
+    }
+
+    /// The adapter the backend runs on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+}
+
+impl Backend for GpuBackend {
+    fn describe(&self) -> String {
+        let a = self.gpu.adapter();
+        let kind = if a.software { ", software" } else { "" };
+        format!("gpu {} ({}{kind}) wgpu/vulkan", a.name, a.driver.trim())
+    }
+
+    fn threads(&self) -> usize {
+        1
+    }
+
+    fn bytes_per_token(&self) -> usize {
+        self.weights.bytes_per_token()
+    }
+
+    fn kv_signature(&self) -> Vec<u8> {
+        if self.llama {
+            b"gpu:wgpu:q8-inputs:v1".to_vec()
+        } else {
+            b"gpu:wgpu:f32-inputs:v1".to_vec()
+        }
+    }
+
+    fn step(
+        &self,
+        config: &Config,
+        batch: &Batch,
+        kv: &mut dyn KvStorage,
+        out: &mut StepLogits,
+    ) -> Result<(), StepError> {
+        let table = StepTable::new(batch).map_err(|e| match e {
+            TableError::MixedPageSizes => {
+                StepError::Device("one step's sequences have different page sizes".into())
+            }
+        })?;
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let (n_pages, page_size) = (kv.num_pages(), table.page_size);
+        if pool
+            .as_ref()
+            .is_none_or(|p| p.n_pages != n_pages || p.page_size != page_size)
+        {
+            *pool = None;
+            let p = Pool::new(
+                &self.gpu,
+                config.n_layers,
+                n_pages,
+                page_size,
+                config.kv_dim(),
+            );
+            *pool = Some(p.map_err(StepError::Device)?);
+        }
+        let pool = pool.as_ref().expect("made above");
+        pool.upload(&self.gpu, &*kv, &table.reads)
+            .map_err(StepError::Device)?;
+        let step = Step {
+            gpu: &self.gpu,
+            kernels: &self.kernels,
+            weights: &self.weights,
+            config,
+            pool,
+            table: &table,
+            llama: self.llama,
+        };
+        let scope = self
+            .gpu
+            .device
+            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let got = step.run(batch);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(StepError::Device(e.to_string()));
+        }
+        let got = got.map_err(StepError::Device)?;
+        // Every new row's K and V to the host's storage.
+        let d = config.kv_dim();
+        let n = table.rows.len();
+        for (r, &(s, pos)) in table.rows.iter().enumerate() {
+            let (page, slot) = batch.seqs[s].slot(pos);
+            for layer in 0..config.n_layers {
+                let at = (layer * n + r) * d;
+                kv.write(page.0, layer, slot, &got.k[at..at + d], &got.v[at..at + d]);
+            }
+        }
+        out.reset(config.vocab, batch.seqs.iter().map(|s| s.logit_rows()));
+        out.data_mut().copy_from_slice(&got.logits);
+        out.reset_states(config.dim, batch.seqs.iter().map(|s| s.state_rows()));
+        out.states_mut().copy_from_slice(&got.states);
+        let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
+        if !finite(&got.logits) || !finite(&got.states) {
+            return Err(StepError::NonFinite);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! The compute kernels (WGSL, in `wgsl/`), compiled once per device, and
+//! [`Kernels::dispatch`], which binds a kernel's uniform parameters and buffers in
+//! binding order and records one dispatch. Each kernel's file says what it computes
+//! and how it is dispatched.
+
+use crate::device::Gpu;
+use crate::error::GpuError;
+
+/// A kernel: its pipeline (its bind group layout inferred from the shader).
+pub(crate) struct Kernel(wgpu::ComputePipeline);
+
+/// Every pipeline the step records.
+pub(crate) struct Kernels {
+    pub rms_norm: Kernel,
+    /// Q4_1 and Q8_0 matmuls on 8-bit inputs (llama.cpp's arithmetic).
+    pub q4_1: Kernel,
+    pub q8_0: Kernel,
+    /// The same on f32 inputs (the default).
+    pub q4_1_f32: Kernel,
+    pub q8_0_f32: Kernel,
+    pub f32w: Kernel,
+    pub quantize: Kernel,
+    pub rope: Kernel,
+    pub kv_store: Kernel,
+    pub attention: Kernel,
+    pub swiglu: Kernel,
+}
+
+/// Workgroup width of every kernel.
+pub(crate) const WG: u32 = 64;
+/// Rows one matmul invocation computes (`TR` in `matmul.wgsl`).
+pub(crate) const MATMUL_ROWS: u32 = 8;
+/// Words of one 8-bit activation block (`quantize.wgsl`).
+pub(crate) const Q8_WORDS: usize = 10;
+
+impl Kernels {
+    /// Every kernel compiled for `gpu`; a shader or pipeline the device refuses is
+    /// [`GpuError::Device`].
+    pub fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let kernels = Self::compile(gpu);
+        match pollster::block_on(scope.pop()) {
+            None => Ok(kernels),
+            Some(e) => Err(GpuError::Device(format!("compiling the kernels: {e}"))),
+        }
+    }
+
+    fn compile(gpu: &Gpu) -> Self {
+        let module = |name: &str, src: &str| {
+            gpu.device
+                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(name),
+                    source: wgpu::ShaderSource::Wgsl(src.into()),
+                })
+        };
+        let pipeline = |m: &wgpu::ShaderModule, entry: &str| {
+            Kernel(
+                gpu.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(entry),
+                        layout: None,
+                        module: m,
+                        entry_point: Some(entry),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    }),
+            )
+        };
+        let matmul = module("matmul", include_str!("wgsl/matmul.wgsl"));
+        let matmul_f32_inputs = module(
+            "matmul_f32_inputs",
+            include_str!("wgsl/matmul_f32_inputs.wgsl"),
+        );
+        Kernels {
+            rms_norm: pipeline(
+                &module("rms_norm", include_str!("wgsl/rms_norm.wgsl")),
+                "main",
+            ),
+            q4_1: pipeline(&matmul, "q4_1"),
+            q8_0: pipeline(&matmul, "q8_0"),
+            q4_1_f32: pipeline(&matmul_f32_inputs, "q4_1"),
+            q8_0_f32: pipeline(&matmul_f32_inputs, "q8_0"),
+            f32w: pipeline(
+                &module("matmul_f32", include_str!("wgsl/matmul_f32.wgsl")),
+                "main",
+            ),
+            quantize: pipeline(
+                &module("quantize", include_str!("wgsl/quantize.wgsl")),
+                "main",
+            ),
+            rope: pipeline(&module("rope", include_str!("wgsl/rope.wgsl")), "main"),
+            kv_store: pipeline(
+                &module("kv_store", include_str!("wgsl/kv_store.wgsl")),
+                "main",
+            ),
+            attention: pipeline(
+                &module("attention", include_str!("wgsl/attention.wgsl")),
+                "main",
+            ),
+            swiglu: pipeline(&module("swiglu", include_str!("wgsl/swiglu.wgsl")), "main"),
+        }
+    }
+
+    /// Records `kernel` over `groups` workgroups with `params` (binding 0, a uniform)
+    /// and `buffers` (bindings 1.., whole buffers).
+    pub fn dispatch(
+        gpu: &Gpu,
+        pass: &mut wgpu::ComputePass<'_>,
+        kernel: &Kernel,
+        params: &[u32],
+        buffers: &[&wgpu::Buffer],
+        groups: (u32, u32),
+    ) {
+        if groups.0 == 0 || groups.1 == 0 {
+            return;
+        }
+        let params = gpu.params(params);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: params.as_entire_binding(),
+        }];
+        for (i, b) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &kernel.0.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        pass.set_pipeline(&kernel.0);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(groups.0, groups.1, 1);
+    }
+}

@@ -1,0 +1,28 @@
+//! folio's GPU backend: the llama family's forward step as WGSL compute kernels on
+//! wgpu (Vulkan), behind folio's backend seam ([`folio::model::Backend`]). The
+//! scheduler, contexts, snapshots and server run on it unchanged.
+//!
+//! - `device`: [`Gpu`], finding an adapter (hardware first; software only when asked)
+//!   and the buffers in and out.
+//! - `weights`: the weights uploaded once, Q4_1 and Q8_0 in their blocks.
+//! - `pool`: the device's K/V pages, by the host pool's page ids; what each step
+//!   uploads.
+//! - `table`: a batch as the kernels read it (the CSR page tables).
+//! - `kernels` (+ `wgsl/`): the compute kernels; `step`: one step's dispatches.
+//! - `backend`: [`GpuBackend`], the [`folio::model::Backend`].
+//!
+//! Nothing here needs a GPU to build or test: without an adapter [`Gpu::open`] is
+//! [`GpuError::NoAdapter`] and callers stay on the CPU.
+
+mod backend;
+mod device;
+mod error;
+mod kernels;
+mod pool;
+mod step;
+mod table;
+mod weights;
+
+pub use backend::GpuBackend;
+pub use device::{adapters, AdapterSummary, Gpu};
+pub use error::GpuError;

@@ -1,0 +1,243 @@
+//! One forward step on the device: the batch's rows through every layer in one
+//! compute pass (wgpu orders the dispatches), then one copy of what comes back (the
+//! requested logits, the requested hidden states, every new row's K and V).
+//!
+//! Per layer: RMSNorm → Q, K, V matmuls → RoPE (the host's tables) → K/V into the
+//! pool and the step's copy → paged attention over each row's own pages → output
+//! matmul added to the residual → RMSNorm → gate, up → SiLU gate → down added to the
+//! residual. Then the final norm of the picked rows and the head. Every row of the
+//! ragged batch (prefill chunks and decode rows alike) shares each matmul.
+
+use crate::device::Gpu;
+use crate::kernels::{Kernel, Kernels, MATMUL_ROWS, Q8_WORDS, WG};
+use crate::pool::Pool;
+use crate::table::StepTable;
+use crate::weights::{Format, Matrix, Weights};
+use folio::model::Config;
+use folio::Batch;
+
+/// What a step brings back.
+pub(crate) struct Output {
+    /// `vocab` per picked row.
+    pub logits: Vec<f32>,
+    /// `dim` per hidden row.
+    pub states: Vec<f32>,
+    /// Layer by layer, row by row: each new row's K (`kv_dim` each).
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+/// One step's inputs.
+pub(crate) struct Step<'a> {
+    pub gpu: &'a Gpu,
+    pub kernels: &'a Kernels,
+    pub weights: &'a Weights,
+    pub config: &'a Config,
+    pub pool: &'a Pool,
+    pub table: &'a StepTable,
+    /// Matmul inputs rounded to 8 bits (llama.cpp's arithmetic), else f32.
+    pub llama: bool,
+}
+
+fn f(x: f32) -> u32 {
+    x.to_bits()
+}
+
+impl Step<'_> {
+    pub fn run(&self, batch: &Batch) -> Result<Output, String> {
+        let (gpu, c, w, t) = (self.gpu, self.config, self.weights, self.table);
+        let n = t.rows.len();
+        let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let (npick, nhid) = (t.picked.len(), t.hidden.len());
+        // The residual stream starts as each row's embedding.
+        let mut x = Vec::with_capacity(n * d);
+        for tok in batch.seqs.iter().flat_map(|s| s.tokens.iter()) {
+            let mut row = w.embed.row(*tok);
+            if let Some(s) = c.embed_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+            x.extend(row);
+        }
+        // RoPE tables, the CPU path's own.
+        let half = c.rope.dims / 2;
+        let mut rope = Vec::with_capacity(n * half * 2);
+        let mut row = Vec::new();
+        for &(_, pos) in &t.rows {
+            c.rope.table(pos, &mut row);
+            rope.extend(row.iter().flat_map(|&(cs, sn)| [cs, sn]));
+        }
+        let ident: Vec<u32> = (0..n as u32).collect();
+        let fbytes = |len: usize| (len * 4) as u64;
+        let x = gpu.upload("x", bytemuck::cast_slice(&x));
+        let rope = gpu.upload("rope", bytemuck::cast_slice(&rope));
+        let ident = gpu.upload("rows", bytemuck::cast_slice(&ident));
+        let tab = gpu.upload("pages", bytemuck::cast_slice(&t.tab));
+        let slots = gpu.upload("slots", bytemuck::cast_slice(&t.slots));
+        let picked = gpu.upload("picked", bytemuck::cast_slice(&t.picked));
+        let hidden = gpu.upload("hidden", bytemuck::cast_slice(&t.hidden));
+        let h = gpu.scratch("h", fbytes(n * d));
+        let q = gpu.scratch("q", fbytes(n * qd));
+        let kb = gpu.scratch("k", fbytes(n * kvd));
+        let vb = gpu.scratch("v", fbytes(n * kvd));
+        let att = gpu.scratch("att", fbytes(n * qd));
+        let gate = gpu.scratch("gate", fbytes(n * ff));
+        let up = gpu.scratch("up", fbytes(n * ff));
+        let kv_len = c.n_layers * n * kvd;
+        let knew = gpu.scratch("k new", fbytes(kv_len));
+        let vnew = gpu.scratch("v new", fbytes(kv_len));
+        let hp = gpu.scratch("head input", fbytes(npick * d));
+        let widest = d.max(qd).max(ff);
+        let aq = gpu.scratch("8-bit input", fbytes(n.max(npick) * widest / 32 * Q8_WORDS));
+        let logits = gpu.scratch("logits", fbytes(npick * c.vocab));
+        let states = gpu.scratch("states", fbytes(nhid * d));
+
+        let k = self.kernels;
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            let p = &mut pass;
+            let eps = f(c.norm_eps);
+            let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows: usize, g, out| {
+                let params = [d as u32, rows as u32, eps];
+                Kernels::dispatch(
+                    gpu,
+                    p,
+                    &k.rms_norm,
+                    &params,
+                    &[idx, &x, g, out],
+                    (rows as u32, 1),
+                );
+            };
+            // A matmul input into 8-bit blocks (in `aq`), for the matrices after it.
+            let quantize = |p: &mut wgpu::ComputePass<'_>, a, width: usize, rows: usize| {
+                if !self.llama {
+                    return;
+                }
+                let groups = ((width as u32 / 32).div_ceil(WG), rows as u32);
+                let params = [width as u32, rows as u32];
+                Kernels::dispatch(gpu, p, &k.quantize, &params, &[a, &aq], groups);
+            };
+            // `a` · `m`ᵀ into `y` (added with `add`): with llama.cpp's arithmetic the
+            // quantized formats read `aq`, which holds `a` quantized.
+            let matmul =
+                |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows: usize, add: bool| {
+                    let (kernel, input): (&Kernel, &wgpu::Buffer) = match (m.format, self.llama) {
+                        (Format::Q4_1, true) => (&k.q4_1, &aq),
+                        (Format::Q8_0, true) => (&k.q8_0, &aq),
+                        (Format::Q4_1, false) => (&k.q4_1_f32, a),
+                        (Format::Q8_0, false) => (&k.q8_0_f32, a),
+                        (Format::F32, _) => (&k.f32w, a),
+                    };
+                    let params = [m.cols as u32, m.rows as u32, rows as u32, add as u32];
+                    let groups = (
+                        (m.rows as u32).div_ceil(WG),
+                        (rows as u32).div_ceil(MATMUL_ROWS),
+                    );
+                    Kernels::dispatch(gpu, p, kernel, &params, &[&m.buf, input, y], groups);
+                };
+            let scale = c.q_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());
+            let adjacent = c.rope.style == folio::model::RopeStyle::Adjacent;
+            for (li, l) in w.layers.iter().enumerate() {
+                norm(p, &ident, n, &l.attn_norm, &h);
+                quantize(p, &h, d, n);
+                matmul(p, &l.wq, &h, &q, n, false);
+                matmul(p, &l.wk, &h, &kb, n, false);
+                matmul(p, &l.wv, &h, &vb, n, false);
+                let heads = (c.n_heads + c.n_kv_heads) * half;
+                let params = [
+                    n,
+                    c.n_heads,
+                    c.n_kv_heads,
+                    c.head_dim,
+                    half,
+                    adjacent as usize,
+                ]
+                .map(|v| v as u32);
+                let groups = ((heads as u32).div_ceil(WG), n as u32);
+                Kernels::dispatch(gpu, p, &k.rope, &params, &[&rope, &q, &kb], groups);
+                let params = [n as u32, kvd as u32, li as u32];
+                let stores = [
+                    &slots,
+                    &kb,
+                    &vb,
+                    &self.pool.k[li],
+                    &self.pool.v[li],
+                    &knew,
+                    &vnew,
+                ];
+                let groups = ((kvd as u32 / 2).div_ceil(WG), n as u32);
+                Kernels::dispatch(gpu, p, &k.kv_store, &params, &stores, groups);
+                let window = c.layers[li].window.unwrap_or(0) as u32;
+                let params = [
+                    n as u32,
+                    c.n_heads as u32,
+                    c.n_kv_heads as u32,
+                    c.head_dim as u32,
+                    t.page_size as u32,
+                    kvd as u32,
+                    f(scale),
+                    window,
+                    t.seqs_at,
+                ];
+                let bufs = [&tab, &q, &self.pool.k[li], &self.pool.v[li], &att];
+                Kernels::dispatch(
+                    gpu,
+                    p,
+                    &k.attention,
+                    &params,
+                    &bufs,
+                    (c.n_heads as u32, n as u32),
+                );
+                quantize(p, &att, qd, n);
+                matmul(p, &l.wo, &att, &x, n, true);
+                norm(p, &ident, n, &l.ffn_norm, &h);
+                quantize(p, &h, d, n);
+                matmul(p, &l.w_gate, &h, &gate, n, false);
+                matmul(p, &l.w_up, &h, &up, n, false);
+                let groups = ((ff as u32).div_ceil(WG), n as u32);
+                Kernels::dispatch(
+                    gpu,
+                    p,
+                    &k.swiglu,
+                    &[n as u32, ff as u32],
+                    &[&gate, &up],
+                    groups,
+                );
+                quantize(p, &gate, ff, n);
+                matmul(p, &l.w_down, &gate, &x, n, true);
+            }
+            if npick > 0 {
+                norm(p, &picked, npick, &w.out_norm, &hp);
+                quantize(p, &hp, d, npick);
+                matmul(p, &w.head, &hp, &logits, npick, false);
+            }
+            if nhid > 0 {
+                norm(p, &hidden, nhid, &w.out_norm, &states);
+            }
+        }
+        let lens = [npick * c.vocab, nhid * d, kv_len, kv_len];
+        let total: usize = lens.iter().sum();
+        let staging = gpu.staging(fbytes(total));
+        let mut at = 0;
+        for (buf, len) in [&logits, &states, &knew, &vnew].into_iter().zip(lens) {
+            if len > 0 {
+                encoder.copy_buffer_to_buffer(buf, 0, &staging, fbytes(at), fbytes(len));
+            }
+            at += len;
+        }
+        let all = gpu.finish(encoder, &staging)?;
+        let mut parts = Vec::with_capacity(4);
+        let mut at = 0;
+        for len in lens {
+            parts.push(all[at..at + len].to_vec());
+            at += len;
+        }
+        let [logits, states, k, v]: [Vec<f32>; 4] = parts.try_into().expect("four parts");
+        Ok(Output {
+            logits,
+            states,
+            k,
+            v,
+        })
+    }
+}

@@ -1,0 +1,293 @@
+//! The model's weights in device memory, uploaded once. Q4_1 and Q8_0 matrices go up
+//! as the file stores them (their blocks are decoded in the matmul kernel); a matrix
+//! of any other type folio reads is dequantized on the host and goes up as f32 (four
+//! bytes a weight: correct, but not the memory or bandwidth of its format). Norm
+//! vectors go up as f32. The embedding stays on the host in its stored form: a step
+//! looks up only its own tokens' rows.
+
+use crate::device::Gpu;
+use crate::error::GpuError;
+use folio::gguf::{GgmlType, Gguf, TensorInfo};
+use folio::model::{dequantize, Activation, Config};
+
+/// How a matrix's words are read by the matmul kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    Q4_1,
+    Q8_0,
+    F32,
+}
+
+/// A matrix of `rows` outputs × `cols` inputs on the device.
+pub(crate) struct Matrix {
+    pub buf: wgpu::Buffer,
+    pub format: Format,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: usize,
+}
+
+/// One block's weights.
+pub(crate) struct Layer {
+    pub attn_norm: wgpu::Buffer,
+    pub wq: Matrix,
+    pub wk: Matrix,
+    pub wv: Matrix,
+    pub wo: Matrix,
+    pub ffn_norm: wgpu::Buffer,
+    pub w_gate: Matrix,
+    pub w_up: Matrix,
+    pub w_down: Matrix,
+}
+
+/// The embedding table on the host, rows as stored.
+pub(crate) struct Embedding {
+    ty: GgmlType,
+    row_bytes: usize,
+    dim: usize,
+    bytes: Vec<u8>,
+}
+
+impl Embedding {
+    /// Token `t`'s row as floats.
+    pub fn row(&self, t: u32) -> Vec<f32> {
+        let at = t as usize * self.row_bytes;
+        dequantize(self.ty, 1, self.dim, &self.bytes[at..at + self.row_bytes])
+            .expect("the type was checked at load")
+    }
+}
+
+/// Every weight of the model.
+pub(crate) struct Weights {
+    pub layers: Vec<Layer>,
+    pub out_norm: wgpu::Buffer,
+    pub head: Matrix,
+    pub embed: Embedding,
+    /// Matrices that went up as f32 because the kernels do not read their type.
+    pub widened: usize,
+}
+
+impl Weights {
+    /// Bytes of weights one decode step reads.
+    pub fn bytes_per_token(&self) -> usize {
+        let per_layer = self.layers.iter().map(|l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                .iter()
+                .map(|m| m.bytes)
+                .sum::<usize>()
+        });
+        per_layer.sum::<usize>() + self.head.bytes
+    }
+}
+
+/// What the GPU path runs: the llama family's plain layer (RMSNorm, RoPE, GQA, a
+/// SiLU-gated MLP). Anything else is [`GpuError::Unsupported`], for the CPU to run.
+pub(crate) fn check(c: &Config) -> Result<(), GpuError> {
+    let no = |what: &str| Err(GpuError::Unsupported(format!("{} ({what})", c.arch)));
+    if c.qkv_bias {
+        return no("Q/K/V biases");
+    }
+    if c.qk_norm {
+        return no("per-head Q/K norms");
+    }
+    if c.post_norms {
+        return no("post-norms");
+    }
+    if c.activation != Activation::SwiGlu {
+        return no("an activation other than SiLU");
+    }
+    if c.attn_softcap.is_some() || c.final_softcap.is_some() {
+        return no("soft-capping");
+    }
+    if c.rope_local.is_some() {
+        return no("a second, local RoPE");
+    }
+    if !c.head_dim.is_multiple_of(2) || c.head_dim > 256 || c.rope.dims > c.head_dim {
+        return no("a head size above 256 or odd");
+    }
+    if c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
+        return no("query heads not a multiple of K/V heads");
+    }
+    Ok(())
+}
+
+/// Loads the weights of `c`'s model from `g` onto `gpu`.
+pub(crate) fn load(gpu: &Gpu, g: &Gguf, c: &Config) -> Result<Weights, GpuError> {
+    check(c)?;
+    let (d, kv, f) = (c.dim, c.kv_dim(), c.ffn_dim);
+    let qd = c.q_dim();
+    let mut widened = 0;
+    let mut layers = Vec::with_capacity(c.n_layers);
+    for i in 0..c.n_layers {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let mut m = |name: &str, cols: usize, parts: &[usize]| {
+            matrices(gpu, g, &n(name), cols, parts, &mut widened)
+        };
+        let [wq, wk, wv] = match g.tensor(&n("attn_qkv.weight")) {
+            Some(_) => three(m("attn_qkv.weight", d, &[qd, kv, kv])?),
+            None => [
+                one(m("attn_q.weight", d, &[qd])?),
+                one(m("attn_k.weight", d, &[kv])?),
+                one(m("attn_v.weight", d, &[kv])?),
+            ],
+        };
+        let [w_gate, w_up] = match g.tensor(&n("ffn_gate.weight")) {
+            Some(_) => [
+                one(m("ffn_gate.weight", d, &[f])?),
+                one(m("ffn_up.weight", d, &[f])?),
+            ],
+            None => two(m("ffn_up.weight", d, &[f, f])?),
+        };
+        let wo = one(m("attn_output.weight", qd, &[d])?);
+        let w_down = one(m("ffn_down.weight", f, &[d])?);
+        layers.push(Layer {
+            attn_norm: vector(gpu, g, &n("attn_norm.weight"), d)?,
+            wq,
+            wk,
+            wv,
+            wo,
+            ffn_norm: vector(gpu, g, &n("ffn_norm.weight"), d)?,
+            w_gate,
+            w_up,
+            w_down,
+        });
+    }
+    let head_name = if g.tensor("output.weight").is_some() {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    };
+    let head = one(matrices(gpu, g, head_name, d, &[c.vocab], &mut widened)?);
+    let t = tensor(g, "token_embd.weight", d, c.vocab)?;
+    let row_bytes = row_bytes(t, d)?;
+    if dequantize(t.ty, 1, d, &g.tensor_bytes(t)[..row_bytes]).is_none() {
+        return Err(unsupported_type(t));
+    }
+    let embed = Embedding {
+        ty: t.ty,
+        row_bytes,
+        dim: d,
+        bytes: g.tensor_bytes(t).to_vec(),
+    };
+    if widened > 0 {
+        tracing::info!(
+            matrices = widened,
+            "gpu: matrices of a type the kernels do not read went up as f32"
+        );
+    }
+    Ok(Weights {
+        layers,
+        out_norm: vector(gpu, g, "output_norm.weight", d)?,
+        head,
+        embed,
+        widened,
+    })
+}
+
+fn one(mut v: Vec<Matrix>) -> Matrix {
+    v.remove(0)
+}
+
+fn two(v: Vec<Matrix>) -> [Matrix; 2] {
+    v.try_into().ok().expect("two parts asked for")
+}
+
+fn three(v: Vec<Matrix>) -> [Matrix; 3] {
+    v.try_into().ok().expect("three parts asked for")
+}
+
+fn unsupported_type(t: &TensorInfo) -> GpuError {
+    GpuError::Model(folio::ModelError::UnsupportedType {
+        name: t.name.clone(),
+        ty: t.ty.to_string(),
+    })
+}
+
+fn tensor<'a>(
+    g: &'a Gguf,
+    name: &str,
+    cols: usize,
+    rows: usize,
+) -> Result<&'a TensorInfo, GpuError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| folio::ModelError::MissingTensor(name.into()))?;
+    if t.dims != [cols as u64, rows as u64] {
+        return Err(folio::ModelError::BadShape {
+            name: name.into(),
+            got: t.dims.clone(),
+            expected: vec![cols as u64, rows as u64],
+        }
+        .into());
+    }
+    Ok(t)
+}
+
+fn row_bytes(t: &TensorInfo, cols: usize) -> Result<usize, GpuError> {
+    t.ty.row_bytes(cols as u64)
+        .map(|b| b as usize)
+        .ok_or_else(|| unsupported_type(t))
+}
+
+/// The matrix `name` of `cols` columns split into consecutive row ranges of `parts`
+/// rows each (one part: the whole matrix), uploaded.
+fn matrices(
+    gpu: &Gpu,
+    g: &Gguf,
+    name: &str,
+    cols: usize,
+    parts: &[usize],
+    widened: &mut usize,
+) -> Result<Vec<Matrix>, GpuError> {
+    let t = tensor(g, name, cols, parts.iter().sum())?;
+    let rb = row_bytes(t, cols)?;
+    let bytes = g.tensor_bytes(t);
+    let mut at = 0;
+    let mut out = Vec::with_capacity(parts.len());
+    for &rows in parts {
+        let part = &bytes[at * rb..(at + rows) * rb];
+        at += rows;
+        let (format, data): (Format, std::borrow::Cow<[u8]>) = match t.ty {
+            GgmlType::Q4_1 if cols.is_multiple_of(32) => (Format::Q4_1, part.into()),
+            GgmlType::Q8_0 if cols.is_multiple_of(32) => (Format::Q8_0, part.into()),
+            GgmlType::F32 => (Format::F32, part.into()),
+            _ => {
+                let v = dequantize(t.ty, rows, cols, part).ok_or_else(|| unsupported_type(t))?;
+                *widened += 1;
+                (Format::F32, bytemuck::cast_slice(&v).to_vec().into())
+            }
+        };
+        if data.len() as u64 > gpu.max_binding() {
+            return Err(GpuError::TooLarge {
+                what: format!("matrix {name}"),
+                bytes: data.len() as u64,
+                limit: gpu.max_binding(),
+            });
+        }
+        out.push(Matrix {
+            buf: gpu.upload(name, &data),
+            format,
+            rows,
+            cols,
+            bytes: data.len(),
+        });
+    }
+    Ok(out)
+}
+
+/// The vector `name` of `len` floats, uploaded.
+fn vector(gpu: &Gpu, g: &Gguf, name: &str, len: usize) -> Result<wgpu::Buffer, GpuError> {
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| folio::ModelError::MissingTensor(name.into()))?;
+    if t.num_elements() != len as u64 {
+        return Err(folio::ModelError::BadShape {
+            name: name.into(),
+            got: t.dims.clone(),
+            expected: vec![len as u64],
+        }
+        .into());
+    }
+    let v = dequantize(t.ty, 1, len, g.tensor_bytes(t)).ok_or_else(|| unsupported_type(t))?;
+    Ok(gpu.upload(name, bytemuck::cast_slice(&v)))
+}
