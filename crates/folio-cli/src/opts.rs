@@ -228,6 +228,12 @@ impl ModelArgs {
         let forced = match self.device {
             DeviceArg::Cpu => return Ok(model),
             DeviceArg::Gpu => true,
+            DeviceArg::Auto if !folio_gpu::gpu_device_present() => {
+                tracing::info!(
+                    "--device auto: no GPU device here; the forward pass runs on the CPU"
+                );
+                return Ok(model);
+            }
             DeviceArg::Auto => false,
         };
         let gpu = match folio_gpu::Gpu::open(forced) {

@@ -39,6 +39,21 @@ fn instance() -> wgpu::Instance {
     })
 }
 
+/// Whether this machine shows a GPU to programs: an NVIDIA device node or a DRM
+/// render node (what Mesa's hardware drivers open), found without any Vulkan call.
+/// `--device auto` asks this first, so a machine without a GPU pays neither the
+/// Vulkan loader's start (about a second with lavapipe) nor its messages. (Mesa's
+/// manifests for Intel and AMD are installed with lavapipe whether or not such a
+/// GPU exists, so they say nothing.)
+pub fn gpu_device_present() -> bool {
+    let nvidia = std::path::Path::new("/dev/nvidia0").exists();
+    let render = std::fs::read_dir("/dev/dri").is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("renderD"))
+    });
+    nvidia || render
+}
+
 /// Every Vulkan adapter this machine has (none without a Vulkan loader or driver).
 pub fn adapters() -> Vec<AdapterSummary> {
     let list = pollster::block_on(instance().enumerate_adapters(wgpu::Backends::VULKAN));

@@ -24,5 +24,5 @@ mod table;
 mod weights;
 
 pub use backend::GpuBackend;
-pub use device::{adapters, AdapterSummary, Gpu};
+pub use device::{adapters, gpu_device_present, AdapterSummary, Gpu};
 pub use error::GpuError;
