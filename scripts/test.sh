@@ -27,21 +27,26 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
 fi
 cargo fmt --all -- --check
-cargo clippy --all-targets --quiet -- -D warnings
+# In the release profile: its build scripts and proc-macros are the test build's.
+cargo clippy --release --all-targets --quiet -- -D warnings
 # The example inferlets (Python guests, componentize-py installed into
 # target/inferlet-venv from PyPI; JavaScript guests, componentize-js installed into
-# target/inferlet-js from npm): the inferlets tests upload and run them.
-for g in best_of_n agent json_extract generate chat hostile beam lookup; do
-    scripts/build_inferlet.sh "examples/inferlets/$g.py" "target/inferlets/$g.wasm"
-done
-for g in generate best_of_n json_extract; do
-    rc=0
-    scripts/build_inferlet.sh "examples/inferlets/$g.js" "target/inferlets/${g}_js.wasm" || rc=$?
-    if [ "$rc" = 3 ]; then
-        echo "skipping the JavaScript inferlets: npm could not install componentize-js"
-        break
-    elif [ "$rc" != 0 ]; then
-        exit "$rc"
-    fi
-done
+# target/inferlet-js from npm): the inferlets tests upload and run them. The first of
+# each language installs its compiler; the rest are built two at a time (each build
+# keeps one core busy).
+py="best_of_n agent json_extract chat hostile beam lookup score snapshot"
+js="best_of_n json_extract agent chat beam lookup hostile snapshot"
+scripts/build_inferlet.sh examples/inferlets/generate.py target/inferlets/generate.wasm
+rc=0
+scripts/build_inferlet.sh examples/inferlets/generate.js target/inferlets/generate_js.wasm || rc=$?
+if [ "$rc" = 3 ]; then
+    echo "skipping the JavaScript inferlets: npm could not install componentize-js"
+    js=""
+elif [ "$rc" != 0 ]; then
+    exit "$rc"
+fi
+{
+    for g in $py; do echo "examples/inferlets/$g.py target/inferlets/$g.wasm"; done
+    for g in $js; do echo "examples/inferlets/$g.js target/inferlets/${g}_js.wasm"; done
+} | xargs -P 2 -L 1 scripts/build_inferlet.sh
 cargo test --workspace --release --lib --bins --tests 2>&1
