@@ -119,10 +119,15 @@ pub fn run(mut a: Args) -> Result<()> {
     let load_s = began.elapsed().as_secs_f64();
     // After the load: what the weights and the tokenizer hold, before any pool.
     let loaded = folio::machine::resident_memory();
-    let threads = model.threads();
+    // The CPU threads asked for: llama.cpp's and the bandwidth probe's (the GPU
+    // backend drives its device from one host thread, which `model.threads()` says).
+    let threads = match a.model.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
     let reps = a.reps as usize;
     println!(
-        "folio bench: {} | {} threads | kernels {} | kv {:?} | backend {}",
+        "folio bench: {} | {} cpu threads | kernels {} | kv {:?} | backend {}",
         a.model.path()?.display(),
         threads,
         folio::machine::isa_name(),

@@ -16,7 +16,7 @@
 use crate::device::Gpu;
 use crate::error::GpuError;
 use crate::kernels::Kernels;
-use crate::pool::Pool;
+use crate::pool::{Pool, Uploads};
 use crate::step::Step;
 use crate::table::{StepTable, TableError};
 use crate::weights::{self, Weights};
@@ -33,6 +33,7 @@ pub struct GpuBackend {
     kernels: Kernels,
     weights: Weights,
     pool: Mutex<Option<Pool>>,
+    uploads: Uploads,
     /// Matmul inputs rounded to 8 bits as llama.cpp (and the CPU backend) round them;
     /// off by default: f32 inputs put the GPU nearer the exact model.
     llama: bool,
@@ -45,7 +46,7 @@ impl GpuBackend {
     pub fn load(gpu: Gpu, path: &Path, config: &Config) -> Result<Self, GpuError> {
         weights::check(config)?;
         let g = Gguf::open(path)?;
-        let weights = weights::load(&gpu, &g, config)?;
+        let weights = gpu.scoped_as(|| weights::load(&gpu, &g, config), GpuError::Device)?;
         let kernels = Kernels::new(&gpu)?;
         tracing::info!(
             adapter = %gpu.adapter().name,
@@ -58,6 +59,7 @@ impl GpuBackend {
             kernels,
             weights,
             pool: Mutex::new(None),
+            uploads: Uploads::default(),
             llama: false,
         })
     }
@@ -90,6 +92,12 @@ impl GpuBackend {
     /// The adapter the backend runs on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// A handle on what the device pool uploads, and the page reads it skips because
+    /// it holds the host's generation of the page (`pool.rs`).
+    pub fn uploads(&self) -> Uploads {
+        self.uploads.clone()
     }
 }
 
@@ -128,6 +136,9 @@ impl Backend for GpuBackend {
                 StepError::Device("one step's sequences have different page sizes".into())
             }
         })?;
+        if let Some(why) = self.gpu.lost() {
+            return Err(StepError::Device(why));
+        }
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         let (n_pages, page_size) = (kv.num_pages(), table.page_size);
         if pool
@@ -135,36 +146,35 @@ impl Backend for GpuBackend {
             .is_none_or(|p| p.n_pages != n_pages || p.page_size != page_size)
         {
             *pool = None;
-            let p = Pool::new(
-                &self.gpu,
-                config.n_layers,
-                n_pages,
-                page_size,
-                config.kv_dim(),
-            );
+            let (layers, kvd) = (config.n_layers, config.kv_dim());
+            let p = self.gpu.scoped(|| {
+                let stats = self.uploads.clone();
+                Pool::new(&self.gpu, layers, n_pages, page_size, kvd, stats)
+            });
             *pool = Some(p.map_err(StepError::Device)?);
         }
-        let pool = pool.as_ref().expect("made above");
-        pool.upload(&self.gpu, &*kv, &table.reads)
-            .map_err(StepError::Device)?;
+        let pool = pool.as_mut().expect("made above");
+        if let Err(e) = pool.upload(&self.gpu, &*kv, &table.reads) {
+            pool.forget(table.writes.keys());
+            return Err(StepError::Device(e));
+        }
+        let before = pool.before_writes(&*kv, &table.writes);
         let step = Step {
             gpu: &self.gpu,
             kernels: &self.kernels,
             weights: &self.weights,
             config,
-            pool,
+            pool: &*pool,
             table: &table,
             llama: self.llama,
         };
-        let scope = self
-            .gpu
-            .device
-            .push_error_scope(wgpu::ErrorFilter::Validation);
-        let got = step.run(batch);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(StepError::Device(e.to_string()));
-        }
-        let got = got.map_err(StepError::Device)?;
+        let got = match self.gpu.scoped(|| step.run(batch)) {
+            Ok(got) => got,
+            Err(e) => {
+                pool.forget(table.writes.keys());
+                return Err(StepError::Device(e));
+            }
+        };
         // Every new row's K and V to the host's storage.
         let d = config.kv_dim();
         let n = table.rows.len();
@@ -175,6 +185,7 @@ impl Backend for GpuBackend {
                 kv.write(page.0, layer, slot, &got.k[at..at + d], &got.v[at..at + d]);
             }
         }
+        pool.wrote(&*kv, &table.writes, &before);
         out.reset(config.vocab, batch.seqs.iter().map(|s| s.logit_rows()));
         out.data_mut().copy_from_slice(&got.logits);
         out.reset_states(config.dim, batch.seqs.iter().map(|s| s.state_rows()));

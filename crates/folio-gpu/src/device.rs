@@ -3,16 +3,28 @@
 //! [`GpuError::NoAdapter`], which callers turn into the CPU path. A software adapter
 //! (Mesa's lavapipe: Vulkan on the CPU's cores) is used only when asked for
 //! explicitly: [`Gpu::open`] with `allow_software`.
+//!
+//! # Device errors
+//!
+//! wgpu reports a device's errors through error scopes or, outside any scope, to a
+//! handler whose default panics. Every piece of the backend's work runs in
+//! [`Gpu::scoped`] (validation, out-of-memory and internal errors become an `Err` of
+//! that call); the handler installed here only logs and remembers what reached it, and
+//! a lost device (driver reset, unplugged, destroyed) is remembered likewise: every
+//! later step is then an error ([`Gpu::lost`]), never a panic.
 
 use crate::error::GpuError;
-use wgpu::util::DeviceExt;
+use std::sync::{Arc, Mutex};
 
-/// A device and its queue.
+/// A device and its queue (a clone is another handle on the same device).
+#[derive(Clone)]
 pub struct Gpu {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
+    /// Why the device can no longer be used (lost), once it is so.
+    lost: Arc<Mutex<Option<String>>>,
 }
 
 /// What an adapter is, for logs and for the choice between hardware and software.
@@ -94,12 +106,74 @@ impl Gpu {
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&desc))
             .map_err(|e| GpuError::Device(e.to_string()))?;
+        // Errors outside any scope: logged, never wgpu's default panic.
+        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+            tracing::error!("gpu: an error outside any step: {e}");
+        }));
+        let lost = Arc::new(Mutex::new(None));
+        let on_lost = Arc::clone(&lost);
+        device.set_device_lost_callback(move |reason, message| {
+            let why = format!("the GPU device was lost ({reason:?}): {message}");
+            tracing::error!("{why}");
+            *on_lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        });
         Ok(Gpu {
             device,
             queue,
             info: adapter.get_info(),
             limits,
+            lost,
         })
+    }
+
+    /// Why the device can no longer run anything, once it is lost (module doc).
+    pub fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Destroys the device, as a driver reset would lose it: every later step is an
+    /// error. For tests of that path.
+    #[doc(hidden)]
+    pub fn destroy_for_tests(&self) {
+        self.device.destroy();
+    }
+
+    /// Runs `f` with the device's validation, out-of-memory and internal errors
+    /// caught: any of them (the first, in that order) is the call's `Err`, as is
+    /// `f`'s own.
+    pub(crate) fn scoped<T>(&self, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+        self.scoped_as(f, |e| e)
+    }
+
+    /// [`Gpu::scoped`] for work whose errors are `E`, the device's made by `wrap`.
+    pub(crate) fn scoped_as<T, E>(
+        &self,
+        f: impl FnOnce() -> Result<T, E>,
+        wrap: impl Fn(String) -> E,
+    ) -> Result<T, E> {
+        if let Some(why) = self.lost() {
+            return Err(wrap(why));
+        }
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let got = f();
+        let internal = pollster::block_on(internal.pop());
+        let memory = pollster::block_on(memory.pop());
+        let validation = pollster::block_on(validation.pop());
+        if let Some(e) = validation {
+            return Err(wrap(format!("gpu validation error: {e}")));
+        }
+        if let Some(e) = memory {
+            return Err(wrap(format!("the GPU is out of memory: {e}")));
+        }
+        if let Some(e) = internal {
+            return Err(wrap(format!("gpu internal error: {e}")));
+        }
+        if let Some(why) = self.lost() {
+            return Err(wrap(why));
+        }
+        got
     }
 
     /// The adapter the device is on.
@@ -115,23 +189,23 @@ impl Gpu {
     }
 
     /// A storage buffer holding `bytes` (rounded up to whole words; never empty).
+    /// Written through the queue, not mapped at creation: wgpu's mapped-at-creation
+    /// helper panics on a lost device, where this gives a scoped error.
     pub(crate) fn upload(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-        let mut padded;
-        let contents = if !bytes.len().is_multiple_of(4) || bytes.is_empty() {
-            padded = bytes.to_vec();
-            padded.resize(bytes.len().next_multiple_of(4).max(4), 0);
-            &padded[..]
+        let buf = self.scratch(label, bytes.len() as u64);
+        self.write_words(&buf, bytes);
+        buf
+    }
+
+    /// `bytes`, zero-padded to whole words, to the start of `buf`.
+    fn write_words(&self, buf: &wgpu::Buffer, bytes: &[u8]) {
+        if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
+            self.queue.write_buffer(buf, 0, bytes);
         } else {
-            bytes
-        };
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST
-                    | wgpu::BufferUsages::COPY_SRC,
-            })
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().next_multiple_of(4).max(4), 0);
+            self.queue.write_buffer(buf, 0, &padded);
+        }
     }
 
     /// An uninitialised (zeroed) storage buffer of `bytes`.
@@ -150,12 +224,14 @@ impl Gpu {
     pub(crate) fn params(&self, words: &[u32]) -> wgpu::Buffer {
         let mut w = words.to_vec();
         w.resize(words.len().next_multiple_of(4).max(4), 0);
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::cast_slice(&w),
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: (w.len() * 4) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&w));
+        buf
     }
 
     /// Submits `encoder`, in which `sources` were copied into `staging` back to back,

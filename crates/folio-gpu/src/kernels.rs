@@ -37,12 +37,10 @@ impl Kernels {
     /// Every kernel compiled for `gpu`; a shader or pipeline the device refuses is
     /// [`GpuError::Device`].
     pub fn new(gpu: &Gpu) -> Result<Self, GpuError> {
-        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let kernels = Self::compile(gpu);
-        match pollster::block_on(scope.pop()) {
-            None => Ok(kernels),
-            Some(e) => Err(GpuError::Device(format!("compiling the kernels: {e}"))),
-        }
+        gpu.scoped_as(
+            || Ok(Self::compile(gpu)),
+            |e| GpuError::Device(format!("compiling the kernels: {e}")),
+        )
     }
 
     fn compile(gpu: &Gpu) -> Self {

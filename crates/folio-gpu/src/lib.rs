@@ -6,7 +6,7 @@
 //!   and the buffers in and out.
 //! - `weights`: the weights uploaded once, Q4_1 and Q8_0 in their blocks.
 //! - `pool`: the device's K/V pages, by the host pool's page ids; what each step
-//!   uploads.
+//!   uploads (only pages whose host generation the device does not hold).
 //! - `table`: a batch as the kernels read it (the CSR page tables).
 //! - `kernels` (+ `wgsl/`): the compute kernels; `step`: one step's dispatches.
 //! - `backend`: [`GpuBackend`], the [`folio::model::Backend`].
@@ -26,3 +26,4 @@ mod weights;
 pub use backend::GpuBackend;
 pub use device::{adapters, gpu_device_present, AdapterSummary, Gpu};
 pub use error::GpuError;
+pub use pool::{UploadStats, Uploads};

@@ -6,17 +6,41 @@
 //!
 //! The host storage is the truth (the backend contract): the kv layer changes pages
 //! between steps without the backend seeing it (copy-on-write copies, snapshot
-//! restores, disk read-back, a freed page given to another sequence). This first
-//! version keeps no record of what the device holds: every step uploads, from the
-//! host storage, every slot its rows read that the step does not write itself (each
-//! sequence's positions before its first new token). The device pool is thus never
-//! trusted across steps; what it saves is the host → device copy of the step's own
-//! rows, which attention reads right after they are computed. A generation count per
-//! page in the kv layer would let a step skip the pages the device already holds.
+//! restores, disk read-back, a freed page given to another sequence). Each page of the
+//! host's storage carries a generation ([`KvStorage::generation`]) that changes with
+//! every write, to a number never used before. The pool keeps, per page, the
+//! generation its copy was taken at and how many of the page's slots (from the first)
+//! the copy holds. A step uploads a page's slots only where that record does not match
+//! the host's page (another generation, or fewer slots than the step reads); after the
+//! step, whose new rows the device wrote itself and the host stored bit for bit the
+//! same (the step reads back the device's f16 rounding), the pages it wrote are
+//! recorded at their new generations. A step that fails forgets every page it was to
+//! write. Storage without generations is uploaded every step.
 
 use crate::device::Gpu;
 use folio::kv::{KvRows, KvStorage};
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// What the device holds of one page: the host generation it was copied at (0: none)
+/// and how many slots, from the first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Held {
+    generation: u64,
+    slots: usize,
+}
+
+/// Pages and bytes the pool uploaded, and the pages it found already held, since
+/// the backend was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UploadStats {
+    /// Pages uploaded (each step's pages counted once per step).
+    pub pages: u64,
+    /// Bytes uploaded, every layer's K and V.
+    pub bytes: u64,
+    /// Pages a step read that the device already held.
+    pub skipped: u64,
+}
 
 /// The device's K/V pages.
 pub(crate) struct Pool {
@@ -25,6 +49,24 @@ pub(crate) struct Pool {
     pub n_pages: usize,
     pub page_size: usize,
     kv_dim: usize,
+    held: Vec<Held>,
+    stats: Uploads,
+}
+
+/// A handle on a backend's [`UploadStats`] (its pools, one after another, count into
+/// it).
+#[derive(Debug, Clone, Default)]
+pub struct Uploads(Arc<Mutex<UploadStats>>);
+
+impl Uploads {
+    /// The counts so far.
+    pub fn get(&self) -> UploadStats {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, f: impl FnOnce(&mut UploadStats)) {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()));
+    }
 }
 
 impl Pool {
@@ -37,6 +79,7 @@ impl Pool {
         n_pages: usize,
         page_size: usize,
         kv_dim: usize,
+        stats: Uploads,
     ) -> Result<Self, String> {
         let bytes = (n_pages * page_size * kv_dim * 2) as u64;
         if bytes > gpu.max_binding() {
@@ -57,12 +100,15 @@ impl Pool {
             n_pages,
             page_size,
             kv_dim,
+            held: vec![Held::default(); n_pages],
+            stats,
         })
     }
 
-    /// Slots `0..n` of each page of `reads`, every layer, from `kv` to the device.
+    /// Slots `0..n` of each page of `reads`, every layer, from `kv` to the device,
+    /// unless the device holds them at the host's generation (module doc).
     pub fn upload(
-        &self,
+        &mut self,
         gpu: &Gpu,
         kv: &dyn KvStorage,
         reads: &BTreeMap<u32, usize>,
@@ -70,7 +116,17 @@ impl Pool {
         let d = self.kv_dim;
         let mut bits = Vec::new();
         for (&page, &n) in reads {
+            let generation = kv.generation(page);
+            let held = self.held[page as usize];
+            if generation.is_some_and(|g| g == held.generation && n <= held.slots) {
+                self.stats.add(|s| s.skipped += 1);
+                continue;
+            }
+            // Until the copy below is queued the record says nothing is held (an
+            // error on the way leaves it so).
+            self.held[page as usize] = Held::default();
             let at = (page as usize * self.page_size * d * 2) as u64;
+            let mut sent = 0;
             for layer in 0..self.k.len() {
                 let (k, v) = kv.run(page, layer, 0);
                 for (rows, buf) in [(k, &self.k[layer]), (v, &self.v[layer])] {
@@ -90,9 +146,62 @@ impl Pool {
                         }
                     };
                     gpu.queue.write_buffer(buf, at, bytes);
+                    sent += bytes.len() as u64;
                 }
             }
+            self.stats.add(|s| {
+                s.pages += 1;
+                s.bytes += sent;
+            });
+            self.held[page as usize] = Held {
+                generation: generation.unwrap_or(0),
+                slots: n,
+            };
         }
         Ok(())
+    }
+
+    /// The generation each page of `writes` (page → the slots `a..b` a step writes in
+    /// it) has now, before the step's rows are stored: what [`Pool::wrote`] checks.
+    pub fn before_writes(
+        &self,
+        kv: &dyn KvStorage,
+        writes: &BTreeMap<u32, (usize, usize)>,
+    ) -> Vec<Option<u64>> {
+        writes.keys().map(|&p| kv.generation(p)).collect()
+    }
+
+    /// After a step stored its rows in `kv` (`before`: [`Pool::before_writes`]): each
+    /// written page is held at its new generation, with the slots the device held
+    /// before (if its record matched the page then) and those the step wrote, where
+    /// the two are contiguous.
+    pub fn wrote(
+        &mut self,
+        kv: &dyn KvStorage,
+        writes: &BTreeMap<u32, (usize, usize)>,
+        before: &[Option<u64>],
+    ) {
+        for ((&page, &(a, b)), was) in writes.iter().zip(before) {
+            let held = self.held[page as usize];
+            let valid = match was {
+                Some(g) if *g == held.generation => held.slots,
+                _ => 0,
+            };
+            self.held[page as usize] = match kv.generation(page) {
+                Some(generation) => Held {
+                    generation,
+                    slots: if a <= valid { valid.max(b) } else { valid },
+                },
+                None => Held::default(),
+            };
+        }
+    }
+
+    /// Forgets what the device holds of `pages` (a step that failed may have written
+    /// some of their slots on the device and none on the host).
+    pub fn forget<'a>(&mut self, pages: impl IntoIterator<Item = &'a u32>) {
+        for &p in pages {
+            self.held[p as usize] = Held::default();
+        }
     }
 }

@@ -32,6 +32,9 @@ pub(crate) struct StepTable {
     pub hidden: Vec<u32>,
     /// Page → slots `0..n` of it the step reads but does not write.
     pub reads: BTreeMap<u32, usize>,
+    /// Page → the slots `a..b` the step writes in it (from its first to past its last
+    /// new row there).
+    pub writes: BTreeMap<u32, (usize, usize)>,
     pub page_size: usize,
 }
 
@@ -53,12 +56,15 @@ impl StepTable {
         let mut picked = Vec::new();
         let mut hidden = Vec::new();
         let mut reads = BTreeMap::new();
+        let mut writes = BTreeMap::new();
         for (s, st) in batch.seqs.iter().enumerate() {
             let first = rows.len() as u32;
             for pos in st.start..st.end() {
                 let (page, slot) = st.slot(pos);
                 rows.push((s, pos));
                 slots.push((page.0 as usize * page_size + slot) as u32);
+                let w = writes.entry(page.0).or_insert((slot, slot + 1));
+                *w = (w.0.min(slot), w.1.max(slot + 1));
             }
             match st.logits {
                 Logits::Last => picked.push(rows.len() as u32 - 1),
@@ -95,6 +101,7 @@ impl StepTable {
             picked,
             hidden,
             reads,
+            writes,
             page_size,
         })
     }
@@ -138,6 +145,9 @@ mod tests {
         // second, page 4 up to slot 1.
         let reads: Vec<_> = t.reads.into_iter().collect();
         assert_eq!(reads, [(2, 4), (4, 1), (7, 4)]);
+        // The first writes slots 1..4 of page 2, the second slot 1 of page 4.
+        let writes: Vec<_> = t.writes.into_iter().collect();
+        assert_eq!(writes, [(2, (1, 4)), (4, (1, 2))]);
     }
 
     #[test]

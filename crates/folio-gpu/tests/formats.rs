@@ -86,3 +86,41 @@ fn other_weight_formats_match_the_cpu() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A device lost under a loaded model (here destroyed, as a driver reset would lose
+/// it) makes every later step an error that says so: never a panic, and the host's
+/// pool is left as it was.
+#[test]
+fn a_lost_device_is_an_error_not_a_panic() {
+    let gpu = match Gpu::open(true) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("folio-gpu-lost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("q8_0.gguf");
+    std::fs::write(&path, tiny::model_bytes(3, GgmlType::Q8_0)).unwrap();
+    let model = Model::load(&path, 1).unwrap();
+    let handle = gpu.clone();
+    let backend = GpuBackend::load(gpu, &path, &model.config).unwrap();
+    let m = model.with_backend(|_cpu| Box::new(backend));
+    let c = &m.config;
+    let mut cache = BasicCache::with_dtype(c.n_layers, c.kv_dim(), c.head_dim, 64, KvDtype::F16);
+    folio::forward_one(&m, &mut cache, &[1, 2, 3], Logits::Last).unwrap();
+    handle.destroy_for_tests();
+    let mut said = String::new();
+    for _ in 0..2 {
+        let e = folio::forward_one(&m, &mut cache, &[4], Logits::Last).unwrap_err();
+        said = e.to_string();
+        eprintln!("after the device was destroyed: {said}");
+        assert!(
+            matches!(e, folio::EngineError::Step(folio::StepError::Device(_))),
+            "{e:?}"
+        );
+    }
+    assert!(said.contains("the GPU device was lost"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

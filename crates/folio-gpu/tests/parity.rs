@@ -2,17 +2,19 @@
 //! arithmetic: logits within
 //! [`TOLERANCE`] of each step's logit range and the same greedy tokens, for a ragged batch of
 //! prefill chunks and decode rows with forked and truncated pages, and through the
-//! engine (generation with `n > 1`, contexts forked and truncated, embeddings).
+//! engine (generation with `n > 1`, contexts forked and truncated, embeddings). And the
+//! device pool's reuse of pages across steps: only pages whose host generation changed
+//! go up again, and no logit bit differs from uploading every page every step.
 //!
 //! Without a Vulkan adapter (hardware or lavapipe) each test says so and returns: the
 //! project never needs a GPU. CI installs lavapipe (`scripts/test.sh`), so they run
 //! there.
 
 use folio::engine::{Engine, EngineConfig, Prompt, Request};
-use folio::kv::{Logits, PageTable};
+use folio::kv::{KvArena, KvPair, KvStorage, Logits, PageTable};
 use folio::model::SamplingParams;
 use folio::{KvDtype, Model, PagedKv};
-use folio_gpu::{Gpu, GpuBackend};
+use folio_gpu::{Gpu, GpuBackend, Uploads};
 use std::path::PathBuf;
 
 /// The largest difference allowed, relative to the range of the CPU's logits row.
@@ -86,85 +88,133 @@ fn rel_error(cpu: &[f32], gpu: &[f32]) -> f32 {
     err / (hi - lo)
 }
 
-/// One step of several tables: plan each, run, commit each.
+/// The pool's storage with its page generations hidden: the GPU backend then uploads
+/// every page a step reads, as it did before generations.
+struct NoGenerations<'a>(&'a mut KvArena);
+
+impl KvStorage for NoGenerations<'_> {
+    fn num_pages(&self) -> usize {
+        self.0.num_pages()
+    }
+    fn page_slots(&self, _page: u32) -> usize {
+        self.0.page_size()
+    }
+    fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        self.0.write(page, layer, slot, k, v)
+    }
+    fn run_pages(&self, page: u32, count: usize, layer: usize, slot: usize) -> KvPair<'_> {
+        self.0.run_pages(page, count, layer, slot)
+    }
+}
+
+/// One step of several tables: plan each, run (with the pool's page generations
+/// shown to the backend or hidden), commit each.
 fn step(
     m: &Model,
     kv: &mut PagedKv,
     tables: &mut [&mut PageTable],
     steps: &[(&[u32], Logits)],
+    generations: bool,
 ) -> Vec<Vec<f32>> {
     let mut batch = folio::Batch::default();
     for (t, (toks, want)) in tables.iter_mut().zip(steps) {
         batch.seqs.push(kv.plan(t, toks, *want).unwrap());
     }
-    let out = m.forward(&batch, kv.storage()).unwrap();
+    let out = if generations {
+        m.forward(&batch, kv.storage())
+    } else {
+        m.forward(&batch, &mut NoGenerations(kv.storage()))
+    }
+    .unwrap();
     for t in tables.iter_mut() {
         kv.commit(t).unwrap();
     }
     out
 }
 
-#[test]
-fn a_ragged_batch_with_forked_and_truncated_pages_matches_the_cpu() {
-    let Some((cpu, gpu)) = models() else { return };
-    let tok = &cpu.tokenizer;
-    let prompts = [
+fn prompts(m: &Model) -> [Vec<u32>; 4] {
+    [
         "The river runs to the sea, and the sea runs to the sky, where",
         "Bread is made of flour, water and salt; a baker",
         "fn main() {\n    let total: u64 = (1..=10).sum();\n    println!(",
         "Once upon a time, in a small village by the mountains, there lived an old clockmaker who",
     ]
-    .map(|p| tok.encode(p, true));
+    .map(|p| m.tokenizer.encode(p, true))
+}
+
+/// The ragged scenario on `m`: a prefill chunk beside whole prompts; a sequence
+/// forked (its partial page copied) and one truncated back into a committed page
+/// (copied); a prefill chunk beside five decode rows; `decode` greedy steps of all five.
+/// With `uploads`, the pages uploaded so far after each step.
+fn ragged(
+    m: &Model,
+    decode: usize,
+    generations: bool,
+    uploads: Option<&Uploads>,
+) -> (Run, Vec<u64>) {
+    let prompts = prompts(m);
+    let mut sent = Vec::new();
+    let mut note = || sent.extend(uploads.map(|u| u.get().pages));
+    let mut kv = PagedKv::with_shape(m.pool_shape(64, 16, KvDtype::F16), 512, &m.fingerprint());
+    let mut t: Vec<PageTable> = (0..4).map(|_| kv.new_table(None)).collect();
+    let (mut logits, mut chosen) = (Vec::new(), Vec::new());
+    // Step 1: a chunk of prompt 2 beside whole prompts (all logits of the first).
+    let (c0, c1) = prompts[2].split_at(9);
+    let [a, b, c, d] = &mut t[..] else {
+        unreachable!()
+    };
+    let s1 = [
+        (&prompts[0][..], Logits::All),
+        (&prompts[1][..], Logits::Last),
+        (c0, Logits::None),
+        (&prompts[3][..], Logits::Last),
+    ];
+    logits.push(step(m, &mut kv, &mut [a, b, c, d], &s1, generations));
+    note();
+    // Between the steps: prompt 1 forked (its committed pages shared, the partial
+    // one copied), prompt 3 truncated back into its committed page (copied).
+    let mut b2 = kv.fork(b).unwrap();
+    kv.truncate(d, 6).unwrap();
+    // Step 2: the rest of prompt 2 (a prefill chunk) beside five decode rows.
+    let vocab = m.config.vocab;
+    let next_a = [argmax(&logits[0][0][logits[0][0].len() - vocab..])];
+    let s2 = [
+        (&next_a[..], Logits::Last),
+        (&[611u32][..], Logits::Last),
+        (c1, Logits::Last),
+        (&[284u32][..], Logits::Last),
+        (&[1042u32][..], Logits::Last),
+    ];
+    let all = &mut [a, b, c, d, &mut b2];
+    logits.push(step(m, &mut kv, all, &s2, generations));
+    note();
+    // Greedy decoding of all five.
+    let mut last: Vec<u32> = logits[1].iter().map(|r| argmax(r)).collect();
+    for _ in 0..decode {
+        chosen.push(last.clone());
+        let s: Vec<_> = last
+            .iter()
+            .map(|x| (std::slice::from_ref(x), Logits::Last))
+            .collect();
+        let out = step(m, &mut kv, all, &s, generations);
+        note();
+        last = out.iter().map(|r| argmax(r)).collect();
+        logits.push(out);
+    }
+    chosen.push(last);
+    ((logits, chosen), sent)
+}
+
+#[test]
+fn a_ragged_batch_with_forked_and_truncated_pages_matches_the_cpu() {
+    let Some((cpu, gpu)) = models() else { return };
     let mut worst = 0f32;
     let mut tokens_compared = 0;
     // Per model: every step's logits, and the greedy tokens it chose.
-    let mut runs: Vec<Run> = Vec::new();
-    for m in [&cpu, &gpu] {
-        let mut kv = PagedKv::with_shape(m.pool_shape(64, 16, KvDtype::F16), 512, &m.fingerprint());
-        let mut t: Vec<PageTable> = (0..4).map(|_| kv.new_table(None)).collect();
-        let (mut logits, mut chosen) = (Vec::new(), Vec::new());
-        // Step 1: a chunk of prompt 2 beside whole prompts (all logits of the first).
-        let (c0, c1) = prompts[2].split_at(9);
-        let [a, b, c, d] = &mut t[..] else {
-            unreachable!()
-        };
-        let s1 = [
-            (&prompts[0][..], Logits::All),
-            (&prompts[1][..], Logits::Last),
-            (c0, Logits::None),
-            (&prompts[3][..], Logits::Last),
-        ];
-        logits.push(step(m, &mut kv, &mut [a, b, c, d], &s1));
-        // Between the steps: prompt 1 forked (its committed pages shared, the partial
-        // one copied), prompt 3 truncated back into its committed page (copied).
-        let mut b2 = kv.fork(b).unwrap();
-        kv.truncate(d, 6).unwrap();
-        // Step 2: the rest of prompt 2 (a prefill chunk) beside five decode rows.
-        let vocab = m.config.vocab;
-        let next_a = [argmax(&logits[0][0][logits[0][0].len() - vocab..])];
-        let s2 = [
-            (&next_a[..], Logits::Last),
-            (&[611u32][..], Logits::Last),
-            (c1, Logits::Last),
-            (&[284u32][..], Logits::Last),
-            (&[1042u32][..], Logits::Last),
-        ];
-        logits.push(step(m, &mut kv, &mut [a, b, c, d, &mut b2], &s2));
-        // Greedy decoding of all five.
-        let mut last: Vec<u32> = logits[1].iter().map(|r| argmax(r)).collect();
-        for _ in 0..8 {
-            chosen.push(last.clone());
-            let s: Vec<_> = last
-                .iter()
-                .map(|x| (std::slice::from_ref(x), Logits::Last))
-                .collect();
-            let out = step(m, &mut kv, &mut [a, b, c, d, &mut b2], &s);
-            last = out.iter().map(|r| argmax(r)).collect();
-            logits.push(out);
-        }
-        chosen.push(last);
-        runs.push((logits, chosen));
-    }
+    let runs: Vec<Run> = [&cpu, &gpu]
+        .into_iter()
+        .map(|m| ragged(m, 8, true, None).0)
+        .collect();
     let (cpu_run, gpu_run) = (&runs[0], &runs[1]);
     for (s, (a, b)) in cpu_run.0.iter().zip(&gpu_run.0).enumerate() {
         for (q, (ra, rb)) in a.iter().zip(b).enumerate() {
@@ -184,6 +234,59 @@ fn a_ragged_batch_with_forked_and_truncated_pages_matches_the_cpu() {
     eprintln!(
         "{tokens_compared} logit rows compared: worst error {worst:.2e} of the logit range; \
          greedy tokens identical"
+    );
+}
+
+/// The device pool keeps pages across steps: a page is uploaded again only when the
+/// host's copy changed (its generation), so the decode steps of the ragged scenario
+/// upload nothing, and every logit is the same bits as when every step uploads all it
+/// reads (the pool's generations hidden).
+#[test]
+fn pages_the_device_holds_are_not_uploaded_again_and_no_logit_bit_changes() {
+    let gpu = match Gpu::open(true) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
+            return;
+        }
+    };
+    let path = model_path();
+    let model = Model::load(&path, 2).unwrap();
+    let backend = GpuBackend::load(gpu, &path, &model.config).unwrap();
+    let uploads = backend.uploads();
+    let m = model.with_backend(|_cpu| Box::new(backend));
+    let (kept, sent) = ragged(&m, 3, true, Some(&uploads));
+    let after_kept = uploads.get();
+    let (afresh, _) = ragged(&m, 3, false, None);
+    let after_afresh = uploads.get();
+    assert_eq!(kept.1, afresh.1, "greedy tokens");
+    for (s, (x, y)) in kept.0.iter().zip(&afresh.0).enumerate() {
+        for (q, (a, b)) in x.iter().zip(y).enumerate() {
+            let bits = |r: &[f32]| r.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(bits(a) == bits(b), "step {s} sequence {q}: logits differ");
+        }
+    }
+    // Step 1 reads nothing stored; step 2 reads what step 1 left on the device, but
+    // the fork's and the truncation's copies were made on the host: those two pages
+    // go up. The decode steps read only pages the device wrote or already holds.
+    assert_eq!(sent[0], 0, "step 1 uploads nothing");
+    assert_eq!(sent[1], 2, "step 2 uploads the two copied pages");
+    assert!(
+        sent[2..].iter().all(|&p| p == sent[1]),
+        "decode steps upload nothing: {sent:?}"
+    );
+    let afresh_pages = after_afresh.pages - after_kept.pages;
+    assert!(
+        afresh_pages > 5 * sent[1],
+        "{afresh_pages} pages uploaded afresh"
+    );
+    eprintln!(
+        "pages uploaded: {} with generations ({} reads skipped), {afresh_pages} without; \
+         bytes {} against {}",
+        after_kept.pages,
+        after_kept.skipped,
+        after_kept.bytes,
+        after_afresh.bytes - after_kept.bytes
     );
 }
 

@@ -1,6 +1,8 @@
 // Each new row's K and V into its slot of the device pool (two f16 per word, as the
-// host's f16 pool rounds them), and into this step's copy of the new rows (f32, layer
-// by layer) that goes back to the host's storage. Dispatch: (ceil(kv_dim / 2 / 64), rows).
+// host's f16 pool rounds them), and into this step's copy of the new rows (layer by
+// layer) that goes back to the host's storage: the f16 values the pool holds, widened
+// to f32, so the host stores the device's bits (the pool keeps pages across steps and
+// the host's copy must be the same). Dispatch: (ceil(kv_dim / 2 / 64), rows).
 struct P { rows: u32, kv_dim: u32, layer: u32, pad: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> slots: array<u32>;
@@ -21,11 +23,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let src = r * p.kv_dim + 2u * e;
     let dst = slots[r] * half + e;
-    kpool[dst] = pack2x16float(vec2<f32>(k[src], k[src + 1u]));
-    vpool[dst] = pack2x16float(vec2<f32>(v[src], v[src + 1u]));
+    let kh = pack2x16float(vec2<f32>(k[src], k[src + 1u]));
+    let vh = pack2x16float(vec2<f32>(v[src], v[src + 1u]));
+    kpool[dst] = kh;
+    vpool[dst] = vh;
     let out = (p.layer * p.rows + r) * p.kv_dim + 2u * e;
-    knew[out] = k[src];
-    knew[out + 1u] = k[src + 1u];
-    vnew[out] = v[src];
-    vnew[out + 1u] = v[src + 1u];
+    let kw = unpack2x16float(kh);
+    let vw = unpack2x16float(vh);
+    knew[out] = kw.x;
+    knew[out + 1u] = kw.y;
+    vnew[out] = vw.x;
+    vnew[out + 1u] = vw.y;
 }

@@ -16,8 +16,24 @@
 //! of every layer's K and V region of the pool (60 regions for the default model).
 //! Chunks of 2048 tokens measured best of the four layouts for decode and first-token
 //! time alike (docs/BENCHMARKS.md, "Design measurements").
+//!
+//! Each page carries a *generation*: a number taken afresh from one process-wide
+//! counter whenever any slot of the page is written ([`KvArena::write`],
+//! [`KvArena::write_slot`], the destination of [`KvArena::copy_slots`]). Two reads
+//! that see the same generation for a page saw the same bytes, in this arena or any
+//! other: a backend that keeps its own copy of pages (the GPU's device pool) skips
+//! those whose generation it already holds.
 
 use super::buf::{KvBuf, KvDtype, KvPair};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The next page generation, shared by every arena of the process (so a copy made from
+/// one arena never passes for another's page of the same id). 0 is never handed out.
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
+fn next_generation() -> u64 {
+    NEXT_GENERATION.fetch_add(1, Ordering::Relaxed)
+}
 
 /// Tokens' worth of pages a chunk of the arena holds (at least one page).
 pub const CHUNK_TOKENS: usize = 2048;
@@ -32,6 +48,8 @@ pub struct KvArena {
     page_size: usize,
     kv_dim: usize,
     head_dim: usize,
+    /// Per page: its generation (module doc).
+    generations: Vec<u64>,
 }
 
 impl KvArena {
@@ -53,7 +71,18 @@ impl KvArena {
             page_size,
             kv_dim,
             head_dim,
+            generations: (0..n_pages).map(|_| next_generation()).collect(),
         }
+    }
+
+    /// `page`'s generation: it changes whenever any slot of the page is written, to a
+    /// number no page of any arena has had before (module doc).
+    pub fn generation(&self, page: u32) -> u64 {
+        self.generations[page as usize]
+    }
+
+    fn touch(&mut self, page: u32) {
+        self.generations[page as usize] = next_generation();
     }
 
     /// The same arena with `chunk` pages per chunk (tests).
@@ -146,6 +175,7 @@ impl KvArena {
     }
 
     pub fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        self.touch(page);
         for (row, src) in [(false, k), (true, v)] {
             let at = self.at(page, layer, row, slot);
             self.data.write(at, &src[..self.kv_dim]);
@@ -168,6 +198,7 @@ impl KvArena {
     pub fn write_slot(&mut self, page: u32, slot: usize, data: &[u8]) {
         let w = self.data.bytes_of(0, self.kv_dim);
         assert_eq!(data.len(), self.slot_bytes());
+        self.touch(page);
         for layer in 0..self.n_layers {
             for (j, v) in [false, true].into_iter().enumerate() {
                 let at = self.at(page, layer, v, slot);
@@ -211,6 +242,7 @@ impl KvArena {
 
     /// Copies the first `n` slots of every layer's K and V from page `src` to `dst`.
     pub fn copy_slots(&mut self, src: u32, dst: u32, n: usize) {
+        self.touch(dst);
         for layer in 0..self.n_layers {
             for v in [false, true] {
                 let (s, d) = (self.at(src, layer, v, 0), self.at(dst, layer, v, 0));
@@ -324,6 +356,45 @@ mod tests {
         // A non-finite scale (the second f16 after the first K row's values) is caught.
         x[d + 2..d + 4].copy_from_slice(&0x7c00u16.to_le_bytes());
         assert!(!a.slot_finite(&x));
+    }
+
+    /// Every write of a page gives it a generation no page of any arena had before;
+    /// reads leave it as it is.
+    #[test]
+    fn a_page_written_any_way_gets_a_new_generation_and_reads_keep_it() {
+        let mut a = KvArena::new(3, 2, 4, 8, 8, KvDtype::F16);
+        let b = KvArena::new(3, 2, 4, 8, 8, KvDtype::F16);
+        let mut seen: Vec<u64> = (0..3).map(|p| a.generation(p)).collect();
+        seen.extend((0..3).map(|p| b.generation(p)));
+        let row = [1.0f32; 8];
+        let check = |a: &KvArena, page: u32, seen: &mut Vec<u64>| {
+            let g = a.generation(page);
+            assert!(
+                !seen.contains(&g),
+                "page {page}: generation {g} seen before"
+            );
+            seen.push(g);
+        };
+        a.write(1, 1, 2, &row, &row);
+        check(&a, 1, &mut seen);
+        let mut bytes = Vec::new();
+        a.read_slot(1, 2, &mut bytes);
+        let _ = a.run(1, 0, 0);
+        assert_eq!(
+            a.generation(1),
+            *seen.last().unwrap(),
+            "reads change nothing"
+        );
+        a.write_slot(0, 3, &bytes);
+        check(&a, 0, &mut seen);
+        let before = a.generation(1);
+        a.copy_slots(1, 2, 3);
+        check(&a, 2, &mut seen);
+        assert_eq!(
+            a.generation(1),
+            before,
+            "a copy's source keeps its generation"
+        );
     }
 
     #[test]

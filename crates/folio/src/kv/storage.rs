@@ -23,6 +23,12 @@ pub trait KvStorage: Sync {
     fn run(&self, page: u32, layer: usize, slot: usize) -> KvPair<'_> {
         self.run_pages(page, 1, layer, slot)
     }
+    /// A number that changes whenever any slot of `page` is written, and that no other
+    /// content of any page ever had; `None` where the storage keeps none (a backend
+    /// holding its own copy of pages must then read them afresh every step).
+    fn generation(&self, _page: u32) -> Option<u64> {
+        None
+    }
 }
 
 impl KvStorage for KvArena {
@@ -37,5 +43,8 @@ impl KvStorage for KvArena {
     }
     fn run_pages(&self, page: u32, count: usize, layer: usize, slot: usize) -> KvPair<'_> {
         KvArena::run_pages(self, page, count, layer, slot)
+    }
+    fn generation(&self, page: u32) -> Option<u64> {
+        Some(KvArena::generation(self, page))
     }
 }

@@ -1,0 +1,180 @@
+//! `folio serve --device gpu` over HTTP, at its defaults: a script of the server's
+//! routes whose answers must agree with each other on the GPU backend as they do on
+//! the CPU (run first, on the same script): completions whole, streamed and with
+//! `n = 2` (forked pages) give the same greedy text; a context of a text generates what
+//! a completion of it does; a fork truncated back across a page generates; a snapshot
+//! saved and loaded into a new context continues as its context; a prompt longer than
+//! the context is a 400; embeddings agree with the CPU's (cosine); and at the end, the
+//! contexts deleted, no page is held. The two backends' texts are not compared: their
+//! arithmetic differs and a near tie may part them (`crates/folio-gpu/tests/parity.rs`
+//! compares them where they agree, with llama.cpp's arithmetic on both). CI runs it on
+//! Mesa's lavapipe; without any Vulkan adapter it says so and returns.
+
+#[allow(dead_code)]
+#[path = "../../folio-server/tests/http/client.rs"]
+mod client;
+#[allow(dead_code)]
+#[path = "common/server.rs"]
+mod server;
+
+use client::{get, ok, post, request};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+
+/// The script on the server at `a`, checking that its answers agree with each other
+/// (streamed and whole, `n = 2`, a context and a plain completion of the same text, a
+/// snapshot and the context it was taken of); returns what the answers were (for the
+/// log) and the embedding.
+fn script(a: SocketAddr) -> (Vec<String>, Vec<f64>) {
+    let mut got = Vec::new();
+    let text = |v: &Value| v["choices"][0]["text"].as_str().unwrap_or("").to_string();
+    let greedy = |extra: Value| {
+        let mut b = json!({"temperature": 0, "ignore_eos": true});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    // Completions: whole, streamed and n = 2 (forked pages): the same text.
+    let p = json!({"prompt": "The three primary colours are", "max_tokens": 8});
+    let whole = text(&ok(a, "/v1/completions", greedy(p.clone())));
+    let mut sp = p.clone();
+    sp["stream"] = json!(true);
+    let r = post(a, "/v1/completions", &greedy(sp));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut streamed = String::new();
+    for e in r.events().iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        streamed.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+    }
+    assert_eq!(streamed, whole, "streamed and whole answers differ");
+    let mut np = p.clone();
+    np["n"] = json!(2);
+    let r = ok(a, "/v1/completions", greedy(np));
+    for c in r["choices"].as_array().unwrap() {
+        assert_eq!(c["text"].as_str().unwrap(), whole, "n = 2: {r}");
+    }
+    got.push(whole);
+    let chat = json!({
+        "messages": [{"role": "user", "content": "Name a planet."}],
+        "max_tokens": 6
+    });
+    let r = ok(a, "/v1/chat/completions", greedy(chat));
+    got.push(
+        r["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+    );
+    // A context of a text generates what a completion of the same text does.
+    let doc = "The lighthouse keeper wrote in his log every evening: the wind, the ships, \
+               the colour of the sea. "
+        .repeat(2);
+    let plain = text(&ok(
+        a,
+        "/v1/completions",
+        greedy(json!({"prompt": doc, "max_tokens": 6})),
+    ));
+    let id = ok(a, "/v1/contexts", json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ok(
+        a,
+        &format!("/v1/contexts/{id}/append"),
+        json!({"text": doc}),
+    );
+    let gen = |id: &str, n: usize| {
+        let r = ok(
+            a,
+            &format!("/v1/contexts/{id}/generate"),
+            json!({"max_tokens": n, "temperature": 0, "ignore_eos": true, "chat": false}),
+        );
+        text(&r)
+    };
+    let first = gen(&id, 6);
+    assert_eq!(first, plain, "a context and a completion of the same text");
+    got.push(first);
+    // A fork truncated back across a page, then regrown by the same tokens: it
+    // continues as the original does.
+    let fid = ok(a, &format!("/v1/contexts/{id}/fork"), json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ok(
+        a,
+        &format!("/v1/contexts/{fid}/truncate"),
+        json!({"tokens": 30}),
+    );
+    got.push(gen(&fid, 4));
+    // A snapshot continues as the context it was taken of.
+    ok(a, "/v1/snapshots", json!({"context": id, "name": "log"}));
+    let next = gen(&id, 4);
+    let loaded = ok(a, "/v1/snapshots/log/load", json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        gen(&loaded, 4),
+        next,
+        "the snapshot continues as its context"
+    );
+    got.push(next);
+    // A prompt longer than the context is the user's mistake on either backend.
+    let long = "word ".repeat(3000);
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": long, "max_tokens": 1}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    // Embeddings: the final norm's hidden states.
+    let r = ok(
+        a,
+        "/v1/embeddings",
+        json!({"input": "a lighthouse on a cliff"}),
+    );
+    let emb: Vec<f64> = r["data"][0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let gone = [&id, &fid, &loaded].map(|c| format!("/v1/contexts/{c}"));
+    for path in gone.iter().map(String::as_str).chain(["/v1/snapshots/log"]) {
+        let d = request(a, "DELETE", path, &[], b"");
+        assert_eq!(d.status, 200, "{path}: {}", d.text());
+    }
+    let kv = get(a, "/v1/kv").json();
+    let held = kv["pages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| !p["holders"].as_array().unwrap().is_empty())
+        .count();
+    assert_eq!(held, 0, "pages still held at the end: {}", kv["totals"]);
+    (got, emb)
+}
+
+#[test]
+fn the_server_runs_on_the_gpu_backend() {
+    if let Err(e) = folio_gpu::Gpu::open(true) {
+        eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
+        return;
+    }
+    let args = |device: &'static str| ["--device", device, "--ctx", "2048", "--threads", "2"];
+    let cpu = server::start(&args("cpu"));
+    let (cpu_answers, cpu_emb) = script(cpu.addr);
+    drop(cpu);
+    let gpu = server::start(&args("gpu"));
+    let log = gpu.stderr();
+    assert!(log.contains("the forward pass runs on the GPU"), "{log}");
+    let (answers, emb) = script(gpu.addr);
+    // The texts themselves may part where two tokens nearly tie (the backends'
+    // arithmetic differs: parity.rs); the hidden states agree closely.
+    let dot: f64 = emb.iter().zip(&cpu_emb).map(|(a, b)| a * b).sum();
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let cos = dot / (norm(&emb) * norm(&cpu_emb));
+    eprintln!("gpu answers: {answers:?}\ncpu answers: {cpu_answers:?}\nembedding cosine {cos:.6}");
+    assert!(cos > 0.999, "embedding cosine {cos}");
+}
