@@ -15,9 +15,14 @@ pub(crate) struct Kernels {
     /// Q4_1 and Q8_0 matmuls on 8-bit inputs (llama.cpp's arithmetic).
     pub q4_1: Kernel,
     pub q8_0: Kernel,
-    /// The same on f32 inputs (the default).
+    /// The same on f32 inputs (the default), and the formats read only so: Q4_0,
+    /// Q5_0, Q4_K, Q6_K (with llama.cpp's arithmetic too, their inputs stay f32).
     pub q4_1_f32: Kernel,
     pub q8_0_f32: Kernel,
+    pub q4_0_f32: Kernel,
+    pub q5_0_f32: Kernel,
+    pub q4_k_f32: Kernel,
+    pub q6_k_f32: Kernel,
     pub f32w: Kernel,
     pub quantize: Kernel,
     pub rope: Kernel,
@@ -78,6 +83,10 @@ impl Kernels {
             q8_0: pipeline(&matmul, "q8_0"),
             q4_1_f32: pipeline(&matmul_f32_inputs, "q4_1"),
             q8_0_f32: pipeline(&matmul_f32_inputs, "q8_0"),
+            q4_0_f32: pipeline(&matmul_f32_inputs, "q4_0"),
+            q5_0_f32: pipeline(&matmul_f32_inputs, "q5_0"),
+            q4_k_f32: pipeline(&matmul_f32_inputs, "q4_k"),
+            q6_k_f32: pipeline(&matmul_f32_inputs, "q6_k"),
             f32w: pipeline(
                 &module("matmul_f32", include_str!("wgsl/matmul_f32.wgsl")),
                 "main",

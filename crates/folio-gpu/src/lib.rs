@@ -18,6 +18,8 @@ mod backend;
 mod device;
 mod error;
 mod kernels;
+#[cfg(test)]
+mod matmul_tests;
 mod pool;
 mod step;
 mod table;

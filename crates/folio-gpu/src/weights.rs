@@ -1,7 +1,9 @@
-//! The model's weights in device memory, uploaded once. Q4_1 and Q8_0 matrices go up
-//! as the file stores them (their blocks are decoded in the matmul kernel); a matrix
-//! of any other type folio reads is dequantized on the host and goes up as f32 (four
-//! bytes a weight: correct, but not the memory or bandwidth of its format). Norm
+//! The model's weights in device memory, uploaded once. Q4_0, Q4_1, Q5_0, Q8_0, Q4_K
+//! and Q6_K matrices (every type of a Q4_0, Q4_1, Q8_0 or Q4_K_M file of the llama
+//! family) go up as the file stores them: their blocks are decoded in the matmul
+//! kernel. A matrix of any other type folio reads is dequantized on the host and goes
+//! up as f32 (four bytes a weight: correct, but not the memory or bandwidth of its
+//! format). Norm
 //! vectors go up as f32. The embedding stays on the host in its stored form: a step
 //! looks up only its own tokens' rows.
 
@@ -13,8 +15,12 @@ use folio::model::{dequantize, Activation, Config};
 /// How a matrix's words are read by the matmul kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Format {
+    Q4_0,
     Q4_1,
+    Q5_0,
     Q8_0,
+    Q4K,
+    Q6K,
     F32,
 }
 
@@ -248,8 +254,12 @@ fn matrices(
         let part = &bytes[at * rb..(at + rows) * rb];
         at += rows;
         let (format, data): (Format, std::borrow::Cow<[u8]>) = match t.ty {
+            GgmlType::Q4_0 if cols.is_multiple_of(32) => (Format::Q4_0, part.into()),
             GgmlType::Q4_1 if cols.is_multiple_of(32) => (Format::Q4_1, part.into()),
+            GgmlType::Q5_0 if cols.is_multiple_of(32) => (Format::Q5_0, part.into()),
             GgmlType::Q8_0 if cols.is_multiple_of(32) => (Format::Q8_0, part.into()),
+            GgmlType::Q4_K if cols.is_multiple_of(256) => (Format::Q4K, part.into()),
+            GgmlType::Q6_K if cols.is_multiple_of(256) => (Format::Q6K, part.into()),
             GgmlType::F32 => (Format::F32, part.into()),
             _ => {
                 let v = dequantize(t.ty, rows, cols, part).ok_or_else(|| unsupported_type(t))?;

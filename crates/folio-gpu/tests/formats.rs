@@ -1,13 +1,16 @@
 //! The GPU backend on weight formats beyond the default model's Q4_1, on folio's tiny
-//! random models (`folio::tiny`: real GGUF files, two layers): Q8_0 in its blocks, and
-//! formats the kernels do not decode (Q4_0, F16, Q4_K), which go up as f32. Each
-//! against the CPU backend with llama.cpp's arithmetic: logits of a prompt (every
-//! position) and of a few decode steps within 6e-2 of each row's range. Measured: the
-//! first position (whose attention is its own V) matches to 4e-8 of the range for
-//! Q8_0 and F16, so the block decoding and the 8-bit dot products are the CPU's; the
-//! later positions differ by up to 1.3e-2 (Q8_0), 7.9e-3 (Q4_0), 1.7e-3 (F16) and
-//! 2.5e-2 (Q4_K: f32 inputs on the GPU against 8-bit on the CPU), from attention's
-//! arithmetic (the CPU's rounds Q and its accumulator to f16 as llama.cpp's does).
+//! random models (`folio::tiny`: real GGUF files, two layers): Q8_0, Q4_0, Q5_0, and
+//! a Q4_K_M mix (Q4_K and Q6_K) in their blocks, and F16, which the kernels do not
+//! decode and which goes up as f32. Each against the CPU backend with llama.cpp's
+//! arithmetic: logits of a prompt (every position) and of a few decode steps within
+//! 6e-2 of each row's range. Measured: the first position (whose attention is its own
+//! V) matches to 4e-8 of the range for Q8_0 and F16, so the block decoding and the
+//! 8-bit dot products are the CPU's; the later positions differ by up to 1.3e-2
+//! (Q8_0) and 1.7e-3 (F16) from attention's arithmetic (the CPU's rounds Q and its
+//! accumulator to f16 as llama.cpp's does); Q4_0, Q5_0 and the K-quants take f32
+//! inputs on the GPU against the CPU's 8-bit ones (the figures are printed). That the
+//! block kernels decode exactly as the CPU does is `matmul_tests.rs`' (the same bits
+//! as the widened matrix).
 //!
 //! Without a Vulkan adapter the test says so and returns.
 
@@ -56,10 +59,11 @@ fn other_weight_formats_match_the_cpu() {
     let cases = [
         ("q8_0", tiny::model_bytes(3, GgmlType::Q8_0)),
         ("q4_0", tiny::model_bytes(3, GgmlType::Q4_0)),
+        ("q5_0", tiny::model_bytes(3, GgmlType::Q5_0)),
         ("f16", tiny::model_bytes(3, GgmlType::F16)),
         (
-            "q4_k",
-            tiny::wide_model_bytes(3, Formats::Uniform(GgmlType::Q4_K)),
+            "q4_k_m",
+            tiny::wide_model_bytes(3, Formats::KMix(GgmlType::Q4_K)),
         ),
     ];
     for (name, bytes) in cases {

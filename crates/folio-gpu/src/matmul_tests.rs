@@ -1,0 +1,124 @@
+//! The matmul kernels that decode blocks on f32 inputs against the same matrix
+//! dequantized on the host (`folio::model::dequantize`, the CPU's own decoding) and
+//! multiplied by the widened kernel (`matmul_f32.wgsl`): the same bits, on random
+//! blocks and random activations, for 1, 3 and 9 activation rows (one call of 8 rows
+//! and a remainder). Skipped, with the reason printed, without a Vulkan adapter.
+
+use crate::device::Gpu;
+use crate::kernels::{Kernel, Kernels, MATMUL_ROWS, WG};
+use crate::weights::{Format, Matrix};
+use folio::gguf::GgmlType;
+use folio::model::dequantize;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// A normal f16 scale in ±[2⁻⁸, 2⁻⁴), as little-endian bytes.
+fn scale(rng: &mut Rng) -> [u8; 2] {
+    let v = (1.0 + rng.f32().abs()) * 2f32.powi(-4 - (rng.next() % 4) as i32);
+    let v = if rng.next() & 1 == 0 { v } else { -v };
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// `rows` rows of random blocks of `ty`, with normal f16 scales where the format
+/// keeps them (random bytes elsewhere).
+fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let (block, at): (usize, &[usize]) = match ty {
+        GgmlType::Q4_0 => (18, &[0]),
+        GgmlType::Q5_0 => (22, &[0]),
+        GgmlType::Q4_K => (144, &[0, 2]),
+        GgmlType::Q6_K => (210, &[208]),
+        ty => unreachable!("{ty}"),
+    };
+    let per = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut out: Vec<u8> = (0..rows * per).map(|_| rng.next() as u8).collect();
+    for b in out.chunks_exact_mut(block) {
+        for &i in at {
+            b[i..i + 2].copy_from_slice(&scale(rng));
+        }
+    }
+    out
+}
+
+/// `a` (`rows` × `m.cols`) · `m`ᵀ with `kernel`, read back.
+fn run(gpu: &Gpu, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usize) -> Vec<f32> {
+    let a = gpu.upload("a", bytemuck::cast_slice(a));
+    let y = gpu.scratch("y", (rows * m.rows * 4) as u64);
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        let params = [m.cols as u32, m.rows as u32, rows as u32, 0];
+        let groups = (
+            (m.rows as u32).div_ceil(WG),
+            (rows as u32).div_ceil(MATMUL_ROWS),
+        );
+        Kernels::dispatch(gpu, &mut pass, kernel, &params, &[&m.buf, &a, &y], groups);
+    }
+    let staging = gpu.staging((rows * m.rows * 4) as u64);
+    encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, (rows * m.rows * 4) as u64);
+    gpu.finish(encoder, &staging).unwrap()
+}
+
+#[test]
+fn block_kernels_give_the_widened_kernels_bits() {
+    let gpu = match Gpu::open(true) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
+            return;
+        }
+    };
+    let k = Kernels::new(&gpu).unwrap();
+    let mut rng = Rng(42);
+    let (n, cols) = (70, 512);
+    let cases: [(GgmlType, Format, &Kernel); 4] = [
+        (GgmlType::Q4_0, Format::Q4_0, &k.q4_0_f32),
+        (GgmlType::Q5_0, Format::Q5_0, &k.q5_0_f32),
+        (GgmlType::Q4_K, Format::Q4K, &k.q4_k_f32),
+        (GgmlType::Q6_K, Format::Q6K, &k.q6_k_f32),
+    ];
+    for (ty, format, kernel) in cases {
+        let bytes = random_blocks(&mut rng, ty, n, cols);
+        let wide = dequantize(ty, n, cols, &bytes).unwrap();
+        let matrix = |format, data: &[u8]| Matrix {
+            buf: gpu.upload("w", data),
+            format,
+            rows: n,
+            cols,
+            bytes: data.len(),
+        };
+        let blocks = matrix(format, &bytes);
+        let widened = matrix(Format::F32, bytemuck::cast_slice(&wide));
+        for rows in [1, 3, 9] {
+            let a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+            let got = run(&gpu, kernel, &blocks, &a, rows);
+            let want = run(&gpu, &k.f32w, &widened, &a, rows);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&got) == bits(&want), "{ty}, {rows} rows");
+            // And the products are what the host computes (f64, a loose bound: the
+            // order of an f32 sum).
+            for (i, &g) in got.iter().enumerate() {
+                let (r, o) = (i / n, i % n);
+                let exact: f64 = (0..cols)
+                    .map(|c| wide[o * cols + c] as f64 * a[r * cols + c] as f64)
+                    .sum();
+                assert!(
+                    (g as f64 - exact).abs() <= 1e-4 * (1.0 + exact.abs()),
+                    "{ty}"
+                );
+            }
+        }
+    }
+}
