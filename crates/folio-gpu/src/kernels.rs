@@ -5,6 +5,7 @@
 
 use crate::device::Gpu;
 use crate::error::GpuError;
+use crate::weights::Format;
 
 /// A kernel: its pipeline (its bind group layout inferred from the shader).
 pub(crate) struct Kernel(wgpu::ComputePipeline);
@@ -15,15 +16,10 @@ pub(crate) struct Kernels {
     /// Q4_1 and Q8_0 matmuls on 8-bit inputs (llama.cpp's arithmetic).
     pub q4_1: Kernel,
     pub q8_0: Kernel,
-    /// The same on f32 inputs (the default), and the formats read only so: Q4_0,
-    /// Q5_0, Q4_K, Q6_K (with llama.cpp's arithmetic too, their inputs stay f32).
-    pub q4_1_f32: Kernel,
-    pub q8_0_f32: Kernel,
-    pub q4_0_f32: Kernel,
-    pub q5_0_f32: Kernel,
-    pub q4_k_f32: Kernel,
-    pub q6_k_f32: Kernel,
-    pub f32w: Kernel,
+    /// The matmul on f32 inputs (the default), one pipeline per weight format
+    /// ([`Kernels::f32_inputs`]); Q4_0, Q5_0, Q4_K, Q6_K and widened matrices are read
+    /// only so (with llama.cpp's arithmetic too).
+    f32_inputs: Vec<Kernel>,
     pub quantize: Kernel,
     pub rope: Kernel,
     pub kv_store: Kernel,
@@ -56,7 +52,7 @@ impl Kernels {
                     source: wgpu::ShaderSource::Wgsl(src.into()),
                 })
         };
-        let pipeline = |m: &wgpu::ShaderModule, entry: &str| {
+        let pipeline_with = |m: &wgpu::ShaderModule, entry: &str, constants: &[(&str, f64)]| {
             Kernel(
                 gpu.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -64,16 +60,32 @@ impl Kernels {
                         layout: None,
                         module: m,
                         entry_point: Some(entry),
-                        compilation_options: Default::default(),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants,
+                            ..Default::default()
+                        },
                         cache: None,
                     }),
             )
         };
-        let matmul = module("matmul", include_str!("wgsl/matmul.wgsl"));
+        let pipeline = |m: &wgpu::ShaderModule, entry: &str| pipeline_with(m, entry, &[]);
+        // The matmul kernels' files follow their common part.
+        let common = include_str!("wgsl/matmul_common.wgsl");
+        let matmul = module(
+            "matmul",
+            &[common, include_str!("wgsl/matmul.wgsl")].concat(),
+        );
         let matmul_f32_inputs = module(
             "matmul_f32_inputs",
-            include_str!("wgsl/matmul_f32_inputs.wgsl"),
+            &[common, include_str!("wgsl/matmul_f32_inputs.wgsl")].concat(),
         );
+        let f32_inputs = Format::ALL
+            .iter()
+            .map(|f| {
+                let format = [("FORMAT", f.wgsl() as f64)];
+                pipeline_with(&matmul_f32_inputs, "main", &format)
+            })
+            .collect();
         Kernels {
             rms_norm: pipeline(
                 &module("rms_norm", include_str!("wgsl/rms_norm.wgsl")),
@@ -81,16 +93,7 @@ impl Kernels {
             ),
             q4_1: pipeline(&matmul, "q4_1"),
             q8_0: pipeline(&matmul, "q8_0"),
-            q4_1_f32: pipeline(&matmul_f32_inputs, "q4_1"),
-            q8_0_f32: pipeline(&matmul_f32_inputs, "q8_0"),
-            q4_0_f32: pipeline(&matmul_f32_inputs, "q4_0"),
-            q5_0_f32: pipeline(&matmul_f32_inputs, "q5_0"),
-            q4_k_f32: pipeline(&matmul_f32_inputs, "q4_k"),
-            q6_k_f32: pipeline(&matmul_f32_inputs, "q6_k"),
-            f32w: pipeline(
-                &module("matmul_f32", include_str!("wgsl/matmul_f32.wgsl")),
-                "main",
-            ),
+            f32_inputs,
             quantize: pipeline(
                 &module("quantize", include_str!("wgsl/quantize.wgsl")),
                 "main",
@@ -106,6 +109,11 @@ impl Kernels {
             ),
             swiglu: pipeline(&module("swiglu", include_str!("wgsl/swiglu.wgsl")), "main"),
         }
+    }
+
+    /// The matmul on f32 inputs for matrices in `format`.
+    pub fn f32_inputs(&self, format: Format) -> &Kernel {
+        &self.f32_inputs[format.wgsl() as usize]
     }
 
     /// Records `kernel` over `groups` workgroups with `params` (binding 0, a uniform)

@@ -124,13 +124,7 @@ impl Step<'_> {
                     let (kernel, input): (&Kernel, &wgpu::Buffer) = match (m.format, self.llama) {
                         (Format::Q4_1, true) => (&k.q4_1, &aq),
                         (Format::Q8_0, true) => (&k.q8_0, &aq),
-                        (Format::Q4_1, false) => (&k.q4_1_f32, a),
-                        (Format::Q8_0, false) => (&k.q8_0_f32, a),
-                        (Format::Q4_0, _) => (&k.q4_0_f32, a),
-                        (Format::Q5_0, _) => (&k.q5_0_f32, a),
-                        (Format::Q4K, _) => (&k.q4_k_f32, a),
-                        (Format::Q6K, _) => (&k.q6_k_f32, a),
-                        (Format::F32, _) => (&k.f32w, a),
+                        (f, _) => (k.f32_inputs(f), a),
                     };
                     let params = [m.cols as u32, m.rows as u32, rows as u32, add as u32];
                     let groups = (

@@ -24,6 +24,27 @@ pub(crate) enum Format {
     F32,
 }
 
+impl Format {
+    /// Every format, in the order of their numbers in `matmul_f32_inputs.wgsl`.
+    pub const ALL: [Format; 7] = [
+        Format::Q4_0,
+        Format::Q4_1,
+        Format::Q5_0,
+        Format::Q8_0,
+        Format::Q4K,
+        Format::Q6K,
+        Format::F32,
+    ];
+
+    /// The format's number in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
+    pub fn wgsl(self) -> u32 {
+        Format::ALL
+            .iter()
+            .position(|&f| f == self)
+            .expect("every format is listed") as u32
+    }
+}
+
 /// A matrix of `rows` outputs × `cols` inputs on the device.
 pub(crate) struct Matrix {
     pub buf: wgpu::Buffer,

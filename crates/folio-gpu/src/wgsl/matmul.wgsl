@@ -1,28 +1,9 @@
 // y[r, o] (+)= sum_c a[r, c] * W[o, c] for the rows of `a`, W in its stored blocks
 // (`w` as 32-bit words) and `a` in 8-bit blocks (`quantize.wgsl`): per block an
 // integer dot product, scaled, as the CPU path's (llama.cpp's) Q4_1 × Q8 and
-// Q8_0 × Q8 dot products. Each invocation computes one output column for up to TR
-// rows (a weight block is decoded once per TR rows).
-// Dispatch: (ceil(n / 64), ceil(rows / TR)).
-struct P { k: u32, n: u32, rows: u32, add: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
+// Q8_0 × Q8 dot products. (`matmul_common.wgsl` comes first: the parameters, the
+// output, the dispatch.)
 @group(0) @binding(2) var<storage, read> aq: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-
-const TR: u32 = 8u;
-
-fn store(o: u32, r0: u32, nr: u32, acc: array<f32, 8>) {
-    var acc2 = acc;
-    for (var i = 0u; i < nr; i++) {
-        let yi = (r0 + i) * p.n + o;
-        if (p.add != 0u) {
-            y[yi] += acc2[i];
-        } else {
-            y[yi] = acc2[i];
-        }
-    }
-}
 
 // Four signed bytes times four signed bytes, summed.
 fn dot4(x: u32, y: u32) -> i32 {
@@ -38,12 +19,13 @@ fn dot4(x: u32, y: u32) -> i32 {
 // nibbles are values 0..15 and high nibbles values 16..31; value = q * d + m.
 @compute @workgroup_size(64)
 fn q4_1(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
-    let r0 = gid.y * TR;
-    if (o >= p.n || r0 >= p.rows) {
+    let at = invocation(gid);
+    let o = at.x;
+    let r0 = at.y;
+    let nr = at.z;
+    if (nr == 0u) {
         return;
     }
-    let nr = min(TR, p.rows - r0);
     var acc: array<f32, 8>;
     let nb = p.k / 32u;
     let wrow = o * nb * 5u;
@@ -72,23 +54,20 @@ fn q4_1(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 // Q8_0: 32 values per block of 34 bytes: d as f16, then 32 signed bytes; value = q * d.
-// Blocks are not word-aligned: bytes are read out of their words.
-fn byte_at(i: u32) -> u32 {
-    return (w[i >> 2u] >> (8u * (i & 3u))) & 0xFFu;
-}
-
+// Blocks are not word-aligned: bytes are read out of their words (`byte_at`).
 fn word_at(i: u32) -> u32 {
     return byte_at(i) | (byte_at(i + 1u) << 8u) | (byte_at(i + 2u) << 16u) | (byte_at(i + 3u) << 24u);
 }
 
 @compute @workgroup_size(64)
 fn q8_0(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
-    let r0 = gid.y * TR;
-    if (o >= p.n || r0 >= p.rows) {
+    let at = invocation(gid);
+    let o = at.x;
+    let r0 = at.y;
+    let nr = at.z;
+    if (nr == 0u) {
         return;
     }
-    let nr = min(TR, p.rows - r0);
     var acc: array<f32, 8>;
     let nb = p.k / 32u;
     let wrow = o * nb * 34u;

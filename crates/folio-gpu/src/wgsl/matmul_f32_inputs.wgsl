@@ -1,160 +1,51 @@
-// y[r, o] (+)= sum_c a[r, c] * W[o, c] for the rows of `a` (f32, unrounded), W in its
-// stored blocks (`w` as 32-bit words), each weight decoded to f32. The default
-// arithmetic: nearer the exact model than rounding the inputs to 8 bits.
-// Each invocation computes one output column for up to TR rows (a weight block is
-// decoded once per TR rows). Dispatch: (ceil(n / 64), ceil(rows / TR)).
-struct P { k: u32, n: u32, rows: u32, add: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
+// The matmul on f32 inputs (the default arithmetic: nearer the exact model than
+// rounding the inputs to 8 bits), one kernel for every weight format: the pipeline's
+// FORMAT constant picks the decoding (the compiler drops the others). Each weight is
+// decoded to f32 with the host's `dequantize` operations in the host's order, and
+// added column by column in order, so a matrix in its blocks gives the bits of the
+// same matrix widened on the host (`matmul_tests.rs`).
+//
+// A block of 32 or 256 values is read as groups of 16: group g's factor and offset,
+// then each value's integer q: weight = factor * q - offset.
+// - Q4_0 (18 bytes): d (f16), then 16 bytes whose low nibbles are values 0..15 and
+//   high nibbles values 16..31; weight = d * (q - 8).
+// - Q4_1 (20 bytes): d, m (f16), then Q4_0's nibbles; weight = d * q + m.
+// - Q5_0 (22 bytes): d, a 32-bit word of fifth bits (bit e for value e), then Q4_0's
+//   nibbles; weight = d * (q - 16).
+// - Q8_0 (34 bytes): d, then 32 signed bytes; weight = d * q.
+// - Q4_K (144 bytes, 256 values): d, dmin (f16), 12 bytes of 6-bit scales and mins
+//   of eight sub-blocks of 32, then 128 bytes: for sub-blocks 2i and 2i+1, 32 bytes
+//   whose low nibbles are the first's values and high nibbles the second's;
+//   weight = (d * scale) * q - dmin * min.
+// - Q6_K (210 bytes, 256 values): 128 bytes of low nibbles, 64 of high 2-bit pairs,
+//   16 signed 8-bit scales (one per 16 values), d; in each half of 128 values, value
+//   l + 32t (t = 0..3) takes nibble t >> 1 of ql[l + 32 (t & 1)] and bits 2t of
+//   qh[l]; weight = (d * scale) * (q - 32).
+// - F32: a matrix widened on the host, one word a weight.
 @group(0) @binding(2) var<storage, read> a: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-const TR: u32 = 8u;
+override FORMAT: u32 = 0u;
+const Q4_0: u32 = 0u;
+const Q4_1: u32 = 1u;
+const Q5_0: u32 = 2u;
+const Q8_0: u32 = 3u;
+const Q4_K: u32 = 4u;
+const Q6_K: u32 = 5u;
+const F32: u32 = 6u;
 
-fn store(o: u32, r0: u32, nr: u32, acc: array<f32, 8>) {
-    var acc2 = acc;
-    for (var i = 0u; i < nr; i++) {
-        let yi = (r0 + i) * p.n + o;
-        if (p.add != 0u) {
-            y[yi] += acc2[i];
-        } else {
-            y[yi] = acc2[i];
-        }
-    }
+fn block_values() -> u32 {
+    return select(32u, 256u, FORMAT == Q4_K || FORMAT == Q6_K);
 }
 
-// Q4_1: 32 values per block of 5 words: (d, m) as two f16, then 16 bytes whose low
-// nibbles are values 0..15 and high nibbles values 16..31; value = q * d + m.
-@compute @workgroup_size(64)
-fn q4_1(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
-    let r0 = gid.y * TR;
-    if (o >= p.n || r0 >= p.rows) {
-        return;
+fn block_bytes() -> u32 {
+    switch FORMAT {
+        case 0u: { return 18u; }
+        case 1u: { return 20u; }
+        case 2u: { return 22u; }
+        case 3u: { return 34u; }
+        case 4u: { return 144u; }
+        default: { return 210u; }
     }
-    let nr = min(TR, p.rows - r0);
-    var acc: array<f32, 8>;
-    let nb = p.k / 32u;
-    let wrow = o * nb * 5u;
-    for (var b = 0u; b < nb; b++) {
-        let base = wrow + b * 5u;
-        let dm = unpack2x16float(w[base]);
-        for (var j = 0u; j < 4u; j++) {
-            let q = w[base + 1u + j];
-            for (var e = 0u; e < 4u; e++) {
-                let byte = (q >> (8u * e)) & 0xFFu;
-                let lo = f32(byte & 0xFu) * dm.x + dm.y;
-                let hi = f32(byte >> 4u) * dm.x + dm.y;
-                let c = b * 32u + 4u * j + e;
-                for (var i = 0u; i < nr; i++) {
-                    let ar = (r0 + i) * p.k + c;
-                    acc[i] += lo * a[ar] + hi * a[ar + 16u];
-                }
-            }
-        }
-    }
-    store(o, r0, nr, acc);
-}
-
-// Q8_0: 32 values per block of 34 bytes: d as f16, then 32 signed bytes; value = q * d.
-fn byte_at(i: u32) -> u32 {
-    return (w[i >> 2u] >> (8u * (i & 3u))) & 0xFFu;
-}
-
-@compute @workgroup_size(64)
-fn q8_0(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
-    let r0 = gid.y * TR;
-    if (o >= p.n || r0 >= p.rows) {
-        return;
-    }
-    let nr = min(TR, p.rows - r0);
-    var acc: array<f32, 8>;
-    let nb = p.k / 32u;
-    let wrow = o * nb * 34u;
-    for (var b = 0u; b < nb; b++) {
-        let base = wrow + b * 34u;
-        let d = unpack2x16float(byte_at(base) | (byte_at(base + 1u) << 8u)).x;
-        for (var e = 0u; e < 32u; e++) {
-            let q = f32(bitcast<i32>(byte_at(base + 2u + e) << 24u) >> 24u) * d;
-            let c = b * 32u + e;
-            for (var i = 0u; i < nr; i++) {
-                acc[i] += q * a[(r0 + i) * p.k + c];
-            }
-        }
-    }
-    store(o, r0, nr, acc);
-}
-
-// The formats below decode each weight to f32 as the host's `dequantize` does (the
-// same operations in the same order) and add `w · a` to the accumulators column by
-// column, as `matmul_f32.wgsl` does for a widened matrix: the two give the same bits
-// (`weights.rs` tests it), at a quarter to a seventh of the bytes.
-
-// One byte's signed value.
-fn sbyte_at(i: u32) -> i32 {
-    return bitcast<i32>(byte_at(i) << 24u) >> 24u;
-}
-
-// The f16 at byte `i` (little-endian).
-fn half_at(i: u32) -> f32 {
-    return unpack2x16float(byte_at(i) | (byte_at(i + 1u) << 8u)).x;
-}
-
-fn add_column(acc: ptr<function, array<f32, 8>>, v: f32, c: u32, r0: u32, nr: u32) {
-    for (var i = 0u; i < nr; i++) {
-        (*acc)[i] += v * a[(r0 + i) * p.k + c];
-    }
-}
-
-// Q4_0: 32 values per block of 18 bytes: d as f16, then 16 bytes whose low nibbles
-// are values 0..15 and high nibbles values 16..31; value = (q - 8) * d.
-@compute @workgroup_size(64)
-fn q4_0(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
-    let r0 = gid.y * TR;
-    if (o >= p.n || r0 >= p.rows) {
-        return;
-    }
-    let nr = min(TR, p.rows - r0);
-    var acc: array<f32, 8>;
-    let nb = p.k / 32u;
-    for (var b = 0u; b < nb; b++) {
-        let base = (o * nb + b) * 18u;
-        let d = half_at(base);
-        for (var e = 0u; e < 32u; e++) {
-            let byte = byte_at(base + 2u + (e & 15u));
-            let q = (byte >> (4u * (e >> 4u))) & 0xFu;
-            add_column(&acc, f32(i32(q) - 8) * d, b * 32u + e, r0, nr);
-        }
-    }
-    store(o, r0, nr, acc);
-}
-
-// Q5_0: 32 values per block of 22 bytes: d as f16, a 32-bit word of fifth bits (bit
-// e for value e), then Q4_0's nibbles; value = (q - 16) * d.
-@compute @workgroup_size(64)
-fn q5_0(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
-    let r0 = gid.y * TR;
-    if (o >= p.n || r0 >= p.rows) {
-        return;
-    }
-    let nr = min(TR, p.rows - r0);
-    var acc: array<f32, 8>;
-    let nb = p.k / 32u;
-    for (var b = 0u; b < nb; b++) {
-        let base = (o * nb + b) * 22u;
-        let d = half_at(base);
-        let qh = byte_at(base + 2u) | (byte_at(base + 3u) << 8u) | (byte_at(base + 4u) << 16u)
-            | (byte_at(base + 5u) << 24u);
-        for (var e = 0u; e < 32u; e++) {
-            let byte = byte_at(base + 6u + (e & 15u));
-            let q = ((byte >> (4u * (e >> 4u))) & 0xFu) | (((qh >> e) & 1u) << 4u);
-            add_column(&acc, f32(i32(q) - 16) * d, b * 32u + e, r0, nr);
-        }
-    }
-    store(o, r0, nr, acc);
 }
 
 // Q4_K's 6-bit scale (x) and min (y) of sub-block j, from the 12 bytes at `s`.
@@ -167,67 +58,79 @@ fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
     return vec2<u32>(sc, mn);
 }
 
-// Q4_K: 256 values per block of 144 bytes: d and dmin as f16, 12 bytes of 6-bit
-// scales and mins of eight sub-blocks of 32, then 128 bytes: for sub-blocks 2i and
-// 2i+1, 32 bytes whose low nibbles are the first's values and high nibbles the
-// second's; value = (d * scale) * q - dmin * min.
-@compute @workgroup_size(64)
-fn q4_k(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
-    let r0 = gid.y * TR;
-    if (o >= p.n || r0 >= p.rows) {
-        return;
-    }
-    let nr = min(TR, p.rows - r0);
-    var acc: array<f32, 8>;
-    let nb = p.k / 256u;
-    for (var b = 0u; b < nb; b++) {
-        let base = (o * nb + b) * 144u;
-        let d = half_at(base);
-        let dmin = half_at(base + 2u);
-        for (var j = 0u; j < 8u; j++) {
-            let sm = scale_min_k4(base + 4u, j);
-            let scale = d * f32(sm.x);
-            let least = dmin * f32(sm.y);
-            let qs = base + 16u + (j >> 1u) * 32u;
-            let shift = (j & 1u) * 4u;
-            for (var l = 0u; l < 32u; l++) {
-                let q = (byte_at(qs + l) >> shift) & 0xFu;
-                add_column(&acc, scale * f32(q) - least, b * 256u + j * 32u + l, r0, nr);
-            }
+// Group g's (factor, offset) in the block at byte `base`.
+fn group(base: u32, g: u32) -> vec2<f32> {
+    switch FORMAT {
+        case 1u: { return vec2<f32>(half_at(base), -half_at(base + 2u)); }
+        case 4u: {
+            let sm = scale_min_k4(base + 4u, g >> 1u);
+            return vec2<f32>(half_at(base) * f32(sm.x), half_at(base + 2u) * f32(sm.y));
         }
+        case 5u: { return vec2<f32>(half_at(base + 208u) * f32(sbyte_at(base + 192u + g)), 0.0); }
+        default: { return vec2<f32>(half_at(base), 0.0); }
     }
-    store(o, r0, nr, acc);
 }
 
-// Q6_K: 256 values per block of 210 bytes: 128 bytes of low nibbles, 64 of high
-// 2-bit pairs, 16 signed 8-bit scales (one per 16 values), d as f16; in each half
-// of 128 values, value l + 32t (t = 0..3) takes nibble t of (ql[l], ql[l + 32])
-// and bits 2t of qh[l]: value = (d * scale) * (q - 32).
+// Nibble e (0..32) of the 16 bytes at `qs`.
+fn nibble(qs: u32, e: u32) -> u32 {
+    return (byte_at(qs + (e & 15u)) >> (4u * (e >> 4u))) & 0xFu;
+}
+
+// Value e's integer in the block at byte `base`.
+fn quant(base: u32, e: u32) -> i32 {
+    switch FORMAT {
+        case 0u: { return i32(nibble(base + 2u, e)) - 8; }
+        case 1u: { return i32(nibble(base + 4u, e)); }
+        case 2u: {
+            let qh = byte_at(base + 2u + (e >> 3u)) >> (e & 7u);
+            return i32(nibble(base + 6u, e) | ((qh & 1u) << 4u)) - 16;
+        }
+        case 3u: { return sbyte_at(base + 2u + e); }
+        case 4u: {
+            let j = e >> 5u;
+            return i32((byte_at(base + 16u + (j >> 1u) * 32u + (e & 31u)) >> (4u * (j & 1u))) & 0xFu);
+        }
+        default: {
+            let h = e >> 7u;
+            let t = (e >> 5u) & 3u;
+            let l = e & 31u;
+            let low = (byte_at(base + h * 64u + l + 32u * (t & 1u)) >> (4u * (t >> 1u))) & 0xFu;
+            let high = (byte_at(base + 128u + h * 32u + l) >> (2u * t)) & 3u;
+            return i32(low | (high << 4u)) - 32;
+        }
+    }
+}
+
+fn add_column(acc: ptr<function, array<f32, 8>>, v: f32, c: u32, r0: u32, nr: u32) {
+    for (var i = 0u; i < nr; i++) {
+        (*acc)[i] += v * a[(r0 + i) * p.k + c];
+    }
+}
+
 @compute @workgroup_size(64)
-fn q6_k(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
-    let r0 = gid.y * TR;
-    if (o >= p.n || r0 >= p.rows) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let at = invocation(gid);
+    let o = at.x;
+    let r0 = at.y;
+    let nr = at.z;
+    if (nr == 0u) {
         return;
     }
-    let nr = min(TR, p.rows - r0);
     var acc: array<f32, 8>;
-    let nb = p.k / 256u;
-    for (var b = 0u; b < nb; b++) {
-        let base = (o * nb + b) * 210u;
-        let d = half_at(base + 208u);
-        for (var h = 0u; h < 2u; h++) {
-            let ql = base + h * 64u;
-            let qh = base + 128u + h * 32u;
-            let sc = base + 192u + h * 8u;
-            for (var t = 0u; t < 4u; t++) {
-                for (var l = 0u; l < 32u; l++) {
-                    let low = (byte_at(ql + l + 32u * (t & 1u)) >> (4u * (t >> 1u))) & 0xFu;
-                    let high = (byte_at(qh + l) >> (2u * t)) & 3u;
-                    let q = i32(low | (high << 4u)) - 32;
-                    let scale = d * f32(sbyte_at(sc + l / 16u + 2u * t));
-                    add_column(&acc, scale * f32(q), b * 256u + h * 128u + 32u * t + l, r0, nr);
+    if (FORMAT == F32) {
+        for (var c = 0u; c < p.k; c++) {
+            add_column(&acc, bitcast<f32>(w[o * p.k + c]), c, r0, nr);
+        }
+    } else {
+        let bv = block_values();
+        let nb = p.k / bv;
+        for (var b = 0u; b < nb; b++) {
+            let base = (o * nb + b) * block_bytes();
+            for (var g = 0u; g < bv / 16u; g++) {
+                let fo = group(base, g);
+                for (var l = 0u; l < 16u; l++) {
+                    let e = g * 16u + l;
+                    add_column(&acc, fo.x * f32(quant(base, e)) - fo.y, b * bv + e, r0, nr);
                 }
             }
         }
