@@ -33,10 +33,11 @@
 //! # Replay
 //!
 //! With `--kv-events-replay ENDPOINT` a ROUTER socket is bound there, as vLLM's
-//! `replay_endpoint`: a client (DEALER, or REQ) sends `["", seq]` (an empty
-//! delimiter, then the first sequence number it wants as 8 bytes big-endian) and
-//! gets `["", seq, payload]` for every buffered message from `seq` on (the last
-//! [`REPLAY_KEPT`] messages are kept), then `["", -1 as 8 bytes, ""]`.
+//! `replay_endpoint`: a client (a DEALER; a REQ socket would take only the first
+//! answer) sends `["", seq]` (an empty delimiter, then the first sequence number it
+//! wants as 8 bytes big-endian) and gets `["", seq, payload]` for every buffered
+//! message from `seq` on (the last [`REPLAY_KEPT`] messages are kept), then
+//! `["", -1 as 8 bytes, ""]`.
 //!
 //! # Block keys
 //!
