@@ -121,6 +121,13 @@ pub struct Args {
     /// replicas and router with the same seed agree on every key.
     #[arg(long, value_name = "SEED", env = "PYTHONHASHSEED", default_value = "0")]
     pub kv_events_seed: String,
+    /// A ZMQ ROUTER socket (bound) where a subscriber that saw a gap in the sequence
+    /// numbers asks for the messages it missed, as from vLLM's replay endpoint: it
+    /// sends the first sequence number it wants (8 bytes, big-endian) and gets every
+    /// buffered message from there (the last 10,000 are kept), then an end marker.
+    /// Off by default; needs --kv-events.
+    #[arg(long, value_name = "ENDPOINT", requires = "kv_events")]
+    pub kv_events_replay: Option<String>,
 }
 
 /// Engine steps' KV-event batches that may wait for the publisher; past them the
@@ -204,6 +211,7 @@ pub fn run(a: Args) -> Result<()> {
                     hash: a.kv_events_hash,
                     seed: a.kv_events_seed.clone(),
                     block_size: a.model.page_size,
+                    replay: a.kv_events_replay.clone(),
                 };
                 folio_server::kv_events::spawn(cfg, rx)?;
                 Some(tap)

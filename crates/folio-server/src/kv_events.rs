@@ -7,22 +7,37 @@
 //!
 //! Every message has three frames: the topic (UTF-8), the sequence number (8 bytes,
 //! big-endian, from 0, one per message), and a msgpack payload. The payload is an
-//! event batch encoded as msgspec encodes an `array_like` struct: an array
+//! event batch encoded as msgspec encodes vLLM's `array_like` structs: an array
 //! `[ts, events, data_parallel_rank]` (seconds since the epoch as a float64, the
 //! events, rank 0). Each event is an array whose first item is its tag (msgspec's
-//! tagged union in array form):
+//! tagged union in array form), with the fields of vLLM's newest events:
 //!
 //! - `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-//!   lora_id, medium]`: full pages entered the index, each continuing the one before
-//!   it; `parent_block_hash` is the page the first continues (nil for the first page
-//!   of a prompt); `token_ids` are all their tokens (`block_size` per page);
-//!   `lora_id` is nil; `medium` is nil, the engine's own pool (llm-d reads nil as
-//!   its default tier).
-//! - `["BlockRemoved", block_hashes, medium]`: pages left the index (evicted).
+//!   lora_id, medium, lora_name, extra_keys, group_idx]`: full pages entered the
+//!   index, each continuing the one before it; `parent_block_hash` is the page the
+//!   first continues (nil for the first page of a prompt); `token_ids` are all their
+//!   tokens (`block_size` per page); `lora_id` and `lora_name` nil; `medium` `"GPU"`
+//!   (the engine's own pool, vLLM's `MEDIUM_GPU`); `extra_keys` one entry per page,
+//!   `[cache_salt]` for a tenant's first page and nil for every other, as vLLM
+//!   hashes them; `group_idx` 0 (one KV-cache group).
+//! - `["BlockRemoved", block_hashes, medium, group_idx]`: pages left the index.
 //! - `["AllBlocksCleared"]`: forget every page of this replica. Sent first, when the
 //!   publisher starts, and again whenever events were lost (the engine never waits
 //!   for the publisher: a batch that does not fit its queue is dropped); a router
 //!   then knows a subset of the pages held, never a page that is gone.
+//!
+//! Older decoders read this too: msgspec ignores trailing array items a struct does
+//! not declare, and llm-d's decoder reads the fields by position with length guards
+//! (docs/kv-events.md).
+//!
+//! # Replay
+//!
+//! With `--kv-events-replay ENDPOINT` a ROUTER socket is bound there, as vLLM's
+//! `replay_endpoint`: a client (a DEALER; a REQ socket would take only the first
+//! answer) sends `["", seq]` (an empty delimiter, then the first sequence number it
+//! wants as 8 bytes big-endian) and gets `["", seq, payload]` for every buffered
+//! message from `seq` on (the last [`REPLAY_KEPT`] messages are kept), then
+//! `["", -1 as 8 bytes, ""]`.
 //!
 //! # Block keys
 //!
@@ -30,12 +45,13 @@
 //!   the canonical CBOR of `(parent, tokens, extra)`: the parent's 32-byte key
 //!   (`NONE_HASH` for a first page, the SHA-256 of the CBOR text of the seed,
 //!   `--kv-events-seed`, as vLLM derives it from `PYTHONHASHSEED`), the page's token
-//!   ids as an array, and `extra` null. On the wire a key is its last 8 bytes as a
-//!   big-endian unsigned integer (vLLM's default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`).
-//!   A subscriber that knows the seed and the block size reproduces every key from
-//!   the token ids. A tenant's pages (`cache_salt`) are keyed as first pages with
-//!   `extra` = `["folio-chain:<32 hex digits>"]`: distinct from unsalted keys, but
-//!   not what vLLM computes for that salt.
+//!   ids as an array, and `extra`: null, or for a tenant's first page
+//!   (`cache_salt`) the one-string array `[salt]`, as vLLM's
+//!   `generate_block_hash_extra_keys` puts the salt into the extra keys of the block
+//!   at token 0 only. On the wire a key is its last 8 bytes as a big-endian unsigned
+//!   integer (vLLM's default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`). A subscriber
+//!   that knows the seed and the block size reproduces every key from the token ids
+//!   and, for a tenant, the salt (in `extra_keys`).
 //! - `folio`: folio's own 128-bit chained page hashes, as 16-byte big-endian
 //!   binaries (llm-d reads their last 8 bytes): no hashing beyond what the pool
 //!   already does, and the keys are the pool's, but only folio computes them.
@@ -43,8 +59,9 @@
 use folio::{KvEvent, KvEventBatch, KvEventReceiver, KvParent};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use zeromq::{Socket, SocketSend, ZmqMessage};
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 /// How block keys are computed (`--kv-events-hash`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,14 +96,29 @@ pub struct KvEventsConfig {
     pub seed: String,
     /// Tokens per page (vLLM's block size).
     pub block_size: usize,
+    /// Where the replay socket (ROUTER) binds (`--kv-events-replay`); none: no replay.
+    pub replay: Option<String>,
 }
+
+/// Messages the replay socket can hand out again (vLLM's `buffer_steps` default).
+pub const REPLAY_KEPT: usize = 10_000;
+
+/// The end of a replay: -1 as a signed 8-byte big-endian integer.
+const REPLAY_END: [u8; 8] = [0xff; 8];
+
+/// The last messages published, `(sequence number, payload)`, oldest first.
+type ReplayRing = Arc<Mutex<VecDeque<(u64, bytes::Bytes)>>>;
 
 /// Why the publisher could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum KvEventsError {
     #[error("--kv-events {0:?}: expected tcp://HOST:PORT (HOST * binds, another connects)")]
     Endpoint(String),
-    #[error("--kv-events {endpoint}: cannot bind: {source}")]
+    #[error(
+        "--kv-events-replay {0:?}: expected tcp://HOST:PORT (bound; HOST * for every interface)"
+    )]
+    ReplayEndpoint(String),
+    #[error("{endpoint}: cannot bind: {source}")]
     Bind {
         endpoint: String,
         source: zeromq::ZmqError,
@@ -118,6 +150,15 @@ pub fn spawn(
     rx: KvEventReceiver,
 ) -> Result<std::thread::JoinHandle<()>, KvEventsError> {
     let (bind, endpoint) = parse_endpoint(&cfg.endpoint)?;
+    // The replay socket always binds: where HOST names an interface, on it.
+    let replay = match &cfg.replay {
+        None => None,
+        Some(r) => Some(
+            parse_endpoint(r)
+                .map_err(|_| KvEventsError::ReplayEndpoint(r.clone()))?
+                .1,
+        ),
+    };
     let (started_tx, started) = std::sync::mpsc::channel::<Result<(), KvEventsError>>();
     let thread = std::thread::Builder::new()
         .name("folio-kv-events".into())
@@ -138,12 +179,25 @@ pub fn spawn(
             if bind {
                 if let Err(source) = rt.block_on(socket.bind(&endpoint)) {
                     let _ = started_tx.send(Err(KvEventsError::Bind {
-                        endpoint: cfg.endpoint.clone(),
+                        endpoint: format!("--kv-events {}", cfg.endpoint),
                         source,
                     }));
                     return;
                 }
                 tracing::info!("KV events: publishing on {}", cfg.endpoint);
+            }
+            let ring: ReplayRing = Arc::default();
+            if let Some(at) = &replay {
+                let mut router = rt.block_on(async { zeromq::RouterSocket::new() });
+                if let Err(source) = rt.block_on(router.bind(at)) {
+                    let _ = started_tx.send(Err(KvEventsError::Bind {
+                        endpoint: format!("--kv-events-replay {at}"),
+                        source,
+                    }));
+                    return;
+                }
+                tracing::info!("KV events: replay on {at}");
+                rt.spawn(serve_replay(router, ring.clone()));
             }
             let _ = started_tx.send(Ok(()));
             if !bind {
@@ -165,6 +219,13 @@ pub fn spawn(
                 match rx.recv_timeout(Duration::from_millis(200)) {
                     Ok(Some(batch)) => {
                         let frames = publisher.message(&batch);
+                        if replay.is_some() {
+                            let mut r = ring.lock().unwrap_or_else(|p| p.into_inner());
+                            r.push_back((publisher.seq - 1, frames[2].clone()));
+                            while r.len() > REPLAY_KEPT {
+                                r.pop_front();
+                            }
+                        }
                         let msg = match ZmqMessage::try_from(frames) {
                             Ok(m) => m,
                             Err(_) => continue,
@@ -190,6 +251,68 @@ pub fn spawn(
         Err(_) => Err(KvEventsError::Runtime(std::io::Error::other(
             "the publisher's thread stopped",
         ))),
+    }
+}
+
+/// Answers replay requests until the socket fails: `[identity, "", seq]` in, every
+/// buffered message from `seq` on out as `[identity, "", seq, payload]`, then
+/// `[identity, "", -1, ""]` (vLLM's framing). A malformed request is logged and
+/// ignored.
+async fn serve_replay(mut router: zeromq::RouterSocket, ring: ReplayRing) {
+    loop {
+        let req = match router.recv().await {
+            Ok(m) => m.into_vec(),
+            Err(e) => {
+                tracing::warn!("KV events: the replay socket stopped: {e}");
+                return;
+            }
+        };
+        let from = match req.as_slice() {
+            [id, delim, seq] if delim.is_empty() && seq.len() == 8 => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(seq);
+                (id.clone(), u64::from_be_bytes(b))
+            }
+            _ => {
+                tracing::warn!(
+                    "KV events: a replay request of {} frames, not [identity, \"\", 8-byte sequence number]: ignored",
+                    req.len()
+                );
+                continue;
+            }
+        };
+        let (id, start) = from;
+        let found: Vec<(u64, bytes::Bytes)> = {
+            let r = ring.lock().unwrap_or_else(|p| p.into_inner());
+            r.iter().filter(|(s, _)| *s >= start).cloned().collect()
+        };
+        let mut replies = found
+            .into_iter()
+            .map(|(seq, payload)| {
+                vec![
+                    id.clone(),
+                    bytes::Bytes::new(),
+                    bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
+                    payload,
+                ]
+            })
+            .collect::<Vec<_>>();
+        replies.push(vec![
+            id.clone(),
+            bytes::Bytes::new(),
+            bytes::Bytes::copy_from_slice(&REPLAY_END),
+            bytes::Bytes::new(),
+        ]);
+        for frames in replies {
+            let Ok(msg) = ZmqMessage::try_from(frames) else {
+                continue;
+            };
+            if let Err(e) = router.send(msg).await {
+                // The client went away: the rest of its answer has nowhere to go.
+                tracing::debug!("KV events: replay answer not sent: {e}");
+                break;
+            }
+        }
     }
 }
 
@@ -245,9 +368,12 @@ impl Publisher {
                     hash,
                     parent,
                     tokens,
+                    salt,
                 } => {
                     // A run of pages each continuing the one before: one BlockStored.
-                    let (first_key, parent_key) = self.keys.stored(*hash, *parent, tokens);
+                    let salt = salt.as_deref().map(String::from_utf8_lossy);
+                    let (first_key, parent_key) =
+                        self.keys.stored(*hash, *parent, tokens, salt.as_deref());
                     let mut keys = vec![first_key];
                     let mut all_tokens = tokens.clone();
                     let mut last = *hash;
@@ -256,18 +382,19 @@ impl Publisher {
                         hash,
                         parent: KvParent::Hash(p),
                         tokens,
+                        salt: None,
                     }) = batch.events.get(i)
                     {
                         if *p != last {
                             break;
                         }
-                        keys.push(self.keys.stored(*hash, KvParent::Hash(*p), tokens).0);
+                        keys.push(self.keys.stored(*hash, KvParent::Hash(*p), tokens, None).0);
                         all_tokens.extend_from_slice(tokens);
                         last = *hash;
                         i += 1;
                     }
                     let mut e = Vec::new();
-                    mp::array(&mut e, 7);
+                    mp::array(&mut e, 10);
                     mp::str(&mut e, "BlockStored");
                     mp::array(&mut e, keys.len());
                     for k in &keys {
@@ -283,7 +410,21 @@ impl Publisher {
                     }
                     mp::uint(&mut e, self.block_size as u64);
                     mp::nil(&mut e); // lora_id
-                    mp::nil(&mut e); // medium: the engine's own pool
+                    mp::str(&mut e, MEDIUM);
+                    mp::nil(&mut e); // lora_name
+                                     // extra_keys: one entry per page, the salt on a tenant's first.
+                    mp::array(&mut e, keys.len());
+                    match &salt {
+                        Some(s) => {
+                            mp::array(&mut e, 1);
+                            mp::str(&mut e, s);
+                        }
+                        None => mp::nil(&mut e),
+                    }
+                    for _ in 1..keys.len() {
+                        mp::nil(&mut e);
+                    }
+                    mp::uint(&mut e, 0); // group_idx
                     events.push(e);
                 }
                 KvEvent::Removed { .. } => {
@@ -294,13 +435,14 @@ impl Publisher {
                         i += 1;
                     }
                     let mut e = Vec::new();
-                    mp::array(&mut e, 3);
+                    mp::array(&mut e, 4);
                     mp::str(&mut e, "BlockRemoved");
                     mp::array(&mut e, keys.len());
                     for k in &keys {
                         k.encode(&mut e);
                     }
-                    mp::nil(&mut e); // medium
+                    mp::str(&mut e, MEDIUM);
+                    mp::uint(&mut e, 0); // group_idx
                     events.push(e);
                 }
             }
@@ -316,6 +458,10 @@ impl Publisher {
         out
     }
 }
+
+/// The `medium` of every event: the engine's own pool (vLLM's `MEDIUM_GPU`; llm-d
+/// reads it as its default tier, `gpu`).
+const MEDIUM: &str = "GPU";
 
 /// A block key as it goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -340,17 +486,23 @@ enum Keys {
 
 impl Keys {
     /// A stored page's key, and its parent's (`None` for a first page).
-    fn stored(&mut self, hash: u128, parent: KvParent, tokens: &[u32]) -> (Key, Option<Key>) {
+    fn stored(
+        &mut self,
+        hash: u128,
+        parent: KvParent,
+        tokens: &[u32],
+        salt: Option<&str>,
+    ) -> (Key, Option<Key>) {
         match self {
             Keys::Folio => (
                 Key::Bin16(hash),
-                match parent {
-                    KvParent::Root => None,
-                    KvParent::Hash(p) => Some(Key::Bin16(p)),
+                match (parent, salt) {
+                    (KvParent::Hash(p), None) => Some(Key::Bin16(p)),
+                    _ => None,
                 },
             ),
             Keys::Vllm(v) => {
-                let (digest, parent) = v.stored(hash, parent, tokens);
+                let (digest, parent) = v.stored(hash, parent, tokens, salt);
                 (
                     Key::Int(low64(&digest)),
                     parent.map(|p| Key::Int(low64(&p))),
@@ -397,18 +549,24 @@ impl VllmKeys {
         }
     }
 
-    /// The page's key and its parent's (`None`: a first page).
+    /// The page's key and its parent's (`None`: a first page). `salt`: the page is
+    /// the first of a tenant's chain, keyed with the salt as vLLM keys the block at
+    /// token 0 of a request with that `cache_salt`.
     fn stored(
         &mut self,
         hash: u128,
         parent: KvParent,
         tokens: &[u32],
+        salt: Option<&str>,
     ) -> ([u8; 32], Option<[u8; 32]>) {
-        let (digest, parent_key) = match parent {
-            KvParent::Root => (block_key(&self.none_hash, tokens, None), None),
-            KvParent::Hash(p) => match self.keys.get(&p) {
+        let (digest, parent_key) = match (parent, salt) {
+            (_, Some(s)) => (block_key(&self.none_hash, tokens, Some(s)), None),
+            (KvParent::Root, None) => (block_key(&self.none_hash, tokens, None), None),
+            (KvParent::Hash(p), None) => match self.keys.get(&p) {
                 Some(&(pk, _)) => (block_key(&pk, tokens, None), Some(pk)),
-                // A salted chain's root (or a parent forgotten long ago).
+                // A salted chain's root whose salt the pool no longer remembers (more
+                // tenants than it keeps), or a parent forgotten long ago: a first page
+                // keyed apart from every other.
                 None => {
                     let extra = format!("folio-chain:{p:032x}");
                     (block_key(&self.none_hash, tokens, Some(&extra)), None)
@@ -565,6 +723,7 @@ mod tests {
             hash,
             seed: "0".into(),
             block_size: 2,
+            replay: None,
         }
     }
 
@@ -605,11 +764,13 @@ mod tests {
                     hash: 10,
                     parent: KvParent::Root,
                     tokens: vec![1, 2],
+                    salt: None,
                 },
                 KvEvent::Stored {
                     hash: 11,
                     parent: KvParent::Hash(10),
                     tokens: vec![3, 4],
+                    salt: None,
                 },
                 KvEvent::Removed { hash: 10 },
                 KvEvent::Removed { hash: 11 },
@@ -622,7 +783,7 @@ mod tests {
         want.push(0x91);
         want.push(0xa0 | 16);
         want.extend_from_slice(b"AllBlocksCleared");
-        want.push(0x97);
+        want.push(0x9a);
         want.push(0xa0 | 11);
         want.extend_from_slice(b"BlockStored");
         want.push(0x92);
@@ -631,8 +792,11 @@ mod tests {
             want.extend_from_slice(&h.to_be_bytes());
         }
         want.push(0xc0);
-        want.extend_from_slice(&[0x94, 1, 2, 3, 4, 2, 0xc0, 0xc0]);
-        want.push(0x93);
+        want.extend_from_slice(&[0x94, 1, 2, 3, 4, 2, 0xc0, 0xa3]);
+        want.extend_from_slice(b"GPU");
+        // lora_name, extra_keys (nil per page), group_idx.
+        want.extend_from_slice(&[0xc0, 0x92, 0xc0, 0xc0, 0]);
+        want.push(0x94);
         want.push(0xa0 | 12);
         want.extend_from_slice(b"BlockRemoved");
         want.push(0x92);
@@ -640,8 +804,10 @@ mod tests {
             want.extend_from_slice(&[0xc4, 16]);
             want.extend_from_slice(&h.to_be_bytes());
         }
-        want.push(0xc0);
-        want.push(0);
+        want.push(0xa3);
+        want.extend_from_slice(b"GPU");
+        want.push(0); // group_idx
+        want.push(0); // data_parallel_rank
         assert_eq!(out, want);
         for seq in 0..3u64 {
             let frames = p.message(&KvEventBatch::default());
@@ -653,16 +819,58 @@ mod tests {
     #[test]
     fn vllm_keys_chain_through_parents_and_removals_name_the_stored_key() {
         let mut k = VllmKeys::new("0");
-        let (a, pa) = k.stored(10, KvParent::Root, &[1, 2]);
+        let (a, pa) = k.stored(10, KvParent::Root, &[1, 2], None);
         assert_eq!(pa, None);
         assert_eq!(a, block_key(&k.none_hash, &[1, 2], None));
-        let (b, pb) = k.stored(11, KvParent::Hash(10), &[3, 4]);
+        let (b, pb) = k.stored(11, KvParent::Hash(10), &[3, 4], None);
         assert_eq!(pb, Some(a));
         assert_eq!(b, block_key(&a, &[3, 4], None));
         assert_eq!(k.removed(11), low64(&b));
-        // A salted chain's first page: a first page, keyed apart from the unsalted one.
-        let (c, pc) = k.stored(12, KvParent::Hash(99), &[1, 2]);
+        // A salted chain's first page: vLLM's key for that salt, then chained as usual.
+        let (c, pc) = k.stored(12, KvParent::Hash(99), &[1, 2], Some("tenant"));
         assert_eq!(pc, None);
+        assert_eq!(c, block_key(&k.none_hash, &[1, 2], Some("tenant")));
         assert_ne!(c, a);
+        let (d, pd) = k.stored(13, KvParent::Hash(12), &[3, 4], None);
+        assert_eq!(pd, Some(c));
+        assert_eq!(d, block_key(&c, &[3, 4], None));
+        // A salted root the pool forgot: still a first page, apart from the rest.
+        let (e, pe) = k.stored(14, KvParent::Hash(98), &[1, 2], None);
+        assert_eq!(pe, None);
+        assert!(e != a && e != c);
+    }
+
+    #[test]
+    fn a_salted_first_page_carries_its_salt_in_extra_keys() {
+        let mut p = Publisher::new(&cfg(KvHashMode::Vllm));
+        let batch = KvEventBatch {
+            cleared: false,
+            events: vec![
+                KvEvent::Stored {
+                    hash: 20,
+                    parent: KvParent::Hash(7),
+                    tokens: vec![1, 2],
+                    salt: Some(b"t1".as_slice().into()),
+                },
+                KvEvent::Stored {
+                    hash: 21,
+                    parent: KvParent::Hash(20),
+                    tokens: vec![3, 4],
+                    salt: None,
+                },
+            ],
+        };
+        let out = p.payload(&batch, 0.0);
+        // ... 2 (block_size), nil, "GPU", nil, [["t1"], nil], 0], 0]
+        let mut tail = vec![2, 0xc0, 0xa3];
+        tail.extend_from_slice(b"GPU");
+        tail.extend_from_slice(&[0xc0, 0x92, 0x91, 0xa2, b't', b'1', 0xc0, 0, 0]);
+        assert!(out.ends_with(&tail), "{out:02x?}");
+        // One BlockStored of two keys, the first page's parent nil.
+        let at = out
+            .windows(11)
+            .position(|w| w == b"BlockStored")
+            .expect("a BlockStored");
+        assert_eq!(out[at + 11], 0x92);
     }
 }

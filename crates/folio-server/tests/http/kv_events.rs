@@ -1,10 +1,12 @@
 //! KV events (`--kv-events`) as a router receives them: a pyzmq + msgpack subscriber
 //! (scripts/test_kv_events.py, in a venv at `target/kv-events-venv` made on first
 //! use; needs python3, and PyPI the first time) binds, the server connects to it,
-//! requests with shared prefixes run through a pool small enough to evict, and the
-//! subscriber checks every key against vLLM's sha256_cbor computed from the token
-//! ids, the sequence numbers, and its view of the cache against `/v1/kv` and
-//! `/v1/cache/match`.
+//! requests with shared prefixes (one family of them under a tenant's `cache_salt`)
+//! run through a pool small enough to evict, and the subscriber checks every key
+//! against vLLM's sha256_cbor computed from the token ids (and the salt, as vLLM
+//! hashes it into a first block's extra keys), the sequence numbers, its view of the
+//! cache against `/v1/kv` and `/v1/cache/match`, and the replay socket after a
+//! deliberate gap.
 
 use crate::client::{get, ok, tokens};
 use crate::server::{small_engine, start};
@@ -81,6 +83,12 @@ fn a_subscriber_rebuilds_every_vllm_key_in_sequence_and_holds_what_the_pool_inde
         .unwrap_or_else(|| panic!("the subscriber said {first:?}"));
 
     let block_size = 16;
+    // A free port for the replay socket (bound by the publisher).
+    let replay_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let replay = format!("tcp://127.0.0.1:{replay_port}");
     let (tap, rx) = folio::kv_event_channel(1 << 16);
     folio_server::kv_events::spawn(
         KvEventsConfig {
@@ -89,6 +97,7 @@ fn a_subscriber_rebuilds_every_vllm_key_in_sequence_and_holds_what_the_pool_inde
             hash: KvHashMode::Vllm,
             seed: "1234".into(),
             block_size,
+            replay: Some(replay.clone()),
         },
         rx,
     )
@@ -105,18 +114,25 @@ fn a_subscriber_rebuilds_every_vllm_key_in_sequence_and_holds_what_the_pool_inde
     // The publisher connects, then waits for the subscription before its first message.
     std::thread::sleep(Duration::from_secs(2));
 
-    // Three families of prompts sharing 64-token prefixes, each with its own tail.
+    // Three families of prompts sharing 64-token prefixes, each with its own tail;
+    // the third family is a tenant's (`cache_salt`, not ASCII: the salt is hashed as
+    // the UTF-8 string vLLM would see), and shares its prefix with the first family,
+    // which the salt keeps apart.
+    let salt_of = |family: usize| (family == 2).then_some("tenant-ß");
     let mut prompts = Vec::new();
+    let mut salts = Vec::new();
     for round in 0..4 {
         for family in 0..3 {
-            let mut p = tokens(64, 1000 + family);
+            let mut p = tokens(64, 1000 + family % 2);
             p.extend(tokens(40 + 8 * round, 2000 + 10 * family + round));
-            ok(
-                s.addr,
-                "/v1/completions",
-                json!({"prompt": p, "max_tokens": 6, "temperature": 0, "ignore_eos": true}),
-            );
+            let mut body =
+                json!({"prompt": p, "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+            if let Some(salt) = salt_of(family) {
+                body["cache_salt"] = json!(salt);
+            }
+            ok(s.addr, "/v1/completions", body);
             prompts.push(p);
+            salts.push(salt_of(family));
         }
     }
     // Events of the last step go out as the engine turns to wait.
@@ -130,8 +146,13 @@ fn a_subscriber_rebuilds_every_vllm_key_in_sequence_and_holds_what_the_pool_inde
         .count();
     let matched: Vec<u64> = prompts
         .iter()
-        .map(|p| {
-            ok(s.addr, "/v1/cache/match", json!({ "tokens": p }))["cached_tokens"]
+        .zip(&salts)
+        .map(|(p, salt)| {
+            let mut body = json!({ "tokens": p });
+            if let Some(salt) = salt {
+                body["cache_salt"] = json!(salt);
+            }
+            ok(s.addr, "/v1/cache/match", body)["cached_tokens"]
                 .as_u64()
                 .expect("cached_tokens")
         })
@@ -143,7 +164,9 @@ fn a_subscriber_rebuilds_every_vllm_key_in_sequence_and_holds_what_the_pool_inde
         "seed": "1234",
         "indexed": indexed,
         "prompts": prompts,
+        "salts": salts,
         "matched": matched,
+        "replay": replay,
     });
     let mut stdin = sub.stdin.take().expect("stdin");
     writeln!(stdin, "{spec}").expect("tell the subscriber");

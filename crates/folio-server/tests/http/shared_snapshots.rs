@@ -107,4 +107,57 @@ fn concurrent_saves_of_one_name_by_two_replicas_leave_one_whole_file() {
     );
     let n = load_len(c.addr, "race");
     assert!(n == 80 || n == 96, "{n}");
+    // The two that raced hold their own last saves; whichever lost the race re-reads
+    // the file that won: all three load the same version.
+    assert_eq!(load_len(a.addr, "race"), n);
+    assert_eq!(load_len(b.addr, "race"), n);
+}
+
+#[test]
+fn a_replica_holding_a_snapshot_loads_the_newer_version_another_saved_under_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = start(ServeConfig::default(), on(dir.path()));
+    let b = start(ServeConfig::default(), on(dir.path()));
+    // A saves and holds version 1; B restores it from the file, and holds it too.
+    let ctx = context_with(a.addr, &tokens(100, 5));
+    ok(
+        a.addr,
+        "/v1/snapshots",
+        json!({"context": ctx, "name": "shared"}),
+    );
+    assert_eq!(load_len(a.addr, "shared"), 100);
+    assert_eq!(load_len(b.addr, "shared"), 100);
+
+    // B saves version 2 under the name: A's next load is B's version.
+    let ctx = context_with(b.addr, &tokens(60, 6));
+    ok(
+        b.addr,
+        "/v1/snapshots",
+        json!({"context": ctx, "name": "shared"}),
+    );
+    let old = ok(a.addr, "/v1/snapshots/shared/load", json!({}));
+    assert_eq!(old["seq_len"].as_u64(), Some(60), "A loaded {old}");
+    assert_eq!(
+        listed(a.addr),
+        vec![("shared".to_string(), 60)],
+        "A lists the version it holds now"
+    );
+
+    // And back: A saves version 3, B (holding version 2, its own save) loads it.
+    let ctx = context_with(a.addr, &tokens(40, 7));
+    ok(
+        a.addr,
+        "/v1/snapshots",
+        json!({"context": ctx, "name": "shared"}),
+    );
+    assert_eq!(load_len(b.addr, "shared"), 40);
+    // An unchanged file is not read again: loads keep giving the version held.
+    assert_eq!(load_len(b.addr, "shared"), 40);
+    assert_eq!(load_len(a.addr, "shared"), 40);
+
+    // The contexts loaded from older versions keep their pages: version 2's context
+    // on A still answers with its 60 tokens.
+    let id = old["id"].as_str().expect("the context's id");
+    let info = get(a.addr, &format!("/v1/contexts/{id}")).json();
+    assert_eq!(info["seq_len"].as_u64(), Some(60), "{info}");
 }

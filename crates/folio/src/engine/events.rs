@@ -27,11 +27,14 @@ use std::time::Duration;
 /// One change to the prefix index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
-    /// A full page entered the index: its chained hash, what it continues, its tokens.
+    /// A full page entered the index: its chained hash, what it continues, its tokens,
+    /// and for the first page of a tenant's chain (`parent` is then the salted root)
+    /// the tenant's salt (`cache_salt`), which vLLM hashes into such a page's key.
     Stored {
         hash: u128,
         parent: KvParent,
         tokens: Vec<u32>,
+        salt: Option<std::sync::Arc<[u8]>>,
     },
     /// A page left the index (evicted to make room).
     Removed { hash: u128 },
@@ -148,15 +151,19 @@ impl EventPump {
                     parent,
                     tokens,
                     ..
-                } => KvEvent::Stored {
-                    hash: hash.0,
-                    parent: if parent.0 == self.root {
-                        KvParent::Root
+                } => {
+                    let (parent, salt) = if parent.0 == self.root {
+                        (KvParent::Root, None)
                     } else {
-                        KvParent::Hash(parent.0)
-                    },
-                    tokens,
-                },
+                        (KvParent::Hash(parent.0), kv.salt_of_root(parent.0))
+                    };
+                    KvEvent::Stored {
+                        hash: hash.0,
+                        parent,
+                        tokens,
+                        salt,
+                    }
+                }
                 PageEvent::Removed { hash } => KvEvent::Removed { hash: hash.0 },
             })
             .collect::<Vec<_>>();

@@ -276,8 +276,9 @@ impl Engine {
             })??;
             Ok::<_, EngineError>(())
         })?;
+        let file = written.file_id();
         written.publish(|| {
-            self.call(move |c| c.kv.finish_save(id))??;
+            self.call(move |c| c.kv.finish_save(id, file))??;
             pin.recorded = true;
             Ok::<_, EngineError>(())
         })
@@ -772,8 +773,11 @@ impl Context {
     /// With a snapshot directory, a name this engine does not hold is looked for
     /// there: another process sharing the directory may have saved it since this one
     /// started. The file is read on this thread, then checked and restored (as at
-    /// start) on the engine's.
+    /// start) on the engine's. A name it holds whose file is another than the one it
+    /// restored or wrote (another process saved a newer version) is re-read first;
+    /// if that file fails its checks, the version held is loaded.
     pub fn load(engine: &Engine, name: &str) -> Result<Context, EngineError> {
+        Self::reload_if_replaced(engine, name)?;
         let owned = name.to_string();
         let missing = |e: &EngineError| {
             matches!(
@@ -788,10 +792,10 @@ impl Context {
                 let Some((path, limit)) = engine.call(move |c| c.kv.snapshot_file(&n))? else {
                     return Err(e);
                 };
-                let bytes = crate::kv::read_snapshot_file(&path, limit)?;
+                let (bytes, file) = crate::kv::read_snapshot_file_id(&path, limit)?;
                 let n = name.to_string();
                 engine.call(move |c| {
-                    c.kv.restore_snapshot(&path, bytes)?;
+                    c.kv.restore_snapshot(&path, bytes, Some(file))?;
                     tracing::info!("snapshot {n:?} restored from {}", path.display());
                     c.contexts.load(&mut c.kv, &n)
                 })??
@@ -799,6 +803,44 @@ impl Context {
             Err(e) => return Err(e),
         };
         Ok(Context::new(engine.clone(), id))
+    }
+
+    /// Re-reads held snapshot `name` when its file is no longer the one this engine
+    /// restored or wrote: another process sharing the directory saved it since.
+    fn reload_if_replaced(engine: &Engine, name: &str) -> Result<(), EngineError> {
+        let n = name.to_string();
+        let Some((path, limit, held, rejected)) =
+            engine.call(move |c| c.kv.held_snapshot_file(&n))?
+        else {
+            return Ok(());
+        };
+        let Ok(meta) = std::fs::metadata(&path) else {
+            // Deleted elsewhere: the version held stays until it is deleted here.
+            return Ok(());
+        };
+        let now = crate::kv::SnapFileId::of(&meta);
+        if held == Some(now)
+            || !meta.is_file()
+            || rejected == Some((meta.len(), meta.modified().ok()))
+        {
+            return Ok(());
+        }
+        let (bytes, file) = match crate::kv::read_snapshot_file_id(&path, limit) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("snapshot {name:?}: its newer file is not loaded: {e}");
+                return Ok(());
+            }
+        };
+        let p = path.clone();
+        match engine.call(move |c| c.kv.reload_snapshot(&p, bytes, Some(file)))? {
+            Ok(()) => tracing::info!(
+                "snapshot {name:?} re-read from {}: saved anew since it was loaded",
+                path.display()
+            ),
+            Err(e) => tracing::warn!("snapshot {name:?}: its newer file is not loaded: {e}"),
+        }
+        Ok(())
     }
 
     /// Unpins snapshot `name` (and removes its file, off the engine thread, under the

@@ -65,8 +65,8 @@ pub use paged::{PagedKv, PagedSeq, PoolShape};
 pub use single::KvSeq;
 pub use snapshot::{check_name as check_snapshot_name, is_plain_name};
 pub use snapshot::{
-    list_snapshot_files, read_snapshot_file, remove_snapshot_file, FileStamp, SaveTicket,
-    SnapshotLimits, SnapshotLock, Written, SAVE_CHUNK_BYTES,
+    list_snapshot_files, read_snapshot_file, read_snapshot_file_id, remove_snapshot_file,
+    FileStamp, SaveTicket, SnapFileId, SnapshotLimits, SnapshotLock, Written, SAVE_CHUNK_BYTES,
 };
 pub use storage::KvStorage;
 pub use store::{PageEvent, PageId, PageState, PageView, Stats, MAX_PAGES};

@@ -33,6 +33,20 @@ pub struct PagedKv {
     /// and how many of them the disk tier has seen.
     pub(super) events_wanted: bool,
     pub(super) disk_seen: usize,
+    /// Tenant salts by the chain root each makes, remembered while events are wanted
+    /// (a KV-event publisher keys a salted chain's first page with its salt, as vLLM
+    /// does). Behind a lock because [`PagedKv::new_table`] only reads the pool.
+    salts: std::sync::Mutex<SaltRoots>,
+}
+
+/// The most tenant salts remembered for KV events (the oldest are forgotten first).
+const SALTS_KEPT: usize = 1 << 14;
+
+/// Salts by chain root, oldest first.
+#[derive(Default)]
+struct SaltRoots {
+    by_root: std::collections::HashMap<u128, std::sync::Arc<[u8]>>,
+    order: std::collections::VecDeque<u128>,
 }
 
 /// The shape of a pool: how many pages, and what one page holds.
@@ -124,6 +138,7 @@ impl PagedKv {
             disk: None,
             events_wanted: false,
             disk_seen: 0,
+            salts: Default::default(),
         }
     }
 
@@ -131,8 +146,36 @@ impl PagedKv {
     pub fn new_table(&self, salt: Option<&[u8]>) -> PageTable {
         match salt {
             None => PageTable::new(self.root),
-            Some(s) => PageTable::new(Hasher128::root(&self.root.0.to_le_bytes(), 0, s)),
+            Some(s) => {
+                let root = Hasher128::root(&self.root.0.to_le_bytes(), 0, s);
+                if self.events_wanted {
+                    self.remember_salt(root.0, s);
+                }
+                PageTable::new(root)
+            }
         }
+    }
+
+    /// Notes that `root` is the chain root of `salt` (for [`PagedKv::salt_of_root`]).
+    fn remember_salt(&self, root: u128, salt: &[u8]) {
+        let mut m = self.salts.lock().unwrap_or_else(|p| p.into_inner());
+        if m.by_root.contains_key(&root) {
+            return;
+        }
+        m.by_root.insert(root, salt.into());
+        m.order.push_back(root);
+        while m.order.len() > SALTS_KEPT {
+            if let Some(old) = m.order.pop_front() {
+                m.by_root.remove(&old);
+            }
+        }
+    }
+
+    /// The tenant salt whose chain starts at `root`, if a table of it was made while
+    /// page events were wanted (and it is among the last [`SALTS_KEPT`] salts).
+    pub fn salt_of_root(&self, root: u128) -> Option<std::sync::Arc<[u8]>> {
+        let m = self.salts.lock().unwrap_or_else(|p| p.into_inner());
+        m.by_root.get(&root).cloned()
     }
 
     /// How many leading tokens of `prompt` the pool holds in `salt`'s chain, read only:

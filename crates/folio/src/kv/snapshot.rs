@@ -28,6 +28,14 @@
 //! [`PagedKv::restore_snapshot`] with every check of a restore at start). A file that
 //! fails its checks is remembered as it was and left out until it changes.
 //!
+//! Each snapshot held remembers the identity of its file ([`SnapFileId`]: device,
+//! inode, size, modification time) as it restored or wrote it. Every save publishes a
+//! new file (a new inode renamed over the name), so when another replica saves a newer
+//! version of a name this one holds, the name's file is no longer the one remembered:
+//! a load sees that ([`PagedKv::held_snapshot_file`]) and re-reads the file
+//! ([`read_snapshot_file_id`], then [`PagedKv::reload_snapshot`]) before it forks
+//! the snapshot. Contexts already loaded from the older version keep its pages.
+//!
 //! File format (little-endian): magic `FOLIOSNP`, version u32 (2), fingerprint
 //! [u8; 16], page_size u32, slot_halves u32, dtype u32 (0 f16, 1 f32, 2 q8_0), n_tokens
 //! u64, tokens [u32], then for every token its K/V bytes [u8; 2 · slot_halves] (every
@@ -138,6 +146,38 @@ pub(super) struct SnapState {
     /// Files that failed their checks (at start, or when a load looked for them), as
     /// they were then: left out of listings and loads until they change.
     rejected: HashMap<String, FileStamp>,
+    /// The file each snapshot held was restored from or written to, as it was then.
+    files: HashMap<String, SnapFileId>,
+}
+
+/// Which file a snapshot came from: another save of the name (by any process
+/// sharing the directory) renames a new file over it, with another inode, size or
+/// modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapFileId {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl SnapFileId {
+    /// The identity of the file `meta` describes.
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        let (dev, ino) = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino())
+        };
+        #[cfg(not(unix))]
+        let (dev, ino) = (0, 0);
+        Self {
+            dev,
+            ino,
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        }
+    }
 }
 
 /// A file's size and modification time: whether it changed since it was looked at.
@@ -239,6 +279,12 @@ pub struct Written {
 }
 
 impl Written {
+    /// The identity the file will have under the snapshot's name once published.
+    pub fn file_id(&self) -> Option<SnapFileId> {
+        let meta = self.file.as_ref()?.metadata().ok()?;
+        Some(SnapFileId::of(&meta))
+    }
+
     /// Renames the file into place and runs `record` (which makes it the snapshot in
     /// memory: [`PagedKv::finish_save`]) under the directory's lock, then syncs the
     /// directory. A failed rename removes the temporary file and `record` never runs.
@@ -306,7 +352,10 @@ impl PagedKv {
         };
         let id = ticket.id();
         let written = ticket.write(|from, n, out| self.save_chunk(id, from, n, out));
-        match written.and_then(|w| w.publish(|| self.finish_save(id))) {
+        match written.and_then(|w| {
+            let file = w.file_id();
+            w.publish(|| self.finish_save(id, file))
+        }) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.abort_save(id);
@@ -433,15 +482,20 @@ impl PagedKv {
         Ok(())
     }
 
-    /// Ends save `id` whose file is in place: it becomes snapshot `name` (an older one
-    /// of that name is released).
-    pub fn finish_save(&mut self, id: u64) -> Result<(), SnapshotError> {
+    /// Ends save `id` whose file is in place (`file`: its identity,
+    /// [`Written::file_id`]): it becomes snapshot `name` (an older one of that name is
+    /// released).
+    pub fn finish_save(&mut self, id: u64, file: Option<SnapFileId>) -> Result<(), SnapshotError> {
         let p = self
             .snap
             .pending
             .remove(&id)
             .ok_or(SnapshotError::SaveGone(id))?;
         self.snap.sizes.insert(p.name.clone(), p.bytes);
+        match file {
+            Some(f) => self.snap.files.insert(p.name.clone(), f),
+            None => self.snap.files.remove(&p.name),
+        };
         if let Some(old) = self.snapshots.insert(p.name, p.table) {
             self.release(old)?;
         }
@@ -506,6 +560,7 @@ impl PagedKv {
             .remove(name)
             .ok_or_else(|| SnapshotError::NotFound(name.into()))?;
         self.snap.sizes.remove(name);
+        self.snap.files.remove(name);
         self.release(t)?;
         Ok(self
             .snapshot_dir
@@ -587,11 +642,12 @@ impl PagedKv {
         skipped.extend(remove_interrupted(dir));
         for path in entries {
             match self.read_file(&path) {
-                Ok((name, table, bytes)) => {
+                Ok((name, table, bytes, file)) => {
                     if let Some(old) = self.snapshots.insert(name.clone(), table) {
                         self.release(old)?;
                     }
                     self.snap.sizes.insert(name.clone(), bytes);
+                    self.snap.files.insert(name.clone(), file);
                     names.push(name);
                 }
                 Err(e) => {
@@ -619,10 +675,14 @@ impl PagedKv {
 
     /// Reads and checks one file: its name, every header field, the checksum, every
     /// token id (below the vocabulary, when known) and every K/V element (finite).
-    /// Returns the name, the restored table and the file's size.
-    fn read_file(&mut self, path: &Path) -> Result<(String, PageTable, u64), SnapshotError> {
-        let b = read_snapshot_file(path, self.snapshot_file_limit())?;
-        self.restore_bytes(path, b)
+    /// Returns the name, the restored table, the file's size and its identity.
+    fn read_file(
+        &mut self,
+        path: &Path,
+    ) -> Result<(String, PageTable, u64, SnapFileId), SnapshotError> {
+        let (b, file) = read_snapshot_file_id(path, self.snapshot_file_limit())?;
+        let (name, table, bytes) = self.restore_bytes(path, b)?;
+        Ok((name, table, bytes, file))
     }
 
     /// The most bytes a snapshot file of this pool may have: one of the longest
@@ -674,17 +734,67 @@ impl PagedKv {
     /// holds. A snapshot of that name held already is kept and this is a no-op
     /// (another caller restored it first). For a directory other processes share:
     /// a snapshot another replica saved after this one started.
-    pub fn restore_snapshot(&mut self, path: &Path, bytes: Vec<u8>) -> Result<(), SnapshotError> {
+    /// `file`: the identity of the file the bytes were read from
+    /// ([`read_snapshot_file_id`]).
+    pub fn restore_snapshot(
+        &mut self,
+        path: &Path,
+        bytes: Vec<u8>,
+        file: Option<SnapFileId>,
+    ) -> Result<(), SnapshotError> {
         let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
         if self.snapshots.contains_key(name) {
             return Ok(());
         }
+        self.reload_snapshot(path, bytes, file)
+    }
+
+    /// Restores the snapshot whose file `path` held `bytes` (with every check of a
+    /// restore at start) in place of the one of that name held, if any: another
+    /// process sharing the directory saved a newer version. The older version's
+    /// pages stay with the contexts that use them. A file that fails its checks is
+    /// rejected (left out until it changes) and the snapshot held is kept.
+    pub fn reload_snapshot(
+        &mut self,
+        path: &Path,
+        bytes: Vec<u8>,
+        file: Option<SnapFileId>,
+    ) -> Result<(), SnapshotError> {
         let (name, table, size) = self.restore_bytes(path, bytes).inspect_err(|_| {
             self.reject(path);
         })?;
-        self.snapshots.insert(name.clone(), table);
-        self.snap.sizes.insert(name, size);
+        if let Some(old) = self.snapshots.insert(name.clone(), table) {
+            self.release(old)?;
+        }
+        self.snap.sizes.insert(name.clone(), size);
+        match file {
+            Some(f) => self.snap.files.insert(name, f),
+            None => self.snap.files.remove(&name),
+        };
         Ok(())
+    }
+
+    /// For a snapshot held whose file is in the snapshot directory: the file's path,
+    /// the most bytes it may have, the identity it had when this pool restored or
+    /// wrote it, and the stamp it had if it was rejected since. The caller looks at
+    /// the file (off the pool's thread) and, when it is another now, re-reads it
+    /// ([`PagedKv::reload_snapshot`]). None: not held, or no directory.
+    #[allow(clippy::type_complexity)]
+    pub fn held_snapshot_file(
+        &self,
+        name: &str,
+    ) -> Option<(PathBuf, u64, Option<SnapFileId>, Option<FileStamp>)> {
+        if !self.snapshots.contains_key(name) {
+            return None;
+        }
+        check_name(name).ok()?;
+        let path = self.snapshot_dir.as_ref()?.join(format!("{name}.snap"));
+        Some((
+            path,
+            self.snapshot_file_limit(),
+            self.snap.files.get(name).copied(),
+            self.snap.rejected.get(name).copied(),
+        ))
     }
 
     /// Checks a snapshot file's bytes and restores its pages: its name, the table, the
@@ -965,6 +1075,17 @@ fn remove_interrupted(dir: &Path) -> Vec<SnapshotError> {
 /// regular file, and no larger than `limit` ([`PagedKv::snapshot_file`]): the bound is
 /// known before a byte is read. No file is [`SnapshotError::NotFound`].
 pub fn read_snapshot_file(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotError> {
+    Ok(read_snapshot_file_id(path, limit)?.0)
+}
+
+/// [`read_snapshot_file`], with the identity of the file the bytes came from (the
+/// file opened is the one looked at and read: a save renamed over the name meanwhile
+/// does not mix two files).
+pub fn read_snapshot_file_id(
+    path: &Path,
+    limit: u64,
+) -> Result<(Vec<u8>, SnapFileId), SnapshotError> {
+    use std::io::Read;
     let corrupt = |reason: String| SnapshotError::Corrupt {
         path: path.to_path_buf(),
         reason,
@@ -973,14 +1094,23 @@ pub fn read_snapshot_file(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotEr
         path: path.to_path_buf(),
         error: source.into(),
     };
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-            return Err(SnapshotError::NotFound(name.to_string()));
-        }
+    let not_found = || {
+        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        SnapshotError::NotFound(name.to_string())
+    };
+    // Look at the name first: opening a FIFO or a device could block or read forever.
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err(corrupt("not a regular file".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
+        Err(e) => return Err(io(e)),
+    }
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
         Err(e) => return Err(io(e)),
     };
+    let meta = f.metadata().map_err(io)?;
     if !meta.is_file() {
         return Err(corrupt("not a regular file".into()));
     }
@@ -990,11 +1120,14 @@ pub fn read_snapshot_file(path: &Path, limit: u64) -> Result<Vec<u8>, SnapshotEr
             meta.len()
         )));
     }
-    let b = read_at_most(path, limit).map_err(io)?;
+    let mut b = Vec::new();
+    f.take(limit.saturating_add(1))
+        .read_to_end(&mut b)
+        .map_err(io)?;
     if b.len() as u64 > limit {
         return Err(corrupt("the file grew while it was read".into()));
     }
-    Ok(b)
+    Ok((b, SnapFileId::of(&meta)))
 }
 
 /// The snapshot files in `dir` (other processes' included), each one's token count as
@@ -1045,17 +1178,6 @@ pub fn list_snapshot_files(dir: &Path) -> Vec<(String, usize, FileStamp)> {
     out
 }
 
-/// Reads `path` whole but never more than `limit` + 1 bytes (a file that grows, or a
-/// device behind a name, cannot make the read unbounded).
-fn read_at_most(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut b = Vec::new();
-    std::fs::File::open(path)?
-        .take(limit.saturating_add(1))
-        .read_to_end(&mut b)?;
-    Ok(b)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1093,5 +1215,45 @@ mod tests {
         let listed = list_snapshot_files(dir.path());
         assert_eq!(listed.len(), 1);
         assert_eq!((listed[0].0.as_str(), listed[0].1), ("doc", 42));
+    }
+
+    #[test]
+    fn a_newer_save_by_another_pool_on_the_directory_is_seen_and_reloaded() {
+        use crate::kv::Logits;
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = PagedKv::new(16, 4, 1, 2, 64, b"snap");
+        let mut b = PagedKv::new(16, 4, 1, 2, 64, b"snap");
+        a.open_snapshot_dir(dir.path()).unwrap();
+        b.open_snapshot_dir(dir.path()).unwrap();
+        let filled = |kv: &mut PagedKv, tokens: &[u32]| {
+            let mut t = kv.new_table(None);
+            kv.plan(&mut t, tokens, Logits::None).unwrap();
+            kv.commit(&mut t).unwrap();
+            t
+        };
+        let mut t = filled(&mut a, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        a.save("x", &mut t).unwrap();
+        // B restores A's save and remembers its file.
+        let (path, limit) = b.snapshot_file("x").unwrap();
+        let (bytes, id) = read_snapshot_file_id(&path, limit).unwrap();
+        b.restore_snapshot(&path, bytes, Some(id)).unwrap();
+        let (_, _, held, _) = b.held_snapshot_file("x").unwrap();
+        assert_eq!(held, Some(id));
+        assert_eq!(a.held_snapshot_file("x").unwrap().2, Some(id), "A wrote it");
+        // A saves a newer version: the name's file is another one, and B re-reads it.
+        let mut t2 = filled(&mut a, &[9, 10, 11, 12]);
+        a.save("x", &mut t2).unwrap();
+        let now = SnapFileId::of(&std::fs::metadata(&path).unwrap());
+        assert_ne!(Some(now), held);
+        assert_eq!(a.held_snapshot_file("x").unwrap().2, Some(now));
+        let (bytes, id2) = read_snapshot_file_id(&path, limit).unwrap();
+        assert_eq!(id2, now);
+        b.reload_snapshot(&path, bytes, Some(id2)).unwrap();
+        assert_eq!(b.snapshot_list(), vec![("x".to_string(), 4)]);
+        assert_eq!(b.held_snapshot_file("x").unwrap().2, Some(now));
+        // A restore of a name held keeps it (a load that raced another is a no-op).
+        let (bytes, _) = read_snapshot_file_id(&path, limit).unwrap();
+        b.restore_snapshot(&path, bytes, None).unwrap();
+        assert_eq!(b.held_snapshot_file("x").unwrap().2, Some(now));
     }
 }
