@@ -61,12 +61,20 @@ fn run(gpu: &Gpu, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usize) -> Vec<f3
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     {
         let mut pass = encoder.begin_compute_pass(&Default::default());
-        let params = [m.cols as u32, m.rows as u32, rows as u32, 0];
+        let params = [
+            m.cols as u32,
+            m.rows as u32,
+            rows as u32,
+            0,
+            m.rows as u32,
+            0,
+        ];
         let groups = (
             (m.rows as u32).div_ceil(WG),
             (rows as u32).div_ceil(MATMUL_ROWS),
         );
-        Kernels::dispatch(gpu, &mut pass, kernel, &params, &[&m.buf, &a, &y], groups);
+        let w = &m.pieces[0].0;
+        Kernels::dispatch(gpu, &mut pass, kernel, &params, &[w, &a, &y], groups);
     }
     let staging = gpu.staging((rows * m.rows * 4) as u64);
     encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, (rows * m.rows * 4) as u64);
@@ -97,7 +105,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
         let bytes = random_blocks(&mut rng, ty, n, cols);
         let wide = dequantize(ty, n, cols, &bytes).unwrap();
         let matrix = |format, data: &[u8]| Matrix {
-            buf: gpu.upload("w", data),
+            pieces: vec![(gpu.upload("w", data), 0, n)],
             format,
             rows: n,
             cols,

@@ -126,12 +126,19 @@ impl Step<'_> {
                         (Format::Q8_0, true) => (&k.q8_0, &aq),
                         (f, _) => (k.f32_inputs(f), a),
                     };
-                    let params = [m.cols as u32, m.rows as u32, rows as u32, add as u32];
-                    let groups = (
-                        (m.rows as u32).div_ceil(WG),
-                        (rows as u32).div_ceil(MATMUL_ROWS),
-                    );
-                    Kernels::dispatch(gpu, p, kernel, &params, &[&m.buf, input, y], groups);
+                    for (buf, first, n) in &m.pieces {
+                        let (first, n) = (*first as u32, *n as u32);
+                        let params = [
+                            m.cols as u32,
+                            n,
+                            rows as u32,
+                            add as u32,
+                            m.rows as u32,
+                            first,
+                        ];
+                        let groups = (n.div_ceil(WG), (rows as u32).div_ceil(MATMUL_ROWS));
+                        Kernels::dispatch(gpu, p, kernel, &params, &[buf, input, y], groups);
+                    }
                 };
             let scale = c.q_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());
             let adjacent = c.rope.style == folio::model::RopeStyle::Adjacent;

@@ -45,9 +45,12 @@ impl Format {
     }
 }
 
-/// A matrix of `rows` outputs × `cols` inputs on the device.
+/// A matrix of `rows` outputs × `cols` inputs on the device, in pieces of whole rows
+/// (one, unless the matrix is larger than one binding holds: a tied head of a large
+/// vocabulary on a device that binds 128 MiB).
 pub(crate) struct Matrix {
-    pub buf: wgpu::Buffer,
+    /// Each piece's buffer, its first row and its rows.
+    pub pieces: Vec<(wgpu::Buffer, usize, usize)>,
     pub format: Format,
     pub rows: usize,
     pub cols: usize,
@@ -288,15 +291,26 @@ fn matrices(
                 (Format::F32, bytemuck::cast_slice(&v).to_vec().into())
             }
         };
-        if data.len() as u64 > gpu.max_binding() {
+        // Pieces of whole rows, each within one binding.
+        let row = data.len() / rows.max(1);
+        let per = (gpu.max_binding() as usize / row.max(1)).min(rows.max(1));
+        if per == 0 {
             return Err(GpuError::TooLarge {
-                what: format!("matrix {name}"),
-                bytes: data.len() as u64,
+                what: format!("a row of matrix {name}"),
+                bytes: row as u64,
                 limit: gpu.max_binding(),
             });
         }
+        let pieces = (0..rows)
+            .step_by(per)
+            .map(|first| {
+                let n = per.min(rows - first);
+                let bytes = &data[first * row..(first + n) * row];
+                (gpu.upload(name, bytes), first, n)
+            })
+            .collect();
         out.push(Matrix {
-            buf: gpu.upload(name, &data),
+            pieces,
             format,
             rows,
             cols,

@@ -1,9 +1,10 @@
 // What every matmul kernel shares (the kernels' files are appended to this one): the
 // parameters, the output, the rows per invocation and the store.
-// y[r, o] (+)= Σ_c a[r, c] · W[o, c] over the rows of `a`. Each invocation computes
-// one output column for up to TR rows (a weight block is decoded once per TR rows).
-// Dispatch: (ceil(n / 64), ceil(rows / TR)).
-struct P { k: u32, n: u32, rows: u32, add: u32 }
+// y[r, at + o] (+)= Σ_c a[r, c] · W[o, c] over the rows of `a`, W's n rows (a piece of
+// a matrix starting at its row `at`; y's rows are `stride` wide). Each invocation
+// computes one output column for up to TR rows (a weight block is decoded once per
+// TR rows). Dispatch: (ceil(n / 64), ceil(rows / TR)).
+struct P { k: u32, n: u32, rows: u32, add: u32, stride: u32, at: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
@@ -23,7 +24,7 @@ fn invocation(gid: vec3<u32>) -> vec3<u32> {
 fn store(o: u32, r0: u32, nr: u32, acc: array<f32, 8>) {
     var acc2 = acc;
     for (var i = 0u; i < nr; i++) {
-        let yi = (r0 + i) * p.n + o;
+        let yi = (r0 + i) * p.stride + p.at + o;
         if (p.add != 0u) {
             y[yi] += acc2[i];
         } else {
