@@ -317,17 +317,26 @@ impl QMatrix {
     pub(super) fn reads_sums(&self, isa: Isa) -> bool {
         self.layout == Layout::Tiles16
             && match self.ty {
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => isa.avx512(),
-                GgmlType::Q5_0 => isa.avx2(),
+                GgmlType::Q8_0 => isa.avx512(),
+                GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => isa.avx2(),
                 _ => false,
             }
     }
 
     /// Whether the AVX2 paths (AVX2, AVX-VNNI) have sixteen-row tile kernels for `ty`
-    /// (`kernels::avx2_tiles16`, over the AVX-512 path's layouts).
+    /// (`kernels::avx2_tiles16` and `avx2_tiles16_more`, over the AVX-512 path's
+    /// layouts).
     #[inline]
     pub(super) fn avx2_tiles16(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+        matches!(
+            ty,
+            GgmlType::Q4_0
+                | GgmlType::Q5_0
+                | GgmlType::IQ4_NL
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
+        )
     }
 
     /// Rows per tile of the threaded matmul's work split.
