@@ -13,7 +13,7 @@
 //! - `cpu`: [`Cpu`], the pool and path as one handle the model calls the kernels through.
 //! - `tiles16`: the sixteen-row tile layouts (one lane per row) of the AVX-512 path for
 //!   Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q5_K and Q6_K (and of the AVX2 paths for all
-//!   but Q4_1 and Q8_0), and each GGUF block's way into a lane and back.
+//!   but Q4_1, Q8_0 and Q5_K), and each GGUF block's way into a lane and back.
 //! - `avx512`: AVX-512 (F, BW, VL, VNNI) matmul kernels for Q4_1 and Q8_0 in sixteen-row
 //!   tiles, where the CPU runs them; `avx512_kquants`: the same for Q4_0, Q5_0, IQ4_NL,
 //!   Q4_K, Q5_K and Q6_K.

@@ -22,8 +22,18 @@ const TYPES: [GgmlType; 6] = [
     GgmlType::Q6_K,
 ];
 
-/// The types in sixteen-row tiles on the AVX2 paths (all of the AVX-512 path's here).
+/// The types with AVX2 sixteen-row tile kernels (all of the AVX-512 path's).
 const AVX2_TYPES: [GgmlType; 6] = TYPES;
+
+/// The types the AVX2 paths lay out in sixteen-row tiles (Q5_K stays in rows there:
+/// `QMatrix::layout_for`).
+const AVX2_TILED: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
 
 /// dot(row r, activation row t) for every t, r by the scalar twin of `ty`'s sixteen-row
 /// kernel, over GGUF's rows.
@@ -113,7 +123,10 @@ fn avx2_sixteen_row_kquant_kernels_are_their_scalar_twins_exactly() {
     for ty in TYPES {
         assert_eq!(QMatrix::layout_for(Isa::Scalar, ty), Layout::Rows, "{ty}");
     }
-    kquant_tiles_compute_their_twins(Isa::Avx2, &AVX2_TYPES, 67);
+    assert_eq!(QMatrix::layout_for(Isa::Avx2, GgmlType::Q5_K), Layout::Rows);
+    kquant_tiles_compute_their_twins(Isa::Avx2, &AVX2_TILED, 67);
+    // Q5_K in tiles (laid out for AVX-512) runs the AVX2 kernel on the AVX2 paths.
+    kquant_tiles_compute_their_twins(Isa::Avx512, &[GgmlType::Q5_K], 67);
 }
 
 /// The AVX2 and AVX-512 paths give the same bits on the sixteen-row layouts, on
@@ -131,7 +144,9 @@ fn avx2_and_avx512_sixteen_row_kernels_give_the_same_bits() {
     let (rows, cols) = (200, 1536);
     for ty in AVX2_TYPES {
         let bytes = super::tests::random_weights(&mut rng, ty, rows, cols);
-        let w = QMatrix::new_for(Isa::Avx2, ty, rows, cols, &bytes).unwrap();
+        // The AVX-512 layout: the AVX2 one but for Q5_K, which the AVX2 paths keep in
+        // rows (and run in tiles where given them).
+        let w = QMatrix::new_for(Isa::Avx512, ty, rows, cols, &bytes).unwrap();
         for n in [1, 2, 16, 21] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 2.0).collect();
             let a = run(Isa::Avx2, &w, &x, n, 2);
@@ -164,6 +179,9 @@ fn tile16<T: Tile16>(blocks: &[T::Block], nb: usize) -> Vec<T> {
         .collect()
 }
 
+/// Activation rows as Q8 blocks, their blocks' -128·Σx, and as Q8_K blocks.
+type Acts<'a> = (&'a [Vec<BlockQ8>], &'a [Vec<i32>], &'a [Vec<BlockQ8K>]);
+
 /// Sixteen GGUF rows of `ty` (`bytes`) as tiles against the first C activation rows
 /// (`q8` and their `sums`, or `q8k`) through the AVX2 paths' kernel for `ty` with dot
 /// step `D`, at width C: the results, C rows of sixteen.
@@ -173,7 +191,7 @@ fn tile16<T: Tile16>(blocks: &[T::Block], nb: usize) -> Vec<T> {
 unsafe fn avx2_tiles16_at<const D: u8, const C: usize>(
     ty: GgmlType,
     bytes: &[u8],
-    (q8, sums, q8k): (&[Vec<BlockQ8>], &[Vec<i32>], &[Vec<BlockQ8K>]),
+    (q8, sums, q8k): Acts,
 ) -> Vec<f32> {
     use super::avx2_tiles16::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
     use super::avx2_tiles16_more::{tile_q4x16, tile_q5kx16};

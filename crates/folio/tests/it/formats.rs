@@ -153,8 +153,9 @@ fn tiny_models_in_the_issue_15_formats_match_llama_cpp() {
     );
 }
 
-/// Batch invariance on the sixteen-row tile formats of every SIMD path (Q4_0, IQ4_NL,
-/// Q5_K, the Q5_K_M-like mix: Q5_0, Q5_K, Q6_K, and a Q8_0 embedding): on every path
+/// Batch invariance on the sixteen-row tile formats of the SIMD paths (Q4_0, IQ4_NL,
+/// Q5_K, which the AVX2 paths keep in rows, the Q5_K_M-like mix: Q5_0, Q5_K, Q6_K, and a
+/// Q8_0 embedding): on every path
 /// the CPU runs, a prompt prefilled whole, in uneven chunks (tile widths 1..=4 and
 /// their tails on the AVX2 paths, up to 16 on AVX-512) and one token at a time
 /// (decode's one-row kernels) gives the same logits, bit for bit, with one thread or two.

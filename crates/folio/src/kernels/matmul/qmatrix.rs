@@ -195,7 +195,11 @@ impl QMatrix {
         if isa.avx512() && Self::can_take(ty, Layout::Tiles16) {
             return Layout::Tiles16;
         }
-        if isa.avx2() && Self::avx2_tiles16(ty) {
+        // Not Q5_K: its AVX2 tile kernel measured slower than the row dots (Llama-1B
+        // shape in Q5_K_M, `FOLIO_ISA=avx2`, shared Zen 4, alternating: pp512 12.0-12.1
+        // against 12.7-13.5 tok/s, tg64 4.9-5.4 against 6.0-7.4), so it runs only where a
+        // matrix is in tiles anyway (laid out for AVX-512).
+        if isa.avx2() && Self::avx2_tiles16(ty) && ty != GgmlType::Q5_K {
             return Layout::Tiles16;
         }
         match ty {
