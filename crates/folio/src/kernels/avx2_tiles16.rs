@@ -54,7 +54,7 @@ use std::arch::x86_64::*;
 /// Half `h` (0: rows 0..7, 1: rows 8..15) of a 64-byte tile vector.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn half(v: &[u8; 64], h: usize) -> __m256i {
+pub(super) fn half(v: &[u8; 64], h: usize) -> __m256i {
     let v = &v[32 * h..32 * h + 32];
     // SAFETY: `v` is 32 bytes.
     unsafe { _mm256_loadu_si256(v.as_ptr() as *const __m256i) }
@@ -63,7 +63,7 @@ fn half(v: &[u8; 64], h: usize) -> __m256i {
 /// Half `h` of sixteen f16 values, as floats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn half_ps(d: &[u16; 16], h: usize) -> __m256 {
+pub(super) fn half_ps(d: &[u16; 16], h: usize) -> __m256 {
     let d = &d[8 * h..8 * h + 8];
     // SAFETY: `d` is 8 halves, 16 bytes.
     unsafe { _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)) }
@@ -73,7 +73,7 @@ fn half_ps(d: &[u16; 16], h: usize) -> __m256 {
 /// to floats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn half_bytes_ps(b: &[u8; 16], h: usize, signed: bool) -> __m256 {
+pub(super) fn half_bytes_ps(b: &[u8; 16], h: usize, signed: bool) -> __m256 {
     let b = &b[8 * h..8 * h + 8];
     // SAFETY: `b` is 8 bytes.
     let v = unsafe { _mm_loadl_epi64(b.as_ptr() as *const __m128i) };
@@ -88,7 +88,7 @@ fn half_bytes_ps(b: &[u8; 16], h: usize, signed: bool) -> __m256 {
 /// Activation bytes `x[4k..4k+4]`, broadcast to every lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dword(x: &[i8], k: usize) -> __m256i {
+pub(super) fn dword(x: &[i8], k: usize) -> __m256i {
     let q: [u8; 4] = std::array::from_fn(|j| x[4 * k + j] as u8);
     _mm256_set1_epi32(i32::from_le_bytes(q))
 }
@@ -98,7 +98,7 @@ fn dword(x: &[i8], k: usize) -> __m256i {
 /// both (they are the same) and kept the first half's on the stack for the second (128
 /// ymm spills in the one-row Q6_K kernel, which ran slower than the per-row kernel).
 #[inline(always)]
-fn launder<T: Copy>(a: T, h: usize) -> T {
+pub(super) fn launder<T: Copy>(a: T, h: usize) -> T {
     if h == 0 {
         a
     } else {
@@ -110,7 +110,7 @@ fn launder<T: Copy>(a: T, h: usize) -> T {
 /// (-4..=4; constant where the kernels call it, so the match folds away).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn shift(v: __m256i, s: i32) -> __m256i {
+pub(super) fn shift(v: __m256i, s: i32) -> __m256i {
     match s {
         4 => _mm256_slli_epi16::<4>(v),
         3 => _mm256_slli_epi16::<3>(v),
@@ -157,6 +157,8 @@ macro_rules! isum {
     }};
 }
 
+pub(super) use isum;
+
 /// Runs `$body` for each activation row `$c` < `$n` (a constant, at most 8), unrolled.
 macro_rules! each_row {
     ($n:ident, |$c:ident| $body:block) => {
@@ -172,6 +174,8 @@ macro_rules! each_row {
     )*};
 }
 
+pub(super) use each_row;
+
 /// Writes half `h` of activation row c's results (`acc[c]`, rows 8h..8h+8 of the tile)
 /// to `out`, as [`TileOut`] says: only the tile's first `out.len` rows.
 ///
@@ -180,7 +184,7 @@ macro_rules! each_row {
 /// floats that nothing else accesses during the call.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_half<const C: usize>(acc: &[__m256; C], out: &TileOut, h: usize) {
+pub(super) unsafe fn store_half<const C: usize>(acc: &[__m256; C], out: &TileOut, h: usize) {
     let n = out.len.saturating_sub(8 * h).min(8);
     for (c, v) in acc.iter().enumerate() {
         let mut lanes = [0f32; 8];
@@ -229,6 +233,8 @@ macro_rules! halves {
         }
     }};
 }
+
+pub(super) use halves;
 
 /// Sixteen packed Q5_0 rows × C activation rows: `dot(row r, a[c])` written to `out` for
 /// each c, r; `sums` holds -128·Σx of each of `a`'s blocks (the Q8_0 kernel's).
@@ -421,7 +427,7 @@ pub unsafe fn tile_q6kx16<const D: u8, const C: usize>(
 /// tile, each tile by the kernel at width one (compiled for its features, so it
 /// inlines: decode's matmuls are one row against thousands of tiles).
 macro_rules! one_row {
-    ($name:ident, $kernel:ident, $tile:ty, $act:ty $(, $sums:ident)?) => {
+    ($name:ident, $kernel:ident $(<$t:ty>)?, $tile:ty, $act:ty $(, $sums:ident)?) => {
         #[doc = concat!("[`", stringify!($kernel), "`] at width one over consecutive tiles.")]
         ///
         /// # Safety
@@ -445,11 +451,13 @@ macro_rules! one_row {
                 };
                 // SAFETY: same CPU features as this function; `o` is one row of 16
                 // floats, borrowed mutably here.
-                unsafe { $kernel::<D, 1>(tile, [a], $([$sums],)? &o) };
+                unsafe { $kernel::<D, $($t,)? 1>(tile, [a], $([$sums],)? &o) };
             }
         }
     };
 }
+
+pub(super) use one_row;
 
 one_row!(
     tiles_q5_0x16_one_row,

@@ -12,7 +12,8 @@
 //! Q5_1, Q8_0, IQ4_NL). Its largest pair sum is 2 · 128 · 127 = 32 512 < 32 767: a Q8_0
 //! weight of -128 made positive, times an activation, which `quantize_q8` keeps within
 //! ±127. (The K-quant row dots keep the AVX2 step on this path; the sixteen-row tiles of
-//! `avx2_tiles16` take `D`, their 16-bit sums bounded in that module's doc.)
+//! `avx2_tiles16` and `avx2_tiles16_more` take `D`, their 16-bit sums bounded in those
+//! modules' docs.)
 //!
 //! `vpdpbusd` is written as assembly, not `_mm256_dpbusd_avx_epi32`: the intrinsic needs
 //! the `avxvnni` target feature on the whole kernel, which would mean a second copy of

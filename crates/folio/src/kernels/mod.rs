@@ -6,16 +6,17 @@
 //! - `scalar`: the reference twin of every kernel.
 //! - `avx2`: AVX2/FMA/F16C kernels, chosen at run time; `avx2_kquants`: its Q2_K, Q3_K and
 //!   Q5_K dots; `avx2_tiles16`: its (and AVX-VNNI's) Q5_0, Q4_K and Q6_K kernels over the
-//!   sixteen-row tiles of `tiles16`.
+//!   sixteen-row tiles of `tiles16`, `avx2_tiles16_more` its Q4_0, IQ4_NL and Q5_K ones.
 //! - `attend`: the attention kernels' one entry ([`attend`], [`Attend`]): a block of rows
 //!   over runs of keys (rows sharing each tile of K/V); `attend_runs`: one row's entries
 //!   on each path.
 //! - `cpu`: [`Cpu`], the pool and path as one handle the model calls the kernels through.
 //! - `tiles16`: the sixteen-row tile layouts (one lane per row) of the AVX-512 path for
-//!   Q4_1, Q8_0, Q5_0, Q4_K and Q6_K (and of the AVX2 paths for the last three), and each
-//!   GGUF block's way into a lane and back.
+//!   Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q5_K and Q6_K (and of the AVX2 paths for all
+//!   but Q4_1, Q8_0 and Q5_K), and each GGUF block's way into a lane and back.
 //! - `avx512`: AVX-512 (F, BW, VL, VNNI) matmul kernels for Q4_1 and Q8_0 in sixteen-row
-//!   tiles, where the CPU runs them; `avx512_kquants`: the same for Q5_0, Q4_K and Q6_K.
+//!   tiles, where the CPU runs them; `avx512_kquants`: the same for Q4_0, Q5_0, IQ4_NL,
+//!   Q4_K, Q5_K and Q6_K.
 //!   Every other kernel of that path is the AVX2 one.
 //! - `avx512_attend`, `avx512_block`: AVX-512 attention, one row's queries over runs of
 //!   keys (decode), and a block of rows over one widened tile of keys (prefill).
@@ -91,6 +92,8 @@ pub(crate) mod avx2;
 pub(crate) mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_tiles16;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_tiles16_more;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]

@@ -1,6 +1,7 @@
 //! The sixteen-row tile kernels over the `tiles16` layouts (AVX-512, `avx512_kquants`:
 //! Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K; AVX2 and AVX-VNNI, `avx2_tiles16`: Q5_0, Q4_K
-//! and Q6_K) against their scalar twins and one another, and the layouts' packing.
+//! and Q6_K, `avx2_tiles16_more`: Q4_0, IQ4_NL and Q5_K) against their scalar twins and
+//! one another, and the layouts' packing.
 
 use super::matmul::{Layout, QMatrix};
 use super::quant::*;
@@ -21,8 +22,18 @@ const TYPES: [GgmlType; 6] = [
     GgmlType::Q6_K,
 ];
 
-/// The types in sixteen-row tiles on the AVX2 paths.
-const AVX2_TYPES: [GgmlType; 3] = [GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K];
+/// The types with AVX2 sixteen-row tile kernels (all of the AVX-512 path's).
+const AVX2_TYPES: [GgmlType; 6] = TYPES;
+
+/// The types the AVX2 paths lay out in sixteen-row tiles (Q5_K stays in rows there:
+/// `QMatrix::layout_for`).
+const AVX2_TILED: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
 
 /// dot(row r, activation row t) for every t, r by the scalar twin of `ty`'s sixteen-row
 /// kernel, over GGUF's rows.
@@ -112,7 +123,10 @@ fn avx2_sixteen_row_kquant_kernels_are_their_scalar_twins_exactly() {
     for ty in TYPES {
         assert_eq!(QMatrix::layout_for(Isa::Scalar, ty), Layout::Rows, "{ty}");
     }
-    kquant_tiles_compute_their_twins(Isa::Avx2, &AVX2_TYPES, 67);
+    assert_eq!(QMatrix::layout_for(Isa::Avx2, GgmlType::Q5_K), Layout::Rows);
+    kquant_tiles_compute_their_twins(Isa::Avx2, &AVX2_TILED, 67);
+    // Q5_K in tiles (laid out for AVX-512) runs the AVX2 kernel on the AVX2 paths.
+    kquant_tiles_compute_their_twins(Isa::Avx512, &[GgmlType::Q5_K], 67);
 }
 
 /// The AVX2 and AVX-512 paths give the same bits on the sixteen-row layouts, on
@@ -130,7 +144,9 @@ fn avx2_and_avx512_sixteen_row_kernels_give_the_same_bits() {
     let (rows, cols) = (200, 1536);
     for ty in AVX2_TYPES {
         let bytes = super::tests::random_weights(&mut rng, ty, rows, cols);
-        let w = QMatrix::new_for(Isa::Avx2, ty, rows, cols, &bytes).unwrap();
+        // The AVX-512 layout: the AVX2 one but for Q5_K, which the AVX2 paths keep in
+        // rows (and run in tiles where given them).
+        let w = QMatrix::new_for(Isa::Avx512, ty, rows, cols, &bytes).unwrap();
         for n in [1, 2, 16, 21] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 2.0).collect();
             let a = run(Isa::Avx2, &w, &x, n, 2);
@@ -163,19 +179,87 @@ fn tile16<T: Tile16>(blocks: &[T::Block], nb: usize) -> Vec<T> {
         .collect()
 }
 
-/// The `avx2_tiles16` kernels with 8-bit dot step `D` give the bits they give with
-/// `MADD`, and those of the twins, at width three (the tests of `tests_vnni` run this
-/// with AVX-VNNI's VEX step, natively or emulated, and AVX-512's EVEX one).
+/// Activation rows as Q8 blocks, their blocks' -128·Σx, and as Q8_K blocks.
+type Acts<'a> = (&'a [Vec<BlockQ8>], &'a [Vec<i32>], &'a [Vec<BlockQ8K>]);
+
+/// Sixteen GGUF rows of `ty` (`bytes`) as tiles against the first C activation rows
+/// (`q8` and their `sums`, or `q8k`) through the AVX2 paths' kernel for `ty` with dot
+/// step `D`, at width C: the results, C rows of sixteen.
+///
+/// # Safety
+/// The CPU must run avx2, fma, f16c and step `D`'s instruction (or have it emulated).
+unsafe fn avx2_tiles16_at<const D: u8, const C: usize>(
+    ty: GgmlType,
+    bytes: &[u8],
+    (q8, sums, q8k): Acts,
+) -> Vec<f32> {
+    use super::avx2_tiles16::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
+    use super::avx2_tiles16_more::{tile_q4x16, tile_q5kx16};
+    use super::avx512::TileOut;
+    use super::tiles16::{BlockIq4Nlx16, BlockQ4_0x16};
+    let mut o = vec![0f32; C * 16];
+    let out = TileOut {
+        ptr: o.as_mut_ptr(),
+        stride: 16,
+        len: 16,
+        add: false,
+    };
+    let a8: [&[BlockQ8]; C] = std::array::from_fn(|c| &q8[c][..]);
+    let s8: [&[i32]; C] = std::array::from_fn(|c| &sums[c][..]);
+    let ak: [&[BlockQ8K]; C] = std::array::from_fn(|c| &q8k[c][..]);
+    let (nb, nbk) = (q8[0].len(), q8k[0].len());
+    // SAFETY: the caller guarantees the CPU features; `out` is `o`'s C rows of sixteen,
+    // borrowed mutably here.
+    unsafe {
+        match ty {
+            GgmlType::Q4_0 => tile_q4x16::<D, BlockQ4_0x16, C>(
+                &tile16(bytemuck::cast_slice(bytes), nb),
+                a8,
+                s8,
+                &out,
+            ),
+            GgmlType::Q5_0 => {
+                tile_q5_0x16::<D, C>(&tile16(bytemuck::cast_slice(bytes), nb), a8, s8, &out)
+            }
+            GgmlType::IQ4_NL => tile_q4x16::<D, BlockIq4Nlx16, C>(
+                &tile16(bytemuck::cast_slice(bytes), nb),
+                a8,
+                s8,
+                &out,
+            ),
+            GgmlType::Q4_K => {
+                tile_q4kx16::<D, C>(&tile16(bytemuck::cast_slice(bytes), nbk), ak, &out)
+            }
+            GgmlType::Q5_K => {
+                tile_q5kx16::<D, C>(&tile16(bytemuck::cast_slice(bytes), nbk), ak, &out)
+            }
+            GgmlType::Q6_K => {
+                tile_q6kx16::<D, C>(&tile16(bytemuck::cast_slice(bytes), nbk), ak, &out)
+            }
+            ty => unreachable!("no AVX2 sixteen-row tile kernel for {ty}"),
+        }
+    }
+    o
+}
+
+/// The AVX2 paths' sixteen-row kernels (`avx2_tiles16`, `avx2_tiles16_more`) with 8-bit
+/// dot step `D` give the bits they give with `MADD`, and those of the twins, at every
+/// width 1..=4, on the extreme quants against activation blocks all +127 and all -127
+/// (the widest 16-bit sums of `MADD`). The tests of `tests_vnni` run this with
+/// AVX-VNNI's VEX step, natively or emulated, and AVX-512's EVEX one.
 ///
 /// # Safety
 /// The CPU must run avx2, fma, f16c and step `D`'s instruction (or have it emulated).
 pub(crate) unsafe fn avx2_tiles16_give_the_madd_bits<const D: u8>() -> Result<(), String> {
-    use super::avx2_tiles16::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
-    use super::avx512::TileOut;
     use super::avxvnni::MADD;
     let mut rng = SplitMix64(73);
-    let (rows, cols, n) = (16, 512, 3);
-    let x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
+    let (rows, cols, n) = (16, 512, 4);
+    let mut x: Vec<f32> = (0..n * cols).map(|_| rng.signed_f32() * 3.0).collect();
+    // Row 0 within ±1, its first block (of 32, and of the extreme weights) all +1 and
+    // its fourth all -1: quantized to ±127 in both forms.
+    x[..QK_K].iter_mut().for_each(|v| *v /= 3.0);
+    x[..QK].fill(1.0);
+    x[3 * QK..4 * QK].fill(-1.0);
     let xs = |t: usize| &x[t * cols..(t + 1) * cols];
     let q8: Vec<Vec<BlockQ8>> = (0..n)
         .map(|t| {
@@ -199,62 +283,66 @@ pub(crate) unsafe fn avx2_tiles16_give_the_madd_bits<const D: u8>() -> Result<()
             a
         })
         .collect();
+    assert!(q8[0][0].qs.iter().all(|&q| q == 127) && q8[0][3].qs.iter().all(|&q| q == -127));
+    let acts = (&q8[..], &sums[..], &q8k[..]);
     for ty in AVX2_TYPES {
         let bytes = extreme_weights(&mut rng, ty, rows, cols);
         let want = twins(ty, &bytes, (rows, cols), &x, n);
-        let mut got = [vec![0f32; n * rows], vec![0f32; n * rows]];
-        for (step, o) in got.iter_mut().enumerate() {
-            let out = TileOut {
-                ptr: o.as_mut_ptr(),
-                stride: rows,
-                len: rows,
-                add: false,
-            };
-            let a8 = [&q8[0][..], &q8[1][..], &q8[2][..]];
-            let s8 = [&sums[0][..], &sums[1][..], &sums[2][..]];
-            let ak = [&q8k[0][..], &q8k[1][..], &q8k[2][..]];
-            // SAFETY: the caller guarantees the CPU features; `out` is `o`'s three rows
-            // of sixteen, borrowed mutably here.
-            unsafe {
-                match (ty, step) {
-                    (GgmlType::Q5_0, 0) => {
-                        let w = tile16(bytemuck::cast_slice(&bytes), cols / QK);
-                        tile_q5_0x16::<MADD, 3>(&w, a8, s8, &out)
-                    }
-                    (GgmlType::Q5_0, _) => {
-                        let w = tile16(bytemuck::cast_slice(&bytes), cols / QK);
-                        tile_q5_0x16::<D, 3>(&w, a8, s8, &out)
-                    }
-                    (GgmlType::Q4_K, 0) => tile_q4kx16::<MADD, 3>(
-                        &tile16(bytemuck::cast_slice(&bytes), cols / QK_K),
-                        ak,
-                        &out,
+        for width in 1..=n {
+            // SAFETY: the caller guarantees the CPU features.
+            let (madd, d) = unsafe {
+                match width {
+                    1 => (
+                        avx2_tiles16_at::<MADD, 1>(ty, &bytes, acts),
+                        avx2_tiles16_at::<D, 1>(ty, &bytes, acts),
                     ),
-                    (GgmlType::Q4_K, _) => tile_q4kx16::<D, 3>(
-                        &tile16(bytemuck::cast_slice(&bytes), cols / QK_K),
-                        ak,
-                        &out,
+                    2 => (
+                        avx2_tiles16_at::<MADD, 2>(ty, &bytes, acts),
+                        avx2_tiles16_at::<D, 2>(ty, &bytes, acts),
                     ),
-                    (_, 0) => tile_q6kx16::<MADD, 3>(
-                        &tile16(bytemuck::cast_slice(&bytes), cols / QK_K),
-                        ak,
-                        &out,
+                    3 => (
+                        avx2_tiles16_at::<MADD, 3>(ty, &bytes, acts),
+                        avx2_tiles16_at::<D, 3>(ty, &bytes, acts),
                     ),
-                    _ => tile_q6kx16::<D, 3>(
-                        &tile16(bytemuck::cast_slice(&bytes), cols / QK_K),
-                        ak,
-                        &out,
+                    _ => (
+                        avx2_tiles16_at::<MADD, 4>(ty, &bytes, acts),
+                        avx2_tiles16_at::<D, 4>(ty, &bytes, acts),
                     ),
                 }
+            };
+            let want = bits(&want[..width * rows]);
+            if bits(&madd) != want {
+                return Err(format!(
+                    "AVX2 sixteen-row {ty}, width {width}: the MADD step differs from the twins"
+                ));
             }
-        }
-        if bits(&got[0]) != bits(&want) || bits(&got[1]) != bits(&want) {
-            return Err(format!(
-                "avx2_tiles16 {ty}, step {D}: differs from the twins"
-            ));
+            if bits(&d) != want {
+                return Err(format!(
+                    "AVX2 sixteen-row {ty}, width {width}: step {D} differs from the twins"
+                ));
+            }
         }
     }
     Ok(())
+}
+
+/// The AVX2 sixteen-row kernels at every width 1..=4 with the AVX2 step (`MADD`), bit
+/// for bit their scalar twins (and, at no extra cost, with the EVEX step where the CPU
+/// runs AVX-512; `tests_vnni` runs the VEX one).
+#[test]
+fn avx2_sixteen_row_kernels_at_every_width_are_their_twins() {
+    use super::avxvnni::{EVEX, MADD};
+    if !simd_paths().contains(&Isa::Avx2) {
+        return;
+    }
+    // SAFETY: the AVX2 path runs only where avx2, fma and f16c were detected, the
+    // AVX-512 one only where avx512f/bw/vl/vnni executed.
+    unsafe {
+        avx2_tiles16_give_the_madd_bits::<MADD>().unwrap();
+        if simd_paths().contains(&Isa::Avx512) {
+            avx2_tiles16_give_the_madd_bits::<EVEX>().unwrap();
+        }
+    }
 }
 
 /// The twins are the GGUF dot products up to float rounding: the layouts compute the

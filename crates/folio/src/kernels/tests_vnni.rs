@@ -56,7 +56,7 @@ unsafe fn step_computes_vpdpbusd<const D: u8>() -> Result<(), String> {
 
 /// Every AVX2 kernel with an 8-bit dot step gives, with step `D`, the bits it gives
 /// with `MADD` (row kernels of the six formats, the packed Q4_1 and Q8_0 tiles, the
-/// sixteen-row Q5_0, Q4_K and Q6_K tiles).
+/// sixteen-row tiles of every format the AVX2 paths tile).
 ///
 /// # Safety
 /// The CPU must run avx2, fma, f16c and step `D`'s instruction (or have it emulated).
@@ -152,7 +152,8 @@ fn matmul_gives_the_avx2_bits() -> Result<(), String> {
     // Rows past a multiple of four exercise the tails; 37 tokens every tile width.
     let (rows, cols, n) = (30, 768, 37);
     for ty in TYPES {
-        // In the AVX2 paths' layout (sixteen-row tiles for Q5_0, Q4_K and Q6_K).
+        // In the AVX2 paths' layout (sixteen-row tiles for Q4_0, Q5_0, IQ4_NL, Q4_K,
+        // Q5_K and Q6_K).
         let w = QMatrix::new(ty, rows, cols, &random_weights(&mut rng, ty, rows, cols))
             .unwrap()
             .for_isa(Isa::Avx2);

@@ -152,3 +152,55 @@ fn tiny_models_in_the_issue_15_formats_match_llama_cpp() {
         "top-5 logprob |diff| mean {worst_mean} > {MAX_MEAN} (measured 0.031 when written)"
     );
 }
+
+/// Batch invariance on the sixteen-row tile formats of the SIMD paths (Q4_0, IQ4_NL,
+/// Q5_K, which the AVX2 paths keep in rows, the Q5_K_M-like mix: Q5_0, Q5_K, Q6_K, and a
+/// Q8_0 embedding): on every path
+/// the CPU runs, a prompt prefilled whole, in uneven chunks (tile widths 1..=4 and
+/// their tails on the AVX2 paths, up to 16 on AVX-512) and one token at a time
+/// (decode's one-row kernels) gives the same logits, bit for bit, with one thread or two.
+#[test]
+fn wide_tiny_models_in_the_tile_formats_batch_bit_for_bit_on_every_path() {
+    use folio::gguf::GgmlType;
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let formats = [
+        ("Q4_0", Formats::Uniform(GgmlType::Q4_0)),
+        ("IQ4_NL", Formats::Uniform(GgmlType::IQ4_NL)),
+        ("Q5_K", Formats::Uniform(GgmlType::Q5_K)),
+        ("Q5_K_M", Formats::KMix(GgmlType::Q5_K)),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, f) in formats {
+        let path = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&path, tiny::wide_model_bytes(tiny::FORMAT_SEED, f)).unwrap();
+        for isa in runnable_isas() {
+            let one = Model::load(&path, 1).unwrap().with_isa(isa);
+            let two = Model::load(&path, 2).unwrap().with_isa(isa);
+            let v = one.config.vocab;
+            let ids: Vec<u32> = (0..37).map(|i| (i * 7919 % v) as u32).collect();
+            let what = format!("{name} on {isa}");
+            let mut c = one.new_cache(64);
+            let whole = bits(&one.run(&mut c, &ids, Logits::All).unwrap());
+            let mut c = two.new_cache(64);
+            let got = bits(&two.run(&mut c, &ids, Logits::All).unwrap());
+            assert!(got == whole, "{what}: two threads");
+            let mut c = two.new_cache(64);
+            let mut at = 0;
+            for len in [1, 2, 3, 4, 5, 6, 7, 9] {
+                let got = bits(&two.run(&mut c, &ids[at..at + len], Logits::All).unwrap());
+                assert!(
+                    got[..] == whole[at * v..(at + len) * v],
+                    "{what}: chunk at {at}"
+                );
+                at += len;
+            }
+            for (i, &t) in ids.iter().enumerate().skip(at) {
+                let got = bits(&two.run(&mut c, &[t], Logits::Last).unwrap());
+                assert!(
+                    got[..] == whole[i * v..(i + 1) * v],
+                    "{what}: token {i} alone"
+                );
+            }
+        }
+    }
+}

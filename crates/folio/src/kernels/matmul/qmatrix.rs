@@ -195,7 +195,11 @@ impl QMatrix {
         if isa.avx512() && Self::can_take(ty, Layout::Tiles16) {
             return Layout::Tiles16;
         }
-        if isa.avx2() && Self::avx2_tiles16(ty) {
+        // Not Q5_K: its AVX2 tile kernel measured slower than the row dots (Llama-1B
+        // shape in Q5_K_M, `FOLIO_ISA=avx2`, shared Zen 4, alternating: pp512 12.0-12.1
+        // against 12.7-13.5 tok/s, tg64 4.9-5.4 against 6.0-7.4), so it runs only where a
+        // matrix is in tiles anyway (laid out for AVX-512).
+        if isa.avx2() && Self::avx2_tiles16(ty) && ty != GgmlType::Q5_K {
             return Layout::Tiles16;
         }
         match ty {
@@ -317,17 +321,26 @@ impl QMatrix {
     pub(super) fn reads_sums(&self, isa: Isa) -> bool {
         self.layout == Layout::Tiles16
             && match self.ty {
-                GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => isa.avx512(),
-                GgmlType::Q5_0 => isa.avx2(),
+                GgmlType::Q8_0 => isa.avx512(),
+                GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => isa.avx2(),
                 _ => false,
             }
     }
 
     /// Whether the AVX2 paths (AVX2, AVX-VNNI) have sixteen-row tile kernels for `ty`
-    /// (`kernels::avx2_tiles16`, over the AVX-512 path's layouts).
+    /// (`kernels::avx2_tiles16` and `avx2_tiles16_more`, over the AVX-512 path's
+    /// layouts).
     #[inline]
     pub(super) fn avx2_tiles16(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+        matches!(
+            ty,
+            GgmlType::Q4_0
+                | GgmlType::Q5_0
+                | GgmlType::IQ4_NL
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
+        )
     }
 
     /// Rows per tile of the threaded matmul's work split.

@@ -1,6 +1,7 @@
 //! One item of the threaded matmul's work on the path's kernels: a tile of weight rows
 //! against a block of activation rows (`run_tile`: the sixteen-row tiles of AVX-512 and,
-//! for Q5_0, Q4_K and Q6_K, of the AVX2 paths, the AVX2 four-row tiles and register tiles over GGUF rows, else a dot per pair), or one
+//! for Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K, of the AVX2 paths, the AVX2 four-row
+//! tiles and register tiles over GGUF rows, else a dot per pair), or one
 //! activation row against a run of whole tiles in one call (`run_tiles_one_row`, decode).
 
 use super::out::OutView;
@@ -109,7 +110,7 @@ fn run_tile16(
 const AVX2_TILE16_WIDTH: usize = 4;
 
 /// [`run_tile16`] on the AVX2 and AVX-VNNI paths (Q5_0, Q4_K, Q6_K:
-/// `kernels::avx2_tiles16`), up to [`AVX2_TILE16_WIDTH`] activation rows per call; every
+/// `kernels::avx2_tiles16`; Q4_0, IQ4_NL, Q5_K: `avx2_tiles16_more`), up to [`AVX2_TILE16_WIDTH`] activation rows per call; every
 /// (row, column) gets the same arithmetic whatever the width.
 #[cfg(target_arch = "x86_64")]
 fn run_tile16_avx2(
@@ -122,6 +123,8 @@ fn run_tile16_avx2(
     out: &OutView,
 ) {
     use crate::kernels::avx2_tiles16::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
+    use crate::kernels::avx2_tiles16_more::{tile_q4x16, tile_q5kx16};
+    use crate::kernels::tiles16::{BlockIq4Nlx16, BlockQ4_0x16};
     macro_rules! widths {
         ($k:expr, |$c:ident| $call:expr, $($w:literal)*) => {
             match $k {
@@ -156,6 +159,18 @@ fn run_tile16_avx2(
             // SAFETY: as above.
             GgmlType::Q6_K => with_dot!(isa, D => widths!(k, |C| unsafe {
                 tile_q6kx16::<D, C>(w.tiles(tile, 1), per_row(q8k(), nb), &o)
+            }, 1 2 3 4)),
+            // SAFETY: as above.
+            GgmlType::Q4_0 => with_dot!(isa, D => widths!(k, |C| unsafe {
+                tile_q4x16::<D, BlockQ4_0x16, C>(w.tiles(tile, 1), per_row(q8(), nb), per_row(sums(), nb), &o)
+            }, 1 2 3 4)),
+            // SAFETY: as above.
+            GgmlType::IQ4_NL => with_dot!(isa, D => widths!(k, |C| unsafe {
+                tile_q4x16::<D, BlockIq4Nlx16, C>(w.tiles(tile, 1), per_row(q8(), nb), per_row(sums(), nb), &o)
+            }, 1 2 3 4)),
+            // SAFETY: as above.
+            GgmlType::Q5_K => with_dot!(isa, D => widths!(k, |C| unsafe {
+                tile_q5kx16::<D, C>(w.tiles(tile, 1), per_row(q8k(), nb), &o)
             }, 1 2 3 4)),
             ty => unreachable!("no AVX2 sixteen-row tile kernel for {ty}"),
         }
@@ -269,27 +284,41 @@ pub(super) fn run_tiles_one_row(
         && QMatrix::avx2_tiles16(w.ty)
         && r0 + count * 16 <= w.rows
     {
-        use crate::kernels::avx2_tiles16 as kt;
+        use crate::kernels::{avx2_tiles16 as kt, avx2_tiles16_more as km};
         let nb = w.blocks_per_row();
         let tiles = r0 / 16;
         let o = out.run(t * w.rows + r0, count * 16);
         let add = out.add;
+        let q8 = || act.q8_row(t, w.cols);
         let q8k = || act.q8k_row(t, w.cols);
+        let sums = || act.sums_row(t, w.cols);
         match w.ty {
             // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
             // and the AVX-VNNI one after running its `vpdpbusd`.
             GgmlType::Q5_0 => with_dot!(isa, D => unsafe {
-                let (a, sums) = (act.q8_row(t, w.cols), act.sums_row(t, w.cols));
-                kt::tiles_q5_0x16_one_row::<D>(w.tiles(tiles, count), nb, a, sums, o, add)
+                kt::tiles_q5_0x16_one_row::<D>(w.tiles(tiles, count), nb, q8(), sums(), o, add)
             }),
             // SAFETY: as above.
             GgmlType::Q4_K => with_dot!(isa, D => unsafe {
                 kt::tiles_q4kx16_one_row::<D>(w.tiles(tiles, count), nb, q8k(), o, add)
             }),
             // SAFETY: as above.
-            _ => with_dot!(isa, D => unsafe {
+            GgmlType::Q6_K => with_dot!(isa, D => unsafe {
                 kt::tiles_q6kx16_one_row::<D>(w.tiles(tiles, count), nb, q8k(), o, add)
             }),
+            // SAFETY: as above.
+            GgmlType::Q4_0 => with_dot!(isa, D => unsafe {
+                km::tiles_q4_0x16_one_row::<D>(w.tiles(tiles, count), nb, q8(), sums(), o, add)
+            }),
+            // SAFETY: as above.
+            GgmlType::IQ4_NL => with_dot!(isa, D => unsafe {
+                km::tiles_iq4nlx16_one_row::<D>(w.tiles(tiles, count), nb, q8(), sums(), o, add)
+            }),
+            // SAFETY: as above.
+            GgmlType::Q5_K => with_dot!(isa, D => unsafe {
+                km::tiles_q5kx16_one_row::<D>(w.tiles(tiles, count), nb, q8k(), o, add)
+            }),
+            ty => unreachable!("no AVX2 sixteen-row tile kernel for {ty}"),
         }
         return true;
     }
