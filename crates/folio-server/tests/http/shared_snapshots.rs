@@ -30,6 +30,11 @@ fn listed(addr: std::net::SocketAddr) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Saves context `ctx` on the server at `addr` as snapshot `name`.
+fn save(addr: std::net::SocketAddr, ctx: &str, name: &str) {
+    ok(addr, "/v1/snapshots", json!({"context": ctx, "name": name}));
+}
+
 /// Loads snapshot `name` into a new context: its length.
 fn load_len(addr: std::net::SocketAddr, name: &str) -> u64 {
     let c = ok(addr, &format!("/v1/snapshots/{name}/load"), json!({}));
@@ -120,21 +125,13 @@ fn a_replica_holding_a_snapshot_loads_the_newer_version_another_saved_under_its_
     let b = start(ServeConfig::default(), on(dir.path()));
     // A saves and holds version 1; B restores it from the file, and holds it too.
     let ctx = context_with(a.addr, &tokens(100, 5));
-    ok(
-        a.addr,
-        "/v1/snapshots",
-        json!({"context": ctx, "name": "shared"}),
-    );
+    save(a.addr, &ctx, "shared");
     assert_eq!(load_len(a.addr, "shared"), 100);
     assert_eq!(load_len(b.addr, "shared"), 100);
 
     // B saves version 2 under the name: A's next load is B's version.
     let ctx = context_with(b.addr, &tokens(60, 6));
-    ok(
-        b.addr,
-        "/v1/snapshots",
-        json!({"context": ctx, "name": "shared"}),
-    );
+    save(b.addr, &ctx, "shared");
     let old = ok(a.addr, "/v1/snapshots/shared/load", json!({}));
     assert_eq!(old["seq_len"].as_u64(), Some(60), "A loaded {old}");
     assert_eq!(
@@ -145,11 +142,7 @@ fn a_replica_holding_a_snapshot_loads_the_newer_version_another_saved_under_its_
 
     // And back: A saves version 3, B (holding version 2, its own save) loads it.
     let ctx = context_with(a.addr, &tokens(40, 7));
-    ok(
-        a.addr,
-        "/v1/snapshots",
-        json!({"context": ctx, "name": "shared"}),
-    );
+    save(a.addr, &ctx, "shared");
     assert_eq!(load_len(b.addr, "shared"), 40);
     // An unchanged file is not read again: loads keep giving the version held.
     assert_eq!(load_len(b.addr, "shared"), 40);

@@ -47,7 +47,7 @@
 #![allow(unsafe_code)]
 
 use super::avx2_tiles16::{
-    dword, each_row, half, half_bytes_ps, half_ps, halves, isum, launder, one_row, shift,
+    dword, each_row, half, half_bytes_ps, half_ps, halves, isum, k_mins, launder, one_row, shift,
     store_half,
 };
 use super::avx512::{row_barrier, tile_blocks, TileOut};
@@ -218,26 +218,8 @@ pub unsafe fn tile_q5kx16<const D: u8, const C: usize>(
                 sub!(p, 0);
                 sub!(p, 1);
             }
-            // The mins, as `avx2_tiles16`'s Q4_K: per row, Σ_j m_j · (sum of sub-block
-            // j's activations), pairs of sub-blocks per `vpmaddwd` (16-bit mins ≤ 63 and
-            // sums ≤ 32·128: exact).
-            let dmin = half_ps(&b.dmin, h);
-            let m: [__m256i; 4] = std::array::from_fn(|p| {
-                let m = &b.m[p][16 * h..16 * h + 16];
-                // SAFETY: `m` is 16 bytes.
-                _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(m.as_ptr() as *const __m128i) })
-            });
-            each_row!(C, |c| {
-                let x = &a[c][i];
-                let sub = |j: usize| x.bsums[2 * j].wrapping_add(x.bsums[2 * j + 1]) as u16;
-                let mut im = _mm256_setzero_si256();
-                for (p, mp) in m.iter().enumerate() {
-                    let pair = u32::from(sub(2 * p)) | (u32::from(sub(2 * p + 1)) << 16);
-                    im = _mm256_add_epi32(im, _mm256_madd_epi16(*mp, _mm256_set1_epi32(pair as i32)));
-                }
-                let mv = _mm256_mul_ps(dmin, _mm256_set1_ps(x.d));
-                $acc[c] = _mm256_fnmadd_ps(mv, _mm256_cvtepi32_ps(im), $acc[c]);
-            });
+            // The mins, as Q4_K's.
+            k_mins!(C, b, a, i, h, $acc);
         }};
     }
     // As Q4_K's.
