@@ -154,8 +154,13 @@ impl Backend for GpuBackend {
             *pool = Some(p.map_err(StepError::Device)?);
         }
         let pool = pool.as_mut().expect("made above");
-        if let Err(e) = pool.upload(&self.gpu, &*kv, &table.reads) {
-            pool.forget(table.writes.keys());
+        // In the device's error scopes: an upload the device refused must not leave a
+        // page recorded as held.
+        if let Err(e) = self
+            .gpu
+            .scoped(|| pool.upload(&self.gpu, &*kv, &table.reads))
+        {
+            pool.forget(table.reads.keys().chain(table.writes.keys()));
             return Err(StepError::Device(e));
         }
         let before = pool.before_writes(&*kv, &table.writes);
