@@ -12,20 +12,22 @@ use crate::error::GpuError;
 use folio::gguf::{GgmlType, Gguf, TensorInfo};
 use folio::model::{dequantize, Activation, Config};
 
-/// How a matrix's words are read by the matmul kernel.
+/// How a matrix's words are read by the matmul kernel. The discriminants are the
+/// formats' numbers in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub(crate) enum Format {
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q8_0,
-    Q4K,
-    Q6K,
-    F32,
+    Q4_0 = 0,
+    Q4_1 = 1,
+    Q5_0 = 2,
+    Q8_0 = 3,
+    Q4K = 4,
+    Q6K = 5,
+    F32 = 6,
 }
 
 impl Format {
-    /// Every format, in the order of their numbers in `matmul_f32_inputs.wgsl`.
+    /// Every format, in the order of their numbers.
     pub const ALL: [Format; 7] = [
         Format::Q4_0,
         Format::Q4_1,
@@ -38,10 +40,7 @@ impl Format {
 
     /// The format's number in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
     pub fn wgsl(self) -> u32 {
-        Format::ALL
-            .iter()
-            .position(|&f| f == self)
-            .expect("every format is listed") as u32
+        self as u32
     }
 }
 
@@ -335,4 +334,17 @@ fn vector(gpu: &Gpu, g: &Gguf, name: &str, len: usize) -> Result<wgpu::Buffer, G
     }
     let v = dequantize(t.ty, 1, len, g.tensor_bytes(t)).ok_or_else(|| unsupported_type(t))?;
     Ok(gpu.upload(name, bytemuck::cast_slice(&v)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Format;
+
+    /// The kernels keep one pipeline per format at index `wgsl()`, built in `ALL`'s order.
+    #[test]
+    fn every_format_is_listed_at_its_number() {
+        for (i, f) in Format::ALL.iter().enumerate() {
+            assert_eq!(f.wgsl() as usize, i, "{f:?}");
+        }
+    }
 }
