@@ -141,8 +141,8 @@ impl Gguf {
             }
             let n_tensors = r.u64("tensor count")?;
             let n_kv = r.u64("metadata count")?;
-            cap("tensor count", n_tensors, MAX_TENSORS)?;
-            cap("metadata count", n_kv, MAX_KV)?;
+            cap(|| "tensor count".into(), n_tensors, MAX_TENSORS)?;
+            cap(|| "metadata count".into(), n_kv, MAX_KV)?;
             let mut metadata = Vec::new();
             for _ in 0..n_kv {
                 let key = r.string("metadata key")?;
@@ -315,10 +315,12 @@ impl Gguf {
     }
 }
 
-fn cap(what: &str, value: u64, limit: u64) -> Result<(), GgufError> {
+/// `what` names the value in the error only: it is built only when the cap is passed
+/// (a vocabulary's hundreds of thousands of strings are read without a `format!` each).
+fn cap(what: impl FnOnce() -> String, value: u64, limit: u64) -> Result<(), GgufError> {
     if value > limit {
         return Err(GgufError::TooLarge {
-            what: what.to_string(),
+            what: what(),
             value,
             limit,
         });
@@ -334,12 +336,15 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, what: &str, n: u64) -> Result<&'a [u8], GgufError> {
+        self.take_of(&|| what.to_string(), n)
+    }
+    fn take_of(&mut self, what: &dyn Fn() -> String, n: u64) -> Result<&'a [u8], GgufError> {
         let len = self.buf.len() as u64;
         let start = self.pos as u64;
         let end = start.saturating_add(n);
         if end > len {
             return Err(GgufError::Truncated {
-                what: what.to_string(),
+                what: what(),
                 start,
                 end,
                 len,
@@ -353,7 +358,10 @@ impl<'a> Reader<'a> {
         (self.buf.len() - self.pos) as u64
     }
     fn arr<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
-        Ok(self.take(what, N as u64)?.try_into().expect("N bytes"))
+        self.arr_of(&|| what.to_string())
+    }
+    fn arr_of<const N: usize>(&mut self, what: &dyn Fn() -> String) -> Result<[u8; N], GgufError> {
+        Ok(self.take_of(what, N as u64)?.try_into().expect("N bytes"))
     }
     fn u32(&mut self, what: &str) -> Result<u32, GgufError> {
         Ok(u32::from_le_bytes(self.arr(what)?))
@@ -362,10 +370,14 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.arr(what)?))
     }
     fn string(&mut self, what: &str) -> Result<String, GgufError> {
-        let n = self.u64(what)?;
-        cap(&format!("length of {what}"), n, MAX_STRING)?;
-        let bytes = self.take(what, n)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::BadUtf8(what.to_string()))
+        self.string_of(&|| what.to_string())
+    }
+    /// A string whose name for errors (`what`) is built only on an error.
+    fn string_of(&mut self, what: &dyn Fn() -> String) -> Result<String, GgufError> {
+        let n = u64::from_le_bytes(self.arr_of(what)?);
+        cap(|| format!("length of {}", what()), n, MAX_STRING)?;
+        let bytes = self.take_of(what, n)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::BadUtf8(what()))
     }
     fn value(&mut self, key: &str, ty: u32, depth: u32) -> Result<Value, GgufError> {
         Ok(match ty {
@@ -377,7 +389,7 @@ impl<'a> Reader<'a> {
             5 => Value::I32(i32::from_le_bytes(self.arr(key)?)),
             6 => Value::F32(f32::from_le_bytes(self.arr(key)?)),
             7 => Value::Bool(self.arr::<1>(key)?[0] != 0),
-            8 => Value::String(self.string(&format!("value of {key:?}"))?),
+            8 => Value::String(self.string_of(&|| format!("value of {key:?}"))?),
             9 => {
                 if depth >= MAX_ARRAY_DEPTH {
                     return Err(GgufError::TooLarge {
@@ -388,7 +400,7 @@ impl<'a> Reader<'a> {
                 }
                 let ety = self.u32(key)?;
                 let n = self.u64(key)?;
-                cap(&format!("array length of {key:?}"), n, MAX_ARRAY)?;
+                cap(|| format!("array length of {key:?}"), n, MAX_ARRAY)?;
                 // Every element takes at least one byte: a count beyond the bytes left is
                 // a lie, caught before we reserve memory for it.
                 if n > self.remaining() {

@@ -60,6 +60,9 @@ impl Bpe {
             Ok(id)
         };
         let mut table = HashMap::with_capacity(merges.len());
+        // The merged text, built in one buffer (an allocation per merge was most of a
+        // large vocabulary's load).
+        let mut joined = String::new();
         for (rank, m) in merges.iter().enumerate() {
             // The separator is the first space after the first character (a part is
             // never empty).
@@ -71,7 +74,10 @@ impl Bpe {
                 .ok_or_else(|| TokenizerError::BadVocab(format!("merge {m:?} has no space")))?;
             let (a, b) = (&m[..at], &m[at + 1..]);
             let key = (sym(a)?, sym(b)?);
-            let merged = sym(&format!("{a}{b}"))?;
+            joined.clear();
+            joined.push_str(a);
+            joined.push_str(b);
+            let merged = sym(&joined)?;
             table.entry(key).or_insert((rank as u32, merged));
         }
         let mut byte_syms = Box::new([0u32; 256]);
