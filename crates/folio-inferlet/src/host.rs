@@ -5,6 +5,7 @@
 //! instantiates it in a fresh store bounded by [`Limits`] and calls its `run`.
 
 use crate::bindings::InferletPre;
+use crate::compiled::FunctionCache;
 use crate::error::InferletError;
 use crate::limits::{Limits, TICK};
 use crate::run::{Chunk, RunState, Stop};
@@ -56,6 +57,8 @@ pub struct Host {
     linker: Linker<RunState>,
     engine: folio::Engine,
     grammars: Option<Arc<folio::grammar::Grammars>>,
+    /// Compiled functions, shared with every program compiled before.
+    cache: Arc<FunctionCache>,
     limits: Limits,
     shared: Arc<Shared>,
     ticker: Option<JoinHandle<()>>,
@@ -87,11 +90,24 @@ impl Cancel {
 }
 
 impl Host {
-    /// A host over `engine` with `limits`; starts the epoch ticker.
+    /// A host over `engine` with `limits`; starts the epoch ticker. Functions any
+    /// program of the process compiled before are taken as compiled
+    /// ([`FunctionCache::shared`]): an upload compiles only its own code.
     pub fn new(engine: folio::Engine, limits: Limits) -> Result<Self, InferletError> {
+        Self::with_cache(engine, limits, FunctionCache::shared())
+    }
+
+    /// [`Host::new`] with its own cache of compiled functions.
+    pub fn with_cache(
+        engine: folio::Engine,
+        limits: Limits,
+        cache: Arc<FunctionCache>,
+    ) -> Result<Self, InferletError> {
         let mut cfg = Config::new();
         cfg.wasm_component_model(true);
         cfg.epoch_interruption(true);
+        cfg.enable_incremental_compilation(cache.clone())
+            .map_err(|e| InferletError::Host(e.to_string()))?;
         if limits.pooled {
             cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool(&limits)));
         }
@@ -141,10 +157,16 @@ impl Host {
             linker,
             engine,
             grammars,
+            cache,
             limits,
             shared,
             ticker: Some(ticker),
         })
+    }
+
+    /// The cache of compiled functions this host's compiles read and fill.
+    pub fn function_cache(&self) -> &FunctionCache {
+        &self.cache
     }
 
     /// The limits runs are held to.
@@ -180,8 +202,9 @@ impl Host {
             .instantiate_pre(&component)
             .map_err(|e| InferletError::Invalid(format!("{e:#}")))?;
         let pre = InferletPre::new(pre).map_err(|e| InferletError::Invalid(format!("{e:#}")))?;
+        let (hits, misses) = self.cache.hits_misses();
         tracing::info!(
-            "inferlet compiled: {} bytes in {:.2} s",
+            "inferlet compiled: {} bytes in {:.2} s (functions found compiled so far: {hits}, compiled: {misses})",
             bytes.len(),
             t.elapsed().as_secs_f64()
         );

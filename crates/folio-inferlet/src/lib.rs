@@ -15,6 +15,8 @@
 //! - [`run`]: one run's store data and the host functions (the guest's contexts are
 //!   host resources: a handle the guest does not hold traps);
 //! - [`library`]: programs stored by name in a directory, compiled at upload;
+//! - [`compiled`]: the process's cache of compiled functions, so the runtime every
+//!   Python (or JavaScript) program embeds is compiled once, not once per upload;
 //! - [`limits`]: the sandbox's bounds; [`error`]: [`InferletError`].
 //!
 //! The sandbox: WASI 0.2 with nothing granted (no files, sockets, environment or
@@ -25,12 +27,14 @@
 //! context the run held, so their pages return to the pool.
 
 mod bindings;
+pub mod compiled;
 pub mod error;
 pub mod host;
 pub mod library;
 pub mod limits;
 pub mod run;
 
+pub use compiled::FunctionCache;
 pub use error::InferletError;
 pub use host::{Cancel, Host, Permit, Program, RunReport};
 pub use library::Library;

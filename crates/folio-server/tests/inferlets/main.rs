@@ -15,6 +15,7 @@ mod client;
 #[allow(dead_code)]
 mod server;
 
+mod compile_cache;
 mod examples;
 mod hostile;
 mod interface;
