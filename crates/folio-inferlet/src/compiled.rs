@@ -9,6 +9,13 @@
 //! the settings, so hosts configured differently never take each other's code) and
 //! holds at most [`FunctionCache::BUDGET`] bytes: past that, the oldest entries go
 //! first. A miss only costs the compile it would have cost anyway.
+//!
+//! What sharing reveals: an upload's compile time tells its uploader whether some of
+//! its functions were compiled before, for any program of the process. It cannot
+//! change another program's code (a key is a SHA-256 of the function's IR and
+//! settings, and an entry is only ever the compile of that key). Uploads are an
+//! operator's act (the API key), so the process shares one cache; a host that must not
+//! reveal even that takes a cache of its own ([`Host::with_cache`](crate::Host::with_cache)).
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};

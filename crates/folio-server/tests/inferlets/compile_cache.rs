@@ -15,7 +15,9 @@ fn a_programs_runtime_compiled_for_another_upload_is_not_compiled_again() {
     let _s = serial();
     shared_server();
     let host = Host::new(server::engine(server::small_engine()), Limits::default()).unwrap();
-    let cache = FunctionCache::shared();
+    // `Host::new` compiles through the process's one cache.
+    let cache = host.function_cache();
+    assert!(std::ptr::eq(cache, &*FunctionCache::shared()));
     // Compiles `bytes`: (seconds, functions found compiled, functions compiled).
     let compile = |bytes: &[u8]| {
         let (h, m) = cache.hits_misses();

@@ -131,22 +131,22 @@ impl Gguf {
                 buf: file.bytes(),
                 pos: 0,
             };
-            let magic: [u8; 4] = r.take("magic", 4)?.try_into().expect("4 bytes");
+            let magic: [u8; 4] = r.take(&"magic", 4)?.try_into().expect("4 bytes");
             if &magic != b"GGUF" {
                 return Err(GgufError::BadMagic(magic));
             }
-            let version = r.u32("version")?;
+            let version = r.u32(&"version")?;
             if version != 2 && version != 3 {
                 return Err(GgufError::UnsupportedVersion(version));
             }
-            let n_tensors = r.u64("tensor count")?;
-            let n_kv = r.u64("metadata count")?;
+            let n_tensors = r.u64(&"tensor count")?;
+            let n_kv = r.u64(&"metadata count")?;
             cap(|| "tensor count".into(), n_tensors, MAX_TENSORS)?;
             cap(|| "metadata count".into(), n_kv, MAX_KV)?;
             let mut metadata = Vec::new();
             for _ in 0..n_kv {
-                let key = r.string("metadata key")?;
-                let ty = r.u32("metadata value type")?;
+                let key = r.string(&"metadata key")?;
+                let ty = r.u32(&"metadata value type")?;
                 let value = r.value(&key, ty, 0)?;
                 metadata.push((key, value));
             }
@@ -162,8 +162,8 @@ impl Gguf {
             };
             let mut infos = Vec::new();
             for _ in 0..n_tensors {
-                let name = r.string("tensor name")?;
-                let n_dims = r.u32("tensor dimension count")?;
+                let name = r.string(&"tensor name")?;
+                let n_dims = r.u32(&"tensor dimension count")?;
                 if n_dims == 0 || n_dims > MAX_DIMS {
                     return Err(GgufError::BadTensor {
                         name,
@@ -172,10 +172,10 @@ impl Gguf {
                 }
                 let mut dims = Vec::with_capacity(n_dims as usize);
                 for _ in 0..n_dims {
-                    dims.push(r.u64("tensor dimension")?);
+                    dims.push(r.u64(&"tensor dimension")?);
                 }
-                let ty_id = r.u32("tensor type")?;
-                let rel = r.u64("tensor offset")?;
+                let ty_id = r.u32(&"tensor type")?;
+                let rel = r.u64(&"tensor offset")?;
                 let ty = GgmlType::from_id(ty_id).ok_or(GgufError::UnknownTensorType {
                     name: name.clone(),
                     ty: ty_id,
@@ -315,8 +315,7 @@ impl Gguf {
     }
 }
 
-/// `what` names the value in the error only: it is built only when the cap is passed
-/// (a vocabulary's hundreds of thousands of strings are read without a `format!` each).
+/// `what` names the value in the error only: it is built only when the cap is passed.
 fn cap(what: impl FnOnce() -> String, value: u64, limit: u64) -> Result<(), GgufError> {
     if value > limit {
         return Err(GgufError::TooLarge {
@@ -328,6 +327,25 @@ fn cap(what: impl FnOnce() -> String, value: u64, limit: u64) -> Result<(), Gguf
     Ok(())
 }
 
+/// What a read is called in its error message. A fixed name is a `&str`; a name that
+/// needs formatting is a closure, so it is built only when an error is raised (a
+/// vocabulary's hundreds of thousands of strings are read without a `format!` each).
+trait Label {
+    fn text(&self) -> String;
+}
+
+impl Label for &str {
+    fn text(&self) -> String {
+        (*self).to_string()
+    }
+}
+
+impl<F: Fn() -> String> Label for F {
+    fn text(&self) -> String {
+        self()
+    }
+}
+
 /// A bounds-checked little-endian cursor.
 struct Reader<'a> {
     buf: &'a [u8],
@@ -335,16 +353,13 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, what: &str, n: u64) -> Result<&'a [u8], GgufError> {
-        self.take_of(&|| what.to_string(), n)
-    }
-    fn take_of(&mut self, what: &dyn Fn() -> String, n: u64) -> Result<&'a [u8], GgufError> {
+    fn take(&mut self, what: &dyn Label, n: u64) -> Result<&'a [u8], GgufError> {
         let len = self.buf.len() as u64;
         let start = self.pos as u64;
         let end = start.saturating_add(n);
         if end > len {
             return Err(GgufError::Truncated {
-                what: what(),
+                what: what.text(),
                 start,
                 end,
                 len,
@@ -357,39 +372,32 @@ impl<'a> Reader<'a> {
     fn remaining(&self) -> u64 {
         (self.buf.len() - self.pos) as u64
     }
-    fn arr<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
-        self.arr_of(&|| what.to_string())
+    fn arr<const N: usize>(&mut self, what: &dyn Label) -> Result<[u8; N], GgufError> {
+        Ok(self.take(what, N as u64)?.try_into().expect("N bytes"))
     }
-    fn arr_of<const N: usize>(&mut self, what: &dyn Fn() -> String) -> Result<[u8; N], GgufError> {
-        Ok(self.take_of(what, N as u64)?.try_into().expect("N bytes"))
-    }
-    fn u32(&mut self, what: &str) -> Result<u32, GgufError> {
+    fn u32(&mut self, what: &dyn Label) -> Result<u32, GgufError> {
         Ok(u32::from_le_bytes(self.arr(what)?))
     }
-    fn u64(&mut self, what: &str) -> Result<u64, GgufError> {
+    fn u64(&mut self, what: &dyn Label) -> Result<u64, GgufError> {
         Ok(u64::from_le_bytes(self.arr(what)?))
     }
-    fn string(&mut self, what: &str) -> Result<String, GgufError> {
-        self.string_of(&|| what.to_string())
-    }
-    /// A string whose name for errors (`what`) is built only on an error.
-    fn string_of(&mut self, what: &dyn Fn() -> String) -> Result<String, GgufError> {
-        let n = u64::from_le_bytes(self.arr_of(what)?);
-        cap(|| format!("length of {}", what()), n, MAX_STRING)?;
-        let bytes = self.take_of(what, n)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::BadUtf8(what()))
+    fn string(&mut self, what: &dyn Label) -> Result<String, GgufError> {
+        let n = u64::from_le_bytes(self.arr(what)?);
+        cap(|| format!("length of {}", what.text()), n, MAX_STRING)?;
+        let bytes = self.take(what, n)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::BadUtf8(what.text()))
     }
     fn value(&mut self, key: &str, ty: u32, depth: u32) -> Result<Value, GgufError> {
         Ok(match ty {
-            0 => Value::U8(self.arr::<1>(key)?[0]),
-            1 => Value::I8(self.arr::<1>(key)?[0] as i8),
-            2 => Value::U16(u16::from_le_bytes(self.arr(key)?)),
-            3 => Value::I16(i16::from_le_bytes(self.arr(key)?)),
-            4 => Value::U32(self.u32(key)?),
-            5 => Value::I32(i32::from_le_bytes(self.arr(key)?)),
-            6 => Value::F32(f32::from_le_bytes(self.arr(key)?)),
-            7 => Value::Bool(self.arr::<1>(key)?[0] != 0),
-            8 => Value::String(self.string_of(&|| format!("value of {key:?}"))?),
+            0 => Value::U8(self.arr::<1>(&key)?[0]),
+            1 => Value::I8(self.arr::<1>(&key)?[0] as i8),
+            2 => Value::U16(u16::from_le_bytes(self.arr(&key)?)),
+            3 => Value::I16(i16::from_le_bytes(self.arr(&key)?)),
+            4 => Value::U32(self.u32(&key)?),
+            5 => Value::I32(i32::from_le_bytes(self.arr(&key)?)),
+            6 => Value::F32(f32::from_le_bytes(self.arr(&key)?)),
+            7 => Value::Bool(self.arr::<1>(&key)?[0] != 0),
+            8 => Value::String(self.string(&|| format!("value of {key:?}"))?),
             9 => {
                 if depth >= MAX_ARRAY_DEPTH {
                     return Err(GgufError::TooLarge {
@@ -398,8 +406,8 @@ impl<'a> Reader<'a> {
                         limit: MAX_ARRAY_DEPTH.into(),
                     });
                 }
-                let ety = self.u32(key)?;
-                let n = self.u64(key)?;
+                let ety = self.u32(&key)?;
+                let n = self.u64(&key)?;
                 cap(|| format!("array length of {key:?}"), n, MAX_ARRAY)?;
                 // Every element takes at least one byte: a count beyond the bytes left is
                 // a lie, caught before we reserve memory for it.
@@ -417,9 +425,9 @@ impl<'a> Reader<'a> {
                 }
                 Value::Array(v)
             }
-            10 => Value::U64(self.u64(key)?),
-            11 => Value::I64(i64::from_le_bytes(self.arr(key)?)),
-            12 => Value::F64(f64::from_le_bytes(self.arr(key)?)),
+            10 => Value::U64(self.u64(&key)?),
+            11 => Value::I64(i64::from_le_bytes(self.arr(&key)?)),
+            12 => Value::F64(f64::from_le_bytes(self.arr(&key)?)),
             _ => {
                 return Err(GgufError::BadValueType {
                     key: key.to_string(),
