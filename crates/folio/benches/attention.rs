@@ -9,7 +9,9 @@
 //!
 //! Then prefill: a block of query rows at the end of a long context (every row of the
 //! block at its own position, causal), as a long prompt's last chunk runs it; the figure
-//! is the time per (query head, key) pair, best of 5.
+//! is the time per (query head, key) pair, best of 5, with folio's arithmetic (f32
+//! value accumulators) and with llama.cpp's (`--llama-arithmetic`: on the scalar and
+//! AVX2 paths the accumulators are rounded to f16 after every key) taking turns.
 //!
 //! `cargo bench -p folio --bench attention [-- --threads N]`
 
@@ -158,12 +160,14 @@ fn main() {
             gath / scat
         );
     }
-    prefill(&cpu);
+    let mut llama = Cpu::new(threads).expect("threads");
+    llama.llama_arithmetic();
+    prefill(&cpu, &llama);
 }
 
 /// Time per (query head, key) pair of a prefill block: `rows` consecutive query rows
 /// ending at position `ctx - 1`, over pages in order.
-fn prefill(cpu: &Cpu) {
+fn prefill(cpu: &Cpu, llama: &Cpu) {
     let kvd = HEADS.n_kv_heads * HEADS.head_dim;
     let d = HEADS.n_heads * HEADS.head_dim;
     println!();
@@ -171,8 +175,8 @@ fn prefill(cpu: &Cpu) {
         "prefill block, every row causal at its own position, kernels {}",
         folio::machine::isa_name()
     );
-    println!("| context | rows | ms | ns per (query head, key) pair |");
-    println!("|---------|------|----|-------------------------------|");
+    println!("| context | rows | ms | ns per (query head, key) pair | llama.cpp's arithmetic: ns per pair | llama.cpp's / folio's |");
+    println!("|---------|------|----|-------------------------------|-------------------------------------|-----------------------|");
     for (ctx, rows) in [(2048usize, 256usize), (8192, 256)] {
         let mut rng = SplitMix64(ctx as u64 + 1);
         let mut solo = PagedKv::new(ctx.div_ceil(PAGE) + 1, PAGE, LAYERS, kvd, ctx, b"bench");
@@ -187,17 +191,21 @@ fn prefill(cpu: &Cpu) {
         let pairs: usize = list.iter().map(|r| r.1 + 1).sum::<usize>() * HEADS.n_heads;
         let mut out = vec![0f32; d * rows];
         let b = reader(alone.pages(), PAGE, ctx);
-        let mut best = f64::MAX;
+        let (mut best, mut best_llama) = (f64::MAX, f64::MAX);
         for _ in 0..5 {
-            let t = Instant::now();
-            let at = step(solo.storage(), &b, &list);
-            attention(cpu, &at, &q, &mut out);
-            best = best.min(t.elapsed().as_secs_f64());
+            for (c, best) in [(cpu, &mut best), (llama, &mut best_llama)] {
+                let t = Instant::now();
+                let at = step(solo.storage(), &b, &list);
+                attention(c, &at, &q, &mut out);
+                *best = best.min(t.elapsed().as_secs_f64());
+            }
         }
         println!(
-            "| {ctx:>7} | {rows:>4} | {:>6.2} | {:>29.3} |",
+            "| {ctx:>7} | {rows:>4} | {:>6.2} | {:>29.3} | {:>35.3} | {:>21.2} |",
             best * 1e3,
-            best * 1e9 / pairs as f64
+            best * 1e9 / pairs as f64,
+            best_llama * 1e9 / pairs as f64,
+            best_llama / best
         );
     }
 }

@@ -9,11 +9,7 @@
 //! order through `attend_row` (`attend_runs.rs`), whose result does not depend on how
 //! the keys are split into runs or calls, so every row gets the bits it gets alone.
 
-#[cfg(target_arch = "x86_64")]
-use super::avx512_block::Scratch;
 use super::{Isa, KvRows, KvRun};
-#[cfg(not(target_arch = "x86_64"))]
-type Scratch = ();
 
 /// Keys per tile: K and V of 32 keys of one KV head are 8 KiB in f16 (16 KiB in f32),
 /// which stay in L1 while every row of the block reads them.
@@ -44,10 +40,11 @@ pub struct Attend<'a> {
 
 /// Continues the online softmax of a block of query rows over `a.runs`: `state` holds
 /// each query's (running max, running sum), `acc` its value accumulator, in `a.q`'s
-/// order. Each query gets the bits the scalar kernel gives it alone over its keys, with
-/// the path's rounding ([`Isa::f16_attention`]), whatever the block and however the
-/// keys are split into runs or calls.
-pub fn attend(isa: Isa, a: &Attend, state: &mut [(f32, f32)], acc: &mut [f32]) {
+/// order. `round`: f16 value accumulators ([`Isa::f16_attention`]; the caller passes
+/// it only where the path has them). Each query gets the bits the scalar kernel gives
+/// it alone over its keys, with that rounding, whatever the block and however the keys
+/// are split into runs or calls.
+pub fn attend(isa: Isa, round: bool, a: &Attend, state: &mut [(f32, f32)], acc: &mut [f32]) {
     let rows = a.keys.len();
     if rows == 0 {
         return;
@@ -67,48 +64,88 @@ pub fn attend(isa: Isa, a: &Attend, state: &mut [(f32, f32)], acc: &mut [f32]) {
             a.runs
         };
         let c = Attend { runs, ..*a };
-        super::attend_row(isa, isa.f16_attention(), &c, state, acc);
+        super::attend_row(isa, round, &c, state, acc);
         return;
     }
-    block(isa, a, most, state, acc);
+    block(isa, round, a, most, state, acc);
+}
+
+/// Which kernel takes a block's tiles.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Blocked {
+    /// Each row alone over each tile (`attend_row`).
+    Rows,
+    /// The tiles widened to f32 once for the block, then each row alone over them.
+    WidenedRows,
+    /// The tiles widened, then the AVX-512 block kernel (`avx512_block`).
+    Zmm,
+    /// The tiles widened, then the AVX2 block kernel (`avx2_block`).
+    Ymm,
+}
+
+impl Blocked {
+    /// The kernel for a block on path `isa` with rounding `round`, head size `hd`, over
+    /// keys like `runs`' first (all of a call's runs have one kind) and scores capped
+    /// unless `cap` is 0.
+    fn pick(isa: Isa, round: bool, hd: usize, runs: &[KvRun], cap: f32) -> Blocked {
+        let narrow = runs
+            .first()
+            .is_some_and(|r| matches!(r.k, KvRows::F16(_) | KvRows::Q8 { .. }));
+        if cap != 0.0 || !narrow {
+            return Blocked::Rows;
+        }
+        if super::zmm_attention(isa, round, hd) {
+            // The AVX-512 block kernel takes head sizes up to 128 (its accumulators'
+            // registers).
+            return if hd <= 128 {
+                Blocked::Zmm
+            } else {
+                Blocked::WidenedRows
+            };
+        }
+        if isa.avx2() && !round && hd.is_multiple_of(32) && hd <= 256 {
+            return Blocked::Ymm;
+        }
+        Blocked::Rows
+    }
 }
 
 /// [`attend`] for a block of several rows, over its first `most` keys.
-fn block(isa: Isa, a: &Attend, most: usize, state: &mut [(f32, f32)], acc: &mut [f32]) {
+fn block(
+    isa: Isa,
+    round: bool,
+    a: &Attend,
+    most: usize,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+) {
     let rows = a.keys.len();
     let (group, width) = (state.len() / rows, a.q.len() / rows);
-    let mut tile = Vec::with_capacity(TILE_KEYS + 1);
-    // Where the AVX-512 kernel runs, each tile of f16 or 8-bit keys and values is
-    // widened to f32 once for the whole block: the same values (the conversion is
-    // exact, `q · d` for 8-bit rows) for every row, whose kernel then reads them
-    // without converting again.
     let hd = width / group;
-    let widen = a.cap == 0.0
-        && super::zmm_attention(isa, isa.f16_attention(), hd)
-        && a.runs
-            .first()
-            .is_some_and(|r| matches!(r.k, KvRows::F16(_) | KvRows::Q8 { .. }));
+    let mut tile = Vec::with_capacity(TILE_KEYS + 1);
+    // Where a block kernel runs, each tile of f16 or 8-bit keys and values is widened
+    // to f32 once for the whole block: the same values (the conversion is exact, `q · d`
+    // for 8-bit rows) for every row, whose kernel then reads them without converting
+    // again.
+    let kernel = Blocked::pick(isa, round, hd, a.runs, a.cap);
     let (mut k32, mut v32) = (Vec::new(), Vec::new());
-    // The AVX-512 block kernel takes head sizes up to 128 (its accumulators' registers).
-    let blocked = widen && hd <= 128;
     let (mut ends, mut scratch) = (Vec::with_capacity(rows), Scratch::default());
-    #[cfg(target_arch = "x86_64")]
-    if blocked {
-        scratch.transpose(a.q, hd);
+    match kernel {
+        Blocked::Zmm => scratch.transpose(a.q, hd, 16),
+        Blocked::Ymm => scratch.transpose_by_vector(a.q, hd, 8),
+        _ => {}
     }
     let mut t0 = 0;
     while t0 < most {
         let t1 = (t0 + TILE_KEYS).min(most);
         slice_runs(a.runs, t0, t1, a.stride, &mut tile);
-        if widen {
-            widen_tile(&tile, a.stride, hd, &mut k32, &mut v32);
+        if kernel == Blocked::Rows {
+            let a = Attend { runs: &tile, ..*a };
+            rows_over_tile(isa, round, &a, t0, state, acc);
+        } else {
+            widen_tile(kernel, &tile, a.stride, hd, &mut k32, &mut v32);
             let (k, v) = (&k32[..], &v32[..]);
-            if blocked {
-                ends.clear();
-                ends.extend(a.keys.iter().map(|&n| n.min(t1).saturating_sub(t0)));
-                let tile = Tile { k, v, ends: &ends };
-                block_tile(a.q, group, &tile, a.scale, state, acc, &mut scratch);
-            } else {
+            if kernel == Blocked::WidenedRows {
                 let wide = [KvRun {
                     k: KvRows::F32(k),
                     v: KvRows::F32(v),
@@ -119,13 +156,60 @@ fn block(isa: Isa, a: &Attend, most: usize, state: &mut [(f32, f32)], acc: &mut 
                     stride: hd,
                     ..*a
                 };
-                rows_over_tile(isa, &a, t0, state, acc);
+                rows_over_tile(isa, round, &a, t0, state, acc);
+            } else {
+                ends.clear();
+                ends.extend(a.keys.iter().map(|&n| n.min(t1).saturating_sub(t0)));
+                let tile = Tile { k, v, ends: &ends };
+                block_tile(kernel, a.q, group, &tile, a.scale, state, acc, &mut scratch);
             }
-        } else {
-            let a = Attend { runs: &tile, ..*a };
-            rows_over_tile(isa, &a, t0, state, acc);
         }
         t0 = t1;
+    }
+}
+
+/// Scratch a block keeps across its tiles: its queries transposed; the (query, key)
+/// scores, then their exponentials, with queries padded to whole vectors
+/// (`[key][query]`); which keys raise each query's maximum (one mask per key and
+/// vector, and a zero word after); each query's key count in this tile.
+#[derive(Default)]
+pub(super) struct Scratch {
+    pub qt: Vec<f32>,
+    pub e: Vec<f32>,
+    pub raise: Vec<u16>,
+    pub ends: Vec<i32>,
+}
+
+impl Scratch {
+    /// Takes a block's queries (`q`: `hd` values each, back to back) transposed, for
+    /// every tile of the block: element `d` of query `i` at `d * width + i`, `width`
+    /// the query count padded to whole vectors of `lanes` (padding lanes 0).
+    pub fn transpose(&mut self, q: &[f32], hd: usize, lanes: usize) {
+        let nq = q.len() / hd;
+        let width = lanes * nq.div_ceil(lanes);
+        self.qt.clear();
+        self.qt.resize(hd * width, 0.0);
+        for (i, row) in q.chunks_exact(hd).enumerate() {
+            for (d, &x) in row.iter().enumerate() {
+                self.qt[d * width + i] = x;
+            }
+        }
+    }
+
+    /// Takes a block's queries transposed vector by vector: the `lanes` queries of
+    /// vector `v` as `hd` vectors in a row, element `d` of query `v * lanes + l` at
+    /// `(v * hd + d) * lanes + l` (padding lanes 0): a kernel reads a vector's elements
+    /// at fixed offsets from one pointer.
+    pub fn transpose_by_vector(&mut self, q: &[f32], hd: usize, lanes: usize) {
+        let nq = q.len() / hd;
+        self.qt.clear();
+        self.qt.resize(hd * lanes * nq.div_ceil(lanes), 0.0);
+        for (i, row) in q.chunks_exact(hd).enumerate() {
+            let (v, l) = (i / lanes, i % lanes);
+            for (d, &x) in row.iter().enumerate() {
+                self.qt[(v * hd + d) * lanes + l] = x;
+            }
+        }
     }
 }
 
@@ -137,10 +221,11 @@ struct Tile<'a> {
     ends: &'a [usize],
 }
 
-/// Every row of a block over one widened tile, by the AVX-512 block kernel (`scratch`
-/// holds the block's queries transposed). Only called where that kernel runs
-/// (`blocked`).
+/// Every row of a block over one widened tile, by the block kernel `kernel` (`scratch`
+/// holds the block's queries transposed). Only called where that kernel runs.
+#[allow(clippy::too_many_arguments)]
 fn block_tile(
+    kernel: Blocked,
     q: &[f32],
     group: usize,
     t: &Tile,
@@ -151,28 +236,69 @@ fn block_tile(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::avx512_block::attend_tile;
+        use super::avx2_block as ymm;
+        use super::avx512_block as zmm;
         let hd = q.len() / state.len();
-        let (ends, k, v) = (t.ends, t.k, t.v);
-        // SAFETY: `blocked` is set only where `detect` ran the AVX-512 path.
+        let (ends, k, v, s) = (t.ends, t.k, t.v, scratch);
+        // SAFETY: `Blocked::Zmm` is picked only where `detect` ran the AVX-512 path,
+        // `Blocked::Ymm` only on the AVX2 path or one above it.
         unsafe {
-            // (head size / 32, queries whose accumulators fit in registers).
-            match hd / 32 {
-                1 => attend_tile::<1, 12>(q, group, ends, k, v, scale, state, acc, scratch),
-                2 => attend_tile::<2, 6>(q, group, ends, k, v, scale, state, acc, scratch),
-                3 => attend_tile::<3, 4>(q, group, ends, k, v, scale, state, acc, scratch),
-                4 => attend_tile::<4, 3>(q, group, ends, k, v, scale, state, acc, scratch),
-                _ => unreachable!("head size {hd}: not `blocked`"),
+            match (kernel, hd / 32) {
+                // (head size / 32, queries whose accumulators fit in registers).
+                (Blocked::Zmm, 1) => {
+                    zmm::attend_tile::<1, 12>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Zmm, 2) => {
+                    zmm::attend_tile::<2, 6>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Zmm, 3) => {
+                    zmm::attend_tile::<3, 4>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Zmm, 4) => {
+                    zmm::attend_tile::<4, 3>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Ymm, 1) => {
+                    ymm::attend_tile::<1>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Ymm, 2) => {
+                    ymm::attend_tile::<2>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Ymm, 3) => {
+                    ymm::attend_tile::<3>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Ymm, 4) => {
+                    ymm::attend_tile::<4>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Ymm, 5) => {
+                    ymm::attend_tile::<5>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Ymm, 6) => {
+                    ymm::attend_tile::<6>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Ymm, 7) => {
+                    ymm::attend_tile::<7>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                (Blocked::Ymm, 8) => {
+                    ymm::attend_tile::<8>(q, group, ends, k, v, scale, state, acc, s)
+                }
+                _ => unreachable!("head size {hd}: no block kernel"),
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (q, group, t, scale, state, acc, scratch);
+    let _ = (kernel, q, group, t, scale, state, acc, scratch);
 }
 
 /// Every row of a block over one tile of keys (`a.runs`; `t0` is the tile's first
 /// key), each up to its own limit.
-fn rows_over_tile(isa: Isa, a: &Attend, t0: usize, state: &mut [(f32, f32)], acc: &mut [f32]) {
+fn rows_over_tile(
+    isa: Isa,
+    round: bool,
+    a: &Attend,
+    t0: usize,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+) {
     let rows = a.keys.len();
     let (group, width) = (state.len() / rows, a.q.len() / rows);
     let t1 = t0 + a.runs.iter().map(|r| r.n).sum::<usize>();
@@ -195,30 +321,42 @@ fn rows_over_tile(isa: Isa, a: &Attend, t0: usize, state: &mut [(f32, f32)], acc
             ..*a
         };
         let (st, ac) = (r * group..(r + 1) * group, r * width..(r + 1) * width);
-        super::attend_row(isa, isa.f16_attention(), &c, &mut state[st], &mut acc[ac]);
+        super::attend_row(isa, round, &c, &mut state[st], &mut acc[ac]);
     }
 }
 
 /// The K and V rows of `runs` (f16 or 8-bit, `hd` values each, `stride` apart) as f32
-/// rows back to back in `k` and `v`.
-fn widen_tile(runs: &[KvRun], stride: usize, hd: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) {
+/// rows back to back in `k` and `v`, by the widening of `kernel`'s path.
+fn widen_tile(
+    kernel: Blocked,
+    runs: &[KvRun],
+    stride: usize,
+    hd: usize,
+    k: &mut Vec<f32>,
+    v: &mut Vec<f32>,
+) {
     k.clear();
     v.clear();
     for run in runs {
         for (rows, out) in [(run.k, &mut *k), (run.v, &mut *v)] {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: only called where the AVX-512 kernel runs, which `detect` checked.
+            // SAFETY: `kernel` is a widening one only where its path runs, which
+            // `detect` checked (AVX-512 for `Zmm` and `WidenedRows`, AVX2 for `Ymm`).
             unsafe {
-                match rows {
-                    KvRows::Q8 { q, d, .. } => {
-                        super::avx512_attend::widen_rows_q8(q, d, run.n, stride, hd, out)
+                use super::{avx2_block as ymm, avx512_attend as zmm};
+                let n = run.n;
+                match (rows, kernel == Blocked::Ymm) {
+                    (KvRows::Q8 { q, d, .. }, false) => {
+                        zmm::widen_rows_q8(q, d, n, stride, hd, out)
                     }
-                    KvRows::F16(x) => super::avx512_attend::widen_rows(x, run.n, stride, hd, out),
-                    KvRows::F32(_) => unreachable!("f32 rows are not widened"),
+                    (KvRows::Q8 { q, d, .. }, true) => ymm::widen_rows_q8(q, d, n, stride, hd, out),
+                    (KvRows::F16(x), false) => zmm::widen_rows(x, n, stride, hd, out),
+                    (KvRows::F16(x), true) => ymm::widen_rows(x, n, stride, hd, out),
+                    (KvRows::F32(_), _) => unreachable!("f32 rows are not widened"),
                 }
             };
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (rows, out);
+            let _ = (kernel, rows, out);
         }
     }
 }

@@ -18,37 +18,9 @@
 //! - P·V: per element, the same multiply and fused multiply-add in key order.
 #![allow(unsafe_code)]
 
+use super::attend::Scratch;
 use super::avx512_attend::expf16;
 use std::arch::x86_64::*;
-
-/// Scratch a block keeps across its tiles: the (query, key) scores, then their
-/// exponentials, with queries padded to whole vectors (`[key][query]`); which keys raise
-/// each query's maximum (one 16-bit mask per key and vector, and a zero word after);
-/// each query's key count in this tile.
-#[derive(Default)]
-pub struct Scratch {
-    qt: Vec<f32>,
-    e: Vec<f32>,
-    raise: Vec<u16>,
-    ends: Vec<i32>,
-}
-
-impl Scratch {
-    /// Takes a block's queries (`q`: `hd` values each, back to back) transposed, for
-    /// every tile of the block: element `d` of query `i` at `d * width + i`, `width`
-    /// the query count padded to whole vectors (padding lanes 0).
-    pub fn transpose(&mut self, q: &[f32], hd: usize) {
-        let nq = q.len() / hd;
-        let width = 16 * nq.div_ceil(16);
-        self.qt.clear();
-        self.qt.resize(hd * width, 0.0);
-        for (i, row) in q.chunks_exact(hd).enumerate() {
-            for (d, &x) in row.iter().enumerate() {
-                self.qt[d * width + i] = x;
-            }
-        }
-    }
-}
 
 /// Keys scored together in [`scores`]: each query vector loaded serves this many. 8
 /// measured best of 4, 8, 12 and 16 (with 16 LLVM no longer keeps the block in
@@ -150,7 +122,7 @@ unsafe fn s_l<const C: usize>(
 /// max, running sum)) over the first `ends[r]` keys of one tile for row `r`: `k` and `v`
 /// hold the tile's rows of `32 * C` f32 values back to back. `QT` queries' accumulators
 /// stay in registers through P·V (24 of the 32 zmm registers). `scratch` holds the
-/// block's queries transposed ([`Scratch::transpose`]).
+/// block's queries transposed ([`Scratch::transpose`] with 16 lanes).
 ///
 /// # Safety
 /// The CPU must run AVX-512 F, BW, VL and AVX2 + FMA + F16C (checked by `detect`).

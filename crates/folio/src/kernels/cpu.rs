@@ -10,6 +10,8 @@ use super::{attend, matmul, Activations, Attend, Isa, QMatrix, ThreadPool};
 pub struct Cpu {
     pool: ThreadPool,
     isa: Isa,
+    /// llama.cpp's attention arithmetic where the path has it ([`Isa::f16_attention`]).
+    llama: bool,
 }
 
 impl Cpu {
@@ -23,12 +25,24 @@ impl Cpu {
         Ok(Self {
             pool: ThreadPool::new(threads)?,
             isa: super::isa(),
+            llama: false,
         })
     }
 
     /// The same threads on path `isa` (the caller checks that the CPU runs it).
     pub fn set_isa(&mut self, isa: Isa) {
         self.isa = isa;
+    }
+
+    /// Attention with llama.cpp's value accumulators where this path has them
+    /// ([`Isa::f16_attention`]): `--llama-arithmetic`.
+    pub fn llama_arithmetic(&mut self) {
+        self.llama = true;
+    }
+
+    /// Whether [`Cpu::attend`] rounds the value accumulators to f16 after every key.
+    pub fn rounds_attention(&self) -> bool {
+        self.llama && self.isa.f16_attention()
     }
 
     pub fn pool(&self) -> &ThreadPool {
@@ -64,8 +78,9 @@ impl Cpu {
         matmul::matmul_add(&self.pool, self.isa, act, w, out);
     }
 
-    /// [`attend`] on this path (one thread: the caller splits the work).
+    /// [`attend`] on this path with its arithmetic (one thread: the caller splits the
+    /// work).
     pub fn attend(&self, a: &Attend, state: &mut [(f32, f32)], acc: &mut [f32]) {
-        attend(self.isa, a, state, acc);
+        attend(self.isa, self.rounds_attention(), a, state, acc);
     }
 }

@@ -19,7 +19,8 @@
 //!   Q4_K, Q5_K and Q6_K.
 //!   Every other kernel of that path is the AVX2 one.
 //! - `avx512_attend`, `avx512_block`: AVX-512 attention, one row's queries over runs of
-//!   keys (decode), and a block of rows over one widened tile of keys (prefill).
+//!   keys (decode), and a block of rows over one widened tile of keys (prefill);
+//!   `avx2_block`: the block kernel on AVX2 (the AVX2 row kernel is in `avx2`).
 //! - `avxvnni`: the AVX2 path with its 8-bit dot products done by AVX-VNNI's 256-bit
 //!   `vpdpbusd` (VEX), for CPUs that run that and not AVX-512; the same bits as AVX2.
 //! - `matmul/`: [`QMatrix`] (weights laid out and packed for the kernels), the
@@ -89,6 +90,8 @@ pub mod tiles16;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_block;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_tiles16;
@@ -151,11 +154,13 @@ impl Isa {
         self == Isa::AvxVnni
     }
 
-    /// Whether attention over f16 K/V keeps llama.cpp's flash-attention value
-    /// accumulator (rounded to f16 after every key): the scalar and AVX2 paths, which
-    /// give llama.cpp's AVX2 bits. The AVX-512 path, whose matmuls sum in their own
-    /// order anyway, keeps it in f32: those round trips were a third of the time of each
-    /// (query, key) pair. (The query is rounded to f16 on every path.)
+    /// Whether llama.cpp's arithmetic on this path (`--llama-arithmetic`,
+    /// [`Cpu::llama_arithmetic`]) keeps llama.cpp's flash-attention value accumulator
+    /// over f16 K/V (rounded to f16 after every key): the scalar and AVX2 paths, which
+    /// then give llama.cpp's AVX2 bits. The AVX-512 path, whose matmuls sum in their own
+    /// order anyway, never does. folio's own arithmetic keeps the accumulators in f32 on
+    /// every path: nearer the exact model, and the round trips were a third of the time
+    /// of each (query, key) pair. (The query is rounded to f16 on every path.)
     pub fn f16_attention(self) -> bool {
         self != Isa::Avx512
     }

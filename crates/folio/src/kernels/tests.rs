@@ -948,12 +948,14 @@ fn asking_for_the_next_keys_changes_no_bit() {
 
 /// A block of query rows through `attend` (keys in pages, each row with its own
 /// causal limit) gives every query exactly the bits the scalar kernel gives it alone
-/// over its keys in one run, on every path, for f16, f32 and 8-bit K/V.
+/// over its keys in one run, on every path, with and without llama.cpp's f16 value
+/// accumulators, for f16, f32 and 8-bit K/V.
 #[test]
 fn attention_block_gives_each_row_its_bits_alone() {
     let mut rng = SplitMix64(23);
-    // Every head size the AVX-512 block kernel takes (32 to 128), and one it does not.
-    for hd in [64, 32, 96, 128, 160] {
+    // Every head size the AVX-512 block kernel takes (32 to 128), one it does not (160),
+    // and Gemma 3's 256 (the AVX2 block kernel takes all of them).
+    for hd in [64, 32, 96, 128, 160, 256] {
         block_case(&mut rng, hd);
     }
 }
@@ -1136,8 +1138,11 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
                 }
                 (want_state, want_acc)
             };
-            for isa in runnable() {
-                let (want_state, want_acc) = alone(isa.f16_attention());
+            for (isa, round) in runnable()
+                .into_iter()
+                .flat_map(|isa| [(isa, false), (isa, isa.f16_attention())])
+            {
+                let (want_state, want_acc) = alone(round);
                 let mut state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
                 let mut acc = vec![0f32; rows * g * hd];
                 let runs = paged(len, page);
@@ -1150,9 +1155,10 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
                     scale: 0.125,
                     cap: 0.0,
                 };
-                super::attend(isa, &a, &mut state, &mut acc);
-                let what =
-                    format!("{isa}, head {hd}, {g} heads, {rows} rows, page {page}, {dtype}");
+                super::attend(isa, round, &a, &mut state, &mut acc);
+                let what = format!(
+                    "{isa}, round {round}, head {hd}, {g} heads, {rows} rows, page {page}, {dtype}"
+                );
                 assert_eq!(want_state, state, "{what}");
                 assert_eq!(want_acc, acc, "{what}");
             }

@@ -79,9 +79,11 @@ impl CpuBackend {
         self.weights.gather();
     }
 
-    /// Takes the outlier blocks' second pass off (llama.cpp's arithmetic): the
-    /// matrices lose their extra columns.
+    /// llama.cpp's arithmetic: the outlier blocks' second pass off (the matrices lose
+    /// their extra columns), and attention's value accumulators rounded to f16 where
+    /// the path gives llama.cpp's bits ([`Isa::f16_attention`]).
     pub(super) fn llama_arithmetic(&mut self) {
+        self.cpu.llama_arithmetic();
         let o8 = std::mem::take(&mut self.outliers);
         let restore = |p: &Option<Pass>, ms: &mut [&mut QMatrix]| {
             if let Some(p) = p {

@@ -131,8 +131,10 @@ impl Model {
     }
 
     /// The same model with llama.cpp's arithmetic: no second pass over the outlier
-    /// blocks (`outliers`; the matrices lose their extra columns). For the tests that
-    /// hold folio to llama.cpp's numbers.
+    /// blocks (`outliers`; the matrices lose their extra columns), and on the scalar and
+    /// AVX2 paths attention's value accumulators rounded to f16 after every key, as
+    /// llama.cpp's flash attention keeps them. For the tests that hold folio to
+    /// llama.cpp's numbers (`--llama-arithmetic`).
     pub fn llama_arithmetic(mut self) -> Self {
         if let Some(cpu) = self.backend.as_cpu_mut() {
             cpu.llama_arithmetic();

@@ -3,7 +3,8 @@
 //! and llama.cpp's numbers in `arch.json`): identical prompt ids, identical greedy
 //! continuations, and teacher-forced top-5 log-probabilities within [`TOLERANCE`].
 //! The weights are F32, so both sides differ only by summation order and rounding
-//! (the K/V cache and the attention query in f16, as llama.cpp keeps them).
+//! (folio runs llama.cpp's arithmetic, `Model::llama_arithmetic`: the K/V cache, the
+//! attention query and its value accumulator in f16, as llama.cpp keeps them).
 //! Also: the new per-layer features (sliding windows, soft-capping, Q/K norms) keep
 //! the batching invariance, and metadata folio cannot run is a typed error. Phi-3's
 //! long-context RoPE runs at two contexts (an entry's `n_ctx`), one per divisor set.
@@ -40,7 +41,8 @@ fn load(name: &str) -> Model {
     let file = entry["file"].as_str().unwrap();
     let m = Model::load(&path(file), 2)
         .unwrap_or_else(|e| panic!("load {file}: {e}"))
-        .with_isa(Isa::Avx2);
+        .with_isa(Isa::Avx2)
+        .llama_arithmetic();
     match entry["n_ctx"].as_u64() {
         Some(n) => m.with_context(n as usize),
         None => m,
