@@ -21,8 +21,11 @@ pub struct Attend<'a> {
     /// The block's queries: per row, the query heads of one KV head, `head_dim` values
     /// each, rows back to back.
     pub q: &'a [f32],
-    /// Row `r` reads the first `keys[r]` keys of `runs` (its causal limit).
+    /// Row `r` reads the first `keys[r]` keys of `runs` (its causal limit)...
     pub keys: &'a [usize],
+    /// ... from key `from[r]` on (the start of its window), or from the first where
+    /// `from` is empty.
+    pub from: &'a [usize],
     /// The keys, in order, as runs of rows stored `stride` elements apart.
     pub runs: &'a [KvRun<'a>],
     /// Whole K/V rows to ask for into L2 while computing, spread over the keys read: a
@@ -54,6 +57,10 @@ pub fn attend(isa: Isa, round: bool, a: &Attend, state: &mut [(f32, f32)], acc: 
     let total: usize = a.runs.iter().map(|r| r.n).sum();
     let most = a.keys.iter().copied().max().unwrap_or(0).min(total);
     let mut tile = Vec::with_capacity(TILE_KEYS + 1);
+    if a.from.iter().any(|&f| f > 0) {
+        later_starts(isa, round, a, most, state, acc);
+        return;
+    }
     if rows == 1 {
         // One row (a decode step): all its keys in one call, so the kernel prefetches
         // each page while it reads the one before.
@@ -68,6 +75,54 @@ pub fn attend(isa: Isa, round: bool, a: &Attend, state: &mut [(f32, f32)], acc: 
         return;
     }
     block(isa, round, a, most, state, acc);
+}
+
+/// [`attend`] for rows that start at different keys (windows): each row alone over its
+/// keys before the last row's first, then the block over the rest (each row's keys in
+/// order either way, so the same bits as one call per row).
+fn later_starts(
+    isa: Isa,
+    round: bool,
+    a: &Attend,
+    most: usize,
+    state: &mut [(f32, f32)],
+    acc: &mut [f32],
+) {
+    let rows = a.keys.len();
+    assert_eq!(a.from.len(), rows, "a start per row");
+    let (group, width) = (state.len() / rows, a.q.len() / rows);
+    let common = a.from.iter().copied().max().unwrap_or(0).min(most);
+    let mut runs = Vec::new();
+    for r in 0..rows {
+        let (from, to) = (a.from[r], a.keys[r].min(common));
+        if from < to {
+            slice_runs(a.runs, from, to, a.stride, &mut runs);
+            let one = Attend {
+                q: &a.q[r * width..(r + 1) * width],
+                keys: &[],
+                from: &[],
+                runs: &runs,
+                ahead: &[],
+                ..*a
+            };
+            let (st, ac) = (r * group..(r + 1) * group, r * width..(r + 1) * width);
+            super::attend_row(isa, round, &one, &mut state[st], &mut acc[ac]);
+        }
+    }
+    let keys: Vec<usize> = a
+        .keys
+        .iter()
+        .map(|&k| k.min(most).saturating_sub(common))
+        .collect();
+    slice_runs(a.runs, common, most, a.stride, &mut runs);
+    let rest = Attend {
+        keys: &keys,
+        from: &[],
+        runs: &runs,
+        ahead: &[],
+        ..*a
+    };
+    attend(isa, round, &rest, state, acc);
 }
 
 /// Which kernel takes a block's tiles.
@@ -318,6 +373,7 @@ fn rows_over_tile(
             q: &a.q[r * width..(r + 1) * width],
             runs: these,
             ahead: &[],
+            from: &[],
             ..*a
         };
         let (st, ac) = (r * group..(r + 1) * group, r * width..(r + 1) * width);

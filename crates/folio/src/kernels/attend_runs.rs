@@ -140,6 +140,7 @@ pub(crate) fn attend_runs(
     let c = Attend {
         q,
         keys: &[],
+        from: &[],
         runs,
         ahead: &[],
         stride,

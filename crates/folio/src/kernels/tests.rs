@@ -934,6 +934,7 @@ fn asking_for_the_next_keys_changes_no_bit() {
             let (mut state, mut acc) = fresh();
             let (st, ac) = (&mut state, &mut acc);
             let c = super::Attend {
+                from: &[],
                 ahead: &ahead,
                 ..row(&qk, &runs, stride, 0.125)
             };
@@ -1097,12 +1098,15 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
                 })
                 .collect()
         };
-        for (g, rows, page, len) in [
-            (3, 16, 16, 700),
-            (3, 5, 7, 300),
-            (1, 1, 16, 33),
-            (2, 20, 1, 90),
-            (4, 9, 64, 700),
+        // (query heads per KV head, rows, page size, keys, window).
+        for (g, rows, page, len, window) in [
+            (3, 16, 16, 700, None),
+            (3, 5, 7, 300, None),
+            (1, 1, 16, 33, None),
+            (2, 20, 1, 90, None),
+            (4, 9, 64, 700, None),
+            (3, 20, 16, 400, Some(100)),
+            (2, 7, 5, 90, Some(3)),
         ] {
             let q: Vec<f32> = (0..rows * g * hd).map(|_| rng.signed_f32() * 4.0).collect();
             let mut qk = q.clone();
@@ -1117,17 +1121,28 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
                     _ => len - (rows - 1 - r).min(len - 1),
                 })
                 .collect();
+            // With a window, row r reads keys from[r]..keys[r].
+            let from: Vec<usize> = keys
+                .iter()
+                .map(|&k| window.map_or(0, |w: usize| k.saturating_sub(w)))
+                .collect();
             // Each query alone over its keys in one run, with the path's rounding.
             let alone = |round: bool| {
                 let mut want_state = vec![(f32::NEG_INFINITY, 0f32); rows * g];
                 let mut want_acc = vec![0f32; rows * g * hd];
                 for (r, &reach) in keys.iter().enumerate() {
+                    let (k, v) = rows_at(from[r]);
+                    let run = [KvRun {
+                        k,
+                        v,
+                        n: reach - from[r],
+                    }];
                     for h in 0..g {
                         let i = r * g + h;
                         let st = &mut want_state[i];
                         scalar::attend_runs(
                             &qk[i * hd..(i + 1) * hd],
-                            &paged(reach, usize::MAX),
+                            &run,
                             stride,
                             0.125,
                             (&mut st.0, &mut st.1),
@@ -1149,6 +1164,7 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
                 let a = super::Attend {
                     q: &qk,
                     keys: &keys,
+                    from: if window.is_some() { &from } else { &[] },
                     runs: &runs,
                     ahead: &[],
                     stride,
@@ -1157,7 +1173,7 @@ fn block_case(rng: &mut SplitMix64, hd: usize) {
                 };
                 super::attend(isa, round, &a, &mut state, &mut acc);
                 let what = format!(
-                    "{isa}, round {round}, head {hd}, {g} heads, {rows} rows, page {page}, {dtype}"
+                    "{isa}, round {round}, head {hd}, {g} heads, {rows} rows, page {page}, window {window:?}, {dtype}"
                 );
                 assert_eq!(want_state, state, "{what}");
                 assert_eq!(want_acc, acc, "{what}");
@@ -1386,6 +1402,7 @@ fn row<'a>(
     super::Attend {
         q,
         keys: &[],
+        from: &[],
         runs,
         ahead: &[],
         stride,

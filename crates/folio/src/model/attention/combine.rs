@@ -53,7 +53,8 @@ fn row(
             // The partial states of row r and KV head kh, chunk by chunk: a unit holds
             // its heads one after another, each with its rows.
             mine.clear();
-            mine.extend(units[i..j].iter().filter(|u| u.r0 as usize <= r).map(|u| {
+            let reads = |u: &&super::plan::Unit| (u.r0 as usize..u.r1 as usize).contains(&r);
+            mine.extend(units[i..j].iter().filter(reads).map(|u| {
                 let rows_in = u.rows();
                 u.off + ((kh - h0 as usize) * rows_in + r - u.r0 as usize) * stride
             }));

@@ -21,13 +21,13 @@
 //! whatever else runs in the step, whichever rows share its block and however many
 //! threads run it.
 //!
-//! NOTE: on the scalar and AVX2 paths the arithmetic is that of llama.cpp's CPU flash
-//! attention (its default): the query rounded to f16, an online softmax over the keys
-//! in order, and the value accumulator kept in f16; up to [`SPLIT_KEYS`] keys there is
-//! one chunk and the result is exactly llama.cpp's AVX2 build's. The AVX-512 path, whose
-//! matmuls keep no llama.cpp bits anyway, keeps the value accumulator in f32
-//! (`Isa::f16_attention`), faster and as near the exact model
-//! (`tests/it/fidelity_f64.rs`). Without the query's f16 rounding too, the largest
+//! NOTE: the arithmetic is that of llama.cpp's CPU flash attention (its default): the
+//! query rounded to f16 and an online softmax over the keys in order; folio keeps the
+//! value accumulator in f32 on every path, faster and nearer the exact model
+//! (`tests/it/fidelity_f64.rs`). With llama.cpp's arithmetic (`--llama-arithmetic`) the
+//! scalar and AVX2 paths keep it in f16 as llama.cpp does (`Isa::f16_attention`): up to
+//! [`SPLIT_KEYS`] keys there is one chunk and the result is exactly llama.cpp's AVX2
+//! build's. Without the query's f16 rounding too, the largest
 //! |Δ logprob| from the exact model rose past llama.cpp's, so the query keeps it.
 //! Figures for these choices: docs/BENCHMARKS.md, "Attention".
 
@@ -45,8 +45,8 @@ pub const SPLIT_KEYS: usize = 1024;
 
 /// Query rows per block: consecutive positions of one sequence that go through each
 /// tile of K/V together, so a prefill reads each page once per block instead of once
-/// per row (and, on the AVX-512 path, widens each f16 tile once per block). It changes
-/// no row's arithmetic. (32 measured best of 16, 32 and 64: docs/BENCHMARKS.md.)
+/// per row (and, where a block kernel runs, widens each f16 tile once per block). It
+/// changes no row's arithmetic. (32 measured best of 16, 32 and 64: docs/BENCHMARKS.md.)
 pub const ROW_BLOCK: usize = 32;
 
 /// Keys a unit of several KV heads runs through all of them before going on: the K/V
@@ -103,9 +103,10 @@ pub struct AttentionStep<'a> {
 }
 
 /// Grouped-query attention of `q` (`rows.len()` rows of `n_heads · head_dim`) into `out`
-/// (same shape), on `cpu`'s threads. With a window each row is a block of its own whose
-/// first chunk starts at its window's first key (the later chunks at the fixed cut
-/// points), so a row's bits still depend on its position only.
+/// (same shape), on `cpu`'s threads. With a window each row's first chunk starts at its
+/// window's first key (the later chunks at the fixed cut points), within a block that
+/// runs each row alone up to the block's last row's first key and then all together,
+/// so a row's bits still depend on its position only.
 pub fn attention(cpu: &Cpu, at: &AttentionStep, q: &[f32], out: &mut [f32]) {
     let h = at.heads;
     let group = h.n_heads / h.n_kv_heads;

@@ -17,7 +17,8 @@ const DECODE_ROWS_TOGETHER: usize = 8;
 
 /// One (block of rows, KV heads, key chunk) piece of work: all query heads of KV heads
 /// `h0..h1`, for the block's rows `r0..r1` that reach the chunk (those before `r0` end
-/// before it), keys `k0..k1`. Its partial states start at `off` in the partial buffer:
+/// before it; with a window, those from `r1` on start after it), keys `k0..k1` (each
+/// row from its own first key, [`first_key`], where that is later). Its partial states start at `off` in the partial buffer:
 /// per KV head, per row, per query head of its group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Unit {
@@ -56,6 +57,11 @@ pub(super) struct Shape {
     pub threads: usize,
 }
 
+/// The first key a row at `pos` sees: 0, or the start of its window.
+pub(super) fn first_key(window: Option<usize>, pos: usize) -> usize {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w))
+}
+
 /// A layer's attention work for one step.
 #[derive(Debug)]
 pub(super) struct Plan {
@@ -66,6 +72,8 @@ pub(super) struct Plan {
     pub partial_len: usize,
     /// Thread `t` owns `units[bounds[t]..bounds[t + 1]]`.
     pub bounds: Vec<usize>,
+    /// The window the rows see keys through ([`Shape::window`]).
+    pub window: Option<usize>,
 }
 
 impl Plan {
@@ -79,6 +87,7 @@ impl Plan {
             block_units,
             partial_len,
             bounds,
+            window: s.window,
         }
     }
 
@@ -149,9 +158,7 @@ fn units(
     page_size: impl Fn(usize) -> usize,
     s: Shape,
 ) -> (Vec<Unit>, Vec<(usize, usize)>, usize) {
-    let block_rows = if s.window.is_some() { 1 } else { ROW_BLOCK };
-    // The first key a row at `pos` sees.
-    let first = |pos: usize| s.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let first = |pos: usize| first_key(s.window, pos);
     let stride = s.group * s.state;
     let mut units = Vec::new();
     let mut block_units = Vec::with_capacity(rows.len());
@@ -159,9 +166,9 @@ fn units(
     let mut b0 = 0;
     while b0 < rows.len() {
         let first_unit = units.len();
-        let b1 = block_end(rows, b0, block_rows);
+        let b1 = block_end(rows, b0, ROW_BLOCK);
         let last = rows[b1 - 1].1;
-        // With a window the block is one row, whose keys start at `lo`.
+        // The block's first row's keys start at `lo`, the others' (with a window) later.
         let lo = first(rows[b0].1);
         let n_chunks = last / SPLIT_KEYS - lo / SPLIT_KEYS + 1;
         // Only over pages shorter than a chunk: K/V in one contiguous run (the dense
@@ -178,18 +185,21 @@ fn units(
         for h0 in (0..s.n_kv_heads).step_by(per) {
             let h1 = (h0 + per).min(s.n_kv_heads);
             for k0 in (lo - lo % SPLIT_KEYS..=last).step_by(SPLIT_KEYS) {
-                // The rows that reach this chunk: a suffix of the block.
+                // The rows that reach this chunk: those that end in it or later, and
+                // (with a window) start before its end.
+                let k1 = (k0 + SPLIT_KEYS).min(last + 1);
                 let r0 = (b0..b1).find(|&r| rows[r].1 >= k0).unwrap_or(b1);
+                let r1 = (r0..b1).find(|&r| first(rows[r].1) >= k1).unwrap_or(b1);
                 units.push(Unit {
                     r0: r0 as u32,
-                    r1: b1 as u32,
+                    r1: r1 as u32,
                     h0: h0 as u32,
                     h1: h1 as u32,
                     k0: k0.max(lo) as u32,
-                    k1: (k0 + SPLIT_KEYS).min(last + 1) as u32,
+                    k1: k1 as u32,
                     off,
                 });
-                off += (b1 - r0) * (h1 - h0) * stride;
+                off += (r1 - r0) * (h1 - h0) * stride;
             }
         }
         block_units.extend((b0..b1).map(|_| (first_unit, units.len())));

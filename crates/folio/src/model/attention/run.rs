@@ -5,7 +5,7 @@
 //! chunk at a time, or (a decode row running its KV heads together) piece by piece
 //! with the next piece asked for ahead.
 
-use super::plan::{Plan, Unit};
+use super::plan::{first_key, Plan, Unit};
 use super::{AttentionStep, HEADS_TOGETHER_KEYS, ROW_BLOCK, SPLIT_KEYS};
 use crate::kernels::pool::WorkList;
 use crate::kernels::{self, Attend, Cpu, KvRun};
@@ -80,6 +80,7 @@ struct Worker<'a> {
     acc: Vec<f32>,
     state: Vec<(f32, f32)>,
     keys: Vec<usize>,
+    from: Vec<usize>,
     runs: Vec<KvRun<'a>>,
     ahead: Vec<KvRun<'a>>,
 }
@@ -105,6 +106,7 @@ impl<'a> Worker<'a> {
             acc: vec![0f32; ROW_BLOCK * h.n_heads * h.head_dim],
             state: vec![(0f32, 0f32); ROW_BLOCK * h.n_heads],
             keys: Vec::with_capacity(ROW_BLOCK),
+            from: Vec::with_capacity(ROW_BLOCK),
             runs: Vec::new(),
             ahead: Vec::new(),
         }
@@ -137,8 +139,15 @@ impl<'a> Worker<'a> {
         let mut t0 = u.k0 as usize;
         while t0 < u.k1 as usize {
             let t1 = (t0 + piece).min(u.k1 as usize);
+            // Each row's keys of the piece: from its first (with a window, rows after
+            // the block's first start later) to its position.
             self.keys.clear();
             (self.keys).extend((r0..r1).map(|r| (rows[r].1 + 1).min(t1).saturating_sub(t0)));
+            self.from.clear();
+            if let Some(w) = self.plan.window {
+                let first = |r: usize| first_key(Some(w), rows[r].1);
+                (self.from).extend((r0..r1).map(|r| first(r).max(t0) - t0));
+            }
             let ahead = fetch.then(|| self.plan.ahead(rows, owner, i, t1));
             let heads = (self.qh[h0..h1].iter())
                 .zip(state.chunks_exact_mut(n * group))
@@ -156,6 +165,7 @@ impl<'a> Worker<'a> {
                 }
                 let call = Attend {
                     q,
+                    from: &self.from,
                     keys: &self.keys,
                     runs: &self.runs,
                     ahead: &self.ahead,
