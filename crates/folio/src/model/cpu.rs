@@ -149,7 +149,13 @@ impl Backend for CpuBackend {
     }
 
     fn kv_signature(&self) -> Vec<u8> {
-        self.outliers.signature()
+        let mut s = self.outliers.signature();
+        // llama.cpp's f16 value accumulators change every attention output, so every
+        // later layer's K/V (folio's f32 ones add nothing: fingerprints stay as they were).
+        if self.cpu.rounds_attention() {
+            s.extend_from_slice(b"attention:f16-accumulators");
+        }
+        s
     }
 
     fn step(

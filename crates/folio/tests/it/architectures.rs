@@ -229,6 +229,20 @@ fn sliding_window_pattern_as_flags_equals_the_period() {
     );
 }
 
+/// K/V computed with llama.cpp's arithmetic is never taken for folio's: on the AVX2
+/// path the two differ in attention (llama.cpp's f16 value accumulators) even where no
+/// matrix has an outlier pass (these F32 models), and so do their fingerprints.
+#[test]
+fn llama_arithmetic_has_a_fingerprint_of_its_own() {
+    let fx = common::fixtures("arch/arch.json");
+    let file = fx["models"]["qwen2"]["file"].as_str().unwrap();
+    let folio = Model::load(&path(file), 1).unwrap().with_isa(Isa::Avx2);
+    assert_eq!(folio.outlier_passes(), 0, "no outlier pass on F32 weights");
+    let plain = folio.fingerprint();
+    let llama = folio.llama_arithmetic();
+    assert_ne!(llama.fingerprint(), plain);
+}
+
 /// `file` rewritten with `key` set to `value`.
 fn with_meta(file: &str, key: &str, value: Value) -> tempfile::TempDir {
     let g = Gguf::open(&path(file)).unwrap();
