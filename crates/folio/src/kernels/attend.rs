@@ -158,7 +158,7 @@ impl Blocked {
                 Blocked::WidenedRows
             };
         }
-        if isa.avx2() && !round && hd.is_multiple_of(32) && hd <= 256 {
+        if isa.avx2() && !round && super::simd_head(hd) {
             return Blocked::Ymm;
         }
         Blocked::Rows

@@ -115,7 +115,7 @@ pub(crate) fn attend_row(
 }
 
 /// Whether the SIMD attention kernels take head size `hd`.
-fn simd_head(hd: usize) -> bool {
+pub(crate) fn simd_head(hd: usize) -> bool {
     hd.is_multiple_of(32) && hd <= 256
 }
 

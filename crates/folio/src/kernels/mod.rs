@@ -112,7 +112,7 @@ mod detect;
 pub use attend::{attend, Attend};
 #[cfg(test)]
 pub(crate) use attend_runs::attend_runs;
-pub(crate) use attend_runs::{attend_row, zmm_attention};
+pub(crate) use attend_runs::{attend_row, simd_head, zmm_attention};
 pub use cpu::Cpu;
 pub use kv_rows::{quantize_kv_q8, rotate_heads, KvDtype, KvRows, KvRun};
 pub use matmul::{matmul, Activations, Layout, QMatrix};
