@@ -708,7 +708,7 @@ fn the_device_flag_picks_the_backend_or_says_why_not() {
                 "--temperature",
                 "0",
                 "--max-tokens",
-                "8",
+                "4",
                 "--json",
                 "--device",
                 device,

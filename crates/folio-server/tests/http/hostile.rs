@@ -463,17 +463,19 @@ fn f3_a_long_chat_message_is_rendered_and_tokenized_off_the_engine_thread() {
 
 #[test]
 fn f11_idle_contexts_cannot_take_the_pool_from_requests() {
-    // 512 pages of 16 tokens: contexts may hold 256 of them (half, `folio serve`'s
-    // default).
+    // 128 pages of 16 tokens: contexts may hold 64 of them (half, `folio serve`'s
+    // default). A context of 232 tokens holds 15 pages, 233 (after a generated token)
+    // still 15.
     let engine = EngineConfig {
-        context_pages: Some(256),
+        kv_pages: 128,
+        context_pages: Some(64),
         ..small_engine()
     };
     let s = start(ServeConfig::default(), engine);
     let a = s.addr;
     // Distinct tokens each time: equal ones would share their computed pages.
     let tokens = |k: u32| -> Vec<u32> {
-        (0..1000)
+        (0..232)
             .map(|i| 1000 + (i * 7919 + k * 13) % 30000)
             .collect()
     };
@@ -489,10 +491,10 @@ fn f11_idle_contexts_cannot_take_the_pool_from_requests() {
             break r;
         }
         ids.push(c);
-        assert!(ids.len() < 8, "8 contexts of 1000 tokens fit");
+        assert!(ids.len() < 8, "8 contexts of 232 tokens fit");
     };
     let e = refused.error(429);
-    assert!(e["message"].as_str().unwrap().contains("256"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("64"), "{e}");
     assert_eq!(ids.len(), 4);
     // Pending tokens are counted too: computing them (a generation) changes nothing.
     for c in &ids {
@@ -502,21 +504,22 @@ fn f11_idle_contexts_cannot_take_the_pool_from_requests() {
             json!({"max_tokens": 1, "chat": false}),
         );
     }
-    // Requests still get pages: four prompts of 1000 new tokens need 252 of them.
+    // Forks share what they fork: each costs its copied page, not 14 more (63 of 64).
+    for _ in 0..3 {
+        ok(a, &format!("/v1/contexts/{}/fork", ids[0]), json!({}));
+    }
+    // Requests still get pages: four prompts of 232 new tokens need 60 of the 65 the
+    // contexts leave.
     let prompts: Vec<Vec<u32>> = (10..14).map(tokens).collect();
     let r = ok(
         a,
         "/v1/completions",
         json!({"prompt": prompts, "max_tokens": 4}),
     );
-    assert_eq!(r["usage"]["prompt_tokens"], 4000);
-    // Forks share what they fork: each costs its copied page, not 63 more.
-    for _ in 0..3 {
-        ok(a, &format!("/v1/contexts/{}/fork", ids[0]), json!({}));
-    }
+    assert_eq!(r["usage"]["prompt_tokens"], 928);
     // Freeing a context makes room again.
     let c = id(&ok(a, "/v1/contexts", json!({})));
-    let half = json!({"tokens": &tokens(20)[..500]});
+    let half = json!({"tokens": &tokens(20)[..116]});
     post(a, &format!("/v1/contexts/{c}/append"), &half).error(429);
     assert_eq!(request_delete(a, &ids[1]), 200);
     ok(a, &format!("/v1/contexts/{c}/append"), half);
