@@ -35,10 +35,16 @@
 //! weights stream through once, two accumulators), and so do Q6_K's wider calls (four
 //! weight vectors per step); Q4_K's and Q5_0's (eight) run half by half (the second
 //! half's bytes of each cache line are then in L1 or L2), so only C accumulators are
-//! live beside a block's weight vectors. No software prefetch: the AVX-512 kernels'
-//! (each block's lines into L2 48 KiB ahead, `avx512_kquants::AHEAD`) measured no
-//! faster here (Llama-1B shape, `FOLIO_ISA=avx2`, tg64 29-32 against 32-35 tok/s
-//! without, alternating), nor did one into L1 on Q6_K decode.
+//! live beside a block's weight vectors.
+//!
+//! At width one each block's lines are asked into L2 48 KiB ahead, as the AVX-512
+//! kernels do (`avx512_kquants::AHEAD`; [`ahead`]). On AMD Zen 3 (2 threads, Llama-1B
+//! shape Q4_K_M, tg64, alternating builds) Q6_K's one-row kernel stalled on its first
+//! loads of each block without it: 19.3 tok/s with none, 24.3 with Q6_K's, 25.5 with
+//! Q4_K's and Q5_0's too (`folio bench`: 92% of the measured read bandwidth, from
+//! 62%). On an AMD Zen 4 with `FOLIO_ISA=avx2` the same prefetch had measured no faster
+//! (tg64 29-32 against 32-35 tok/s without); 24 and 96 KiB ahead measured no different
+//! from 48 on Zen 3 (within its run-to-run spread).
 //!
 //! Every function here is `unsafe` because it is compiled for CPU features the caller
 //! must have checked (and step `D`'s instruction), and writes through a [`TileOut`]'s
@@ -91,6 +97,16 @@ pub(super) fn half_bytes_ps(b: &[u8; 16], h: usize, signed: bool) -> __m256 {
 pub(super) fn dword(x: &[i8], k: usize) -> __m256i {
     let q: [u8; 4] = std::array::from_fn(|j| x[4 * k + j] as u8);
     _mm256_set1_epi32(i32::from_le_bytes(q))
+}
+
+/// Asks L2 for part `part.0` of `part.1` of the lines of block `i` of `w`, a fixed
+/// distance further on (`avx512_kquants::prefetch_ahead`'s). The kernels do at width
+/// one, once per block: decode streams every weight from memory, one activation row
+/// against thousands of tiles.
+#[inline(always)]
+pub(super) fn ahead<T: bytemuck::Pod>(w: &[T], i: usize, part: (usize, usize)) {
+    let size = std::mem::size_of::<T>();
+    super::avx512_kquants::prefetch_ahead(bytemuck::cast_slice(w), i * size, size, part);
 }
 
 /// `a` for half `h`, the second half's opaque to the compiler: with both halves in one
@@ -288,6 +304,9 @@ pub unsafe fn tile_q5_0x16<const D: u8, const C: usize>(
             let (i, h) = ($i, $h);
             let b = &w[i];
             let (a, sums) = (launder(a, h), launder(sums, h));
+            if C == 1 && h == 0 {
+                ahead(w, i, (0, 1));
+            }
             let d = half_ps(&b.d, h);
             let qh = half(&b.qh, h);
             // Vector k: weights 4k..4k+4 of each row; nibbles from qs[k % 4] (low for
@@ -338,6 +357,9 @@ pub unsafe fn tile_q4kx16<const D: u8, const C: usize>(
             macro_rules! sub {
                 ($p:ident, $e:literal) => {{
                     let j = 2 * $p + $e;
+                    if C == 1 && h == 0 {
+                        ahead(w, i, (j, 8));
+                    }
                     let q: [__m256i; 8] = std::array::from_fn(|k| {
                         let raw = half(&b.qs[8 * $p + k], h);
                         let raw = if $e == 0 {
@@ -396,6 +418,9 @@ pub unsafe fn tile_q6kx16<const D: u8, const C: usize>(
                         // step: else LLVM loaded several sub-blocks ahead and spilled them
                         // (62 ymm spills in the one-row kernel with the MADD step; 2 so).
                         let b: &BlockQ6Kx16 = if C == 1 { std::hint::black_box(b) } else { b };
+                        if C == 1 && h == 0 {
+                            ahead(w, i, (s, 16));
+                        }
                         let q: [__m256i; 4] = std::array::from_fn(|e| {
                             let g = 4 * s + e;
                             let raw = half(&b.ql[g % 32], h);

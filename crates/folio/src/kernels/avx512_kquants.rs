@@ -45,7 +45,7 @@ const AHEAD: usize = 48 * 1024;
 /// Asks L2 for part `part` of `parts` of the lines of the `size`-byte block at byte `at`
 /// of `w`, [`AHEAD`] bytes further on (past the end is harmless: a hint).
 #[inline(always)]
-fn prefetch_ahead(w: &[u8], at: usize, size: usize, (part, parts): (usize, usize)) {
+pub(super) fn prefetch_ahead(w: &[u8], at: usize, size: usize, (part, parts): (usize, usize)) {
     let lines = size.div_ceil(64).div_ceil(parts);
     let p = w.as_ptr().wrapping_add(at + AHEAD + 64 * lines * part) as *const i8;
     for l in 0..lines {
