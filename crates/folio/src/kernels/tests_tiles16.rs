@@ -184,7 +184,8 @@ type Acts<'a> = (&'a [Vec<BlockQ8>], &'a [Vec<i32>], &'a [Vec<BlockQ8K>]);
 
 /// Sixteen GGUF rows of `ty` (`bytes`) as tiles against the first C activation rows
 /// (`q8` and their `sums`, or `q8k`) through the AVX2 paths' kernel for `ty` with dot
-/// step `D`, at width C: the results, C rows of sixteen.
+/// step `D`, at width C: the results, C rows of sixteen. Q5_0's also go through the
+/// kernel on unpacked tiles (`tile_q5_0x16_bytes`), asserted to give the same bits.
 ///
 /// # Safety
 /// The CPU must run avx2, fma, f16c and step `D`'s instruction (or have it emulated).
@@ -193,7 +194,9 @@ unsafe fn avx2_tiles16_at<const D: u8, const C: usize>(
     bytes: &[u8],
     (q8, sums, q8k): Acts,
 ) -> Vec<f32> {
-    use super::avx2_tiles16::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
+    use super::avx2_tiles16::{
+        expand_q5_0x16, tile_q4kx16, tile_q5_0x16, tile_q5_0x16_bytes, tile_q6kx16,
+    };
     use super::avx2_tiles16_more::{tile_q4x16, tile_q5kx16};
     use super::avx512::TileOut;
     use super::tiles16::{BlockIq4Nlx16, BlockQ4_0x16};
@@ -219,7 +222,19 @@ unsafe fn avx2_tiles16_at<const D: u8, const C: usize>(
                 &out,
             ),
             GgmlType::Q5_0 => {
-                tile_q5_0x16::<D, C>(&tile16(bytemuck::cast_slice(bytes), nb), a8, s8, &out)
+                // Also unpacked first (prefill's form): the same bits.
+                let w = tile16(bytemuck::cast_slice(bytes), nb);
+                let mut unpacked = vec![[[0u8; 64]; 8]; w.len()];
+                expand_q5_0x16(&w, &mut unpacked);
+                let mut o2 = vec![0f32; C * 16];
+                let out2 = TileOut {
+                    ptr: o2.as_mut_ptr(),
+                    ..out
+                };
+                tile_q5_0x16_bytes::<D, C>(&w, &unpacked, a8, s8, &out2);
+                tile_q5_0x16::<D, C>(&w, a8, s8, &out);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&o), bits(&o2), "Q5_0 unpacked at width {C}");
             }
             GgmlType::IQ4_NL => tile_q4x16::<D, BlockIq4Nlx16, C>(
                 &tile16(bytemuck::cast_slice(bytes), nb),

@@ -122,7 +122,9 @@ fn run_tile16_avx2(
     n: usize,
     out: &OutView,
 ) {
-    use crate::kernels::avx2_tiles16::{tile_q4kx16, tile_q5_0x16, tile_q6kx16};
+    use crate::kernels::avx2_tiles16::{
+        expand_q5_0x16, tile_q4kx16, tile_q5_0x16, tile_q5_0x16_bytes, tile_q6kx16,
+    };
     use crate::kernels::avx2_tiles16_more::{tile_q4x16, tile_q5kx16};
     use crate::kernels::tiles16::{BlockIq4Nlx16, BlockQ4_0x16};
     macro_rules! widths {
@@ -136,19 +138,33 @@ fn run_tile16_avx2(
             }
         };
     }
+    // Q5_0 tiles against more activation rows than one call takes: the tile's weight
+    // vectors unpacked once into this thread's scratch, the calls then load them (the
+    // same bits; `avx2_tiles16::Q5_0Bytes` says why).
+    let nb = w.blocks_per_row();
+    let tile = r0 / 16;
+    let unpack = w.ty == GgmlType::Q5_0 && n - t0 > AVX2_TILE16_WIDTH;
+    let mut scratch = Q5_0_SCRATCH.take();
+    if unpack {
+        scratch.resize(nb, [[0; 64]; 8]);
+        // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
+        unsafe { expand_q5_0x16(w.tiles(tile, 1), &mut scratch) };
+    }
     let mut t = t0;
     while t < n {
         let k = (n - t).min(AVX2_TILE16_WIDTH);
-        let nb = w.blocks_per_row();
         let o = out.tile_out(t * w.rows + r0, w.rows, k, real);
         let q8 = || act.q8_rows(t, k, w.cols);
         let q8k = || act.q8k_rows(t, k, w.cols);
         let sums = || act.sums_rows(t, k, w.cols);
-        let tile = r0 / 16;
         match w.ty {
             // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c,
             // and the AVX-VNNI one after running its `vpdpbusd`; `o`'s rows are this
-            // call's alone (`tile_out`).
+            // call's alone (`tile_out`); `scratch` is this tile's, unpacked above.
+            GgmlType::Q5_0 if unpack => with_dot!(isa, D => widths!(k, |C| unsafe {
+                tile_q5_0x16_bytes::<D, C>(w.tiles(tile, 1), &scratch, per_row(q8(), nb), per_row(sums(), nb), &o)
+            }, 1 2 3 4)),
+            // SAFETY: as above.
             GgmlType::Q5_0 => with_dot!(isa, D => widths!(k, |C| unsafe {
                 tile_q5_0x16::<D, C>(w.tiles(tile, 1), per_row(q8(), nb), per_row(sums(), nb), &o)
             }, 1 2 3 4)),
@@ -176,6 +192,15 @@ fn run_tile16_avx2(
         }
         t += k;
     }
+    Q5_0_SCRATCH.set(scratch);
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// [`run_tile16_avx2`]'s unpacked Q5_0 tile: one per thread, taken and put back
+    /// by each call (a tile's blocks: 512 bytes each).
+    static Q5_0_SCRATCH: std::cell::Cell<Vec<crate::kernels::avx2_tiles16::Q5_0Bytes>> =
+        const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// `C` activation rows of `nb` blocks each, back to back in `v`, as one slice per row.
