@@ -2,7 +2,8 @@
 """llama.cpp's prefill and decode speed on a GGUF file, through llama-cpp-python.
 
 Used by `folio bench` as the same-run baseline; prints one JSON line:
-{"pp_tok_s": ..., "tg_tok_s": ..., "version": ...}
+{"pp_tok_s": ..., "tg_tok_s": ..., "load_s": ..., "version": ...}
+(`load_s`: the seconds `Llama(...)` took to load the model, repacking included.)
 
     python3 scripts/llama_bench.py MODEL THREADS PP TG REPS
 """
@@ -18,9 +19,11 @@ TEXT = ("The history of the printing press begins long before Gutenberg, with mo
 
 def main():
     model, threads, pp, tg, reps = sys.argv[1], *map(int, sys.argv[2:6])
+    t = time.perf_counter()
     llm = Llama(model_path=model, n_ctx=pp + tg + 16, n_batch=pp, n_ubatch=pp,
                 n_threads=threads, n_threads_batch=threads, verbose=False,
                 flash_attn=True)
+    load_s = time.perf_counter() - t
     base = llm.tokenize(TEXT.encode(), add_bos=False)
     toks = (base * (pp // len(base) + 1))[:pp]
     pp_s = []
@@ -38,7 +41,7 @@ def main():
             llm.eval([toks[(i + 1) % len(toks)]])
         tg_s.append(tg / (time.perf_counter() - t))
     print(json.dumps({"pp_tok_s": sum(pp_s) / reps, "tg_tok_s": sum(tg_s) / reps,
-                      "version": __version__}))
+                      "load_s": load_s, "version": __version__}))
 
 
 if __name__ == "__main__":
