@@ -389,10 +389,11 @@ unsafe fn q5_0_tile<const D: u8, const C: usize, const BYTES: bool>(
             }
             let d = half_ps(&b.d, h);
             if BYTES {
-                // Unpacked, a row at a time in a loop the compiler keeps (the
-                // accumulators in memory, the vectors loaded again for each row): the
-                // rows unrolled, LLVM loaded every row's activations first and spilled
-                // them.
+                // Unpacked: the vectors loaded again for each row, and the row count
+                // opaque to the compiler (`black_box`), so it keeps each row's loads
+                // with that row's work. Over a constant count (the rows unrolled, even
+                // with `row_barrier`s between them), LLVM loaded every row's
+                // activations first and spilled them to the stack.
                 for c in 0..std::hint::black_box(C) {
                     let q: [__m256i; 8] = std::array::from_fn(|k| half(&bytes[i][k], h));
                     let x = &a[c][i];
