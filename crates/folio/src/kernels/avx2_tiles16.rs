@@ -175,11 +175,37 @@ macro_rules! isum {
 
 pub(super) use isum;
 
-/// Runs `$body` for each activation row `$c` < `$n` (a constant, at most 8), unrolled.
+/// Runs `$body` for each activation row `$c` < `$n` (a constant, at most 8): for one row
+/// as is; for more, in a loop whose trip count the compiler cannot see (`black_box`),
+/// so each row's loads stay with that row's work. Unrolled over the constant (even with
+/// `row_barrier`s between the rows, which do not fence loads through shared
+/// references), LLVM loaded every row's activations first and spilled them to the
+/// stack. Measured (`benches/matmul.rs`, Llama-1B `ffn_up` Q4_K, 512 rows, one thread,
+/// AMD Zen 3, alternating): 23.1-36.3 multiply-adds per ns unrolled, 36.8-50.4 so;
+/// the 1B shape's pp512 47-55 tok/s, then 72-74.
 macro_rules! each_row {
     ($n:ident, |$c:ident| $body:block) => {
         const { assert!($n <= 8, "at most eight activation rows per call") };
-        each_row!(@ $n, |$c| $body, 0 1 2 3 4 5 6 7)
+        if $n == 1 {
+            let $c: usize = 0;
+            $body
+        } else {
+            for $c in 0..std::hint::black_box($n) $body
+        }
+    };
+}
+
+pub(super) use each_row;
+
+/// [`each_row!`] unrolled over the constant, a [`row_barrier`] before each row: for
+/// Q6_K's kernel, whose two halves run in one pass up to width four (eight
+/// accumulators beside four weight vectors). In a loop its accumulators go through
+/// memory, and it measured no faster (Llama-1B `ffn_down`, 512 rows, one thread,
+/// alternating: 23.9-24.6 multiply-adds per ns, against 25.4-34.5 unrolled).
+macro_rules! each_row_unrolled {
+    ($n:ident, |$c:ident| $body:block) => {
+        const { assert!($n <= 8, "at most eight activation rows per call") };
+        each_row_unrolled!(@ $n, |$c| $body, 0 1 2 3 4 5 6 7)
     };
     (@ $n:ident, |$c:ident| $body:block, $($k:literal)*) => {$(
         if $k < $n {
@@ -189,8 +215,6 @@ macro_rules! each_row {
         }
     )*};
 }
-
-pub(super) use each_row;
 
 /// The K-quant mins of half `h` of a Q4_K-layout block `b` (Q4_K's, and Q5_K's first
 /// fields) for activation block `i` of each row: per row c, `acc[c] -= (dmin · d_x) ·
@@ -388,28 +412,23 @@ unsafe fn q5_0_tile<const D: u8, const C: usize, const BYTES: bool>(
                 ahead(w, i, (0, 1));
             }
             let d = half_ps(&b.d, h);
-            if BYTES {
-                // Unpacked: the vectors loaded again for each row, and the row count
-                // opaque to the compiler (`black_box`), so it keeps each row's loads
-                // with that row's work. Over a constant count (the rows unrolled, even
-                // with `row_barrier`s between them), LLVM loaded every row's
-                // activations first and spilled them to the stack.
-                for c in 0..std::hint::black_box(C) {
-                    let q: [__m256i; 8] = std::array::from_fn(|k| half(&bytes[i][k], h));
-                    let x = &a[c][i];
-                    let p = isum!(D, 4, _mm256_set1_epi32(sums[c][i] >> 3), &q, &x.qs);
-                    let sc = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
-                    $acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), $acc[c]);
-                }
+            // Unpacked, the vectors are loaded again for each row.
+            let q = if BYTES {
+                [_mm256_setzero_si256(); 8]
             } else {
-                let q = q5_0_vectors(b, h);
-                each_row!(C, |c| {
-                    let x = &a[c][i];
-                    let p = isum!(D, 4, _mm256_set1_epi32(sums[c][i] >> 3), &q, &x.qs);
-                    let sc = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
-                    $acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), $acc[c]);
-                });
-            }
+                q5_0_vectors(b, h)
+            };
+            each_row!(C, |c| {
+                let q: [__m256i; 8] = if BYTES {
+                    std::array::from_fn(|k| half(&bytes[i][k], h))
+                } else {
+                    q
+                };
+                let x = &a[c][i];
+                let p = isum!(D, 4, _mm256_set1_epi32(sums[c][i] >> 3), &q, &x.qs);
+                let sc = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
+                $acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), $acc[c]);
+            });
         }};
     }
     // Eight weight vectors: both halves at once only at width one (at four, wider
@@ -520,7 +539,7 @@ pub unsafe fn tile_q6kx16<const D: u8, const C: usize>(
                         });
                         let sv =
                             _mm256_mul_ps(d, half_bytes_ps(bytemuck::cast_ref(&b.sc[s]), h, true));
-                        each_row!(C, |c| {
+                        each_row_unrolled!(C, |c| {
                             let x = &a[c][i];
                             let init = _mm256_set1_epi32(-32 * i32::from(x.bsums[s]));
                             let p = isum!(D, 2, init, &q, &x.qs[16 * s..16 * s + 16]);

@@ -51,7 +51,7 @@ use super::avx2_tiles16::{
     ahead, dword, each_row, half, half_bytes_ps, half_ps, halves, isum, k_mins, launder, one_row,
     shift, store_half,
 };
-use super::avx512::{row_barrier, tile_blocks, TileOut};
+use super::avx512::{tile_blocks, TileOut};
 use super::avxvnni::{sums_add, MADD};
 use super::quant::*;
 use super::tiles16::{BlockIq4Nlx16, BlockQ4_0x16, BlockQ5Kx16};
