@@ -144,8 +144,11 @@ fn run_tile16_avx2(
     let nb = w.blocks_per_row();
     let tile = r0 / 16;
     let unpack = w.ty == GgmlType::Q5_0 && n - t0 > AVX2_TILE16_WIDTH;
-    let mut scratch = Q5_0_SCRATCH.take();
+    // The scratch is taken from the thread only when it is used (the other formats'
+    // tile calls touch no thread-local).
+    let mut scratch = Vec::new();
     if unpack {
+        scratch = Q5_0_SCRATCH.take();
         scratch.resize(nb, [[0; 64]; 8]);
         // SAFETY: AVX2 paths are only produced after detecting avx2, fma and f16c.
         unsafe { expand_q5_0x16(w.tiles(tile, 1), &mut scratch) };
@@ -192,7 +195,9 @@ fn run_tile16_avx2(
         }
         t += k;
     }
-    Q5_0_SCRATCH.set(scratch);
+    if unpack {
+        Q5_0_SCRATCH.set(scratch);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
