@@ -49,6 +49,16 @@ impl CpuBackend {
             }
             true
         }
+        // Only inputs whose matrices all take 8-bit blocks get the pass (`extend`): a
+        // model without any (Q4_K_M's K-quants) skips the calibration forward.
+        let q8 = |ms: &[&QMatrix]| ms.iter().all(|m| m.act_kind() == ActKind::Q8);
+        let w = &self.weights;
+        let any = q8(&[w.head()])
+            || (w.layers.iter()).any(|l| q8(&[&l.wq, &l.wk, &l.wv]) || q8(&[&l.w_gate, &l.w_up]));
+        if !any {
+            tracing::info!("no matmul input takes 8-bit blocks: no outlier pass");
+            return;
+        }
         let mut probe = Probe::new(c.n_layers);
         let rows = rows_of(batch);
         self.forward(c, batch, &rows)

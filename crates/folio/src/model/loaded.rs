@@ -51,6 +51,15 @@ impl Model {
         let fingerprint = g.fingerprint();
         let mut config = Config::from_gguf(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
+        // Every matrix packed from here to the end of calibration (widened ones too) is
+        // cut from one mapping on huge pages, in order: packed once, never gathered
+        // after. Address space only: twice the tensors, for the outlier pass's copies.
+        let tensor_bytes = (g.tensors().iter()).fold(0u64, |n, t| n.saturating_add(t.size));
+        let arena = kernels::matmul::WeightArena::enter(
+            usize::try_from(tensor_bytes.saturating_mul(2))
+                .unwrap_or(usize::MAX / 2)
+                .saturating_add(64 << 20),
+        );
         let mut weights = Weights::load(&g, &config, cpu.isa())?;
         let longrope = weights.longrope.take();
         rope_factors(&mut config, weights.rope_freqs.take(), longrope.is_some())?;
@@ -69,6 +78,8 @@ impl Model {
         }
         .with_context(n_ctx);
         model.calibrate();
+        drop(arena);
+        // Whatever was mapped on its own (the arena full or refused) joins one region.
         if let Some(cpu) = model.backend.as_cpu_mut() {
             cpu.gather();
         }

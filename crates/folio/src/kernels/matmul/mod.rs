@@ -9,8 +9,9 @@
 //! on the thread count or on how many activation rows share the call.
 //!
 //! # Files
-//! - `qmatrix`: [`QMatrix`] and its [`Layout`]: loading, the huge-page buffers and
-//!   `gather`, GGUF rows and packed tiles, `dequant_row`.
+//! - `qmatrix`: [`QMatrix`] and its [`Layout`]: loading, `gather`, GGUF rows and packed tiles, `dequant_row`.
+//! - `weight_buf`: the buffers a matrix's words live in, each its own mapping or cut
+//!   from a [`WeightArena`] (the loader's: one mapping on huge pages).
 //! - `pack`: between GGUF rows and the tile layouts (packing, `with_layout`,
 //!   `gguf_bytes`), and `block_columns` (the outlier pass's column pick).
 //! - `dot`: one weight row against one activation row through the per-pair kernels,
@@ -58,3 +59,4 @@ pub use activations::{ActKind, Activations, BUILD_ROWS};
 pub use pack::RowSource;
 pub use qmatrix::{Layout, QMatrix};
 pub use tiled::{matmul, matmul_add};
+pub use weight_buf::WeightArena;

@@ -6,7 +6,7 @@
 //! Every packing reads its source a row at a time ([`RowSource`]) and writes the one
 //! buffer it makes: no whole-matrix copy in between.
 
-use super::qmatrix::{weight_buffer, Words};
+use super::weight_buf::WeightBuf;
 use super::{ActKind, Layout, QMatrix};
 use crate::gguf::GgmlType;
 use crate::kernels::quant::{
@@ -73,7 +73,7 @@ impl QMatrix {
         row: RowSource,
     ) -> Self {
         let len = rows * row_bytes;
-        let mut data = weight_buffer(len.div_ceil(8));
+        let mut data = WeightBuf::zeroed(len.div_ceil(8));
         let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len];
         let mut buf = Vec::with_capacity(row_bytes);
         for (r, dst) in out
@@ -91,7 +91,7 @@ impl QMatrix {
             cols,
             row_bytes,
             layout: Layout::Rows,
-            data: Words::Own(data),
+            data,
         }
     }
 
@@ -108,7 +108,7 @@ impl QMatrix {
         let size = std::mem::size_of::<T>();
         let tr = layout.tile_rows();
         let len = rows.div_ceil(tr) * nb * size;
-        let mut data = weight_buffer(len.div_ceil(8));
+        let mut data = WeightBuf::zeroed(len.div_ceil(8));
         let packed: &mut [T] =
             bytemuck::cast_slice_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len]);
         let mut buf = Vec::with_capacity(row_bytes);
@@ -129,7 +129,7 @@ impl QMatrix {
             cols,
             row_bytes,
             layout,
-            data: Words::Own(data),
+            data,
         }
     }
 

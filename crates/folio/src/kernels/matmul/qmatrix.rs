@@ -1,10 +1,10 @@
 //! [`QMatrix`], a weight matrix copied out of the file into the layout the kernels
-//! read ([`Layout`]: GGUF's rows, or packed in tiles of rows), on buffers
-//! asked to be backed by huge pages ([`QMatrix::gather`]: a model's matrices in one
-//! region), and its rows and tiles as the kernels and the embedding lookup read them.
+//! read ([`Layout`]: GGUF's rows, or packed in tiles of rows), on buffers asked to be
+//! backed by huge pages ([`WeightArena`], [`QMatrix::gather`]: a model's matrices in
+//! one mapping), and its rows and tiles as the kernels and the embedding lookup read them.
 
 use super::pack::RowSource;
-use super::weight_buf::WeightBuf;
+use super::weight_buf::{WeightArena, WeightBuf};
 use super::ActKind;
 use crate::gguf::GgmlType;
 use crate::kernels::quant::{f32_to_f16, BlockQ4_1x4, BlockQ8_0x4, QK};
@@ -23,34 +23,7 @@ pub struct QMatrix {
     pub cols: usize,
     pub(super) row_bytes: usize,
     pub(super) layout: Layout,
-    pub(super) data: Words,
-}
-
-/// A matrix's words: its own buffer, or its range of a region that a model's matrices
-/// share ([`QMatrix::gather`]).
-pub(super) enum Words {
-    Own(WeightBuf),
-    Shared(std::sync::Arc<WeightBuf>, std::ops::Range<usize>),
-}
-
-impl Words {
-    /// Gives `range`'s whole pages back (an own buffer only: a shared region's words
-    /// belong to other matrices too).
-    pub(super) fn release(&mut self, range: std::ops::Range<usize>) {
-        if let Words::Own(b) = self {
-            b.release(range);
-        }
-    }
-}
-
-impl std::ops::Deref for Words {
-    type Target = [u64];
-    fn deref(&self) -> &[u64] {
-        match self {
-            Words::Own(v) => v,
-            Words::Shared(region, range) => &region[range.clone()],
-        }
-    }
+    pub(super) data: WeightBuf,
 }
 
 /// How a matrix's blocks lie in memory ([`QMatrix::can_take`] says which a type has).
@@ -65,15 +38,6 @@ pub enum Layout {
     /// (`kernels::tiles16`): the AVX-512 kernels' layout, and the AVX2 and AVX-VNNI
     /// kernels' for Q5_0, Q4_K and Q6_K ([`QMatrix::for_isa`]).
     Tiles16,
-}
-
-/// A zeroed buffer of `n` words for weights, asked to be backed by 2 MiB pages before
-/// anything touches it: decode streams every weight once per token, and with 4 KiB
-/// pages the TLB misses on every page. Its own mapping, returned to the system when
-/// dropped ([`WeightBuf`]). Advice only: without transparent huge pages nothing
-/// changes.
-pub(super) fn weight_buffer(n: usize) -> WeightBuf {
-    WeightBuf::zeroed(n)
 }
 
 impl Layout {
@@ -233,42 +197,42 @@ impl QMatrix {
             cols: 0,
             row_bytes: 0,
             layout: Layout::Rows,
-            data: Words::Own(WeightBuf::empty()),
+            data: WeightBuf::empty(),
         };
         std::mem::replace(self, empty)
     }
 
-    /// Moves the matrices' words into one region, each matrix's start on a cache line,
-    /// the region asked to be backed by 2 MiB pages ([`weight_buffer`]). Matrices
-    /// allocated one by one mostly fall on 4 KiB pages: only a large one (the output
-    /// head) spans a whole 2 MiB page, and 30 MB of SmolLM2's 96 were on huge pages.
-    /// Decode streams every matrix once per token (missing the TLB on every 4 KiB page
-    /// without huge pages). The weights stay the same bits. Each matrix's own buffer
-    /// is given back as soon as it is copied, so the weights are held about once
-    /// throughout (the region's pages become resident only as they are written).
+    /// Moves the words of the matrices not yet in an arena ([`WeightArena`]: the
+    /// loader packs every matrix straight into one) into a new one, each matrix's start
+    /// on a cache line, the arena asked to be backed by 2 MiB pages: matrices mapped one
+    /// by one mostly fall on 4 KiB pages (only a large one, the output head, spans a
+    /// whole 2 MiB page: 30 MB of SmolLM2's 96 were on huge pages), and decode streams
+    /// every matrix once per token, missing the TLB on every 4 KiB page. The weights
+    /// stay the same bits. Each matrix's old buffer is given back a piece at a time as
+    /// it is copied, so the weights are held about once throughout (the arena's pages
+    /// become resident only as they are written).
     pub fn gather(ms: &mut [&mut QMatrix]) {
         const LINE: usize = 8;
-        let total: usize = ms.iter().map(|m| m.data.len().next_multiple_of(LINE)).sum();
-        let mut region = weight_buffer(total);
-        let mut ranges = Vec::with_capacity(ms.len());
-        let mut at = 0;
-        for m in ms.iter_mut() {
+        let total: usize = (ms.iter())
+            .filter(|m| !m.data.in_arena())
+            .map(|m| m.data.len().next_multiple_of(LINE) * 8)
+            .sum();
+        if total == 0 {
+            return;
+        }
+        let _arena = WeightArena::enter(total);
+        for m in ms.iter_mut().filter(|m| !m.data.in_arena()) {
             let n = m.data.len();
+            let mut moved = WeightBuf::zeroed(n);
             // A piece at a time, each given back once copied (the output head is
             // tens of MB).
             const PIECE: usize = 1 << 17;
             for p in (0..n).step_by(PIECE) {
                 let q = (p + PIECE).min(n);
-                region[at + p..at + q].copy_from_slice(&m.data[p..q]);
+                moved[p..q].copy_from_slice(&m.data[p..q]);
                 m.data.release(p..q);
             }
-            m.data = Words::Own(WeightBuf::empty());
-            ranges.push(at..at + n);
-            at += n.next_multiple_of(LINE);
-        }
-        let region = std::sync::Arc::new(region);
-        for (m, range) in ms.iter_mut().zip(ranges) {
-            m.data = Words::Shared(region.clone(), range);
+            m.data = moved;
         }
     }
 
