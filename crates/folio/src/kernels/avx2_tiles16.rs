@@ -270,12 +270,19 @@ pub(super) unsafe fn store_half<const C: usize>(acc: &[__m256; C], out: &TileOut
 }
 
 /// Runs `$step!(acc, i, h)` (block i, half h, adding into `acc: [__m256; C]`) over the
-/// tile's blocks and the halves that hold real rows, then stores: up to width
+/// tile's blocks and the halves that hold real rows, then `$finish!(acc, h)` where given
+/// (terms kept apart until the end, as Q4_1's mins), then stores: up to width
 /// `$together` both halves per block (one pass over the weights and the activations,
 /// 2·C accumulators), wider half by half (C accumulators beside a block's weight
 /// vectors; the second half's bytes are then in L1 or L2).
 macro_rules! halves {
     ($c:ident, $together:literal, $nb:expr, $out:expr, $step:ident) => {{
+        macro_rules! no_finish {
+            ($acc:expr, $h:expr) => {};
+        }
+        halves!($c, $together, $nb, $out, $step, no_finish)
+    }};
+    ($c:ident, $together:literal, $nb:expr, $out:expr, $step:ident, $finish:ident) => {{
         let (nb, out): (usize, &TileOut) = ($nb, $out);
         let halves = if out.len > 8 { 2 } else { 1 };
         if $c <= $together {
@@ -286,9 +293,10 @@ macro_rules! halves {
                     $step!(acc[1], i, 1);
                 }
             }
-            for (h, a) in acc.iter().enumerate().take(halves) {
+            for h in 0..halves {
+                $finish!(acc[h], h);
                 // SAFETY: `out`'s rows are valid (the caller's contract).
-                unsafe { store_half(a, out, h) };
+                unsafe { store_half(&acc[h], out, h) };
             }
         } else {
             for h in 0..halves {
@@ -296,6 +304,7 @@ macro_rules! halves {
                 for i in 0..nb {
                     $step!(acc, i, h);
                 }
+                $finish!(acc, h);
                 // SAFETY: `out`'s rows are valid (the caller's contract).
                 unsafe { store_half(&acc, out, h) };
             }

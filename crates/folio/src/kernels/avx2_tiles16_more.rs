@@ -1,15 +1,16 @@
-//! AVX2 sixteen-row tile kernels for Q4_0, IQ4_NL and Q5_K over the AVX-512 path's
-//! layouts ([`BlockQ4_0x16`], [`BlockIq4Nlx16`], [`BlockQ5Kx16`]), in the shape of
+//! AVX2 sixteen-row tile kernels for Q4_1, Q4_0, IQ4_NL and Q5_K over the AVX-512
+//! path's layouts ([`BlockQ4_1x16`], [`BlockQ4_0x16`], [`BlockIq4Nlx16`],
+//! [`BlockQ5Kx16`]), in the shape of
 //! `avx2_tiles16`'s (whose helpers they share: two halves of eight rows on 256-bit
 //! vectors, the 8-bit dot step `D`, the widths and the passes over the halves), with
-//! the AVX-512 kernels' bits (`avx512_kquants::tile_q32x16` and `tile_kx16`; the scalar
-//! twins `scalar::dot_q4_0_rows16`, `dot_iq4nl_rows16` and `dot_q5k_rows16` define
-//! them).
+//! the AVX-512 kernels' bits (`avx512::tile_q4_1x16`, `avx512_kquants::tile_q32x16` and
+//! `tile_kx16`; the scalar twins `scalar::dot_q4_1_rows16`, `dot_q4_0_rows16`,
+//! `dot_iq4nl_rows16` and `dot_q5k_rows16` define them).
 //!
 //! `vpmaddubsw` saturates at ±32767; with activations within -128..=127 none of these
 //! sums gets there:
-//! - Q4_0: nibbles 0..=15 (the -8 is in the sum's start): a pair 2·15·128 = 3840, eight
-//!   vectors summed 30720;
+//! - Q4_0 and Q4_1: nibbles 0..=15 (Q4_0's -8 is in the sum's start): a pair
+//!   2·15·128 = 3840, eight vectors summed 30720;
 //! - Q5_K: 5-bit 0..=31: 2·31·128 = 7936, four summed 31744;
 //! - IQ4_NL: its levels moved up by 128 (as the VNNI steps and AVX-512 take them) reach
 //!   241, and a pair 2·241·128 would saturate. So with `MADD` the levels stay signed
@@ -20,6 +21,8 @@
 //!   Σ (level + 128)·x starts from -128·Σx), exact, so every path gives the same bits.
 //!
 //! Per row, in order (as the AVX-512 kernels and the twins):
+//! - Q4_1, per block: `acc = fma(d·d_x, Σ q·x, acc)`, and apart `macc = fma(m, s_x,
+//!   macc)`; the result is `acc + macc`.
 //! - Q4_0 and IQ4_NL, per block: `acc = fma(d·d_x, Σ v·x, acc)` with v the signed
 //!   value; the integer sum of the unsigned bytes starts from -8·Σx (a sixteenth of the
 //!   Q8_0 kernel's block sums, `ActKind::Q8Sums`) for Q4_0, -128·Σx for IQ4_NL's
@@ -107,6 +110,74 @@ fn signed_isum(q: &[__m256i; 8], x: &[i8]) -> __m256i {
     p
 }
 
+/// Weight vector k < 8 of half `h` of a tile of nibbles (Q4_0's, Q4_1's, IQ4_NL's
+/// layout): weights 4k..4k+4 of each of the half's rows, from `qs[k % 4]`, the low
+/// nibbles for k < 4, the high ones after.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibbles(qs: &[[u8; 64]; 4], h: usize) -> [__m256i; 8] {
+    let low4 = _mm256_set1_epi8(0x0F);
+    std::array::from_fn(|k| {
+        let raw = half(&qs[k % 4], h);
+        let nib = if k < 4 {
+            raw
+        } else {
+            _mm256_srli_epi16::<4>(raw)
+        };
+        _mm256_and_si256(nib, low4)
+    })
+}
+
+/// Sixteen packed Q4_1 rows × C activation rows: `dot(row r, a[c])` written to `out`
+/// for each c, r (the nibbles' sum from zero; the mins' terms, `fma(m, s_x)` per block,
+/// in their own sum added at the end, as the AVX-512 kernel and the twin keep them).
+///
+/// # Safety
+/// As [`tile_q4x16`]'s.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_q4_1x16<const D: u8, const C: usize>(
+    w: &[BlockQ4_1x16],
+    a: [&[BlockQ8]; C],
+    out: &TileOut,
+) {
+    let nb = tile_blocks(w, &a, out);
+    let zero = _mm256_setzero_si256();
+    macro_rules! step {
+        ($acc:expr, $i:expr, $h:expr) => {{
+            let (i, h) = ($i, $h);
+            let b = &w[i];
+            let a = launder(a, h);
+            if C == 1 && h == 0 {
+                ahead(w, i, (0, 1));
+            }
+            let d = half_ps(&b.d, h);
+            let q = nibbles(&b.qs, h);
+            each_row!(C, |c| {
+                let x = &a[c][i];
+                let p = isum!(D, 8, zero, &q, &x.qs);
+                let sc = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
+                $acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), $acc[c]);
+            });
+        }};
+    }
+    // The mins, a second pass over the tile's scales (now in L1), per row.
+    macro_rules! mins {
+        ($acc:expr, $h:expr) => {{
+            let h = $h;
+            each_row!(C, |c| {
+                let mut macc = _mm256_setzero_ps();
+                for (b, x) in w[..nb].iter().zip(a[c]) {
+                    macc = _mm256_fmadd_ps(half_ps(&b.m, h), _mm256_set1_ps(x.s), macc);
+                }
+                $acc[c] = _mm256_add_ps($acc[c], macc);
+            });
+        }};
+    }
+    // As Q4_0's.
+    halves!(C, 1, nb, out, step, mins);
+}
+
 /// Sixteen packed Q4_0 or IQ4_NL rows × C activation rows: `dot(row r, a[c])` written to
 /// `out` for each c, r; `sums` holds -128·Σx of each of `a`'s blocks (the Q8_0 kernel's).
 ///
@@ -124,7 +195,6 @@ pub unsafe fn tile_q4x16<const D: u8, T: NibbleTile, const C: usize>(
 ) {
     let nb = tile_blocks(w, &a, out);
     assert!(sums.iter().all(|s| s.len() == nb));
-    let low4 = _mm256_set1_epi8(0x0F);
     // IQ4_NL's levels, signed for `MADD`'s `vpsignb` form, else moved up by 128.
     let levels = {
         let up = if D == MADD { 0 } else { 0x80 };
@@ -141,16 +211,8 @@ pub unsafe fn tile_q4x16<const D: u8, T: NibbleTile, const C: usize>(
                 ahead(w, i, (0, 1));
             }
             let d = half_ps(b.d(), h);
-            // Vector k: weights 4k..4k+4 of each row; nibbles from qs[k % 4] (low for
-            // k < 4), IQ4_NL's levels looked up.
-            let q: [__m256i; 8] = std::array::from_fn(|k| {
-                let raw = half(&b.qs()[k % 4], h);
-                let nib = if k < 4 {
-                    raw
-                } else {
-                    _mm256_srli_epi16::<4>(raw)
-                };
-                let nib = _mm256_and_si256(nib, low4);
+            // IQ4_NL's levels looked up.
+            let q = nibbles(b.qs(), h).map(|nib| {
                 if T::LEVELS {
                     _mm256_shuffle_epi8(levels, nib)
                 } else {
@@ -233,6 +295,7 @@ pub unsafe fn tile_q5kx16<const D: u8, const C: usize>(
     halves!(C, 1, nb, out, step);
 }
 
+one_row!(tiles_q4_1x16_one_row, tile_q4_1x16, BlockQ4_1x16, BlockQ8);
 one_row!(
     tiles_q4_0x16_one_row,
     tile_q4x16<BlockQ4_0x16>,

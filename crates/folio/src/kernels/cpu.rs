@@ -40,6 +40,11 @@ impl Cpu {
         self.llama = true;
     }
 
+    /// Whether this handle runs llama.cpp's arithmetic (`--llama-arithmetic`).
+    pub fn llama(&self) -> bool {
+        self.llama
+    }
+
     /// Whether [`Cpu::attend`] rounds the value accumulators to f16 after every key.
     pub fn rounds_attention(&self) -> bool {
         self.llama && self.isa.f16_attention()

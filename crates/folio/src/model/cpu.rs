@@ -26,7 +26,7 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// `weights` on `cpu`, laid out for its path, without outlier passes.
     pub(super) fn new(cpu: Cpu, mut weights: Weights) -> Self {
-        weights.lay_out_for(cpu.isa());
+        weights.lay_out_for(cpu.isa(), false);
         CpuBackend {
             cpu,
             weights,
@@ -90,8 +90,9 @@ impl CpuBackend {
     }
 
     /// llama.cpp's arithmetic: the outlier blocks' second pass off (the matrices lose
-    /// their extra columns), and attention's value accumulators rounded to f16 where
-    /// the path gives llama.cpp's bits ([`Isa::f16_attention`]).
+    /// their extra columns), attention's value accumulators rounded to f16 where the
+    /// path gives llama.cpp's bits ([`Isa::f16_attention`]), and the matrices in the
+    /// layouts whose kernels sum in llama.cpp's order ([`QMatrix::llama_layout_for`]).
     pub(super) fn llama_arithmetic(&mut self) {
         self.cpu.llama_arithmetic();
         let o8 = std::mem::take(&mut self.outliers);
@@ -106,6 +107,8 @@ impl CpuBackend {
             restore(f, &mut [&mut l.w_gate, &mut l.w_up]);
         }
         restore(&o8.head, &mut [self.weights.head_mut()]);
+        self.weights.lay_out_for(self.cpu.isa(), true);
+        self.weights.gather();
     }
 
     /// How many matmul inputs get the second pass (0: llama.cpp's arithmetic).
@@ -117,7 +120,7 @@ impl CpuBackend {
     /// laid out again for its kernels; `gather` as after loading.
     pub(super) fn set_isa(&mut self, isa: Isa, gather: bool) {
         self.cpu.set_isa(isa);
-        self.weights.lay_out_for(isa);
+        self.weights.lay_out_for(isa, self.cpu.llama());
         if gather {
             self.weights.gather();
         }

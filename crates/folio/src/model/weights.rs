@@ -185,10 +185,11 @@ impl Weights {
         ms
     }
 
-    /// Every matrix in the layout `isa`'s kernels read.
-    pub fn lay_out_for(&mut self, isa: Isa) {
+    /// Every matrix in the layout `isa`'s kernels read (with `llama`, those that sum in
+    /// llama.cpp's order: [`QMatrix::llama_layout_for`]).
+    pub fn lay_out_for(&mut self, isa: Isa, llama: bool) {
         for m in self.matrices_mut() {
-            m.lay_out_for(isa);
+            m.lay_out_for(isa, llama);
         }
     }
 

@@ -15,8 +15,8 @@ use crate::kernels::{scalar, Isa};
 ///
 /// NOTE: Q4_1 (the default model's type) and Q8_0 (its output head) are repacked at load
 /// into tiles of rows, tile-major, so a tile kernel reads one stream ([`Layout`]), and on
-/// the AVX-512, AVX2 and AVX-VNNI paths so are Q5_0, Q4_K and Q6_K; rows past the last
-/// whole tile are zero padding. Every other type keeps GGUF's row-major blocks.
+/// the AVX-512, AVX2 and AVX-VNNI paths so are Q4_0, Q5_0, IQ4_NL, Q4_K and Q6_K; rows
+/// past the last whole tile are zero padding. Every other type keeps GGUF's row-major blocks.
 pub struct QMatrix {
     pub ty: GgmlType,
     pub rows: usize,
@@ -32,11 +32,12 @@ pub enum Layout {
     /// GGUF's rows of blocks.
     Rows,
     /// Q4_1 and Q8_0 in tiles of four rows ([`BlockQ4_1x4`], [`BlockQ8_0x4`]): the
-    /// scalar, AVX2 and AVX-VNNI kernels' layout, and what [`QMatrix::new`] makes.
+    /// scalar kernels' layout (and the AVX2 and AVX-VNNI ones' for Q8_0), and what
+    /// [`QMatrix::new`] makes.
     Tiles4,
-    /// Q4_1, Q8_0, Q5_0, Q4_K and Q6_K in tiles of sixteen rows, one lane per row
+    /// The `tiles16` types in tiles of sixteen rows, one lane per row
     /// (`kernels::tiles16`): the AVX-512 kernels' layout, and the AVX2 and AVX-VNNI
-    /// kernels' for Q5_0, Q4_K and Q6_K ([`QMatrix::for_isa`]).
+    /// kernels' for all of them but Q8_0 and Q5_K ([`QMatrix::for_isa`]).
     Tiles16,
 }
 
@@ -184,9 +185,26 @@ impl QMatrix {
         self.with_layout(layout)
     }
 
-    /// [`QMatrix::for_isa`] in place.
-    pub fn lay_out_for(&mut self, isa: Isa) {
-        *self = self.take().for_isa(isa);
+    /// [`QMatrix::for_isa`] in place; with `llama`, in the layout whose kernels sum in
+    /// llama.cpp's order on `isa` ([`QMatrix::llama_layout_for`]).
+    pub fn lay_out_for(&mut self, isa: Isa, llama: bool) {
+        let layout = if llama {
+            Self::llama_layout_for(isa, self.ty)
+        } else {
+            Self::layout_for(isa, self.ty)
+        };
+        *self = self.take().with_layout(layout);
+    }
+
+    /// The layout for `isa` under llama.cpp's arithmetic (`--llama-arithmetic`): as
+    /// [`QMatrix::layout_for`], but Q4_1 on the AVX2 paths in four-row tiles, whose
+    /// kernels sum in the order of llama.cpp's AVX2 build (the sixteen-row kernels',
+    /// faster there, sum in the AVX-512 path's order).
+    pub fn llama_layout_for(isa: Isa, ty: GgmlType) -> Layout {
+        if ty == GgmlType::Q4_1 && isa.avx2() && !isa.avx512() {
+            return Layout::Tiles4;
+        }
+        Self::layout_for(isa, ty)
     }
 
     /// This matrix, leaving an empty one (0 × 0) in its place.
@@ -299,6 +317,7 @@ impl QMatrix {
         matches!(
             ty,
             GgmlType::Q4_0
+                | GgmlType::Q4_1
                 | GgmlType::Q5_0
                 | GgmlType::IQ4_NL
                 | GgmlType::Q4_K
