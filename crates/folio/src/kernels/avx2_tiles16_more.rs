@@ -1,17 +1,21 @@
-//! AVX2 sixteen-row tile kernels for Q4_1, Q4_0, IQ4_NL and Q5_K over the AVX-512
-//! path's layouts ([`BlockQ4_1x16`], [`BlockQ4_0x16`], [`BlockIq4Nlx16`],
-//! [`BlockQ5Kx16`]), in the shape of
+//! AVX2 sixteen-row tile kernels for Q4_1, Q8_0, Q4_0, IQ4_NL and Q5_K over the
+//! AVX-512 path's layouts ([`BlockQ4_1x16`], [`BlockQ8_0x16`], [`BlockQ4_0x16`],
+//! [`BlockIq4Nlx16`], [`BlockQ5Kx16`]), in the shape of
 //! `avx2_tiles16`'s (whose helpers they share: two halves of eight rows on 256-bit
 //! vectors, the 8-bit dot step `D`, the widths and the passes over the halves), with
-//! the AVX-512 kernels' bits (`avx512::tile_q4_1x16`, `avx512_kquants::tile_q32x16` and
-//! `tile_kx16`; the scalar twins `scalar::dot_q4_1_rows16`, `dot_q4_0_rows16`,
-//! `dot_iq4nl_rows16` and `dot_q5k_rows16` define them).
+//! the AVX-512 kernels' bits (`avx512::tile_q4_1x16` and `tile_q8_0x16`,
+//! `avx512_kquants::tile_q32x16` and `tile_kx16`; the scalar twins
+//! `scalar::dot_q4_1_rows16`, `dot_q8_0_rows16`, `dot_q4_0_rows16`, `dot_iq4nl_rows16`
+//! and `dot_q5k_rows16` define them).
 //!
 //! `vpmaddubsw` saturates at ±32767; with activations within -128..=127 none of these
 //! sums gets there:
 //! - Q4_0 and Q4_1: nibbles 0..=15 (Q4_0's -8 is in the sum's start): a pair
 //!   2·15·128 = 3840, eight vectors summed 30720;
 //! - Q5_K: 5-bit 0..=31: 2·31·128 = 7936, four summed 31744;
+//! - Q8_0: its bytes offset by 128 (as the VNNI steps take them) would saturate a pair,
+//!   so with `MADD` they are moved back to signed and taken by sign, as IQ4_NL's
+//!   levels below (a pair at most 2·128·127 = 32512).
 //! - IQ4_NL: its levels moved up by 128 (as the VNNI steps and AVX-512 take them) reach
 //!   241, and a pair 2·241·128 would saturate. So with `MADD` the levels stay signed
 //!   (-127..=113) and each vector is taken as |level| times the activation with the
@@ -23,6 +27,7 @@
 //! Per row, in order (as the AVX-512 kernels and the twins):
 //! - Q4_1, per block: `acc = fma(d·d_x, Σ q·x, acc)`, and apart `macc = fma(m, s_x,
 //!   macc)`; the result is `acc + macc`.
+//! - Q8_0, per block: `acc = fma(d·d_x, Σ q·x, acc)`.
 //! - Q4_0 and IQ4_NL, per block: `acc = fma(d·d_x, Σ v·x, acc)` with v the signed
 //!   value; the integer sum of the unsigned bytes starts from -8·Σx (a sixteenth of the
 //!   Q8_0 kernel's block sums, `ActKind::Q8Sums`) for Q4_0, -128·Σx for IQ4_NL's
@@ -178,6 +183,60 @@ pub unsafe fn tile_q4_1x16<const D: u8, const C: usize>(
     halves!(C, 1, nb, out, step, mins);
 }
 
+/// Sixteen packed Q8_0 rows (offset by 128, as the AVX-512 layout stores them) × C
+/// activation rows: `dot(row r, a[c])` written to `out` for each c, r; `sums` holds
+/// -128·Σx of each of `a`'s blocks, the start of the VNNI steps' sum of the offset
+/// bytes. With `MADD` the offset bytes would saturate `vpmaddubsw` (a pair 2·255·127),
+/// so the weights are moved back to signed bytes and taken as |q| times x with q's
+/// sign ([`signed_isum`]; a pair at most 2·128·127 = 32512); the integer sum is Σ q·x
+/// exactly either way.
+///
+/// # Safety
+/// As [`tile_q4x16`]'s.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_q8_0x16<const D: u8, const C: usize>(
+    w: &[BlockQ8_0x16],
+    a: [&[BlockQ8]; C],
+    sums: [&[i32]; C],
+    out: &TileOut,
+) {
+    let nb = tile_blocks(w, &a, out);
+    assert!(sums.iter().all(|s| s.len() == nb));
+    let flip = _mm256_set1_epi8(i8::MIN);
+    macro_rules! step {
+        ($acc:expr, $i:expr, $h:expr) => {{
+            let (i, h) = ($i, $h);
+            let b = &w[i];
+            let (a, sums) = (launder(a, h), launder(sums, h));
+            if C == 1 && h == 0 {
+                ahead(w, i, (0, 1));
+            }
+            let d = half_ps(&b.d, h);
+            let q: [__m256i; 8] = std::array::from_fn(|k| {
+                let raw = half(&b.qs[k], h);
+                if D == MADD {
+                    _mm256_xor_si256(raw, flip)
+                } else {
+                    raw
+                }
+            });
+            each_row!(C, |c| {
+                let x = &a[c][i];
+                let p = if D == MADD {
+                    signed_isum(&q, &x.qs)
+                } else {
+                    isum!(D, 8, _mm256_set1_epi32(sums[c][i]), &q, &x.qs)
+                };
+                let sc = _mm256_mul_ps(d, _mm256_set1_ps(x.d));
+                $acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), $acc[c]);
+            });
+        }};
+    }
+    // Eight weight vectors: as Q4_0's.
+    halves!(C, 1, nb, out, step);
+}
+
 /// Sixteen packed Q4_0 or IQ4_NL rows × C activation rows: `dot(row r, a[c])` written to
 /// `out` for each c, r; `sums` holds -128·Σx of each of `a`'s blocks (the Q8_0 kernel's).
 ///
@@ -296,6 +355,13 @@ pub unsafe fn tile_q5kx16<const D: u8, const C: usize>(
 }
 
 one_row!(tiles_q4_1x16_one_row, tile_q4_1x16, BlockQ4_1x16, BlockQ8);
+one_row!(
+    tiles_q8_0x16_one_row,
+    tile_q8_0x16,
+    BlockQ8_0x16,
+    BlockQ8,
+    sums
+);
 one_row!(
     tiles_q4_0x16_one_row,
     tile_q4x16<BlockQ4_0x16>,

@@ -1,6 +1,6 @@
 //! The sixteen-row tile kernels over the `tiles16` layouts (AVX-512, `avx512_kquants`:
 //! Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K; AVX2 and AVX-VNNI, `avx2_tiles16`: Q5_0, Q4_K
-//! and Q6_K, `avx2_tiles16_more`: Q4_1, Q4_0, IQ4_NL and Q5_K) against their scalar twins and
+//! and Q6_K, `avx2_tiles16_more`: Q4_1, Q8_0, Q4_0, IQ4_NL and Q5_K) against their scalar twins and
 //! one another, and the layouts' packing.
 
 use super::matmul::{Layout, QMatrix};
@@ -22,11 +22,12 @@ const TYPES: [GgmlType; 6] = [
     GgmlType::Q6_K,
 ];
 
-/// The types with AVX2 sixteen-row tile kernels: the AVX-512 path's (whose own Q4_1
-/// kernel `tests.rs` holds to its twin) and Q4_1.
-const AVX2_TYPES: [GgmlType; 7] = [
+/// The types with AVX2 sixteen-row tile kernels: the AVX-512 path's, and Q4_1 and Q8_0
+/// (whose AVX-512 kernels `tests.rs` holds to their twins).
+const AVX2_TYPES: [GgmlType; 8] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q8_0,
     GgmlType::Q5_0,
     GgmlType::IQ4_NL,
     GgmlType::Q4_K,
@@ -36,9 +37,10 @@ const AVX2_TYPES: [GgmlType; 7] = [
 
 /// The types the AVX2 paths lay out in sixteen-row tiles (Q5_K stays in rows there:
 /// `QMatrix::layout_for`).
-const AVX2_TILED: [GgmlType; 6] = [
+const AVX2_TILED: [GgmlType; 7] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q8_0,
     GgmlType::Q5_0,
     GgmlType::IQ4_NL,
     GgmlType::Q4_K,
@@ -61,11 +63,16 @@ fn twins(
         for r in 0..rows {
             let row = &bytes[r * rb..(r + 1) * rb];
             out.push(match ty {
-                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::IQ4_NL => {
+                GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q8_0
+                | GgmlType::Q5_0
+                | GgmlType::IQ4_NL => {
                     let mut a = vec![<BlockQ8 as bytemuck::Zeroable>::zeroed(); cols / QK];
                     scalar::quantize_q8(x, &mut a);
                     match ty {
                         GgmlType::Q4_1 => scalar::dot_q4_1_rows16(bytemuck::cast_slice(row), &a),
+                        GgmlType::Q8_0 => scalar::dot_q8_0_rows16(bytemuck::cast_slice(row), &a),
                         GgmlType::Q4_0 => scalar::dot_q4_0_rows16(bytemuck::cast_slice(row), &a),
                         GgmlType::Q5_0 => scalar::dot_q5_0_rows16(bytemuck::cast_slice(row), &a),
                         _ => scalar::dot_iq4nl_rows16(bytemuck::cast_slice(row), &a),
@@ -128,10 +135,13 @@ fn avx2_sixteen_row_kquant_kernels_are_their_scalar_twins_exactly() {
         QMatrix::layout_for(Isa::AvxVnni, GgmlType::Q4_K),
         Layout::Tiles16
     );
-    assert_eq!(
-        QMatrix::layout_for(Isa::Avx2, GgmlType::Q8_0),
-        Layout::Tiles4
-    );
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        assert_eq!(
+            QMatrix::llama_layout_for(Isa::Avx2, ty),
+            Layout::Tiles4,
+            "{ty}, llama.cpp's order"
+        );
+    }
     for ty in TYPES {
         assert_eq!(QMatrix::layout_for(Isa::Scalar, ty), Layout::Rows, "{ty}");
     }
@@ -209,7 +219,7 @@ unsafe fn avx2_tiles16_at<const D: u8, const C: usize>(
     use super::avx2_tiles16::{
         expand_q5_0x16, tile_q4kx16, tile_q5_0x16, tile_q5_0x16_bytes, tile_q6kx16,
     };
-    use super::avx2_tiles16_more::{tile_q4_1x16, tile_q4x16, tile_q5kx16};
+    use super::avx2_tiles16_more::{tile_q4_1x16, tile_q4x16, tile_q5kx16, tile_q8_0x16};
     use super::avx512::TileOut;
     use super::tiles16::{BlockIq4Nlx16, BlockQ4_0x16};
     let mut o = vec![0f32; C * 16];
@@ -229,6 +239,9 @@ unsafe fn avx2_tiles16_at<const D: u8, const C: usize>(
         match ty {
             GgmlType::Q4_1 => {
                 tile_q4_1x16::<D, C>(&tile16(bytemuck::cast_slice(bytes), nb), a8, &out)
+            }
+            GgmlType::Q8_0 => {
+                tile_q8_0x16::<D, C>(&tile16(bytemuck::cast_slice(bytes), nb), a8, s8, &out)
             }
             GgmlType::Q4_0 => tile_q4x16::<D, BlockQ4_0x16, C>(
                 &tile16(bytemuck::cast_slice(bytes), nb),

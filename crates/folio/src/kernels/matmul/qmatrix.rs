@@ -15,8 +15,8 @@ use crate::kernels::{scalar, Isa};
 ///
 /// NOTE: Q4_1 (the default model's type) and Q8_0 (its output head) are repacked at load
 /// into tiles of rows, tile-major, so a tile kernel reads one stream ([`Layout`]), and on
-/// the AVX-512, AVX2 and AVX-VNNI paths so are Q4_0, Q5_0, IQ4_NL, Q4_K and Q6_K; rows
-/// past the last whole tile are zero padding. Every other type keeps GGUF's row-major blocks.
+/// the AVX-512, AVX2 and AVX-VNNI paths in sixteen-row tiles, as are Q4_0, Q5_0,
+/// IQ4_NL, Q4_K and Q6_K; rows past the last whole tile are zero padding. Every other type keeps GGUF's row-major blocks.
 pub struct QMatrix {
     pub ty: GgmlType,
     pub rows: usize,
@@ -32,12 +32,12 @@ pub enum Layout {
     /// GGUF's rows of blocks.
     Rows,
     /// Q4_1 and Q8_0 in tiles of four rows ([`BlockQ4_1x4`], [`BlockQ8_0x4`]): the
-    /// scalar kernels' layout (and the AVX2 and AVX-VNNI ones' for Q8_0), and what
-    /// [`QMatrix::new`] makes.
+    /// scalar kernels' layout (and the AVX2 and AVX-VNNI ones' under llama.cpp's
+    /// arithmetic: [`QMatrix::llama_layout_for`]), and what [`QMatrix::new`] makes.
     Tiles4,
     /// The `tiles16` types in tiles of sixteen rows, one lane per row
     /// (`kernels::tiles16`): the AVX-512 kernels' layout, and the AVX2 and AVX-VNNI
-    /// kernels' for all of them but Q8_0 and Q5_K ([`QMatrix::for_isa`]).
+    /// kernels' for all of them but Q5_K ([`QMatrix::for_isa`]).
     Tiles16,
 }
 
@@ -197,11 +197,11 @@ impl QMatrix {
     }
 
     /// The layout for `isa` under llama.cpp's arithmetic (`--llama-arithmetic`): as
-    /// [`QMatrix::layout_for`], but Q4_1 on the AVX2 paths in four-row tiles, whose
-    /// kernels sum in the order of llama.cpp's AVX2 build (the sixteen-row kernels',
-    /// faster there, sum in the AVX-512 path's order).
+    /// [`QMatrix::layout_for`], but Q4_1 and Q8_0 on the AVX2 paths in four-row tiles,
+    /// whose kernels sum in the order of llama.cpp's AVX2 build (the sixteen-row
+    /// kernels', faster there, sum in the AVX-512 path's order).
     pub fn llama_layout_for(isa: Isa, ty: GgmlType) -> Layout {
-        if ty == GgmlType::Q4_1 && isa.avx2() && !isa.avx512() {
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) && isa.avx2() && !isa.avx512() {
             return Layout::Tiles4;
         }
         Self::layout_for(isa, ty)
@@ -303,8 +303,7 @@ impl QMatrix {
     pub(super) fn reads_sums(&self, isa: Isa) -> bool {
         self.layout == Layout::Tiles16
             && match self.ty {
-                GgmlType::Q8_0 => isa.avx512(),
-                GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => isa.avx2(),
+                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => isa.avx2(),
                 _ => false,
             }
     }
@@ -318,6 +317,7 @@ impl QMatrix {
             ty,
             GgmlType::Q4_0
                 | GgmlType::Q4_1
+                | GgmlType::Q8_0
                 | GgmlType::Q5_0
                 | GgmlType::IQ4_NL
                 | GgmlType::Q4_K

@@ -1,6 +1,6 @@
 //! One item of the threaded matmul's work on the path's kernels: a tile of weight rows
 //! against a block of activation rows (`run_tile`: the sixteen-row tiles of AVX-512 and,
-//! for Q4_1, Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K, of the AVX2 paths, the AVX2 four-row
+//! for Q4_1, Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K and Q6_K, of the AVX2 paths, the AVX2 four-row
 //! tiles and register tiles over GGUF rows, else a dot per pair), or one
 //! activation row against a run of whole tiles in one call (`run_tiles_one_row`, decode).
 
@@ -110,7 +110,7 @@ fn run_tile16(
 const AVX2_TILE16_WIDTH: usize = 4;
 
 /// [`run_tile16`] on the AVX2 and AVX-VNNI paths (Q5_0, Q4_K, Q6_K:
-/// `kernels::avx2_tiles16`; Q4_1, Q4_0, IQ4_NL, Q5_K: `avx2_tiles16_more`), up to [`AVX2_TILE16_WIDTH`] activation rows per call; every
+/// `kernels::avx2_tiles16`; Q4_1, Q8_0, Q4_0, IQ4_NL, Q5_K: `avx2_tiles16_more`), up to [`AVX2_TILE16_WIDTH`] activation rows per call; every
 /// (row, column) gets the same arithmetic whatever the width.
 #[cfg(target_arch = "x86_64")]
 fn run_tile16_avx2(
@@ -125,7 +125,7 @@ fn run_tile16_avx2(
     use crate::kernels::avx2_tiles16::{
         expand_q5_0x16, tile_q4kx16, tile_q5_0x16, tile_q5_0x16_bytes, tile_q6kx16,
     };
-    use crate::kernels::avx2_tiles16_more::{tile_q4_1x16, tile_q4x16, tile_q5kx16};
+    use crate::kernels::avx2_tiles16_more::{tile_q4_1x16, tile_q4x16, tile_q5kx16, tile_q8_0x16};
     use crate::kernels::tiles16::{BlockIq4Nlx16, BlockQ4_0x16};
     macro_rules! widths {
         ($k:expr, |$c:ident| $call:expr, $($w:literal)*) => {
@@ -182,6 +182,10 @@ fn run_tile16_avx2(
             // SAFETY: as above.
             GgmlType::Q4_1 => with_dot!(isa, D => widths!(k, |C| unsafe {
                 tile_q4_1x16::<D, C>(w.tiles(tile, 1), per_row(q8(), nb), &o)
+            }, 1 2 3 4)),
+            // SAFETY: as above.
+            GgmlType::Q8_0 => with_dot!(isa, D => widths!(k, |C| unsafe {
+                tile_q8_0x16::<D, C>(w.tiles(tile, 1), per_row(q8(), nb), per_row(sums(), nb), &o)
             }, 1 2 3 4)),
             // SAFETY: as above.
             GgmlType::Q4_0 => with_dot!(isa, D => widths!(k, |C| unsafe {
@@ -343,6 +347,10 @@ pub(super) fn run_tiles_one_row(
             // SAFETY: as above.
             GgmlType::Q4_1 => with_dot!(isa, D => unsafe {
                 km::tiles_q4_1x16_one_row::<D>(w.tiles(tiles, count), nb, q8(), o, add)
+            }),
+            // SAFETY: as above.
+            GgmlType::Q8_0 => with_dot!(isa, D => unsafe {
+                km::tiles_q8_0x16_one_row::<D>(w.tiles(tiles, count), nb, q8(), sums(), o, add)
             }),
             // SAFETY: as above.
             GgmlType::Q4_0 => with_dot!(isa, D => unsafe {
