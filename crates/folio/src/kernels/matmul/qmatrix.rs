@@ -1,7 +1,8 @@
 //! [`QMatrix`], a weight matrix copied out of the file into the layout the kernels
 //! read ([`Layout`]: GGUF's rows, or packed in tiles of rows), on buffers asked to be
 //! backed by huge pages ([`WeightArena`], [`QMatrix::gather`]: a model's matrices in
-//! one mapping), and its rows and tiles as the kernels and the embedding lookup read them.
+//! one mapping), and its rows and tiles as the kernels and the embedding lookup read
+//! them.
 
 use super::pack::RowSource;
 use super::weight_buf::{WeightArena, WeightBuf};
@@ -16,7 +17,8 @@ use crate::kernels::{scalar, Isa};
 /// NOTE: Q4_1 (the default model's type) and Q8_0 (its output head) are repacked at load
 /// into tiles of rows, tile-major, so a tile kernel reads one stream ([`Layout`]), and on
 /// the AVX-512, AVX2 and AVX-VNNI paths in sixteen-row tiles, as are Q4_0, Q5_0,
-/// IQ4_NL, Q4_K and Q6_K; rows past the last whole tile are zero padding. Every other type keeps GGUF's row-major blocks.
+/// IQ4_NL, Q4_K and Q6_K; rows past the last whole tile are zero padding. Every other
+/// type keeps GGUF's row-major blocks.
 pub struct QMatrix {
     pub ty: GgmlType,
     pub rows: usize,
