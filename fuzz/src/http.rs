@@ -5,20 +5,19 @@
 //! Property: a refusal is a client error (4xx), never a server error.
 
 use crate::fixtures;
-use folio::grammar::Grammars;
+use folio::grammar::LazyGrammars;
 use folio_server::fuzzing::{check_body, BodyRoute, Loaded};
 use std::sync::OnceLock;
 
 fn loaded() -> &'static Loaded<'static> {
     static L: OnceLock<Loaded<'static>> = OnceLock::new();
-    static G: OnceLock<Option<Grammars>> = OnceLock::new();
+    static G: LazyGrammars = LazyGrammars::new();
     L.get_or_init(|| {
         let model = fixtures::model();
-        let grammars = G.get_or_init(|| Grammars::new(&model.tokenizer, model.config.vocab).ok());
         Loaded {
             model,
             template: Some(fixtures::template()),
-            grammars: grammars.as_ref(),
+            grammars: G.table(&model.tokenizer, model.config.vocab),
             window: model.config.context_length,
             max_tokens_cap: folio_server::ServeConfig::default().max_tokens,
         }

@@ -56,7 +56,6 @@ pub struct Host {
     wasm: wasmtime::Engine,
     linker: Linker<RunState>,
     engine: folio::Engine,
-    grammars: Option<Arc<folio::grammar::Grammars>>,
     /// Compiled functions, shared with every program compiled before.
     cache: Arc<FunctionCache>,
     limits: Limits,
@@ -128,14 +127,6 @@ impl Host {
             .map_err(|e| InferletError::Host(e.to_string()))?;
         crate::bindings::Inferlet::add_to_linker::<RunState, HasSelf<RunState>>(&mut linker, |s| s)
             .map_err(|e| InferletError::Host(e.to_string()))?;
-        let model = engine.model();
-        let grammars = match folio::grammar::Grammars::new(&model.tokenizer, model.config.vocab) {
-            Ok(g) => Some(Arc::new(g)),
-            Err(e) => {
-                tracing::warn!("inferlets: no grammars for this vocabulary: {e}");
-                None
-            }
-        };
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             running: AtomicUsize::new(0),
@@ -156,7 +147,6 @@ impl Host {
             wasm,
             linker,
             engine,
-            grammars,
             cache,
             limits,
             shared,
@@ -272,7 +262,6 @@ impl Host {
             table: Default::default(),
             limits,
             engine: self.engine.clone(),
-            grammars: self.grammars.clone(),
             sink: Box::new(sink),
             cancel: cancel.0.clone(),
             started,

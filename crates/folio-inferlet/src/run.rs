@@ -50,7 +50,6 @@ pub struct RunState {
     pub(crate) table: ResourceTable,
     pub(crate) limits: StoreLimits,
     pub(crate) engine: folio::Engine,
-    pub(crate) grammars: Option<Arc<folio::grammar::Grammars>>,
     pub(crate) sink: Sink,
     pub(crate) cancel: Arc<AtomicBool>,
     pub(crate) started: Instant,
@@ -265,7 +264,7 @@ impl RunState {
                 types::Grammar::Regex(r) => folio::grammar::GrammarSpec::Regex(r.clone()),
                 types::Grammar::Choice(c) => folio::grammar::GrammarSpec::Choice(c.clone()),
             };
-            let grammars = self.grammars.as_ref().ok_or_else(|| {
+            let grammars = self.engine.grammars().get().map_err(|_| {
                 err(
                     types::ErrorKind::Invalid,
                     "this model's vocabulary cannot serve grammars",

@@ -17,7 +17,7 @@ use crate::misc::{detokenize_request, tokenize_request};
 use crate::params::{job, Route};
 use crate::responses_input::read;
 use crate::snapshots::Save;
-use folio::grammar::Grammars;
+use folio::grammar::GrammarTable;
 use folio::tokenizer::ChatTemplate;
 use folio::Model;
 
@@ -74,7 +74,7 @@ impl BodyRoute {
 pub struct Loaded<'a> {
     pub model: &'a Model,
     pub template: Option<&'a ChatTemplate>,
-    pub grammars: Option<&'a Grammars>,
+    pub grammars: GrammarTable<'a>,
     pub window: usize,
     pub max_tokens_cap: usize,
 }

@@ -132,7 +132,7 @@ pub async fn prepare(
             r,
             l.engine.model(),
             l.template.as_ref(),
-            l.grammars.as_ref(),
+            l.engine.grammars(),
             (l.engine.window(), st2.config.max_tokens),
             &cancel2,
         )

@@ -43,7 +43,7 @@
 use crate::api::{ChatMessage, Content, GenRequest, LogprobsInput, PromptInput, StopInput};
 use crate::error::ApiError;
 use crate::tools::{self, Tools};
-use folio::grammar::{CompileCancel, GrammarError, GrammarSpec, Grammars};
+use folio::grammar::{CompileCancel, GrammarError, GrammarSpec, GrammarTable};
 use folio::tokenizer::{ChatTemplate, Message};
 use folio::{Model, Prompt, Request, SamplingParams};
 
@@ -160,7 +160,7 @@ pub fn job(
     r: GenRequest,
     model: &Model,
     template: Option<&ChatTemplate>,
-    grammars: Option<&Grammars>,
+    grammars: GrammarTable<'_>,
     window: usize,
     cap: usize,
 ) -> Result<Job, ApiError> {
@@ -174,7 +174,7 @@ pub fn job_cancellable(
     mut r: GenRequest,
     model: &Model,
     template: Option<&ChatTemplate>,
-    grammars: Option<&Grammars>,
+    grammars: GrammarTable<'_>,
     (window, cap): (usize, usize),
     cancel: &CompileCancel,
 ) -> Result<Job, ApiError> {
@@ -302,7 +302,7 @@ fn request_fields(
     prompts: Vec<Vec<u32>>,
     prompt_texts: Vec<String>,
     (room, cap): (usize, usize),
-    (grammars, cancel): (Option<&Grammars>, &CompileCancel),
+    (grammars, cancel): (GrammarTable<'_>, &CompileCancel),
     forced: Option<GrammarSpec>,
 ) -> Result<Job, ApiError> {
     let grammar = grammar_of(&mut r, grammars, cancel, forced)?;
@@ -375,7 +375,7 @@ fn request_fields(
 /// `guided_*`) or the one a forced tool call needs, never both.
 fn grammar_of(
     r: &mut GenRequest,
-    grammars: Option<&Grammars>,
+    grammars: GrammarTable<'_>,
     cancel: &CompileCancel,
     forced: Option<GrammarSpec>,
 ) -> Result<Option<folio::grammar::Grammar>, ApiError> {
@@ -390,7 +390,7 @@ fn grammar_of(
     Ok(match asked {
         None => None,
         Some((param, spec)) => {
-            let gs = grammars.ok_or_else(|| {
+            let gs = grammars.get().map_err(|_| {
                 ApiError::invalid(
                     param,
                     "structured output is not available for this model's vocabulary",

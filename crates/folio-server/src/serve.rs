@@ -136,8 +136,9 @@ fn spawn_reaper(st: Arc<AppState>) -> JoinHandle<()> {
     })
 }
 
-/// The engine and what is built once beside it: the chat template and the grammar
-/// token table (a failure of either only disables what needs it, with a warning), and
+/// The engine and what is built once beside it: the chat template (a failure only
+/// disables the chat routes, with a warning; the grammar table is the engine's,
+/// built when a request first asks for a grammar: `folio::grammar::lazy`), and
 /// the inferlet host with the programs of `--inferlet-dir` (a directory that cannot
 /// be read fails the load; a host that cannot be built only disables inferlets).
 fn with_extras(engine: Engine, config: &ServeConfig) -> Result<Loaded, String> {
@@ -146,13 +147,6 @@ fn with_extras(engine: Engine, config: &ServeConfig) -> Result<Loaded, String> {
         Ok(t) => Some(t),
         Err(e) => {
             tracing::warn!("the chat template does not compile ({e}): chat routes will answer 400");
-            None
-        }
-    };
-    let grammars = match folio::grammar::Grammars::new(&model.tokenizer, model.config.vocab) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            tracing::warn!("{e}: structured output will answer 400");
             None
         }
     };
@@ -168,7 +162,6 @@ fn with_extras(engine: Engine, config: &ServeConfig) -> Result<Loaded, String> {
         system_fingerprint: crate::answer::system_fingerprint(&engine.fingerprint()),
         engine,
         template,
-        grammars,
         inferlets,
     })
 }

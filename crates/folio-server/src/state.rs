@@ -20,9 +20,6 @@ pub struct Loaded {
     pub engine: Engine,
     /// `None` when the model's template does not compile (chat routes then say so).
     pub template: Option<ChatTemplate>,
-    /// The token table grammars compile against; `None` when the vocabulary cannot
-    /// serve one (structured output then answers 400).
-    pub grammars: Option<folio::grammar::Grammars>,
     /// Every completion's `system_fingerprint`: `fp_` and the model fingerprint's
     /// first 12 hex digits.
     pub system_fingerprint: String,

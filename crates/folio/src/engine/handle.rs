@@ -30,6 +30,8 @@ struct Shared {
     window: usize,
     next_id: AtomicU64,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// The model's grammar table, built when first asked for (`grammar::lazy`).
+    grammars: crate::grammar::LazyGrammars,
 }
 
 impl Drop for Shared {
@@ -69,6 +71,7 @@ impl Engine {
                 window,
                 next_id: AtomicU64::new(1),
                 thread: std::sync::Mutex::new(Some(thread)),
+                grammars: crate::grammar::LazyGrammars::new(),
             }),
         })
     }
@@ -76,6 +79,14 @@ impl Engine {
     /// The model (tokenizer, config) the engine serves.
     pub fn model(&self) -> &Model {
         &self.shared.model
+    }
+
+    /// The model's grammar table, which every clone of this engine shares: built by
+    /// the first [`GrammarTable::get`](crate::grammar::GrammarTable::get), not before
+    /// (it is large; see `grammar::lazy`).
+    pub fn grammars(&self) -> crate::grammar::GrammarTable<'_> {
+        let m = &self.shared.model;
+        self.shared.grammars.table(&m.tokenizer, m.config.vocab)
     }
 
     /// The served model's fingerprint (file, RoPE set, backend): what the server's

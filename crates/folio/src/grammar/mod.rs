@@ -17,17 +17,19 @@
 //!
 //! Submodules: [`limits`] owns the caps, the per-token budget and how choices are
 //! compiled; [`error`] owns [`GrammarError`] and what of llguidance's messages a
-//! client may see.
+//! client may see; [`lazy`] builds the token table on first use ([`LazyGrammars`]).
 //!
 //! It sits beside the tokenizer: it reads token bytes, and the engine's sampler uses
 //! it. Nothing here touches pages or the model.
 
 pub mod error;
+pub mod lazy;
 pub mod limits;
 
 use crate::tokenizer::Tokenizer;
 pub use error::GrammarError;
 use error::Phase;
+pub use lazy::{GrammarTable, LazyGrammars};
 use limits::Budget;
 use llguidance::api::{StopReason, TopLevelGrammar};
 use llguidance::{CancellationHandle, Matcher, ParserFactory};

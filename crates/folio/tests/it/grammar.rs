@@ -40,6 +40,34 @@ fn run(e: &Engine, prompt: &str, g: folio::grammar::Grammar, n: usize, temp: f32
 }
 
 #[test]
+fn the_engines_grammar_table_is_built_on_first_use_once_for_every_clone() {
+    let model = Model::load(&common::model_path(), 2).unwrap();
+    let cfg = EngineConfig {
+        kv_pages: 64,
+        ..Default::default()
+    };
+    let e = Engine::new(model, cfg).unwrap();
+    let other = e.clone();
+    // Plain generation never builds it (it is large; see `grammar::lazy`).
+    let mut r = Request::new(Prompt::Text("Hello".into()));
+    r.max_tokens = 4;
+    e.submit(r).unwrap().collect_all().unwrap();
+    assert!(!e.grammars().is_built() && !other.grammars().is_built());
+    let g = other
+        .grammars()
+        .get()
+        .expect("SmolLM2's vocabulary serves grammars");
+    assert!(e.grammars().is_built());
+    assert!(
+        std::ptr::eq(g, e.grammars().get().unwrap()),
+        "one table for every clone"
+    );
+    let spec = GrammarSpec::Regex("(yes|no)".into());
+    let out = run(&e, "Answer:", g.compile(&spec).unwrap(), 1, 0.0);
+    assert!(out[0] == "yes" || out[0] == "no", "{out:?}");
+}
+
+#[test]
 fn outputs_match_their_grammar() {
     let (e, gs) = setup();
     let schema = json!({
