@@ -50,6 +50,8 @@ struct Run {
     drafted: u64,
     accepted: u64,
     drafts: u64,
+    /// The engine's measured cost of an added row, at the end.
+    row_cost: f32,
 }
 
 /// Decode tok/s of `messages` on a fresh engine in `mode`: one request at a time
@@ -99,6 +101,7 @@ fn run(
         drafted: st.spec_drafted_tokens,
         accepted: st.spec_accepted_tokens,
         drafts: st.spec_drafts,
+        row_cost: st.spec_row_cost,
     })
 }
 
@@ -122,6 +125,7 @@ pub fn run_figures(report: &mut Report, args: &ModelArgs, reps: usize) -> Result
     for (kind, messages, together) in cases {
         let (mut on, mut off) = (Vec::new(), Vec::new());
         let (mut drafted, mut accepted, mut drafts) = (0, 0, 0);
+        let mut costs = Vec::new();
         for round in 0..reps {
             let mut pair = Vec::new();
             for first_on in [round % 2 == 0, round % 2 != 0] {
@@ -135,6 +139,7 @@ pub fn run_figures(report: &mut Report, args: &ModelArgs, reps: usize) -> Result
             let (a, b) = (&pair[0].1, &pair[1].1);
             anyhow::ensure!(a.ids == b.ids, "{kind}: speculation changed the tokens");
             for (mode, r) in pair {
+                costs.push(r.row_cost);
                 if mode == SpecMode::Auto {
                     on.push(r.rate);
                     (drafted, accepted, drafts) = (
@@ -156,11 +161,18 @@ pub fn run_figures(report: &mut Report, args: &ModelArgs, reps: usize) -> Result
             a / b,
             100.0 * share
         );
-        println!("  (rounds: auto {} | off {})", rounds(&on), rounds(&off));
+        let costs: Vec<String> = costs.iter().map(|c| format!("{c:.3}")).collect();
+        println!(
+            "  (rounds: auto {} | off {}; a row's cost as measured, each run: {})",
+            rounds(&on),
+            rounds(&off),
+            costs.join(" ")
+        );
         rec.insert(
             format!("{kind} x{n}"),
             json!({"auto": figure(a, &on), "off": figure(b, &off), "ratio": a / b,
-                   "drafted": drafted, "accepted": accepted, "tokens_per_draft_step": per_step}),
+                   "drafted": drafted, "accepted": accepted, "tokens_per_draft_step": per_step,
+                   "row_costs": costs}),
         );
     }
     report.add("speculative", rec.into());

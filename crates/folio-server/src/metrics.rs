@@ -309,6 +309,13 @@ fn render_spec(out: &mut String, l: &str, s: &EngineStats) {
         "Tokens a sample's draft step yielded on average (1 + accepted per draft; 0 before any).",
         per_step.to_string(),
     );
+    gauge(
+        out,
+        l,
+        "spec_decode_row_cost",
+        "What a drafted row costs a decode step, in one-row steps, fitted from the engine's one-sequence steps (0.15 until measured); drafts must pay for it.",
+        s.spec_row_cost.to_string(),
+    );
 }
 
 /// The disk tier's figures (`--kv-disk`): what it holds, its reads and its writes.

@@ -191,11 +191,20 @@ impl Core {
         self.give_back_retired();
         let Some(plan) = plan else { return };
         let mut logits = std::mem::take(&mut self.logits);
+        let began = std::time::Instant::now();
         let forward = self.forward_with_masks(&plan, &mut logits);
         match forward {
             Ok(()) => {
                 let tok = &self.model.tokenizer;
+                // A sequence's decode step, with or without a draft, times a row
+                // (see `spec::cost`).
+                let seqs = &plan.batch.seqs;
+                let timed = (seqs.len() == 1 && seqs[0].logit_rows() == seqs[0].tokens.len())
+                    .then(|| seqs[0].tokens.len());
                 self.sched.update(&mut self.kv, tok, plan, &logits);
+                if let Some(rows) = timed {
+                    self.sched.observe_step(rows, began.elapsed().as_secs_f64());
+                }
                 self.sched.forget_out_of_window(&mut self.kv);
             }
             Err(e) => {
@@ -381,6 +390,7 @@ impl Core {
             spec_drafts: c.spec_drafts,
             spec_drafted_tokens: c.spec_drafted_tokens,
             spec_accepted_tokens: c.spec_accepted_tokens,
+            spec_row_cost: self.sched.row_cost(),
             disk: kv.disk_stats(),
         }
     }

@@ -471,6 +471,10 @@ pub struct EngineStats {
     pub spec_drafts: u64,
     pub spec_drafted_tokens: u64,
     pub spec_accepted_tokens: u64,
+    /// What a drafted row costs a decode step here, in one-row steps, as the engine
+    /// fitted it from its one-sequence steps (`engine/spec/cost.rs`; a prior until
+    /// measured). Drafts must pay for it.
+    pub spec_row_cost: f32,
     /// The disk tier's figures, when it is on (`--kv-disk`).
     pub disk: Option<crate::kv::DiskStats>,
 }

@@ -35,7 +35,7 @@
 use super::error::EngineError;
 use super::request::STEP_TOKEN_BOUNDS;
 use super::seq::{After, Gen, GrammarSteps, Purpose, Seq};
-use super::spec::{history::History, salt_key, SpecMode, SPEC_ROWS};
+use super::spec::{cost::RowCost, history::History, salt_key, SpecMode, SPEC_ROWS};
 use crate::kv::{Batch, KvError, Logits, PageTable, PagedKv};
 use crate::model::StepLogits;
 use crate::tokenizer::Tokenizer;
@@ -131,6 +131,8 @@ pub(crate) struct Scheduler {
     retired: Vec<Seq>,
     /// Recent outputs per salt, which drafts may continue.
     history: History,
+    /// What a row adds to a step here, which drafts must pay for.
+    row_cost: RowCost,
 }
 
 impl Scheduler {
@@ -149,6 +151,7 @@ impl Scheduler {
             },
             retired: Vec::new(),
             history: History::new(),
+            row_cost: RowCost::default(),
             cfg,
         }
     }
@@ -500,6 +503,18 @@ impl Scheduler {
         Some(plan)
     }
 
+    /// A step of one sequence's `rows` rows (a decode row and its draft, every row
+    /// taking logits) took `secs` seconds, forward pass and sampling: a measure of
+    /// what a drafted row costs.
+    pub fn observe_step(&mut self, rows: usize, secs: f64) {
+        self.row_cost.observe(rows, secs);
+    }
+
+    /// What an added row costs a step, in one-row steps, as measured so far.
+    pub fn row_cost(&self) -> f32 {
+        self.row_cost.estimate()
+    }
+
     /// Extends decoding samples' one-token steps with drafts while the step has few
     /// rows (`SPEC_ROWS`) and `budget` rows are left, each draft's slots reserved from
     /// free pages only (a draft never evicts a cached page or preempts anyone).
@@ -510,6 +525,7 @@ impl Scheduler {
         let mut room = SPEC_ROWS
             .saturating_sub(plan.batch.num_tokens())
             .min(budget);
+        let row_cost = self.row_cost.estimate();
         for e in 0..plan.seqs.len() {
             if room == 0 {
                 break;
@@ -535,7 +551,13 @@ impl Scheduler {
                 continue;
             }
             let salt = salt_key(s.salt.as_deref());
-            let draft = spec.draft(&s.tokens, s.prompt_len, most, &self.history, salt);
+            let draft = spec.draft(
+                &s.tokens,
+                s.prompt_len,
+                most,
+                (&self.history, salt),
+                row_cost,
+            );
             if draft.is_empty() {
                 continue;
             }

@@ -3,7 +3,8 @@
 //! none.
 //!
 //! With a per-token acceptance rate `a`, a draft of `k` tokens yields `1 + a + … + a^k`
-//! tokens from one step, and costs `1 + ROW_COST · k` decode steps. The sample drafts
+//! tokens from one step, and costs `1 + c · k` decode steps, `c` a row's cost as the
+//! engine measures it ([`super::cost`]). The sample drafts
 //! the `k` with the best ratio when that beats 1 by `MARGIN`. Rates are kept per
 //! source ([`Source`]): a five-token match in the prompt is followed far more often
 //! than a two-token one, and a caller's prediction more than either. After two drafts
@@ -12,12 +13,6 @@
 //! then tries again from at least `PROBE`.
 
 use super::MAX_DRAFT;
-
-/// A drafted row's cost in decode steps of one row. Measured on the default model
-/// (docs/BENCHMARKS.md, "Speculative decoding"; AMD Zen 4, AVX-512, 2 threads): a
-/// decode step of b rows took 3.60, 4.22, 4.92, 6.80 and 11.5 ms at b = 1, 2, 4, 8, 16,
-/// 0.12-0.17 of a one-row step per added row.
-pub const ROW_COST: f32 = 0.15;
 /// The least gain (tokens per step-time) a draft must promise.
 const MARGIN: f32 = 0.05;
 /// The rate a source tries again from after waiting, and drifts to while declined.
@@ -73,10 +68,10 @@ pub(crate) struct Adapt {
 }
 
 /// Tokens one step yields from a draft of `k` at per-token acceptance `a`, per unit
-/// of step time.
-pub fn gain(a: f32, k: usize) -> f32 {
+/// of step time, a drafted row costing `row_cost` one-row steps.
+pub fn gain(a: f32, k: usize, row_cost: f32) -> f32 {
     let tokens: f32 = (0..=k).map(|i| a.powi(i as i32)).sum();
-    tokens / (1.0 + ROW_COST * k as f32)
+    tokens / (1.0 + row_cost * k as f32)
 }
 
 impl Adapt {
@@ -104,14 +99,15 @@ impl Adapt {
         false
     }
 
-    /// How many of `available` tokens from `source` to draft; 0: none this step.
-    pub fn choose(&mut self, source: Source, available: usize) -> usize {
+    /// How many of `available` tokens from `source` to draft, a drafted row costing
+    /// `row_cost` one-row steps; 0: none this step.
+    pub fn choose(&mut self, source: Source, available: usize, row_cost: f32) -> usize {
         let rate = &mut self.rates[source.index()];
         let a = *rate;
-        let best =
-            (1..=available.min(MAX_DRAFT)).max_by(|&x, &y| gain(a, x).total_cmp(&gain(a, y)));
+        let g = |k| gain(a, k, row_cost);
+        let best = (1..=available.min(MAX_DRAFT)).max_by(|&x, &y| g(x).total_cmp(&g(y)));
         match best {
-            Some(k) if gain(a, k) >= 1.0 + MARGIN => k,
+            Some(k) if g(k) >= 1.0 + MARGIN => k,
             _ => {
                 // Declined: the rate drifts back so that the source is tried again.
                 *rate += (PROBE - *rate) / 16.0;
@@ -157,6 +153,7 @@ impl Adapt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::spec::cost::ROW_COST;
 
     #[test]
     fn drafts_long_while_accepted_and_backs_off_when_not() {
@@ -164,17 +161,17 @@ mod tests {
         let mut a = Adapt::new();
         for _ in 0..10 {
             assert!(a.ready());
-            let k = a.choose(src, 8);
+            let k = a.choose(src, 8, ROW_COST);
             assert!(k > 0, "drafts at a good rate");
             a.record(src, k, k);
         }
-        assert_eq!(a.choose(src, 8), 8, "rate {}", a.rate(src));
+        assert_eq!(a.choose(src, 8, ROW_COST), 8, "rate {}", a.rate(src));
         // A run of rejections: it stops drafting, then waits longer after each try.
         let mut a = Adapt::new();
         let mut drafted_steps = 0;
         for _ in 0..200 {
             if a.ready() {
-                let k = a.choose(src, 8);
+                let k = a.choose(src, 8, ROW_COST);
                 if k > 0 {
                     drafted_steps += 1;
                     a.record(src, k, 0);
@@ -192,24 +189,29 @@ mod tests {
     fn each_source_keeps_its_own_rate() {
         let mut a = Adapt::new();
         for _ in 0..6 {
-            let k = a.choose(Source::Own(2), 8);
+            let k = a.choose(Source::Own(2), 8, ROW_COST);
             if k > 0 {
                 a.record(Source::Own(2), k, 0);
             }
-            let k = a.choose(Source::Own(5), 8);
+            let k = a.choose(Source::Own(5), 8, ROW_COST);
             a.record(Source::Own(5), k, k);
             a.ready();
         }
         assert!(a.rate(Source::Own(2)) < 0.3, "{}", a.rate(Source::Own(2)));
         assert!(a.rate(Source::Own(5)) > 0.8);
         // A prediction is trusted from the start: the longest draft.
-        assert_eq!(Adapt::new().choose(Source::Predicted, 8), 8);
+        assert_eq!(Adapt::new().choose(Source::Predicted, 8, ROW_COST), 8);
     }
 
     #[test]
     fn gain_is_one_without_a_draft_and_grows_with_the_rate() {
-        assert_eq!(gain(0.3, 0), 1.0);
-        assert!(gain(0.9, 4) > gain(0.5, 4));
-        assert!(gain(0.0, 3) < 1.0);
+        assert_eq!(gain(0.3, 0, ROW_COST), 1.0);
+        assert!(gain(0.9, 4, ROW_COST) > gain(0.5, 4, ROW_COST));
+        assert!(gain(0.0, 3, ROW_COST) < 1.0);
+        // Dearer rows: shorter drafts, and none at a middling rate.
+        assert!(gain(0.5, 2, 0.4) < gain(0.5, 2, 0.1));
+        let mut a = Adapt::new();
+        assert!(a.choose(Source::Own(2), 8, 0.05) > 0);
+        assert_eq!(a.choose(Source::Own(2), 8, 0.5), 0);
     }
 }

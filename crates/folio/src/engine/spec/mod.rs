@@ -22,11 +22,13 @@
 //! rows' slots are given back before the step's pages are committed, so nothing else
 //! ever sees them.
 //!
-//! [`adapt`] decides per sample how many tokens to draft, from its recent acceptance,
-//! and the scheduler adds drafts only while a step has few rows (a step of many rows
+//! [`adapt`] decides per sample how many tokens to draft, from its recent acceptance
+//! and what a row costs on this machine ([`cost`], measured from the engine's own
+//! steps), and the scheduler adds drafts only while a step has few rows (a step of many rows
 //! is compute-bound: every extra row costs a row's compute).
 
 pub(crate) mod adapt;
+pub(crate) mod cost;
 pub(crate) mod history;
 pub(crate) mod lookup;
 
@@ -94,15 +96,16 @@ impl SpecState {
     }
 
     /// A draft of at most `room` tokens continuing `tokens` (whose output starts at
-    /// `out_start`), or none when no guess is worth its rows now. `history` holds the
-    /// outputs of earlier samples under this sample's salt.
+    /// `out_start`), or none when no guess is worth its rows now, a row costing
+    /// `row_cost` one-row steps. `history` holds the outputs of earlier samples under
+    /// this sample's salt.
     pub fn draft(
         &mut self,
         tokens: &[u32],
         out_start: usize,
         room: usize,
-        history: &History,
-        salt: u64,
+        (history, salt): (&History, u64),
+        row_cost: f32,
     ) -> Vec<u32> {
         if !self.adapt.ready() {
             return Vec::new();
@@ -115,7 +118,7 @@ impl SpecState {
         let Some((mut d, source)) = found else {
             return Vec::new();
         };
-        d.truncate(self.adapt.choose(source, d.len()));
+        d.truncate(self.adapt.choose(source, d.len(), row_cost));
         self.source = source;
         d
     }
