@@ -3,7 +3,9 @@
 # 512-token prompt, then 128 generated tokens, 2 threads. folio runs `folio generate
 # --ctx 640 --max-tokens 128 --ignore-eos` on the prompt; llama.cpp runs `llama-bench
 # -p 512 -n 128 -r 1 -fa 1` (what the issue's figures came from). Each is measured by
-# GNU time (`Maximum resident set size`), in alternating rounds.
+# GNU time (`Maximum resident set size`), in alternating rounds. Then the steady
+# figure: each as a server holding the same 640 tokens of K/V (`folio serve --ctx 640
+# --kv-pages 40`, `llama-server -c 640 -np 1`), its VmRSS idle after one such request.
 #
 #   scripts/memory.sh [MODEL.gguf ...]   # default: the default model, and Gemma 3 270M
 #                                        # Q4_K_M when scripts/fetch_gemma.sh fetched it
@@ -45,6 +47,53 @@ for m in "${models[@]}"; do
             --max-tokens 128 --ignore-eos <"$prompt")")
         l+=("$(LD_LIBRARY_PATH=$bin peak "$bin/llama-bench" -m "$m" -p 512 -n 128 -r 1 \
             -fa 1 -t 2)")
+    done
+    fm=$(printf '%s\n' "${f[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
+    lm=$(printf '%s\n' "${l[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
+    echo "| $(basename "$m") | $fm (${f[*]}) | $lm (${l[*]}) | $(python3 -c "print(f'{$fm / $lm:.2f}x')") |"
+done
+
+# Steady resident memory: an idle server after one request (the same prompt, then 128
+# tokens), read from /proc/PID/status (VmRSS) a second after the answer. Both hold
+# 640 tokens of K/V: folio `serve --ctx 640 --kv-pages 40` (pages of 16 tokens),
+# llama.cpp `llama-server -c 640 -np 1 -fa on`. (folio's default pool holds eight
+# contexts, and on huge pages its first request faults in up to one 2048-token chunk
+# of it: 45 MiB for SmolLM2.)
+steady() { # port command... → VmRSS in MiB of the server, idle after one request
+    local port=$1
+    shift
+    "$@" >/dev/null 2>&1 &
+    local pid=$!
+    python3 - "$port" "$prompt" <<'PY' || { kill "$pid"; wait "$pid" 2>/dev/null; return 1; }
+import json, sys, time, urllib.request
+port, prompt = sys.argv[1], open(sys.argv[2]).read()
+base = f"http://127.0.0.1:{port}"
+for _ in range(600):
+    try:
+        urllib.request.urlopen(base + "/health", timeout=1).read()
+        break
+    except Exception:
+        time.sleep(0.2)
+body = json.dumps({"prompt": prompt, "max_tokens": 128, "temperature": 0, "ignore_eos": True}).encode()
+req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=600).read()
+time.sleep(1)
+PY
+    awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status"
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+}
+
+echo
+echo "| model | folio steady MiB | llama.cpp steady MiB | folio / llama.cpp |"
+echo "|---|---|---|---|"
+for m in "${models[@]}"; do
+    f=() l=()
+    for _ in $(seq "$ROUNDS"); do
+        f+=("$(steady 18641 target/release/folio serve --model "$m" --threads 2 --ctx 640 \
+            --kv-pages 40 --port 18641)")
+        l+=("$(LD_LIBRARY_PATH=$bin steady 18642 "$bin/llama-server" -m "$m" -t 2 -c 640 \
+            -np 1 -fa on --port 18642)")
     done
     fm=$(printf '%s\n' "${f[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
     lm=$(printf '%s\n' "${l[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
