@@ -38,21 +38,6 @@ peak() { # command... → peak RSS in MiB
     /usr/bin/time -f '%M' "$@" 2>&1 >/dev/null | tail -1 | awk '{printf "%.0f", $1 / 1024}'
 }
 
-echo "| model | folio peak MiB | llama.cpp peak MiB | folio / llama.cpp |"
-echo "|---|---|---|---|"
-for m in "${models[@]}"; do
-    f=() l=()
-    for _ in $(seq "$ROUNDS"); do
-        f+=("$(peak target/release/folio generate --model "$m" --threads 2 --ctx 640 \
-            --max-tokens 128 --ignore-eos <"$prompt")")
-        l+=("$(LD_LIBRARY_PATH=$bin peak "$bin/llama-bench" -m "$m" -p 512 -n 128 -r 1 \
-            -fa 1 -t 2)")
-    done
-    fm=$(printf '%s\n' "${f[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
-    lm=$(printf '%s\n' "${l[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
-    echo "| $(basename "$m") | $fm (${f[*]}) | $lm (${l[*]}) | $(python3 -c "print(f'{$fm / $lm:.2f}x')") |"
-done
-
 # Steady resident memory: an idle server after one request (the same prompt, then 128
 # tokens), read from /proc/PID/status (VmRSS) a second after the answer. Both hold
 # 640 tokens of K/V: folio `serve --ctx 640 --kv-pages 40` (pages of 16 tokens),
@@ -84,18 +69,37 @@ PY
     wait "$pid" 2>/dev/null || true
 }
 
-echo
-echo "| model | folio steady MiB | llama.cpp steady MiB | folio / llama.cpp |"
-echo "|---|---|---|---|"
-for m in "${models[@]}"; do
-    f=() l=()
-    for _ in $(seq "$ROUNDS"); do
-        f+=("$(steady 18641 target/release/folio serve --model "$m" --threads 2 --ctx 640 \
-            --kv-pages 40 --port 18641)")
-        l+=("$(LD_LIBRARY_PATH=$bin steady 18642 "$bin/llama-server" -m "$m" -t 2 -c 640 \
-            -np 1 -fa on --port 18642)")
+folio_peak() {
+    peak target/release/folio generate --model "$1" --threads 2 --ctx 640 --max-tokens 128 \
+        --ignore-eos <"$prompt"
+}
+llama_peak() {
+    LD_LIBRARY_PATH=$bin peak "$bin/llama-bench" -m "$1" -p 512 -n 128 -r 1 -fa 1 -t 2
+}
+folio_steady() {
+    steady 18641 target/release/folio serve --model "$1" --threads 2 --ctx 640 --kv-pages 40 \
+        --port 18641
+}
+llama_steady() {
+    LD_LIBRARY_PATH=$bin steady 18642 "$bin/llama-server" -m "$1" -t 2 -c 640 -np 1 -fa on \
+        --port 18642
+}
+
+table() { # what → a row per model: folio's and llama.cpp's medians, rounds alternating
+    echo "| model | folio $1 MiB | llama.cpp $1 MiB | folio / llama.cpp |"
+    echo "|---|---|---|---|"
+    for m in "${models[@]}"; do
+        f=() l=()
+        for _ in $(seq "$ROUNDS"); do
+            f+=("$("folio_$1" "$m")")
+            l+=("$("llama_$1" "$m")")
+        done
+        fm=$(printf '%s\n' "${f[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
+        lm=$(printf '%s\n' "${l[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
+        echo "| $(basename "$m") | $fm (${f[*]}) | $lm (${l[*]}) | $(python3 -c "print(f'{$fm / $lm:.2f}x')") |"
     done
-    fm=$(printf '%s\n' "${f[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
-    lm=$(printf '%s\n' "${l[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
-    echo "| $(basename "$m") | $fm (${f[*]}) | $lm (${l[*]}) | $(python3 -c "print(f'{$fm / $lm:.2f}x')") |"
-done
+}
+
+table peak
+echo
+table steady
