@@ -168,8 +168,9 @@ fn the_server_runs_on_the_gpu_backend() {
     let (cpu_answers, cpu_emb) = script(cpu.addr);
     drop(cpu);
     let gpu = server::start(&args("gpu"));
-    let log = gpu.stderr();
-    assert!(log.contains("the forward pass runs on the GPU"), "{log}");
+    let line = "the forward pass runs on the GPU";
+    let log = gpu.stderr_with(line, std::time::Duration::from_secs(10));
+    assert!(log.contains(line), "{log}");
     let (answers, emb) = script(gpu.addr);
     // The texts themselves may part where two tokens nearly tie (the backends'
     // arithmetic differs: parity.rs); the hidden states agree closely.

@@ -109,6 +109,20 @@ impl Server {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// The log once it holds `needle`, or as it is after `within`. The server writes
+    /// its log on its own threads and this reads it on another, so a line written
+    /// before an answer (a snapshot restored at start) may arrive after it.
+    pub fn stderr_with(&self, needle: &str, within: Duration) -> String {
+        let until = std::time::Instant::now() + within;
+        loop {
+            let log = self.stderr();
+            if log.contains(needle) || std::time::Instant::now() >= until {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -133,11 +133,10 @@ fn sigkill_mid_save_restarts_with_the_old_snapshot_or_the_new_never_a_corrupt_on
             restored == saved || restored == next,
             "round {k}: restored {restored} tokens; the saves held {saved} and {next}"
         );
-        let log = s.stderr();
-        assert!(
-            log.contains(&format!("snapshot \"big\" restored: {restored} tokens")),
-            "{log}"
-        );
+        // The restore's lines come before it (the interrupted save's first).
+        let line = format!("snapshot \"big\" restored: {restored} tokens");
+        let log = s.stderr_with(&line, Duration::from_secs(10));
+        assert!(log.contains(&line), "{log}");
         assert!(!log.contains("snapshot skipped: ") || left_tmp, "{log}");
         if left_tmp {
             assert!(
