@@ -10,18 +10,26 @@ round (the order rotates):
 
   single       one `folio serve` replica, one thread, asked directly
   cache_aware  2 replicas (one thread each) behind smg --policy cache_aware
+  sticky       2 replicas behind smg --policy cache_aware with sticky sessions: each
+               conversation's id in X-SMG-Routing-Key, new ones to the replica with
+               fewest requests in flight (docs/cluster.md's advice for chat)
   round_robin  2 replicas (one thread each) behind smg --policy round_robin
-  nginx        (with --modes) 2 replicas behind nginx, consistent hash of the first turn
-  POLICY       (with --modes) 2 replicas behind smg --policy POLICY
+  nginx        2 replicas behind nginx, consistent hash of the first turn
+  split        2 replicas asked directly, user u on replica u % 2: the
+               even, sticky split a router should approach (no router in the way)
+  POLICY       (with --modes) 2 replicas behind smg --policy POLICY; POLICY+--flag=value
+               adds smg flags for that mode alone (cache_aware+--cache-threshold=0.5)
 
 Figures per mode (medians over rounds): the aggregate prefix-cache hit rate (the sum
 over replicas of vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total, in
 tokens, read from each replica's /metrics after the replay), TTFT p50 and p90 of the
 streamed requests (send to first content), throughput (completion tokens / replay
-wall time) and requests per second; then the ratios to `single` with issue 41's
-targets (hit rate >= 0.9x, TTFT p50 <= 1.1x, throughput >= 1.8x). Prints Markdown.
+wall time) and requests per second; where the CPU went (CPU seconds per 1000
+completion tokens of the replicas, the router and this client, and the share of the
+machine busy); then the ratios to `single` with issue 41's targets (hit rate >= 0.9x,
+TTFT p50 <= 1.1x, throughput >= 1.8x). Prints Markdown.
 
-    python3 scripts/bench_cluster.py --users 16 --turns 6 --max-tokens 24 --reps 3
+    python3 scripts/bench_cluster.py --reps 3 [--model models/gemma-3-270m-q4_k_m.gguf]
 """
 import argparse
 import json
@@ -87,8 +95,38 @@ def metric_sum(port, name):
     return total
 
 
-def stream_chat(port, messages, max_tokens):
-    """(ttft seconds, completion tokens, answer text) of one streamed chat turn."""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def session_cpu(sid):
+    """CPU seconds (user + system) of every live process in session SID: a replica, or
+    the router with its workers (cluster.sh starts each with setsid)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # session id, after state, ppid, pgrp
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / TICK
+
+
+def machine_cpu():
+    """(busy, total) CPU seconds of the whole machine so far."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) / TICK, sum(ticks) / TICK
+
+
+def stream_chat(port, messages, max_tokens, conversation):
+    """(ttft seconds, completion tokens, answer text) of one streamed chat turn. The
+    conversation's id goes in smg's routing-key header, which only smg's sticky modes
+    read (--sticky-sessions, the manual policy)."""
     body = {
         "model": "folio",
         "messages": messages,
@@ -100,7 +138,7 @@ def stream_chat(port, messages, max_tokens):
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", "X-SMG-Routing-Key": conversation},
     )
     t0 = time.perf_counter()
     first = None
@@ -129,9 +167,9 @@ def stream_chat(port, messages, max_tokens):
     return first - t0, tokens if tokens is not None else chunks, "".join(text)
 
 
-def replay(port, users, turns, max_tokens, arrival):
-    """Every user's conversation, user u starting u * arrival seconds in; (ttfts,
-    completion tokens, seconds, answers)."""
+def replay(ports, users, turns, max_tokens, arrival):
+    """Every user's conversation, user u starting u * arrival seconds in and sent to
+    ports[u % len(ports)]; (ttfts, completion tokens, seconds, answers)."""
     ttfts, tokens, answers, errors = [], [0], {}, []
     lock = threading.Lock()
 
@@ -142,7 +180,7 @@ def replay(port, users, turns, max_tokens, arrival):
             ask = first_turn(u) if t == 0 else FOLLOW_UPS[(u + t - 1) % len(FOLLOW_UPS)]
             messages.append({"role": "user", "content": ask})
             try:
-                ttft, n, text = stream_chat(port, messages, max_tokens)
+                ttft, n, text = stream_chat(ports[u % len(ports)], messages, max_tokens, f"user-{u}")
             except Exception as e:  # noqa: BLE001 - reported, the mode fails
                 with lock:
                     errors.append(f"user {u} turn {t}: {e}")
@@ -165,13 +203,21 @@ def replay(port, users, turns, max_tokens, arrival):
     return ttfts, tokens[0], secs, answers
 
 
+# docs/cluster.md's advice for chat: smg keeps a conversation (its X-SMG-Routing-Key) on
+# the replica its first turn went to, new ones to the replica with fewest in flight, and
+# does not take a replica out of routing for a burst of waiting turns.
+STICKY = "cache_aware+--sticky-sessions+--assignment-mode=min_load+--worker-overload-waiting-requests=32"
+
+
 def run_mode(mode, args):
+    # POLICY+--flag=value+...: that smg policy with these flags besides --smg-args.
+    mode, *flags = (STICKY if mode == "sticky" else mode).split("+")
     replicas, policy = (1, "cache_aware") if mode == "single" else (2, mode)
-    router_kind = "nginx" if mode == "nginx" else "smg"
+    router_kind = "nginx" if mode in ("nginx", "split") else "smg"
     with tempfile.TemporaryDirectory(prefix=f"folio-cluster-{mode}-") as run_dir:
         extra = []
         if router_kind == "smg" and mode != "single":
-            for a in args.smg_args.split():
+            for a in args.smg_args.split() + [p for f in flags for p in f.split("=", 1)]:
                 extra += ["--router-arg", a]
         cluster(run_dir, "up", "--replicas", str(replicas), "--router", router_kind,
                 *(["--policy", policy] if router_kind == "smg" else []), "--port", "0", "--threads", "1", *extra)
@@ -179,9 +225,17 @@ def run_mode(mode, args):
             ports = [read(os.path.join(run_dir, f"replica-{i}.port")) for i in range(replicas)]
             router = [w.split("=", 1)[1] for w in read(os.path.join(run_dir, "cluster.env")).split()
                       if w.startswith("ROUTER_PORT=")][0]
-            port = ports[0] if mode == "single" else router
-            ttfts, tokens, secs, answers = replay(port, args.users, args.turns, args.max_tokens,
+            direct = mode in ("single", "split")
+            sids = {"replicas": [int(read(os.path.join(run_dir, f"replica-{i}.pid"))) for i in range(replicas)],
+                    "router": [] if direct else [int(read(os.path.join(run_dir, "router.pid")))]}
+            before = {k: sum(session_cpu(s) for s in v) for k, v in sids.items()}
+            client0, machine0 = os.times(), machine_cpu()
+            ttfts, tokens, secs, answers = replay(ports if direct else [router], args.users, args.turns, args.max_tokens,
                                                    args.arrival_ms / 1000)
+            client1, machine1 = os.times(), machine_cpu()
+            cpu = {k: sum(session_cpu(s) for s in v) - before[k] for k, v in sids.items()}
+            cpu["client"] = (client1.user + client1.system) - (client0.user + client0.system)
+            busy = (machine1[0] - machine0[0]) / (machine1[1] - machine0[1])
             hits = sum(metric_sum(p, "vllm:prefix_cache_hits_total") for p in ports)
             queries = sum(metric_sum(p, "vllm:prefix_cache_queries_total") for p in ports)
             served = [metric_sum(p, "folio:request_success_total") for p in ports]
@@ -196,23 +250,29 @@ def run_mode(mode, args):
         "req_s": len(ttfts) / secs,
         "secs": secs,
         "served": served,
+        # CPU seconds per 1000 completion tokens, by part, and the machine's busy share.
+        "cpu_per_1k": {k: 1000 * v / tokens for k, v in cpu.items()},
+        "busy": busy,
         "answers": answers,
     }
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--users", type=int, default=16)
-    ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--max-tokens", type=int, default=24)
-    ap.add_argument("--arrival-ms", type=float, default=100,
+    ap.add_argument("--model", help="GGUF for every replica (default: cluster.sh's, the default model)")
+    ap.add_argument("--users", type=int, default=48)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--arrival-ms", type=float, default=0,
                     help="user u starts u times this after the first (0: all at once)")
     ap.add_argument("--reps", type=int, default=3, help="rounds; every mode runs once a round")
-    ap.add_argument("--modes", default="single,cache_aware,round_robin",
-                    help="single, nginx, or any smg policy (2 replicas behind it)")
+    ap.add_argument("--modes", default="single,cache_aware,sticky,round_robin,nginx,split",
+                    help="single, sticky, nginx, split, or any smg policy (2 replicas behind it)")
     ap.add_argument("--smg-args", default="", help="more smg flags for the 2-replica modes")
     ap.add_argument("--json", help="also write every round's figures here")
     args = ap.parse_args()
+    if args.model:
+        os.environ["FOLIO_MODEL"] = os.path.abspath(args.model)
     modes = args.modes.split(",")
     rounds = {m: [] for m in modes}
     reference = None
@@ -231,13 +291,16 @@ def main():
             rounds[m].append(fig)
             print(f"round {r + 1} {m}: hit {fig['hit_rate']:.3f} ttft p50 {fig['ttft_p50'] * 1000:.0f} ms "
                   f"{fig['tok_s']:.1f} tok/s {fig['req_s']:.2f} req/s in {fig['secs']:.1f} s, "
-                  f"requests per replica {[int(s) for s in fig['served']]}", file=sys.stderr)
+                  f"requests per replica {[int(s) for s in fig['served']]}; CPU s per 1k tokens "
+                  f"{ {k: round(v, 2) for k, v in fig['cpu_per_1k'].items()} }, machine busy {fig['busy']:.0%}",
+                  file=sys.stderr)
 
     def med(m, k):
         return statistics.median(f[k] for f in rounds[m])
 
     load = os.getloadavg()
-    print(f"{args.users} users x {args.turns} turns, one arriving every {args.arrival_ms:g} ms, "
+    print(f"{os.path.basename(os.environ.get('FOLIO_MODEL', 'the default model'))}: "
+          f"{args.users} users x {args.turns} turns, one arriving every {args.arrival_ms:g} ms, "
           f"max_tokens {args.max_tokens}, greedy, streamed; {args.reps} round(s), modes in turn; load average at the end "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
     print("| mode | prefix-hit rate | TTFT p50 (ms) | TTFT p90 (ms) | completion tok/s | req/s |")
@@ -245,6 +308,14 @@ def main():
     for m in modes:
         print(f"| {m} | {med(m, 'hit_rate'):.3f} | {med(m, 'ttft_p50') * 1000:.0f} | "
               f"{med(m, 'ttft_p90') * 1000:.0f} | {med(m, 'tok_s'):.1f} | {med(m, 'req_s'):.2f} |")
+    print("\nWhere the CPU went: CPU seconds per 1000 completion tokens (user + system, medians) and the "
+          "share of the machine's cores busy during the replay.\n")
+    print("| mode | replicas | router | client | machine busy |")
+    print("|---|---:|---:|---:|---:|")
+    for m in modes:
+        part = {k: statistics.median(f["cpu_per_1k"][k] for f in rounds[m]) for k in ("replicas", "router", "client")}
+        print(f"| {m} | {part['replicas']:.2f} | {part['router']:.2f} | {part['client']:.2f} | "
+              f"{med(m, 'busy'):.0%} |")
     if "single" in modes:
         print("\n| vs single | hit rate (target >= 0.9x) | TTFT p50 (<= 1.1x) | throughput (>= 1.8x) |")
         print("|---|---:|---:|---:|")

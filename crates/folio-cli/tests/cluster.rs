@@ -9,7 +9,9 @@
 //! kills and restarts, of replica 1 and 0 in turn, with totals. Then the nginx variant (Debian's `nginx`;
 //! skipped where it is not installed): every turn of a conversation reaches the replica
 //! its first turn did, a killed replica's conversations go on elsewhere, and the
-//! restarted replica gets them back.
+//! restarted replica gets them back. Last, smg with sticky sessions (docs/cluster.md's
+//! advice for chat): conversations named in `X-SMG-Routing-Key` spread over both
+//! replicas and stay each on one.
 
 #[allow(dead_code)]
 #[path = "common/server.rs"]
@@ -147,14 +149,25 @@ fn alive(pid: u32) -> bool {
 /// One POST over a fresh connection, read to its end: the status and the body, or
 /// why there was none (refused, reset, cut short).
 fn post(addr: SocketAddr, path: &str, body: &Value) -> Result<(u16, String), String> {
+    post_as(addr, path, body, None)
+}
+
+/// [`post`], with smg's routing-key header when `key` is given.
+fn post_as(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+    key: Option<&str>,
+) -> Result<(u16, String), String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
     // smg has been seen (once in about ten runs) to leave a request that was in flight on
     // the killed replica unanswered for over a minute: a request unanswered for
     // READ_TIMEOUT counts as failed, which only one in flight at the kill may.
     s.set_read_timeout(Some(READ_TIMEOUT)).ok();
     let body = body.to_string();
+    let key = key.map_or(String::new(), |k| format!("X-SMG-Routing-Key: {k}\r\n"));
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{key}\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
@@ -597,9 +610,19 @@ fn turn(c: usize, turns: usize) -> Value {
 
 /// Which replica answered `req` (the one whose request counter moved).
 fn answered_by(router: SocketAddr, replicas: &[SocketAddr; 2], req: &Value) -> usize {
+    answered_by_as(router, replicas, req, None)
+}
+
+/// [`answered_by`], sent with smg's routing-key header when `key` is given.
+fn answered_by_as(
+    router: SocketAddr,
+    replicas: &[SocketAddr; 2],
+    req: &Value,
+    key: Option<&str>,
+) -> usize {
     let served = |a| metric(a, "folio:request_success_total").unwrap_or(0.0);
     let before = [served(replicas[0]), served(replicas[1])];
-    let r = answer(post(router, "/v1/chat/completions", req), false);
+    let r = answer(post_as(router, "/v1/chat/completions", req, key), false);
     assert!(r.is_ok(), "{req}: {r:?}");
     let after = [served(replicas[0]), served(replicas[1])];
     let moved: Vec<usize> = (0..2).filter(|&i| after[i] > before[i]).collect();
@@ -673,5 +696,70 @@ fn nginx_consistent_hash_keeps_each_conversation_on_one_replica_across_a_kill_an
     assert!(
         pids.iter().all(|&p| !alive(p)),
         "processes left after down: {pids:?}"
+    );
+}
+
+/// docs/cluster.md's advice for chat behind smg: `--sticky-sessions --assignment-mode
+/// min_load` and the conversation's id in `X-SMG-Routing-Key`. Eight conversations of the
+/// same text (the prefix tree alone would send them all to the replica holding it)
+/// start at once under eight keys and spread over both replicas; every later turn of
+/// each reaches the replica its second turn did.
+#[test]
+fn smg_sticky_sessions_keep_each_conversation_on_one_replica_and_spread_new_ones() {
+    let cluster = Cluster {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let smg = cluster.script(&["install-smg"]);
+    if !smg.status.success() {
+        eprintln!(
+            "skipped: smg (the SGLang model gateway, PyPI) could not be installed: {}",
+            show(&smg)
+        );
+        return;
+    }
+    #[rustfmt::skip]
+    let up = cluster.run(&[
+        "up", "--replicas", "2", "--router", "smg", "--policy", "cache_aware", "--port", "0",
+        "--router-arg", "--sticky-sessions",
+        "--router-arg", "--assignment-mode", "--router-arg", "min_load",
+        "--router-arg", "--worker-overload-waiting-requests", "--router-arg", "32",
+    ]);
+    eprintln!("{up}");
+    let router = cluster.router();
+    let replicas = [cluster.replica(0), cluster.replica(1)];
+    let key = |c: usize| format!("conversation-{c}");
+
+    // First turns all at once: each new key goes to the replica with fewer in flight.
+    std::thread::scope(|s| {
+        for c in 0..8 {
+            let key = key(c);
+            s.spawn(move || {
+                let r = answer(
+                    post_as(router, "/v1/chat/completions", &turn(0, 1), Some(&key)),
+                    false,
+                );
+                assert!(r.is_ok(), "conversation {c} turn 1: {r:?}");
+            });
+        }
+    });
+    let home: Vec<usize> = (0..8)
+        .map(|c| {
+            let home = answered_by_as(router, &replicas, &turn(0, 2), Some(&key(c)));
+            for t in 3..=4 {
+                assert_eq!(
+                    answered_by_as(router, &replicas, &turn(0, t), Some(&key(c))),
+                    home,
+                    "conversation {c} turn {t} moved"
+                );
+            }
+            home
+        })
+        .collect();
+    let on_0 = home.iter().filter(|&&h| h == 0).count();
+    assert!(
+        (2..=6).contains(&on_0),
+        "8 conversations placed {on_0} / {} on the two replicas: {home:?}\n{}",
+        8 - on_0,
+        cluster.log("router.log")
     );
 }
