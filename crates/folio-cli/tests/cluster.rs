@@ -59,6 +59,23 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster directory with smg installed; None, with the reason printed, where smg
+    /// cannot be installed (no python3 venv, no PyPI).
+    fn with_smg() -> Option<Cluster> {
+        let cluster = Cluster {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        let smg = cluster.script(&["install-smg"]);
+        if !smg.status.success() {
+            eprintln!(
+                "skipped: smg (the SGLang model gateway, PyPI) could not be installed: {}",
+                show(&smg)
+            );
+            return None;
+        }
+        Some(cluster)
+    }
+
     fn script(&self, args: &[&str]) -> Output {
         Command::new(repo().join("scripts/cluster.sh"))
             .args(args)
@@ -505,17 +522,9 @@ struct Cycle {
 #[test]
 fn a_replica_killed_under_load_loses_only_its_requests_in_flight_and_rejoins_after_restart() {
     let begun = Instant::now();
-    let cluster = Cluster {
-        dir: tempfile::tempdir().unwrap(),
-    };
-    let smg = cluster.script(&["install-smg"]);
-    if !smg.status.success() {
-        eprintln!(
-            "skipped: smg (the SGLang model gateway, PyPI) could not be installed: {}",
-            show(&smg)
-        );
+    let Some(cluster) = Cluster::with_smg() else {
         return;
-    }
+    };
     let up = cluster.run(&[
         "up",
         "--replicas",
@@ -706,17 +715,9 @@ fn nginx_consistent_hash_keeps_each_conversation_on_one_replica_across_a_kill_an
 /// each reaches the replica its second turn did.
 #[test]
 fn smg_sticky_sessions_keep_each_conversation_on_one_replica_and_spread_new_ones() {
-    let cluster = Cluster {
-        dir: tempfile::tempdir().unwrap(),
-    };
-    let smg = cluster.script(&["install-smg"]);
-    if !smg.status.success() {
-        eprintln!(
-            "skipped: smg (the SGLang model gateway, PyPI) could not be installed: {}",
-            show(&smg)
-        );
+    let Some(cluster) = Cluster::with_smg() else {
         return;
-    }
+    };
     #[rustfmt::skip]
     let up = cluster.run(&[
         "up", "--replicas", "2", "--router", "smg", "--policy", "cache_aware", "--port", "0",
