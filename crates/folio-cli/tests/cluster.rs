@@ -730,13 +730,16 @@ fn smg_sticky_sessions_keep_each_conversation_on_one_replica_and_spread_new_ones
     let replicas = [cluster.replica(0), cluster.replica(1)];
     let key = |c: usize| format!("conversation-{c}");
 
-    // First turns all at once: each new key goes to the replica with fewer in flight.
+    // First turns all at once, long enough to be in flight together: each new key goes
+    // to the replica with fewer requests in flight (on a tie smg picks either).
+    let mut first = turn(0, 1);
+    first["max_tokens"] = json!(48);
     std::thread::scope(|s| {
         for c in 0..8 {
-            let key = key(c);
+            let (key, first) = (key(c), &first);
             s.spawn(move || {
                 let r = answer(
-                    post_as(router, "/v1/chat/completions", &turn(0, 1), Some(&key)),
+                    post_as(router, "/v1/chat/completions", first, Some(&key)),
                     false,
                 );
                 assert!(r.is_ok(), "conversation {c} turn 1: {r:?}");
