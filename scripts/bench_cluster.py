@@ -10,9 +10,10 @@ round (the order rotates):
 
   single       one `folio serve` replica, one thread, asked directly
   cache_aware  2 replicas (one thread each) behind smg --policy cache_aware
-  sticky       2 replicas behind smg --policy cache_aware with sticky sessions: each
+  sticky       2 replicas behind smg --policy cache_aware with sticky sessions
+               (`cluster.sh up --sticky`, docs/cluster.md's advice for chat): each
                conversation's id in X-SMG-Routing-Key, new ones to the replica with
-               fewest requests in flight (docs/cluster.md's advice for chat)
+               fewest requests in flight
   round_robin  2 replicas (one thread each) behind smg --policy round_robin
   nginx        2 replicas behind nginx, consistent hash of the first turn
   split        2 replicas asked directly, user u on replica u % 2: the
@@ -203,16 +204,12 @@ def replay(ports, users, turns, max_tokens, arrival):
     return ttfts, tokens[0], secs, answers
 
 
-# docs/cluster.md's advice for chat: smg keeps a conversation (its X-SMG-Routing-Key) on
-# the replica its first turn went to, new ones to the replica with fewest in flight, and
-# does not take a replica out of routing for a burst of waiting turns.
-STICKY = "cache_aware+--sticky-sessions+--assignment-mode=min_load+--worker-overload-waiting-requests=32"
-
-
 def run_mode(mode, args):
     # POLICY+--flag=value+...: that smg policy with these flags besides --smg-args.
-    mode, *flags = (STICKY if mode == "sticky" else mode).split("+")
-    replicas, policy = (1, "cache_aware") if mode == "single" else (2, mode)
+    mode, *flags = mode.split("+")
+    # sticky: cache_aware with `cluster.sh up --sticky` (docs/cluster.md's advice for chat).
+    sticky = ["--sticky"] if mode == "sticky" else []
+    replicas, policy = (1, "cache_aware") if mode == "single" else (2, "cache_aware" if sticky else mode)
     router_kind = "nginx" if mode in ("nginx", "split") else "smg"
     with tempfile.TemporaryDirectory(prefix=f"folio-cluster-{mode}-") as run_dir:
         extra = []
@@ -220,7 +217,8 @@ def run_mode(mode, args):
             for a in args.smg_args.split() + [p for f in flags for p in f.split("=", 1)]:
                 extra += ["--router-arg", a]
         cluster(run_dir, "up", "--replicas", str(replicas), "--router", router_kind,
-                *(["--policy", policy] if router_kind == "smg" else []), "--port", "0", "--threads", "1", *extra)
+                *(["--policy", policy] if router_kind == "smg" else []), "--port", "0", "--threads", "1",
+                *sticky, *extra)
         try:
             ports = [read(os.path.join(run_dir, f"replica-{i}.port")) for i in range(replicas)]
             router = [w.split("=", 1)[1] for w in read(os.path.join(run_dir, "cluster.env")).split()

@@ -6,7 +6,7 @@
 #
 #   scripts/cluster.sh up [--replicas N] [--router smg|nginx] [--policy POLICY]
 #                         [--port PORT] [--threads T] [--hash-bytes B]
-#                         [--router-arg ARG]... [-- SERVE_ARGS...]
+#                         [--sticky] [--router-arg ARG]... [-- SERVE_ARGS...]
 #   scripts/cluster.sh status      # each replica's pid, port, /health; the router's view
 #   scripts/cluster.sh kill I      # SIGKILL replica I (0-based), as a crash would
 #   scripts/cluster.sh restart I   # stop replica I if it runs, start it on its port again
@@ -16,14 +16,20 @@
 # Defaults: 2 replicas, router smg, policy cache_aware (smg's others: round_robin,
 # power_of_two, consistent_hashing, prefix_hash, ...), router port 8080, one forward
 # thread per replica, model name `folio` on every replica (smg needs `model` in each
-# request). --router-arg passes one more argument to smg, as in
-# `--router-arg --cache-threshold --router-arg 0.6`. Environment: FOLIO_CLUSTER_DIR
+# request). --sticky keeps each chat conversation on one replica (STICKY_ARGS below;
+# clients name the conversation in X-SMG-Routing-Key). --router-arg passes one more
+# argument to smg, as in `--router-arg --cache-threshold --router-arg 0.6`. Environment: FOLIO_CLUSTER_DIR
 # (run directory: pids, ports, logs; default target/cluster), FOLIO_BIN (default
 # target/release/folio, built if missing), FOLIO_MODEL, FOLIO_SMG_VENV (default
 # target/smg-venv), SMG_LOG_LEVEL (warn).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 SMG_VERSION=1.13.0
+# `up --sticky`: smg as docs/cluster.md advises for chat. A conversation named in the
+# X-SMG-Routing-Key header stays on the replica its first turn went to, a new one goes
+# to the replica with the fewest requests in flight, and a burst of waiting turns on a
+# replica does not take it out of routing (smg's default veto is 8).
+STICKY_ARGS="--sticky-sessions --assignment-mode min_load --worker-overload-waiting-requests 32"
 dir=${FOLIO_CLUSTER_DIR:-$root/target/cluster}
 bin=${FOLIO_BIN:-$root/target/release/folio}
 venv=${FOLIO_SMG_VENV:-$root/target/smg-venv}
@@ -249,7 +255,7 @@ cmd=${1:-}
 case $cmd in
 up)
     REPLICAS=2 ROUTER=smg POLICY=cache_aware ROUTER_PORT=8080 THREADS=1 HASH_BYTES=512
-    SERVE_ARGS="" ROUTER_ARGS=""
+    SERVE_ARGS="" ROUTER_ARGS="" STICKY=0
     while [ $# -gt 0 ]; do
         case $1 in
         --replicas) REPLICAS=$2; shift 2 ;;
@@ -259,10 +265,15 @@ up)
         --threads) THREADS=$2; shift 2 ;;
         --hash-bytes) HASH_BYTES=$2; shift 2 ;;
         --router-arg) ROUTER_ARGS+=" $2"; shift 2 ;;
+        --sticky) STICKY=1; shift ;;
         --) shift; SERVE_ARGS="$*"; break ;;
         *) die "unknown option $1" ;;
         esac
     done
+    if [ "$STICKY" = 1 ]; then
+        [ "$ROUTER" = smg ] || die "--sticky is for --router smg"
+        ROUTER_ARGS+=" $STICKY_ARGS"
+    fi
     [ "$ROUTER_PORT" = 0 ] && ROUTER_PORT=$(free_port)
     [ -f "$dir/cluster.env" ] && die "a cluster runs in $dir already (scripts/cluster.sh down)"
     if [ ! -x "$bin" ]; then

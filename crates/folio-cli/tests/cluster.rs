@@ -708,8 +708,9 @@ fn nginx_consistent_hash_keeps_each_conversation_on_one_replica_across_a_kill_an
     );
 }
 
-/// docs/cluster.md's advice for chat behind smg: `--sticky-sessions --assignment-mode
-/// min_load` and the conversation's id in `X-SMG-Routing-Key`. Eight conversations of the
+/// docs/cluster.md's advice for chat behind smg, `cluster.sh up --sticky` (smg's
+/// `--sticky-sessions --assignment-mode min_load`) and the conversation's id in
+/// `X-SMG-Routing-Key`. Eight conversations of the
 /// same text (the prefix tree alone would send them all to the replica holding it)
 /// start at once under eight keys and spread over both replicas; every later turn of
 /// each reaches the replica its second turn did.
@@ -718,13 +719,7 @@ fn smg_sticky_sessions_keep_each_conversation_on_one_replica_and_spread_new_ones
     let Some(cluster) = Cluster::with_smg() else {
         return;
     };
-    #[rustfmt::skip]
-    let up = cluster.run(&[
-        "up", "--replicas", "2", "--router", "smg", "--policy", "cache_aware", "--port", "0",
-        "--router-arg", "--sticky-sessions",
-        "--router-arg", "--assignment-mode", "--router-arg", "min_load",
-        "--router-arg", "--worker-overload-waiting-requests", "--router-arg", "32",
-    ]);
+    let up = cluster.run(&["up", "--router", "smg", "--sticky", "--port", "0"]);
     eprintln!("{up}");
     let router = cluster.router();
     let replicas = [cluster.replica(0), cluster.replica(1)];

@@ -525,7 +525,7 @@ impl Scheduler {
         let mut room = SPEC_ROWS
             .saturating_sub(plan.batch.num_tokens())
             .min(budget);
-        let row_cost = self.row_cost.estimate();
+        let row_cost = self.row_cost();
         for e in 0..plan.seqs.len() {
             if room == 0 {
                 break;

@@ -24,8 +24,8 @@
 //!
 //! [`adapt`] decides per sample how many tokens to draft, from its recent acceptance
 //! and what a row costs on this machine ([`cost`], measured from the engine's own
-//! steps), and the scheduler adds drafts only while a step has few rows (a step of many rows
-//! is compute-bound: every extra row costs a row's compute).
+//! steps), and the scheduler adds drafts only while a step has few rows (a step of
+//! many rows is compute-bound: every extra row costs a row's compute).
 
 pub(crate) mod adapt;
 pub(crate) mod cost;
