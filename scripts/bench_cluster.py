@@ -16,8 +16,8 @@ round (the order rotates):
                fewest requests in flight
   round_robin  2 replicas (one thread each) behind smg --policy round_robin
   nginx        2 replicas behind nginx, consistent hash of the first turn
-  split        2 replicas asked directly, user u on replica u % 2: the
-               even, sticky split a router should approach (no router in the way)
+  split        2 replicas asked directly (no router), user u on replica u % 2: the
+               even, sticky split a router should approach
   POLICY       (with --modes) 2 replicas behind smg --policy POLICY; POLICY+--flag=value
                adds smg flags for that mode alone (cache_aware+--cache-threshold=0.5)
 
@@ -209,11 +209,12 @@ def run_mode(mode, args):
     mode, *flags = mode.split("+")
     # sticky: cache_aware with `cluster.sh up --sticky` (docs/cluster.md's advice for chat).
     sticky = ["--sticky"] if mode == "sticky" else []
-    replicas, policy = (1, "cache_aware") if mode == "single" else (2, "cache_aware" if sticky else mode)
-    router_kind = "nginx" if mode in ("nginx", "split") else "smg"
+    replicas = 1 if mode == "single" else 2
+    policy = "cache_aware" if sticky else mode
+    router_kind = {"nginx": "nginx", "single": "none", "split": "none"}.get(mode, "smg")
     with tempfile.TemporaryDirectory(prefix=f"folio-cluster-{mode}-") as run_dir:
         extra = []
-        if router_kind == "smg" and mode != "single":
+        if router_kind == "smg":
             for a in args.smg_args.split() + [p for f in flags for p in f.split("=", 1)]:
                 extra += ["--router-arg", a]
         cluster(run_dir, "up", "--replicas", str(replicas), "--router", router_kind,
@@ -223,7 +224,7 @@ def run_mode(mode, args):
             ports = [read(os.path.join(run_dir, f"replica-{i}.port")) for i in range(replicas)]
             router = [w.split("=", 1)[1] for w in read(os.path.join(run_dir, "cluster.env")).split()
                       if w.startswith("ROUTER_PORT=")][0]
-            direct = mode in ("single", "split")
+            direct = router_kind == "none"
             sids = {"replicas": [int(read(os.path.join(run_dir, f"replica-{i}.pid"))) for i in range(replicas)],
                     "router": [] if direct else [int(read(os.path.join(run_dir, "router.pid")))]}
             before = {k: sum(session_cpu(s) for s in v) for k, v in sids.items()}

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # N `folio serve` replicas on loopback behind an existing router: the SGLang model
 # gateway (PyPI `smg`, pinned below, installed into target/smg-venv on first use) or
-# nginx hashing each conversation's first user turn (Debian's `nginx`). Every
-# process runs in a process group of its own, its pid and log in the run directory.
+# nginx hashing each conversation's first user turn (Debian's `nginx`), or none (the
+# replicas alone, asked directly: a benchmark's baseline). Every process runs in a process group of its own, its pid and log in the run directory.
 #
-#   scripts/cluster.sh up [--replicas N] [--router smg|nginx] [--policy POLICY]
+#   scripts/cluster.sh up [--replicas N] [--router smg|nginx|none] [--policy POLICY]
 #                         [--port PORT] [--threads T] [--hash-bytes B]
 #                         [--sticky] [--router-arg ARG]... [-- SERVE_ARGS...]
 #   scripts/cluster.sh status      # each replica's pid, port, /health; the router's view
@@ -181,6 +181,7 @@ EOF
 
 start_router() {
     local urls=() i pid log="$dir/router.log"
+    [ "$ROUTER" = none ] && return 0
     for ((i = 0; i < REPLICAS; i++)); do
         urls+=("http://127.0.0.1:$(cat "$dir/replica-$i.port")")
     done
@@ -213,7 +214,7 @@ start_router() {
         setsid nginx -c "$conf" -p "$dir/nginx" </dev/null >>"$log" 2>&1 &
         pid=$!
         ;;
-    *) die "unknown router $ROUTER (smg or nginx)" ;;
+    *) die "unknown router $ROUTER (smg, nginx or none)" ;;
     esac
     echo "$pid" >"$dir/router.pid"
     for ((t = 0; t < 600; t++)); do
@@ -307,6 +308,7 @@ status)
         ok200 "http://127.0.0.1:$port/health" && state=healthy
         echo "replica $i: pid ${pid:-?} port $port $state"
     done
+    [ "$ROUTER" = none ] && exit 0
     pid=$(cat "$dir/router.pid" 2>/dev/null || true)
     echo "router $ROUTER: pid ${pid:-?} port $ROUTER_PORT $(alive "$pid" && echo running || echo down)"
     if [ "$ROUTER" = smg ]; then

@@ -85,6 +85,10 @@ llama_steady() {
         --port 18642
 }
 
+median() { # numbers... → the middle one (of an even count, the lower of the two)
+    printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"
+}
+
 table() { # what → a row per model: folio's and llama.cpp's medians, rounds alternating
     echo "| model | folio $1 MiB | llama.cpp $1 MiB | folio / llama.cpp |"
     echo "|---|---|---|---|"
@@ -94,8 +98,8 @@ table() { # what → a row per model: folio's and llama.cpp's medians, rounds al
             f+=("$("folio_$1" "$m")")
             l+=("$("llama_$1" "$m")")
         done
-        fm=$(printf '%s\n' "${f[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
-        lm=$(printf '%s\n' "${l[@]}" | sort -n | sed -n "$(( (ROUNDS + 1) / 2 ))p")
+        fm=$(median "${f[@]}")
+        lm=$(median "${l[@]}")
         echo "| $(basename "$m") | $fm (${f[*]}) | $lm (${l[*]}) | $(python3 -c "print(f'{$fm / $lm:.2f}x')") |"
     done
 }

@@ -4,13 +4,13 @@
 //!
 //! With a per-token acceptance rate `a`, a draft of `k` tokens yields `1 + a + … + a^k`
 //! tokens from one step, and costs `1 + c · k` decode steps, `c` a row's cost as the
-//! engine measures it ([`super::cost`]). The sample drafts
-//! the `k` with the best ratio when that beats 1 by `MARGIN`. Rates are kept per
-//! source ([`Source`]): a five-token match in the prompt is followed far more often
-//! than a two-token one, and a caller's prediction more than either. After two drafts
-//! in a row with nothing accepted, the sample waits a number of steps that doubles with
-//! each failed try (free chat seldom repeats itself, and then drafts almost never),
-//! then tries again from at least `PROBE`.
+//! engine measures it ([`super::cost`]). The sample drafts the `k` with the best ratio
+//! when that beats 1 by `MARGIN`. Rates are kept per source ([`Source`]): a five-token
+//! match in the prompt is followed far more often than a two-token one, and a caller's
+//! prediction more than either. After two drafts in a row with nothing accepted, the
+//! sample waits a number of steps that doubles with each failed try (free chat seldom
+//! repeats itself, and then drafts almost never), then tries again from at least
+//! `PROBE`.
 
 use super::MAX_DRAFT;
 /// The least gain (tokens per step-time) a draft must promise.

@@ -4,7 +4,7 @@
 //! drafter must know what a row costs against a one-row step. That depends on the
 //! CPU, its kernel path, the model and the threads: on AMD Zen 4's AVX-512 path a row
 //! of the default model cost 0.12-0.17 of a one-row step, on Zen 3's AVX2 path with
-//! the four-row Q4_1 kernels about 0.3, on an Intel Xeon's AVX-512 path 0.25-0.3
+//! the four-row Q4_1 kernels about 0.3, on an Intel Xeon's AVX-512 path 0.25-0.36
 //! (verifying a row also samples it). So the engine fits it from its own steps: for
 //! every step of one sequence's decode row and draft (every row taking logits), the
 //! step's time against its rows, by least squares over recent steps with older
