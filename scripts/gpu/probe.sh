@@ -3,13 +3,18 @@
 # libraries (libcuda, NVRTC, cuBLAS) and compiler, and whether Vulkan compute runs.
 # Run it on the lent machine (DEVELOPERS.md, `device`) from the repository root, with
 # target/vkprobe carried: `scripts/gpu/probe.sh --prepare` here first puts Debian's Vulkan
-# loader and the probe there (the lent machine has no loader of its own).
+# loader and the probe there (the lent machine has no loader of its own), with the
+# libraries NVIDIA's Vulkan driver (libGLX_nvidia.so.0, libEGL_nvidia.so.0) loads when a
+# container lacks them (glvnd's dispatch library, X11's client libraries): on the H200
+# lent on 2026-11-28 the loader found the driver's ICD file but "no drivers", which is
+# what a driver library that fails to load gives.
 set -u
 if [ "${1:-}" = --prepare ]; then
     tmp=$(mktemp -d)
-    (cd "$tmp" && apt-get download libvulkan1 >/dev/null && dpkg-deb -x libvulkan1_*.deb root)
+    pkgs="libvulkan1 libglvnd0 libx11-6 libxext6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0"
+    (cd "$tmp" && apt-get download $pkgs >/dev/null && for d in *.deb; do dpkg-deb -x "$d" root; done)
     mkdir -p target/vkprobe/lib
-    cp -a "$tmp"/root/usr/lib/x86_64-linux-gnu/libvulkan.so.1* target/vkprobe/lib/
+    cp -a "$tmp"/root/usr/lib/x86_64-linux-gnu/*.so.* target/vkprobe/lib/
     cp scripts/gpu/vulkan_probe.py target/vkprobe/
     rm -rf "$tmp"
     exit 0
@@ -21,3 +26,28 @@ command -v nvcc && nvcc --version | tail -1
 echo "NVIDIA_DRIVER_CAPABILITIES=${NVIDIA_DRIVER_CAPABILITIES:-}"
 ls /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>/dev/null
 VK_LOADER_DEBUG=error python3 target/vkprobe/vulkan_probe.py
+# Why a driver library would not load: its unresolved dependencies, with and without
+# the carried ones; then the probe again with them, and with the EGL entry of the driver
+# (headless) in place of the GLX one the ICD file names.
+carried=$PWD/target/vkprobe/lib
+for icd in /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json; do
+    [ -f "$icd" ] || continue
+    lib=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ICD"]["library_path"])' "$icd")
+    case $lib in
+        /*) path=$lib ;;
+        *) path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}') ;;
+    esac
+    [ -f "$path" ] || path=""
+    echo "$icd -> $lib (${path:-not found})"
+    [ -n "$path" ] && ldd "$path" | grep "not found"
+    [ -n "$path" ] && LD_LIBRARY_PATH=$carried ldd "$path" | grep "not found"
+done
+echo "with the carried libraries:"
+LD_LIBRARY_PATH=$carried VK_LOADER_DEBUG=error python3 target/vkprobe/vulkan_probe.py
+if ldconfig -p | grep -q libEGL_nvidia.so.0; then
+    printf '{"file_format_version":"1.0.0","ICD":{"library_path":"libEGL_nvidia.so.0","api_version":"1.3.0"}}' \
+        >/tmp/nvidia_egl_icd.json
+    echo "with the driver's EGL library as the ICD:"
+    VK_DRIVER_FILES=/tmp/nvidia_egl_icd.json VK_ICD_FILENAMES=/tmp/nvidia_egl_icd.json \
+        LD_LIBRARY_PATH=$carried VK_LOADER_DEBUG=error python3 target/vkprobe/vulkan_probe.py
+fi

@@ -89,6 +89,14 @@ impl GpuBackend {
         self
     }
 
+    /// The same backend with the matmuls' work split for a GPU (many lanes an output)
+    /// or for a software adapter (one): by default the adapter's kind picks
+    /// (`Kernels::wide`). The results differ in their last bits (another order of sums).
+    pub fn with_wide_matmuls(mut self, on: bool) -> Self {
+        self.kernels.wide = on;
+        self
+    }
+
     /// The adapter the backend runs on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu

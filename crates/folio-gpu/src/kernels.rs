@@ -25,12 +25,24 @@ pub(crate) struct Kernels {
     pub kv_store: Kernel,
     pub attention: Kernel,
     pub swiglu: Kernel,
+    /// The matmuls' work split: many lanes share an output column (what a GPU wants:
+    /// neighbouring invocations read neighbouring weights), or one lane computes it
+    /// (what lavapipe runs fastest: its lanes are SIMD lanes of one CPU core, where a
+    /// workgroup's barriers and gathers cost more than whole rows per lane). Wide on a
+    /// hardware adapter, narrow on a software one; the tests run both.
+    pub wide: bool,
+    /// The most workgroups one matmul dispatch has along its columns ([`MAX_GROUPS`];
+    /// a test sets fewer).
+    pub max_groups: u32,
 }
 
 /// Workgroup width of every kernel.
 pub(crate) const WG: u32 = 64;
-/// Rows one matmul invocation computes (`TR` in `matmul.wgsl`).
+/// Rows of `a` one matmul workgroup computes (`TR` in `matmul_common.wgsl`).
 pub(crate) const MATMUL_ROWS: u32 = 8;
+/// The most workgroups a matmul dispatch has along its columns (WebGPU's default limit
+/// per axis); a larger matrix takes several dispatches.
+const MAX_GROUPS: u32 = 65535;
 /// Words of one 8-bit activation block (`quantize.wgsl`).
 pub(crate) const Q8_WORDS: usize = 10;
 
@@ -91,8 +103,8 @@ impl Kernels {
                 &module("rms_norm", include_str!("wgsl/rms_norm.wgsl")),
                 "main",
             ),
-            q4_1: pipeline(&matmul, "q4_1"),
-            q8_0: pipeline(&matmul, "q8_0"),
+            q4_1: pipeline_with(&matmul, "main", &[("FORMAT", Format::Q4_1.wgsl() as f64)]),
+            q8_0: pipeline_with(&matmul, "main", &[("FORMAT", Format::Q8_0.wgsl() as f64)]),
             f32_inputs,
             quantize: pipeline(
                 &module("quantize", include_str!("wgsl/quantize.wgsl")),
@@ -108,12 +120,57 @@ impl Kernels {
                 "main",
             ),
             swiglu: pipeline(&module("swiglu", include_str!("wgsl/swiglu.wgsl")), "main"),
+            wide: !gpu.adapter().software,
+            max_groups: MAX_GROUPS,
         }
     }
 
     /// The matmul on f32 inputs for matrices in `format`.
     pub fn f32_inputs(&self, format: Format) -> &Kernel {
         &self.f32_inputs[format.wgsl() as usize]
+    }
+
+    /// Records a matmul `kernel` over rows `first..first + n` of a matrix with `k`
+    /// inputs (`w` holds those rows): `y[r, first + o] (+)= a[r] · W[first + o]` for
+    /// `rows` rows of `a`, y's rows `stride` wide. The work split is
+    /// `matmul_common.wgsl`'s: as many lanes per output as the input has chunks of 32
+    /// (a power of two, at most [`WG`]), or one lane per output where `wide` is off.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &self,
+        gpu: &Gpu,
+        pass: &mut wgpu::ComputePass<'_>,
+        kernel: &Kernel,
+        [w, a, y]: [&wgpu::Buffer; 3],
+        (k, first, n): (usize, usize, usize),
+        rows: usize,
+        stride: usize,
+        add: bool,
+    ) {
+        let lanes = match self.wide {
+            true => (k as u32 / 32).next_power_of_two().min(WG),
+            false => 1,
+        };
+        let columns = (n as u32).div_ceil(WG / lanes);
+        let step = self.max_groups;
+        for g0 in (0..columns).step_by(step as usize) {
+            // Workgroup x takes column group g0 + x (`matmul_common.wgsl`).
+            let params = [
+                k as u32,
+                n as u32,
+                rows as u32,
+                add as u32,
+                stride as u32,
+                first as u32,
+                lanes,
+                g0,
+            ];
+            let groups = (
+                (columns - g0).min(step),
+                (rows as u32).div_ceil(MATMUL_ROWS),
+            );
+            Self::dispatch(gpu, pass, kernel, &params, &[w, a, y], groups);
+        }
     }
 
     /// Records `kernel` over `groups` workgroups with `params` (binding 0, a uniform)

@@ -2,10 +2,10 @@
 //! dequantized on the host (`folio::model::dequantize`, the CPU's own decoding) and
 //! multiplied as a widened (f32) matrix: the same bits, for every format the kernel
 //! decodes, on random blocks and random activations, for 1, 3 and 9 activation rows
-//! (one call of 8 rows and a remainder). Skipped, with the reason printed, without a Vulkan adapter.
+//! (one call of 8 rows and a remainder), with either work split of the kernels. Skipped, with the reason printed, without a Vulkan adapter.
 
 use crate::device::Gpu;
-use crate::kernels::{Kernel, Kernels, MATMUL_ROWS, WG};
+use crate::kernels::{Kernel, Kernels};
 use crate::weights::{Format, Matrix};
 use folio::gguf::GgmlType;
 use folio::model::dequantize;
@@ -55,26 +55,23 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
 }
 
 /// `a` (`rows` × `m.cols`) · `m`ᵀ with `kernel`, read back.
-fn run(gpu: &Gpu, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usize) -> Vec<f32> {
+fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usize) -> Vec<f32> {
     let a = gpu.upload("a", bytemuck::cast_slice(a));
     let y = gpu.scratch("y", (rows * m.rows * 4) as u64);
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     {
         let mut pass = encoder.begin_compute_pass(&Default::default());
-        let params = [
-            m.cols as u32,
-            m.rows as u32,
-            rows as u32,
-            0,
-            m.rows as u32,
-            0,
-        ];
-        let groups = (
-            (m.rows as u32).div_ceil(WG),
-            (rows as u32).div_ceil(MATMUL_ROWS),
+        let bufs = [&m.pieces[0].0, &a, &y];
+        k.matmul(
+            gpu,
+            &mut pass,
+            kernel,
+            bufs,
+            (m.cols, 0, m.rows),
+            rows,
+            m.rows,
+            false,
         );
-        let w = &m.pieces[0].0;
-        Kernels::dispatch(gpu, &mut pass, kernel, &params, &[w, &a, &y], groups);
     }
     let staging = gpu.staging((rows * m.rows * 4) as u64);
     encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, (rows * m.rows * 4) as u64);
@@ -90,10 +87,10 @@ fn block_kernels_give_the_widened_kernels_bits() {
             return;
         }
     };
-    let k = Kernels::new(&gpu).unwrap();
+    let mut k = Kernels::new(&gpu).unwrap();
+    let default_groups = k.max_groups;
     let mut rng = Rng(42);
-    let (n, cols) = (70, 512);
-    let cases = [
+    let formats = [
         (GgmlType::Q4_0, Format::Q4_0),
         (GgmlType::Q4_1, Format::Q4_1),
         (GgmlType::Q5_0, Format::Q5_0),
@@ -101,31 +98,61 @@ fn block_kernels_give_the_widened_kernels_bits() {
         (GgmlType::Q4_K, Format::Q4K),
         (GgmlType::Q6_K, Format::Q6K),
     ];
-    for (ty, format) in cases {
-        let bytes = random_blocks(&mut rng, ty, n, cols);
-        let wide = dequantize(ty, n, cols, &bytes).unwrap();
-        let matrix = |format, data: &[u8]| Matrix {
-            pieces: vec![(gpu.upload("w", data), 0, n)],
-            format,
-            rows: n,
-            cols,
-            bytes: data.len(),
-        };
-        let blocks = matrix(format, &bytes);
-        let widened = matrix(Format::F32, bytemuck::cast_slice(&wide));
-        for rows in [1, 3, 9] {
-            let a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
-            let got = run(&gpu, k.f32_inputs(format), &blocks, &a, rows);
-            let want = run(&gpu, k.f32_inputs(Format::F32), &widened, &a, rows);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert!(bits(&got) == bits(&want), "{ty}, {rows} rows");
-            // And the products are what the host computes in f64, to the error an
-            // f32 sum may make (relative to the sum of the terms' sizes).
-            for (i, &g) in got.iter().enumerate() {
-                let (r, o) = (i / n, i % n);
-                let terms = (0..cols).map(|c| wide[o * cols + c] as f64 * a[r * cols + c] as f64);
-                let (exact, size) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
-                assert!((g as f64 - exact).abs() <= 1e-5 * size + 1e-9, "{ty}");
+    // (wide split, outputs, inputs, most workgroups a dispatch): both splits; inputs
+    // of 16 chunks (one a lane when wide), 18 (a non-power-of-two: idle lanes) and 128
+    // (two a lane); dispatches of 3 workgroups (many dispatches a matmul); and 3000
+    // outputs of 4096 inputs in one dispatch (where lavapipe went wrong from the 2458th
+    // workgroup on when workgroups looped over column groups: docs/gpu.md).
+    let shapes = [
+        (false, 70, 512, default_groups),
+        (true, 70, 512, default_groups),
+        (true, 70, 576, default_groups),
+        (true, 70, 4096, default_groups),
+        (true, 70, 4096, 3),
+        (false, 70, 4096, 3),
+        (true, 3000, 4096, default_groups),
+    ];
+    for (wide, n, cols, max_groups) in shapes {
+        (k.wide, k.max_groups) = (wide, max_groups);
+        for (ty, format) in formats {
+            if !(cols as u64).is_multiple_of(ty.block_layout().0)
+                || (n > 70 && ty != GgmlType::Q4_0)
+            {
+                continue;
+            }
+            let bytes = random_blocks(&mut rng, ty, n, cols);
+            let wide = dequantize(ty, n, cols, &bytes).unwrap();
+            let matrix = |format, data: &[u8]| Matrix {
+                pieces: vec![(gpu.upload("w", data), 0, n)],
+                format,
+                rows: n,
+                cols,
+                bytes: data.len(),
+            };
+            let blocks = matrix(format, &bytes);
+            let widened = matrix(Format::F32, bytemuck::cast_slice(&wide));
+            for rows in [1, 3, 9] {
+                let a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+                let got = run(&gpu, &k, k.f32_inputs(format), &blocks, &a, rows);
+                let want = run(&gpu, &k, k.f32_inputs(Format::F32), &widened, &a, rows);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let case = format!(
+                    "{ty}, {n} x {cols}, {rows} rows, wide {}, {max_groups} groups",
+                    k.wide
+                );
+                assert!(bits(&got) == bits(&want), "{case}");
+                // And the products are what the host computes in f64, to the error an
+                // f32 sum may make (relative to the sum of the terms' sizes).
+                for (i, &g) in got.iter().enumerate() {
+                    let (r, o) = (i / n, i % n);
+                    let terms =
+                        (0..cols).map(|c| wide[o * cols + c] as f64 * a[r * cols + c] as f64);
+                    let (exact, size) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
+                    assert!(
+                        (g as f64 - exact).abs() <= 1e-5 * size + 1e-9,
+                        "{case}: output {i}"
+                    );
+                }
             }
         }
     }

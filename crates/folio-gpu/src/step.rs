@@ -9,7 +9,7 @@
 //! ragged batch (prefill chunks and decode rows alike) shares each matmul.
 
 use crate::device::Gpu;
-use crate::kernels::{Kernel, Kernels, MATMUL_ROWS, Q8_WORDS, WG};
+use crate::kernels::{Kernel, Kernels, Q8_WORDS, WG};
 use crate::pool::Pool;
 use crate::table::StepTable;
 use crate::weights::{Format, Matrix, Weights};
@@ -127,17 +127,9 @@ impl Step<'_> {
                         (f, _) => (k.f32_inputs(f), a),
                     };
                     for (buf, first, n) in &m.pieces {
-                        let (first, n) = (*first as u32, *n as u32);
-                        let params = [
-                            m.cols as u32,
-                            n,
-                            rows as u32,
-                            add as u32,
-                            m.rows as u32,
-                            first,
-                        ];
-                        let groups = (n.div_ceil(WG), (rows as u32).div_ceil(MATMUL_ROWS));
-                        Kernels::dispatch(gpu, p, kernel, &params, &[buf, input, y], groups);
+                        let shape = (m.cols, *first, *n);
+                        let bufs = [buf, input, y];
+                        k.matmul(gpu, p, kernel, bufs, shape, rows, m.rows, add);
                     }
                 };
             let scale = c.q_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());

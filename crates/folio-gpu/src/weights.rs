@@ -137,6 +137,13 @@ pub(crate) fn check(c: &Config) -> Result<(), GpuError> {
     if c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
         return no("query heads not a multiple of K/V heads");
     }
+    // The matmuls split their inputs into chunks of 32 (`matmul_common.wgsl`).
+    if [c.dim, c.q_dim(), c.ffn_dim]
+        .iter()
+        .any(|w| !w.is_multiple_of(32))
+    {
+        return no("a matmul input width not a multiple of 32");
+    }
     Ok(())
 }
 

@@ -37,8 +37,9 @@ fn model_path() -> PathBuf {
 }
 
 /// The CPU model and the same model on the GPU, or `None` (with the reason printed)
-/// where this machine has no Vulkan adapter.
-fn models() -> Option<(Model, Model)> {
+/// where this machine has no Vulkan adapter. `wide`: the matmuls' work split, where
+/// not the adapter's own (`GpuBackend::with_wide_matmuls`).
+fn models(wide: Option<bool>) -> Option<(Model, Model)> {
     let gpu = match Gpu::open(true) {
         Ok(g) => g,
         Err(e) => {
@@ -53,11 +54,13 @@ fn models() -> Option<(Model, Model)> {
     // CPU.
     let cpu = Model::load(&path, 2).unwrap().llama_arithmetic();
     let on_gpu = Model::load(&path, 2).unwrap();
-    let on_gpu = {
-        let (m, r) = GpuBackend::put_on(on_gpu, &path, gpu, true);
-        r.unwrap();
-        m
-    };
+    let mut backend = GpuBackend::load(gpu, &path, &on_gpu.config)
+        .unwrap()
+        .with_llama_arithmetic(std::env::var_os("F32IN").is_none());
+    if let Some(wide) = wide {
+        backend = backend.with_wide_matmuls(wide);
+    }
+    let on_gpu = on_gpu.with_backend(|_cpu| Box::new(backend));
     eprintln!("gpu backend: {}", on_gpu.backend().describe());
     Some((cpu, on_gpu))
 }
@@ -75,17 +78,22 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-/// The largest difference between two logits rows over the first one's range.
-fn rel_error(cpu: &[f32], gpu: &[f32]) -> f32 {
-    let (lo, hi) = cpu
+/// A logits row's range (its largest less its smallest).
+fn range(row: &[f32]) -> f32 {
+    let (lo, hi) = row
         .iter()
         .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+    hi - lo
+}
+
+/// The largest difference between two logits rows over the first one's range.
+fn rel_error(cpu: &[f32], gpu: &[f32]) -> f32 {
     let err = cpu
         .iter()
         .zip(gpu)
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
-    err / (hi - lo)
+    err / range(cpu)
 }
 
 /// The pool's storage with its page generations hidden: the GPU backend then uploads
@@ -145,12 +153,14 @@ fn prompts(m: &Model) -> [Vec<u32>; 4] {
 /// The ragged scenario on `m`: a prefill chunk beside whole prompts; a sequence
 /// forked (its partial page copied) and one truncated back into a committed page
 /// (copied); a prefill chunk beside five decode rows; `decode` greedy steps of all five.
-/// With `uploads`, the pages uploaded so far after each step.
+/// With `uploads`, the pages uploaded so far after each step. With `forced`, the
+/// tokens fed back are those `forced` chose (teacher forcing), not `m`'s own.
 fn ragged(
     m: &Model,
     decode: usize,
     generations: bool,
     uploads: Option<&Uploads>,
+    forced: Option<&Run>,
 ) -> (Run, Vec<u64>) {
     let prompts = prompts(m);
     let mut sent = Vec::new();
@@ -177,7 +187,8 @@ fn ragged(
     kv.truncate(d, 6).unwrap();
     // Step 2: the rest of prompt 2 (a prefill chunk) beside five decode rows.
     let vocab = m.config.vocab;
-    let next_a = [argmax(&logits[0][0][logits[0][0].len() - vocab..])];
+    let first = &forced.map_or(&logits, |f| &f.0)[0][0];
+    let next_a = [argmax(&first[first.len() - vocab..])];
     let s2 = [
         (&next_a[..], Logits::Last),
         (&[611u32][..], Logits::Last),
@@ -189,8 +200,12 @@ fn ragged(
     logits.push(step(m, &mut kv, all, &s2, generations));
     note();
     // Greedy decoding of all five.
-    let mut last: Vec<u32> = logits[1].iter().map(|r| argmax(r)).collect();
-    for _ in 0..decode {
+    let pick = |i: usize, rows: &[Vec<f32>]| match forced {
+        Some(f) => f.1[i].clone(),
+        None => rows.iter().map(|r| argmax(r)).collect::<Vec<u32>>(),
+    };
+    let mut last = pick(0, &logits[1]);
+    for i in 0..decode {
         chosen.push(last.clone());
         let s: Vec<_> = last
             .iter()
@@ -198,24 +213,41 @@ fn ragged(
             .collect();
         let out = step(m, &mut kv, all, &s, generations);
         note();
-        last = out.iter().map(|r| argmax(r)).collect();
+        last = pick(i + 1, &out);
         logits.push(out);
     }
     chosen.push(last);
     ((logits, chosen), sent)
 }
 
+/// With the adapter's own matmul split (on lavapipe, one lane an output): each
+/// backend feeds back its own greedy tokens, and they are the same.
 #[test]
 fn a_ragged_batch_with_forked_and_truncated_pages_matches_the_cpu() {
-    let Some((cpu, gpu)) = models() else { return };
-    let mut worst = 0f32;
-    let mut tokens_compared = 0;
-    // Per model: every step's logits, and the greedy tokens it chose.
-    let runs: Vec<Run> = [&cpu, &gpu]
-        .into_iter()
-        .map(|m| ragged(m, 8, true, None).0)
-        .collect();
-    let (cpu_run, gpu_run) = (&runs[0], &runs[1]);
+    ragged_against_the_cpu(None);
+}
+
+/// With a GPU's split (many lanes an output, a reduction in workgroup memory), what a
+/// hardware adapter runs, here on lavapipe. Its sums go in another order, which turns
+/// near ties the other way (measured: 3 of 63 rows, the CPU's logits for the two
+/// tokens 4.8e-4 to 6.5e-3 of the range apart; one on the code prompt, whose
+/// continuation then parts): so the GPU is fed the CPU's tokens, and where its greedy
+/// token differs, the CPU's logit for it must be within the tolerance of the CPU's
+/// best.
+#[test]
+fn a_ragged_batch_matches_the_cpu_with_the_gpus_matmul_split() {
+    ragged_against_the_cpu(Some(true));
+}
+
+fn ragged_against_the_cpu(wide: Option<bool>) {
+    let Some((cpu, gpu)) = models(wide) else {
+        return;
+    };
+    let (mut worst, mut compared, mut ties) = (0f32, 0, 0);
+    // Per model: every step's logits, and the greedy tokens fed back.
+    let cpu_run = ragged(&cpu, 8, true, None, None).0;
+    let forced = wide.is_some().then_some(&cpu_run);
+    let gpu_run = ragged(&gpu, 8, true, None, forced).0;
     for (s, (a, b)) in cpu_run.0.iter().zip(&gpu_run.0).enumerate() {
         for (q, (ra, rb)) in a.iter().zip(b).enumerate() {
             assert_eq!(ra.len(), rb.len(), "step {s} sequence {q}: rows");
@@ -226,14 +258,25 @@ fn a_ragged_batch_with_forked_and_truncated_pages_matches_the_cpu() {
                     e <= TOLERANCE,
                     "step {s} sequence {q}: error {e} of the range"
                 );
-                tokens_compared += 1;
+                compared += 1;
+                let (want, got) = (argmax(x), argmax(y));
+                if want != got {
+                    let gap = (x[want as usize] - x[got as usize]) / range(x);
+                    assert!(
+                        forced.is_some() && gap <= TOLERANCE,
+                        "step {s} sequence {q}: greedy token {got}, the CPU's {want} \
+                         ({gap} of the range apart)"
+                    );
+                    ties += 1;
+                    eprintln!("step {s} sequence {q}: near tie, {gap:.2e} of the range");
+                }
             }
         }
     }
-    assert_eq!(cpu_run.1, gpu_run.1, "greedy tokens differ");
+    assert_eq!(cpu_run.1, gpu_run.1, "greedy tokens fed back differ");
     eprintln!(
-        "{tokens_compared} logit rows compared: worst error {worst:.2e} of the logit range; \
-         greedy tokens identical"
+        "{compared} logit rows compared: worst error {worst:.2e} of the logit range; \
+         greedy tokens identical but for {ties} near ties"
     );
 }
 
@@ -260,9 +303,9 @@ fn pages_the_device_holds_are_not_uploaded_again_and_no_logit_bit_changes() {
         .with_llama_arithmetic(true);
     let uploads = backend.uploads();
     let m = model.with_backend(|_cpu| Box::new(backend));
-    let (kept, sent) = ragged(&m, 3, true, Some(&uploads));
+    let (kept, sent) = ragged(&m, 3, true, Some(&uploads), None);
     let after_kept = uploads.get();
-    let (afresh, _) = ragged(&m, 3, false, None);
+    let (afresh, _) = ragged(&m, 3, false, None, None);
     let after_afresh = uploads.get();
     assert_eq!(kept.1, afresh.1, "greedy tokens");
     for (s, (x, y)) in kept.0.iter().zip(&afresh.0).enumerate() {
@@ -297,7 +340,9 @@ fn pages_the_device_holds_are_not_uploaded_again_and_no_logit_bit_changes() {
 
 #[test]
 fn the_engine_on_the_gpu_generates_the_cpus_greedy_tokens() {
-    let Some((cpu, gpu)) = models() else { return };
+    let Some((cpu, gpu)) = models(None) else {
+        return;
+    };
     let cfg = || EngineConfig {
         kv_pages: 48,
         page_size: 16,

@@ -1,34 +1,70 @@
 // What every matmul kernel shares (the kernels' files are appended to this one): the
-// parameters, the output, the rows per invocation and the store.
+// parameters, the weight format, the work split, the reduction and the store.
 // y[r, at + o] (+)= Σ_c a[r, c] · W[o, c] over the rows of `a`, W's n rows (a piece of
-// a matrix starting at its row `at`; y's rows are `stride` wide). Each invocation
-// computes one output column for up to TR rows (a weight block is decoded once per
-// TR rows). Dispatch: (ceil(n / 64), ceil(rows / TR)).
-struct P { k: u32, n: u32, rows: u32, add: u32, stride: u32, at: u32 }
+// a matrix starting at its row `at`; y's rows are `stride` wide).
+//
+// The work split: `lanes` invocations (a power of two, up to 64; one on a software
+// adapter, `Kernels::wide`) share one output column, each taking every lanes-th chunk of 32 inputs (lane l: chunks l,
+// l + lanes, ...), so neighbouring invocations read neighbouring weight bytes; a
+// workgroup of 64 holds 64 / lanes columns. Each lane adds its chunks' products for up
+// to TR rows of `a` (a chunk is decoded once per TR rows) through the kernel's own
+// `chunk`; the lanes' sums are then added pairwise in workgroup memory (lane l takes
+// lane l + s's, s = lanes / 2, ..., 1). Chunks, their order and the pairing depend only
+// on k and lanes, not on the format: a matrix in its blocks and the same matrix
+// widened to f32 give the same bits. Dispatch: (groups of columns, ceil(rows / TR)),
+// the first in several dispatches where it is large (`Kernels::matmul`): workgroup x
+// of a dispatch takes column group g0 + x.
+struct P { k: u32, n: u32, rows: u32, add: u32, stride: u32, at: u32, lanes: u32, g0: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
+// The weight format (a pipeline constant: the compiler drops the other decodings).
+override FORMAT: u32 = 0u;
+const Q4_0: u32 = 0u;
+const Q4_1: u32 = 1u;
+const Q5_0: u32 = 2u;
+const Q8_0: u32 = 3u;
+const Q4_K: u32 = 4u;
+const Q6_K: u32 = 5u;
+const F32: u32 = 6u;
+
 const TR: u32 = 8u;
 
-// Invocation `gid`'s output column, first row and number of rows; none past the ends.
-fn invocation(gid: vec3<u32>) -> vec3<u32> {
-    let o = gid.x;
-    let r0 = gid.y * TR;
-    if (o >= p.n || r0 >= p.rows) {
-        return vec3<u32>(o, r0, 0u);
-    }
-    return vec3<u32>(o, r0, min(TR, p.rows - r0));
-}
+var<workgroup> part: array<f32, 512>;
 
-fn store(o: u32, r0: u32, nr: u32, acc: array<f32, 8>) {
-    var acc2 = acc;
-    for (var i = 0u; i < nr; i++) {
-        let yi = (r0 + i) * p.stride + p.at + o;
-        if (p.add != 0u) {
-            y[yi] += acc2[i];
-        } else {
-            y[yi] = acc2[i];
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let lane = li % p.lanes;
+    let o = (p.g0 + wg.x) * (64u / p.lanes) + li / p.lanes;
+    let r0 = wg.y * TR;
+    let nr = min(TR, p.rows - r0);
+    var acc: array<f32, 8>;
+    if (o < p.n) {
+        for (var c = lane; c < p.k / 32u; c += p.lanes) {
+            chunk(&acc, o, c, r0, nr);
+        }
+    }
+    for (var i = 0u; i < TR; i++) {
+        part[i * 64u + li] = acc[i];
+    }
+    workgroupBarrier();
+    for (var s = p.lanes / 2u; s > 0u; s /= 2u) {
+        if (lane < s) {
+            for (var i = 0u; i < nr; i++) {
+                part[i * 64u + li] += part[i * 64u + li + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && o < p.n) {
+        for (var i = 0u; i < nr; i++) {
+            let yi = (r0 + i) * p.stride + p.at + o;
+            if (p.add != 0u) {
+                y[yi] += part[i * 64u + li];
+            } else {
+                y[yi] = part[i * 64u + li];
+            }
         }
     }
 }
@@ -44,4 +80,14 @@ fn sbyte_at(i: u32) -> i32 {
 
 fn half_at(i: u32) -> f32 {
     return unpack2x16float(byte_at(i) | (byte_at(i + 1u) << 8u)).x;
+}
+
+// The four bytes of `w` from byte `i` (any alignment) as one little-endian word.
+fn word_at(i: u32) -> u32 {
+    let s = i & 3u;
+    let lo = w[i >> 2u];
+    if (s == 0u) {
+        return lo;
+    }
+    return (lo >> (8u * s)) | (w[(i >> 2u) + 1u] << (32u - 8u * s));
 }

@@ -1,9 +1,9 @@
 // The matmul on f32 inputs (the default arithmetic: nearer the exact model than
 // rounding the inputs to 8 bits), one kernel for every weight format: the pipeline's
-// FORMAT constant picks the decoding (the compiler drops the others). Each weight is
-// decoded to f32 with the host's `dequantize` operations in the host's order, and
-// added column by column in order, so a matrix in its blocks gives the bits of the
-// same matrix widened on the host (`matmul_tests.rs`).
+// FORMAT constant picks the decoding. A chunk's 32 weights are decoded to f32 four at a
+// time with the host's `dequantize` operations, and each four is added to a row's sum
+// as one dot product with its four inputs, in order: a matrix in its blocks gives the
+// bits of the same matrix widened on the host (`matmul_tests.rs`).
 //
 // A block of 32 or 256 values is read as groups of 16: group g's factor and offset,
 // then each value's integer q: weight = factor * q - offset.
@@ -22,20 +22,7 @@
 //   l + 32t (t = 0..3) takes nibble t >> 1 of ql[l + 32 (t & 1)] and bits 2t of
 //   qh[l]; weight = (d * scale) * (q - 32).
 // - F32: a matrix widened on the host, one word a weight.
-@group(0) @binding(2) var<storage, read> a: array<f32>;
-
-override FORMAT: u32 = 0u;
-const Q4_0: u32 = 0u;
-const Q4_1: u32 = 1u;
-const Q5_0: u32 = 2u;
-const Q8_0: u32 = 3u;
-const Q4_K: u32 = 4u;
-const Q6_K: u32 = 5u;
-const F32: u32 = 6u;
-
-fn block_values() -> u32 {
-    return select(32u, 256u, FORMAT == Q4_K || FORMAT == Q6_K);
-}
+@group(0) @binding(2) var<storage, read> a: array<vec4<f32>>;
 
 fn block_bytes() -> u32 {
     switch FORMAT {
@@ -58,82 +45,104 @@ fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
     return vec2<u32>(sc, mn);
 }
 
-// Group g's (factor, offset) in the block at byte `base`.
-fn group(base: u32, g: u32) -> vec2<f32> {
+// What a chunk's four-value groups share: where its bytes start (`at`: the
+// quantized values; for F32 the first word), its factor and offset (weight =
+// f * q - off; Q6_K: f is d, each 16 values having their own scale), and Q5_0's word
+// of fifth bits.
+struct Chunk { at: u32, f: f32, off: f32, x: u32 }
+
+// Chunk c (32 inputs) of W's row o.
+fn chunk_head(o: u32, c: u32) -> Chunk {
     switch FORMAT {
-        case 1u: { return vec2<f32>(half_at(base), -half_at(base + 2u)); }
-        case 4u: {
-            let sm = scale_min_k4(base + 4u, g >> 1u);
-            return vec2<f32>(half_at(base) * f32(sm.x), half_at(base + 2u) * f32(sm.y));
+        case 0u: {
+            let base = (o * (p.k / 32u) + c) * 18u;
+            return Chunk(base + 2u, half_at(base), 0.0, 0u);
         }
-        case 5u: { return vec2<f32>(half_at(base + 208u) * f32(sbyte_at(base + 192u + g)), 0.0); }
-        default: { return vec2<f32>(half_at(base), 0.0); }
-    }
-}
-
-// Nibble e (0..32) of the 16 bytes at `qs`.
-fn nibble(qs: u32, e: u32) -> u32 {
-    return (byte_at(qs + (e & 15u)) >> (4u * (e >> 4u))) & 0xFu;
-}
-
-// Value e's integer in the block at byte `base`.
-fn quant(base: u32, e: u32) -> i32 {
-    switch FORMAT {
-        case 0u: { return i32(nibble(base + 2u, e)) - 8; }
-        case 1u: { return i32(nibble(base + 4u, e)); }
+        case 1u: {
+            let base = (o * (p.k / 32u) + c) * 20u;
+            return Chunk(base + 4u, half_at(base), -half_at(base + 2u), 0u);
+        }
         case 2u: {
-            let qh = byte_at(base + 2u + (e >> 3u)) >> (e & 7u);
-            return i32(nibble(base + 6u, e) | ((qh & 1u) << 4u)) - 16;
+            let base = (o * (p.k / 32u) + c) * 22u;
+            return Chunk(base + 6u, half_at(base), 0.0, word_at(base + 2u));
         }
-        case 3u: { return sbyte_at(base + 2u + e); }
+        case 3u: {
+            let base = (o * (p.k / 32u) + c) * 34u;
+            return Chunk(base + 2u, half_at(base), 0.0, 0u);
+        }
         case 4u: {
-            let j = e >> 5u;
-            return i32((byte_at(base + 16u + (j >> 1u) * 32u + (e & 31u)) >> (4u * (j & 1u))) & 0xFu);
+            let base = (o * (p.k / 256u) + c / 8u) * 144u;
+            let j = c % 8u;
+            let sm = scale_min_k4(base + 4u, j);
+            let f = half_at(base) * f32(sm.x);
+            let off = half_at(base + 2u) * f32(sm.y);
+            return Chunk(base + 16u + (j / 2u) * 32u, f, off, 0u);
+        }
+        case 5u: {
+            let base = (o * (p.k / 256u) + c / 8u) * 210u;
+            return Chunk(base, half_at(base + 208u), 0.0, 0u);
         }
         default: {
-            let h = e >> 7u;
-            let t = (e >> 5u) & 3u;
-            let l = e & 31u;
-            let low = (byte_at(base + h * 64u + l + 32u * (t & 1u)) >> (4u * (t >> 1u))) & 0xFu;
-            let high = (byte_at(base + 128u + h * 32u + l) >> (2u * t)) & 3u;
-            return i32(low | (high << 4u)) - 32;
+            return Chunk(o * p.k + c * 32u, 1.0, 0.0, 0u);
         }
     }
 }
 
-fn add_column(acc: ptr<function, array<f32, 8>>, v: f32, c: u32, r0: u32, nr: u32) {
-    for (var i = 0u; i < nr; i++) {
-        (*acc)[i] += v * a[(r0 + i) * p.k + c];
-    }
+// The four bytes of `q` as unsigned values, each masked by `m`.
+fn bytes4(q: u32, m: u32) -> vec4<i32> {
+    return vec4<i32>(vec4<u32>(q, q >> 8u, q >> 16u, q >> 24u) & vec4<u32>(m));
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let at = invocation(gid);
-    let o = at.x;
-    let r0 = at.y;
-    let nr = at.z;
-    if (nr == 0u) {
-        return;
-    }
-    var acc: array<f32, 8>;
-    if (FORMAT == F32) {
-        for (var c = 0u; c < p.k; c++) {
-            add_column(&acc, bitcast<f32>(w[o * p.k + c]), c, r0, nr);
-        }
-    } else {
-        let bv = block_values();
-        let nb = p.k / bv;
-        for (var b = 0u; b < nb; b++) {
-            let base = (o * nb + b) * block_bytes();
-            for (var g = 0u; g < bv / 16u; g++) {
-                let fo = group(base, g);
-                for (var l = 0u; l < 16u; l++) {
-                    let e = g * 16u + l;
-                    add_column(&acc, fo.x * f32(quant(base, e)) - fo.y, b * bv + e, r0, nr);
-                }
+// Weights 4g..4g+3 of chunk c (`h` its head).
+fn group4(h: Chunk, c: u32, g: u32) -> vec4<f32> {
+    var q: vec4<i32>;
+    var f = h.f;
+    switch FORMAT {
+        case 0u, 1u: {
+            // Values 0..15 are the low nibbles of 16 bytes, 16..31 the high ones.
+            q = bytes4(word_at(h.at + 4u * (g % 4u)) >> (4u * (g / 4u)), 0xFu);
+            if (FORMAT == Q4_0) {
+                q -= vec4<i32>(8);
             }
         }
+        case 2u: {
+            // Q4_0's nibbles, and bit e of the word of fifth bits for value e.
+            let lo = bytes4(word_at(h.at + 4u * (g % 4u)) >> (4u * (g / 4u)), 0xFu);
+            let hi = (vec4<u32>(h.x >> (4u * g)) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u);
+            q = (lo | vec4<i32>(hi << vec4<u32>(4u))) - vec4<i32>(16);
+        }
+        case 3u: {
+            let v = word_at(h.at + 4u * g);
+            q = vec4<i32>(bitcast<i32>(v << 24u), bitcast<i32>(v << 16u), bitcast<i32>(v << 8u), bitcast<i32>(v)) >> vec4<u32>(24u);
+        }
+        case 4u: {
+            q = bytes4(w[(h.at >> 2u) + g] >> (4u * ((c % 8u) & 1u)), 0xFu);
+        }
+        case 5u: {
+            // In each half of 128 values, value l + 32t takes nibble t >> 1 of
+            // ql[l + 32 (t & 1)] and bits 2t of qh[l]; 16 values share a scale.
+            let j = c % 8u;
+            let half = j / 4u;
+            let t = j % 4u;
+            let ql = word_at(h.at + half * 64u + 32u * (t & 1u) + 4u * g) >> (4u * (t >> 1u));
+            let qh = word_at(h.at + 128u + half * 32u + 4u * g) >> (2u * t);
+            q = (bytes4(ql, 0xFu) | (bytes4(qh, 3u) << vec4<u32>(4u))) - vec4<i32>(32);
+            f = h.f * f32(sbyte_at(h.at + 192u + half * 8u + t * 2u + g / 4u));
+        }
+        default: {
+            let i = h.at + 4u * g;
+            return bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
+        }
     }
-    store(o, r0, nr, acc);
+    return f * vec4<f32>(q) - h.off;
+}
+
+fn chunk(acc: ptr<function, array<f32, 8>>, o: u32, c: u32, r0: u32, nr: u32) {
+    let h = chunk_head(o, c);
+    for (var g = 0u; g < 8u; g++) {
+        let wv = group4(h, c, g);
+        for (var i = 0u; i < nr; i++) {
+            (*acc)[i] += dot(wv, a[((r0 + i) * p.k + c * 32u) / 4u + g]);
+        }
+    }
 }
