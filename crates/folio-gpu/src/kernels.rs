@@ -24,7 +24,12 @@ pub(crate) struct Kernels {
     pub rope: Kernel,
     pub kv_store: Kernel,
     pub attention: Kernel,
-    pub swiglu: Kernel,
+    /// The gated activation (SiLU or GELU).
+    pub glu: Kernel,
+    /// Per-head RMSNorm in place (Q/K norms) and a post-norm added to the residual.
+    pub norm_in_place: Kernel,
+    pub norm_add: Kernel,
+    pub bias: Kernel,
     /// The matmuls' work split: many lanes share an output column (what a GPU wants:
     /// neighbouring invocations read neighbouring weights), or one lane computes it
     /// (what lavapipe runs fastest: its lanes are SIMD lanes of one CPU core, where a
@@ -91,6 +96,7 @@ impl Kernels {
             "matmul_f32_inputs",
             &[common, include_str!("wgsl/matmul_f32_inputs.wgsl")].concat(),
         );
+        let norm_ops = module("norm_ops", include_str!("wgsl/norm_ops.wgsl"));
         let f32_inputs = Format::ALL
             .iter()
             .map(|f| {
@@ -119,7 +125,10 @@ impl Kernels {
                 &module("attention", include_str!("wgsl/attention.wgsl")),
                 "main",
             ),
-            swiglu: pipeline(&module("swiglu", include_str!("wgsl/swiglu.wgsl")), "main"),
+            glu: pipeline(&module("glu", include_str!("wgsl/glu.wgsl")), "main"),
+            norm_in_place: pipeline(&norm_ops, "in_place"),
+            norm_add: pipeline(&norm_ops, "add"),
+            bias: pipeline(&module("bias", include_str!("wgsl/bias.wgsl")), "main"),
             wide: !gpu.adapter().software,
             max_groups: MAX_GROUPS,
         }

@@ -1,10 +1,11 @@
-//! folio's GPU backend: the llama family's forward step as WGSL compute kernels on
-//! wgpu (Vulkan), behind folio's backend seam ([`folio::model::Backend`]). The
-//! scheduler, contexts, snapshots and server run on it unchanged.
+//! folio's GPU backend: the forward step of every family but Gemma 2 as WGSL compute
+//! kernels on wgpu (Vulkan), behind folio's backend seam ([`folio::model::Backend`]).
+//! The scheduler, contexts, snapshots and server run on it unchanged.
 //!
 //! - `device`: [`Gpu`], finding an adapter (hardware first; software only when asked)
 //!   and the buffers in and out.
-//! - `weights`: the weights uploaded once, Q4_1 and Q8_0 in their blocks.
+//! - `weights`: the weights uploaded once, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K in
+//!   their blocks.
 //! - `pool`: the device's K/V pages, by the host pool's page ids; what each step
 //!   uploads (only pages whose host generation the device does not hold).
 //! - `table`: a batch as the kernels read it (the CSR page tables).

@@ -2,10 +2,11 @@
 //! compute pass (wgpu orders the dispatches), then one copy of what comes back (the
 //! requested logits, the requested hidden states, every new row's K and V).
 //!
-//! Per layer: RMSNorm → Q, K, V matmuls → RoPE (the host's tables) → K/V into the
-//! pool and the step's copy → paged attention over each row's own pages → output
-//! matmul added to the residual → RMSNorm → gate, up → SiLU gate → down added to the
-//! residual. Then the final norm of the picked rows and the head. Every row of the
+//! Per layer: RMSNorm → Q, K, V matmuls (+ biases) → (per-head Q/K norms) → RoPE
+//! (the host's tables, the local one on a local layer) → K/V into the pool and the
+//! step's copy → paged attention over each row's own pages → output matmul added to
+//! the residual (normed first where the model has post-norms) → RMSNorm → gate, up →
+//! SiLU or GELU gate → down added to the residual (likewise). Then the final norm of the picked rows and the head. Every row of the
 //! ragged batch (prefill chunks and decode rows alike) shares each matmul.
 
 use crate::device::Gpu;
@@ -58,18 +59,25 @@ impl Step<'_> {
             }
             x.extend(row);
         }
-        // RoPE tables, the CPU path's own.
+        // RoPE tables, the CPU path's own: the global one, and the local layers' own
+        // where the model has one (Gemma 3; the same dimensions, `weights::check`).
         let half = c.rope.dims / 2;
-        let mut rope = Vec::with_capacity(n * half * 2);
-        let mut row = Vec::new();
-        for &(_, pos) in &t.rows {
-            c.rope.table(pos, &mut row);
-            rope.extend(row.iter().flat_map(|&(cs, sn)| [cs, sn]));
-        }
+        let table = |r: &folio::model::Rope| {
+            let mut out = Vec::with_capacity(n * half * 2);
+            let mut row = Vec::new();
+            for &(_, pos) in &t.rows {
+                r.table(pos, &mut row);
+                out.extend(row.iter().flat_map(|&(cs, sn)| [cs, sn]));
+            }
+            out
+        };
+        let rope = table(&c.rope);
+        let rope_local = c.rope_local.as_ref().map(table);
         let ident: Vec<u32> = (0..n as u32).collect();
         let fbytes = |len: usize| (len * 4) as u64;
         let x = gpu.upload("x", bytemuck::cast_slice(&x));
         let rope = gpu.upload("rope", bytemuck::cast_slice(&rope));
+        let rope_local = rope_local.map(|r| gpu.upload("local rope", bytemuck::cast_slice(&r)));
         let ident = gpu.upload("rows", bytemuck::cast_slice(&ident));
         let tab = gpu.upload("pages", bytemuck::cast_slice(&t.tab));
         let slots = gpu.upload("slots", bytemuck::cast_slice(&t.slots));
@@ -80,6 +88,8 @@ impl Step<'_> {
         let kb = gpu.scratch("k", fbytes(n * kvd));
         let vb = gpu.scratch("v", fbytes(n * kvd));
         let att = gpu.scratch("att", fbytes(n * qd));
+        // A block's output before its post-norm (Gemma's).
+        let o = gpu.scratch("o", fbytes(if c.post_norms { n * d } else { 0 }));
         let gate = gpu.scratch("gate", fbytes(n * ff));
         let up = gpu.scratch("up", fbytes(n * ff));
         let kv_len = c.n_layers * n * kvd;
@@ -132,14 +142,52 @@ impl Step<'_> {
                         k.matmul(gpu, p, kernel, bufs, shape, rows, m.rows, add);
                     }
                 };
+            // The residual: `x += a · mᵀ`, or with a post-norm `g`, `x += norm(a · mᵀ)`.
+            let residual =
+                |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, g: &Option<wgpu::Buffer>| {
+                    let Some(g) = g else {
+                        return matmul(p, m, a, &x, n, true);
+                    };
+                    matmul(p, m, a, &o, n, false);
+                    let params = [d as u32, n as u32, eps, 0];
+                    Kernels::dispatch(gpu, p, &k.norm_add, &params, &[g, &o, &x], (n as u32, 1));
+                };
             let scale = c.q_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());
-            let adjacent = c.rope.style == folio::model::RopeStyle::Adjacent;
             for (li, l) in w.layers.iter().enumerate() {
                 norm(p, &ident, n, &l.attn_norm, &h);
                 quantize(p, &h, d, n);
                 matmul(p, &l.wq, &h, &q, n, false);
                 matmul(p, &l.wk, &h, &kb, n, false);
                 matmul(p, &l.wv, &h, &vb, n, false);
+                if let Some(biases) = &l.biases {
+                    for (b, y, width) in [
+                        (&biases[0], &q, qd),
+                        (&biases[1], &kb, kvd),
+                        (&biases[2], &vb, kvd),
+                    ] {
+                        let groups = ((width as u32).div_ceil(WG), n as u32);
+                        Kernels::dispatch(
+                            gpu,
+                            p,
+                            &k.bias,
+                            &[n as u32, width as u32],
+                            &[b, y],
+                            groups,
+                        );
+                    }
+                }
+                if let Some([gq, gk]) = &l.qk_norm {
+                    for (g, y, heads) in [(gq, &q, c.n_heads), (gk, &kb, c.n_kv_heads)] {
+                        let rows = (n * heads) as u32;
+                        let params = [c.head_dim as u32, rows, eps, 0];
+                        Kernels::dispatch(gpu, p, &k.norm_in_place, &params, &[g, y], (rows, 1));
+                    }
+                }
+                let rope = match &rope_local {
+                    Some(r) if c.layers[li].local_rope => r,
+                    _ => &rope,
+                };
+                let style = c.rope_of(li).style;
                 let heads = (c.n_heads + c.n_kv_heads) * half;
                 let params = [
                     n,
@@ -147,11 +195,11 @@ impl Step<'_> {
                     c.n_kv_heads,
                     c.head_dim,
                     half,
-                    adjacent as usize,
+                    (style == folio::model::RopeStyle::Adjacent) as usize,
                 ]
                 .map(|v| v as u32);
                 let groups = ((heads as u32).div_ceil(WG), n as u32);
-                Kernels::dispatch(gpu, p, &k.rope, &params, &[&rope, &q, &kb], groups);
+                Kernels::dispatch(gpu, p, &k.rope, &params, &[rope, &q, &kb], groups);
                 let params = [n as u32, kvd as u32, li as u32];
                 let stores = [
                     &slots,
@@ -186,22 +234,17 @@ impl Step<'_> {
                     (c.n_heads as u32, n as u32),
                 );
                 quantize(p, &att, qd, n);
-                matmul(p, &l.wo, &att, &x, n, true);
+                residual(p, &l.wo, &att, &l.post_attn_norm);
                 norm(p, &ident, n, &l.ffn_norm, &h);
                 quantize(p, &h, d, n);
                 matmul(p, &l.w_gate, &h, &gate, n, false);
                 matmul(p, &l.w_up, &h, &up, n, false);
                 let groups = ((ff as u32).div_ceil(WG), n as u32);
-                Kernels::dispatch(
-                    gpu,
-                    p,
-                    &k.swiglu,
-                    &[n as u32, ff as u32],
-                    &[&gate, &up],
-                    groups,
-                );
+                let gelu = c.activation == folio::model::Activation::GeGlu;
+                let params = [n as u32, ff as u32, gelu as u32, 0];
+                Kernels::dispatch(gpu, p, &k.glu, &params, &[&gate, &up], groups);
                 quantize(p, &gate, ff, n);
-                matmul(p, &l.w_down, &gate, &x, n, true);
+                residual(p, &l.w_down, &gate, &l.post_ffn_norm);
             }
             if npick > 0 {
                 norm(p, &picked, npick, &w.out_norm, &hp);

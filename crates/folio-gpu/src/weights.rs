@@ -1,16 +1,15 @@
 //! The model's weights in device memory, uploaded once. Q4_0, Q4_1, Q5_0, Q8_0, Q4_K
-//! and Q6_K matrices (every type of a Q4_0, Q4_1, Q8_0 or Q4_K_M file of the llama
-//! family) go up as the file stores them: their blocks are decoded in the matmul
-//! kernel. A matrix of any other type folio reads is dequantized on the host and goes
-//! up as f32 (four bytes a weight: correct, but not the memory or bandwidth of its
-//! format). Norm
-//! vectors go up as f32. The embedding stays on the host in its stored form: a step
-//! looks up only its own tokens' rows.
+//! and Q6_K matrices (every type of a Q4_0, Q4_1, Q8_0 or Q4_K_M file) go up as the
+//! file stores them: their blocks are decoded in the matmul kernel. A matrix of any
+//! other type folio reads is dequantized on the host and goes up as f32 (four bytes a
+//! weight: correct, but not the memory or bandwidth of its format). Norms and biases
+//! go up as f32. The embedding stays on the host in its stored form: a step looks up
+//! only its own tokens' rows.
 
 use crate::device::Gpu;
 use crate::error::GpuError;
 use folio::gguf::{GgmlType, Gguf, TensorInfo};
-use folio::model::{dequantize, Activation, Config};
+use folio::model::{dequantize, Config};
 
 /// How a matrix's words are read by the matmul kernel. The discriminants are the
 /// formats' numbers in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
@@ -62,11 +61,19 @@ pub(crate) struct Layer {
     pub wq: Matrix,
     pub wk: Matrix,
     pub wv: Matrix,
+    /// Q, K and V biases (Qwen2), each its matrix's rows long.
+    pub biases: Option<[wgpu::Buffer; 3]>,
+    /// Per-head RMSNorm weights of Q and K (Qwen3, Gemma 3), `head_dim` long.
+    pub qk_norm: Option<[wgpu::Buffer; 2]>,
     pub wo: Matrix,
+    /// The norm of the attention's output before the residual (Gemma's post-norms).
+    pub post_attn_norm: Option<wgpu::Buffer>,
     pub ffn_norm: wgpu::Buffer,
     pub w_gate: Matrix,
     pub w_up: Matrix,
     pub w_down: Matrix,
+    /// The norm of the feed-forward's output before the residual.
+    pub post_ffn_norm: Option<wgpu::Buffer>,
 }
 
 /// The embedding table on the host, rows as stored.
@@ -109,27 +116,17 @@ impl Weights {
     }
 }
 
-/// What the GPU path runs: the llama family's plain layer (RMSNorm, RoPE, GQA, a
-/// SiLU-gated MLP). Anything else is [`GpuError::Unsupported`], for the CPU to run.
+/// What the GPU path runs: the llama family's layer (RMSNorm, RoPE, GQA, a SiLU- or
+/// GELU-gated MLP) with Q/K/V biases, per-head Q/K norms, post-norms and a second,
+/// local RoPE where the model has them (Qwen 2 and 3, Gemma 3). Anything else
+/// (soft-capping: Gemma 2) is [`GpuError::Unsupported`], for the CPU to run.
 pub(crate) fn check(c: &Config) -> Result<(), GpuError> {
     let no = |what: &str| Err(GpuError::Unsupported(format!("{} ({what})", c.arch)));
-    if c.qkv_bias {
-        return no("Q/K/V biases");
-    }
-    if c.qk_norm {
-        return no("per-head Q/K norms");
-    }
-    if c.post_norms {
-        return no("post-norms");
-    }
-    if c.activation != Activation::SwiGlu {
-        return no("an activation other than SiLU");
-    }
     if c.attn_softcap.is_some() || c.final_softcap.is_some() {
         return no("soft-capping");
     }
-    if c.rope_local.is_some() {
-        return no("a second, local RoPE");
+    if c.rope_local.as_ref().is_some_and(|l| l.dims != c.rope.dims) {
+        return no("a local RoPE over other dimensions than the global one");
     }
     if !c.head_dim.is_multiple_of(2) || c.head_dim > 256 || c.rope.dims > c.head_dim {
         return no("a head size above 256 or odd");
@@ -176,16 +173,37 @@ pub(crate) fn load(gpu: &Gpu, g: &Gguf, c: &Config) -> Result<Weights, GpuError>
         };
         let wo = one(m("attn_output.weight", qd, &[d])?);
         let w_down = one(m("ffn_down.weight", f, &[d])?);
+        let v = |name: &str, len: usize| vector(gpu, g, &n(name), len);
+        let biases = match c.qkv_bias {
+            true => Some([
+                v("attn_q.bias", qd)?,
+                v("attn_k.bias", kv)?,
+                v("attn_v.bias", kv)?,
+            ]),
+            false => None,
+        };
+        let qk_norm = match c.qk_norm {
+            true => Some([
+                v("attn_q_norm.weight", c.head_dim)?,
+                v("attn_k_norm.weight", c.head_dim)?,
+            ]),
+            false => None,
+        };
+        let post = |name: &str| c.post_norms.then(|| v(name, d)).transpose();
         layers.push(Layer {
-            attn_norm: vector(gpu, g, &n("attn_norm.weight"), d)?,
+            attn_norm: v("attn_norm.weight", d)?,
             wq,
             wk,
             wv,
+            biases,
+            qk_norm,
             wo,
-            ffn_norm: vector(gpu, g, &n("ffn_norm.weight"), d)?,
+            post_attn_norm: post("post_attention_norm.weight")?,
+            ffn_norm: v("ffn_norm.weight", d)?,
             w_gate,
             w_up,
             w_down,
+            post_ffn_norm: post("post_ffw_norm.weight")?,
         });
     }
     let head_name = if g.tensor("output.weight").is_some() {

@@ -91,6 +91,58 @@ fn other_weight_formats_match_the_cpu() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Every model family folio runs, on its tiny fixture (`crates/folio/tests/fixtures/
+/// arch`: random weights in each family's real tensor layout and metadata): Llama 3
+/// (with its RoPE scaling, linear scaling, a sliding window), Phi-3 (fused QKV, its
+/// long RoPE), Qwen2 (Q/K/V biases, YaRN), Qwen3 (per-head Q/K norms) and Gemma 3 (Q/K
+/// norms, post-norms, GELU, five local layers with their own RoPE to a global one,
+/// embedding and query scaling) run on the GPU within the tolerance of the CPU's
+/// logits; Gemma 2 (soft-capping) is refused and stays on the CPU.
+#[test]
+fn model_families_match_the_cpu() {
+    if let Err(e) = Gpu::open(true) {
+        eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../folio/tests/fixtures/arch");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|f| f.strip_suffix(".gguf").map(String::from))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 10, "fixtures: {names:?}");
+    for name in names {
+        let path = dir.join(format!("{name}.gguf"));
+        let cpu = Model::load(&path, 1).unwrap().llama_arithmetic();
+        let (gpu, r) = GpuBackend::put_on(
+            Model::load(&path, 1).unwrap(),
+            &path,
+            Gpu::open(true).unwrap(),
+            true,
+        );
+        if name == "gemma2" {
+            let e = r.expect_err("soft-capping is the CPU's");
+            eprintln!("{name}: stays on the CPU ({e})");
+            continue;
+        }
+        r.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (a, b) = (logits(&cpu), logits(&gpu));
+        let vocab = cpu.config.vocab;
+        let mut worst = 0f32;
+        for (x, y) in a.iter().zip(&b) {
+            for (rx, ry) in x.chunks(vocab).zip(y.chunks(vocab)) {
+                worst = worst.max(rel_error(rx, ry));
+            }
+        }
+        eprintln!(
+            "{name} ({}): worst error {worst:.2e} of the logit range",
+            cpu.config.arch
+        );
+        assert!(worst <= TOLERANCE, "{name}: {worst}");
+    }
+}
+
 /// A device lost under a loaded model (here destroyed, as a driver reset would lose
 /// it) makes every later step an error that says so: never a panic, and the host's
 /// pool is left as it was.
