@@ -30,6 +30,8 @@ pub(crate) struct Kernels {
     pub norm_in_place: Kernel,
     pub norm_add: Kernel,
     pub bias: Kernel,
+    /// Final-logit soft-capping.
+    pub softcap: Kernel,
     /// The matmuls' work split: many lanes share an output column (what a GPU wants:
     /// neighbouring invocations read neighbouring weights), or one lane computes it
     /// (what lavapipe runs fastest: its lanes are SIMD lanes of one CPU core, where a
@@ -129,6 +131,10 @@ impl Kernels {
             norm_in_place: pipeline(&norm_ops, "in_place"),
             norm_add: pipeline(&norm_ops, "add"),
             bias: pipeline(&module("bias", include_str!("wgsl/bias.wgsl")), "main"),
+            softcap: pipeline(
+                &module("softcap", include_str!("wgsl/softcap.wgsl")),
+                "main",
+            ),
             wide: !gpu.adapter().software,
             max_groups: MAX_GROUPS,
         }

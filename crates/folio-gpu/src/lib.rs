@@ -1,5 +1,5 @@
-//! folio's GPU backend: the forward step of every family but Gemma 2 as WGSL compute
-//! kernels on wgpu (Vulkan), behind folio's backend seam ([`folio::model::Backend`]).
+//! folio's GPU backend: the forward step of every model family folio runs as WGSL
+//! compute kernels on wgpu (Vulkan), behind folio's backend seam ([`folio::model::Backend`]).
 //! The scheduler, contexts, snapshots and server run on it unchanged.
 //!
 //! - `device`: [`Gpu`], finding an adapter (hardware first; software only when asked)

@@ -6,8 +6,10 @@
 //! (the host's tables, the local one on a local layer) → K/V into the pool and the
 //! step's copy → paged attention over each row's own pages → output matmul added to
 //! the residual (normed first where the model has post-norms) → RMSNorm → gate, up →
-//! SiLU or GELU gate → down added to the residual (likewise). Then the final norm of the picked rows and the head. Every row of the
-//! ragged batch (prefill chunks and decode rows alike) shares each matmul.
+//! SiLU or GELU gate → down added to the residual (likewise). Then the final norm of
+//! the picked rows and the head. Attention scores and the final logits are
+//! soft-capped where the model says (Gemma 2). Every row of the ragged batch (prefill
+//! chunks and decode rows alike) shares each matmul.
 
 use crate::device::Gpu;
 use crate::kernels::{Kernel, Kernels, Q8_WORDS, WG};
@@ -223,6 +225,7 @@ impl Step<'_> {
                     f(scale),
                     window,
                     t.seqs_at,
+                    f(c.attn_softcap.unwrap_or(0.0)),
                 ];
                 let bufs = [&tab, &q, &self.pool.k[li], &self.pool.v[li], &att];
                 Kernels::dispatch(
@@ -250,6 +253,11 @@ impl Step<'_> {
                 norm(p, &picked, npick, &w.out_norm, &hp);
                 quantize(p, &hp, d, npick);
                 matmul(p, &w.head, &hp, &logits, npick, false);
+                if let Some(cap) = c.final_softcap {
+                    let groups = ((c.vocab as u32).div_ceil(WG), npick as u32);
+                    let params = [npick as u32, c.vocab as u32, f(cap), 0];
+                    Kernels::dispatch(gpu, p, &k.softcap, &params, &[&logits], groups);
+                }
             }
             if nhid > 0 {
                 norm(p, &hidden, nhid, &w.out_norm, &states);

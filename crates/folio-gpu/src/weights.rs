@@ -117,14 +117,11 @@ impl Weights {
 }
 
 /// What the GPU path runs: the llama family's layer (RMSNorm, RoPE, GQA, a SiLU- or
-/// GELU-gated MLP) with Q/K/V biases, per-head Q/K norms, post-norms and a second,
-/// local RoPE where the model has them (Qwen 2 and 3, Gemma 3). Anything else
-/// (soft-capping: Gemma 2) is [`GpuError::Unsupported`], for the CPU to run.
+/// GELU-gated MLP) with Q/K/V biases, per-head Q/K norms, post-norms, soft-capping and
+/// a second, local RoPE where the model has them (Qwen 2 and 3, Gemma 2 and 3).
+/// Anything else is [`GpuError::Unsupported`], for the CPU to run.
 pub(crate) fn check(c: &Config) -> Result<(), GpuError> {
     let no = |what: &str| Err(GpuError::Unsupported(format!("{} ({what})", c.arch)));
-    if c.attn_softcap.is_some() || c.final_softcap.is_some() {
-        return no("soft-capping");
-    }
     if c.rope_local.as_ref().is_some_and(|l| l.dims != c.rope.dims) {
         return no("a local RoPE over other dimensions than the global one");
     }

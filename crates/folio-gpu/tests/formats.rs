@@ -22,6 +22,12 @@ use folio_gpu::{Gpu, GpuBackend};
 
 const TOLERANCE: f32 = 6e-2;
 
+/// The bound for the family fixtures, whose matrices both backends read alike (no
+/// 8-bit inputs on one side only): measured 5.0e-5 to 2.2e-4 of the range. Gemma 2
+/// without its attention soft-capping is 3.7e-2 off, Gemma 3 without its post-norms
+/// and GELU 0.54.
+const FAMILY_TOLERANCE: f32 = 1e-3;
+
 fn rel_error(cpu: &[f32], gpu: &[f32]) -> f32 {
     let (lo, hi) = cpu
         .iter()
@@ -94,10 +100,11 @@ fn other_weight_formats_match_the_cpu() {
 /// Every model family folio runs, on its tiny fixture (`crates/folio/tests/fixtures/
 /// arch`: random weights in each family's real tensor layout and metadata): Llama 3
 /// (with its RoPE scaling, linear scaling, a sliding window), Phi-3 (fused QKV, its
-/// long RoPE), Qwen2 (Q/K/V biases, YaRN), Qwen3 (per-head Q/K norms) and Gemma 3 (Q/K
-/// norms, post-norms, GELU, five local layers with their own RoPE to a global one,
-/// embedding and query scaling) run on the GPU within the tolerance of the CPU's
-/// logits; Gemma 2 (soft-capping) is refused and stays on the CPU.
+/// long RoPE), Qwen2 (Q/K/V biases, YaRN), Qwen3 (per-head Q/K norms), Gemma 2
+/// (post-norms, GELU, attention and final soft-capping, alternating sliding-window
+/// layers) and Gemma 3 (Q/K norms, post-norms, GELU, five local layers with their own
+/// RoPE to a global one, embedding and query scaling) run on the GPU within
+/// [`FAMILY_TOLERANCE`] of the CPU's logit range.
 #[test]
 fn model_families_match_the_cpu() {
     if let Err(e) = Gpu::open(true) {
@@ -121,11 +128,6 @@ fn model_families_match_the_cpu() {
             Gpu::open(true).unwrap(),
             true,
         );
-        if name == "gemma2" {
-            let e = r.expect_err("soft-capping is the CPU's");
-            eprintln!("{name}: stays on the CPU ({e})");
-            continue;
-        }
         r.unwrap_or_else(|e| panic!("{name}: {e}"));
         let (a, b) = (logits(&cpu), logits(&gpu));
         let vocab = cpu.config.vocab;
@@ -139,7 +141,7 @@ fn model_families_match_the_cpu() {
             "{name} ({}): worst error {worst:.2e} of the logit range",
             cpu.config.arch
         );
-        assert!(worst <= TOLERANCE, "{name}: {worst}");
+        assert!(worst <= FAMILY_TOLERANCE, "{name}: {worst}");
     }
 }
 

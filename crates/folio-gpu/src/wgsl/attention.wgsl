@@ -6,11 +6,11 @@
 // K/V come from the device pool (two f16 per word): key t of a sequence sits in page
 // pages[t / page_size], slot t % page_size. Keys go 64 at a time: each lane scores one,
 // then every lane folds the block into its share of the value dimensions (an online
-// softmax: running maximum m, running sum l).
+// softmax: running maximum m, running sum l). With a cap, scores are soft-capped.
 struct P {
     rows: u32, n_heads: u32, n_kv_heads: u32, head_dim: u32,
     page_size: u32, kv_dim: u32, scale: f32, window: u32,
-    seqs: u32, pad0: u32, pad1: u32, pad2: u32,
+    seqs: u32, cap: f32, pad1: u32, pad2: u32,
 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> tab: array<u32>;
@@ -67,7 +67,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
                 let kk = unpack2x16float(kpool[base + e]);
                 d += qs[2u * e] * kk.x + qs[2u * e + 1u] * kk.y;
             }
-            s = d * p.scale;
+            if (p.cap > 0.0) {
+                // Soft-capping (Gemma 2), as the CPU's (and ggml's): the scale divided
+                // by the cap before tanh.
+                s = p.cap * tanh(d * (p.scale / p.cap));
+            } else {
+                s = d * p.scale;
+            }
         }
         sc[t] = s;
         workgroupBarrier();
