@@ -244,10 +244,6 @@ impl ModelArgs {
                 return Ok(model);
             }
         };
-        if self.kv_dtype == KvDtypeArg::Q8_0 {
-            tracing::warn!("the gpu backend does not read 8-bit K/V yet: running on the CPU");
-            return Ok(model);
-        }
         match folio_gpu::GpuBackend::put_on(model, path, gpu, self.llama_arithmetic) {
             (m, Ok(())) => {
                 tracing::info!(backend = %m.backend().describe(), "the forward pass runs on the GPU");

@@ -696,11 +696,12 @@ fn run_prints_what_an_inferlet_emits_and_matches_generate() {
 
 /// `--device`: `auto` stays on the CPU where the only Vulkan adapter is a software one
 /// (lavapipe, as in CI) or there is none, saying why at `FOLIO_LOG=info`; `gpu` runs on
-/// lavapipe, and its greedy answer is the CPU's on this prompt. Without any adapter,
-/// `gpu` is an error naming the flag (and the rest is skipped).
+/// lavapipe, and its greedy answer is the CPU's on this prompt, over f16 and over 8-bit
+/// K/V (`--kv-dtype q8_0`). Without any adapter, `gpu` is an error naming the flag (and
+/// the rest is skipped).
 #[test]
 fn the_device_flag_picks_the_backend_or_says_why_not() {
-    let run = |device: &str| {
+    let run_with = |device: &str, kv: &str| {
         folio_with(
             &[
                 "generate",
@@ -710,6 +711,8 @@ fn the_device_flag_picks_the_backend_or_says_why_not() {
                 "--max-tokens",
                 "4",
                 "--json",
+                "--kv-dtype",
+                kv,
                 "--device",
                 device,
             ],
@@ -717,6 +720,7 @@ fn the_device_flag_picks_the_backend_or_says_why_not() {
             &[("FOLIO_LOG", "info")],
         )
     };
+    let run = |device: &str| run_with(device, "f16");
     let cpu = json(&run("cpu"));
     let auto = run("auto");
     let log = String::from_utf8_lossy(&auto.stderr).to_string();
@@ -733,4 +737,8 @@ fn the_device_flag_picks_the_backend_or_says_why_not() {
     }
     assert!(log.contains("the forward pass runs on the GPU"), "{log}");
     assert_eq!(json(&gpu)["text"], cpu["text"], "{log}");
+    let (cpu, gpu) = (run_with("cpu", "q8_0"), run_with("gpu", "q8_0"));
+    let log = String::from_utf8_lossy(&gpu.stderr).to_string();
+    assert!(log.contains("the forward pass runs on the GPU"), "{log}");
+    assert_eq!(json(&gpu)["text"], json(&cpu)["text"], "{log}");
 }

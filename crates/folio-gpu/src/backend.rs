@@ -21,7 +21,7 @@ use crate::step::Step;
 use crate::table::{StepTable, TableError};
 use crate::weights::{self, Weights};
 use folio::gguf::Gguf;
-use folio::kv::KvStorage;
+use folio::kv::{KvRows, KvStorage};
 use folio::model::{Backend, Config, Model, StepError, StepLogits};
 use folio::Batch;
 use std::path::Path;
@@ -149,15 +149,17 @@ impl Backend for GpuBackend {
         }
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         let (n_pages, page_size) = (kv.num_pages(), table.page_size);
+        let q8 = n_pages > 0 && matches!(kv.run(0, 0, 0).0, KvRows::Q8 { .. });
         if pool
             .as_ref()
-            .is_none_or(|p| p.n_pages != n_pages || p.page_size != page_size)
+            .is_none_or(|p| p.n_pages != n_pages || p.page_size != page_size || p.q8 != q8)
         {
             *pool = None;
-            let (layers, kvd) = (config.n_layers, config.kv_dim());
+            let (layers, kvd, hd) = (config.n_layers, config.kv_dim(), config.head_dim);
             let p = self.gpu.scoped(|| {
                 let stats = self.uploads.clone();
-                Pool::new(&self.gpu, layers, n_pages, page_size, kvd, stats)
+                let pages = (n_pages, page_size);
+                Pool::new(&self.gpu, layers, pages, (kvd, hd), q8, stats)
             });
             *pool = Some(p.map_err(StepError::Device)?);
         }
@@ -198,7 +200,11 @@ impl Backend for GpuBackend {
                 kv.write(page.0, layer, slot, &got.k[at..at + d], &got.v[at..at + d]);
             }
         }
-        pool.wrote(&*kv, &table.writes, &before);
+        match pool.q8 {
+            // The host quantized the rows again: its bits may differ (`pool.rs`).
+            true => pool.forget(table.writes.keys()),
+            false => pool.wrote(&*kv, &table.writes, &before),
+        }
         out.reset(config.vocab, batch.seqs.iter().map(|s| s.logit_rows()));
         out.data_mut().copy_from_slice(&got.logits);
         out.reset_states(config.dim, batch.seqs.iter().map(|s| s.state_rows()));

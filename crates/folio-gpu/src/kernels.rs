@@ -24,6 +24,9 @@ pub(crate) struct Kernels {
     pub rope: Kernel,
     pub kv_store: Kernel,
     pub attention: Kernel,
+    /// K/V store and attention over an 8-bit pool.
+    pub kv_store_q8: Kernel,
+    pub attention_q8: Kernel,
     /// The gated activation (SiLU or GELU).
     pub glu: Kernel,
     /// Per-head RMSNorm in place (Q/K norms) and a post-norm added to the residual.
@@ -99,6 +102,8 @@ impl Kernels {
             &[common, include_str!("wgsl/matmul_f32_inputs.wgsl")].concat(),
         );
         let norm_ops = module("norm_ops", include_str!("wgsl/norm_ops.wgsl"));
+        let kv_store = module("kv_store", include_str!("wgsl/kv_store.wgsl"));
+        let attention = module("attention", include_str!("wgsl/attention.wgsl"));
         let f32_inputs = Format::ALL
             .iter()
             .map(|f| {
@@ -119,14 +124,10 @@ impl Kernels {
                 "main",
             ),
             rope: pipeline(&module("rope", include_str!("wgsl/rope.wgsl")), "main"),
-            kv_store: pipeline(
-                &module("kv_store", include_str!("wgsl/kv_store.wgsl")),
-                "main",
-            ),
-            attention: pipeline(
-                &module("attention", include_str!("wgsl/attention.wgsl")),
-                "main",
-            ),
+            kv_store: pipeline(&kv_store, "main"),
+            attention: pipeline(&attention, "main"),
+            kv_store_q8: pipeline(&kv_store, "q8"),
+            attention_q8: pipeline_with(&attention, "main", &[("KV_Q8", 1.0)]),
             glu: pipeline(&module("glu", include_str!("wgsl/glu.wgsl")), "main"),
             norm_in_place: pipeline(&norm_ops, "in_place"),
             norm_add: pipeline(&norm_ops, "add"),

@@ -1,6 +1,8 @@
-//! The device's K/V pool: per layer a K and a V buffer of every page's slots, two f16
-//! per word, addressed by the same page ids as the host pool (`page × page_size +
-//! slot`). It is made at the first step, sized from the host storage.
+//! The device's K/V pool: per layer a K and a V buffer of every page's slots,
+//! addressed by the same page ids as the host pool (`page × page_size + slot`), in the
+//! host storage's element type: two f16 per word, or (`--kv-dtype q8_0`) a slot's
+//! 8-bit values four per word, then its scales, one f32 word per K/V head (the host's
+//! f16 scales widened). It is made at the first step, sized from the host storage.
 //!
 //! # Which pages are uploaded
 //!
@@ -14,8 +16,12 @@
 //! the host's page (another generation, or fewer slots than the step reads); after the
 //! step, whose new rows the device wrote itself and the host stored bit for bit the
 //! same (the step reads back the device's f16 rounding), the pages it wrote are
-//! recorded at their new generations. A step that fails forgets every page it was to
-//! write. Storage without generations is uploaded every step.
+//! recorded at their new generations. Over 8-bit K/V the device quantizes its new rows
+//! itself (for the step's own attention) and the host quantizes them again from the
+//! f32 rows: the two may differ in a last bit (a division's rounding), so the pages a
+//! step wrote are forgotten and go up again from the host when next read. A step that
+//! fails forgets every page it was to write. Storage without generations is uploaded
+//! every step.
 
 use crate::device::Gpu;
 use folio::kv::{KvRows, KvStorage};
@@ -48,7 +54,10 @@ pub(crate) struct Pool {
     pub v: Vec<wgpu::Buffer>,
     pub n_pages: usize,
     pub page_size: usize,
+    /// 8-bit K/V (the host storage's type).
+    pub q8: bool,
     kv_dim: usize,
+    head_dim: usize,
     held: Vec<Held>,
     stats: Uploads,
 }
@@ -71,17 +80,19 @@ impl Uploads {
 
 impl Pool {
     /// A pool of `n_pages` pages of `page_size` slots for `n_layers` layers of
-    /// `kv_dim` wide K and V rows; `Err` if a layer's buffer is larger than the device
-    /// binds.
+    /// `kv_dim` wide K and V rows of `head_dim` heads, 8-bit or f16; `Err` if a layer's
+    /// buffer is larger than the device binds.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         n_layers: usize,
-        n_pages: usize,
-        page_size: usize,
-        kv_dim: usize,
+        (n_pages, page_size): (usize, usize),
+        (kv_dim, head_dim): (usize, usize),
+        q8: bool,
         stats: Uploads,
     ) -> Result<Self, String> {
-        let bytes = (n_pages * page_size * kv_dim * 2) as u64;
+        let slot_words = slot_words(q8, kv_dim, head_dim);
+        let bytes = (n_pages * page_size * slot_words * 4) as u64;
         if bytes > gpu.max_binding() {
             return Err(format!(
                 "a layer's K/V pool takes {bytes} bytes ({n_pages} pages of {page_size}), \
@@ -99,7 +110,9 @@ impl Pool {
             v: make("v"),
             n_pages,
             page_size,
+            q8,
             kv_dim,
+            head_dim,
             held: vec![Held::default(); n_pages],
             stats,
         })
@@ -114,7 +127,9 @@ impl Pool {
         reads: &BTreeMap<u32, usize>,
     ) -> Result<(), String> {
         let d = self.kv_dim;
+        let slot_words = slot_words(self.q8, d, self.head_dim);
         let mut bits = Vec::new();
+        let mut words: Vec<u32> = Vec::new();
         for (&page, &n) in reads {
             let generation = kv.generation(page);
             let held = self.held[page as usize];
@@ -125,11 +140,14 @@ impl Pool {
             // Until the copy below is queued the record says nothing is held (an
             // error on the way leaves it so).
             self.held[page as usize] = Held::default();
-            let at = (page as usize * self.page_size * d * 2) as u64;
+            let at = (page as usize * self.page_size * slot_words * 4) as u64;
             let mut sent = 0;
             for layer in 0..self.k.len() {
                 let (k, v) = kv.run(page, layer, 0);
                 for (rows, buf) in [(k, &self.k[layer]), (v, &self.v[layer])] {
+                    if matches!(rows, KvRows::Q8 { .. }) != self.q8 {
+                        return Err("the K/V storage changed its element type".into());
+                    }
                     let bytes: &[u8] = match rows {
                         KvRows::F16(x) => bytemuck::cast_slice(&x[..n * d]),
                         KvRows::F32(x) => {
@@ -139,10 +157,24 @@ impl Pool {
                             );
                             bytemuck::cast_slice(&bits)
                         }
-                        KvRows::Q8 { .. } => {
-                            return Err("an 8-bit K/V pool is not read by the gpu backend yet \
-                                        (use --kv-dtype f16)"
-                                .into())
+                        KvRows::Q8 { q, d: scales, hd } => {
+                            // Per slot: its values four to a word, then its heads'
+                            // scales as f32.
+                            words.clear();
+                            for s in 0..n {
+                                let qs = &q[s * d..(s + 1) * d];
+                                words.extend(qs.chunks_exact(4).map(|b| {
+                                    u32::from_le_bytes([
+                                        b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8,
+                                    ])
+                                }));
+                                let ds = &scales[s * d / hd..(s + 1) * d / hd];
+                                words.extend(
+                                    ds.iter()
+                                        .map(|&h| half::f16::from_bits(h).to_f32().to_bits()),
+                                );
+                            }
+                            bytemuck::cast_slice(&words)
                         }
                     };
                     gpu.queue.write_buffer(buf, at, bytes);
@@ -203,5 +235,13 @@ impl Pool {
         for &p in pages {
             self.held[p as usize] = Held::default();
         }
+    }
+}
+
+/// 32-bit words one slot of one layer's K (or V) takes on the device.
+pub(crate) fn slot_words(q8: bool, kv_dim: usize, head_dim: usize) -> usize {
+    match q8 {
+        true => kv_dim / 4 + kv_dim / head_dim,
+        false => kv_dim / 2,
     }
 }

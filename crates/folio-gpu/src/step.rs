@@ -202,7 +202,12 @@ impl Step<'_> {
                 .map(|v| v as u32);
                 let groups = ((heads as u32).div_ceil(WG), n as u32);
                 Kernels::dispatch(gpu, p, &k.rope, &params, &[rope, &q, &kb], groups);
-                let params = [n as u32, kvd as u32, li as u32];
+                // 8-bit K/V rotates head rows where head_dim is a power of two, as the
+                // host does (`folio::kernels::rotate_heads`).
+                let rotate = c.head_dim.is_power_of_two() as u32;
+                let inv_sqrt = f(1.0 / (c.head_dim as f32).sqrt());
+                let hd = c.head_dim as u32;
+                let params = [n as u32, kvd as u32, li as u32, hd, rotate, inv_sqrt, 0, 0];
                 let stores = [
                     &slots,
                     &kb,
@@ -212,8 +217,13 @@ impl Step<'_> {
                     &knew,
                     &vnew,
                 ];
-                let groups = ((kvd as u32 / 2).div_ceil(WG), n as u32);
-                Kernels::dispatch(gpu, p, &k.kv_store, &params, &stores, groups);
+                if self.pool.q8 {
+                    let groups = (((n * kvd / c.head_dim) as u32).div_ceil(WG), 1);
+                    Kernels::dispatch(gpu, p, &k.kv_store_q8, &params, &stores, groups);
+                } else {
+                    let groups = ((kvd as u32 / 2).div_ceil(WG), n as u32);
+                    Kernels::dispatch(gpu, p, &k.kv_store, &params, &stores, groups);
+                }
                 let window = c.layers[li].window.unwrap_or(0) as u32;
                 let params = [
                     n as u32,
@@ -226,16 +236,16 @@ impl Step<'_> {
                     window,
                     t.seqs_at,
                     f(c.attn_softcap.unwrap_or(0.0)),
+                    rotate,
+                    inv_sqrt,
                 ];
                 let bufs = [&tab, &q, &self.pool.k[li], &self.pool.v[li], &att];
-                Kernels::dispatch(
-                    gpu,
-                    p,
-                    &k.attention,
-                    &params,
-                    &bufs,
-                    (c.n_heads as u32, n as u32),
-                );
+                let attention = match self.pool.q8 {
+                    true => &k.attention_q8,
+                    false => &k.attention,
+                };
+                let groups = (c.n_heads as u32, n as u32);
+                Kernels::dispatch(gpu, p, attention, &params, &bufs, groups);
                 quantize(p, &att, qd, n);
                 residual(p, &l.wo, &att, &l.post_attn_norm);
                 norm(p, &ident, n, &l.ffn_norm, &h);

@@ -161,11 +161,12 @@ fn ragged(
     generations: bool,
     uploads: Option<&Uploads>,
     forced: Option<&Run>,
+    dtype: KvDtype,
 ) -> (Run, Vec<u64>) {
     let prompts = prompts(m);
     let mut sent = Vec::new();
     let mut note = || sent.extend(uploads.map(|u| u.get().pages));
-    let mut kv = PagedKv::with_shape(m.pool_shape(64, 16, KvDtype::F16), 512, &m.fingerprint());
+    let mut kv = PagedKv::with_shape(m.pool_shape(64, 16, dtype), 512, &m.fingerprint());
     let mut t: Vec<PageTable> = (0..4).map(|_| kv.new_table(None)).collect();
     let (mut logits, mut chosen) = (Vec::new(), Vec::new());
     // Step 1: a chunk of prompt 2 beside whole prompts (all logits of the first).
@@ -224,7 +225,7 @@ fn ragged(
 /// backend feeds back its own greedy tokens, and they are the same.
 #[test]
 fn a_ragged_batch_with_forked_and_truncated_pages_matches_the_cpu() {
-    ragged_against_the_cpu(None);
+    ragged_against_the_cpu(None, KvDtype::F16);
 }
 
 /// With a GPU's split (many lanes an output, a reduction in workgroup memory), what a
@@ -236,18 +237,31 @@ fn a_ragged_batch_with_forked_and_truncated_pages_matches_the_cpu() {
 /// best.
 #[test]
 fn a_ragged_batch_matches_the_cpu_with_the_gpus_matmul_split() {
-    ragged_against_the_cpu(Some(true));
+    ragged_against_the_cpu(Some(true), KvDtype::F16);
 }
 
-fn ragged_against_the_cpu(wide: Option<bool>) {
+/// Over an 8-bit K/V pool (`--kv-dtype q8_0`: head rows rotated, then quantized with a
+/// scale each), on both backends: the device quantizes its new rows as the host does,
+/// reads 8-bit pages the host wrote (the fork's and truncation's copies, and every
+/// page a step wrote: the host quantized them again), rotates the queries and the
+/// outputs. Fed the CPU's tokens, as the rounding of K/V to 8 bits turns near ties.
+#[test]
+fn a_ragged_batch_over_8_bit_kv_matches_the_cpu() {
+    ragged_against_the_cpu(None, KvDtype::Q8);
+}
+
+/// The ragged scenario on the CPU and the GPU (`wide`: the GPU's matmul split where not
+/// the adapter's own) over `dtype` K/V. The GPU feeds back its own greedy tokens on the
+/// adapter's split over f16 K/V, else the CPU's.
+fn ragged_against_the_cpu(wide: Option<bool>, dtype: KvDtype) {
     let Some((cpu, gpu)) = models(wide) else {
         return;
     };
     let (mut worst, mut compared, mut ties) = (0f32, 0, 0);
     // Per model: every step's logits, and the greedy tokens fed back.
-    let cpu_run = ragged(&cpu, 8, true, None, None).0;
-    let forced = wide.is_some().then_some(&cpu_run);
-    let gpu_run = ragged(&gpu, 8, true, None, forced).0;
+    let cpu_run = ragged(&cpu, 8, true, None, None, dtype).0;
+    let forced = (wide.is_some() || dtype != KvDtype::F16).then_some(&cpu_run);
+    let gpu_run = ragged(&gpu, 8, true, None, forced, dtype).0;
     for (s, (a, b)) in cpu_run.0.iter().zip(&gpu_run.0).enumerate() {
         for (q, (ra, rb)) in a.iter().zip(b).enumerate() {
             assert_eq!(ra.len(), rb.len(), "step {s} sequence {q}: rows");
@@ -303,9 +317,9 @@ fn pages_the_device_holds_are_not_uploaded_again_and_no_logit_bit_changes() {
         .with_llama_arithmetic(true);
     let uploads = backend.uploads();
     let m = model.with_backend(|_cpu| Box::new(backend));
-    let (kept, sent) = ragged(&m, 3, true, Some(&uploads), None);
+    let (kept, sent) = ragged(&m, 3, true, Some(&uploads), None, KvDtype::F16);
     let after_kept = uploads.get();
-    let (afresh, _) = ragged(&m, 3, false, None, None);
+    let (afresh, _) = ragged(&m, 3, false, None, None, KvDtype::F16);
     let after_afresh = uploads.get();
     assert_eq!(kept.1, afresh.1, "greedy tokens");
     for (s, (x, y)) in kept.0.iter().zip(&afresh.0).enumerate() {

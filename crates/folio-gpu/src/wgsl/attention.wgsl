@@ -3,14 +3,18 @@
 //   tab[2r], tab[2r + 1]           row r's position and sequence
 //   tab[seqs + 3s .. seqs + 3s + 3] sequence s's first page entry, page count, fill
 //   tab[entry ..]                  the page ids themselves
-// K/V come from the device pool (two f16 per word): key t of a sequence sits in page
-// pages[t / page_size], slot t % page_size. Keys go 64 at a time: each lane scores one,
+// K/V come from the device pool (two f16 per word; or with KV_Q8 a slot's 8-bit values
+// four per word, then one f32 scale per K/V head: `pool.rs`): key t of a sequence sits
+// in page pages[t / page_size], slot t % page_size. 8-bit K/V is stored rotated (each
+// head row times the normalized Walsh-Hadamard matrix H, as the host rotates it where
+// head_dim is a power of two: `rotate`), so the query is rotated too (q·k = Hq·Hk) and
+// the output rotated back (Σ p·Hv = H Σ p·v; H is its own inverse). Keys go 64 at a time: each lane scores one,
 // then every lane folds the block into its share of the value dimensions (an online
 // softmax: running maximum m, running sum l). With a cap, scores are soft-capped.
 struct P {
     rows: u32, n_heads: u32, n_kv_heads: u32, head_dim: u32,
     page_size: u32, kv_dim: u32, scale: f32, window: u32,
-    seqs: u32, cap: f32, pad1: u32, pad2: u32,
+    seqs: u32, cap: f32, rotate: u32, norm: f32,
 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> tab: array<u32>;
@@ -19,15 +23,52 @@ struct P {
 @group(0) @binding(4) var<storage, read> vpool: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
+// 8-bit K/V (a pipeline constant).
+override KV_Q8: bool = false;
+
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> sc: array<f32, 64>;
 var<workgroup> info: array<u32, 3>;
 
-// Word index of pair 0 of KV head `kvh` of key `key` (pages from entry `first`).
-fn key_base(first: u32, key: u32, kvh: u32) -> u32 {
-    let page = tab[first + key / p.page_size];
-    let slot = key % p.page_size;
-    return (page * p.page_size + slot) * (p.kv_dim / 2u) + kvh * (p.head_dim / 2u);
+// The pool slot of key `key` (pages from entry `first`).
+fn key_slot(first: u32, key: u32) -> u32 {
+    return tab[first + key / p.page_size] * p.page_size + key % p.page_size;
+}
+
+// Word index of KV head `kvh`'s first values in pool slot `slot`.
+fn key_base(slot: u32, kvh: u32) -> u32 {
+    if (KV_Q8) {
+        return slot * (p.kv_dim / 4u + p.kv_dim / p.head_dim) + kvh * (p.head_dim / 4u);
+    }
+    return slot * (p.kv_dim / 2u) + kvh * (p.head_dim / 2u);
+}
+
+// The f32 scale of KV head `kvh` in 8-bit pool slot `slot`.
+fn scale_at(slot: u32, kvh: u32) -> u32 {
+    return slot * (p.kv_dim / 4u + p.kv_dim / p.head_dim) + p.kv_dim / 4u + kvh;
+}
+
+// Signed byte b (0..3) of word x.
+fn sbyte(x: u32, b: u32) -> f32 {
+    return f32(bitcast<i32>(x << (24u - 8u * b)) >> 24u);
+}
+
+// qs[0..head_dim] times the normalized Walsh-Hadamard matrix, in the host's order
+// (`folio::kernels::rotate_heads`). Run by one invocation.
+fn rotate_qs() {
+    for (var h = 1u; h < p.head_dim; h *= 2u) {
+        for (var i = 0u; i < p.head_dim; i += 2u * h) {
+            for (var j = i; j < i + h; j++) {
+                let a = qs[j];
+                let b = qs[j + h];
+                qs[j] = a + b;
+                qs[j + h] = a - b;
+            }
+        }
+    }
+    for (var e = 0u; e < p.head_dim; e++) {
+        qs[e] *= p.norm;
+    }
 }
 
 @compute @workgroup_size(64)
@@ -54,6 +95,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let first = workgroupUniformLoad(&info[0]);
     let n = workgroupUniformLoad(&info[1]);
     let pages = workgroupUniformLoad(&info[2]);
+    if (KV_Q8 && p.rotate != 0u) {
+        if (t == 0u) {
+            rotate_qs();
+        }
+        workgroupBarrier();
+    }
     var m = -3.0e38;
     var l = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
@@ -61,11 +108,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let key = k0 + t;
         var s = -3.0e38;
         if (key < n) {
-            let base = key_base(pages, key, kvh);
+            let slot = key_slot(pages, key);
+            let base = key_base(slot, kvh);
             var d = 0.0;
-            for (var e = 0u; e < hp; e++) {
-                let kk = unpack2x16float(kpool[base + e]);
-                d += qs[2u * e] * kk.x + qs[2u * e + 1u] * kk.y;
+            if (KV_Q8) {
+                for (var e = 0u; e < p.head_dim / 4u; e++) {
+                    let w = kpool[base + e];
+                    for (var b = 0u; b < 4u; b++) {
+                        d += qs[4u * e + b] * sbyte(w, b);
+                    }
+                }
+                d *= bitcast<f32>(kpool[scale_at(slot, kvh)]);
+            } else {
+                for (var e = 0u; e < hp; e++) {
+                    let kk = unpack2x16float(kpool[base + e]);
+                    d += qs[2u * e] * kk.x + qs[2u * e + 1u] * kk.y;
+                }
             }
             if (p.cap > 0.0) {
                 // Soft-capping (Gemma 2), as the CPU's (and ggml's): the scale divided
@@ -90,11 +148,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         for (var j = 0u; j < cnt; j++) {
             let wj = exp(sc[j] - bm);
             l += wj;
-            let base = key_base(pages, k0 + j, kvh);
+            let slot = key_slot(pages, k0 + j);
+            let base = key_base(slot, kvh);
+            var vs = 1.0;
+            if (KV_Q8) {
+                vs = bitcast<f32>(vpool[scale_at(slot, kvh)]);
+            }
             for (var c = 0u; c < 2u; c++) {
                 let e = t + 64u * c;
                 if (e < hp) {
-                    let vv = unpack2x16float(vpool[base + e]);
+                    var vv: vec2<f32>;
+                    if (KV_Q8) {
+                        let w = vpool[base + e / 2u];
+                        vv = vec2<f32>(sbyte(w, 2u * (e % 2u)), sbyte(w, 2u * (e % 2u) + 1u)) * vs;
+                    } else {
+                        vv = unpack2x16float(vpool[base + e]);
+                    }
                     acc[2u * c] += wj * vv.x;
                     acc[2u * c + 1u] += wj * vv.y;
                 }
@@ -104,6 +173,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         workgroupBarrier();
     }
     let o = r * qd + h * p.head_dim;
+    if (KV_Q8 && p.rotate != 0u) {
+        // The output rotated back, through qs (the key loop ended on a barrier).
+        for (var c = 0u; c < 2u; c++) {
+            let e = t + 64u * c;
+            if (e < hp) {
+                qs[2u * e] = acc[2u * c] / l;
+                qs[2u * e + 1u] = acc[2u * c + 1u] / l;
+            }
+        }
+        workgroupBarrier();
+        if (t == 0u) {
+            rotate_qs();
+        }
+        workgroupBarrier();
+        for (var i = t; i < p.head_dim; i += 64u) {
+            out[o + i] = qs[i];
+        }
+        return;
+    }
     for (var c = 0u; c < 2u; c++) {
         let e = t + 64u * c;
         if (e < hp) {

@@ -3,7 +3,14 @@
 // layer) that goes back to the host's storage: the f16 values the pool holds, widened
 // to f32, so the host stores the device's bits (the pool keeps pages across steps and
 // the host's copy must be the same). Dispatch: (ceil(kv_dim / 2 / 64), rows).
-struct P { rows: u32, kv_dim: u32, layer: u32, pad: u32 }
+//
+// `q8`: the same into an 8-bit pool (`pool.rs`), one invocation per (row, K/V head),
+// as the host quantizes (`folio::kernels::quantize_kv_q8`): the head row rotated where
+// `rotate` (times the normalized Walsh-Hadamard matrix, the host's butterfly order,
+// `norm` = 1/sqrt(head_dim)), d = amax / 127 at f16 precision, q = round(x / d) half
+// away from zero, clamped to ±127. The step's copy for the host is the f32 rows
+// themselves: the host quantizes them again. Dispatch: (ceil(rows · kv heads / 64), 1).
+struct P { rows: u32, kv_dim: u32, layer: u32, head_dim: u32, rotate: u32, norm: f32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> slots: array<u32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
@@ -34,4 +41,89 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     knew[out + 1u] = kw.y;
     vnew[out] = vw.x;
     vnew[out + 1u] = vw.y;
+}
+
+var<private> head: array<f32, 256>;
+
+// head[0..head_dim] rotated (see above), in place.
+fn rotate_head() {
+    for (var h = 1u; h < p.head_dim; h *= 2u) {
+        for (var i = 0u; i < p.head_dim; i += 2u * h) {
+            for (var j = i; j < i + h; j++) {
+                let a = head[j];
+                let b = head[j + h];
+                head[j] = a + b;
+                head[j + h] = a - b;
+            }
+        }
+    }
+    for (var e = 0u; e < p.head_dim; e++) {
+        head[e] *= p.norm;
+    }
+}
+
+// head[0..head_dim] quantized in place (each value its integer); returns the scale.
+fn quantize_head() -> f32 {
+    var amax = 0.0;
+    for (var e = 0u; e < p.head_dim; e++) {
+        amax = max(amax, abs(head[e]));
+    }
+    let d = quantizeToF16(min(amax / 127.0, 65504.0));
+    var inv = 0.0;
+    if (d != 0.0) {
+        inv = 1.0 / d;
+    }
+    for (var e = 0u; e < p.head_dim; e++) {
+        let x = head[e] * inv;
+        head[e] = clamp(sign(x) * floor(abs(x) + 0.5), -127.0, 127.0);
+    }
+    return d;
+}
+
+// Word i of the quantized head: values 4i..4i+3 as signed bytes.
+fn head_word(i: u32) -> u32 {
+    var w = 0u;
+    for (var b = 0u; b < 4u; b++) {
+        w |= (bitcast<u32>(i32(head[4u * i + b])) & 0xFFu) << (8u * b);
+    }
+    return w;
+}
+
+@compute @workgroup_size(64)
+fn q8(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let heads = p.kv_dim / p.head_dim;
+    let r = gid.x / heads;
+    let h = gid.x % heads;
+    if (r >= p.rows) {
+        return;
+    }
+    let src = r * p.kv_dim + h * p.head_dim;
+    let stride = p.kv_dim / 4u + heads;
+    let dst = slots[r] * stride + h * (p.head_dim / 4u);
+    let scale = slots[r] * stride + p.kv_dim / 4u + h;
+    let out = (p.layer * p.rows + r) * p.kv_dim + h * p.head_dim;
+    // K
+    for (var e = 0u; e < p.head_dim; e++) {
+        head[e] = k[src + e];
+        knew[out + e] = k[src + e];
+    }
+    if (p.rotate != 0u) {
+        rotate_head();
+    }
+    kpool[scale] = bitcast<u32>(quantize_head());
+    for (var i = 0u; i < p.head_dim / 4u; i++) {
+        kpool[dst + i] = head_word(i);
+    }
+    // V
+    for (var e = 0u; e < p.head_dim; e++) {
+        head[e] = v[src + e];
+        vnew[out + e] = v[src + e];
+    }
+    if (p.rotate != 0u) {
+        rotate_head();
+    }
+    vpool[scale] = bitcast<u32>(quantize_head());
+    for (var i = 0u; i < p.head_dim / 4u; i++) {
+        vpool[dst + i] = head_word(i);
+    }
 }
