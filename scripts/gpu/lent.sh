@@ -63,5 +63,13 @@ fi
 bench=${LENT_BENCH:---pp 512 --tg 128 --reps 3 --batch-figures}
 echo "== folio bench --device gpu $bench"
 FOLIO_LOG=info timeout 300 "$lent/folio" bench --model "$model" --device gpu --no-llama $bench
+echo "== host time per decode step (median over 32 steps: recording, and the whole step)"
+FOLIO_LOG=folio_gpu=debug timeout 120 "$lent/folio" generate --model "$model" --device gpu \
+    --temperature 0 --max-tokens 33 "The history of the printing press" 2>&1 >/dev/null |
+    grep "gpu: step rows=1 " | tail -32 | python3 -c '
+import re, statistics, sys
+rows = [tuple(map(int, re.findall(r"(?:record|step)_us=(\d+)", l))) for l in sys.stdin]
+print("record_us", statistics.median(r for r, _ in rows), "step_us",
+      statistics.median(s for _, s in rows), "steps", len(rows))'
 echo "== folio bench --device cpu --threads 2 --pp 64 --tg 16 --reps 1 (this machine's CPU)"
 timeout 120 "$lent/folio" bench --model "$model" --device cpu --threads 2 --no-llama --pp 64 --tg 16 --reps 1

@@ -13,6 +13,7 @@
 //! snapshots, and the tests hold its logits to the CPU's within a tolerance, not bit
 //! for bit, and to the exact model's fidelity bound.
 
+use crate::arena::Arena;
 use crate::device::Gpu;
 use crate::error::GpuError;
 use crate::kernels::Kernels;
@@ -33,6 +34,8 @@ pub struct GpuBackend {
     kernels: Kernels,
     weights: Weights,
     pool: Mutex<Option<Pool>>,
+    /// The step's buffers and bind groups, kept across steps (`arena.rs`).
+    arena: Mutex<Arena>,
     uploads: Uploads,
     /// Matmul inputs rounded to 8 bits as llama.cpp (and the CPU backend) round them;
     /// off by default: f32 inputs put the GPU nearer the exact model.
@@ -59,6 +62,7 @@ impl GpuBackend {
             kernels,
             weights,
             pool: Mutex::new(None),
+            arena: Mutex::new(Arena::default()),
             uploads: Uploads::default(),
             llama: false,
         })
@@ -183,7 +187,8 @@ impl Backend for GpuBackend {
             table: &table,
             llama: self.llama,
         };
-        let got = match self.gpu.scoped(|| step.run(batch)) {
+        let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
+        let got = match self.gpu.scoped(|| step.run(batch, &mut arena)) {
             Ok(got) => got,
             Err(e) => {
                 pool.forget(table.writes.keys());

@@ -198,7 +198,7 @@ impl Gpu {
     }
 
     /// `bytes`, zero-padded to whole words, to the start of `buf`.
-    fn write_words(&self, buf: &wgpu::Buffer, bytes: &[u8]) {
+    pub(crate) fn write_words(&self, buf: &wgpu::Buffer, bytes: &[u8]) {
         if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
             self.queue.write_buffer(buf, 0, bytes);
         } else {
@@ -221,6 +221,7 @@ impl Gpu {
     }
 
     /// A uniform buffer of `words`, padded to 16 bytes.
+    #[cfg(test)]
     pub(crate) fn params(&self, words: &[u32]) -> wgpu::Buffer {
         let mut w = words.to_vec();
         w.resize(words.len().next_multiple_of(4).max(4), 0);

@@ -7,8 +7,45 @@ use crate::device::Gpu;
 use crate::error::GpuError;
 use crate::weights::Format;
 
-/// A kernel: its pipeline (its bind group layout inferred from the shader).
-pub(crate) struct Kernel(wgpu::ComputePipeline);
+/// A kernel: its pipeline and bind group layout (inferred from the shader).
+pub(crate) struct Kernel {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+impl Kernel {
+    fn new(pipeline: wgpu::ComputePipeline) -> Self {
+        let layout = pipeline.get_bind_group_layout(0);
+        Kernel { pipeline, layout }
+    }
+
+    pub fn pipeline(&self) -> &wgpu::ComputePipeline {
+        &self.pipeline
+    }
+
+    pub fn layout(&self) -> &wgpu::BindGroupLayout {
+        &self.layout
+    }
+}
+
+/// Records dispatches into a compute pass.
+pub(crate) trait Dispatch {
+    /// Records `kernel` over `groups` workgroups with `params` (binding 0, a uniform)
+    /// and `buffers` (bindings 1.., whole buffers); nothing for an empty grid.
+    fn dispatch(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        kernel: &Kernel,
+        params: &[u32],
+        buffers: &[&wgpu::Buffer],
+        groups: (u32, u32),
+    );
+}
+
+/// A new parameter buffer and bind group for every dispatch (the unit tests; a step
+/// records through `arena::Recorder`, which keeps them).
+#[cfg(test)]
+pub(crate) struct Fresh<'a>(pub &'a Gpu);
 
 /// Every pipeline the step records.
 pub(crate) struct Kernels {
@@ -75,7 +112,7 @@ impl Kernels {
                 })
         };
         let pipeline_with = |m: &wgpu::ShaderModule, entry: &str, constants: &[(&str, f64)]| {
-            Kernel(
+            Kernel::new(
                 gpu.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                         label: Some(entry),
@@ -154,7 +191,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
-        gpu: &Gpu,
+        rec: &dyn Dispatch,
         pass: &mut wgpu::ComputePass<'_>,
         kernel: &Kernel,
         [w, a, y]: [&wgpu::Buffer; 3],
@@ -185,20 +222,22 @@ impl Kernels {
                 (columns - g0).min(step),
                 (rows as u32).div_ceil(MATMUL_ROWS),
             );
-            Self::dispatch(gpu, pass, kernel, &params, &[w, a, y], groups);
+            rec.dispatch(pass, kernel, &params, &[w, a, y], groups);
         }
     }
+}
 
-    /// Records `kernel` over `groups` workgroups with `params` (binding 0, a uniform)
-    /// and `buffers` (bindings 1.., whole buffers).
-    pub fn dispatch(
-        gpu: &Gpu,
+#[cfg(test)]
+impl Dispatch for Fresh<'_> {
+    fn dispatch(
+        &self,
         pass: &mut wgpu::ComputePass<'_>,
         kernel: &Kernel,
         params: &[u32],
         buffers: &[&wgpu::Buffer],
         groups: (u32, u32),
     ) {
+        let gpu = self.0;
         if groups.0 == 0 || groups.1 == 0 {
             return;
         }
@@ -215,10 +254,10 @@ impl Kernels {
         }
         let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &kernel.0.get_bind_group_layout(0),
+            layout: kernel.layout(),
             entries: &entries,
         });
-        pass.set_pipeline(&kernel.0);
+        pass.set_pipeline(kernel.pipeline());
         pass.set_bind_group(0, &group, &[]);
         pass.dispatch_workgroups(groups.0, groups.1, 1);
     }

@@ -9,12 +9,14 @@
 //! - `pool`: the device's K/V pages, by the host pool's page ids; what each step
 //!   uploads (only pages whose host generation the device does not hold).
 //! - `table`: a batch as the kernels read it (the CSR page tables).
-//! - `kernels` (+ `wgsl/`): the compute kernels; `step`: one step's dispatches.
+//! - `kernels` (+ `wgsl/`): the compute kernels; `step`: one step's dispatches;
+//!   `arena`: the step's buffers and bind groups, kept across steps.
 //! - `backend`: [`GpuBackend`], the [`folio::model::Backend`].
 //!
 //! Nothing here needs a GPU to build or test: without an adapter [`Gpu::open`] is
 //! [`GpuError::NoAdapter`] and callers stay on the CPU.
 
+mod arena;
 mod backend;
 mod device;
 mod error;

@@ -5,7 +5,7 @@
 //! (one call of 8 rows and a remainder), with either work split of the kernels. Skipped, with the reason printed, without a Vulkan adapter.
 
 use crate::device::Gpu;
-use crate::kernels::{Kernel, Kernels};
+use crate::kernels::{Fresh, Kernel, Kernels};
 use crate::weights::{Format, Matrix};
 use folio::gguf::GgmlType;
 use folio::model::dequantize;
@@ -63,7 +63,7 @@ fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usi
         let mut pass = encoder.begin_compute_pass(&Default::default());
         let bufs = [&m.pieces[0].0, &a, &y];
         k.matmul(
-            gpu,
+            &Fresh(gpu),
             &mut pass,
             kernel,
             bufs,

@@ -11,8 +11,9 @@
 //! soft-capped where the model says (Gemma 2). Every row of the ragged batch (prefill
 //! chunks and decode rows alike) shares each matmul.
 
+use crate::arena::Arena;
 use crate::device::Gpu;
-use crate::kernels::{Kernel, Kernels, Q8_WORDS, WG};
+use crate::kernels::{Dispatch, Kernel, Kernels, Q8_WORDS, WG};
 use crate::pool::Pool;
 use crate::table::StepTable;
 use crate::weights::{Format, Matrix, Weights};
@@ -47,7 +48,8 @@ fn f(x: f32) -> u32 {
 }
 
 impl Step<'_> {
-    pub fn run(&self, batch: &Batch) -> Result<Output, String> {
+    pub fn run(&self, batch: &Batch, arena: &mut Arena) -> Result<Output, String> {
+        let started = std::time::Instant::now();
         let (gpu, c, w, t) = (self.gpu, self.config, self.weights, self.table);
         let n = t.rows.len();
         let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
@@ -77,205 +79,212 @@ impl Step<'_> {
         let rope_local = c.rope_local.as_ref().map(table);
         let ident: Vec<u32> = (0..n as u32).collect();
         let fbytes = |len: usize| (len * 4) as u64;
-        let x = gpu.upload("x", bytemuck::cast_slice(&x));
-        let rope = gpu.upload("rope", bytemuck::cast_slice(&rope));
-        let rope_local = rope_local.map(|r| gpu.upload("local rope", bytemuck::cast_slice(&r)));
-        let ident = gpu.upload("rows", bytemuck::cast_slice(&ident));
-        let tab = gpu.upload("pages", bytemuck::cast_slice(&t.tab));
-        let slots = gpu.upload("slots", bytemuck::cast_slice(&t.slots));
-        let picked = gpu.upload("picked", bytemuck::cast_slice(&t.picked));
-        let hidden = gpu.upload("hidden", bytemuck::cast_slice(&t.hidden));
-        let h = gpu.scratch("h", fbytes(n * d));
-        let q = gpu.scratch("q", fbytes(n * qd));
-        let kb = gpu.scratch("k", fbytes(n * kvd));
-        let vb = gpu.scratch("v", fbytes(n * kvd));
-        let att = gpu.scratch("att", fbytes(n * qd));
+        let x = arena.upload(gpu, "x", bytemuck::cast_slice(&x));
+        let rope = arena.upload(gpu, "rope", bytemuck::cast_slice(&rope));
+        let rope_local =
+            rope_local.map(|r| arena.upload(gpu, "local rope", bytemuck::cast_slice(&r)));
+        let ident = arena.upload(gpu, "rows", bytemuck::cast_slice(&ident));
+        let tab = arena.upload(gpu, "pages", bytemuck::cast_slice(&t.tab));
+        let slots = arena.upload(gpu, "slots", bytemuck::cast_slice(&t.slots));
+        let picked = arena.upload(gpu, "picked", bytemuck::cast_slice(&t.picked));
+        let hidden = arena.upload(gpu, "hidden", bytemuck::cast_slice(&t.hidden));
+        let h = arena.buffer(gpu, "h", fbytes(n * d));
+        let q = arena.buffer(gpu, "q", fbytes(n * qd));
+        let kb = arena.buffer(gpu, "k", fbytes(n * kvd));
+        let vb = arena.buffer(gpu, "v", fbytes(n * kvd));
+        let att = arena.buffer(gpu, "att", fbytes(n * qd));
         // A block's output before its post-norm (Gemma's).
-        let o = gpu.scratch("o", fbytes(if c.post_norms { n * d } else { 0 }));
-        let gate = gpu.scratch("gate", fbytes(n * ff));
-        let up = gpu.scratch("up", fbytes(n * ff));
+        let o = arena.buffer(gpu, "o", fbytes(if c.post_norms { n * d } else { 0 }));
+        let gate = arena.buffer(gpu, "gate", fbytes(n * ff));
+        let up = arena.buffer(gpu, "up", fbytes(n * ff));
         let kv_len = c.n_layers * n * kvd;
-        let knew = gpu.scratch("k new", fbytes(kv_len));
-        let vnew = gpu.scratch("v new", fbytes(kv_len));
-        let hp = gpu.scratch("head input", fbytes(npick * d));
+        let knew = arena.buffer(gpu, "k new", fbytes(kv_len));
+        let vnew = arena.buffer(gpu, "v new", fbytes(kv_len));
+        let hp = arena.buffer(gpu, "head input", fbytes(npick * d));
         let widest = d.max(qd).max(ff);
-        let aq = gpu.scratch("8-bit input", fbytes(n.max(npick) * widest / 32 * Q8_WORDS));
-        let logits = gpu.scratch("logits", fbytes(npick * c.vocab));
-        let states = gpu.scratch("states", fbytes(nhid * d));
+        let aq = arena.buffer(
+            gpu,
+            "8-bit input",
+            fbytes(n.max(npick) * widest / 32 * Q8_WORDS),
+        );
+        let logits = arena.buffer(gpu, "logits", fbytes(npick * c.vocab));
+        let states = arena.buffer(gpu, "states", fbytes(nhid * d));
 
-        let k = self.kernels;
-        let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            let p = &mut pass;
-            let eps = f(c.norm_eps);
-            let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows: usize, g, out| {
-                let params = [d as u32, rows as u32, eps];
-                Kernels::dispatch(
-                    gpu,
-                    p,
-                    &k.rms_norm,
-                    &params,
-                    &[idx, &x, g, out],
-                    (rows as u32, 1),
-                );
-            };
-            // A matmul input into 8-bit blocks (in `aq`), for the matrices after it.
-            let quantize = |p: &mut wgpu::ComputePass<'_>, a, width: usize, rows: usize| {
-                if !self.llama {
-                    return;
-                }
-                let groups = ((width as u32 / 32).div_ceil(WG), rows as u32);
-                let params = [width as u32, rows as u32];
-                Kernels::dispatch(gpu, p, &k.quantize, &params, &[a, &aq], groups);
-            };
-            // `a` · `m`ᵀ into `y` (added with `add`): with llama.cpp's arithmetic the
-            // quantized formats read `aq`, which holds `a` quantized.
-            let matmul =
-                |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows: usize, add: bool| {
-                    let (kernel, input): (&Kernel, &wgpu::Buffer) = match (m.format, self.llama) {
-                        (Format::Q4_1, true) => (&k.q4_1, &aq),
-                        (Format::Q8_0, true) => (&k.q8_0, &aq),
-                        (f, _) => (k.f32_inputs(f), a),
-                    };
-                    for (buf, first, n) in &m.pieces {
-                        let shape = (m.cols, *first, *n);
-                        let bufs = [buf, input, y];
-                        k.matmul(gpu, p, kernel, bufs, shape, rows, m.rows, add);
-                    }
-                };
-            // The residual: `x += a · mᵀ`, or with a post-norm `g`, `x += norm(a · mᵀ)`.
-            let residual =
-                |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, g: &Option<wgpu::Buffer>| {
-                    let Some(g) = g else {
-                        return matmul(p, m, a, &x, n, true);
-                    };
-                    matmul(p, m, a, &o, n, false);
-                    let params = [d as u32, n as u32, eps, 0];
-                    Kernels::dispatch(gpu, p, &k.norm_add, &params, &[g, &o, &x], (n as u32, 1));
-                };
-            let scale = c.q_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());
-            for (li, l) in w.layers.iter().enumerate() {
-                norm(p, &ident, n, &l.attn_norm, &h);
-                quantize(p, &h, d, n);
-                matmul(p, &l.wq, &h, &q, n, false);
-                matmul(p, &l.wk, &h, &kb, n, false);
-                matmul(p, &l.wv, &h, &vb, n, false);
-                if let Some(biases) = &l.biases {
-                    for (b, y, width) in [
-                        (&biases[0], &q, qd),
-                        (&biases[1], &kb, kvd),
-                        (&biases[2], &vb, kvd),
-                    ] {
-                        let groups = ((width as u32).div_ceil(WG), n as u32);
-                        Kernels::dispatch(
-                            gpu,
-                            p,
-                            &k.bias,
-                            &[n as u32, width as u32],
-                            &[b, y],
-                            groups,
-                        );
-                    }
-                }
-                if let Some([gq, gk]) = &l.qk_norm {
-                    for (g, y, heads) in [(gq, &q, c.n_heads), (gk, &kb, c.n_kv_heads)] {
-                        let rows = (n * heads) as u32;
-                        let params = [c.head_dim as u32, rows, eps, 0];
-                        Kernels::dispatch(gpu, p, &k.norm_in_place, &params, &[g, y], (rows, 1));
-                    }
-                }
-                let rope = match &rope_local {
-                    Some(r) if c.layers[li].local_rope => r,
-                    _ => &rope,
-                };
-                let style = c.rope_of(li).style;
-                let heads = (c.n_heads + c.n_kv_heads) * half;
-                let params = [
-                    n,
-                    c.n_heads,
-                    c.n_kv_heads,
-                    c.head_dim,
-                    half,
-                    (style == folio::model::RopeStyle::Adjacent) as usize,
-                ]
-                .map(|v| v as u32);
-                let groups = ((heads as u32).div_ceil(WG), n as u32);
-                Kernels::dispatch(gpu, p, &k.rope, &params, &[rope, &q, &kb], groups);
-                // 8-bit K/V rotates head rows where head_dim is a power of two, as the
-                // host does (`folio::kernels::rotate_heads`).
-                let rotate = c.head_dim.is_power_of_two() as u32;
-                let inv_sqrt = f(1.0 / (c.head_dim as f32).sqrt());
-                let hd = c.head_dim as u32;
-                let params = [n as u32, kvd as u32, li as u32, hd, rotate, inv_sqrt, 0, 0];
-                let stores = [
-                    &slots,
-                    &kb,
-                    &vb,
-                    &self.pool.k[li],
-                    &self.pool.v[li],
-                    &knew,
-                    &vnew,
-                ];
-                if self.pool.q8 {
-                    let groups = (((n * kvd / c.head_dim) as u32).div_ceil(WG), 1);
-                    Kernels::dispatch(gpu, p, &k.kv_store_q8, &params, &stores, groups);
-                } else {
-                    let groups = ((kvd as u32 / 2).div_ceil(WG), n as u32);
-                    Kernels::dispatch(gpu, p, &k.kv_store, &params, &stores, groups);
-                }
-                let window = c.layers[li].window.unwrap_or(0) as u32;
-                let params = [
-                    n as u32,
-                    c.n_heads as u32,
-                    c.n_kv_heads as u32,
-                    c.head_dim as u32,
-                    t.page_size as u32,
-                    kvd as u32,
-                    f(scale),
-                    window,
-                    t.seqs_at,
-                    f(c.attn_softcap.unwrap_or(0.0)),
-                    rotate,
-                    inv_sqrt,
-                ];
-                let bufs = [&tab, &q, &self.pool.k[li], &self.pool.v[li], &att];
-                let attention = match self.pool.q8 {
-                    true => &k.attention_q8,
-                    false => &k.attention,
-                };
-                let groups = (c.n_heads as u32, n as u32);
-                Kernels::dispatch(gpu, p, attention, &params, &bufs, groups);
-                quantize(p, &att, qd, n);
-                residual(p, &l.wo, &att, &l.post_attn_norm);
-                norm(p, &ident, n, &l.ffn_norm, &h);
-                quantize(p, &h, d, n);
-                matmul(p, &l.w_gate, &h, &gate, n, false);
-                matmul(p, &l.w_up, &h, &up, n, false);
-                let groups = ((ff as u32).div_ceil(WG), n as u32);
-                let gelu = c.activation == folio::model::Activation::GeGlu;
-                let params = [n as u32, ff as u32, gelu as u32, 0];
-                Kernels::dispatch(gpu, p, &k.glu, &params, &[&gate, &up], groups);
-                quantize(p, &gate, ff, n);
-                residual(p, &l.w_down, &gate, &l.post_ffn_norm);
-            }
-            if npick > 0 {
-                norm(p, &picked, npick, &w.out_norm, &hp);
-                quantize(p, &hp, d, npick);
-                matmul(p, &w.head, &hp, &logits, npick, false);
-                if let Some(cap) = c.final_softcap {
-                    let groups = ((c.vocab as u32).div_ceil(WG), npick as u32);
-                    let params = [npick as u32, c.vocab as u32, f(cap), 0];
-                    Kernels::dispatch(gpu, p, &k.softcap, &params, &[&logits], groups);
-                }
-            }
-            if nhid > 0 {
-                norm(p, &hidden, nhid, &w.out_norm, &states);
-            }
-        }
         let lens = [npick * c.vocab, nhid * d, kv_len, kv_len];
         let total: usize = lens.iter().sum();
-        let staging = gpu.staging(fbytes(total));
+        let staging = arena.staging(gpu, fbytes(total));
+
+        let k = self.kernels;
+        // Recorded again where the arena's parameter buffer was too small for it.
+        let mut encoder = loop {
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            let rec = arena.recorder(gpu);
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                let p = &mut pass;
+                let eps = f(c.norm_eps);
+                let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows: usize, g, out| {
+                    let params = [d as u32, rows as u32, eps];
+                    rec.dispatch(
+                        p,
+                        &k.rms_norm,
+                        &params,
+                        &[idx, &x, g, out],
+                        (rows as u32, 1),
+                    );
+                };
+                // A matmul input into 8-bit blocks (in `aq`), for the matrices after it.
+                let quantize = |p: &mut wgpu::ComputePass<'_>, a, width: usize, rows: usize| {
+                    if !self.llama {
+                        return;
+                    }
+                    let groups = ((width as u32 / 32).div_ceil(WG), rows as u32);
+                    let params = [width as u32, rows as u32];
+                    rec.dispatch(p, &k.quantize, &params, &[a, &aq], groups);
+                };
+                // `a` · `m`ᵀ into `y` (added with `add`): with llama.cpp's arithmetic the
+                // quantized formats read `aq`, which holds `a` quantized.
+                let matmul =
+                    |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows: usize, add: bool| {
+                        let (kernel, input): (&Kernel, &wgpu::Buffer) = match (m.format, self.llama)
+                        {
+                            (Format::Q4_1, true) => (&k.q4_1, &aq),
+                            (Format::Q8_0, true) => (&k.q8_0, &aq),
+                            (f, _) => (k.f32_inputs(f), a),
+                        };
+                        for (buf, first, n) in &m.pieces {
+                            let shape = (m.cols, *first, *n);
+                            let bufs = [buf, input, y];
+                            k.matmul(&rec, p, kernel, bufs, shape, rows, m.rows, add);
+                        }
+                    };
+                // The residual: `x += a · mᵀ`, or with a post-norm `g`, `x += norm(a · mᵀ)`.
+                let residual =
+                    |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, g: &Option<wgpu::Buffer>| {
+                        let Some(g) = g else {
+                            return matmul(p, m, a, &x, n, true);
+                        };
+                        matmul(p, m, a, &o, n, false);
+                        let params = [d as u32, n as u32, eps, 0];
+                        rec.dispatch(p, &k.norm_add, &params, &[g, &o, &x], (n as u32, 1));
+                    };
+                let scale = c.q_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());
+                for (li, l) in w.layers.iter().enumerate() {
+                    norm(p, &ident, n, &l.attn_norm, &h);
+                    quantize(p, &h, d, n);
+                    matmul(p, &l.wq, &h, &q, n, false);
+                    matmul(p, &l.wk, &h, &kb, n, false);
+                    matmul(p, &l.wv, &h, &vb, n, false);
+                    if let Some(biases) = &l.biases {
+                        for (b, y, width) in [
+                            (&biases[0], &q, qd),
+                            (&biases[1], &kb, kvd),
+                            (&biases[2], &vb, kvd),
+                        ] {
+                            let groups = ((width as u32).div_ceil(WG), n as u32);
+                            rec.dispatch(p, &k.bias, &[n as u32, width as u32], &[b, y], groups);
+                        }
+                    }
+                    if let Some([gq, gk]) = &l.qk_norm {
+                        for (g, y, heads) in [(gq, &q, c.n_heads), (gk, &kb, c.n_kv_heads)] {
+                            let rows = (n * heads) as u32;
+                            let params = [c.head_dim as u32, rows, eps, 0];
+                            rec.dispatch(p, &k.norm_in_place, &params, &[g, y], (rows, 1));
+                        }
+                    }
+                    let rope = match &rope_local {
+                        Some(r) if c.layers[li].local_rope => r,
+                        _ => &rope,
+                    };
+                    let style = c.rope_of(li).style;
+                    let heads = (c.n_heads + c.n_kv_heads) * half;
+                    let params = [
+                        n,
+                        c.n_heads,
+                        c.n_kv_heads,
+                        c.head_dim,
+                        half,
+                        (style == folio::model::RopeStyle::Adjacent) as usize,
+                    ]
+                    .map(|v| v as u32);
+                    let groups = ((heads as u32).div_ceil(WG), n as u32);
+                    rec.dispatch(p, &k.rope, &params, &[rope, &q, &kb], groups);
+                    // 8-bit K/V rotates head rows where head_dim is a power of two, as the
+                    // host does (`folio::kernels::rotate_heads`).
+                    let rotate = c.head_dim.is_power_of_two() as u32;
+                    let inv_sqrt = f(1.0 / (c.head_dim as f32).sqrt());
+                    let hd = c.head_dim as u32;
+                    let params = [n as u32, kvd as u32, li as u32, hd, rotate, inv_sqrt, 0, 0];
+                    let stores = [
+                        &slots,
+                        &kb,
+                        &vb,
+                        &self.pool.k[li],
+                        &self.pool.v[li],
+                        &knew,
+                        &vnew,
+                    ];
+                    if self.pool.q8 {
+                        let groups = (((n * kvd / c.head_dim) as u32).div_ceil(WG), 1);
+                        rec.dispatch(p, &k.kv_store_q8, &params, &stores, groups);
+                    } else {
+                        let groups = ((kvd as u32 / 2).div_ceil(WG), n as u32);
+                        rec.dispatch(p, &k.kv_store, &params, &stores, groups);
+                    }
+                    let window = c.layers[li].window.unwrap_or(0) as u32;
+                    let params = [
+                        n as u32,
+                        c.n_heads as u32,
+                        c.n_kv_heads as u32,
+                        c.head_dim as u32,
+                        t.page_size as u32,
+                        kvd as u32,
+                        f(scale),
+                        window,
+                        t.seqs_at,
+                        f(c.attn_softcap.unwrap_or(0.0)),
+                        rotate,
+                        inv_sqrt,
+                    ];
+                    let bufs = [&tab, &q, &self.pool.k[li], &self.pool.v[li], &att];
+                    let attention = match self.pool.q8 {
+                        true => &k.attention_q8,
+                        false => &k.attention,
+                    };
+                    let groups = (c.n_heads as u32, n as u32);
+                    rec.dispatch(p, attention, &params, &bufs, groups);
+                    quantize(p, &att, qd, n);
+                    residual(p, &l.wo, &att, &l.post_attn_norm);
+                    norm(p, &ident, n, &l.ffn_norm, &h);
+                    quantize(p, &h, d, n);
+                    matmul(p, &l.w_gate, &h, &gate, n, false);
+                    matmul(p, &l.w_up, &h, &up, n, false);
+                    let groups = ((ff as u32).div_ceil(WG), n as u32);
+                    let gelu = c.activation == folio::model::Activation::GeGlu;
+                    let params = [n as u32, ff as u32, gelu as u32, 0];
+                    rec.dispatch(p, &k.glu, &params, &[&gate, &up], groups);
+                    quantize(p, &gate, ff, n);
+                    residual(p, &l.w_down, &gate, &l.post_ffn_norm);
+                }
+                if npick > 0 {
+                    norm(p, &picked, npick, &w.out_norm, &hp);
+                    quantize(p, &hp, d, npick);
+                    matmul(p, &w.head, &hp, &logits, npick, false);
+                    if let Some(cap) = c.final_softcap {
+                        let groups = ((c.vocab as u32).div_ceil(WG), npick as u32);
+                        let params = [npick as u32, c.vocab as u32, f(cap), 0];
+                        rec.dispatch(p, &k.softcap, &params, &[&logits], groups);
+                    }
+                }
+                if nhid > 0 {
+                    norm(p, &hidden, nhid, &w.out_norm, &states);
+                }
+            }
+            match rec.finish() {
+                Ok(()) => break encoder,
+                Err(()) => continue,
+            }
+        };
         let mut at = 0;
         for (buf, len) in [&logits, &states, &knew, &vnew].into_iter().zip(lens) {
             if len > 0 {
@@ -283,7 +292,16 @@ impl Step<'_> {
             }
             at += len;
         }
+        let recorded = started.elapsed();
         let all = gpu.finish(encoder, &staging)?;
+        // Host time to lay out and record the step, and the step through its results:
+        // on a GPU the difference is the device's time and the copies.
+        tracing::debug!(
+            rows = n,
+            record_us = recorded.as_micros() as u64,
+            step_us = started.elapsed().as_micros() as u64,
+            "gpu: step"
+        );
         let mut parts = Vec::with_capacity(4);
         let mut at = 0;
         for len in lens {
