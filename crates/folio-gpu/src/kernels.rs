@@ -49,6 +49,7 @@ pub(crate) struct Fresh<'a>(pub &'a Gpu);
 
 /// Every pipeline the step records.
 pub(crate) struct Kernels {
+    /// RMSNorm of picked rows into another buffer (`norm.wgsl`).
     pub rms_norm: Kernel,
     /// Q4_1 and Q8_0 matmuls on 8-bit inputs (llama.cpp's arithmetic).
     pub q4_1: Kernel,
@@ -138,9 +139,18 @@ impl Kernels {
             "matmul_f32_inputs",
             &[common, include_str!("wgsl/matmul_f32_inputs.wgsl")].concat(),
         );
-        let norm_ops = module("norm_ops", include_str!("wgsl/norm_ops.wgsl"));
-        let kv_store = module("kv_store", include_str!("wgsl/kv_store.wgsl"));
-        let attention = module("attention", include_str!("wgsl/attention.wgsl"));
+        let norm = module("norm", include_str!("wgsl/norm.wgsl"));
+        let elementwise = module("elementwise", include_str!("wgsl/elementwise.wgsl"));
+        // The 8-bit K/V rotation comes first in both kernels that need it.
+        let wht = include_str!("wgsl/wht.wgsl");
+        let kv_store = module(
+            "kv_store",
+            &[wht, include_str!("wgsl/kv_store.wgsl")].concat(),
+        );
+        let attention = module(
+            "attention",
+            &[wht, include_str!("wgsl/attention.wgsl")].concat(),
+        );
         let f32_inputs = Format::ALL
             .iter()
             .map(|f| {
@@ -149,10 +159,7 @@ impl Kernels {
             })
             .collect();
         Kernels {
-            rms_norm: pipeline(
-                &module("rms_norm", include_str!("wgsl/rms_norm.wgsl")),
-                "main",
-            ),
+            rms_norm: pipeline(&norm, "picked"),
             q4_1: pipeline_with(&matmul, "main", &[("FORMAT", Format::Q4_1.wgsl() as f64)]),
             q8_0: pipeline_with(&matmul, "main", &[("FORMAT", Format::Q8_0.wgsl() as f64)]),
             f32_inputs,
@@ -165,14 +172,11 @@ impl Kernels {
             attention: pipeline(&attention, "main"),
             kv_store_q8: pipeline(&kv_store, "q8"),
             attention_q8: pipeline_with(&attention, "main", &[("KV_Q8", 1.0)]),
-            glu: pipeline(&module("glu", include_str!("wgsl/glu.wgsl")), "main"),
-            norm_in_place: pipeline(&norm_ops, "in_place"),
-            norm_add: pipeline(&norm_ops, "add"),
-            bias: pipeline(&module("bias", include_str!("wgsl/bias.wgsl")), "main"),
-            softcap: pipeline(
-                &module("softcap", include_str!("wgsl/softcap.wgsl")),
-                "main",
-            ),
+            glu: pipeline(&elementwise, "glu"),
+            norm_in_place: pipeline(&norm, "in_place"),
+            norm_add: pipeline(&norm, "add"),
+            bias: pipeline(&elementwise, "bias"),
+            softcap: pipeline(&elementwise, "softcap"),
             wide: !gpu.adapter().software,
             max_groups: MAX_GROUPS,
         }

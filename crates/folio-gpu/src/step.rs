@@ -129,7 +129,7 @@ impl Step<'_> {
                         p,
                         &k.rms_norm,
                         &params,
-                        &[idx, &x, g, out],
+                        &[g, &x, out, idx],
                         (rows as u32, 1),
                     );
                 };
@@ -182,7 +182,7 @@ impl Step<'_> {
                             (&biases[2], &vb, kvd),
                         ] {
                             let groups = ((width as u32).div_ceil(WG), n as u32);
-                            rec.dispatch(p, &k.bias, &[n as u32, width as u32], &[b, y], groups);
+                            rec.dispatch(p, &k.bias, &[n as u32, width as u32], &[y, b], groups);
                         }
                     }
                     if let Some([gq, gk]) = &l.qk_norm {

@@ -54,6 +54,26 @@ fn logits(m: &Model) -> Vec<Vec<f32>> {
     out
 }
 
+/// The model at `path` on the CPU with llama.cpp's arithmetic, and on the GPU with the
+/// same (or why not).
+fn on_both(path: &std::path::Path) -> (Model, Result<Model, folio_gpu::GpuError>) {
+    let cpu = Model::load(path, 1).unwrap().llama_arithmetic();
+    let gpu = Gpu::open(true).unwrap();
+    let (gpu, r) = GpuBackend::put_on(Model::load(path, 1).unwrap(), path, gpu, true);
+    (cpu, r.map(|()| gpu))
+}
+
+/// The largest [`rel_error`] of any logits row of [`logits`] on the two models.
+fn worst_error(cpu: &Model, gpu: &Model) -> f32 {
+    let (a, b) = (logits(cpu), logits(gpu));
+    let vocab = cpu.config.vocab;
+    let rows = a
+        .iter()
+        .zip(&b)
+        .flat_map(|(x, y)| x.chunks(vocab).zip(y.chunks(vocab)));
+    rows.map(|(rx, ry)| rel_error(rx, ry)).fold(0f32, f32::max)
+}
+
 #[test]
 fn other_weight_formats_match_the_cpu() {
     if let Err(e) = Gpu::open(true) {
@@ -75,22 +95,8 @@ fn other_weight_formats_match_the_cpu() {
     for (name, bytes) in cases {
         let path = dir.join(format!("{name}.gguf"));
         std::fs::write(&path, bytes).unwrap();
-        let cpu = Model::load(&path, 1).unwrap().llama_arithmetic();
-        let (gpu, r) = GpuBackend::put_on(
-            Model::load(&path, 1).unwrap(),
-            &path,
-            Gpu::open(true).unwrap(),
-            true,
-        );
-        r.unwrap();
-        let (a, b) = (logits(&cpu), logits(&gpu));
-        let vocab = cpu.config.vocab;
-        let mut worst = 0f32;
-        for (x, y) in a.iter().zip(&b) {
-            for (rx, ry) in x.chunks(vocab).zip(y.chunks(vocab)) {
-                worst = worst.max(rel_error(rx, ry));
-            }
-        }
+        let (cpu, gpu) = on_both(&path);
+        let worst = worst_error(&cpu, &gpu.unwrap());
         eprintln!("{name}: worst error {worst:.2e} of the logit range");
         assert!(worst <= TOLERANCE, "{name}: {worst}");
     }
@@ -121,22 +127,9 @@ fn model_families_match_the_cpu() {
     assert!(names.len() >= 10, "fixtures: {names:?}");
     for name in names {
         let path = dir.join(format!("{name}.gguf"));
-        let cpu = Model::load(&path, 1).unwrap().llama_arithmetic();
-        let (gpu, r) = GpuBackend::put_on(
-            Model::load(&path, 1).unwrap(),
-            &path,
-            Gpu::open(true).unwrap(),
-            true,
-        );
-        r.unwrap_or_else(|e| panic!("{name}: {e}"));
-        let (a, b) = (logits(&cpu), logits(&gpu));
-        let vocab = cpu.config.vocab;
-        let mut worst = 0f32;
-        for (x, y) in a.iter().zip(&b) {
-            for (rx, ry) in x.chunks(vocab).zip(y.chunks(vocab)) {
-                worst = worst.max(rel_error(rx, ry));
-            }
-        }
+        let (cpu, gpu) = on_both(&path);
+        let gpu = gpu.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let worst = worst_error(&cpu, &gpu);
         eprintln!(
             "{name} ({}): worst error {worst:.2e} of the logit range",
             cpu.config.arch

@@ -53,21 +53,14 @@ fn sbyte(x: u32, b: u32) -> f32 {
     return f32(bitcast<i32>(x << (24u - 8u * b)) >> 24u);
 }
 
-// qs[0..head_dim] times the normalized Walsh-Hadamard matrix, in the host's order
-// (`folio::kernels::rotate_heads`). Run by one invocation.
+// qs[0..head_dim] times H (`wht.wgsl`). Run by one invocation.
 fn rotate_qs() {
-    for (var h = 1u; h < p.head_dim; h *= 2u) {
-        for (var i = 0u; i < p.head_dim; i += 2u * h) {
-            for (var j = i; j < i + h; j++) {
-                let a = qs[j];
-                let b = qs[j + h];
-                qs[j] = a + b;
-                qs[j + h] = a - b;
-            }
-        }
-    }
     for (var e = 0u; e < p.head_dim; e++) {
-        qs[e] *= p.norm;
+        wht[e] = qs[e];
+    }
+    rotate_wht(p.head_dim, p.norm);
+    for (var e = 0u; e < p.head_dim; e++) {
+        qs[e] = wht[e];
     }
 }
 

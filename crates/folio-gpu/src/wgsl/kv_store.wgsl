@@ -43,30 +43,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     vnew[out + 1u] = vw.y;
 }
 
-var<private> head: array<f32, 256>;
-
-// head[0..head_dim] rotated (see above), in place.
-fn rotate_head() {
-    for (var h = 1u; h < p.head_dim; h *= 2u) {
-        for (var i = 0u; i < p.head_dim; i += 2u * h) {
-            for (var j = i; j < i + h; j++) {
-                let a = head[j];
-                let b = head[j + h];
-                head[j] = a + b;
-                head[j + h] = a - b;
-            }
-        }
-    }
-    for (var e = 0u; e < p.head_dim; e++) {
-        head[e] *= p.norm;
-    }
-}
-
-// head[0..head_dim] quantized in place (each value its integer); returns the scale.
+// wht[0..head_dim] quantized in place (each value its integer); returns the scale.
 fn quantize_head() -> f32 {
     var amax = 0.0;
     for (var e = 0u; e < p.head_dim; e++) {
-        amax = max(amax, abs(head[e]));
+        amax = max(amax, abs(wht[e]));
     }
     let d = quantizeToF16(min(amax / 127.0, 65504.0));
     var inv = 0.0;
@@ -74,8 +55,8 @@ fn quantize_head() -> f32 {
         inv = 1.0 / d;
     }
     for (var e = 0u; e < p.head_dim; e++) {
-        let x = head[e] * inv;
-        head[e] = clamp(sign(x) * floor(abs(x) + 0.5), -127.0, 127.0);
+        let x = wht[e] * inv;
+        wht[e] = clamp(sign(x) * floor(abs(x) + 0.5), -127.0, 127.0);
     }
     return d;
 }
@@ -84,7 +65,7 @@ fn quantize_head() -> f32 {
 fn head_word(i: u32) -> u32 {
     var w = 0u;
     for (var b = 0u; b < 4u; b++) {
-        w |= (bitcast<u32>(i32(head[4u * i + b])) & 0xFFu) << (8u * b);
+        w |= (bitcast<u32>(i32(wht[4u * i + b])) & 0xFFu) << (8u * b);
     }
     return w;
 }
@@ -102,28 +83,38 @@ fn q8(@builtin(global_invocation_id) gid: vec3<u32>) {
     let dst = slots[r] * stride + h * (p.head_dim / 4u);
     let scale = slots[r] * stride + p.kv_dim / 4u + h;
     let out = (p.layer * p.rows + r) * p.kv_dim + h * p.head_dim;
-    // K
+    store_q8(false, src, dst, scale, out);
+    store_q8(true, src, dst, scale, out);
+}
+
+// One head row of K (or, `is_v`, of V) at `src`: to the host's copy at `out`, and
+// rotated and quantized into its pool slot (values from word `dst`, scale at word
+// `scale`).
+fn store_q8(is_v: bool, src: u32, dst: u32, scale: u32, out: u32) {
     for (var e = 0u; e < p.head_dim; e++) {
-        head[e] = k[src + e];
-        knew[out + e] = k[src + e];
+        let x = select(k[src + e], v[src + e], is_v);
+        wht[e] = x;
+        if (is_v) {
+            vnew[out + e] = x;
+        } else {
+            knew[out + e] = x;
+        }
     }
     if (p.rotate != 0u) {
-        rotate_head();
+        rotate_wht(p.head_dim, p.norm);
     }
-    kpool[scale] = bitcast<u32>(quantize_head());
+    let d = bitcast<u32>(quantize_head());
+    if (is_v) {
+        vpool[scale] = d;
+    } else {
+        kpool[scale] = d;
+    }
     for (var i = 0u; i < p.head_dim / 4u; i++) {
-        kpool[dst + i] = head_word(i);
-    }
-    // V
-    for (var e = 0u; e < p.head_dim; e++) {
-        head[e] = v[src + e];
-        vnew[out + e] = v[src + e];
-    }
-    if (p.rotate != 0u) {
-        rotate_head();
-    }
-    vpool[scale] = bitcast<u32>(quantize_head());
-    for (var i = 0u; i < p.head_dim / 4u; i++) {
-        vpool[dst + i] = head_word(i);
+        let word = head_word(i);
+        if (is_v) {
+            vpool[dst + i] = word;
+        } else {
+            kpool[dst + i] = word;
+        }
     }
 }
