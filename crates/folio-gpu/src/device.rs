@@ -236,14 +236,16 @@ impl Gpu {
     }
 
     /// Submits `encoder`, in which `sources` were copied into `staging` back to back,
-    /// waits, and returns the staging buffer's floats.
+    /// waits, and returns the staging buffer's first `bytes` as floats (a kept staging
+    /// buffer may be larger than this step's results).
     pub(crate) fn finish(
         &self,
         encoder: wgpu::CommandEncoder,
         staging: &wgpu::Buffer,
+        bytes: u64,
     ) -> Result<Vec<f32>, String> {
         self.queue.submit([encoder.finish()]);
-        let slice = staging.slice(..);
+        let slice = staging.slice(..bytes.max(4));
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);

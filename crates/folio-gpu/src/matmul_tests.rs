@@ -73,9 +73,10 @@ fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usi
             false,
         );
     }
-    let staging = gpu.staging((rows * m.rows * 4) as u64);
-    encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, (rows * m.rows * 4) as u64);
-    gpu.finish(encoder, &staging).unwrap()
+    let bytes = (rows * m.rows * 4) as u64;
+    let staging = gpu.staging(bytes);
+    encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, bytes);
+    gpu.finish(encoder, &staging, bytes).unwrap()
 }
 
 #[test]

@@ -293,7 +293,7 @@ impl Step<'_> {
             at += len;
         }
         let recorded = started.elapsed();
-        let all = gpu.finish(encoder, &staging)?;
+        let all = gpu.finish(encoder, &staging, fbytes(total))?;
         // Host time to lay out and record the step, and the step through its results:
         // on a GPU the difference is the device's time and the copies.
         tracing::debug!(
