@@ -101,6 +101,13 @@ impl GpuBackend {
         self
     }
 
+    /// The same backend with attention split at every `keys` keys (`attention.wgsl`;
+    /// 256 by default): for tests of the split, and tuning.
+    pub fn with_attention_chunk(mut self, keys: u32) -> Self {
+        self.kernels.attention_chunk = keys.max(1);
+        self
+    }
+
     /// The adapter the backend runs on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu

@@ -65,6 +65,12 @@ pub(crate) struct Kernels {
     /// K/V store and attention over an 8-bit pool.
     pub kv_store_q8: Kernel,
     pub attention_q8: Kernel,
+    /// The chunks of a split attention combined (f16 and 8-bit K/V).
+    pub combine: Kernel,
+    pub combine_q8: Kernel,
+    /// Keys per chunk where a row's attention is split ([`ATTENTION_CHUNK`]; fewer in a
+    /// test of the split).
+    pub attention_chunk: u32,
     /// The gated activation (SiLU or GELU).
     pub glu: Kernel,
     /// Per-head RMSNorm in place (Q/K norms) and a post-norm added to the residual.
@@ -91,6 +97,10 @@ pub(crate) const MATMUL_ROWS: u32 = 8;
 /// The most workgroups a matmul dispatch has along its columns (WebGPU's default limit
 /// per axis); a larger matrix takes several dispatches.
 const MAX_GROUPS: u32 = 65535;
+/// Keys per chunk of a split attention (`attention.wgsl`): a step whose longest row
+/// sees more keys splits every row's keys at multiples of it, so a long context's
+/// decode row keeps many workgroups busy, not one per head.
+const ATTENTION_CHUNK: u32 = 256;
 /// Words of one 8-bit activation block (`quantize.wgsl`).
 pub(crate) const Q8_WORDS: usize = 10;
 
@@ -172,6 +182,9 @@ impl Kernels {
             attention: pipeline(&attention, "main"),
             kv_store_q8: pipeline(&kv_store, "q8"),
             attention_q8: pipeline_with(&attention, "main", &[("KV_Q8", 1.0)]),
+            combine: pipeline(&attention, "combine"),
+            combine_q8: pipeline_with(&attention, "combine", &[("KV_Q8", 1.0)]),
+            attention_chunk: ATTENTION_CHUNK,
             glu: pipeline(&elementwise, "glu"),
             norm_in_place: pipeline(&norm, "in_place"),
             norm_add: pipeline(&norm, "add"),

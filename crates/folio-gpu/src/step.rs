@@ -51,6 +51,7 @@ impl Step<'_> {
     pub fn run(&self, batch: &Batch, arena: &mut Arena) -> Result<Output, String> {
         let started = std::time::Instant::now();
         let (gpu, c, w, t) = (self.gpu, self.config, self.weights, self.table);
+        let k = self.kernels;
         let n = t.rows.len();
         let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let (npick, nhid) = (t.picked.len(), t.hidden.len());
@@ -110,11 +111,32 @@ impl Step<'_> {
         let logits = arena.buffer(gpu, "logits", fbytes(npick * c.vocab));
         let states = arena.buffer(gpu, "states", fbytes(nhid * d));
 
+        // Attention split into chunks of keys where the longest row sees more than one
+        // chunk (`attention.wgsl`), as many as a dispatch holds.
+        let longest = t
+            .rows
+            .iter()
+            .map(|&(_, pos)| pos as u32 + 1)
+            .max()
+            .unwrap_or(0);
+        let mut chunk_keys = k.attention_chunk;
+        while n as u32 * longest.div_ceil(chunk_keys) > 65535 {
+            chunk_keys *= 2;
+        }
+        let (chunk_keys, chunks) = match longest.div_ceil(chunk_keys) {
+            0 | 1 => (0, 1),
+            more => (chunk_keys, more),
+        };
+        let part_len = n * c.n_heads * chunks as usize * (c.head_dim + 2);
+        let parts = arena.buffer(
+            gpu,
+            "attention parts",
+            fbytes(if chunk_keys > 0 { part_len } else { 0 }),
+        );
         let lens = [npick * c.vocab, nhid * d, kv_len, kv_len];
         let total: usize = lens.iter().sum();
         let staging = arena.staging(gpu, fbytes(total));
 
-        let k = self.kernels;
         // Recorded again where the arena's parameter buffer was too small for it.
         let mut encoder = loop {
             let mut encoder = gpu.device.create_command_encoder(&Default::default());
@@ -245,14 +267,19 @@ impl Step<'_> {
                         f(c.attn_softcap.unwrap_or(0.0)),
                         rotate,
                         inv_sqrt,
+                        chunk_keys,
+                        chunks,
                     ];
-                    let bufs = [&tab, &q, &self.pool.k[li], &self.pool.v[li], &att];
-                    let attention = match self.pool.q8 {
-                        true => &k.attention_q8,
-                        false => &k.attention,
+                    let bufs = [&att, &parts, &tab, &q, &self.pool.k[li], &self.pool.v[li]];
+                    let (attention, combine) = match self.pool.q8 {
+                        true => (&k.attention_q8, &k.combine_q8),
+                        false => (&k.attention, &k.combine),
                     };
-                    let groups = (c.n_heads as u32, n as u32);
-                    rec.dispatch(p, attention, &params, &bufs, groups);
+                    let heads = c.n_heads as u32;
+                    rec.dispatch(p, attention, &params, &bufs, (heads, n as u32 * chunks));
+                    if chunk_keys > 0 {
+                        rec.dispatch(p, combine, &params, &bufs[..2], (heads, n as u32));
+                    }
                     quantize(p, &att, qd, n);
                     residual(p, &l.wo, &att, &l.post_attn_norm);
                     norm(p, &ident, n, &l.ffn_norm, &h);

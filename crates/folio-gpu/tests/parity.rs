@@ -37,9 +37,9 @@ fn model_path() -> PathBuf {
 }
 
 /// The CPU model and the same model on the GPU, or `None` (with the reason printed)
-/// where this machine has no Vulkan adapter. `wide`: the matmuls' work split, where
-/// not the adapter's own (`GpuBackend::with_wide_matmuls`).
-fn models(wide: Option<bool>) -> Option<(Model, Model)> {
+/// where this machine has no Vulkan adapter; `tune` sets the GPU backend's options
+/// beyond llama.cpp's arithmetic (the matmuls' split, the attention's chunks).
+fn models(tune: fn(GpuBackend) -> GpuBackend) -> Option<(Model, Model)> {
     let gpu = match Gpu::open(true) {
         Ok(g) => g,
         Err(e) => {
@@ -54,12 +54,10 @@ fn models(wide: Option<bool>) -> Option<(Model, Model)> {
     // CPU.
     let cpu = Model::load(&path, 2).unwrap().llama_arithmetic();
     let on_gpu = Model::load(&path, 2).unwrap();
-    let mut backend = GpuBackend::load(gpu, &path, &on_gpu.config)
+    let backend = GpuBackend::load(gpu, &path, &on_gpu.config)
         .unwrap()
-        .with_llama_arithmetic(std::env::var_os("F32IN").is_none());
-    if let Some(wide) = wide {
-        backend = backend.with_wide_matmuls(wide);
-    }
+        .with_llama_arithmetic(true);
+    let backend = tune(backend);
     let on_gpu = on_gpu.with_backend(|_cpu| Box::new(backend));
     eprintln!("gpu backend: {}", on_gpu.backend().describe());
     Some((cpu, on_gpu))
@@ -225,7 +223,7 @@ fn ragged(
 /// backend feeds back its own greedy tokens, and they are the same.
 #[test]
 fn a_ragged_batch_with_forked_and_truncated_pages_matches_the_cpu() {
-    ragged_against_the_cpu(None, KvDtype::F16);
+    ragged_against_the_cpu(|b| b, KvDtype::F16, false);
 }
 
 /// With a GPU's split (many lanes an output, a reduction in workgroup memory), what a
@@ -237,7 +235,7 @@ fn a_ragged_batch_with_forked_and_truncated_pages_matches_the_cpu() {
 /// best.
 #[test]
 fn a_ragged_batch_matches_the_cpu_with_the_gpus_matmul_split() {
-    ragged_against_the_cpu(Some(true), KvDtype::F16);
+    ragged_against_the_cpu(|b| b.with_wide_matmuls(true), KvDtype::F16, true);
 }
 
 /// Over an 8-bit K/V pool (`--kv-dtype q8_0`: head rows rotated, then quantized with a
@@ -247,20 +245,35 @@ fn a_ragged_batch_matches_the_cpu_with_the_gpus_matmul_split() {
 /// outputs. Fed the CPU's tokens, as the rounding of K/V to 8 bits turns near ties.
 #[test]
 fn a_ragged_batch_over_8_bit_kv_matches_the_cpu() {
-    ragged_against_the_cpu(None, KvDtype::Q8);
+    ragged_against_the_cpu(|b| b, KvDtype::Q8, true);
 }
 
-/// The ragged scenario on the CPU and the GPU (`wide`: the GPU's matmul split where not
-/// the adapter's own) over `dtype` K/V. The GPU feeds back its own greedy tokens on the
-/// adapter's split over f16 K/V, else the CPU's.
-fn ragged_against_the_cpu(wide: Option<bool>, dtype: KvDtype) {
-    let Some((cpu, gpu)) = models(wide) else {
+/// Split attention (`attention.wgsl`: the keys cut at multiples of 16 here, 256 by
+/// default, each chunk's state written, then combined): every prompt of the scenario
+/// spans two to five chunks. Fed the CPU's tokens, as another order of sums turns near
+/// ties.
+#[test]
+fn a_ragged_batch_with_split_attention_matches_the_cpu() {
+    ragged_against_the_cpu(|b| b.with_attention_chunk(16), KvDtype::F16, true);
+}
+
+/// Split attention over 8-bit K/V (the output rotated back after the combine).
+#[test]
+fn split_attention_over_8_bit_kv_matches_the_cpu() {
+    ragged_against_the_cpu(|b| b.with_attention_chunk(16), KvDtype::Q8, true);
+}
+
+/// The ragged scenario on the CPU and on the GPU (`tune`d) over `dtype` K/V. With
+/// `forced` the GPU is fed the CPU's greedy tokens, and a greedy token of its own that
+/// differs must be a near tie; else it feeds back its own, and they must be the CPU's.
+fn ragged_against_the_cpu(tune: fn(GpuBackend) -> GpuBackend, dtype: KvDtype, forced: bool) {
+    let Some((cpu, gpu)) = models(tune) else {
         return;
     };
     let (mut worst, mut compared, mut ties) = (0f32, 0, 0);
     // Per model: every step's logits, and the greedy tokens fed back.
     let cpu_run = ragged(&cpu, 8, true, None, None, dtype).0;
-    let forced = (wide.is_some() || dtype != KvDtype::F16).then_some(&cpu_run);
+    let forced = forced.then_some(&cpu_run);
     let gpu_run = ragged(&gpu, 8, true, None, forced, dtype).0;
     for (s, (a, b)) in cpu_run.0.iter().zip(&gpu_run.0).enumerate() {
         for (q, (ra, rb)) in a.iter().zip(b).enumerate() {
@@ -354,7 +367,7 @@ fn pages_the_device_holds_are_not_uploaded_again_and_no_logit_bit_changes() {
 
 #[test]
 fn the_engine_on_the_gpu_generates_the_cpus_greedy_tokens() {
-    let Some((cpu, gpu)) = models(None) else {
+    let Some((cpu, gpu)) = models(|b| b) else {
         return;
     };
     let cfg = || EngineConfig {

@@ -1,5 +1,6 @@
-// Paged attention: one workgroup per (head, row). The row's keys are positions
-// first..=pos of its own sequence, found through the step's page table (CSR, `tab`):
+// Paged attention: one workgroup per (head, row, chunk of keys). The row's keys are
+// positions first..=pos of its own sequence, found through the step's page table (CSR,
+// `tab`):
 //   tab[2r], tab[2r + 1]           row r's position and sequence
 //   tab[seqs + 3s .. seqs + 3s + 3] sequence s's first page entry, page count, fill
 //   tab[entry ..]                  the page ids themselves
@@ -8,20 +9,31 @@
 // in page pages[t / page_size], slot t % page_size. 8-bit K/V is stored rotated (each
 // head row times the normalized Walsh-Hadamard matrix H, as the host rotates it where
 // head_dim is a power of two: `rotate`), so the query is rotated too (q·k = Hq·Hk) and
-// the output rotated back (Σ p·Hv = H Σ p·v; H is its own inverse). Keys go 64 at a time: each lane scores one,
-// then every lane folds the block into its share of the value dimensions (an online
-// softmax: running maximum m, running sum l). With a cap, scores are soft-capped.
+// the output rotated back (Σ p·Hv = H Σ p·v; H is its own inverse). Keys go 64 at a
+// time: each lane scores one, then every lane folds the block into its share of the
+// value dimensions (an online softmax: running maximum m, running sum l). With a cap,
+// scores are soft-capped.
+//
+// Split and combine (as the CPU splits a long row's keys): with `chunk_keys` > 0 the
+// keys are cut at multiples of it, workgroup (h, r · chunks + c) takes the keys of
+// chunk c and writes its state (m, l, the unnormalized sums) to `part`, and `combine`
+// (one workgroup per (head, row)) rescales the chunks' states to their largest m, adds
+// them in chunk order and divides. With `chunk_keys` = 0 one workgroup takes every key
+// and writes the output. Dispatch: (heads, rows · chunks); combine: (heads, rows).
 struct P {
     rows: u32, n_heads: u32, n_kv_heads: u32, head_dim: u32,
     page_size: u32, kv_dim: u32, scale: f32, window: u32,
     seqs: u32, cap: f32, rotate: u32, norm: f32,
+    chunk_keys: u32, chunks: u32, pad0: u32, pad1: u32,
 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> tab: array<u32>;
-@group(0) @binding(2) var<storage, read> q: array<f32>;
-@group(0) @binding(3) var<storage, read> kpool: array<u32>;
-@group(0) @binding(4) var<storage, read> vpool: array<u32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+// The outputs first: `combine` binds only them.
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read_write> part: array<f32>;
+@group(0) @binding(3) var<storage, read> tab: array<u32>;
+@group(0) @binding(4) var<storage, read> q: array<f32>;
+@group(0) @binding(5) var<storage, read> kpool: array<u32>;
+@group(0) @binding(6) var<storage, read> vpool: array<u32>;
 
 // 8-bit K/V (a pipeline constant).
 override KV_Q8: bool = false;
@@ -64,10 +76,49 @@ fn rotate_qs() {
     }
 }
 
+// Where chunk c of (head h, row r)'s state starts in `part`: m, l, then head_dim sums.
+fn part_at(h: u32, r: u32, c: u32) -> u32 {
+    return ((r * p.n_heads + h) * p.chunks + c) * (p.head_dim + 2u);
+}
+
+// Writes the finished output of (head h, row r): `o` normalized, rotated back over
+// 8-bit K/V. Every invocation calls it (it may synchronize the workgroup).
+fn write_out(h: u32, r: u32, t: u32, o: array<f32, 4>) {
+    let hp = p.head_dim / 2u;
+    let at = r * p.n_heads * p.head_dim + h * p.head_dim;
+    if (KV_Q8 && p.rotate != 0u) {
+        // Through qs (its last readers are past a barrier).
+        for (var c = 0u; c < 2u; c++) {
+            let e = t + 64u * c;
+            if (e < hp) {
+                qs[2u * e] = o[2u * c];
+                qs[2u * e + 1u] = o[2u * c + 1u];
+            }
+        }
+        workgroupBarrier();
+        if (t == 0u) {
+            rotate_qs();
+        }
+        workgroupBarrier();
+        for (var i = t; i < p.head_dim; i += 64u) {
+            out[at + i] = qs[i];
+        }
+        return;
+    }
+    for (var c = 0u; c < 2u; c++) {
+        let e = t + 64u * c;
+        if (e < hp) {
+            out[at + 2u * e] = o[2u * c];
+            out[at + 2u * e + 1u] = o[2u * c + 1u];
+        }
+    }
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let h = wg.x;
-    let r = wg.y;
+    let r = wg.y / p.chunks;
+    let chunk = wg.y % p.chunks;
     let kvh = h / (p.n_heads / p.n_kv_heads);
     let hp = p.head_dim / 2u;
     if (t == 0u) {
@@ -85,9 +136,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     for (var i = t; i < p.head_dim; i += 64u) {
         qs[i] = q[r * qd + h * p.head_dim + i];
     }
-    let first = workgroupUniformLoad(&info[0]);
-    let n = workgroupUniformLoad(&info[1]);
+    var first = workgroupUniformLoad(&info[0]);
+    var n = workgroupUniformLoad(&info[1]);
     let pages = workgroupUniformLoad(&info[2]);
+    if (p.chunk_keys > 0u) {
+        first = max(first, chunk * p.chunk_keys);
+        n = min(n, (chunk + 1u) * p.chunk_keys);
+    }
     if (KV_Q8 && p.rotate != 0u) {
         if (t == 0u) {
             rotate_qs();
@@ -165,31 +220,52 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         m = bm;
         workgroupBarrier();
     }
-    let o = r * qd + h * p.head_dim;
-    if (KV_Q8 && p.rotate != 0u) {
-        // The output rotated back, through qs (the key loop ended on a barrier).
+    if (p.chunk_keys > 0u) {
+        let at = part_at(h, r, chunk);
+        if (t == 0u) {
+            part[at] = m;
+            part[at + 1u] = l;
+        }
         for (var c = 0u; c < 2u; c++) {
             let e = t + 64u * c;
             if (e < hp) {
-                qs[2u * e] = acc[2u * c] / l;
-                qs[2u * e + 1u] = acc[2u * c + 1u] / l;
+                part[at + 2u + 2u * e] = acc[2u * c];
+                part[at + 3u + 2u * e] = acc[2u * c + 1u];
             }
-        }
-        workgroupBarrier();
-        if (t == 0u) {
-            rotate_qs();
-        }
-        workgroupBarrier();
-        for (var i = t; i < p.head_dim; i += 64u) {
-            out[o + i] = qs[i];
         }
         return;
     }
-    for (var c = 0u; c < 2u; c++) {
-        let e = t + 64u * c;
-        if (e < hp) {
-            out[o + 2u * e] = acc[2u * c] / l;
-            out[o + 2u * e + 1u] = acc[2u * c + 1u] / l;
+    for (var c = 0u; c < 4u; c++) {
+        acc[c] /= l;
+    }
+    write_out(h, r, t, acc);
+}
+
+@compute @workgroup_size(64)
+fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let h = wg.x;
+    let r = wg.y;
+    let hp = p.head_dim / 2u;
+    var big = -3.0e38;
+    for (var c = 0u; c < p.chunks; c++) {
+        big = max(big, part[part_at(h, r, c)]);
+    }
+    var l = 0.0;
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    for (var c = 0u; c < p.chunks; c++) {
+        let at = part_at(h, r, c);
+        let w = exp(part[at] - big);
+        l += part[at + 1u] * w;
+        for (var i = 0u; i < 2u; i++) {
+            let e = t + 64u * i;
+            if (e < hp) {
+                acc[2u * i] += part[at + 2u + 2u * e] * w;
+                acc[2u * i + 1u] += part[at + 3u + 2u * e] * w;
+            }
         }
     }
+    for (var c = 0u; c < 4u; c++) {
+        acc[c] /= l;
+    }
+    write_out(h, r, t, acc);
 }
