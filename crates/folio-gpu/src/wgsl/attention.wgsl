@@ -14,8 +14,9 @@
 // value dimensions (an online softmax: running maximum m, running sum l). With a cap,
 // scores are soft-capped.
 //
-// Split and combine (as the CPU splits a long row's keys): with `chunk_keys` > 0 the
-// keys are cut at multiples of it, workgroup (h, r · chunks + c) takes the keys of
+// Split and combine (the CPU's rule for a long row: cut points at fixed multiples, so
+// they depend on the row's position only): with `chunk_keys` > 0 the keys are cut at
+// multiples of it, workgroup (h, r · chunks + c) takes the keys of
 // chunk c and writes its state (m, l, the unnormalized sums) to `part`, and `combine`
 // (one workgroup per (head, row)) rescales the chunks' states to their largest m, adds
 // them in chunk order and divides. With `chunk_keys` = 0 one workgroup takes every key
