@@ -2,7 +2,8 @@
 //! dequantized on the host (`folio::model::dequantize`, the CPU's own decoding) and
 //! multiplied as a widened (f32) matrix: the same bits, for every format the kernel
 //! decodes, on random blocks and random activations, for 1, 3 and 9 activation rows
-//! (one call of 8 rows and a remainder), with either work split of the kernels. Skipped, with the reason printed, without a Vulkan adapter.
+//! (one call of 8 rows and a remainder), with either work split of the kernels.
+//! Skipped, with the reason printed, without a Vulkan adapter.
 
 use crate::device::Gpu;
 use crate::kernels::{Fresh, Kernel, Kernels};
@@ -42,6 +43,9 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
         GgmlType::Q8_0 => (34, &[0]),
         GgmlType::Q4_K => (144, &[0, 2]),
         GgmlType::Q6_K => (210, &[208]),
+        GgmlType::Q5_K => (176, &[0, 2]),
+        // Every weight a normal f16.
+        GgmlType::F16 => (2, &[0]),
         ty => unreachable!("{ty}"),
     };
     let per = ty.row_bytes(cols as u64).unwrap() as usize;
@@ -98,6 +102,8 @@ fn block_kernels_give_the_widened_kernels_bits() {
         (GgmlType::Q8_0, Format::Q8_0),
         (GgmlType::Q4_K, Format::Q4K),
         (GgmlType::Q6_K, Format::Q6K),
+        (GgmlType::Q5_K, Format::Q5K),
+        (GgmlType::F16, Format::F16),
     ];
     // (wide split, outputs, inputs, most workgroups a dispatch): both splits; inputs
     // of 16 chunks (one a lane when wide), 18 (a non-power-of-two: idle lanes) and 128

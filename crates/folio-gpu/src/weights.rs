@@ -1,6 +1,6 @@
-//! The model's weights in device memory, uploaded once. Q4_0, Q4_1, Q5_0, Q8_0, Q4_K
-//! and Q6_K matrices (every type of a Q4_0, Q4_1, Q8_0 or Q4_K_M file) go up as the
-//! file stores them: their blocks are decoded in the matmul kernel. A matrix of any
+//! The model's weights in device memory, uploaded once. Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,
+//! Q5_K, Q6_K and F16 matrices (every type of a Q4_0, Q4_1, Q8_0, Q4_K_M, Q5_K_M or F16
+//! file) go up as the file stores them: their blocks are decoded in the matmul kernel. A matrix of any
 //! other type folio reads is dequantized on the host and goes up as f32 (four bytes a
 //! weight: correct, but not the memory or bandwidth of its format). Norms and biases
 //! go up as f32. The embedding stays on the host in its stored form: a step looks up
@@ -23,11 +23,13 @@ pub(crate) enum Format {
     Q4K = 4,
     Q6K = 5,
     F32 = 6,
+    Q5K = 7,
+    F16 = 8,
 }
 
 impl Format {
     /// Every format, in the order of their numbers.
-    pub const ALL: [Format; 7] = [
+    pub const ALL: [Format; 9] = [
         Format::Q4_0,
         Format::Q4_1,
         Format::Q5_0,
@@ -35,6 +37,8 @@ impl Format {
         Format::Q4K,
         Format::Q6K,
         Format::F32,
+        Format::Q5K,
+        Format::F16,
     ];
 
     /// The format's number in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
@@ -305,7 +309,9 @@ fn matrices(
             GgmlType::Q8_0 if cols.is_multiple_of(32) => (Format::Q8_0, part.into()),
             GgmlType::Q4_K if cols.is_multiple_of(256) => (Format::Q4K, part.into()),
             GgmlType::Q6_K if cols.is_multiple_of(256) => (Format::Q6K, part.into()),
+            GgmlType::Q5_K if cols.is_multiple_of(256) => (Format::Q5K, part.into()),
             GgmlType::F32 => (Format::F32, part.into()),
+            GgmlType::F16 if cols.is_multiple_of(32) => (Format::F16, part.into()),
             _ => {
                 let v = dequantize(t.ty, rows, cols, part).ok_or_else(|| unsupported_type(t))?;
                 *widened += 1;

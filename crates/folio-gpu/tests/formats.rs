@@ -1,7 +1,8 @@
 //! The GPU backend on weight formats beyond the default model's Q4_1, on folio's tiny
-//! random models (`folio::tiny`: real GGUF files, two layers): Q8_0, Q4_0, Q5_0, and
-//! a Q4_K_M mix (Q4_K and Q6_K) in their blocks, and F16, which the kernels do not
-//! decode and which goes up as f32. Each against the CPU backend with llama.cpp's
+//! random models (`folio::tiny`: real GGUF files, two layers): Q8_0, Q4_0, Q5_0, F16,
+//! and Q4_K_M and Q5_K_M mixes (Q4_K or Q5_K, and Q6_K) in their blocks, and Q5_1,
+//! which the kernels do not decode and which goes up as f32. Each against the CPU
+//! backend with llama.cpp's
 //! arithmetic: logits of a prompt (every position) and of a few decode steps within
 //! 6e-2 of each row's range. Measured: the first position (whose attention is its own
 //! V) matches to 4e-8 of the range for Q8_0 and F16, so the block decoding and the
@@ -90,6 +91,14 @@ fn other_weight_formats_match_the_cpu() {
         (
             "q4_k_m",
             tiny::wide_model_bytes(3, Formats::KMix(GgmlType::Q4_K)),
+        ),
+        (
+            "q5_k_m",
+            tiny::wide_model_bytes(3, Formats::KMix(GgmlType::Q5_K)),
+        ),
+        (
+            "q5_1_widened",
+            tiny::wide_model_bytes(3, Formats::Uniform(GgmlType::Q5_1)),
         ),
     ];
     for (name, bytes) in cases {

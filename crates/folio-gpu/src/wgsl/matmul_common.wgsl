@@ -28,6 +28,8 @@ const Q8_0: u32 = 3u;
 const Q4_K: u32 = 4u;
 const Q6_K: u32 = 5u;
 const F32: u32 = 6u;
+const Q5_K: u32 = 7u;
+const F16: u32 = 8u;
 
 const TR: u32 = 8u;
 

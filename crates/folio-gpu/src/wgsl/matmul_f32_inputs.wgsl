@@ -21,19 +21,12 @@
 //   16 signed 8-bit scales (one per 16 values), d; in each half of 128 values, value
 //   l + 32t (t = 0..3) takes nibble t >> 1 of ql[l + 32 (t & 1)] and bits 2t of
 //   qh[l]; weight = (d * scale) * (q - 32).
+// - Q5_K (176 bytes, 256 values): Q4_K's d, dmin and 12 bytes of scales and mins, 32
+//   bytes qh, then Q4_K's 128 bytes of nibbles; value 32j + l's fifth bit is bit j of
+//   qh[l]; weight = (d * scale) * q - dmin * min.
+// - F16: two weights a word.
 // - F32: a matrix widened on the host, one word a weight.
 @group(0) @binding(2) var<storage, read> a: array<vec4<f32>>;
-
-fn block_bytes() -> u32 {
-    switch FORMAT {
-        case 0u: { return 18u; }
-        case 1u: { return 20u; }
-        case 2u: { return 22u; }
-        case 3u: { return 34u; }
-        case 4u: { return 144u; }
-        default: { return 210u; }
-    }
-}
 
 // Q4_K's 6-bit scale (x) and min (y) of sub-block j, from the 12 bytes at `s`.
 fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
@@ -46,9 +39,9 @@ fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
 }
 
 // What a chunk's four-value groups share: where its bytes start (`at`: the
-// quantized values; for F32 the first word), its factor and offset (weight =
+// quantized values; for F32 and F16 the first word), its factor and offset (weight =
 // f * q - off; Q6_K: f is d, each 16 values having their own scale), and Q5_0's word
-// of fifth bits.
+// of fifth bits (Q5_K: where its fifth bits start).
 struct Chunk { at: u32, f: f32, off: f32, x: u32 }
 
 // Chunk c (32 inputs) of W's row o.
@@ -81,6 +74,18 @@ fn chunk_head(o: u32, c: u32) -> Chunk {
         case 5u: {
             let base = (o * (p.k / 256u) + c / 8u) * 210u;
             return Chunk(base, half_at(base + 208u), 0.0, 0u);
+        }
+        case 7u: {
+            let base = (o * (p.k / 256u) + c / 8u) * 176u;
+            let j = c % 8u;
+            let sm = scale_min_k4(base + 4u, j);
+            let f = half_at(base) * f32(sm.x);
+            let off = half_at(base + 2u) * f32(sm.y);
+            // x: where qh starts.
+            return Chunk(base + 48u + (j / 2u) * 32u, f, off, base + 16u);
+        }
+        case 8u: {
+            return Chunk((o * p.k + c * 32u) / 2u, 1.0, 0.0, 0u);
         }
         default: {
             return Chunk(o * p.k + c * 32u, 1.0, 0.0, 0u);
@@ -128,6 +133,16 @@ fn group4(h: Chunk, c: u32, g: u32) -> vec4<f32> {
             let qh = word_at(h.at + 128u + half * 32u + 4u * g) >> (2u * t);
             q = (bytes4(ql, 0xFu) | (bytes4(qh, 3u) << vec4<u32>(4u))) - vec4<i32>(32);
             f = h.f * f32(sbyte_at(h.at + 192u + half * 8u + t * 2u + g / 4u));
+        }
+        case 7u: {
+            let lo = bytes4(w[(h.at >> 2u) + g] >> (4u * ((c % 8u) & 1u)), 0xFu);
+            let hi = bytes4(w[(h.x >> 2u) + g] >> (c % 8u), 1u);
+            q = lo | (hi << vec4<u32>(4u));
+        }
+        case 8u: {
+            let a = unpack2x16float(w[h.at + 2u * g]);
+            let b = unpack2x16float(w[h.at + 2u * g + 1u]);
+            return vec4<f32>(a, b);
         }
         default: {
             let i = h.at + 4u * g;
