@@ -263,6 +263,54 @@ fn split_attention_over_8_bit_kv_matches_the_cpu() {
     ragged_against_the_cpu(|b| b.with_attention_chunk(16), KvDtype::Q8, true);
 }
 
+/// A row's logits do not depend on what else its step runs: each prompt alone, then
+/// all in one step, give the same bits for every row (all logits asked), with the
+/// attention split every 16 keys so the longest prompt splits the step while a short
+/// one (within one chunk) alone does not; on both matmul splits. (The matmuls sum each
+/// row on its own; attention's cut points depend on a row's position only.)
+#[test]
+fn a_rows_logits_are_the_same_bits_whatever_else_the_step_runs() {
+    for wide in [false, true] {
+        let tune = match wide {
+            false => |b: GpuBackend| b.with_attention_chunk(16),
+            true => |b: GpuBackend| b.with_attention_chunk(16).with_wide_matmuls(true),
+        };
+        let Some((_, gpu)) = models(tune) else {
+            return;
+        };
+        // 16 tokens (one chunk: alone, no split), 26 (two), 2.
+        let [a, _, b, _] = prompts(&gpu);
+        let prompts = [a, b, gpu.tokenizer.encode("Short one", true)];
+        let run = |which: &[usize]| {
+            let mut kv = PagedKv::with_shape(
+                gpu.pool_shape(64, 16, KvDtype::F16),
+                512,
+                &gpu.fingerprint(),
+            );
+            let mut tables: Vec<PageTable> = which.iter().map(|_| kv.new_table(None)).collect();
+            let mut refs: Vec<&mut PageTable> = tables.iter_mut().collect();
+            let steps: Vec<(&[u32], Logits)> = which
+                .iter()
+                .map(|&i| (&prompts[i][..], Logits::All))
+                .collect();
+            step(&gpu, &mut kv, &mut refs, &steps, true)
+        };
+        let all: Vec<usize> = (0..prompts.len()).collect();
+        let together = run(&all);
+        for (i, rows) in together.iter().enumerate() {
+            let alone = &run(&[i])[0];
+            let bits = |r: &[f32]| r.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(alone) == bits(rows),
+                "prompt {i} ({} tokens), wide {wide}: alone and in the step differ",
+                prompts[i].len()
+            );
+        }
+        let lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
+        eprintln!("wide {wide}: prompts of {lens:?} tokens, each alone = in one step, bit for bit");
+    }
+}
+
 /// The ragged scenario on the CPU and on the GPU (`tune`d) over `dtype` K/V. With
 /// `forced` the GPU is fed the CPU's greedy tokens, and a greedy token of its own that
 /// differs must be a near tie; else it feeds back its own, and they must be the CPU's.
