@@ -60,6 +60,23 @@ if ! "$lent/folio" generate --model "$model" --device gpu --max-tokens 1 x >/dev
     export VK_DRIVER_FILES=/tmp/nvidia_egl_icd.json VK_ICD_FILENAMES=/tmp/nvidia_egl_icd.json
     echo "lent.sh: the GPU through the driver's EGL entry"
 fi
+# The device's memory bandwidth, measured (the batch-1 decode roofline is the weights
+# read per token over it): a 2 GiB device-to-device copy with the machine's torch.
+python3 - <<'PY' || echo "lent.sh: no torch with CUDA here: no bandwidth figure"
+import time, torch
+n = 1 << 31
+a = torch.empty(n, dtype=torch.uint8, device="cuda")
+b = torch.empty_like(a)
+for _ in range(3):
+    b.copy_(a)
+torch.cuda.synchronize()
+t = time.perf_counter()
+for _ in range(10):
+    b.copy_(a)
+torch.cuda.synchronize()
+dt = (time.perf_counter() - t) / 10
+print(f"device bandwidth (copy, read + write): {2 * n / dt / 1e9:.0f} GB/s")
+PY
 bench=${LENT_BENCH:---pp 512 --tg 128 --reps 3 --batch-figures}
 echo "== folio bench --device gpu $bench"
 FOLIO_LOG=info timeout 300 "$lent/folio" bench --model "$model" --device gpu --no-llama $bench
