@@ -44,6 +44,9 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
         GgmlType::Q4_K => (144, &[0, 2]),
         GgmlType::Q6_K => (210, &[208]),
         GgmlType::Q5_K => (176, &[0, 2]),
+        GgmlType::Q5_1 => (24, &[0, 2]),
+        GgmlType::IQ4_NL => (18, &[0]),
+        GgmlType::Q2_K => (84, &[80, 82]),
         // Every weight a normal f16.
         GgmlType::F16 => (2, &[0]),
         ty => unreachable!("{ty}"),
@@ -104,6 +107,9 @@ fn block_kernels_give_the_widened_kernels_bits() {
         (GgmlType::Q6_K, Format::Q6K),
         (GgmlType::Q5_K, Format::Q5K),
         (GgmlType::F16, Format::F16),
+        (GgmlType::Q5_1, Format::Q5_1),
+        (GgmlType::IQ4_NL, Format::Iq4Nl),
+        (GgmlType::Q2_K, Format::Q2K),
     ];
     // (wide split, outputs, inputs, most workgroups a dispatch): both splits; inputs
     // of 16 chunks (one a lane when wide), 18 (a non-power-of-two: idle lanes) and 128

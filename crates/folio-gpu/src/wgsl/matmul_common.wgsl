@@ -30,6 +30,9 @@ const Q6_K: u32 = 5u;
 const F32: u32 = 6u;
 const Q5_K: u32 = 7u;
 const F16: u32 = 8u;
+const Q5_1: u32 = 9u;
+const IQ4_NL: u32 = 10u;
+const Q2_K: u32 = 11u;
 
 const TR: u32 = 8u;
 

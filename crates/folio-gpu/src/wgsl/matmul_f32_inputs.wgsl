@@ -24,6 +24,12 @@
 // - Q5_K (176 bytes, 256 values): Q4_K's d, dmin and 12 bytes of scales and mins, 32
 //   bytes qh, then Q4_K's 128 bytes of nibbles; value 32j + l's fifth bit is bit j of
 //   qh[l]; weight = (d * scale) * q - dmin * min.
+// - Q5_1 (24 bytes): d, m (f16), then Q5_0's fifth bits and nibbles; weight = d * q + m.
+// - IQ4_NL (18 bytes): d, then Q4_0's nibbles, each an index into a table of 16
+//   levels; weight = d * level.
+// - Q2_K (84 bytes, 256 values): 16 bytes of 4-bit scales (low) and mins (high), one
+//   per 16 values, 64 bytes of 2-bit values (value 128n + 32k + l is bits 2k of
+//   byte 32n + l), then d, dmin; weight = (d * scale) * q - dmin * min.
 // - F16: two weights a word.
 // - F32: a matrix widened on the host, one word a weight.
 @group(0) @binding(2) var<storage, read> a: array<vec4<f32>>;
@@ -45,6 +51,12 @@ fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
 struct Chunk { at: u32, f: f32, off: f32, x: u32 }
 
 // Chunk c (32 inputs) of W's row o.
+// IQ4_NL's 16 levels (GGUF's fixed table).
+const IQ4NL = array<f32, 16>(
+    -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
+    1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0,
+);
+
 fn chunk_head(o: u32, c: u32) -> Chunk {
     switch FORMAT {
         case 0u: {
@@ -87,6 +99,18 @@ fn chunk_head(o: u32, c: u32) -> Chunk {
         case 8u: {
             return Chunk((o * p.k + c * 32u) / 2u, 1.0, 0.0, 0u);
         }
+        case 9u: {
+            let base = (o * (p.k / 32u) + c) * 24u;
+            return Chunk(base + 8u, half_at(base), -half_at(base + 2u), w[(base >> 2u) + 1u]);
+        }
+        case 10u: {
+            let base = (o * (p.k / 32u) + c) * 18u;
+            return Chunk(base + 2u, half_at(base), 0.0, 0u);
+        }
+        case 11u: {
+            let base = (o * (p.k / 256u) + c / 8u) * 84u;
+            return Chunk(base, half_at(base + 80u), half_at(base + 82u), 0u);
+        }
         default: {
             return Chunk(o * p.k + c * 32u, 1.0, 0.0, 0u);
         }
@@ -110,11 +134,28 @@ fn group4(h: Chunk, c: u32, g: u32) -> vec4<f32> {
                 q -= vec4<i32>(8);
             }
         }
-        case 2u: {
+        case 2u, 9u: {
             // Q4_0's nibbles, and bit e of the word of fifth bits for value e.
             let lo = bytes4(word_at(h.at + 4u * (g % 4u)) >> (4u * (g / 4u)), 0xFu);
             let hi = (vec4<u32>(h.x >> (4u * g)) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u);
-            q = (lo | vec4<i32>(hi << vec4<u32>(4u))) - vec4<i32>(16);
+            q = lo | vec4<i32>(hi << vec4<u32>(4u));
+            if (FORMAT == Q5_0) {
+                q -= vec4<i32>(16);
+            }
+        }
+        case 10u: {
+            let n = bytes4(word_at(h.at + 4u * (g % 4u)) >> (4u * (g / 4u)), 0xFu);
+            return h.f * vec4<f32>(IQ4NL[n.x], IQ4NL[n.y], IQ4NL[n.z], IQ4NL[n.w]) - 0.0;
+        }
+        case 11u: {
+            // Sub-block j = c % 8 of 32: its values are 2-bit field k = j % 4 of bytes
+            // 32 (j / 4) + l; 16 values share a scale and min.
+            let j = c % 8u;
+            let q2 = bytes4(w[((h.at + 16u + 32u * (j / 4u)) >> 2u) + g] >> (2u * (j % 4u)), 3u);
+            let sm = byte_at(h.at + 2u * j + g / 4u);
+            let f2 = h.f * f32(sm & 0xFu);
+            let off2 = h.off * f32(sm >> 4u);
+            return f2 * vec4<f32>(q2) - off2;
         }
         case 3u: {
             let v = word_at(h.at + 4u * g);
