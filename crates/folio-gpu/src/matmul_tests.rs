@@ -47,6 +47,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
         GgmlType::Q5_1 => (24, &[0, 2]),
         GgmlType::IQ4_NL => (18, &[0]),
         GgmlType::Q2_K => (84, &[80, 82]),
+        GgmlType::Q3_K => (110, &[108]),
         // Every weight a normal f16.
         GgmlType::F16 => (2, &[0]),
         ty => unreachable!("{ty}"),
@@ -110,6 +111,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
         (GgmlType::Q5_1, Format::Q5_1),
         (GgmlType::IQ4_NL, Format::Iq4Nl),
         (GgmlType::Q2_K, Format::Q2K),
+        (GgmlType::Q3_K, Format::Q3K),
     ];
     // (wide split, outputs, inputs, most workgroups a dispatch): both splits; inputs
     // of 16 chunks (one a lane when wide), 18 (a non-power-of-two: idle lanes) and 128

@@ -1,5 +1,5 @@
 //! The model's weights in device memory, uploaded once. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//! IQ4_NL, Q2_K, Q4_K, Q5_K, Q6_K and F16 matrices go up as the file stores them: their blocks are decoded in the matmul kernel. A matrix of any
+//! IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and F16 matrices go up as the file stores them: their blocks are decoded in the matmul kernel. A matrix of any
 //! other type folio reads is dequantized on the host and goes up as f32 (four bytes a
 //! weight: correct, but not the memory or bandwidth of its format). Norms and biases
 //! go up as f32. The embedding stays on the host in its stored form: a step looks up
@@ -27,11 +27,12 @@ pub(crate) enum Format {
     Q5_1 = 9,
     Iq4Nl = 10,
     Q2K = 11,
+    Q3K = 12,
 }
 
 impl Format {
     /// Every format, in the order of their numbers.
-    pub const ALL: [Format; 12] = [
+    pub const ALL: [Format; 13] = [
         Format::Q4_0,
         Format::Q4_1,
         Format::Q5_0,
@@ -44,6 +45,7 @@ impl Format {
         Format::Q5_1,
         Format::Iq4Nl,
         Format::Q2K,
+        Format::Q3K,
     ];
 
     /// The format's number in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
@@ -318,6 +320,7 @@ fn matrices(
             GgmlType::Q5_1 if cols.is_multiple_of(32) => (Format::Q5_1, part.into()),
             GgmlType::IQ4_NL if cols.is_multiple_of(32) => (Format::Iq4Nl, part.into()),
             GgmlType::Q2_K if cols.is_multiple_of(256) => (Format::Q2K, part.into()),
+            GgmlType::Q3_K if cols.is_multiple_of(256) => (Format::Q3K, part.into()),
             GgmlType::F32 => (Format::F32, part.into()),
             GgmlType::F16 if cols.is_multiple_of(32) => (Format::F16, part.into()),
             _ => {

@@ -33,6 +33,7 @@ const F16: u32 = 8u;
 const Q5_1: u32 = 9u;
 const IQ4_NL: u32 = 10u;
 const Q2_K: u32 = 11u;
+const Q3_K: u32 = 12u;
 
 const TR: u32 = 8u;
 

@@ -30,6 +30,10 @@
 // - Q2_K (84 bytes, 256 values): 16 bytes of 4-bit scales (low) and mins (high), one
 //   per 16 values, 64 bytes of 2-bit values (value 128n + 32k + l is bits 2k of
 //   byte 32n + l), then d, dmin; weight = (d * scale) * q - dmin * min.
+// - Q3_K (110 bytes, 256 values): 32 bytes hmask, 64 bytes of 2-bit values (laid out
+//   as Q2_K's), 12 bytes of 16 packed 6-bit scales (minus 32), then d; value
+//   32k + l is its 2-bit value less 4 where bit k of hmask[l] is clear;
+//   weight = (d * scale) * q.
 // - F16: two weights a word.
 // - F32: a matrix widened on the host, one word a weight.
 @group(0) @binding(2) var<storage, read> a: array<vec4<f32>>;
@@ -111,6 +115,10 @@ fn chunk_head(o: u32, c: u32) -> Chunk {
             let base = (o * (p.k / 256u) + c / 8u) * 84u;
             return Chunk(base, half_at(base + 80u), half_at(base + 82u), 0u);
         }
+        case 12u: {
+            let base = (o * (p.k / 256u) + c / 8u) * 110u;
+            return Chunk(base, half_at(base + 108u), 0.0, 0u);
+        }
         default: {
             return Chunk(o * p.k + c * 32u, 1.0, 0.0, 0u);
         }
@@ -156,6 +164,20 @@ fn group4(h: Chunk, c: u32, g: u32) -> vec4<f32> {
             let f2 = h.f * f32(sm & 0xFu);
             let off2 = h.off * f32(sm >> 4u);
             return f2 * vec4<f32>(q2) - off2;
+        }
+        case 12u: {
+            let j = c % 8u;
+            let q2 = bytes4(word_at(h.at + 32u + 32u * (j / 4u) + 4u * g) >> (2u * (j % 4u)), 3u);
+            let hm = bytes4(word_at(h.at + 4u * g) >> j, 1u);
+            q = q2 - vec4<i32>(4) + 4 * hm;
+            // Scale s of 16 (one per 16 values): 4 low bits, then 2 high ones.
+            let s = 2u * j + g / 4u;
+            var lo = byte_at(h.at + 96u + s) & 0xFu;
+            if (s >= 8u) {
+                lo = byte_at(h.at + 96u + s - 8u) >> 4u;
+            }
+            let hi = (byte_at(h.at + 104u + s % 4u) >> (2u * (s / 4u))) & 3u;
+            f = h.f * f32(i32(lo | (hi << 4u)) - 32);
         }
         case 3u: {
             let v = word_at(h.at + 4u * g);
