@@ -4,8 +4,8 @@
 //!
 //! - `device`: [`Gpu`], finding an adapter (hardware first; software only when asked)
 //!   and the buffers in and out.
-//! - `weights`: the weights uploaded once, every quantized type and F16 in
-//!   their blocks.
+//! - `weights`: the weights uploaded once, every type folio reads in its
+//!   blocks.
 //! - `pool`: the device's K/V pages, by the host pool's page ids; what each step
 //!   uploads (only pages whose host generation the device does not hold).
 //! - `table`: a batch as the kernels read it (the CSR page tables).

@@ -48,8 +48,14 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
         GgmlType::IQ4_NL => (18, &[0]),
         GgmlType::Q2_K => (84, &[80, 82]),
         GgmlType::Q3_K => (110, &[108]),
-        // Every weight a normal f16.
+        // Every weight a normal f16; a bfloat16 from a normal f32.
         GgmlType::F16 => (2, &[0]),
+        GgmlType::BF16 => {
+            let v: Vec<u8> = (0..rows * cols)
+                .flat_map(|_| ((rng.f32().to_bits() >> 16) as u16).to_le_bytes())
+                .collect();
+            return v;
+        }
         ty => unreachable!("{ty}"),
     };
     let per = ty.row_bytes(cols as u64).unwrap() as usize;
@@ -112,6 +118,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
         (GgmlType::IQ4_NL, Format::Iq4Nl),
         (GgmlType::Q2_K, Format::Q2K),
         (GgmlType::Q3_K, Format::Q3K),
+        (GgmlType::BF16, Format::Bf16),
     ];
     // (wide split, outputs, inputs, most workgroups a dispatch): both splits; inputs
     // of 16 chunks (one a lane when wide), 18 (a non-power-of-two: idle lanes) and 128

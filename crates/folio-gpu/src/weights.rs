@@ -1,8 +1,9 @@
 //! The model's weights in device memory, uploaded once. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//! IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and F16 matrices go up as the file stores them: their blocks are decoded in the matmul kernel. A matrix of any
-//! other type folio reads is dequantized on the host and goes up as f32 (four bytes a
-//! weight: correct, but not the memory or bandwidth of its format). Norms and biases
-//! go up as f32. The embedding stays on the host in its stored form: a step looks up
+//! IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16 and BF16 matrices go up as the file stores
+//! them: their blocks are decoded in the matmul kernel. A matrix the kernels cannot
+//! read so (rows not whole blocks) is dequantized on the host and goes up as f32 (four
+//! bytes a weight: correct, but not the memory or bandwidth of its format). Norms and
+//! biases go up as f32. The embedding stays on the host in its stored form: a step looks up
 //! only its own tokens' rows.
 
 use crate::device::Gpu;
@@ -28,11 +29,12 @@ pub(crate) enum Format {
     Iq4Nl = 10,
     Q2K = 11,
     Q3K = 12,
+    Bf16 = 13,
 }
 
 impl Format {
     /// Every format, in the order of their numbers.
-    pub const ALL: [Format; 13] = [
+    pub const ALL: [Format; 14] = [
         Format::Q4_0,
         Format::Q4_1,
         Format::Q5_0,
@@ -46,6 +48,7 @@ impl Format {
         Format::Iq4Nl,
         Format::Q2K,
         Format::Q3K,
+        Format::Bf16,
     ];
 
     /// The format's number in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
@@ -323,6 +326,7 @@ fn matrices(
             GgmlType::Q3_K if cols.is_multiple_of(256) => (Format::Q3K, part.into()),
             GgmlType::F32 => (Format::F32, part.into()),
             GgmlType::F16 if cols.is_multiple_of(32) => (Format::F16, part.into()),
+            GgmlType::BF16 if cols.is_multiple_of(32) => (Format::Bf16, part.into()),
             _ => {
                 let v = dequantize(t.ty, rows, cols, part).ok_or_else(|| unsupported_type(t))?;
                 *widened += 1;

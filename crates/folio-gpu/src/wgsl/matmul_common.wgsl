@@ -34,6 +34,7 @@ const Q5_1: u32 = 9u;
 const IQ4_NL: u32 = 10u;
 const Q2_K: u32 = 11u;
 const Q3_K: u32 = 12u;
+const BF16: u32 = 13u;
 
 const TR: u32 = 8u;
 

@@ -34,7 +34,7 @@
 //   as Q2_K's), 12 bytes of 16 packed 6-bit scales (minus 32), then d; value
 //   32k + l is its 2-bit value less 4 where bit k of hmask[l] is clear;
 //   weight = (d * scale) * q.
-// - F16: two weights a word.
+// - F16, BF16: two weights a word.
 // - F32: a matrix widened on the host, one word a weight.
 @group(0) @binding(2) var<storage, read> a: array<vec4<f32>>;
 
@@ -100,7 +100,7 @@ fn chunk_head(o: u32, c: u32) -> Chunk {
             // x: where qh starts.
             return Chunk(base + 48u + (j / 2u) * 32u, f, off, base + 16u);
         }
-        case 8u: {
+        case 8u, 13u: {
             return Chunk((o * p.k + c * 32u) / 2u, 1.0, 0.0, 0u);
         }
         case 9u: {
@@ -206,6 +206,13 @@ fn group4(h: Chunk, c: u32, g: u32) -> vec4<f32> {
             let a = unpack2x16float(w[h.at + 2u * g]);
             let b = unpack2x16float(w[h.at + 2u * g + 1u]);
             return vec4<f32>(a, b);
+        }
+        case 13u: {
+            // A bfloat16 is the top half of an f32.
+            let a = w[h.at + 2u * g];
+            let b = w[h.at + 2u * g + 1u];
+            let m = 0xFFFF0000u;
+            return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & m, b << 16u, b & m));
         }
         default: {
             let i = h.at + 4u * g;
