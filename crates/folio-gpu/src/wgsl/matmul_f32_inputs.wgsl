@@ -54,13 +54,13 @@ fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
 // of fifth bits (Q5_K: where its fifth bits start).
 struct Chunk { at: u32, f: f32, off: f32, x: u32 }
 
-// Chunk c (32 inputs) of W's row o.
 // IQ4_NL's 16 levels (GGUF's fixed table).
 const IQ4NL = array<f32, 16>(
     -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
     1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0,
 );
 
+// Chunk c (32 inputs) of W's row o.
 fn chunk_head(o: u32, c: u32) -> Chunk {
     switch FORMAT {
         case 0u: {
