@@ -10,13 +10,13 @@
 //! on a GPU that reads a 1B model's weights in a quarter of a millisecond that host
 //! time would be the step. The figures after are in docs/gpu.md.
 //!
-//! A step records its dispatches in order (the [`Recorder`]'s [`Dispatch`]); dispatch `i`'s
+//! A step records its dispatches in order ([`Recorder::dispatch`]); dispatch `i`'s
 //! parameters go to slot `i` of the parameter buffer, written once before the step is
 //! submitted ([`Recorder::finish`]). Steps run one at a time (the backend's lock) and
 //! each waits for its results, so a step's buffers are free when the next records.
 
 use crate::device::Gpu;
-use crate::kernels::{Dispatch, Kernel};
+use crate::kernels::Kernel;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -128,8 +128,10 @@ pub(crate) struct Recorder<'a> {
     state: RefCell<State<'a>>,
 }
 
-impl Dispatch for Recorder<'_> {
-    fn dispatch(
+impl Recorder<'_> {
+    /// Records `kernel` over `groups` workgroups with `params` (binding 0, a uniform)
+    /// and `buffers` (bindings 1.., whole buffers); nothing for an empty grid.
+    pub fn dispatch(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         kernel: &Kernel,
@@ -201,9 +203,7 @@ impl Dispatch for Recorder<'_> {
         pass.set_bind_group(0, group, &[]);
         pass.dispatch_workgroups(groups.0, groups.1, 1);
     }
-}
 
-impl Recorder<'_> {
     /// Writes the step's parameters; `Err` where the step had more dispatches than
     /// the parameter buffer holds: record it again (the next recorder holds them).
     pub fn finish(self) -> Result<(), ()> {

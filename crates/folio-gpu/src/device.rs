@@ -220,21 +220,6 @@ impl Gpu {
         })
     }
 
-    /// A uniform buffer of `words`, padded to 16 bytes.
-    #[cfg(test)]
-    pub(crate) fn params(&self, words: &[u32]) -> wgpu::Buffer {
-        let mut w = words.to_vec();
-        w.resize(words.len().next_multiple_of(4).max(4), 0);
-        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("params"),
-            size: (w.len() * 4) as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        self.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&w));
-        buf
-    }
-
     /// Submits `encoder`, in which `sources` were copied into `staging` back to back,
     /// waits, and returns the staging buffer's first `bytes` as floats (a kept staging
     /// buffer may be larger than this step's results).

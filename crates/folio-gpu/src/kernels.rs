@@ -3,6 +3,7 @@
 //! binding order and records one dispatch. Each kernel's file says what it computes
 //! and how it is dispatched.
 
+use crate::arena::Recorder;
 use crate::device::Gpu;
 use crate::error::GpuError;
 use crate::weights::Format;
@@ -27,25 +28,6 @@ impl Kernel {
         &self.layout
     }
 }
-
-/// Records dispatches into a compute pass.
-pub(crate) trait Dispatch {
-    /// Records `kernel` over `groups` workgroups with `params` (binding 0, a uniform)
-    /// and `buffers` (bindings 1.., whole buffers); nothing for an empty grid.
-    fn dispatch(
-        &self,
-        pass: &mut wgpu::ComputePass<'_>,
-        kernel: &Kernel,
-        params: &[u32],
-        buffers: &[&wgpu::Buffer],
-        groups: (u32, u32),
-    );
-}
-
-/// A new parameter buffer and bind group for every dispatch (the unit tests; a step
-/// records through `arena::Recorder`, which keeps them).
-#[cfg(test)]
-pub(crate) struct Fresh<'a>(pub &'a Gpu);
 
 /// Every pipeline the step records.
 pub(crate) struct Kernels {
@@ -208,7 +190,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
-        rec: &dyn Dispatch,
+        rec: &Recorder<'_>,
         pass: &mut wgpu::ComputePass<'_>,
         kernel: &Kernel,
         [w, a, y]: [&wgpu::Buffer; 3],
@@ -241,41 +223,5 @@ impl Kernels {
             );
             rec.dispatch(pass, kernel, &params, &[w, a, y], groups);
         }
-    }
-}
-
-#[cfg(test)]
-impl Dispatch for Fresh<'_> {
-    fn dispatch(
-        &self,
-        pass: &mut wgpu::ComputePass<'_>,
-        kernel: &Kernel,
-        params: &[u32],
-        buffers: &[&wgpu::Buffer],
-        groups: (u32, u32),
-    ) {
-        let gpu = self.0;
-        if groups.0 == 0 || groups.1 == 0 {
-            return;
-        }
-        let params = gpu.params(params);
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: params.as_entire_binding(),
-        }];
-        for (i, b) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.as_entire_binding(),
-            });
-        }
-        let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: kernel.layout(),
-            entries: &entries,
-        });
-        pass.set_pipeline(kernel.pipeline());
-        pass.set_bind_group(0, &group, &[]);
-        pass.dispatch_workgroups(groups.0, groups.1, 1);
     }
 }

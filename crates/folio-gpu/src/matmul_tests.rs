@@ -5,8 +5,9 @@
 //! (one call of 8 rows and a remainder), with either work split of the kernels.
 //! Skipped, with the reason printed, without a Vulkan adapter.
 
+use crate::arena::Arena;
 use crate::device::Gpu;
-use crate::kernels::{Fresh, Kernel, Kernels};
+use crate::kernels::{Kernel, Kernels};
 use crate::weights::{Format, Matrix};
 use folio::gguf::GgmlType;
 use folio::model::dequantize;
@@ -68,26 +69,25 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     out
 }
 
-/// `a` (`rows` × `m.cols`) · `m`ᵀ with `kernel`, read back.
+/// `a` (`rows` × `m.cols`) · `m`ᵀ with `kernel`, recorded as a step records, read back.
 fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usize) -> Vec<f32> {
     let a = gpu.upload("a", bytemuck::cast_slice(a));
-    let y = gpu.scratch("y", (rows * m.rows * 4) as u64);
-    let mut encoder = gpu.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = encoder.begin_compute_pass(&Default::default());
-        let bufs = [&m.pieces[0].0, &a, &y];
-        k.matmul(
-            &Fresh(gpu),
-            &mut pass,
-            kernel,
-            bufs,
-            (m.cols, 0, m.rows),
-            rows,
-            m.rows,
-            false,
-        );
-    }
     let bytes = (rows * m.rows * 4) as u64;
+    let y = gpu.scratch("y", bytes);
+    let mut arena = Arena::default();
+    let mut encoder = loop {
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        let rec = arena.recorder(gpu);
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            let bufs = [&m.pieces[0].0, &a, &y];
+            let shape = (m.cols, 0, m.rows);
+            k.matmul(&rec, &mut pass, kernel, bufs, shape, rows, m.rows, false);
+        }
+        if rec.finish().is_ok() {
+            break encoder;
+        }
+    };
     let staging = gpu.staging(bytes);
     encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, bytes);
     gpu.finish(encoder, &staging, bytes).unwrap()

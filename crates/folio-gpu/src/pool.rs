@@ -82,7 +82,6 @@ impl Pool {
     /// A pool of `n_pages` pages of `page_size` slots for `n_layers` layers of
     /// `kv_dim` wide K and V rows of `head_dim` heads, 8-bit or f16; `Err` if a layer's
     /// buffer is larger than the device binds.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         n_layers: usize,

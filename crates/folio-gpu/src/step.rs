@@ -13,7 +13,7 @@
 
 use crate::arena::Arena;
 use crate::device::Gpu;
-use crate::kernels::{Dispatch, Kernel, Kernels, Q8_WORDS, WG};
+use crate::kernels::{Kernel, Kernels, Q8_WORDS, WG};
 use crate::pool::Pool;
 use crate::table::StepTable;
 use crate::weights::{Format, Matrix, Weights};
@@ -191,6 +191,12 @@ impl Step<'_> {
                         rec.dispatch(p, &k.norm_add, &params, &[g, &o, &x], (n as u32, 1));
                     };
                 let scale = c.q_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());
+                // 8-bit K/V rotates head rows where head_dim is a power of two, as the
+                // host does (`folio::kernels::rotate_heads`).
+                let rotate = c.head_dim.is_power_of_two() as u32;
+                let inv_sqrt = f(1.0 / (c.head_dim as f32).sqrt());
+                let hd = c.head_dim as u32;
+                let gelu = c.activation == folio::model::Activation::GeGlu;
                 for (li, l) in w.layers.iter().enumerate() {
                     norm(p, &ident, n, &l.attn_norm, &h);
                     quantize(p, &h, d, n);
@@ -231,11 +237,6 @@ impl Step<'_> {
                     .map(|v| v as u32);
                     let groups = ((heads as u32).div_ceil(WG), n as u32);
                     rec.dispatch(p, &k.rope, &params, &[rope, &q, &kb], groups);
-                    // 8-bit K/V rotates head rows where head_dim is a power of two, as the
-                    // host does (`folio::kernels::rotate_heads`).
-                    let rotate = c.head_dim.is_power_of_two() as u32;
-                    let inv_sqrt = f(1.0 / (c.head_dim as f32).sqrt());
-                    let hd = c.head_dim as u32;
                     let params = [n as u32, kvd as u32, li as u32, hd, rotate, inv_sqrt, 0, 0];
                     let stores = [
                         &slots,
@@ -287,7 +288,6 @@ impl Step<'_> {
                     matmul(p, &l.w_gate, &h, &gate, n, false);
                     matmul(p, &l.w_up, &h, &up, n, false);
                     let groups = ((ff as u32).div_ceil(WG), n as u32);
-                    let gelu = c.activation == folio::model::Activation::GeGlu;
                     let params = [n as u32, ff as u32, gelu as u32, 0];
                     rec.dispatch(p, &k.glu, &params, &[&gate, &up], groups);
                     quantize(p, &gate, ff, n);
@@ -320,7 +320,7 @@ impl Step<'_> {
             at += len;
         }
         let recorded = started.elapsed();
-        let all = gpu.finish(encoder, &staging, fbytes(total))?;
+        let mut all = gpu.finish(encoder, &staging, fbytes(total))?;
         // Host time to lay out and record the step, and the step through its results:
         // on a GPU the difference is the device's time and the copies.
         tracing::debug!(
@@ -329,13 +329,13 @@ impl Step<'_> {
             step_us = started.elapsed().as_micros() as u64,
             "gpu: step"
         );
-        let mut parts = Vec::with_capacity(4);
-        let mut at = 0;
-        for len in lens {
-            parts.push(all[at..at + len].to_vec());
-            at += len;
-        }
-        let [logits, states, k, v]: [Vec<f32>; 4] = parts.try_into().expect("four parts");
+        // The four parts, split off the back of one read-back (no copy of the logits; an
+        // empty read-back maps one word).
+        all.truncate(total);
+        let v = all.split_off(total - lens[3]);
+        let k = all.split_off(total - lens[3] - lens[2]);
+        let states = all.split_off(lens[0]);
+        let logits = all;
         Ok(Output {
             logits,
             states,
