@@ -5,7 +5,8 @@
 //! a completion of it does; a fork truncated back across a page generates; a snapshot
 //! saved and loaded into a new context continues as its context; a prompt longer than
 //! the context is a 400; embeddings agree with the CPU's (cosine); and at the end, the
-//! contexts deleted, no page is held. The two backends' texts are not compared: their
+//! contexts deleted, no page is held. Snapshots go to a directory and the disk tier
+//! is on, so the GPU's K/V is read back from the device for both. The two backends' texts are not compared: their
 //! arithmetic differs and a near tie may part them (`crates/folio-gpu/tests/parity.rs`
 //! compares them where they agree, with llama.cpp's arithmetic on both). CI runs it on
 //! Mesa's lavapipe (a few tokens per answer: there a step takes about a second); without
@@ -163,11 +164,33 @@ fn the_server_runs_on_the_gpu_backend() {
         eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
         return;
     }
-    let args = |device: &'static str| ["--device", device, "--ctx", "2048", "--threads", "2"];
-    let cpu = server::start(&args("cpu"));
+    // Snapshots kept in a directory and the disk tier on: their files are written from
+    // K/V the GPU left on the device, read back for them.
+    let root = std::env::temp_dir().join(format!("folio-gpu-serve-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let dirs = |device: &str| {
+        let (s, d) = (
+            root.join(device).join("snapshots"),
+            root.join(device).join("disk"),
+        );
+        std::fs::create_dir_all(&s).unwrap();
+        [s, d].map(|p| p.to_str().unwrap().to_string())
+    };
+    let args = |device: &'static str, [snaps, disk]: &[String; 2]| {
+        let fixed = ["--device", device, "--ctx", "2048", "--threads", "2"];
+        let dirs = ["--snapshot-dir", snaps, "--kv-disk", disk];
+        fixed
+            .into_iter()
+            .chain(dirs)
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let start = |a: Vec<String>| server::start(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let cpu = start(args("cpu", &dirs("cpu")));
     let (cpu_answers, cpu_emb) = script(cpu.addr);
     drop(cpu);
-    let gpu = server::start(&args("gpu"));
+    let gpu_dirs = dirs("gpu");
+    let gpu = start(args("gpu", &gpu_dirs));
     let line = "the forward pass runs on the GPU";
     let log = gpu.stderr_with(line, std::time::Duration::from_secs(10));
     assert!(log.contains(line), "{log}");
@@ -179,4 +202,14 @@ fn the_server_runs_on_the_gpu_backend() {
     let cos = dot / (norm(&emb) * norm(&cpu_emb));
     eprintln!("gpu answers: {answers:?}\ncpu answers: {cpu_answers:?}\nembedding cosine {cos:.6}");
     assert!(cos > 0.999, "embedding cosine {cos}");
+    // The disk tier holds the GPU's committed pages, read back from the device.
+    drop(gpu);
+    let on_disk = std::fs::read_dir(&gpu_dirs[1])
+        .unwrap()
+        .flat_map(|pool| std::fs::read_dir(pool.unwrap().path()).unwrap())
+        .filter(|f| f.as_ref().unwrap().path().extension() == Some("page".as_ref()))
+        .count();
+    eprintln!("pages in the GPU server's disk tier: {on_disk}");
+    assert!(on_disk > 0, "no page in the GPU server's disk tier");
+    let _ = std::fs::remove_dir_all(&root);
 }

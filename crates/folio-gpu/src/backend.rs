@@ -1,10 +1,11 @@
 //! [`GpuBackend`]: folio's [`Backend`] on a wgpu device. It owns the weights in
 //! device memory ([`crate::weights`]), the compiled kernels and the device's K/V pool
 //! ([`crate::pool`], whose module doc states which pages each step uploads). Each step
-//! lays the batch out ([`crate::table`]), uploads the pages it reads, runs
-//! ([`crate::step`]), writes every new row's K and V to the host storage through
-//! [`KvStorage::write`] (where forks, snapshots and the prefix cache find them), and
-//! hands back the requested logits or hidden states.
+//! lays the batch out ([`crate::table`]), uploads the pages it reads that the device
+//! does not hold, runs ([`crate::step`]), leaves every new row's K and V on the device
+//! and records them as held there in the host storage ([`KvStorage::hold`]: the
+//! storage reads them back when the host needs them), and hands back the requested
+//! logits or hidden states.
 //!
 //! Its arithmetic is not the CPU's (by default f32 matmul inputs where the CPU rounds
 //! them to 8 bits, plus its own summation orders; or, with
@@ -22,18 +23,20 @@ use crate::step::Step;
 use crate::table::{StepTable, TableError};
 use crate::weights::{self, Weights};
 use folio::gguf::Gguf;
-use folio::kv::{KvRows, KvStorage};
+use folio::kv::{DevicePages, KvRows, KvStorage};
 use folio::model::{Backend, Config, Model, StepError, StepLogits};
 use folio::Batch;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The forward step on a GPU.
 pub struct GpuBackend {
     gpu: Gpu,
     kernels: Kernels,
     weights: Weights,
-    pool: Mutex<Option<Pool>>,
+    /// The device pool of the storage the last step ran on (a storage that holds rows
+    /// on the device keeps its own pool alive through them).
+    pool: Mutex<Option<Arc<Pool>>>,
     /// The step's buffers and bind groups, kept across steps (`arena.rs`).
     arena: Mutex<Arena>,
     uploads: Uploads,
@@ -47,9 +50,14 @@ impl GpuBackend {
     /// model loaded it) uploaded to `gpu`. A model the GPU path does not run is
     /// [`GpuError::Unsupported`].
     pub fn load(gpu: Gpu, path: &Path, config: &Config) -> Result<Self, GpuError> {
+        Self::load_from(gpu, &Gguf::open(path)?, config)
+    }
+
+    /// [`GpuBackend::load`] from the open file `g` (what `Model::load_onto` hands a
+    /// backend: the model then never packs the CPU's weights).
+    pub fn load_from(gpu: Gpu, g: &Gguf, config: &Config) -> Result<Self, GpuError> {
         weights::check(config)?;
-        let g = Gguf::open(path)?;
-        let weights = gpu.scoped_as(|| weights::load(&gpu, &g, config), GpuError::Device)?;
+        let weights = gpu.scoped_as(|| weights::load(&gpu, g, config), GpuError::Device)?;
         let kernels = Kernels::new(&gpu)?;
         tracing::info!(
             adapter = %gpu.adapter().name,
@@ -113,10 +121,43 @@ impl GpuBackend {
         &self.gpu
     }
 
-    /// A handle on what the device pool uploads, and the page reads it skips because
-    /// it holds the host's generation of the page (`pool.rs`).
+    /// A handle on what moves between the host's storage and the device pool: pages
+    /// uploaded, page reads skipped because the device holds the host's generation,
+    /// pages read back, copies made on the device (`pool.rs`).
     pub fn uploads(&self) -> Uploads {
         self.uploads.clone()
+    }
+
+    /// The device pool for `kv`: the one it has (the same sizes, element type and
+    /// storage), else a new one (`pool.rs`: a pool belongs to one storage).
+    fn pool_for(
+        &self,
+        config: &Config,
+        kv: &dyn KvStorage,
+        page_size: usize,
+    ) -> Result<Arc<Pool>, StepError> {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let n_pages = kv.num_pages();
+        let q8 = n_pages > 0 && matches!(kv.run(0, 0, 0).0, KvRows::Q8 { .. });
+        let owner = kv.identity();
+        let fits = |p: &Pool| {
+            p.n_pages == n_pages && p.page_size == page_size && p.q8 == q8 && p.owner == owner
+        };
+        match pool.as_ref() {
+            Some(p) if fits(p) => Ok(p.clone()),
+            _ => {
+                *pool = None;
+                let (layers, kvd, hd) = (config.n_layers, config.kv_dim(), config.head_dim);
+                let p = self.gpu.scoped(|| {
+                    let stats = self.uploads.clone();
+                    let pages = (n_pages, page_size);
+                    Pool::new(&self.gpu, layers, pages, (kvd, hd), (q8, owner), stats)
+                });
+                let p = Arc::new(p.map_err(StepError::Device)?);
+                *pool = Some(p.clone());
+                Ok(p)
+            }
+        }
     }
 }
 
@@ -158,30 +199,18 @@ impl Backend for GpuBackend {
         if let Some(why) = self.gpu.lost() {
             return Err(StepError::Device(why));
         }
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        let (n_pages, page_size) = (kv.num_pages(), table.page_size);
-        let q8 = n_pages > 0 && matches!(kv.run(0, 0, 0).0, KvRows::Q8 { .. });
-        if pool
-            .as_ref()
-            .is_none_or(|p| p.n_pages != n_pages || p.page_size != page_size || p.q8 != q8)
-        {
-            *pool = None;
-            let (layers, kvd, hd) = (config.n_layers, config.kv_dim(), config.head_dim);
-            let p = self.gpu.scoped(|| {
-                let stats = self.uploads.clone();
-                let pages = (n_pages, page_size);
-                Pool::new(&self.gpu, layers, pages, (kvd, hd), q8, stats)
-            });
-            *pool = Some(p.map_err(StepError::Device)?);
+        let pool = self.pool_for(config, &*kv, table.page_size)?;
+        // Storage that can hold rows on the device keeps this step's there.
+        let holds = pool.owner.is_some();
+        if holds {
+            let device: Arc<dyn DevicePages> = pool.clone();
+            kv.attach(&device)
+                .map_err(|e| StepError::Device(e.to_string()))?;
         }
-        let pool = pool.as_mut().expect("made above");
         // In the device's error scopes: an upload the device refused must not leave a
         // page recorded as held.
-        if let Err(e) = self
-            .gpu
-            .scoped(|| pool.upload(&self.gpu, &*kv, &table.reads))
-        {
-            pool.forget(table.reads.keys().chain(table.writes.keys()));
+        if let Err(e) = self.gpu.scoped(|| pool.upload(&*kv, &table.reads)) {
+            pool.forget_sent();
             return Err(StepError::Device(e));
         }
         let before = pool.before_writes(&*kv, &table.writes);
@@ -190,32 +219,42 @@ impl Backend for GpuBackend {
             kernels: &self.kernels,
             weights: &self.weights,
             config,
-            pool: &*pool,
+            pool: &pool,
             table: &table,
             llama: self.llama,
+            write_back: !holds,
         };
         let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
         let got = match self.gpu.scoped(|| step.run(batch, &mut arena)) {
             Ok(got) => got,
             Err(e) => {
-                pool.forget(table.writes.keys());
+                pool.failed(&table.writes);
                 return Err(StepError::Device(e));
             }
         };
-        // Every new row's K and V to the host's storage.
-        let d = config.kv_dim();
-        let n = table.rows.len();
-        for (r, &(s, pos)) in table.rows.iter().enumerate() {
-            let (page, slot) = batch.seqs[s].slot(pos);
-            for layer in 0..config.n_layers {
-                let at = (layer * n + r) * d;
-                kv.write(page.0, layer, slot, &got.k[at..at + d], &got.v[at..at + d]);
+        if holds {
+            for (&page, &(_, b)) in &table.writes {
+                kv.hold(page, b);
             }
-        }
-        match pool.q8 {
-            // The host quantized the rows again: its bits may differ (`pool.rs`).
-            true => pool.forget(table.writes.keys()),
-            false => pool.wrote(&*kv, &table.writes, &before),
+            pool.wrote(&*kv, &table.writes, &before);
+        } else {
+            // Every new row's K and V to the host's storage.
+            let d = config.kv_dim();
+            let n = table.rows.len();
+            for (r, &(s, pos)) in table.rows.iter().enumerate() {
+                let (page, slot) = batch.seqs[s].slot(pos);
+                for layer in 0..config.n_layers {
+                    let at = (layer * n + r) * d;
+                    kv.write(page.0, layer, slot, &got.k[at..at + d], &got.v[at..at + d]);
+                }
+            }
+            let bytes = (got.k.len() + got.v.len()) as u64 * 4;
+            pool.stats.add(|s| s.written_back += bytes);
+            match pool.q8 {
+                // The host quantized the rows again: its bits may differ (`pool.rs`).
+                true => pool.forget(table.writes.keys()),
+                false => pool.wrote(&*kv, &table.writes, &before),
+            }
         }
         out.reset(config.vocab, batch.seqs.iter().map(|s| s.logit_rows()));
         out.data_mut().copy_from_slice(&got.logits);

@@ -7,7 +7,8 @@
 //! - `weights`: the weights uploaded once, every type folio reads in its
 //!   blocks.
 //! - `pool`: the device's K/V pages, by the host pool's page ids; what each step
-//!   uploads (only pages whose host generation the device does not hold).
+//!   uploads (only pages whose host generation the device does not hold). `held`:
+//!   the pool as the host storage reaches it, to read back K/V a step left there.
 //! - `table`: a batch as the kernels read it (the CSR page tables).
 //! - `kernels` (+ `wgsl/`): the compute kernels; `step`: one step's dispatches;
 //!   `arena`: the step's buffers and bind groups, kept across steps.
@@ -20,6 +21,7 @@ mod arena;
 mod backend;
 mod device;
 mod error;
+mod held;
 mod kernels;
 #[cfg(test)]
 mod matmul_tests;

@@ -1,6 +1,7 @@
 //! One forward step on the device: the batch's rows through every layer in one
 //! compute pass (wgpu orders the dispatches), then one copy of what comes back (the
-//! requested logits, the requested hidden states, every new row's K and V).
+//! requested logits, the requested hidden states; every new row's K and V only for
+//! storage that holds no rows on the device).
 //!
 //! Per layer: RMSNorm → Q, K, V matmuls (+ biases) → (per-head Q/K norms) → RoPE
 //! (the host's tables, the local one on a local layer) → K/V into the pool and the
@@ -41,6 +42,8 @@ pub(crate) struct Step<'a> {
     pub table: &'a StepTable,
     /// Matmul inputs rounded to 8 bits (llama.cpp's arithmetic), else f32.
     pub llama: bool,
+    /// Every new row's K and V comes back (for storage that holds none on the device).
+    pub write_back: bool,
 }
 
 fn f(x: f32) -> u32 {
@@ -98,7 +101,12 @@ impl Step<'_> {
         let o = arena.buffer(gpu, "o", fbytes(if c.post_norms { n * d } else { 0 }));
         let gate = arena.buffer(gpu, "gate", fbytes(n * ff));
         let up = arena.buffer(gpu, "up", fbytes(n * ff));
-        let kv_len = c.n_layers * n * kvd;
+        // The new rows' K and V come back only for storage that holds none here.
+        let kv_len = if self.write_back {
+            c.n_layers * n * kvd
+        } else {
+            0
+        };
         let knew = arena.buffer(gpu, "k new", fbytes(kv_len));
         let vnew = arena.buffer(gpu, "v new", fbytes(kv_len));
         let hp = arena.buffer(gpu, "head input", fbytes(npick * d));
@@ -237,7 +245,10 @@ impl Step<'_> {
                     .map(|v| v as u32);
                     let groups = ((heads as u32).div_ceil(WG), n as u32);
                     rec.dispatch(p, &k.rope, &params, &[rope, &q, &kb], groups);
-                    let params = [n as u32, kvd as u32, li as u32, hd, rotate, inv_sqrt, 0, 0];
+                    let back = self.write_back as u32;
+                    let params = [
+                        n as u32, kvd as u32, li as u32, hd, rotate, inv_sqrt, back, 0,
+                    ];
                     let stores = [
                         &slots,
                         &kb,

@@ -182,7 +182,29 @@ fn a_lost_device_is_an_error_not_a_panic() {
     let c = &m.config;
     let mut cache = BasicCache::with_dtype(c.n_layers, c.kv_dim(), c.head_dim, 64, KvDtype::F16);
     folio::forward_one(&m, &mut cache, &[1, 2, 3], Logits::Last).unwrap();
+    // A paged pool whose rows stay on the device, and a snapshot directory.
+    let mut kv = folio::PagedKv::with_shape(m.pool_shape(8, 4, KvDtype::F16), 32, &m.fingerprint());
+    kv.open_snapshot_dir(&dir).unwrap();
+    let mut t = kv.new_table(None);
+    let batch = folio::Batch::one(kv.plan(&mut t, &[1, 2, 3, 4, 5], Logits::Last).unwrap());
+    m.forward(&batch, kv.storage()).unwrap();
+    kv.commit(&mut t).unwrap();
     handle.destroy_for_tests();
+    // Its snapshot cannot be written from a lost device: an error of the server's kind
+    // (500), nothing saved, the pool intact.
+    let e = kv.save("s", &mut t).unwrap_err();
+    eprintln!("a snapshot after the device was destroyed: {e}");
+    assert!(
+        matches!(
+            &e,
+            folio::kv::SnapshotError::Kv(folio::kv::KvError::Device(_))
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.kind(), folio::ErrorKind::Internal);
+    assert!(kv.snapshot_names().is_empty());
+    let holders = folio::kv::holders([&t].into_iter().chain(kv.pinned_tables()), kv.num_pages());
+    kv.check(&holders).unwrap();
     let mut said = String::new();
     for _ in 0..2 {
         let e = folio::forward_one(&m, &mut cache, &[4], Logits::Last).unwrap_err();

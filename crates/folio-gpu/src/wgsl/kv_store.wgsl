@@ -1,16 +1,17 @@
 // Each new row's K and V into its slot of the device pool (two f16 per word, as the
-// host's f16 pool rounds them), and into this step's copy of the new rows (layer by
-// layer) that goes back to the host's storage: the f16 values the pool holds, widened
-// to f32, so the host stores the device's bits (the pool keeps pages across steps and
-// the host's copy must be the same). Dispatch: (ceil(kv_dim / 2 / 64), rows).
+// host's f16 pool rounds them), and, where `back` (a host storage that holds no rows
+// on the device), into this step's copy of the new rows (layer by layer) that goes
+// back to it: the f16 values the pool holds, widened to f32, so the host stores the
+// device's bits. Dispatch: (ceil(kv_dim / 2 / 64), rows).
 //
 // `q8`: the same into an 8-bit pool (`pool.rs`), one invocation per (row, K/V head),
 // as the host quantizes (`folio::kernels::quantize_kv_q8`): the head row rotated where
 // `rotate` (times the normalized Walsh-Hadamard matrix, the host's butterfly order,
 // `norm` = 1/sqrt(head_dim)), d = amax / 127 at f16 precision, q = round(x / d) half
-// away from zero, clamped to ±127. The step's copy for the host is the f32 rows
-// themselves: the host quantizes them again. Dispatch: (ceil(rows · kv heads / 64), 1).
-struct P { rows: u32, kv_dim: u32, layer: u32, head_dim: u32, rotate: u32, norm: f32, pad0: u32, pad1: u32 }
+// away from zero, clamped to ±127. The step's copy for the host (where `back`) is the
+// f32 rows themselves: the host quantizes them again. Dispatch: (ceil(rows · kv heads
+// / 64), 1).
+struct P { rows: u32, kv_dim: u32, layer: u32, head_dim: u32, rotate: u32, norm: f32, back: u32, pad1: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> slots: array<u32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
@@ -34,6 +35,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let vh = pack2x16float(vec2<f32>(v[src], v[src + 1u]));
     kpool[dst] = kh;
     vpool[dst] = vh;
+    if (p.back == 0u) {
+        return;
+    }
     let out = (p.layer * p.rows + r) * p.kv_dim + 2u * e;
     let kw = unpack2x16float(kh);
     let vw = unpack2x16float(vh);
@@ -94,6 +98,9 @@ fn store_q8(is_v: bool, src: u32, dst: u32, scale: u32, out: u32) {
     for (var e = 0u; e < p.head_dim; e++) {
         let x = select(k[src + e], v[src + e], is_v);
         wht[e] = x;
+        if (p.back == 0u) {
+            continue;
+        }
         if (is_v) {
             vnew[out + e] = x;
         } else {

@@ -21,11 +21,20 @@
 //! counter whenever any slot of the page is written ([`KvArena::write`],
 //! [`KvArena::write_slot`], the destination of [`KvArena::copy_slots`]). Two reads
 //! that see the same generation for a page saw the same bytes, in this arena or any
-//! other: a backend that keeps its own copy of pages (the GPU's device pool) skips
-//! those whose generation it already holds.
+//! other (held slots aside: below): a backend that keeps its own copy of pages (the
+//! GPU's device pool) skips those whose generation it already holds.
+//!
+//! A backend that keeps its own copy may also leave the rows it computes there
+//! ([`KvArena::hold`], `held.rs`): the arena then reads those slots back from the
+//! device ([`KvArena::sync`]) before anything on the host reads or overwrites them.
+//! The paged pool reads back a snapshot's pages when it writes the file and a page it
+//! spills to the disk tier; a copy-on-write copy of a held page is made on the device.
 
 use super::buf::{KvBuf, KvDtype, KvPair};
+use super::error::KvError;
+use super::held::{DevicePages, Fetch, HeldPages};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The next page generation, shared by every arena of the process (so a copy made from
 /// one arena never passes for another's page of the same id). 0 is never handed out.
@@ -50,6 +59,10 @@ pub struct KvArena {
     head_dim: usize,
     /// Per page: its generation (module doc).
     generations: Vec<u64>,
+    /// The slots only a backend's device holds (`held.rs`).
+    held: HeldPages,
+    /// A number no other arena of the process has (what a device copy belongs to).
+    identity: u64,
 }
 
 impl KvArena {
@@ -72,6 +85,86 @@ impl KvArena {
             kv_dim,
             head_dim,
             generations: (0..n_pages).map(|_| next_generation()).collect(),
+            held: HeldPages::new(n_pages),
+            identity: next_generation(),
+        }
+    }
+
+    /// A number no other arena of the process has had: a device copy of pages belongs
+    /// to one arena.
+    pub fn identity(&self) -> u64 {
+        self.identity
+    }
+
+    /// Takes `device` as where held slots are left ([`KvArena::hold`]); where another
+    /// device holds slots of this arena, they are read back from it first.
+    pub fn attach(&mut self, device: &Arc<dyn DevicePages>) -> Result<(), KvError> {
+        if self.held.is_on(device) {
+            return Ok(());
+        }
+        self.sync(&self.held.pages())?;
+        self.held.set_device(device);
+        Ok(())
+    }
+
+    /// Slots `0..n` of `page`, every layer, were written on the attached device and
+    /// not here: the page takes a new generation (the device records it as the one it
+    /// holds) and the slots are read back from the device when the host needs them.
+    pub fn hold(&mut self, page: u32, n: usize) {
+        debug_assert!(self.held.device().is_some(), "hold without a device");
+        self.touch(page);
+        self.held.hold(page, n);
+    }
+
+    /// Slots `0..n` of `page` whose host bytes may be stale (held on the device).
+    pub fn held_slots(&self, page: u32) -> usize {
+        self.held.upto(page)
+    }
+
+    /// Pages with slots held on the device.
+    pub fn held_pages(&self) -> usize {
+        self.held.count()
+    }
+
+    /// Reads the held slots of `pages` back from the device, in one read-back; their
+    /// generations stay (the bytes are the ones the device held at them). `Err`: the
+    /// device could not be read; the pages stay held.
+    pub fn sync(&mut self, pages: &[u32]) -> Result<(), KvError> {
+        let mut want: Vec<Fetch> = pages
+            .iter()
+            .filter(|&&p| self.held.upto(p) > 0)
+            .map(|&p| Fetch {
+                page: p,
+                generation: self.generation(p),
+                slots: self.held.upto(p),
+            })
+            .collect();
+        want.sort_unstable_by_key(|f| f.page);
+        want.dedup_by_key(|f| f.page);
+        let Some(device) = self.held.device().filter(|_| !want.is_empty()) else {
+            return Ok(());
+        };
+        let got = device.fetch(&want, self.dtype()).map_err(KvError::Device)?;
+        let slot_bytes = self.slot_bytes();
+        for (f, bytes) in want.iter().zip(got) {
+            for (slot, data) in bytes.chunks_exact(slot_bytes).enumerate() {
+                self.put_slot(f.page, slot, data);
+            }
+            self.held.clear(f.page);
+        }
+        Ok(())
+    }
+
+    /// Before a host write into `page`: its held slots read back (a write takes a new
+    /// generation, which the device does not hold). Where the device cannot be read
+    /// they are lost, and said so.
+    fn own(&mut self, page: u32) {
+        if self.held.upto(page) == 0 {
+            return;
+        }
+        if let Err(e) = self.sync(&[page]) {
+            tracing::error!("kv: page {page}'s K/V held on the device is lost: {e}");
+            self.held.clear(page);
         }
     }
 
@@ -175,6 +268,7 @@ impl KvArena {
     }
 
     pub fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        self.own(page);
         self.touch(page);
         for (row, src) in [(false, k), (true, v)] {
             let at = self.at(page, layer, row, slot);
@@ -184,8 +278,12 @@ impl KvArena {
 
     /// All layers' K then V rows of `slot` in `page`, as their stored bytes
     /// (little-endian; 8-bit rows: the values, then the scales), appended to `out`
-    /// (snapshots).
+    /// (snapshots). A held slot must have been read back first ([`KvArena::sync`]).
     pub fn read_slot(&self, page: u32, slot: usize, out: &mut Vec<u8>) {
+        debug_assert!(
+            slot >= self.held.upto(page),
+            "page {page} slot {slot} is held"
+        );
         for layer in 0..self.n_layers {
             for v in [false, true] {
                 let at = self.at(page, layer, v, slot);
@@ -196,9 +294,15 @@ impl KvArena {
 
     /// The inverse of [`KvArena::read_slot`]; `data` is [`KvArena::slot_bytes`] long.
     pub fn write_slot(&mut self, page: u32, slot: usize, data: &[u8]) {
+        self.own(page);
+        self.touch(page);
+        self.put_slot(page, slot, data);
+    }
+
+    /// [`KvArena::write_slot`]'s bytes, the generation unchanged.
+    fn put_slot(&mut self, page: u32, slot: usize, data: &[u8]) {
         let w = self.data.bytes_of(0, self.kv_dim);
         assert_eq!(data.len(), self.slot_bytes());
-        self.touch(page);
         for layer in 0..self.n_layers {
             for (j, v) in [false, true].into_iter().enumerate() {
                 let at = self.at(page, layer, v, slot);
@@ -240,9 +344,26 @@ impl KvArena {
         self.slot_bytes() / 2
     }
 
-    /// Copies the first `n` slots of every layer's K and V from page `src` to `dst`.
+    /// Copies the first `n` slots of every layer's K and V from page `src` to `dst`, a
+    /// page just reserved (its other slots hold nothing). Where `src`'s slots are held
+    /// on the device, the device copies them and holds `dst`'s.
     pub fn copy_slots(&mut self, src: u32, dst: u32, n: usize) {
+        self.held.clear(dst);
         self.touch(dst);
+        if n > 0 && self.held.upto(src) > 0 {
+            let device = self
+                .held
+                .device()
+                .cloned()
+                .expect("held pages have a device");
+            let ends = ((src, self.generation(src)), (dst, self.generation(dst)));
+            match device.copy(ends.0, ends.1, n) {
+                Ok(true) => return self.held.hold(dst, n),
+                Ok(false) => {}
+                Err(e) => tracing::error!("kv: copying page {src} on the device: {e}"),
+            }
+            self.own(src);
+        }
         for layer in 0..self.n_layers {
             for v in [false, true] {
                 let (s, d) = (self.at(src, layer, v, 0), self.at(dst, layer, v, 0));

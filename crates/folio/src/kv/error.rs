@@ -44,6 +44,9 @@ pub enum KvError {
     /// needs them (reading its tokens back, a snapshot, truncating into them) cannot be.
     #[error("the sequence no longer holds its first {pages} pages (they left the sliding window): {needed} needs them")]
     Forgotten { pages: usize, needed: &'static str },
+    /// K/V a backend left on its device could not be read back from it.
+    #[error("K/V held on the device could not be read back: {0}")]
+    Device(String),
 }
 
 impl KvError {
@@ -52,6 +55,7 @@ impl KvError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             KvError::OutOfPages { .. } => ErrorKind::Unavailable,
+            KvError::Device(_) => ErrorKind::Internal,
             _ => ErrorKind::Invalid,
         }
     }

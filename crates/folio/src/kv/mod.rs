@@ -8,7 +8,8 @@
 //! - [`Batch`]: the plain-data plan of one forward step (each sequence's new tokens,
 //!   positions and page ids). Pages are reserved when a batch is planned and committed
 //!   after the model ran it, never by the model.
-//! - [`KvStorage`]: the page-addressed K/V the model writes and reads.
+//! - [`KvStorage`]: the page-addressed K/V the model writes and reads; a backend with a
+//!   device copy of the pool may leave its rows there ([`DevicePages`], `held.rs`).
 //! - [`KvSeq`]: one sequence driven by its owner without an engine, implemented by the
 //!   pool's [`PagedSeq`] and by [`BasicCache`], the contiguous oracle.
 //! - Page arithmetic on the pool (`pages.rs`: pages for tokens, what a table needs to
@@ -41,6 +42,7 @@ mod buf;
 mod disk;
 mod error;
 mod hash;
+mod held;
 mod paged;
 mod pages;
 mod seq;
@@ -61,6 +63,7 @@ pub use buf::{KvBuf, KvDtype, KvPair, KvRows};
 pub use disk::{DiskConfig, DiskError, DiskOpened, DiskStats};
 pub use error::{KvError, SnapshotError};
 pub use hash::{Hasher128, PageHash};
+pub use held::{DevicePages, Fetch};
 pub use paged::{PagedKv, PagedSeq, PoolShape};
 pub use single::KvSeq;
 pub use snapshot::{check_name as check_snapshot_name, is_plain_name};

@@ -412,7 +412,14 @@ impl PagedKv {
                 });
             }
             let pinned = self.fork(table)?;
-            let tokens = match self.store.read_tokens(&pinned) {
+            // The file is written from the host's bytes: K/V held on the device comes
+            // back now (the pinned pages are never written again).
+            let read = self.store.read_tokens(&pinned).and_then(|t| {
+                self.arena
+                    .sync(&pinned.pages().iter().map(|p| p.0).collect::<Vec<_>>())?;
+                Ok(t)
+            });
+            let tokens = match read {
                 Ok(t) => t,
                 Err(e) => {
                     self.release(pinned)?;

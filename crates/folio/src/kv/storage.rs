@@ -5,6 +5,9 @@
 
 use super::arena::KvArena;
 use super::buf::KvPair;
+use super::error::KvError;
+use super::held::DevicePages;
+use std::sync::Arc;
 
 /// Page-addressed K/V storage.
 pub trait KvStorage: Sync {
@@ -29,6 +32,32 @@ pub trait KvStorage: Sync {
     fn generation(&self, _page: u32) -> Option<u64> {
         None
     }
+
+    /// A number no other storage of the process has, where this storage can leave the
+    /// rows a backend computes on the backend's device ([`KvStorage::attach`]); `None`
+    /// where it cannot (the backend then writes every row through
+    /// [`KvStorage::write`]).
+    fn identity(&self) -> Option<u64> {
+        None
+    }
+
+    /// Takes `device` as where [`KvStorage::hold`] leaves rows (reading back first what
+    /// another device held). Only for a storage with an [`KvStorage::identity`].
+    fn attach(&mut self, _device: &Arc<dyn DevicePages>) -> Result<(), KvError> {
+        Err(KvError::Device(
+            "this storage keeps no rows on a device".into(),
+        ))
+    }
+
+    /// Slots `0..n` of `page`, every layer, were written on the attached device and not
+    /// here: the page takes a new generation, and the storage reads them back from the
+    /// device when the host needs them (`kv/held.rs`).
+    fn hold(&mut self, _page: u32, _n: usize) {}
+
+    /// Slots `0..n` of `page` held on the device only (their bytes here may be stale).
+    fn held_slots(&self, _page: u32) -> usize {
+        0
+    }
 }
 
 impl KvStorage for KvArena {
@@ -46,5 +75,17 @@ impl KvStorage for KvArena {
     }
     fn generation(&self, page: u32) -> Option<u64> {
         Some(KvArena::generation(self, page))
+    }
+    fn identity(&self) -> Option<u64> {
+        Some(KvArena::identity(self))
+    }
+    fn attach(&mut self, device: &Arc<dyn DevicePages>) -> Result<(), KvError> {
+        KvArena::attach(self, device)
+    }
+    fn hold(&mut self, page: u32, n: usize) {
+        KvArena::hold(self, page, n)
+    }
+    fn held_slots(&self, page: u32) -> usize {
+        KvArena::held_slots(self, page)
     }
 }

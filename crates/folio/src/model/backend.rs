@@ -16,7 +16,14 @@
 //!   copy-on-write, truncation, snapshots and the prefix cache find them. A backend may
 //!   keep pages elsewhere too (device memory, keyed by the same page ids), but must read
 //!   the storage's contents for any page it did not write itself in this process: the
-//!   kv layer changes pages between steps (copy-on-write copies, snapshot restores).
+//!   kv layer changes pages between steps (copy-on-write copies, snapshot restores),
+//!   and each change gives the page a new [`KvStorage::generation`]. A backend with
+//!   such a copy may instead leave a step's rows there, where the storage has an
+//!   [`KvStorage::identity`]: it attaches its copy ([`KvStorage::attach`], a
+//!   [`DevicePages`](crate::kv::DevicePages)) and records the slots it wrote
+//!   ([`KvStorage::hold`]); the storage reads them back from the device when the host
+//!   needs them (a snapshot's file, the disk tier) and asks the device to make
+//!   copy-on-write copies of them.
 //!   A row reads only keys at positions up to its own, of its own sequence.
 //! - **When.** Steps are sequential (`&self`, but the engine never overlaps two); within
 //!   a step every row's K/V is written before any row of that layer reads it.

@@ -71,6 +71,11 @@ impl PagedKv {
             if self.store.hash(*id).ok().flatten() != Some(*hash) || disk.has(*hash) {
                 continue;
             }
+            // K/V held on the device comes back first; a page that cannot is not spilled.
+            if let Err(e) = self.arena.sync(&[id.0]) {
+                tracing::error!("kv disk: not spilling page {}: {e}", id.0);
+                continue;
+            }
             let mut bytes = Vec::with_capacity(self.arena.slot_bytes() * ps);
             for slot in 0..ps {
                 self.arena.read_slot(id.0, slot, &mut bytes);
