@@ -217,41 +217,55 @@ impl ModelArgs {
     }
 
     pub fn load(&self) -> Result<Model> {
-        let path = self.path()?;
-        let m = Model::load(&path, self.threads)
-            .with_context(|| format!("loading {}", path.display()))?;
-        self.place(self.arithmetic(m), &path)
+        self.load_from(&self.path()?)
     }
 
-    /// `model` (loaded from `path`) on the device `--device` asks for (see the flag).
-    pub fn place(&self, model: Model, path: &Path) -> Result<Model> {
+    /// The model at `path` on the device `--device` asks for (see the flag), with the
+    /// arithmetic the flags ask for. On the GPU the CPU's weights are never packed; a
+    /// model the GPU path does not run is loaded onto the CPU, with a warning.
+    pub fn load_from(&self, path: &Path) -> Result<Model> {
+        let loading = || format!("loading {}", path.display());
+        let Some(gpu) = self.gpu()? else {
+            let m = Model::load(path, self.threads).with_context(loading)?;
+            return Ok(self.arithmetic(m));
+        };
+        let llama = self.llama_arithmetic;
+        let onto = |g: &folio::gguf::Gguf, c: &folio::model::Config| {
+            let b = folio_gpu::GpuBackend::load_from(gpu, g, c)?;
+            Ok::<Box<dyn folio::model::Backend>, folio_gpu::GpuError>(Box::new(
+                b.with_llama_arithmetic(llama),
+            ))
+        };
+        let (m, placed) = Model::load_onto(path, self.threads, onto).with_context(loading)?;
+        match placed {
+            Ok(()) => {
+                tracing::info!(backend = %m.backend().describe(), "the forward pass runs on the GPU")
+            }
+            Err(e) => tracing::warn!("{e}: running on the CPU"),
+        }
+        Ok(self.arithmetic(m))
+    }
+
+    /// The GPU `--device` asks for: `None` for the CPU (`auto` without a hardware
+    /// adapter, with a log line); an error where `gpu` finds none.
+    fn gpu(&self) -> Result<Option<folio_gpu::Gpu>> {
         let forced = match self.device {
-            DeviceArg::Cpu => return Ok(model),
+            DeviceArg::Cpu => return Ok(None),
             DeviceArg::Gpu => true,
             DeviceArg::Auto if !folio_gpu::gpu_device_present() => {
                 tracing::info!(
                     "--device auto: no GPU device here; the forward pass runs on the CPU"
                 );
-                return Ok(model);
+                return Ok(None);
             }
             DeviceArg::Auto => false,
         };
-        let gpu = match folio_gpu::Gpu::open(forced) {
-            Ok(g) => g,
+        match folio_gpu::Gpu::open(forced) {
+            Ok(g) => Ok(Some(g)),
             Err(e) if forced => anyhow::bail!("--device gpu: {e}"),
             Err(e) => {
                 tracing::info!("--device auto: {e}; the forward pass runs on the CPU");
-                return Ok(model);
-            }
-        };
-        match folio_gpu::GpuBackend::put_on(model, path, gpu, self.llama_arithmetic) {
-            (m, Ok(())) => {
-                tracing::info!(backend = %m.backend().describe(), "the forward pass runs on the GPU");
-                Ok(m)
-            }
-            (m, Err(e)) => {
-                tracing::warn!("{e}: running on the CPU");
-                Ok(m)
+                Ok(None)
             }
         }
     }

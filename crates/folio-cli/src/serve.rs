@@ -5,7 +5,7 @@
 
 use crate::opts::{self, ModelArgs};
 use anyhow::{Context, Result};
-use folio::{Engine, Model};
+use folio::Engine;
 use folio_server::ServeConfig;
 use std::io::Read;
 use std::path::Path;
@@ -242,9 +242,7 @@ fn load(
     kv_events: Option<folio::KvEventTap>,
 ) -> Result<Engine> {
     warm(path).with_context(|| format!("reading {}", path.display()))?;
-    let model =
-        Model::load(path, args.threads).with_context(|| format!("loading {}", path.display()))?;
-    let model = args.place(args.arithmetic(model), path)?;
+    let model = args.load_from(path)?;
     let mut config = args.engine_config(&model, DEFAULT_SEQUENCES)?;
     config.max_batch_tokens = max_batch_tokens;
     // A server's contexts belong to its clients: they share half the pool by default.

@@ -9,7 +9,7 @@ use super::cpu::CpuBackend;
 use super::error::{ModelError, StepError};
 use super::rope::LongRope;
 use super::step_logits::StepLogits;
-use super::weights::Weights;
+use super::weights::{rope_divisors, Weights};
 use crate::gguf::Gguf;
 use crate::kernels::{self, Cpu, Isa};
 use crate::kv::{BasicCache, Batch, KvDtype, KvStorage, Logits, PageId, PoolShape, SeqStep};
@@ -44,6 +44,20 @@ impl Model {
     /// Loads a GGUF model onto the CPU backend; `threads` = 0 means all cores. More
     /// than [`kernels::pool::MAX_THREADS`] is [`ModelError::Pool`].
     pub fn load(path: &Path, threads: usize) -> Result<Self, ModelError> {
+        let none = |_: &Gguf, _: &Config| Err::<Box<dyn Backend>, ()>(());
+        Ok(Self::load_onto(path, threads, none)?.0)
+    }
+
+    /// Loads a GGUF model onto the backend `make` builds from the open file and the
+    /// model's configuration (a GPU's). Where `make` gives none, its `Err` comes back
+    /// beside the model, which is then on the CPU backend as [`Model::load`] makes it.
+    /// The CPU's weights are packed only then: a model on another backend never
+    /// holds a host copy of its matrices.
+    pub fn load_onto<E>(
+        path: &Path,
+        threads: usize,
+        make: impl FnOnce(&Gguf, &Config) -> Result<Box<dyn Backend>, E>,
+    ) -> Result<(Self, Result<(), E>), ModelError> {
         // First, so that a refused thread count costs no weight loading.
         let cpu = Cpu::new(threads)?;
         let g = Gguf::open(path)?;
@@ -51,39 +65,48 @@ impl Model {
         let fingerprint = g.fingerprint();
         let mut config = Config::from_gguf(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
-        // Every matrix packed from here to the end of calibration (widened ones too) is
-        // cut from one mapping on huge pages, in order: packed once, never gathered
-        // after. Address space only: twice the tensors, for the outlier pass's copies.
-        let tensor_bytes = (g.tensors().iter()).fold(0u64, |n, t| n.saturating_add(t.size));
-        let arena = kernels::matmul::WeightArena::enter(
-            usize::try_from(tensor_bytes.saturating_mul(2))
-                .unwrap_or(usize::MAX / 2)
-                .saturating_add(64 << 20),
-        );
-        let mut weights = Weights::load(&g, &config, cpu.isa())?;
-        let longrope = weights.longrope.take();
-        rope_factors(&mut config, weights.rope_freqs.take(), longrope.is_some())?;
-        tracing::info!(
-            arch = %config.arch, layers = config.n_layers, dim = config.dim,
-            threads = cpu.threads(), isa = %cpu.isa(), "model loaded"
-        );
+        let (rope_freqs, longrope) = rope_divisors(&g, &config)?;
+        rope_factors(&mut config, rope_freqs, longrope.is_some())?;
+        let (backend, arena, made) = match make(&g, &config) {
+            Ok(backend) => (backend, None, Ok(())),
+            Err(e) => {
+                // Every matrix packed from here to the end of calibration (widened ones
+                // too) is cut from one mapping on huge pages, in order: packed once,
+                // never gathered after. Address space only: twice the tensors, for the
+                // outlier pass's copies.
+                let tensor_bytes = (g.tensors().iter()).fold(0u64, |n, t| n.saturating_add(t.size));
+                let arena = kernels::matmul::WeightArena::enter(
+                    usize::try_from(tensor_bytes.saturating_mul(2))
+                        .unwrap_or(usize::MAX / 2)
+                        .saturating_add(64 << 20),
+                );
+                let weights = Weights::load(&g, &config, cpu.isa())?;
+                tracing::info!(
+                    arch = %config.arch, layers = config.n_layers, dim = config.dim,
+                    threads = cpu.threads(), isa = %cpu.isa(), "model loaded"
+                );
+                let cpu: Box<dyn Backend> = Box::new(CpuBackend::new(cpu, weights));
+                (cpu, Some(arena), Err(e))
+            }
+        };
         let n_ctx = config.context_length;
         let mut model = Self {
             config,
             tokenizer,
-            backend: Box::new(CpuBackend::new(cpu, weights)),
+            backend,
             longrope,
             n_ctx,
             file_fingerprint: fingerprint,
         }
         .with_context(n_ctx);
+        // The CPU backend's calibration (nothing on another backend).
         model.calibrate();
         drop(arena);
         // Whatever was mapped on its own (the arena full or refused) joins one region.
         if let Some(cpu) = model.backend.as_cpu_mut() {
             cpu.gather();
         }
-        Ok(model)
+        Ok((model, made))
     }
 
     /// The same model on another backend, made from its current one (which the new one

@@ -50,11 +50,31 @@ pub struct Weights {
     pub out_norm: Vec<f32>,
     /// `None` when the output head is tied to the embedding.
     pub output: Option<QMatrix>,
-    /// RoPE frequency divisors (`rope_freqs.weight`: Llama 3's scaling as llama.cpp's
-    /// converter stores it).
-    pub rope_freqs: Option<Vec<f32>>,
-    /// Phi-3's long-context divisor sets (`rope_factors_short` / `_long.weight`).
-    pub longrope: Option<LongRope>,
+}
+
+/// The RoPE's per-frequency divisors the file stores: Llama 3's (`rope_freqs.weight`,
+/// as llama.cpp's converter stores its scaling), or Phi-3's long-context pair
+/// (`rope_factors_short` / `_long.weight`), of which the model's context picks one
+/// (`rope::LongRope`). Part of the model's description, whatever backend runs it.
+pub fn rope_divisors(
+    g: &Gguf,
+    c: &Config,
+) -> Result<(Option<Vec<f32>>, Option<LongRope>), ModelError> {
+    let n_factors = c.rope.dims as u64 / 2;
+    let factors = |name: &str| -> Result<Option<Vec<f32>>, ModelError> {
+        g.tensor(name)
+            .map(|_| divisors(g, name, n_factors))
+            .transpose()
+    };
+    let rope_freqs = factors("rope_freqs.weight")?;
+    let short = factors("rope_factors_short.weight")?;
+    let long = factors("rope_factors_long.weight")?;
+    let longrope = (short.is_some() || long.is_some()).then_some(LongRope {
+        short,
+        long,
+        n_ctx_orig: c.rope.yarn.0,
+    });
+    Ok((rope_freqs, longrope))
 }
 
 impl Weights {
@@ -121,29 +141,11 @@ impl Weights {
             }
             _ => None,
         };
-        // Per-frequency divisors: Llama 3's (`rope_freqs`), or Phi-3's long-context
-        // pair, of which the model's context picks one (`rope::LongRope`).
-        let n_factors = c.rope.dims as u64 / 2;
-        let factors = |name: &str| -> Result<Option<Vec<f32>>, ModelError> {
-            g.tensor(name)
-                .map(|_| divisors(g, name, n_factors))
-                .transpose()
-        };
-        let rope_freqs = factors("rope_freqs.weight")?;
-        let short = factors("rope_factors_short.weight")?;
-        let long = factors("rope_factors_long.weight")?;
-        let longrope = (short.is_some() || long.is_some()).then_some(LongRope {
-            short,
-            long,
-            n_ctx_orig: c.rope.yarn.0,
-        });
         Ok(Self {
             embed: matrix(g, isa, "token_embd.weight", d, c.vocab as u64)?,
             layers,
             out_norm: vector(g, "output_norm.weight", d)?,
             output,
-            rope_freqs,
-            longrope,
         })
     }
 

@@ -315,3 +315,59 @@ fn the_engine_runs_on_a_second_backend_unchanged() {
     assert!(states[0] == states[1], "the mirror's hidden states differ");
     assert!(steps.load(Relaxed) > 0);
 }
+
+/// A backend with no weights, which refuses every step.
+struct Bare;
+
+impl Backend for Bare {
+    fn describe(&self) -> String {
+        "bare".into()
+    }
+    fn threads(&self) -> usize {
+        1
+    }
+    fn bytes_per_token(&self) -> usize {
+        0
+    }
+    fn kv_signature(&self) -> Vec<u8> {
+        b"bare".to_vec()
+    }
+    fn step(
+        &self,
+        _: &Config,
+        _: &Batch,
+        _: &mut dyn KvStorage,
+        _: &mut StepLogits,
+    ) -> Result<(), StepError> {
+        Err(StepError::Device("a bare backend runs nothing".into()))
+    }
+}
+
+/// `Model::load_onto` hands its backend the configuration `Model::load` ends with, and
+/// the model it makes holds no CPU weights; a backend refused leaves the model on the
+/// CPU, with the reason.
+#[test]
+fn a_model_loads_onto_another_backend_without_the_cpus_weights() {
+    let path = common::model_path();
+    let cpu = Model::load(&path, 2).unwrap();
+    let mut seen = None;
+    let (m, made) = Model::load_onto(&path, 2, |_, c| {
+        seen = Some(format!("{c:?}"));
+        Ok::<Box<dyn Backend>, ()>(Box::new(Bare))
+    })
+    .unwrap();
+    assert_eq!(made, Ok(()));
+    assert_eq!(m.backend().describe(), "bare");
+    assert!(
+        m.backend().as_cpu().is_none(),
+        "no CPU backend, so no CPU weights"
+    );
+    assert_eq!(seen.as_deref(), Some(format!("{:?}", cpu.config).as_str()));
+    assert_eq!(format!("{:?}", m.config), format!("{:?}", cpu.config));
+    assert_eq!(m.n_ctx(), cpu.n_ctx());
+    let refuse = |_: &_, _: &_| Err::<Box<dyn Backend>, _>("refused");
+    let (m, made) = Model::load_onto(&path, 2, refuse).unwrap();
+    assert_eq!(made.err(), Some("refused"));
+    assert!(m.backend().as_cpu().is_some());
+    assert_eq!(m.fingerprint(), cpu.fingerprint());
+}
