@@ -27,16 +27,15 @@ use folio::kv::{DevicePages, KvRows, KvStorage};
 use folio::model::{Backend, Config, Model, StepError, StepLogits};
 use folio::Batch;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// The forward step on a GPU.
 pub struct GpuBackend {
     gpu: Gpu,
     kernels: Kernels,
     weights: Weights,
-    /// The device pool of the storage the last step ran on (a storage that holds rows
-    /// on the device keeps its own pool alive through them).
-    pool: Mutex<Option<Arc<Pool>>>,
+    /// The device pools (`GpuBackend::pool_for`).
+    pools: Mutex<Pools>,
     /// The step's buffers and bind groups, kept across steps (`arena.rs`).
     arena: Mutex<Arena>,
     uploads: Uploads,
@@ -69,7 +68,7 @@ impl GpuBackend {
             gpu,
             kernels,
             weights,
-            pool: Mutex::new(None),
+            pools: Mutex::default(),
             arena: Mutex::new(Arena::default()),
             uploads: Uploads::default(),
             llama: false,
@@ -129,36 +128,59 @@ impl GpuBackend {
     }
 
     /// The device pool for `kv`: the one it has (the same sizes, element type and
-    /// storage), else a new one (`pool.rs`: a pool belongs to one storage).
+    /// storage), else a new one (`pool.rs`: a pool belongs to one storage, which keeps
+    /// it alive while it holds rows there; the backend keeps only a weak reference to
+    /// it, and the last pool of storage that holds no rows).
     fn pool_for(
         &self,
         config: &Config,
         kv: &dyn KvStorage,
         page_size: usize,
     ) -> Result<Arc<Pool>, StepError> {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         let n_pages = kv.num_pages();
         let q8 = n_pages > 0 && matches!(kv.run(0, 0, 0).0, KvRows::Q8 { .. });
         let owner = kv.identity();
         let fits = |p: &Pool| {
             p.n_pages == n_pages && p.page_size == page_size && p.q8 == q8 && p.owner == owner
         };
-        match pool.as_ref() {
-            Some(p) if fits(p) => Ok(p.clone()),
-            _ => {
-                *pool = None;
-                let (layers, kvd, hd) = (config.n_layers, config.kv_dim(), config.head_dim);
-                let p = self.gpu.scoped(|| {
-                    let stats = self.uploads.clone();
-                    let pages = (n_pages, page_size);
-                    Pool::new(&self.gpu, layers, pages, (kvd, hd), (q8, owner), stats)
-                });
-                let p = Arc::new(p.map_err(StepError::Device)?);
-                *pool = Some(p.clone());
-                Ok(p)
-            }
+        pools.owned.retain(|w| w.strong_count() > 0);
+        let found = match owner {
+            Some(_) => pools
+                .owned
+                .iter()
+                .filter_map(Weak::upgrade)
+                .find(|p| fits(p)),
+            None => pools.shared.clone().filter(|p| fits(p)),
+        };
+        if let Some(p) = found {
+            return Ok(p);
         }
+        if owner.is_none() {
+            pools.shared = None;
+        }
+        let (layers, kvd, hd) = (config.n_layers, config.kv_dim(), config.head_dim);
+        let p = self.gpu.scoped(|| {
+            let stats = self.uploads.clone();
+            let pages = (n_pages, page_size);
+            Pool::new(&self.gpu, layers, pages, (kvd, hd), (q8, owner), stats)
+        });
+        let p = Arc::new(p.map_err(StepError::Device)?);
+        match owner {
+            Some(_) => pools.owned.push(Arc::downgrade(&p)),
+            None => pools.shared = Some(p.clone()),
+        }
+        Ok(p)
     }
+}
+
+/// The backend's device pools (`GpuBackend::pool_for`).
+#[derive(Default)]
+struct Pools {
+    /// Those of storages that hold rows on the device (each keeps its own alive).
+    owned: Vec<Weak<Pool>>,
+    /// The last one of storage that holds none.
+    shared: Option<Arc<Pool>>,
 }
 
 impl Backend for GpuBackend {
@@ -191,13 +213,20 @@ impl Backend for GpuBackend {
         kv: &mut dyn KvStorage,
         out: &mut StepLogits,
     ) -> Result<(), StepError> {
-        let table = StepTable::new(batch).map_err(|e| match e {
-            TableError::MixedPageSizes => {
-                StepError::Device("one step's sequences have different page sizes".into())
-            }
-        })?;
+        let table =
+            StepTable::new(batch, |start| config.kv_needed_from(start)).map_err(|e| match e {
+                TableError::MixedPageSizes => {
+                    StepError::Device("one step's sequences have different page sizes".into())
+                }
+            })?;
         if let Some(why) = self.gpu.lost() {
             return Err(StepError::Device(why));
+        }
+        if table.rows.is_empty() {
+            // Nothing to run (and no page size to size a pool by).
+            out.reset(config.vocab, batch.seqs.iter().map(|s| s.logit_rows()));
+            out.reset_states(config.dim, batch.seqs.iter().map(|s| s.state_rows()));
+            return Ok(());
         }
         let pool = self.pool_for(config, &*kv, table.page_size)?;
         // Storage that can hold rows on the device keeps this step's there.
@@ -233,8 +262,8 @@ impl Backend for GpuBackend {
             }
         };
         if holds {
-            for (&page, &(_, b)) in &table.writes {
-                kv.hold(page, b);
+            for (&page, &(a, b)) in &table.writes {
+                kv.hold(page, a..b);
             }
             pool.wrote(&*kv, &table.writes, &before);
         } else {

@@ -16,14 +16,14 @@ impl DevicePages for Pool {
         }
         let layers = self.k.len();
         let per_slot = layers * 2 * self.slot_bytes();
-        // Each page's slots the device holds at the asked generation.
+        // How many of each page's asked slots the device holds at its generation.
         let counts = {
             let held = self.held();
             pages
                 .iter()
                 .map(|f| match held[f.page as usize] {
                     Held { generation, slots } if generation == f.generation => {
-                        Ok(slots.min(f.slots))
+                        Ok(slots.min(f.slots.end).saturating_sub(f.slots.start))
                     }
                     Held { generation, .. } => Err(format!(
                         "page {} is generation {generation} on the device, {} on the host",
@@ -91,9 +91,9 @@ impl DevicePages for Pool {
 }
 
 impl Pool {
-    /// Slots `0..counts[j]` of each of `pages`, every layer's K then V, in one
-    /// read-back of `bytes`: per page, per layer, K's slots then V's (as the device
-    /// lays them).
+    /// `counts[j]` slots of each of `pages` from its first asked one, every layer's K
+    /// then V, in one read-back of `bytes`: per page, per layer, K's slots then V's (as
+    /// the device lays them).
     fn read_back(
         &self,
         pages: &[Fetch],
@@ -110,7 +110,8 @@ impl Pool {
                 for (k, v) in self.k.iter().zip(&self.v) {
                     for buf in [k, v] {
                         if len > 0 {
-                            enc.copy_buffer_to_buffer(buf, self.at(f.page, 0), &staging, at, len);
+                            let from = self.at(f.page, f.slots.start);
+                            enc.copy_buffer_to_buffer(buf, from, &staging, at, len);
                         }
                         at += len;
                     }

@@ -27,8 +27,8 @@
 //! the slots past those held where it matches. After the step, the pages it wrote are
 //! recorded at their new generations, with the slots held before and those written.
 //! A step that fails keeps, of each page it was to write, the slots before its first
-//! row there; an upload that fails forgets the pages it was sending. Storage without
-//! generations is uploaded every step.
+//! row there; an upload that fails keeps, of each page it was sending, the slots held
+//! before. Storage without generations is uploaded every step.
 
 use crate::device::Gpu;
 use folio::kv::{KvRows, KvStorage};
@@ -77,8 +77,8 @@ pub(crate) struct Pool {
     /// that holds no rows on the device.
     pub owner: Option<u64>,
     held: Mutex<Vec<Held>>,
-    /// The pages the last upload was sending.
-    sending: Mutex<Vec<u32>>,
+    /// The pages the last upload was sending, each with the slots held before.
+    sending: Mutex<Vec<(u32, usize)>>,
     pub stats: Uploads,
 }
 
@@ -173,17 +173,17 @@ impl Pool {
                 self.stats.add(|s| s.skipped += 1);
                 continue;
             }
-            if from == 0 && kv.held_slots(page) > 0 {
+            if from == 0 && !kv.held_slots(page).is_empty() {
                 return Err(format!(
                     "page {page}: K/V the host left on the device is not there \
                      (the device holds generation {}, the host has {generation:?})",
                     had.generation
                 ));
             }
-            // Until the copy below is queued the record says nothing is held (an
-            // error on the way forgets the page).
-            held[page as usize] = Held::default();
-            sending.push(page);
+            // Until the copy below is queued the record says only the slots before it
+            // are held (an error on the way leaves it so).
+            held[page as usize].slots = from;
+            sending.push((page, from));
             let at = self.at(page, from);
             let mut sent = 0;
             for layer in 0..self.k.len() {
@@ -238,12 +238,14 @@ impl Pool {
         Ok(())
     }
 
-    /// After a failed upload: the pages it was sending are not held.
+    /// After a failed upload: of the pages it was sending, only the slots held before
+    /// stay held (a refused write may have reached some of the rest, or none).
     pub fn forget_sent(&self) {
         let sending = self.sending.lock().unwrap_or_else(|p| p.into_inner());
         let mut held = self.held();
-        for &p in sending.iter() {
-            held[p as usize] = Held::default();
+        for &(p, from) in sending.iter() {
+            let h = &mut held[p as usize];
+            h.slots = h.slots.min(from);
         }
     }
 

@@ -46,7 +46,14 @@ pub(crate) enum TableError {
 }
 
 impl StepTable {
-    pub fn new(batch: &Batch) -> Result<Self, TableError> {
+    /// `batch` laid out; `first_key(start)`: the first position a row at `start` or
+    /// after reads, if any layer's window leaves the earlier ones out for every layer
+    /// (`Config::kv_needed_from`): pages wholly before it are not read (a sequence
+    /// that slides may have given them up, and they may be another's now).
+    pub fn new(
+        batch: &Batch,
+        first_key: impl Fn(usize) -> Option<usize>,
+    ) -> Result<Self, TableError> {
         let page_size = batch.seqs.first().map_or(1, |s| s.page_size);
         if batch.seqs.iter().any(|s| s.page_size != page_size) {
             return Err(TableError::MixedPageSizes);
@@ -72,9 +79,10 @@ impl StepTable {
                 Logits::Hidden => hidden.extend(first..rows.len() as u32),
                 Logits::None => {}
             }
+            let first = first_key(st.start).unwrap_or(0);
             for (i, page) in st.pages.iter().enumerate() {
                 let held = st.start.saturating_sub(i * page_size).min(page_size);
-                if held > 0 {
+                if held > 0 && (i + 1) * page_size > first {
                     let n = reads.entry(page.0).or_insert(0);
                     *n = held.max(*n);
                 }
@@ -133,7 +141,7 @@ mod tests {
                 step(1, 9, &[7, 2, 4], Logits::Last),
             ],
         };
-        let t = StepTable::new(&batch).unwrap();
+        let t = StepTable::new(&batch, |_| None).unwrap();
         assert_eq!(t.rows, [(0, 5), (0, 6), (0, 7), (1, 9)]);
         assert_eq!(t.slots, [2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 4 * 4 + 1]);
         assert_eq!(t.picked, [0, 1, 2, 3]);
@@ -150,16 +158,33 @@ mod tests {
         assert_eq!(writes, [(2, (1, 4)), (4, (1, 2))]);
     }
 
+    /// A sequence whose layers all slide reads no page wholly before its first key
+    /// (it may have given such pages up).
+    #[test]
+    fn pages_before_the_window_are_not_read() {
+        let batch = Batch::one(step(1, 9, &[7, 2, 4], Logits::Last));
+        let t = StepTable::new(&batch, |start| Some(start + 1 - 5)).unwrap();
+        let reads: Vec<_> = t.reads.into_iter().collect();
+        assert_eq!(
+            reads,
+            [(2, 4), (4, 1)],
+            "page 7 holds positions 0..4, all before 5"
+        );
+    }
+
     #[test]
     fn hidden_rows_are_listed_and_mixed_page_sizes_refused() {
         let hidden = Batch::one(step(2, 0, &[0], Logits::Hidden));
-        let t = StepTable::new(&hidden).unwrap();
+        let t = StepTable::new(&hidden, |_| None).unwrap();
         assert_eq!((t.picked.len(), t.hidden), (0, vec![0, 1]));
         let mut other = step(1, 0, &[1], Logits::Last);
         other.page_size = 8;
         let mixed = Batch {
             seqs: vec![step(1, 0, &[0], Logits::Last), other],
         };
-        assert_eq!(StepTable::new(&mixed), Err(TableError::MixedPageSizes));
+        assert_eq!(
+            StepTable::new(&mixed, |_| None),
+            Err(TableError::MixedPageSizes)
+        );
     }
 }

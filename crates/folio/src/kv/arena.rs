@@ -33,6 +33,7 @@
 use super::buf::{KvBuf, KvDtype, KvPair};
 use super::error::KvError;
 use super::held::{DevicePages, Fetch, HeldPages};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -107,18 +108,18 @@ impl KvArena {
         Ok(())
     }
 
-    /// Slots `0..n` of `page`, every layer, were written on the attached device and
+    /// Slots `slots` of `page`, every layer, were written on the attached device and
     /// not here: the page takes a new generation (the device records it as the one it
     /// holds) and the slots are read back from the device when the host needs them.
-    pub fn hold(&mut self, page: u32, n: usize) {
+    pub fn hold(&mut self, page: u32, slots: Range<usize>) {
         debug_assert!(self.held.device().is_some(), "hold without a device");
         self.touch(page);
-        self.held.hold(page, n);
+        self.held.hold(page, slots);
     }
 
-    /// Slots `0..n` of `page` whose host bytes may be stale (held on the device).
-    pub fn held_slots(&self, page: u32) -> usize {
-        self.held.upto(page)
+    /// The slots of `page` whose host bytes may be stale (held on the device).
+    pub fn held_slots(&self, page: u32) -> Range<usize> {
+        self.held.range(page)
     }
 
     /// Pages with slots held on the device.
@@ -130,25 +131,50 @@ impl KvArena {
     /// generations stay (the bytes are the ones the device held at them). `Err`: the
     /// device could not be read; the pages stay held.
     pub fn sync(&mut self, pages: &[u32]) -> Result<(), KvError> {
-        let mut want: Vec<Fetch> = pages
+        let need: Vec<(u32, usize)> = pages.iter().map(|&p| (p, 0)).collect();
+        self.sync_needing(&need)
+    }
+
+    /// [`KvArena::sync`] of pages each of whose first `n` slots must come back (or be
+    /// the host's own): `Err` where the device gives back fewer of its held ones (it
+    /// no longer has them), rather than stale bytes passing for K/V. Nothing is
+    /// written then.
+    pub fn sync_needing(&mut self, pages: &[(u32, usize)]) -> Result<(), KvError> {
+        let mut want: Vec<(Fetch, usize)> = pages
             .iter()
-            .filter(|&&p| self.held.upto(p) > 0)
-            .map(|&p| Fetch {
-                page: p,
-                generation: self.generation(p),
-                slots: self.held.upto(p),
+            .filter(|&&(p, _)| !self.held.range(p).is_empty())
+            .map(|&(p, n)| {
+                let f = Fetch {
+                    page: p,
+                    generation: self.generation(p),
+                    slots: self.held.range(p),
+                };
+                (f, n)
             })
             .collect();
-        want.sort_unstable_by_key(|f| f.page);
-        want.dedup_by_key(|f| f.page);
-        let Some(device) = self.held.device().filter(|_| !want.is_empty()) else {
+        // One entry a page, the one needing most.
+        want.sort_unstable_by_key(|(f, n)| (f.page, usize::MAX - n));
+        want.dedup_by_key(|(f, _)| f.page);
+        let Some(device) = self.held.device().filter(|_| !want.is_empty()).cloned() else {
             return Ok(());
         };
-        let got = device.fetch(&want, self.dtype()).map_err(KvError::Device)?;
+        let fetches: Vec<Fetch> = want.iter().map(|(f, _)| f.clone()).collect();
+        let got = device
+            .fetch(&fetches, self.dtype())
+            .map_err(KvError::Device)?;
         let slot_bytes = self.slot_bytes();
-        for (f, bytes) in want.iter().zip(got) {
-            for (slot, data) in bytes.chunks_exact(slot_bytes).enumerate() {
-                self.put_slot(f.page, slot, data);
+        for ((f, n), bytes) in want.iter().zip(&got) {
+            let end = f.slots.start + bytes.len() / slot_bytes;
+            if end < f.slots.end.min(*n) {
+                return Err(KvError::Device(format!(
+                    "page {}: the device gave back slots {}..{end} of {:?}; {n} are needed",
+                    f.page, f.slots.start, f.slots
+                )));
+            }
+        }
+        for ((f, _), bytes) in want.iter().zip(got) {
+            for (i, data) in bytes.chunks_exact(slot_bytes).enumerate() {
+                self.put_slot(f.page, f.slots.start + i, data);
             }
             self.held.clear(f.page);
         }
@@ -157,15 +183,20 @@ impl KvArena {
 
     /// Before a host write into `page`: its held slots read back (a write takes a new
     /// generation, which the device does not hold). Where the device cannot be read
-    /// they are lost, and said so.
-    fn own(&mut self, page: u32) {
-        if self.held.upto(page) == 0 {
-            return;
-        }
-        if let Err(e) = self.sync(&[page]) {
+    /// they stay held, so every later read-back of the page fails (`held.rs`): the
+    /// K/V is lost, and said so, never passed off as the host's.
+    fn own(&mut self, page: u32) -> Result<(), KvError> {
+        self.sync(&[page]).inspect_err(|e| {
             tracing::error!("kv: page {page}'s K/V held on the device is lost: {e}");
-            self.held.clear(page);
-        }
+        })
+    }
+
+    /// `page` was reserved afresh and the host is about to write it from its first
+    /// slot: what it held (on the device or here) is no sequence's, and is not read
+    /// back.
+    pub fn fresh(&mut self, page: u32) {
+        self.held.clear(page);
+        self.touch(page);
     }
 
     /// `page`'s generation: it changes whenever any slot of the page is written, to a
@@ -268,7 +299,7 @@ impl KvArena {
     }
 
     pub fn write(&mut self, page: u32, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
-        self.own(page);
+        let _ = self.own(page);
         self.touch(page);
         for (row, src) in [(false, k), (true, v)] {
             let at = self.at(page, layer, row, slot);
@@ -281,7 +312,7 @@ impl KvArena {
     /// (snapshots). A held slot must have been read back first ([`KvArena::sync`]).
     pub fn read_slot(&self, page: u32, slot: usize, out: &mut Vec<u8>) {
         debug_assert!(
-            slot >= self.held.upto(page),
+            !self.held.range(page).contains(&slot),
             "page {page} slot {slot} is held"
         );
         for layer in 0..self.n_layers {
@@ -294,7 +325,7 @@ impl KvArena {
 
     /// The inverse of [`KvArena::read_slot`]; `data` is [`KvArena::slot_bytes`] long.
     pub fn write_slot(&mut self, page: u32, slot: usize, data: &[u8]) {
-        self.own(page);
+        let _ = self.own(page);
         self.touch(page);
         self.put_slot(page, slot, data);
     }
@@ -348,9 +379,8 @@ impl KvArena {
     /// page just reserved (its other slots hold nothing). Where `src`'s slots are held
     /// on the device, the device copies them and holds `dst`'s.
     pub fn copy_slots(&mut self, src: u32, dst: u32, n: usize) {
-        self.held.clear(dst);
-        self.touch(dst);
-        if n > 0 && self.held.upto(src) > 0 {
+        self.fresh(dst);
+        if n > 0 && !self.held.range(src).is_empty() {
             let device = self
                 .held
                 .device()
@@ -358,11 +388,17 @@ impl KvArena {
                 .expect("held pages have a device");
             let ends = ((src, self.generation(src)), (dst, self.generation(dst)));
             match device.copy(ends.0, ends.1, n) {
-                Ok(true) => return self.held.hold(dst, n),
+                Ok(true) => return self.held.hold(dst, 0..n),
                 Ok(false) => {}
                 Err(e) => tracing::error!("kv: copying page {src} on the device: {e}"),
             }
-            self.own(src);
+            if self.own(src).is_err() {
+                // Neither copy could be made: the destination is held too, at a
+                // generation the device never had, so reading it back fails (a save, a
+                // spill) and so does a step that reads it, rather than using the host's
+                // stale bytes.
+                return self.held.hold(dst, 0..n);
+            }
         }
         for layer in 0..self.n_layers {
             for v in [false, true] {

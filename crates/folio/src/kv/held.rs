@@ -12,34 +12,40 @@
 //!
 //! # Invariants
 //!
-//! - A page's held slots are `0..n` (`n` per page, 0: none): their host bytes may be
-//!   stale. The device holds those slots at the page's current generation: the page
-//!   was marked held under a fresh generation, and no host write happened since (every
-//!   host write into a held page reads it back first, then takes a new generation).
-//! - Slots of `0..n` the device no longer holds at that generation (a failed step
-//!   wrote over slots past a sequence's end) are no sequence's: a read-back returns
-//!   what the device holds and leaves the rest.
+//! - A page's held slots are one range `lo..hi` (empty: none): their host bytes may be
+//!   stale. The device holds them at the page's current generation: the page was
+//!   marked held under a fresh generation, and no host write happened since (every
+//!   host write into a held page reads it back first, then takes a new generation;
+//!   a page reserved afresh for the host to overwrite drops its marks: its old slots
+//!   are no sequence's).
+//! - Slots of a held range the device no longer holds at that generation (a failed
+//!   step wrote over slots past a sequence's end) are no sequence's: a read-back
+//!   returns what the device holds, and a caller that needs more slots of a page than
+//!   came back gets an error.
+//! - A page whose held slots could not be read back (the device lost) stays held: a
+//!   later read-back fails again rather than the host's stale bytes passing for K/V.
 //! - One device at a time: a storage attached to another device first reads back
 //!   every page the previous one held.
 
 use super::buf::KvDtype;
+use std::ops::Range;
 use std::sync::Arc;
 
-/// What [`DevicePages::fetch`] is asked: slots `0..slots` of `page`, every layer, as
+/// What [`DevicePages::fetch`] is asked: slots `slots` of `page`, every layer, as
 /// they were at the page's `generation`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fetch {
     pub page: u32,
     pub generation: u64,
-    pub slots: usize,
+    pub slots: Range<usize>,
 }
 
 /// A backend's device copy of the pool's pages, as the host storage reaches it.
 pub trait DevicePages: Send + Sync {
-    /// For each of `pages`, the bytes of its first slots, every layer, in the layout of
-    /// [`KvArena::read_slot`](super::KvArena::read_slot) for `dtype`, one slot after
-    /// another: as many of the asked slots as the device holds at that generation
-    /// (whole slots, from the first). `Err`: the device could not be read (lost), or
+    /// For each of `pages`, the bytes of its asked slots, every layer, in the layout
+    /// of [`KvArena::read_slot`](super::KvArena::read_slot) for `dtype`, one slot
+    /// after another: as many of them as the device holds at that generation (whole
+    /// slots, from the first asked). `Err`: the device could not be read (lost), or
     /// holds another generation of a page (a bug: the host would lose K/V).
     fn fetch(&self, pages: &[Fetch], dtype: KvDtype) -> Result<Vec<Vec<u8>>, String>;
 
@@ -53,9 +59,9 @@ pub trait DevicePages: Send + Sync {
 #[derive(Default)]
 pub(crate) struct HeldPages {
     device: Option<Arc<dyn DevicePages>>,
-    /// Per page: slots `0..n` are held on the device only.
-    upto: Vec<u32>,
-    /// Pages with `upto > 0`.
+    /// Per page: slots `lo..hi` are held on the device only (`hi` 0: none).
+    held: Vec<(u32, u32)>,
+    /// Pages with held slots.
     count: usize,
 }
 
@@ -63,7 +69,7 @@ impl HeldPages {
     pub fn new(n_pages: usize) -> Self {
         HeldPages {
             device: None,
-            upto: vec![0; n_pages],
+            held: vec![(0, 0); n_pages],
             count: 0,
         }
     }
@@ -73,7 +79,7 @@ impl HeldPages {
         self.device.as_ref()
     }
 
-    /// Whether `device` is the one held pages are on (or could be: none are held).
+    /// Whether `device` is the one held pages are on.
     pub fn is_on(&self, device: &Arc<dyn DevicePages>) -> bool {
         self.device.as_ref().is_some_and(|d| Arc::ptr_eq(d, device))
     }
@@ -85,9 +91,10 @@ impl HeldPages {
         self.device = Some(Arc::clone(device));
     }
 
-    /// Slots `0..n` of `page` are held on the device only.
-    pub fn upto(&self, page: u32) -> usize {
-        self.upto[page as usize] as usize
+    /// The slots of `page` held on the device only (empty: none).
+    pub fn range(&self, page: u32) -> Range<usize> {
+        let (lo, hi) = self.held[page as usize];
+        lo as usize..hi as usize
     }
 
     /// Pages with held slots.
@@ -100,27 +107,34 @@ impl HeldPages {
         if self.count == 0 {
             return Vec::new();
         }
-        (0..self.upto.len() as u32)
-            .filter(|&p| self.upto[p as usize] > 0)
+        (0..self.held.len() as u32)
+            .filter(|&p| self.held[p as usize].1 > 0)
             .collect()
     }
 
-    /// Slots `0..n` of `page` are held on the device (those held before stay held).
-    pub fn hold(&mut self, page: u32, n: usize) {
-        let u = &mut self.upto[page as usize];
-        if *u == 0 && n > 0 {
-            self.count += 1;
+    /// Slots `slots` of `page` are held on the device (those held before stay held:
+    /// the range grows to cover both).
+    pub fn hold(&mut self, page: u32, slots: Range<usize>) {
+        if slots.is_empty() {
+            return;
         }
-        *u = (*u).max(n as u32);
+        let h = &mut self.held[page as usize];
+        *h = match *h {
+            (_, 0) => {
+                self.count += 1;
+                (slots.start as u32, slots.end as u32)
+            }
+            (lo, hi) => (lo.min(slots.start as u32), hi.max(slots.end as u32)),
+        };
     }
 
     /// `page`'s host bytes are its own again (read back, or about to be overwritten).
     pub fn clear(&mut self, page: u32) {
-        let u = &mut self.upto[page as usize];
-        if *u > 0 {
+        let h = &mut self.held[page as usize];
+        if h.1 > 0 {
             self.count -= 1;
         }
-        *u = 0;
+        *h = (0, 0);
     }
 }
 
@@ -138,6 +152,8 @@ mod tests {
         held: Mutex<HashMap<u32, (u64, usize)>>,
         fetched: Mutex<Vec<Fetch>>,
         copies: Mutex<usize>,
+        /// Every fetch and copy fails (a device lost).
+        lost: Mutex<bool>,
     }
 
     impl Fake {
@@ -147,6 +163,7 @@ mod tests {
                 held: Mutex::default(),
                 fetched: Mutex::default(),
                 copies: Mutex::default(),
+                lost: Mutex::default(),
             })
         }
 
@@ -160,7 +177,7 @@ mod tests {
                     dev.write(page, layer, slot, &k, &k.map(|v| -v));
                 }
             }
-            host.hold(page, b);
+            host.hold(page, a..b);
             self.held
                 .lock()
                 .unwrap()
@@ -176,6 +193,9 @@ mod tests {
 
     impl DevicePages for Fake {
         fn fetch(&self, pages: &[Fetch], _dtype: KvDtype) -> Result<Vec<Vec<u8>>, String> {
+            if *self.lost.lock().unwrap() {
+                return Err("lost".into());
+            }
             self.fetched.lock().unwrap().extend_from_slice(pages);
             let held = self.held.lock().unwrap();
             let dev = self.arena.lock().unwrap();
@@ -184,7 +204,8 @@ mod tests {
                 .map(|f| match held.get(&f.page) {
                     Some(&(g, n)) if g == f.generation => {
                         let mut out = Vec::new();
-                        (0..n.min(f.slots)).for_each(|s| dev.read_slot(f.page, s, &mut out));
+                        let slots = f.slots.start..f.slots.end.min(n);
+                        slots.for_each(|s| dev.read_slot(f.page, s, &mut out));
                         Ok(out)
                     }
                     _ => Err(format!("page {} is not held", f.page)),
@@ -193,6 +214,9 @@ mod tests {
         }
 
         fn copy(&self, src: (u32, u64), dst: (u32, u64), n: usize) -> Result<bool, String> {
+            if *self.lost.lock().unwrap() {
+                return Err("lost".into());
+            }
             let mut held = self.held.lock().unwrap();
             if held.get(&src.0).is_none_or(|&(g, k)| g != src.1 || k < n) {
                 return Ok(false);
@@ -222,7 +246,7 @@ mod tests {
         fake.step(&mut host, 1, (0, 2), 10.0);
         fake.step(&mut host, 1, (2, 3), 20.0);
         fake.step(&mut host, 2, (0, 4), 30.0);
-        assert_eq!((host.held_slots(1), host.held_slots(2)), (3, 4));
+        assert_eq!((host.held_slots(1), host.held_slots(2)), (0..3, 0..4));
         assert_eq!(host.held_pages(), 2);
         assert!(
             fake.fetched.lock().unwrap().is_empty(),
@@ -231,14 +255,14 @@ mod tests {
         // A fork's copy of page 1's three slots: made on the device, held there.
         host.copy_slots(1, 3, 3);
         assert_eq!(*fake.copies.lock().unwrap(), 1);
-        assert_eq!(host.held_slots(3), 3);
+        assert_eq!(host.held_slots(3), 0..3);
         assert!(fake.fetched.lock().unwrap().is_empty());
         // A sync of pages 1 and 3 is one read-back; the bytes are the device's and the
         // generations stay.
         let g1 = host.generation(1);
         host.sync(&[3, 1, 3]).unwrap();
         assert_eq!(fake.fetched.lock().unwrap().len(), 2);
-        assert_eq!((host.held_slots(1), host.held_slots(3)), (0, 0));
+        assert!(host.held_slots(1).is_empty() && host.held_slots(3).is_empty());
         assert_eq!(host.generation(1), g1);
         for s in 0..3 {
             assert_eq!(host_slot(&host, 1, s), fake.slot(1, s), "page 1 slot {s}");
@@ -247,7 +271,7 @@ mod tests {
         // A host write into held page 2 reads its other slots back first.
         let row = [7.0f32; 8];
         host.write(2, 0, 3, &row, &row);
-        assert_eq!(host.held_slots(2), 0);
+        assert!(host.held_slots(2).is_empty());
         for s in 0..3 {
             assert_eq!(host_slot(&host, 2, s), fake.slot(2, s), "page 2 slot {s}");
         }
@@ -277,7 +301,7 @@ mod tests {
         fake.held.lock().unwrap().insert(0, (host.generation(0), 2));
         host.copy_slots(0, 4, 3);
         assert_eq!(*fake.copies.lock().unwrap(), 0, "the device holds 2 of 3");
-        assert_eq!(host.held_slots(4), 0);
+        assert!(host.held_slots(4).is_empty());
         for s in 0..2 {
             assert_eq!(host_slot(&host, 4, s), fake.slot(0, s));
         }
@@ -295,6 +319,49 @@ mod tests {
         again.held.lock().unwrap().insert(1, (0, 1));
         let err = host.sync(&[1]).unwrap_err();
         assert!(matches!(err, crate::kv::KvError::Device(_)), "{err}");
-        assert_eq!(host.held_slots(1), 1);
+        assert_eq!(host.held_slots(1), 0..1);
+    }
+
+    /// A device that cannot be read leaves what it held held: a copy of such a page
+    /// is held too (never the host's stale bytes), a host write into one keeps it
+    /// held, and every later read-back fails; a page reserved afresh drops its marks
+    /// without a read-back; a read-back that gives fewer slots than needed is an error
+    /// and writes nothing.
+    #[test]
+    fn a_lost_device_never_passes_stale_bytes_for_kv() {
+        let mut host = KvArena::new(6, 2, 4, 8, 8, KvDtype::F16);
+        let fake = Fake::new(6);
+        let device: Arc<dyn DevicePages> = fake.clone();
+        host.attach(&device).unwrap();
+        fake.step(&mut host, 0, (0, 3), 1.0);
+        fake.step(&mut host, 1, (0, 2), 2.0);
+        fake.step(&mut host, 2, (0, 4), 3.0);
+        // Fewer slots back than needed: an error, nothing read back.
+        fake.held.lock().unwrap().insert(2, (host.generation(2), 2));
+        assert!(host.sync_needing(&[(2, 4)]).is_err());
+        assert_eq!(host.held_slots(2), 0..4);
+        // Fewer than held but all that is needed: read back.
+        host.sync_needing(&[(2, 2)]).unwrap();
+        assert!(host.held_slots(2).is_empty());
+        *fake.lost.lock().unwrap() = true;
+        host.copy_slots(0, 3, 3);
+        assert_eq!(host.held_slots(0), 0..3);
+        assert_eq!(host.held_slots(3), 0..3, "the copy is held, not the host's");
+        assert!(host.sync(&[3]).is_err());
+        let row = [9.0f32; 8];
+        host.write(1, 0, 3, &row, &row);
+        assert_eq!(
+            host.held_slots(1),
+            0..2,
+            "a host write keeps a lost page held"
+        );
+        *fake.lost.lock().unwrap() = false;
+        let err = host.sync(&[1]).unwrap_err();
+        assert!(err.to_string().contains("not held"), "{err}");
+        // A page reserved afresh: no read-back, no marks.
+        let before = fake.fetched.lock().unwrap().len();
+        host.fresh(0);
+        assert!(host.held_slots(0).is_empty());
+        assert_eq!(fake.fetched.lock().unwrap().len(), before);
     }
 }

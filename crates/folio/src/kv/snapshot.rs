@@ -414,9 +414,12 @@ impl PagedKv {
             let pinned = self.fork(table)?;
             // The file is written from the host's bytes: K/V held on the device comes
             // back now (the pinned pages are never written again).
+            let ps = self.store.page_size();
+            let need: Vec<(u32, usize)> = (pinned.pages().iter().enumerate())
+                .map(|(i, p)| (p.0, pinned.len().saturating_sub(i * ps).min(ps)))
+                .collect();
             let read = self.store.read_tokens(&pinned).and_then(|t| {
-                self.arena
-                    .sync(&pinned.pages().iter().map(|p| p.0).collect::<Vec<_>>())?;
+                self.arena.sync_needing(&need)?;
                 Ok(t)
             });
             let tokens = match read {
@@ -935,6 +938,10 @@ impl PagedKv {
             }
             let at = kv_at + pos * slot_bytes;
             let slot = &body[at..at + slot_bytes];
+            if pos % ps == 0 {
+                // A page just reserved: what it held before is no sequence's.
+                self.arena.fresh(t.page(pos / ps).0);
+            }
             self.arena.write_slot(t.page(pos / ps).0, pos % ps, slot);
         }
         self.store.commit_full(&mut t)?;

@@ -7,6 +7,7 @@ use super::arena::KvArena;
 use super::buf::KvPair;
 use super::error::KvError;
 use super::held::DevicePages;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Page-addressed K/V storage.
@@ -49,14 +50,14 @@ pub trait KvStorage: Sync {
         ))
     }
 
-    /// Slots `0..n` of `page`, every layer, were written on the attached device and not
-    /// here: the page takes a new generation, and the storage reads them back from the
-    /// device when the host needs them (`kv/held.rs`).
-    fn hold(&mut self, _page: u32, _n: usize) {}
+    /// Slots `slots` of `page`, every layer, were written on the attached device and
+    /// not here: the page takes a new generation, and the storage reads them back from
+    /// the device when the host needs them (`kv/held.rs`).
+    fn hold(&mut self, _page: u32, _slots: Range<usize>) {}
 
-    /// Slots `0..n` of `page` held on the device only (their bytes here may be stale).
-    fn held_slots(&self, _page: u32) -> usize {
-        0
+    /// The slots of `page` held on the device only (their bytes here may be stale).
+    fn held_slots(&self, _page: u32) -> Range<usize> {
+        0..0
     }
 }
 
@@ -82,10 +83,10 @@ impl KvStorage for KvArena {
     fn attach(&mut self, device: &Arc<dyn DevicePages>) -> Result<(), KvError> {
         KvArena::attach(self, device)
     }
-    fn hold(&mut self, page: u32, n: usize) {
-        KvArena::hold(self, page, n)
+    fn hold(&mut self, page: u32, slots: Range<usize>) {
+        KvArena::hold(self, page, slots)
     }
-    fn held_slots(&self, page: u32) -> usize {
+    fn held_slots(&self, page: u32) -> Range<usize> {
         KvArena::held_slots(self, page)
     }
 }

@@ -78,7 +78,7 @@ impl Dev {
             };
             if n > from {
                 assert!(
-                    from > 0 || host.held_slots(page.0) == 0,
+                    from > 0 || host.held_slots(page.0).is_empty(),
                     "page {} lost",
                     page.0
                 );
@@ -106,7 +106,7 @@ impl Dev {
         for (page, a, b) in writes {
             let (g, slots) = held[page as usize];
             let valid = if g == host.generation(page) { slots } else { 0 };
-            host.hold(page, b);
+            host.hold(page, a..b);
             let slots = if a <= valid { valid.max(b) } else { valid };
             held[page as usize] = (host.generation(page), slots);
         }
@@ -129,7 +129,8 @@ impl DevicePages for Dev {
             .map(|f| match held[f.page as usize] {
                 (g, n) if g == f.generation => {
                     let mut out = Vec::new();
-                    (0..n.min(f.slots)).for_each(|s| dev.read_slot(f.page, s, &mut out));
+                    (f.slots.start..f.slots.end.min(n))
+                        .for_each(|s| dev.read_slot(f.page, s, &mut out));
                     Ok(out)
                 }
                 (g, _) => Err(format!(
@@ -208,7 +209,7 @@ fn paged_rows(kv: &mut PagedKv, t: &PageTable, dev: Option<&Dev>) -> Vec<Vec<u16
         let (page, slot) = (pages[p / ps].0, p % ps);
         for l in 0..LAYERS {
             match dev {
-                Some(d) if slot < arena.held_slots(page) => {
+                Some(d) if arena.held_slots(page).contains(&slot) => {
                     let (g, n) = d.held.lock().unwrap()[page as usize];
                     assert!(
                         g == arena.generation(page) && slot < n,
@@ -362,7 +363,7 @@ fn run(
             Op::Sync(c) if c < live.len() => {
                 let pages: Vec<u32> = live[c].table.pages().iter().map(|p| p.0).collect();
                 kv.storage().sync(&pages).unwrap();
-                prop_assert!(pages.iter().all(|&p| kv.storage().held_slots(p) == 0));
+                prop_assert!(pages.iter().all(|&p| kv.storage().held_slots(p).is_empty()));
             }
             _ => {}
         }

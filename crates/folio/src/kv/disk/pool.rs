@@ -57,6 +57,7 @@ impl PagedKv {
     pub(crate) fn spill(&mut self) {
         let Some(disk) = &self.disk else { return };
         let ps = self.store.page_size();
+        let mut spill = Vec::new();
         for e in &self.store.events[self.disk_seen..] {
             let PageEvent::Stored {
                 id,
@@ -71,19 +72,24 @@ impl PagedKv {
             if self.store.hash(*id).ok().flatten() != Some(*hash) || disk.has(*hash) {
                 continue;
             }
-            // K/V held on the device comes back first; a page that cannot is not spilled.
-            if let Err(e) = self.arena.sync(&[id.0]) {
-                tracing::error!("kv disk: not spilling page {}: {e}", id.0);
-                continue;
-            }
+            spill.push((*id, *hash, *parent, tokens.clone()));
+        }
+        // K/V held on the device comes back first, in one read-back; where it cannot,
+        // nothing is spilled now.
+        let need: Vec<(u32, usize)> = spill.iter().map(|s| (s.0 .0, ps)).collect();
+        if let Err(e) = self.arena.sync_needing(&need) {
+            tracing::error!("kv disk: not spilling {} pages: {e}", spill.len());
+            spill.clear();
+        }
+        for (id, hash, parent, tokens) in spill {
             let mut bytes = Vec::with_capacity(self.arena.slot_bytes() * ps);
             for slot in 0..ps {
                 self.arena.read_slot(id.0, slot, &mut bytes);
             }
             disk.submit(super::PageFile {
-                hash: *hash,
-                parent: *parent,
-                tokens: tokens.clone(),
+                hash,
+                parent,
+                tokens,
                 bytes,
             });
         }
@@ -159,6 +165,8 @@ impl PagedKv {
             for &tok in &page.tokens {
                 let _ = store.push_token(id, tok);
             }
+            // A page just reserved: what it held before is no sequence's.
+            arena.fresh(id.0);
             for (slot, bytes) in page.bytes().chunks_exact(slot_bytes).enumerate() {
                 arena.write_slot(id.0, slot, bytes);
             }
