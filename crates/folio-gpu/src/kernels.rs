@@ -33,9 +33,9 @@ impl Kernel {
 pub(crate) struct Kernels {
     /// RMSNorm of picked rows into another buffer (`norm.wgsl`).
     pub rms_norm: Kernel,
-    /// Q4_1 and Q8_0 matmuls on 8-bit inputs (llama.cpp's arithmetic).
-    pub q4_1: Kernel,
-    pub q8_0: Kernel,
+    /// The matmuls on 8-bit inputs (llama.cpp's arithmetic) of the formats in blocks
+    /// of 32 ([`Q8_INPUT_FORMATS`]), by format number.
+    q8_inputs: Vec<Option<Kernel>>,
     /// The matmul on f32 inputs (the default), one pipeline per weight format
     /// ([`Kernels::f32_inputs`]); Q4_0, Q5_0, Q4_K, Q6_K and widened matrices are read
     /// only so (with llama.cpp's arithmetic too).
@@ -85,6 +85,19 @@ const MAX_GROUPS: u32 = 65535;
 const ATTENTION_CHUNK: u32 = 256;
 /// Words of one 8-bit activation block (`quantize.wgsl`).
 pub(crate) const Q8_WORDS: usize = 10;
+
+/// The formats with a matmul on 8-bit inputs (`matmul.wgsl`): those in blocks of 32
+/// whose dot product with an 8-bit block llama.cpp (and the CPU backend) takes in
+/// integers. The others (K-quants, F16, BF16) read f32 inputs under llama.cpp's
+/// arithmetic too.
+pub(crate) const Q8_INPUT_FORMATS: [Format; 6] = [
+    Format::Q4_0,
+    Format::Q4_1,
+    Format::Q5_0,
+    Format::Q5_1,
+    Format::Q8_0,
+    Format::Iq4Nl,
+];
 
 impl Kernels {
     /// Every kernel compiled for `gpu`; a shader or pipeline the device refuses is
@@ -152,8 +165,15 @@ impl Kernels {
             .collect();
         Kernels {
             rms_norm: pipeline(&norm, "picked"),
-            q4_1: pipeline_with(&matmul, "main", &[("FORMAT", Format::Q4_1.wgsl() as f64)]),
-            q8_0: pipeline_with(&matmul, "main", &[("FORMAT", Format::Q8_0.wgsl() as f64)]),
+            q8_inputs: Format::ALL
+                .iter()
+                .map(|f| {
+                    let format = [("FORMAT", f.wgsl() as f64)];
+                    Q8_INPUT_FORMATS
+                        .contains(f)
+                        .then(|| pipeline_with(&matmul, "main", &format))
+                })
+                .collect(),
             f32_inputs,
             quantize: pipeline(
                 &module("quantize", include_str!("wgsl/quantize.wgsl")),
@@ -180,6 +200,11 @@ impl Kernels {
     /// The matmul on f32 inputs for matrices in `format`.
     pub fn f32_inputs(&self, format: Format) -> &Kernel {
         &self.f32_inputs[format.wgsl() as usize]
+    }
+
+    /// The matmul on 8-bit inputs for matrices in `format`, where it has one.
+    pub fn q8_inputs(&self, format: Format) -> Option<&Kernel> {
+        self.q8_inputs[format.wgsl() as usize].as_ref()
     }
 
     /// Records a matmul `kernel` over rows `first..first + n` of a matrix with `k`

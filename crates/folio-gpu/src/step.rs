@@ -17,7 +17,7 @@ use crate::device::Gpu;
 use crate::kernels::{Kernel, Kernels, Q8_WORDS, WG};
 use crate::pool::Pool;
 use crate::table::StepTable;
-use crate::weights::{Format, Matrix, Weights};
+use crate::weights::{Matrix, Weights};
 use folio::model::Config;
 use folio::Batch;
 
@@ -176,12 +176,11 @@ impl Step<'_> {
                 // quantized formats read `aq`, which holds `a` quantized.
                 let matmul =
                     |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows: usize, add: bool| {
-                        let (kernel, input): (&Kernel, &wgpu::Buffer) = match (m.format, self.llama)
-                        {
-                            (Format::Q4_1, true) => (&k.q4_1, &aq),
-                            (Format::Q8_0, true) => (&k.q8_0, &aq),
-                            (f, _) => (k.f32_inputs(f), a),
-                        };
+                        let (kernel, input): (&Kernel, &wgpu::Buffer) =
+                            match k.q8_inputs(m.format).filter(|_| self.llama) {
+                                Some(q8) => (q8, &aq),
+                                None => (k.f32_inputs(m.format), a),
+                            };
                         for (buf, first, n) in &m.pieces {
                             let shape = (m.cols, *first, *n);
                             let bufs = [buf, input, y];
