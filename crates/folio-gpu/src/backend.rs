@@ -200,7 +200,8 @@ impl Backend for GpuBackend {
 
     fn kv_signature(&self) -> Vec<u8> {
         if self.llama {
-            b"gpu:wgpu:q8-inputs:v1".to_vec()
+            // v2: the K-quants read 8-bit inputs too (2026-12-07).
+            b"gpu:wgpu:q8-inputs:v2".to_vec()
         } else {
             b"gpu:wgpu:f32-inputs:v1".to_vec()
         }

@@ -12,12 +12,19 @@ use crate::weights::Format;
 pub(crate) struct Kernel {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    /// A matmul's inputs per chunk (`CHUNK` in `matmul_common.wgsl`): 32, or 256 for
+    /// the K-quants on 8-bit inputs.
+    chunk: u32,
 }
 
 impl Kernel {
     fn new(pipeline: wgpu::ComputePipeline) -> Self {
         let layout = pipeline.get_bind_group_layout(0);
-        Kernel { pipeline, layout }
+        Kernel {
+            pipeline,
+            layout,
+            chunk: 32,
+        }
     }
 
     pub fn pipeline(&self) -> &wgpu::ComputePipeline {
@@ -33,14 +40,17 @@ impl Kernel {
 pub(crate) struct Kernels {
     /// RMSNorm of picked rows into another buffer (`norm.wgsl`).
     pub rms_norm: Kernel,
-    /// The matmuls on 8-bit inputs (llama.cpp's arithmetic) of the formats in blocks
-    /// of 32 ([`Q8_INPUT_FORMATS`]), by format number.
-    q8_inputs: Vec<Option<Kernel>>,
+    /// The matmuls on 8-bit inputs (llama.cpp's arithmetic), by format number: the
+    /// formats in blocks of 32 ([`Q8_INPUT_FORMATS`]) on blocks of 32 inputs, the
+    /// K-quants ([`Q8K_INPUT_FORMATS`]) on blocks of 256.
+    q8_inputs: Vec<Option<(Kernel, Input)>>,
     /// The matmul on f32 inputs (the default), one pipeline per weight format
-    /// ([`Kernels::f32_inputs`]); Q4_0, Q5_0, Q4_K, Q6_K and widened matrices are read
-    /// only so (with llama.cpp's arithmetic too).
+    /// ([`Kernels::f32_inputs`]); F16, BF16 and widened matrices are read only so
+    /// (with llama.cpp's arithmetic too).
     f32_inputs: Vec<Kernel>,
+    /// Activations into 8-bit blocks of 32 ([`Input::Q8`]) and of 256 ([`Input::Q8K`]).
     pub quantize: Kernel,
+    pub quantize_k: Kernel,
     pub rope: Kernel,
     pub kv_store: Kernel,
     pub attention: Kernel,
@@ -83,13 +93,23 @@ const MAX_GROUPS: u32 = 65535;
 /// sees more keys splits every row's keys at multiples of it, so a long context's
 /// decode row keeps many workgroups busy, not one per head.
 const ATTENTION_CHUNK: u32 = 256;
-/// Words of one 8-bit activation block (`quantize.wgsl`).
+/// Words of one 8-bit activation block of 32 (`quantize.wgsl`).
 pub(crate) const Q8_WORDS: usize = 10;
+/// Words of one 8-bit activation block of 256 (`quantize.wgsl`'s `q8k`).
+pub(crate) const Q8K_WORDS: usize = 81;
+
+/// What a matmul kernel reads as its input `a`: the activations, or them in 8-bit
+/// blocks of 32 or 256 (`quantize.wgsl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Input {
+    F32,
+    Q8,
+    Q8K,
+}
 
 /// The formats with a matmul on 8-bit inputs (`matmul.wgsl`): those in blocks of 32
 /// whose dot product with an 8-bit block llama.cpp (and the CPU backend) takes in
-/// integers. The others (K-quants, F16, BF16) read f32 inputs under llama.cpp's
-/// arithmetic too.
+/// integers. F16 and BF16 read f32 inputs under llama.cpp's arithmetic too.
 pub(crate) const Q8_INPUT_FORMATS: [Format; 6] = [
     Format::Q4_0,
     Format::Q4_1,
@@ -97,6 +117,16 @@ pub(crate) const Q8_INPUT_FORMATS: [Format; 6] = [
     Format::Q5_1,
     Format::Q8_0,
     Format::Iq4Nl,
+];
+
+/// The K-quants, whose matmul on 8-bit inputs (`matmul_k.wgsl`) reads them in blocks
+/// of 256, as the CPU's (llama.cpp's) K-quant dot products do.
+pub(crate) const Q8K_INPUT_FORMATS: [Format; 5] = [
+    Format::Q2K,
+    Format::Q3K,
+    Format::Q4K,
+    Format::Q5K,
+    Format::Q6K,
 ];
 
 impl Kernels {
@@ -140,11 +170,16 @@ impl Kernels {
             "matmul",
             &[common, include_str!("wgsl/matmul.wgsl")].concat(),
         );
+        let matmul_k = module(
+            "matmul_k",
+            &[common, include_str!("wgsl/matmul_k.wgsl")].concat(),
+        );
         let matmul_f32_inputs = module(
             "matmul_f32_inputs",
             &[common, include_str!("wgsl/matmul_f32_inputs.wgsl")].concat(),
         );
         let norm = module("norm", include_str!("wgsl/norm.wgsl"));
+        let quantize = module("quantize", include_str!("wgsl/quantize.wgsl"));
         let elementwise = module("elementwise", include_str!("wgsl/elementwise.wgsl"));
         // The 8-bit K/V rotation comes first in both kernels that need it.
         let wht = include_str!("wgsl/wht.wgsl");
@@ -168,17 +203,24 @@ impl Kernels {
             q8_inputs: Format::ALL
                 .iter()
                 .map(|f| {
-                    let format = [("FORMAT", f.wgsl() as f64)];
-                    Q8_INPUT_FORMATS
-                        .contains(f)
-                        .then(|| pipeline_with(&matmul, "main", &format))
+                    let format = ("FORMAT", f.wgsl() as f64);
+                    if Q8_INPUT_FORMATS.contains(f) {
+                        Some((pipeline_with(&matmul, "main", &[format]), Input::Q8))
+                    } else if Q8K_INPUT_FORMATS.contains(f) {
+                        let chunk = [format, ("CHUNK", 256.0)];
+                        let kernel = Kernel {
+                            chunk: 256,
+                            ..pipeline_with(&matmul_k, "main", &chunk)
+                        };
+                        Some((kernel, Input::Q8K))
+                    } else {
+                        None
+                    }
                 })
                 .collect(),
             f32_inputs,
-            quantize: pipeline(
-                &module("quantize", include_str!("wgsl/quantize.wgsl")),
-                "main",
-            ),
+            quantize: pipeline(&quantize, "main"),
+            quantize_k: pipeline(&quantize, "q8k"),
             rope: pipeline(&module("rope", include_str!("wgsl/rope.wgsl")), "main"),
             kv_store: pipeline(&kv_store, "main"),
             attention: pipeline(&attention, "main"),
@@ -202,16 +244,28 @@ impl Kernels {
         &self.f32_inputs[format.wgsl() as usize]
     }
 
-    /// The matmul on 8-bit inputs for matrices in `format`, where it has one.
-    pub fn q8_inputs(&self, format: Format) -> Option<&Kernel> {
-        self.q8_inputs[format.wgsl() as usize].as_ref()
+    /// The matmul on 8-bit inputs for matrices in `format`, where it has one, and the
+    /// blocks it reads.
+    pub fn q8_inputs(&self, format: Format) -> Option<(&Kernel, Input)> {
+        let (kernel, input) = self.q8_inputs[format.wgsl() as usize].as_ref()?;
+        Some((kernel, *input))
+    }
+
+    /// The matmul for matrices in `format` and what it reads: with llama.cpp's
+    /// arithmetic (`llama`), 8-bit inputs where the format has a kernel for them.
+    pub fn matmul_for(&self, format: Format, llama: bool) -> (&Kernel, Input) {
+        match self.q8_inputs(format).filter(|_| llama) {
+            Some(q8) => q8,
+            None => (self.f32_inputs(format), Input::F32),
+        }
     }
 
     /// Records a matmul `kernel` over rows `first..first + n` of a matrix with `k`
     /// inputs (`w` holds those rows): `y[r, first + o] (+)= a[r] · W[first + o]` for
     /// `rows` rows of `a`, y's rows `stride` wide. The work split is
-    /// `matmul_common.wgsl`'s: as many lanes per output as the input has chunks of 32
-    /// (a power of two, at most [`WG`]), or one lane per output where `wide` is off.
+    /// `matmul_common.wgsl`'s: as many lanes per output as the input has chunks (of
+    /// the kernel's 32 or 256; a power of two, at most [`WG`]), or one lane per output
+    /// where `wide` is off.
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
@@ -225,7 +279,7 @@ impl Kernels {
         add: bool,
     ) {
         let lanes = match self.wide {
-            true => (k as u32 / 32).next_power_of_two().min(WG),
+            true => (k as u32 / kernel.chunk).next_power_of_two().min(WG),
             false => 1,
         };
         let columns = (n as u32).div_ceil(WG / lanes);

@@ -3,13 +3,16 @@
 //! multiplied as a widened (f32) matrix: the same bits, for every format the kernel
 //! decodes, on random blocks and random activations, for 1, 3 and 9 activation rows
 //! (one call of 8 rows and a remainder), with either work split of the kernels.
+//! And the K-quants' matmul on 8-bit inputs (llama.cpp's arithmetic) against the CPU
+//! backend's own: the same 8-bit blocks, and the products within rounding.
 //! Skipped, with the reason printed, without a Vulkan adapter.
 
 use crate::arena::Arena;
 use crate::device::Gpu;
-use crate::kernels::{Kernel, Kernels};
+use crate::kernels::{Input, Kernel, Kernels, Q8K_WORDS};
 use crate::weights::{Format, Matrix};
 use folio::gguf::GgmlType;
+use folio::internals::{self as cpu, BlockQ8K};
 use folio::model::dequantize;
 
 struct Rng(u64);
@@ -91,6 +94,164 @@ fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usi
     let staging = gpu.staging(bytes);
     encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, bytes);
     gpu.finish(encoder, &staging, bytes).unwrap()
+}
+
+/// `a` (`rows` × `m.cols`) into 8-bit blocks of 256 (`quantize.wgsl`'s `q8k`) and
+/// those · `m`ᵀ with the matrix's kernel on them, recorded as a step records: the
+/// products and the blocks' words, read back.
+fn run_q8k(gpu: &Gpu, k: &Kernels, m: &Matrix, a: &[f32], rows: usize) -> (Vec<f32>, Vec<u32>) {
+    let (kernel, input) = k.matmul_for(m.format, true);
+    assert_eq!(input, Input::Q8K);
+    let a = gpu.upload("a", bytemuck::cast_slice(a));
+    let y_bytes = (rows * m.rows * 4) as u64;
+    let q_bytes = (rows * m.cols / 256 * Q8K_WORDS * 4) as u64;
+    let y = gpu.scratch("y", y_bytes);
+    let aq = gpu.scratch("aq", q_bytes);
+    let mut arena = Arena::default();
+    let mut encoder = loop {
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        let rec = arena.recorder(gpu);
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            let params = [m.cols as u32, rows as u32];
+            let groups = ((m.cols as u32 / 256).div_ceil(64), rows as u32);
+            rec.dispatch(&mut pass, &k.quantize_k, &params, &[&a, &aq], groups);
+            let bufs = [&m.pieces[0].0, &aq, &y];
+            let shape = (m.cols, 0, m.rows);
+            k.matmul(&rec, &mut pass, kernel, bufs, shape, rows, m.rows, false);
+        }
+        if rec.finish().is_ok() {
+            break encoder;
+        }
+    };
+    let staging = gpu.staging(y_bytes + q_bytes);
+    encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, y_bytes);
+    encoder.copy_buffer_to_buffer(&aq, 0, &staging, y_bytes, q_bytes);
+    let out = gpu.finish(encoder, &staging, y_bytes + q_bytes).unwrap();
+    let (y, q) = out.split_at(rows * m.rows);
+    (y.to_vec(), q.iter().map(|v| v.to_bits()).collect())
+}
+
+/// The host's 8-bit blocks of 256 in the device's words: d, the 256 values four to a
+/// word, then each 16's sum a word.
+fn q8k_words(blocks: &[BlockQ8K]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for b in blocks {
+        out.push(b.d.to_bits());
+        out.extend(
+            b.qs.chunks(4)
+                .map(|q| u32::from_le_bytes(std::array::from_fn(|e| q[e] as u8))),
+        );
+        out.extend(b.bsums.iter().map(|&s| s as i32 as u32));
+    }
+    out
+}
+
+#[test]
+fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
+    let gpu = match Gpu::open(true) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
+            return;
+        }
+    };
+    let mut k = Kernels::new(&gpu).unwrap();
+    let isa = cpu::isa();
+    let pool = cpu::ThreadPool::new(1).unwrap();
+    let mut rng = Rng(7);
+    let formats = [
+        (GgmlType::Q2_K, Format::Q2K),
+        (GgmlType::Q3_K, Format::Q3K),
+        (GgmlType::Q4_K, Format::Q4K),
+        (GgmlType::Q5_K, Format::Q5K),
+        (GgmlType::Q6_K, Format::Q6K),
+    ];
+    let mut worst = 0f64;
+    // (wide split, inputs, most workgroups a dispatch): one super-block a row, eight
+    // (one a lane when wide), and dispatches of 3 workgroups.
+    for (wide, cols, max_groups) in [
+        (false, 256, k.max_groups),
+        (true, 256, k.max_groups),
+        (false, 2048, k.max_groups),
+        (true, 2048, k.max_groups),
+        (true, 2048, 3),
+    ] {
+        (k.wide, k.max_groups) = (wide, max_groups);
+        let n = 70;
+        for (ty, format) in formats {
+            let bytes = random_blocks(&mut rng, ty, n, cols);
+            let widened = dequantize(ty, n, cols, &bytes).unwrap();
+            let m = Matrix {
+                pieces: vec![(gpu.upload("w", &bytes), 0, n)],
+                format,
+                rows: n,
+                cols,
+                bytes: bytes.len(),
+            };
+            let mut host = cpu::QMatrix::new_for(isa, ty, n, cols, &bytes).unwrap();
+            host.lay_out_for(isa, true);
+            for rows in [1, 3, 9] {
+                let mut a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+                // A row with a NaN: NaN products on both.
+                if rows == 3 {
+                    a[cols + 5] = f32::NAN;
+                }
+                let case =
+                    format!("{ty}, {n} x {cols}, {rows} rows, wide {wide}, {max_groups} groups");
+                let (got, words) = run_q8k(&gpu, &k, &m, &a, rows);
+                let mut blocks = vec![
+                    BlockQ8K {
+                        d: 0.0,
+                        qs: [0; 256],
+                        bsums: [0; 16]
+                    };
+                    rows * cols / 256
+                ];
+                cpu::quantize_q8k(isa, &a, &mut blocks);
+                // NaN blocks: the same NaN scale, whatever its payload.
+                let canon = |w: Vec<u32>| -> Vec<u32> {
+                    w.chunks(Q8K_WORDS)
+                        .flat_map(|b| {
+                            let nan = f32::from_bits(b[0]).is_nan();
+                            let d = if nan { f32::NAN.to_bits() } else { b[0] };
+                            std::iter::once(d).chain(b[1..].iter().copied().map(move |v| {
+                                if nan {
+                                    0
+                                } else {
+                                    v
+                                }
+                            }))
+                        })
+                        .collect()
+                };
+                assert!(
+                    canon(words) == canon(q8k_words(&blocks)),
+                    "{case}: 8-bit blocks"
+                );
+                let mut act = cpu::Activations::default();
+                act.set(&a, rows, cols);
+                let mut want = vec![0f32; rows * n];
+                cpu::matmul(&pool, isa, &mut act, &mut [(&host, &mut want)]);
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    let (r, o) = (i / n, i % n);
+                    if r == 1 && rows == 3 {
+                        assert!(g.is_nan() && w.is_nan(), "{case}: output {i}: {g} {w}");
+                        continue;
+                    }
+                    // The sums' order differs (per super-block on the GPU, per 32 in
+                    // the CPU's sixteen-row kernels): within rounding of the terms' size.
+                    let size: f64 = (0..cols)
+                        .map(|c| (widened[o * cols + c] as f64 * a[r * cols + c] as f64).abs())
+                        .sum();
+                    let err = (g as f64 - w as f64).abs() / size;
+                    worst = worst.max(err);
+                    assert!(err <= 1e-6, "{case}: output {i}: {g} against {w}");
+                }
+            }
+        }
+    }
+    eprintln!("K-quants on 8-bit inputs: largest difference from the CPU's {worst:.2e} of the terms' size");
 }
 
 #[test]

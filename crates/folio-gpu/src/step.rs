@@ -14,7 +14,7 @@
 
 use crate::arena::Arena;
 use crate::device::Gpu;
-use crate::kernels::{Kernel, Kernels, Q8_WORDS, WG};
+use crate::kernels::{Input, Kernels, Q8K_WORDS, Q8_WORDS, WG};
 use crate::pool::Pool;
 use crate::table::StepTable;
 use crate::weights::{Matrix, Weights};
@@ -111,10 +111,30 @@ impl Step<'_> {
         let vnew = arena.buffer(gpu, "v new", fbytes(kv_len));
         let hp = arena.buffer(gpu, "head input", fbytes(npick * d));
         let widest = d.max(qd).max(ff);
+        // The 8-bit inputs the model's matmuls read (llama.cpp's arithmetic): in
+        // blocks of 32, and of 256 for the K-quants.
+        let reads = |input| {
+            w.matrices()
+                .any(|m| k.matmul_for(m.format, self.llama).1 == input)
+        };
+        let (q8, q8k) = (reads(Input::Q8), reads(Input::Q8K));
         let aq = arena.buffer(
             gpu,
             "8-bit input",
-            fbytes(n.max(npick) * widest / 32 * Q8_WORDS),
+            fbytes(if q8 {
+                n.max(npick) * widest / 32 * Q8_WORDS
+            } else {
+                0
+            }),
+        );
+        let akq = arena.buffer(
+            gpu,
+            "8-bit input (256)",
+            fbytes(if q8k {
+                n.max(npick) * widest / 256 * Q8K_WORDS
+            } else {
+                0
+            }),
         );
         let logits = arena.buffer(gpu, "logits", fbytes(npick * c.vocab));
         let states = arena.buffer(gpu, "states", fbytes(nhid * d));
@@ -163,24 +183,29 @@ impl Step<'_> {
                         (rows as u32, 1),
                     );
                 };
-                // A matmul input into 8-bit blocks (in `aq`), for the matrices after it.
+                // A matmul input into 8-bit blocks (in `aq`, and in blocks of 256 in
+                // `akq` where its width is whole blocks), for the matrices after it.
                 let quantize = |p: &mut wgpu::ComputePass<'_>, a, width: usize, rows: usize| {
-                    if !self.llama {
-                        return;
-                    }
-                    let groups = ((width as u32 / 32).div_ceil(WG), rows as u32);
                     let params = [width as u32, rows as u32];
-                    rec.dispatch(p, &k.quantize, &params, &[a, &aq], groups);
+                    if q8 {
+                        let groups = ((width as u32 / 32).div_ceil(WG), rows as u32);
+                        rec.dispatch(p, &k.quantize, &params, &[a, &aq], groups);
+                    }
+                    if q8k && width.is_multiple_of(256) {
+                        let groups = ((width as u32 / 256).div_ceil(WG), rows as u32);
+                        rec.dispatch(p, &k.quantize_k, &params, &[a, &akq], groups);
+                    }
                 };
                 // `a` · `m`ᵀ into `y` (added with `add`): with llama.cpp's arithmetic the
-                // quantized formats read `aq`, which holds `a` quantized.
+                // quantized formats read `aq` or `akq`, which hold `a` quantized.
                 let matmul =
                     |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows: usize, add: bool| {
-                        let (kernel, input): (&Kernel, &wgpu::Buffer) =
-                            match k.q8_inputs(m.format).filter(|_| self.llama) {
-                                Some(q8) => (q8, &aq),
-                                None => (k.f32_inputs(m.format), a),
-                            };
+                        let (kernel, input) = k.matmul_for(m.format, self.llama);
+                        let input = match input {
+                            Input::F32 => a,
+                            Input::Q8 => &aq,
+                            Input::Q8K => &akq,
+                        };
                         for (buf, first, n) in &m.pieces {
                             let shape = (m.cols, *first, *n);
                             let bufs = [buf, input, y];

@@ -118,15 +118,18 @@ pub(crate) struct Weights {
 }
 
 impl Weights {
+    /// Every matrix: each layer's, then the head.
+    pub fn matrices(&self) -> impl Iterator<Item = &Matrix> {
+        let per_layer = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        per_layer.chain([&self.head])
+    }
+
     /// Bytes of weights one decode step reads.
     pub fn bytes_per_token(&self) -> usize {
-        let per_layer = self.layers.iter().map(|l| {
-            [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                .iter()
-                .map(|m| m.bytes)
-                .sum::<usize>()
-        });
-        per_layer.sum::<usize>() + self.head.bytes
+        self.matrices().map(|m| m.bytes).sum()
     }
 }
 

@@ -8,11 +8,10 @@
 //! V) matches to 4e-8 of the range for Q8_0 and F16, so the block decoding and the
 //! 8-bit dot products are the CPU's; the later positions differ by up to 1.3e-2
 //! (Q8_0) and 1.7e-3 (F16) from attention's arithmetic (the CPU's rounds Q and its
-//! accumulator to f16 as llama.cpp's does). Q4_0, Q5_0, Q5_1 and IQ4_NL take 8-bit
-//! inputs as Q8_0 does (their first position within 1e-6, asserted); the K-quants
-//! take f32 inputs on the GPU against the CPU's 8-bit ones (the figures are printed). That the
-//! block kernels decode exactly as the CPU does is `matmul_tests.rs`' (the same bits
-//! as the widened matrix).
+//! accumulator to f16 as llama.cpp's does). Every quantized format takes 8-bit inputs
+//! as Q8_0 does, the K-quants in blocks of 256 (their first position within 1e-6,
+//! asserted). That the block kernels decode exactly as the CPU does is
+//! `matmul_tests.rs`' (the same bits as the widened matrix).
 //!
 //! Without a Vulkan adapter the test says so and returns.
 
@@ -129,11 +128,12 @@ fn other_weight_formats_match_the_cpu() {
         let (first, worst) = errors(&cpu, &gpu.unwrap());
         eprintln!("{name}: first position {first:.2e}, worst error {worst:.2e} of the logit range");
         assert!(worst <= TOLERANCE, "{name}: {worst}");
-        // The formats in blocks of 32 take the CPU's integer dot products with 8-bit
-        // inputs on the GPU too: the first position's logits differ only in the sums'
-        // order (measured 3.6e-8 to 1.1e-7; with f32 inputs on the GPU, 4.8e-3 to
-        // 7.6e-3).
-        if ["q8_0", "q4_0", "q5_0", "q5_1", "iq4_nl"].contains(&name) {
+        // Every quantized format takes the CPU's integer dot products with 8-bit
+        // inputs on the GPU too (the K-quants on blocks of 256): the first position's
+        // logits differ only in the sums' order (measured 0 to 1.1e-7; with f32
+        // inputs on the GPU, 4.8e-3 to 7.6e-3 for the formats in blocks of 32 and
+        // 1.1e-3 to 1.5e-2 for the K-quants).
+        if name != "f16" {
             assert!(first <= 1e-6, "{name}: first position {first}");
         }
     }

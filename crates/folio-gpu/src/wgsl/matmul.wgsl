@@ -5,14 +5,10 @@
 // comes first: the parameters, the format, the work split, the store.)
 @group(0) @binding(2) var<storage, read> aq: array<u32>;
 
-// Four signed bytes times four signed bytes, summed.
+// Four signed bytes times four signed bytes, summed (one instruction where the device
+// has 8-bit dot products: naga emits SPIR-V's OpSDot, or unpacks the bytes).
 fn dot4(x: u32, y: u32) -> i32 {
-    var s = 0;
-    for (var e = 0u; e < 4u; e++) {
-        let sh = 24u - 8u * e;
-        s += (bitcast<i32>(x << sh) >> 24u) * (bitcast<i32>(y << sh) >> 24u);
-    }
-    return s;
+    return dot4I8Packed(x, y);
 }
 
 // IQ4_NL's 16 levels (GGUF's fixed table), as integers.

@@ -4,13 +4,15 @@
 // a matrix starting at its row `at`; y's rows are `stride` wide).
 //
 // The work split: `lanes` invocations (a power of two, up to 64; one on a software
-// adapter, `Kernels::wide`) share one output column, each taking every lanes-th chunk of 32 inputs (lane l: chunks l,
-// l + lanes, ...), so neighbouring invocations read neighbouring weight bytes; a
-// workgroup of 64 holds 64 / lanes columns. Each lane adds its chunks' products for up
-// to TR rows of `a` (a chunk is decoded once per TR rows) through the kernel's own
-// `chunk`; the lanes' sums are then added pairwise in workgroup memory (lane l takes
-// lane l + s's, s = lanes / 2, ..., 1). Chunks, their order and the pairing depend only
-// on k and lanes, not on the format: a matrix in its blocks and the same matrix
+// adapter, `Kernels::wide`) share one output column, each taking every lanes-th chunk
+// of CHUNK inputs (lane l: chunks l, l + lanes, ...), so neighbouring invocations read
+// neighbouring weight bytes; a workgroup of 64 holds 64 / lanes columns. A chunk is 32
+// inputs, or a K-quant's super-block of 256 where the kernel reads 8-bit inputs in
+// blocks of 256 (`matmul_k.wgsl`). Each lane adds its chunks' products for up to TR
+// rows of `a` (a chunk is decoded once per TR rows) through the kernel's own `chunk`;
+// the lanes' sums are then added pairwise in workgroup memory (lane l takes lane l +
+// s's, s = lanes / 2, ..., 1). Chunks, their order and the pairing depend only on k,
+// CHUNK and lanes, not on the format: a matrix in its blocks and the same matrix
 // widened to f32 give the same bits. Dispatch: (groups of columns, ceil(rows / TR)),
 // the first in several dispatches where it is large (`Kernels::matmul`): workgroup x
 // of a dispatch takes column group g0 + x.
@@ -21,6 +23,8 @@ struct P { k: u32, n: u32, rows: u32, add: u32, stride: u32, at: u32, lanes: u32
 
 // The weight format (a pipeline constant: the compiler drops the other decodings).
 override FORMAT: u32 = 0u;
+// Inputs per chunk (a pipeline constant: 32, or 256 in `matmul_k.wgsl`).
+override CHUNK: u32 = 32u;
 const Q4_0: u32 = 0u;
 const Q4_1: u32 = 1u;
 const Q5_0: u32 = 2u;
@@ -48,7 +52,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let nr = min(TR, p.rows - r0);
     var acc: array<f32, 8>;
     if (o < p.n) {
-        for (var c = lane; c < p.k / 32u; c += p.lanes) {
+        for (var c = lane; c < p.k / CHUNK; c += p.lanes) {
             chunk(&acc, o, c, r0, nr);
         }
     }

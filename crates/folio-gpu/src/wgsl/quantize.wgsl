@@ -39,3 +39,56 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     aq[dst] = bitcast<u32>(quantizeToF16(d));
     aq[dst + 1u] = bitcast<u32>(quantizeToF16(d * f32(sum)));
 }
+
+// Activations into 8-bit blocks of 256 for the K-quants' matmuls (`matmul_k.wgsl`), as
+// the CPU path (and llama.cpp's `quantize_row_q8_K_ref`) quantizes them: per 256
+// values, the first of largest magnitude, big, maps to -127 (iscale = -127 / big), q =
+// min(round-half-even(x * iscale), 127), d = 1 / iscale (f32); a block with a NaN has
+// d = NaN (every product with it NaN, as on the host). A block is 81 words: d, the 256
+// q as four signed bytes per word, then the 16 sums of each 16 q. Dispatch:
+// (ceil(blocks / 64), rows).
+@compute @workgroup_size(64)
+fn q8k(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let b = gid.x;
+    let r = gid.y;
+    let nb = p.k / 256u;
+    if (r >= p.rows || b >= nb) {
+        return;
+    }
+    let src = r * p.k + b * 256u;
+    let dst = (r * nb + b) * 81u;
+    var big = 0.0;
+    var amax = 0.0;
+    var nan = false;
+    for (var i = 0u; i < 256u; i++) {
+        let v = a[src + i];
+        // NaN by its bits: a compiler may take `v != v` to be false.
+        nan = nan || (bitcast<u32>(v) & 0x7FFFFFFFu) > 0x7F800000u;
+        if (abs(v) > amax) {
+            amax = abs(v);
+            big = v;
+        }
+    }
+    if (amax == 0.0 || nan) {
+        for (var i = 1u; i < 81u; i++) {
+            aq[dst + i] = 0u;
+        }
+        aq[dst] = select(0u, 0x7FC00000u, nan);
+        return;
+    }
+    let iscale = -127.0 / big;
+    for (var s = 0u; s < 16u; s++) {
+        var sum = 0;
+        for (var w = 0u; w < 4u; w++) {
+            var word = 0u;
+            for (var e = 0u; e < 4u; e++) {
+                let q = min(i32(round(iscale * a[src + 16u * s + 4u * w + e])), 127);
+                sum += q;
+                word |= (u32(q) & 0xFFu) << (8u * e);
+            }
+            aq[dst + 1u + 4u * s + w] = word;
+        }
+        aq[dst + 65u + s] = bitcast<u32>(sum);
+    }
+    aq[dst] = bitcast<u32>(1.0 / iscale);
+}
