@@ -80,6 +80,9 @@ PY
 bench=${LENT_BENCH:---pp 512 --tg 128 --reps 3 --batch-figures}
 echo "== folio bench --device gpu $bench"
 FOLIO_LOG=info timeout 300 "$lent/folio" bench --model "$model" --device gpu --no-llama $bench
+echo "== the same at batch 1, the matmuls' lane sums in workgroup memory (what subgroups are worth)"
+timeout 120 "$lent/folio" bench --model "$model" --device gpu --no-llama --gpu-no-subgroups \
+    --pp 512 --tg 64 --reps 2
 echo "== host time per decode step (median over 32 steps: recording, and the whole step)"
 FOLIO_LOG=folio_gpu=debug timeout 120 "$lent/folio" generate --model "$model" --device gpu \
     --temperature 0 --max-tokens 33 "The history of the printing press" 2>&1 >/dev/null |

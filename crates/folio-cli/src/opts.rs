@@ -64,6 +64,22 @@ pub struct ModelArgs {
     /// stays on the CPU, with a log line.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     pub device: DeviceArg,
+    /// The GPU matmuls' work split: `wide` (many lanes share an output: what a GPU
+    /// wants), `narrow` (a lane an output: what a software adapter runs fastest),
+    /// `auto` (by the adapter's kind). The logits differ in their last bits.
+    #[arg(long, value_enum, default_value_t = SplitArg::Auto)]
+    pub gpu_split: SplitArg,
+    /// Add the GPU matmuls' lane sums in workgroup memory even where the device has
+    /// subgroups (the same bits; for measuring what subgroups are worth).
+    #[arg(long)]
+    pub gpu_no_subgroups: bool,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitArg {
+    Auto,
+    Wide,
+    Narrow,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,10 +247,13 @@ impl ModelArgs {
         };
         let llama = self.llama_arithmetic;
         let onto = |g: &folio::gguf::Gguf, c: &folio::model::Config| {
-            let b = folio_gpu::GpuBackend::load_from(gpu, g, c)?;
-            Ok::<Box<dyn folio::model::Backend>, folio_gpu::GpuError>(Box::new(
-                b.with_llama_arithmetic(llama),
-            ))
+            let mut b = folio_gpu::GpuBackend::load_from(gpu, g, c)?
+                .with_llama_arithmetic(llama)
+                .with_subgroups(!self.gpu_no_subgroups)?;
+            if self.gpu_split != SplitArg::Auto {
+                b = b.with_wide_matmuls(self.gpu_split == SplitArg::Wide);
+            }
+            Ok::<Box<dyn folio::model::Backend>, folio_gpu::GpuError>(Box::new(b))
         };
         let (m, placed) = Model::load_onto(path, self.threads, onto).with_context(loading)?;
         match placed {

@@ -697,7 +697,8 @@ fn run_prints_what_an_inferlet_emits_and_matches_generate() {
 /// `--device`: `auto` stays on the CPU where the only Vulkan adapter is a software one
 /// (lavapipe, as in CI) or there is none, saying why at `FOLIO_LOG=info`; `gpu` runs on
 /// lavapipe, and its greedy answer is the CPU's on this prompt, over f16 and over 8-bit
-/// K/V (`--kv-dtype q8_0`). Without any adapter, `gpu` is an error naming the flag (and
+/// K/V (`--kv-dtype q8_0`); `--gpu-split wide` gives the same text with and without
+/// `--gpu-no-subgroups`. Without any adapter, `gpu` is an error naming the flag (and
 /// the rest is skipped).
 #[test]
 fn the_device_flag_picks_the_backend_or_says_why_not() {
@@ -741,4 +742,42 @@ fn the_device_flag_picks_the_backend_or_says_why_not() {
     let log = String::from_utf8_lossy(&gpu.stderr).to_string();
     assert!(log.contains("the forward pass runs on the GPU"), "{log}");
     assert_eq!(json(&gpu)["text"], json(&cpu)["text"], "{log}");
+    // `--gpu-split wide`, its lanes' sums added within subgroups (where the adapter
+    // has them: lavapipe does) and in workgroup memory (`--gpu-no-subgroups`): the same
+    // bits, so the same text; the log names the split and the sums.
+    let wide = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "The capital of France is",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "4",
+            "--json",
+            "--device",
+            "gpu",
+            "--gpu-split",
+            "wide",
+        ];
+        args.extend(extra);
+        let out = folio_with(&args, None, &[("FOLIO_LOG", "info")]);
+        let log = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(log.contains("matmuls wide, lane sums in"), "{log}");
+        (json(&out)["text"].clone(), log)
+    };
+    let (in_subgroups, log) = wide(&[]);
+    let (in_memory, memory_log) = wide(&["--gpu-no-subgroups"]);
+    assert!(
+        memory_log.contains("lane sums in workgroup memory"),
+        "{memory_log}"
+    );
+    eprintln!(
+        "--gpu-split wide: {}",
+        if log.contains("lane sums in subgroups") {
+            "subgroups"
+        } else {
+            "no subgroups here"
+        }
+    );
+    assert_eq!(in_subgroups, in_memory, "{log}");
 }

@@ -62,6 +62,7 @@ impl GpuBackend {
             adapter = %gpu.adapter().name,
             widened = weights.widened,
             bytes = weights.bytes_per_token(),
+            subgroup = ?kernels.subgroup,
             "gpu: weights uploaded"
         );
         Ok(GpuBackend {
@@ -106,6 +107,19 @@ impl GpuBackend {
     pub fn with_wide_matmuls(mut self, on: bool) -> Self {
         self.kernels.wide = on;
         self
+    }
+
+    /// The same backend with the matmuls' lane sums added within subgroups where the
+    /// device has them (the default), or (`on` false) in workgroup memory: the same
+    /// bits either way (`reduce_subgroup.wgsl`); for measuring what subgroups are worth.
+    /// The kernels are compiled again.
+    pub fn with_subgroups(mut self, on: bool) -> Result<Self, GpuError> {
+        if on != self.kernels.subgroup.is_some() {
+            let (wide, max_groups) = (self.kernels.wide, self.kernels.max_groups);
+            self.kernels = Kernels::with_subgroups(&self.gpu, on)?;
+            (self.kernels.wide, self.kernels.max_groups) = (wide, max_groups);
+        }
+        Ok(self)
     }
 
     /// The same backend with attention split at every `keys` keys (`attention.wgsl`;
@@ -187,7 +201,16 @@ impl Backend for GpuBackend {
     fn describe(&self) -> String {
         let a = self.gpu.adapter();
         let kind = if a.software { ", software" } else { "" };
-        format!("gpu {} ({}{kind}) wgpu/vulkan", a.name, a.driver.trim())
+        let split = if self.kernels.wide { "wide" } else { "narrow" };
+        let sums = match self.kernels.subgroup {
+            Some(size) => format!("in subgroups of {size}"),
+            None => "in workgroup memory".into(),
+        };
+        format!(
+            "gpu {} ({}{kind}) wgpu/vulkan, matmuls {split}, lane sums {sums}",
+            a.name,
+            a.driver.trim()
+        )
     }
 
     fn threads(&self) -> usize {

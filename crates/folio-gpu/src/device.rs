@@ -23,6 +23,10 @@ pub struct Gpu {
     pub(crate) queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
+    /// The subgroup size, where the device runs subgroup operations in subgroups of
+    /// one fixed size (a power of two up to 64; `kernels.rs` checks how they are laid
+    /// out before using them).
+    pub(crate) subgroup: Option<u32>,
     /// Why the device can no longer be used (lost), once it is so.
     lost: Arc<Mutex<Option<String>>>,
 }
@@ -98,9 +102,19 @@ impl Gpu {
         // The adapter's own limits: storage bindings as large as it binds, the
         // storage buffers per stage the kernels use (8).
         let limits = adapter.limits();
+        let info = adapter.get_info();
+        let size = info.subgroup_min_size;
+        let subgroup = (adapter.features().contains(wgpu::Features::SUBGROUP)
+            && size == info.subgroup_max_size
+            && size.is_power_of_two()
+            && size <= 64)
+            .then_some(size);
         let desc = wgpu::DeviceDescriptor {
             label: Some("folio"),
-            required_features: wgpu::Features::empty(),
+            required_features: match subgroup {
+                Some(_) => wgpu::Features::SUBGROUP,
+                None => wgpu::Features::empty(),
+            },
             required_limits: limits.clone(),
             ..Default::default()
         };
@@ -120,8 +134,9 @@ impl Gpu {
         Ok(Gpu {
             device,
             queue,
-            info: adapter.get_info(),
+            info,
             limits,
+            subgroup,
             lost,
         })
     }

@@ -80,6 +80,9 @@ pub(crate) struct Kernels {
     /// The most workgroups one matmul dispatch has along its columns ([`MAX_GROUPS`];
     /// a test sets fewer).
     pub max_groups: u32,
+    /// The subgroup size the matmuls' lanes add their sums within
+    /// (`reduce_subgroup.wgsl`), or none (`reduce_workgroup.wgsl`): the same bits.
+    pub subgroup: Option<u32>,
 }
 
 /// Workgroup width of every kernel.
@@ -130,16 +133,27 @@ pub(crate) const Q8K_INPUT_FORMATS: [Format; 5] = [
 ];
 
 impl Kernels {
-    /// Every kernel compiled for `gpu`; a shader or pipeline the device refuses is
+    /// Every kernel compiled for `gpu`, the matmuls' sums added within subgroups where
+    /// the device has them in order; a shader or pipeline the device refuses is
     /// [`GpuError::Device`].
     pub fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        Self::with_subgroups(gpu, true)
+    }
+
+    /// [`Kernels::new`], or (`subgroups` false) with the sums added in workgroup
+    /// memory whatever the device has.
+    pub fn with_subgroups(gpu: &Gpu, subgroups: bool) -> Result<Self, GpuError> {
+        let subgroup = match gpu.subgroup.filter(|_| subgroups) {
+            Some(size) => subgroups_in_order(gpu, size)?.then_some(size),
+            None => None,
+        };
         gpu.scoped_as(
-            || Ok(Self::compile(gpu)),
+            || Ok(Self::compile(gpu, subgroup)),
             |e| GpuError::Device(format!("compiling the kernels: {e}")),
         )
     }
 
-    fn compile(gpu: &Gpu) -> Self {
+    fn compile(gpu: &Gpu, subgroup: Option<u32>) -> Self {
         let module = |name: &str, src: &str| {
             gpu.device
                 .create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -164,20 +178,33 @@ impl Kernels {
             )
         };
         let pipeline = |m: &wgpu::ShaderModule, entry: &str| pipeline_with(m, entry, &[]);
-        // The matmul kernels' files follow their common part.
+        // The matmul kernels' files follow their common part and its reduction; every
+        // matmul pipeline gets the subgroup size where the reduction takes one (naga
+        // reads subgroup operations on a device with the feature, without WGSL's
+        // `enable subgroups`, which it does not parse yet).
+        let reduce = match subgroup {
+            Some(_) => include_str!("wgsl/reduce_subgroup.wgsl"),
+            None => include_str!("wgsl/reduce_workgroup.wgsl"),
+        };
         let common = include_str!("wgsl/matmul_common.wgsl");
-        let matmul = module(
-            "matmul",
-            &[common, include_str!("wgsl/matmul.wgsl")].concat(),
-        );
-        let matmul_k = module(
-            "matmul_k",
-            &[common, include_str!("wgsl/matmul_k.wgsl")].concat(),
-        );
-        let matmul_f32_inputs = module(
+        let matmul_module =
+            |name: &str, kernel: &str| module(name, &[common, reduce, kernel].concat());
+        let matmul = matmul_module("matmul", include_str!("wgsl/matmul.wgsl"));
+        let matmul_k = matmul_module("matmul_k", include_str!("wgsl/matmul_k.wgsl"));
+        let matmul_f32_inputs = matmul_module(
             "matmul_f32_inputs",
-            &[common, include_str!("wgsl/matmul_f32_inputs.wgsl")].concat(),
+            include_str!("wgsl/matmul_f32_inputs.wgsl"),
         );
+        let sg = subgroup.map(|s| ("SG", s as f64));
+        let matmul_pipeline = |m: &wgpu::ShaderModule, format: Format, chunk: Option<f64>| {
+            let mut constants = vec![("FORMAT", format.wgsl() as f64)];
+            constants.extend(sg);
+            constants.extend(chunk.map(|c| ("CHUNK", c)));
+            Kernel {
+                chunk: chunk.map_or(32, |c| c as u32),
+                ..pipeline_with(m, "main", &constants)
+            }
+        };
         let norm = module("norm", include_str!("wgsl/norm.wgsl"));
         let quantize = module("quantize", include_str!("wgsl/quantize.wgsl"));
         let elementwise = module("elementwise", include_str!("wgsl/elementwise.wgsl"));
@@ -193,26 +220,17 @@ impl Kernels {
         );
         let f32_inputs = Format::ALL
             .iter()
-            .map(|f| {
-                let format = [("FORMAT", f.wgsl() as f64)];
-                pipeline_with(&matmul_f32_inputs, "main", &format)
-            })
+            .map(|&f| matmul_pipeline(&matmul_f32_inputs, f, None))
             .collect();
         Kernels {
             rms_norm: pipeline(&norm, "picked"),
             q8_inputs: Format::ALL
                 .iter()
-                .map(|f| {
-                    let format = ("FORMAT", f.wgsl() as f64);
-                    if Q8_INPUT_FORMATS.contains(f) {
-                        Some((pipeline_with(&matmul, "main", &[format]), Input::Q8))
-                    } else if Q8K_INPUT_FORMATS.contains(f) {
-                        let chunk = [format, ("CHUNK", 256.0)];
-                        let kernel = Kernel {
-                            chunk: 256,
-                            ..pipeline_with(&matmul_k, "main", &chunk)
-                        };
-                        Some((kernel, Input::Q8K))
+                .map(|&f| {
+                    if Q8_INPUT_FORMATS.contains(&f) {
+                        Some((matmul_pipeline(&matmul, f, None), Input::Q8))
+                    } else if Q8K_INPUT_FORMATS.contains(&f) {
+                        Some((matmul_pipeline(&matmul_k, f, Some(256.0)), Input::Q8K))
                     } else {
                         None
                     }
@@ -236,6 +254,7 @@ impl Kernels {
             softcap: pipeline(&elementwise, "softcap"),
             wide: !gpu.adapter().software,
             max_groups: MAX_GROUPS,
+            subgroup,
         }
     }
 
@@ -303,4 +322,66 @@ impl Kernels {
             rec.dispatch(pass, kernel, &params, &[w, a, y], groups);
         }
     }
+}
+
+/// Whether `gpu`'s subgroups of `size` lay a workgroup of [`WG`] out in order
+/// (invocation i is lane i % size of subgroup i / size), as `reduce_subgroup.wgsl`
+/// needs: one workgroup writes each invocation's lane and subgroup size, read back.
+/// Vulkan promises no layout; every driver seen lays them out so.
+fn subgroups_in_order(gpu: &Gpu, size: u32) -> Result<bool, GpuError> {
+    const PROBE: &str = "@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) lane: u32,
+        @builtin(subgroup_size) size: u32) {
+    out[li] = lane | (size << 16u);
+}
+";
+    let seen = gpu
+        .scoped(|| {
+            let module = gpu
+                .device
+                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some("subgroup probe"),
+                    source: wgpu::ShaderSource::Wgsl(PROBE.into()),
+                });
+            let pipeline = gpu
+                .device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some("subgroup probe"),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+            let bytes = u64::from(WG) * 4;
+            let out = gpu.scratch("subgroup probe", bytes);
+            let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: out.as_entire_binding(),
+                }],
+            });
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(1, 1, 1);
+            }
+            let staging = gpu.staging(bytes);
+            encoder.copy_buffer_to_buffer(&out, 0, &staging, 0, bytes);
+            gpu.finish(encoder, &staging, bytes)
+        })
+        .map_err(|e| GpuError::Device(format!("probing the subgroups: {e}")))?;
+    let in_order = seen
+        .iter()
+        .enumerate()
+        .all(|(i, v)| v.to_bits() == (i as u32 % size) | (size << 16));
+    if !in_order {
+        tracing::info!("gpu: subgroups not laid out in order; the matmuls add in workgroup memory");
+    }
+    Ok(in_order)
 }

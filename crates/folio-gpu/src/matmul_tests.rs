@@ -2,7 +2,9 @@
 //! dequantized on the host (`folio::model::dequantize`, the CPU's own decoding) and
 //! multiplied as a widened (f32) matrix: the same bits, for every format the kernel
 //! decodes, on random blocks and random activations, for 1, 3 and 9 activation rows
-//! (one call of 8 rows and a remainder), with either work split of the kernels.
+//! (one call of 8 rows and a remainder), with either work split of the kernels; and
+//! the same bits with the lanes' sums added within subgroups (where the device has
+//! them) as in workgroup memory.
 //! And the K-quants' matmul on 8-bit inputs (llama.cpp's arithmetic) against the CPU
 //! backend's own: the same 8-bit blocks, and the products within rounding.
 //! Skipped, with the reason printed, without a Vulkan adapter.
@@ -157,6 +159,7 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
         }
     };
     let mut k = Kernels::new(&gpu).unwrap();
+    let mut plain = Kernels::with_subgroups(&gpu, false).unwrap();
     let isa = cpu::isa();
     let pool = cpu::ThreadPool::new(1).unwrap();
     let mut rng = Rng(7);
@@ -178,6 +181,7 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
         (true, 2048, 3),
     ] {
         (k.wide, k.max_groups) = (wide, max_groups);
+        (plain.wide, plain.max_groups) = (wide, max_groups);
         let n = 70;
         for (ty, format) in formats {
             let bytes = random_blocks(&mut rng, ty, n, cols);
@@ -200,6 +204,10 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
                 let case =
                     format!("{ty}, {n} x {cols}, {rows} rows, wide {wide}, {max_groups} groups");
                 let (got, words) = run_q8k(&gpu, &k, &m, &a, rows);
+                // The same bits with the lanes' sums added in workgroup memory.
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let in_memory = run_q8k(&gpu, &plain, &m, &a, rows).0;
+                assert!(bits(&got) == bits(&in_memory), "{case}: subgroups");
                 let mut blocks = vec![
                     BlockQ8K {
                         d: 0.0,
@@ -264,6 +272,9 @@ fn block_kernels_give_the_widened_kernels_bits() {
         }
     };
     let mut k = Kernels::new(&gpu).unwrap();
+    let mut plain = Kernels::with_subgroups(&gpu, false).unwrap();
+    eprintln!("subgroups: {:?}", k.subgroup);
+    assert_eq!(plain.subgroup, None);
     let default_groups = k.max_groups;
     let mut rng = Rng(42);
     let formats = [
@@ -297,6 +308,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
     ];
     for (wide, n, cols, max_groups) in shapes {
         (k.wide, k.max_groups) = (wide, max_groups);
+        (plain.wide, plain.max_groups) = (wide, max_groups);
         for (ty, format) in formats {
             if !(cols as u64).is_multiple_of(ty.block_layout().0)
                 || (n > 70 && ty != GgmlType::Q4_0)
@@ -324,6 +336,8 @@ fn block_kernels_give_the_widened_kernels_bits() {
                     k.wide
                 );
                 assert!(bits(&got) == bits(&want), "{case}");
+                let in_memory = run(&gpu, &plain, plain.f32_inputs(format), &blocks, &a, rows);
+                assert!(bits(&got) == bits(&in_memory), "{case}: subgroups");
                 // And the products are what the host computes in f64, to the error an
                 // f32 sum may make (relative to the sum of the terms' sizes).
                 for (i, &g) in got.iter().enumerate() {

@@ -1,5 +1,6 @@
-// What every matmul kernel shares (the kernels' files are appended to this one): the
-// parameters, the weight format, the work split, the reduction and the store.
+// What every matmul kernel shares (a reduction, `reduce_workgroup.wgsl` or
+// `reduce_subgroup.wgsl`, and the kernel's file are appended to this one): the
+// parameters, the weight format, the work split and the store.
 // y[r, at + o] (+)= Σ_c a[r, c] · W[o, c] over the rows of `a`, W's n rows (a piece of
 // a matrix starting at its row `at`; y's rows are `stride` wide).
 //
@@ -10,10 +11,11 @@
 // inputs, or a K-quant's super-block of 256 where the kernel reads 8-bit inputs in
 // blocks of 256 (`matmul_k.wgsl`). Each lane adds its chunks' products for up to TR
 // rows of `a` (a chunk is decoded once per TR rows) through the kernel's own `chunk`;
-// the lanes' sums are then added pairwise in workgroup memory (lane l takes lane l +
-// s's, s = lanes / 2, ..., 1). Chunks, their order and the pairing depend only on k,
-// CHUNK and lanes, not on the format: a matrix in its blocks and the same matrix
-// widened to f32 give the same bits. Dispatch: (groups of columns, ceil(rows / TR)),
+// the lanes' sums are then added pairwise (lane l takes lane l + s's, s = lanes / 2,
+// ..., 1: `column_sums`, in workgroup memory or, where the device has subgroups,
+// within them: the same pairs, so the same bits). Chunks, their order and the pairing
+// depend only on k, CHUNK and lanes, not on the format: a matrix in its blocks and the
+// same matrix widened to f32 give the same bits. Dispatch: (groups of columns, ceil(rows / TR)),
 // the first in several dispatches where it is large (`Kernels::matmul`): workgroup x
 // of a dispatch takes column group g0 + x.
 struct P { k: u32, n: u32, rows: u32, add: u32, stride: u32, at: u32, lanes: u32, g0: u32 }
@@ -56,25 +58,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             chunk(&acc, o, c, r0, nr);
         }
     }
-    for (var i = 0u; i < TR; i++) {
-        part[i * 64u + li] = acc[i];
-    }
-    workgroupBarrier();
-    for (var s = p.lanes / 2u; s > 0u; s /= 2u) {
-        if (lane < s) {
-            for (var i = 0u; i < nr; i++) {
-                part[i * 64u + li] += part[i * 64u + li + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    let sums = column_sums(acc, li, lane, nr);
     if (lane == 0u && o < p.n) {
         for (var i = 0u; i < nr; i++) {
             let yi = (r0 + i) * p.stride + p.at + o;
             if (p.add != 0u) {
-                y[yi] += part[i * 64u + li];
+                y[yi] += sums[i];
             } else {
-                y[yi] = part[i * 64u + li];
+                y[yi] = sums[i];
             }
         }
     }
