@@ -1,7 +1,8 @@
 //! `folio serve --device gpu` over HTTP, at its defaults: a script of the server's
 //! routes whose answers must agree with each other on the GPU backend as they do on
 //! the CPU (run first, on the same script): completions whole, streamed and with
-//! `n = 2` (forked pages) give the same greedy text; a context of a text generates what
+//! `n = 2` (forked pages) give the same greedy text; structured output (a JSON schema)
+//! and a forced tool call are valid for their schema; a context of a text generates what
 //! a completion of it does; a fork truncated back across a page generates; a snapshot
 //! saved and loaded into a new context continues as its context; a prompt longer than
 //! the context is a 400; embeddings agree with the CPU's (cosine); and at the end, the
@@ -68,6 +69,40 @@ fn script(a: SocketAddr) -> (Vec<String>, Vec<f64>) {
             .unwrap()
             .to_string(),
     );
+    // Structured output and a forced tool call: the grammar masks the step's logits
+    // wherever the step ran.
+    let colours = json!({"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}},
+        "required": ["colour"], "additionalProperties": false});
+    let ask = json!({"messages": [{"role": "user", "content": "Pick a colour."}], "max_tokens": 48,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": colours}}});
+    let r = ok(a, "/v1/chat/completions", greedy(ask));
+    assert_eq!(
+        r["choices"][0]["finish_reason"], "stop",
+        "ended by the grammar: {r}"
+    );
+    let content = r["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let picked: Value = serde_json::from_str(&content).unwrap();
+    assert!(
+        ["red", "blue"].contains(&picked["colour"].as_str().unwrap()),
+        "{content}"
+    );
+    got.push(content);
+    let tools = json!([{"type": "function", "function": {"name": "paint", "parameters": colours}}]);
+    let call = json!({"messages": [{"role": "user", "content": "Paint it."}], "max_tokens": 48,
+        "tools": tools, "tool_choice": "required"});
+    let r = ok(a, "/v1/chat/completions", greedy(call));
+    assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
+    let f = &r["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(f["name"], "paint", "{r}");
+    let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        ["red", "blue"].contains(&args["colour"].as_str().unwrap()),
+        "{args}"
+    );
+    got.push(args.to_string());
     // A context of a text generates what a completion of the same text does.
     let doc = "The lighthouse keeper wrote in his log every evening: the wind, the ships, \
                the colour of the sea. "
