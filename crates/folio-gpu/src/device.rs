@@ -104,22 +104,29 @@ impl Gpu {
         let limits = adapter.limits();
         let info = adapter.get_info();
         let size = info.subgroup_min_size;
-        let subgroup = (adapter.features().contains(wgpu::Features::SUBGROUP)
+        let mut subgroup = (adapter.features().contains(wgpu::Features::SUBGROUP)
             && size == info.subgroup_max_size
             && size.is_power_of_two()
             && size <= 64)
             .then_some(size);
-        let desc = wgpu::DeviceDescriptor {
-            label: Some("folio"),
-            required_features: match subgroup {
-                Some(_) => wgpu::Features::SUBGROUP,
-                None => wgpu::Features::empty(),
-            },
-            required_limits: limits.clone(),
-            ..Default::default()
+        let request = |features| {
+            let desc = wgpu::DeviceDescriptor {
+                label: Some("folio"),
+                required_features: features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            };
+            pollster::block_on(adapter.request_device(&desc))
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
-            .map_err(|e| GpuError::Device(e.to_string()))?;
+        // A device refused with subgroups is asked for again without them.
+        let with_subgroups = subgroup.and_then(|_| request(wgpu::Features::SUBGROUP).ok());
+        let (device, queue) = match with_subgroups {
+            Some(got) => got,
+            None => {
+                subgroup = None;
+                request(wgpu::Features::empty()).map_err(|e| GpuError::Device(e.to_string()))?
+            }
+        };
         // Errors outside any scope: logged, never wgpu's default panic.
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
             tracing::error!("gpu: an error outside any step: {e}");
