@@ -698,8 +698,8 @@ fn run_prints_what_an_inferlet_emits_and_matches_generate() {
 /// (lavapipe, as in CI) or there is none, saying why at `FOLIO_LOG=info`; `gpu` runs on
 /// lavapipe, and its greedy answer is the CPU's on this prompt, over f16 and over 8-bit
 /// K/V (`--kv-dtype q8_0`); `--gpu-split wide` gives the same text with and without
-/// `--gpu-no-subgroups`. Without any adapter, `gpu` is an error naming the flag (and
-/// the rest is skipped).
+/// `--gpu-no-subgroups`; and a K/V pool larger than lavapipe binds is refused at start.
+/// Without any adapter, `gpu` is an error naming the flag (and the rest is skipped).
 #[test]
 fn the_device_flag_picks_the_backend_or_says_why_not() {
     let run_with = |device: &str, kv: &str| {
@@ -780,4 +780,26 @@ fn the_device_flag_picks_the_backend_or_says_why_not() {
         }
     );
     assert_eq!(in_subgroups, in_memory, "{log}");
+    // A pool larger than the device binds (lavapipe binds 128 MiB: 8 GiB of K/V over
+    // 30 layers is 143 MB a layer) is refused when the engine starts, by `generate`
+    // and by `serve` alike, never a 500 for every request.
+    if !log.contains("llvmpipe") {
+        return;
+    }
+    for command in ["generate", "serve"] {
+        let mut args = vec![command, "--device", "gpu", "--kv-memory", "8GiB"];
+        if command == "generate" {
+            args.push("Hello");
+        } else {
+            args.extend(["--port", "0"]);
+        }
+        let out = folio_with(&args, None, &[]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(1), "{command}: {err}");
+        assert!(
+            err.contains("more than the device binds") && err.contains("at most 21845 pages fit"),
+            "{command}: {err}"
+        );
+        assert!(!err.contains("forward step failed"), "{command}: {err}");
+    }
 }

@@ -145,7 +145,25 @@ impl GpuBackend {
     /// storage), else a new one (`pool.rs`: a pool belongs to one storage, which keeps
     /// it alive while it holds rows there; the backend keeps only a weak reference to
     /// it, and the last pool of storage that holds no rows).
+    /// The device pool for `kv`'s pages of `page_size` slots, made where there is none
+    /// yet (or the storage changed its shape) and attached to a storage that can hold
+    /// rows on the device.
     fn pool_for(
+        &self,
+        config: &Config,
+        kv: &mut dyn KvStorage,
+        page_size: usize,
+    ) -> Result<Arc<Pool>, StepError> {
+        let pool = self.find_or_make_pool(config, &*kv, page_size)?;
+        if pool.owner.is_some() {
+            let device: Arc<dyn DevicePages> = pool.clone();
+            kv.attach(&device)
+                .map_err(|e| StepError::Device(e.to_string()))?;
+        }
+        Ok(pool)
+    }
+
+    fn find_or_make_pool(
         &self,
         config: &Config,
         kv: &dyn KvStorage,
@@ -230,6 +248,20 @@ impl Backend for GpuBackend {
         }
     }
 
+    /// The device pool for `kv`, allocated now: a pool larger than the device binds,
+    /// or than its memory holds, is an error when the engine starts.
+    fn prepare(
+        &self,
+        config: &Config,
+        kv: &mut dyn KvStorage,
+        page_size: usize,
+    ) -> Result<(), StepError> {
+        if kv.num_pages() == 0 || page_size == 0 {
+            return Ok(());
+        }
+        self.pool_for(config, kv, page_size).map(|_| ())
+    }
+
     fn step(
         &self,
         config: &Config,
@@ -252,14 +284,9 @@ impl Backend for GpuBackend {
             out.reset_states(config.dim, batch.seqs.iter().map(|s| s.state_rows()));
             return Ok(());
         }
-        let pool = self.pool_for(config, &*kv, table.page_size)?;
+        let pool = self.pool_for(config, kv, table.page_size)?;
         // Storage that can hold rows on the device keeps this step's there.
         let holds = pool.owner.is_some();
-        if holds {
-            let device: Arc<dyn DevicePages> = pool.clone();
-            kv.attach(&device)
-                .map_err(|e| StepError::Device(e.to_string()))?;
-        }
         // In the device's error scopes: an upload the device refused must not leave a
         // page recorded as held.
         if let Err(e) = self.gpu.scoped(|| pool.upload(&*kv, &table.reads)) {

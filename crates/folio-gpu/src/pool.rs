@@ -110,12 +110,14 @@ impl Pool {
         (q8, owner): (bool, Option<u64>),
         stats: Uploads,
     ) -> Result<Self, String> {
-        let bytes = (n_pages * page_size * slot_words(q8, kv_dim, head_dim) * 4) as u64;
+        let page_bytes = (page_size * slot_words(q8, kv_dim, head_dim) * 4) as u64;
+        let bytes = n_pages as u64 * page_bytes;
         if bytes > gpu.max_binding() {
             return Err(format!(
                 "a layer's K/V pool takes {bytes} bytes ({n_pages} pages of {page_size}), \
-                 more than the device binds ({}): use fewer pages",
-                gpu.max_binding()
+                 more than the device binds ({}): at most {} pages fit",
+                gpu.max_binding(),
+                gpu.max_binding() / page_bytes
             ));
         }
         let make = |what: &str| -> Vec<_> {

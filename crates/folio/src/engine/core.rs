@@ -57,6 +57,9 @@ impl Core {
         let (shape, window) = cfg.validate(&model)?;
         let model = Arc::new(model.with_context(window));
         let mut kv = PagedKv::with_shape(shape, window, &model.fingerprint());
+        // A pool the backend cannot hold (a GPU's device memory) fails here, at start.
+        let page_size = kv.page_size();
+        model.prepare(kv.storage(), page_size)?;
         kv.set_vocab(model.config.vocab);
         kv.set_snapshot_limits(crate::kv::SnapshotLimits {
             max_bytes: cfg.snapshot_max_bytes,

@@ -80,6 +80,19 @@ pub trait Backend: Send + Sync {
         out: &mut StepLogits,
     ) -> Result<(), StepError>;
 
+    /// Makes ready what the backend keeps beside `kv` (pages of `page_size` slots)
+    /// before its first step, such as a device copy of the pool: a pool the backend
+    /// cannot hold is an error here, when the engine starts, not at every step. Nothing
+    /// to do by default.
+    fn prepare(
+        &self,
+        _config: &Config,
+        _kv: &mut dyn KvStorage,
+        _page_size: usize,
+    ) -> Result<(), StepError> {
+        Ok(())
+    }
+
     /// The CPU backend this one is or wraps, for the settings only it has (the
     /// instruction-set path, llama.cpp's arithmetic).
     fn as_cpu(&self) -> Option<&CpuBackend> {

@@ -49,9 +49,10 @@ pub enum StepError {
     BadBatch { seq: usize, reason: String },
     #[error("the model computed non-finite logits (the weights or the input are broken)")]
     NonFinite,
-    /// A backend's device failed the step (lost, out of memory, a pool larger than it
-    /// holds): the backend's own words.
-    #[error("the backend's device failed the step: {0}")]
+    /// A backend's device failed the step, or refused the pool when the engine
+    /// started (lost, out of memory, a pool larger than it holds): the backend's own
+    /// words.
+    #[error("the backend's device failed: {0}")]
     Device(String),
 }
 

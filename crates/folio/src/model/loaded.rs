@@ -305,6 +305,12 @@ impl Model {
         self.backend.step(&self.config, batch, kv, out)
     }
 
+    /// Makes the backend ready for `kv`, a pool of pages of `page_size` slots, before
+    /// its first step ([`Backend::prepare`]: a GPU allocates its copy of the pool).
+    pub fn prepare(&self, kv: &mut dyn KvStorage, page_size: usize) -> Result<(), StepError> {
+        self.backend.prepare(&self.config, kv, page_size)
+    }
+
     /// Every token in the vocabulary, every sequence non-empty, and its pages present
     /// in `kv`, of its page size, covering every position up to its last new token.
     fn check(&self, batch: &Batch, kv: &dyn KvStorage) -> Result<(), StepError> {
