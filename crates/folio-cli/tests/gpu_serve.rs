@@ -5,8 +5,9 @@
 //! and a forced tool call are valid for their schema; a context of a text generates what
 //! a completion of it does; a fork truncated back across a page generates; a snapshot
 //! saved and loaded into a new context continues as its context; a prompt longer than
-//! the context is a 400; embeddings agree with the CPU's (cosine); and at the end, the
-//! contexts deleted, no page is held. Snapshots go to a directory and the disk tier
+//! the context is a 400; embeddings agree with the CPU's (cosine); at the end, the
+//! contexts deleted, no page is held; and `/metrics` names the backend and its device
+//! figures (memory, pages read back, copies on the device). Snapshots go to a directory and the disk tier
 //! is on, so the GPU's K/V is read back from the device for both. The two backends' texts are not compared: their
 //! arithmetic differs and a near tie may part them (`crates/folio-gpu/tests/parity.rs`
 //! compares them where they agree, with llama.cpp's arithmetic on both). CI runs it on
@@ -223,6 +224,9 @@ fn the_server_runs_on_the_gpu_backend() {
     let start = |a: Vec<String>| server::start(&a.iter().map(String::as_str).collect::<Vec<_>>());
     let cpu = start(args("cpu", &dirs("cpu")));
     let (cpu_answers, cpu_emb) = script(cpu.addr);
+    let metrics = get(cpu.addr, "/metrics").text();
+    assert!(metrics.contains("backend=\"cpu "), "{metrics}");
+    assert!(!metrics.contains("folio:device_"), "{metrics}");
     drop(cpu);
     let gpu_dirs = dirs("gpu");
     let gpu = start(args("gpu", &gpu_dirs));
@@ -237,6 +241,32 @@ fn the_server_runs_on_the_gpu_backend() {
     let cos = dot / (norm(&emb) * norm(&cpu_emb));
     eprintln!("gpu answers: {answers:?}\ncpu answers: {cpu_answers:?}\nembedding cosine {cos:.6}");
     assert!(cos > 0.999, "embedding cosine {cos}");
+    // /metrics names the backend and its figures: weights and the pool in device
+    // memory, pages read back for the snapshot and the disk tier, copies made there.
+    let metrics = get(gpu.addr, "/metrics").text();
+    let figure = |name: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("folio:{name}{{")))
+            .unwrap_or_else(|| panic!("no {name}: {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(metrics.contains("backend=\"gpu "), "{metrics}");
+    let figures = [
+        "device_weight_bytes",
+        "device_kv_pool_bytes",
+        "device_kv_uploaded_pages_total",
+        "device_kv_read_back_pages_total",
+        "device_kv_read_back_bytes_total",
+        "device_kv_copies_total",
+    ]
+    .map(|n| (n, figure(n)));
+    eprintln!("the GPU server's figures: {figures:?}");
+    for (name, v) in figures {
+        if name != "device_kv_uploaded_pages_total" {
+            assert!(v > 0, "{name}: {v}");
+        }
+    }
     // The disk tier holds the GPU's committed pages, read back from the device.
     drop(gpu);
     let on_disk = std::fs::read_dir(&gpu_dirs[1])

@@ -24,7 +24,7 @@ use crate::table::{StepTable, TableError};
 use crate::weights::{self, Weights};
 use folio::gguf::Gguf;
 use folio::kv::{DevicePages, KvRows, KvStorage};
-use folio::model::{Backend, Config, Model, StepError, StepLogits};
+use folio::model::{Backend, BackendFigure, Config, Model, StepError, StepLogits};
 use folio::Batch;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
@@ -246,6 +246,58 @@ impl Backend for GpuBackend {
         } else {
             b"gpu:wgpu:f32-inputs:v1".to_vec()
         }
+    }
+
+    /// The device's memory (weight matrices, K/V pools) and what moved between host
+    /// and device ([`UploadStats`](crate::UploadStats)).
+    fn figures(&self) -> Vec<BackendFigure> {
+        let weights: u64 = self
+            .weights
+            .matrices()
+            .flat_map(|m| &m.pieces)
+            .map(|(b, _, _)| b.size())
+            .sum();
+        let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let live = pools.owned.iter().filter_map(Weak::upgrade);
+        let kv: u64 = live
+            .chain(pools.shared.clone())
+            .flat_map(|p| p.k.iter().chain(&p.v).map(|b| b.size()).collect::<Vec<_>>())
+            .sum();
+        drop(pools);
+        let u = self.uploads.get();
+        let gauge = |name, help, value| BackendFigure {
+            name,
+            help,
+            counter: false,
+            value,
+        };
+        let counter = |name, help, value| BackendFigure {
+            name,
+            help,
+            counter: true,
+            value,
+        };
+        vec![
+            gauge("device_weight_bytes", "Bytes of weight matrices in device memory.", weights),
+            gauge("device_kv_pool_bytes", "Bytes of K/V pools in device memory.", kv),
+            counter(
+                "device_kv_uploaded_pages_total",
+                "K/V pages uploaded to the device (a restored snapshot's, the disk tier's, pages the host wrote).",
+                u.pages,
+            ),
+            counter("device_kv_uploaded_bytes_total", "Bytes of those uploads.", u.bytes),
+            counter(
+                "device_kv_read_back_pages_total",
+                "K/V pages read back from the device (snapshots to files, the disk tier).",
+                u.fetched_pages,
+            ),
+            counter("device_kv_read_back_bytes_total", "Bytes of those read-backs.", u.fetched_bytes),
+            counter(
+                "device_kv_copies_total",
+                "Copy-on-write page copies made on the device (forks, truncations).",
+                u.device_copies,
+            ),
+        ]
     }
 
     /// The device pool for `kv`, allocated now: a pool larger than the device binds,

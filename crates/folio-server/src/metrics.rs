@@ -318,6 +318,30 @@ fn render_spec(out: &mut String, l: &str, s: &EngineStats) {
     );
 }
 
+/// What runs the forward steps, as an info gauge (`backend="gpu ..."`), and the
+/// backend's own figures (a GPU's device memory and host-device transfers).
+fn render_backend(out: &mut String, l: &str, s: &EngineStats) {
+    let backend = s.backend.replace(['"', '\\', '\n'], "_");
+    let labels = format!("{l},backend=\"{backend}\"");
+    family(
+        out,
+        ("gauge", "folio:backend_info"),
+        "What runs the forward steps (the label); always 1.",
+        &labels,
+        1,
+    );
+    for f in &s.backend_figures {
+        let kind = if f.counter { "counter" } else { "gauge" };
+        family(
+            out,
+            (kind, &format!("folio:{}", f.name)),
+            f.help,
+            l,
+            f.value,
+        );
+    }
+}
+
 /// The disk tier's figures (`--kv-disk`): what it holds, its reads and its writes.
 fn render_disk(out: &mut String, l: &str, d: &folio::DiskStats) {
     for (name, help, v) in [
@@ -557,6 +581,7 @@ fn render_engine(out: &mut String, l: &str, s: &EngineStats) {
     if let Some(d) = &s.disk {
         render_disk(out, l, d);
     }
+    render_backend(out, l, s);
     histogram(
         out,
         "folio:iteration_tokens_total",

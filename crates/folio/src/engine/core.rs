@@ -395,6 +395,8 @@ impl Core {
             spec_accepted_tokens: c.spec_accepted_tokens,
             spec_row_cost: self.sched.row_cost(),
             disk: kv.disk_stats(),
+            backend: self.model.backend().describe(),
+            backend_figures: self.model.backend().figures(),
         }
     }
 

@@ -477,6 +477,10 @@ pub struct EngineStats {
     pub spec_row_cost: f32,
     /// The disk tier's figures, when it is on (`--kv-disk`).
     pub disk: Option<crate::kv::DiskStats>,
+    /// What runs the forward steps ([`crate::model::Backend::describe`]) and its own
+    /// figures (a GPU's device memory and transfers).
+    pub backend: String,
+    pub backend_figures: Vec<crate::model::BackendFigure>,
 }
 
 /// Bucket bounds of [`EngineStats::step_tokens`] (vLLM's for `iteration_tokens_total`).

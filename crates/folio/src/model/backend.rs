@@ -53,6 +53,18 @@ use super::error::StepError;
 use super::step_logits::StepLogits;
 use crate::kv::{Batch, KvStorage};
 
+/// One figure a backend reports about itself (`/metrics` shows it as `folio:NAME`):
+/// what it keeps on a device and what moved between host and device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendFigure {
+    /// The metric's name without the prefix (`device_kv_read_back_bytes_total`).
+    pub name: &'static str,
+    pub help: &'static str,
+    /// A counter (it only grows; the name ends in `_total`), else a gauge.
+    pub counter: bool,
+    pub value: u64,
+}
+
 /// Where a model's forward steps run (see the module doc for the contract).
 pub trait Backend: Send + Sync {
     /// What runs the steps, for logs and `bench` ("cpu avx512 ×2 threads").
@@ -91,6 +103,11 @@ pub trait Backend: Send + Sync {
         _page_size: usize,
     ) -> Result<(), StepError> {
         Ok(())
+    }
+
+    /// The backend's own figures ([`BackendFigure`]); none by default.
+    fn figures(&self) -> Vec<BackendFigure> {
+        Vec::new()
     }
 
     /// The CPU backend this one is or wraps, for the settings only it has (the

@@ -36,7 +36,7 @@ mod tests_avxvnni;
 /// The most threads `Model::load` accepts.
 pub use crate::kernels::pool::MAX_THREADS;
 pub use attention::{attention, AttentionStep, Heads, Scores, ROW_BLOCK, SPLIT_KEYS};
-pub use backend::Backend;
+pub use backend::{Backend, BackendFigure};
 pub use config::{Activation, Arch, Config, LayerSpec, SUPPORTED};
 pub use cpu::CpuBackend;
 pub use dequant::dequantize;
