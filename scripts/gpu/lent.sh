@@ -11,7 +11,8 @@
 # The lent machine has no Rust toolchain and reaches nothing outside, so everything
 # comes from here: a stripped folio (gzipped), llama.cpp's llama-quantize and its libraries, the
 # gguf Python package, Llama 3's vocabulary and the shape script. It has Python 3 with
-# numpy. LENT_BENCH overrides the bench's arguments (a short run where the GPU is slow).
+# numpy. LENT_BENCH overrides the bench's arguments (a short run where the GPU is slow),
+# LENT_BENCH1 those of the batch-1 run without subgroups.
 set -u
 cd "$(dirname "$0")/../.."
 lent=target/lent
@@ -82,7 +83,7 @@ echo "== folio bench --device gpu $bench"
 FOLIO_LOG=info timeout 300 "$lent/folio" bench --model "$model" --device gpu --no-llama $bench
 echo "== the same at batch 1, the matmuls' lane sums in workgroup memory (what subgroups are worth)"
 timeout 120 "$lent/folio" bench --model "$model" --device gpu --no-llama --gpu-no-subgroups \
-    --pp 512 --tg 64 --reps 2
+    ${LENT_BENCH1:---pp 512 --tg 64 --reps 2}
 echo "== host time per decode step (median over 32 steps: recording, and the whole step)"
 FOLIO_LOG=folio_gpu=debug timeout 120 "$lent/folio" generate --model "$model" --device gpu \
     --temperature 0 --max-tokens 33 "The history of the printing press" 2>&1 >/dev/null |
