@@ -242,6 +242,9 @@ impl ModelArgs {
     pub fn load_from(&self, path: &Path) -> Result<Model> {
         let loading = || format!("loading {}", path.display());
         let Some(gpu) = self.gpu()? else {
+            if self.gpu_split != SplitArg::Auto || self.gpu_no_subgroups {
+                tracing::warn!("--gpu-split and --gpu-no-subgroups: the forward pass runs on the CPU, so they change nothing");
+            }
             let m = Model::load(path, self.threads).with_context(loading)?;
             return Ok(self.arithmetic(m));
         };

@@ -114,10 +114,14 @@ impl GpuBackend {
     /// bits either way (`reduce_subgroup.wgsl`); for measuring what subgroups are worth.
     /// The kernels are compiled again.
     pub fn with_subgroups(mut self, on: bool) -> Result<Self, GpuError> {
-        if on != self.kernels.subgroup.is_some() {
-            let (wide, max_groups) = (self.kernels.wide, self.kernels.max_groups);
-            self.kernels = Kernels::with_subgroups(&self.gpu, on)?;
-            (self.kernels.wide, self.kernels.max_groups) = (wide, max_groups);
+        // Only turning them off changes anything: the kernels already use them where
+        // the device has them.
+        if !on && self.kernels.subgroup.is_some() {
+            let k = &self.kernels;
+            let kept = (k.wide, k.max_groups, k.attention_chunk);
+            self.kernels = Kernels::with_subgroups(&self.gpu, false)?;
+            let k = &mut self.kernels;
+            (k.wide, k.max_groups, k.attention_chunk) = kept;
         }
         Ok(self)
     }
@@ -141,13 +145,8 @@ impl GpuBackend {
         self.uploads.clone()
     }
 
-    /// The device pool for `kv`: the one it has (the same sizes, element type and
-    /// storage), else a new one (`pool.rs`: a pool belongs to one storage, which keeps
-    /// it alive while it holds rows there; the backend keeps only a weak reference to
-    /// it, and the last pool of storage that holds no rows).
-    /// The device pool for `kv`'s pages of `page_size` slots, made where there is none
-    /// yet (or the storage changed its shape) and attached to a storage that can hold
-    /// rows on the device.
+    /// The device pool for `kv`'s pages of `page_size` slots ([`Self::find_or_make_pool`]),
+    /// attached to a storage that can hold rows on the device.
     fn pool_for(
         &self,
         config: &Config,
@@ -163,6 +162,10 @@ impl GpuBackend {
         Ok(pool)
     }
 
+    /// The device pool for `kv`: the one it has (the same sizes, element type and
+    /// storage), else a new one (`pool.rs`: a pool belongs to one storage, which keeps
+    /// it alive while it holds rows there; the backend keeps only a weak reference to
+    /// it, and the last pool of storage that holds no rows).
     fn find_or_make_pool(
         &self,
         config: &Config,

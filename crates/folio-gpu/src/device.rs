@@ -119,7 +119,11 @@ impl Gpu {
             pollster::block_on(adapter.request_device(&desc))
         };
         // A device refused with subgroups is asked for again without them.
-        let with_subgroups = subgroup.and_then(|_| request(wgpu::Features::SUBGROUP).ok());
+        let with_subgroups = subgroup.and_then(|_| {
+            request(wgpu::Features::SUBGROUP)
+                .inspect_err(|e| tracing::warn!("gpu: a device with subgroups refused: {e}"))
+                .ok()
+        });
         let (device, queue) = match with_subgroups {
             Some(got) => got,
             None => {

@@ -142,15 +142,30 @@ impl Kernels {
 
     /// [`Kernels::new`], or (`subgroups` false) with the sums added in workgroup
     /// memory whatever the device has.
+    /// A probe or compile that fails with subgroups falls back to workgroup memory,
+    /// with a warning.
     pub fn with_subgroups(gpu: &Gpu, subgroups: bool) -> Result<Self, GpuError> {
-        let subgroup = match gpu.subgroup.filter(|_| subgroups) {
-            Some(size) => subgroups_in_order(gpu, size)?.then_some(size),
-            None => None,
+        let compile = |subgroup| {
+            gpu.scoped_as(
+                || Ok(Self::compile(gpu, subgroup)),
+                |e| GpuError::Device(format!("compiling the kernels: {e}")),
+            )
         };
-        gpu.scoped_as(
-            || Ok(Self::compile(gpu, subgroup)),
-            |e| GpuError::Device(format!("compiling the kernels: {e}")),
-        )
+        let Some(size) = gpu.subgroup.filter(|_| subgroups) else {
+            return compile(None);
+        };
+        match subgroups_in_order(gpu, size) {
+            Ok(true) => {}
+            Ok(false) => return compile(None),
+            Err(e) => {
+                tracing::warn!("gpu: {e}; the matmuls add in workgroup memory");
+                return compile(None);
+            }
+        }
+        compile(Some(size)).or_else(|e| {
+            tracing::warn!("gpu: {e} (with subgroups); the matmuls add in workgroup memory");
+            compile(None)
+        })
     }
 
     fn compile(gpu: &Gpu, subgroup: Option<u32>) -> Self {

@@ -9,7 +9,7 @@
 //! backend's own: the same 8-bit blocks, and the products within rounding.
 //! Skipped, with the reason printed, without a Vulkan adapter.
 
-use crate::arena::Arena;
+use crate::arena::{Arena, Recorder};
 use crate::device::Gpu;
 use crate::kernels::{Input, Kernel, Kernels, Q8K_WORDS};
 use crate::weights::{Format, Matrix};
@@ -74,28 +74,45 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     out
 }
 
-/// `a` (`rows` × `m.cols`) · `m`ᵀ with `kernel`, recorded as a step records, read back.
-fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usize) -> Vec<f32> {
-    let a = gpu.upload("a", bytemuck::cast_slice(a));
-    let bytes = (rows * m.rows * 4) as u64;
-    let y = gpu.scratch("y", bytes);
+/// The dispatches `record` makes, recorded as a step records them (again where the
+/// arena's parameter buffer was too small), then `outputs` copied back to back into one
+/// staging buffer and read back, as words.
+fn record_and_read(
+    gpu: &Gpu,
+    record: impl Fn(&Recorder<'_>, &mut wgpu::ComputePass<'_>),
+    outputs: &[&wgpu::Buffer],
+) -> Vec<u32> {
     let mut arena = Arena::default();
     let mut encoder = loop {
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         let rec = arena.recorder(gpu);
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            let bufs = [&m.pieces[0].0, &a, &y];
-            let shape = (m.cols, 0, m.rows);
-            k.matmul(&rec, &mut pass, kernel, bufs, shape, rows, m.rows, false);
-        }
+        record(&rec, &mut encoder.begin_compute_pass(&Default::default()));
         if rec.finish().is_ok() {
             break encoder;
         }
     };
+    let bytes: u64 = outputs.iter().map(|b| b.size()).sum();
     let staging = gpu.staging(bytes);
-    encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, bytes);
-    gpu.finish(encoder, &staging, bytes).unwrap()
+    let mut at = 0;
+    for b in outputs {
+        encoder.copy_buffer_to_buffer(b, 0, &staging, at, b.size());
+        at += b.size();
+    }
+    let out = gpu.finish(encoder, &staging, bytes).unwrap();
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+/// `a` (`rows` × `m.cols`) · `m`ᵀ with `kernel`, recorded as a step records, read back.
+fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usize) -> Vec<f32> {
+    let a = gpu.upload("a", bytemuck::cast_slice(a));
+    let y = gpu.scratch("y", (rows * m.rows * 4) as u64);
+    let record = |rec: &Recorder<'_>, pass: &mut wgpu::ComputePass<'_>| {
+        let bufs = [&m.pieces[0].0, &a, &y];
+        let shape = (m.cols, 0, m.rows);
+        k.matmul(rec, pass, kernel, bufs, shape, rows, m.rows, false);
+    };
+    let words = record_and_read(gpu, record, &[&y]);
+    words.into_iter().map(f32::from_bits).collect()
 }
 
 /// `a` (`rows` × `m.cols`) into 8-bit blocks of 256 (`quantize.wgsl`'s `q8k`) and
@@ -105,33 +122,19 @@ fn run_q8k(gpu: &Gpu, k: &Kernels, m: &Matrix, a: &[f32], rows: usize) -> (Vec<f
     let (kernel, input) = k.matmul_for(m.format, true);
     assert_eq!(input, Input::Q8K);
     let a = gpu.upload("a", bytemuck::cast_slice(a));
-    let y_bytes = (rows * m.rows * 4) as u64;
-    let q_bytes = (rows * m.cols / 256 * Q8K_WORDS * 4) as u64;
-    let y = gpu.scratch("y", y_bytes);
-    let aq = gpu.scratch("aq", q_bytes);
-    let mut arena = Arena::default();
-    let mut encoder = loop {
-        let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        let rec = arena.recorder(gpu);
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            let params = [m.cols as u32, rows as u32];
-            let groups = ((m.cols as u32 / 256).div_ceil(64), rows as u32);
-            rec.dispatch(&mut pass, &k.quantize_k, &params, &[&a, &aq], groups);
-            let bufs = [&m.pieces[0].0, &aq, &y];
-            let shape = (m.cols, 0, m.rows);
-            k.matmul(&rec, &mut pass, kernel, bufs, shape, rows, m.rows, false);
-        }
-        if rec.finish().is_ok() {
-            break encoder;
-        }
+    let y = gpu.scratch("y", (rows * m.rows * 4) as u64);
+    let aq = gpu.scratch("aq", (rows * m.cols / 256 * Q8K_WORDS * 4) as u64);
+    let record = |rec: &Recorder<'_>, pass: &mut wgpu::ComputePass<'_>| {
+        let params = [m.cols as u32, rows as u32];
+        let groups = ((m.cols as u32 / 256).div_ceil(64), rows as u32);
+        rec.dispatch(pass, &k.quantize_k, &params, &[&a, &aq], groups);
+        let bufs = [&m.pieces[0].0, &aq, &y];
+        let shape = (m.cols, 0, m.rows);
+        k.matmul(rec, pass, kernel, bufs, shape, rows, m.rows, false);
     };
-    let staging = gpu.staging(y_bytes + q_bytes);
-    encoder.copy_buffer_to_buffer(&y, 0, &staging, 0, y_bytes);
-    encoder.copy_buffer_to_buffer(&aq, 0, &staging, y_bytes, q_bytes);
-    let out = gpu.finish(encoder, &staging, y_bytes + q_bytes).unwrap();
-    let (y, q) = out.split_at(rows * m.rows);
-    (y.to_vec(), q.iter().map(|v| v.to_bits()).collect())
+    let mut words = record_and_read(gpu, record, &[&y, &aq]);
+    let q = words.split_off(rows * m.rows);
+    (words.into_iter().map(f32::from_bits).collect(), q)
 }
 
 /// The host's 8-bit blocks of 256 in the device's words: d, the 256 values four to a
@@ -171,11 +174,16 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
         (GgmlType::Q6_K, Format::Q6K),
     ];
     let mut worst = 0f64;
-    // (wide split, inputs, most workgroups a dispatch): one super-block a row, eight
-    // (one a lane when wide), and dispatches of 3 workgroups.
+    let exact = gpu.adapter().software;
+    let mut moved = 0;
+    // (wide split, inputs, most workgroups a dispatch): one super-block a row, three
+    // (an idle lane of four), four (several columns in one of lavapipe's subgroups of
+    // 8), eight (one a lane when wide), and dispatches of 3 workgroups.
     for (wide, cols, max_groups) in [
         (false, 256, k.max_groups),
         (true, 256, k.max_groups),
+        (true, 768, k.max_groups),
+        (true, 1024, k.max_groups),
         (false, 2048, k.max_groups),
         (true, 2048, k.max_groups),
         (true, 2048, 3),
@@ -233,10 +241,17 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
                         })
                         .collect()
                 };
-                assert!(
-                    canon(words) == canon(q8k_words(&blocks)),
-                    "{case}: 8-bit blocks"
-                );
+                // Exact on an adapter whose division is IEEE's (lavapipe); WGSL lets a
+                // GPU's be 2.5 ulp off, which may move a block's d in its last bit or a
+                // value at a rounding boundary: counted there, and the products held
+                // to a looser bound.
+                let (got_words, want_words) = (canon(words), canon(q8k_words(&blocks)));
+                if exact {
+                    assert!(got_words == want_words, "{case}: 8-bit blocks");
+                } else {
+                    let differ = got_words.iter().zip(&want_words).filter(|(a, b)| a != b);
+                    moved += differ.count();
+                }
                 let mut act = cpu::Activations::default();
                 act.set(&a, rows, cols);
                 let mut want = vec![0f32; rows * n];
@@ -254,12 +269,16 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
                         .sum();
                     let err = (g as f64 - w as f64).abs() / size;
                     worst = worst.max(err);
-                    assert!(err <= 1e-6, "{case}: output {i}: {g} against {w}");
+                    let bound = if exact { 1e-6 } else { 1e-3 };
+                    assert!(err <= bound, "{case}: output {i}: {g} against {w}");
                 }
             }
         }
     }
-    eprintln!("K-quants on 8-bit inputs: largest difference from the CPU's {worst:.2e} of the terms' size");
+    eprintln!(
+        "K-quants on 8-bit inputs: largest difference from the CPU's {worst:.2e} of the terms' \
+         size; {moved} words of the 8-bit blocks differ from the host's (checked exactly: {exact})"
+    );
 }
 
 #[test]
@@ -293,12 +312,14 @@ fn block_kernels_give_the_widened_kernels_bits() {
         (GgmlType::BF16, Format::Bf16),
     ];
     // (wide split, outputs, inputs, most workgroups a dispatch): both splits; inputs
-    // of 16 chunks (one a lane when wide), 18 (a non-power-of-two: idle lanes) and 128
-    // (two a lane); dispatches of 3 workgroups (many dispatches a matmul); and 3000
+    // of 2 and 4 chunks (several columns in one of lavapipe's subgroups of 8), 16 (one
+    // a lane when wide), 18 (a non-power-of-two: idle lanes) and 128 (two a lane); dispatches of 3 workgroups (many dispatches a matmul); and 3000
     // outputs of 4096 inputs in one dispatch (where lavapipe went wrong from the 2458th
     // workgroup on when workgroups looped over column groups: docs/gpu.md).
     let shapes = [
         (false, 70, 512, default_groups),
+        (true, 70, 64, default_groups),
+        (true, 70, 128, default_groups),
         (true, 70, 512, default_groups),
         (true, 70, 576, default_groups),
         (true, 70, 4096, default_groups),

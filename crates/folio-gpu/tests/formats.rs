@@ -85,10 +85,13 @@ fn errors(cpu: &Model, gpu: &Model) -> (f32, f32) {
 
 #[test]
 fn other_weight_formats_match_the_cpu() {
-    if let Err(e) = Gpu::open(true) {
-        eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
-        return;
-    }
+    let software = match Gpu::open(true) {
+        Ok(gpu) => gpu.adapter().software,
+        Err(e) => {
+            eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
+            return;
+        }
+    };
     let dir = std::env::temp_dir().join(format!("folio-gpu-formats-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cases = [
@@ -132,8 +135,13 @@ fn other_weight_formats_match_the_cpu() {
         // inputs on the GPU too (the K-quants on blocks of 256): the first position's
         // logits differ only in the sums' order (measured 0 to 1.1e-7; with f32
         // inputs on the GPU, 4.8e-3 to 7.6e-3 for the formats in blocks of 32 and
-        // 1.1e-3 to 1.5e-2 for the K-quants).
-        if name != "f16" {
+        // 1.1e-3 to 1.5e-2 for the K-quants). Asserted where the adapter divides as
+        // IEEE does (lavapipe): a GPU's division may be 2.5 ulp off (WGSL), which moves
+        // an input's 8-bit value at a rounding boundary.
+        let eight_bit = [
+            "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_m", "q5_1", "iq4_nl", "q2_k", "q3_k",
+        ];
+        if software && eight_bit.contains(&name) {
             assert!(first <= 1e-6, "{name}: first position {first}");
         }
     }

@@ -5,12 +5,6 @@
 // comes first: the parameters, the format, the work split, the store.)
 @group(0) @binding(2) var<storage, read> aq: array<u32>;
 
-// Four signed bytes times four signed bytes, summed (one instruction where the device
-// has 8-bit dot products: naga emits SPIR-V's OpSDot, or unpacks the bytes).
-fn dot4(x: u32, y: u32) -> i32 {
-    return dot4I8Packed(x, y);
-}
-
 // IQ4_NL's 16 levels (GGUF's fixed table), as integers.
 const IQ4NL_Q = array<i32, 16>(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
 
@@ -112,8 +106,10 @@ fn chunk(acc: ptr<function, array<f32, 8>>, o: u32, c: u32, r0: u32, nr: u32) {
         var asum = 0;
         for (var j = 0u; j < 8u; j++) {
             let aw = aq[ab + 2u + j];
-            isum += dot4(qw[j], aw);
-            asum += dot4(0x01010101u, aw);
+            // Four signed bytes times four, summed (`dot4I8Packed`: one instruction
+            // where the device has 8-bit dot products, naga's unpacking elsewhere).
+            isum += dot4I8Packed(qw[j], aw);
+            asum += dot4I8Packed(0x01010101u, aw);
         }
         isum -= z * asum;
         let ad = bitcast<f32>(aq[ab]);

@@ -93,3 +93,28 @@ fn word_at(i: u32) -> u32 {
     }
     return (lo >> (8u * s)) | (w[(i >> 2u) + 1u] << (32u - 8u * s));
 }
+
+// Q4_K's (and Q5_K's) 6-bit scale (x) and min (y) of sub-block j, from the 12 bytes at
+// `s`.
+fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
+    if (j < 4u) {
+        return vec2<u32>(byte_at(s + j) & 63u, byte_at(s + j + 4u) & 63u);
+    }
+    let sc = (byte_at(s + j + 4u) & 0xFu) | ((byte_at(s + j - 4u) >> 6u) << 4u);
+    let mn = (byte_at(s + j + 4u) >> 4u) | ((byte_at(s + j) >> 6u) << 4u);
+    return vec2<u32>(sc, mn);
+}
+
+// Q3_K's signed 6-bit scale s (of 16, one per 16 values), from the 12 bytes at `at`:
+// 4 low bits (the low nibbles of bytes 0..7, then their high ones), then 2 high ones
+// (bits 2 (s / 4) of byte 8 + s % 4), less 32.
+fn scale_q3k(at: u32, s: u32) -> i32 {
+    var lo = 0u;
+    if (s < 8u) {
+        lo = byte_at(at + s) & 0xFu;
+    } else {
+        lo = byte_at(at + s - 8u) >> 4u;
+    }
+    let hi = (byte_at(at + 8u + s % 4u) >> (2u * (s / 4u))) & 3u;
+    return i32(lo | (hi << 4u)) - 32;
+}

@@ -38,16 +38,6 @@
 // - F32: a matrix widened on the host, one word a weight.
 @group(0) @binding(2) var<storage, read> a: array<vec4<f32>>;
 
-// Q4_K's 6-bit scale (x) and min (y) of sub-block j, from the 12 bytes at `s`.
-fn scale_min_k4(s: u32, j: u32) -> vec2<u32> {
-    if (j < 4u) {
-        return vec2<u32>(byte_at(s + j) & 63u, byte_at(s + j + 4u) & 63u);
-    }
-    let sc = (byte_at(s + j + 4u) & 0xFu) | ((byte_at(s + j - 4u) >> 6u) << 4u);
-    let mn = (byte_at(s + j + 4u) >> 4u) | ((byte_at(s + j) >> 6u) << 4u);
-    return vec2<u32>(sc, mn);
-}
-
 // What a chunk's four-value groups share: where its bytes start (`at`: the
 // quantized values; for F32 and F16 the first word), its factor and offset (weight =
 // f * q - off; Q6_K: f is d, each 16 values having their own scale), and Q5_0's word
@@ -170,14 +160,7 @@ fn group4(h: Chunk, c: u32, g: u32) -> vec4<f32> {
             let q2 = bytes4(word_at(h.at + 32u + 32u * (j / 4u) + 4u * g) >> (2u * (j % 4u)), 3u);
             let hm = bytes4(word_at(h.at + 4u * g) >> j, 1u);
             q = q2 - vec4<i32>(4) + 4 * hm;
-            // Scale s of 16 (one per 16 values): 4 low bits, then 2 high ones.
-            let s = 2u * j + g / 4u;
-            var lo = byte_at(h.at + 96u + s) & 0xFu;
-            if (s >= 8u) {
-                lo = byte_at(h.at + 96u + s - 8u) >> 4u;
-            }
-            let hi = (byte_at(h.at + 104u + s % 4u) >> (2u * (s / 4u))) & 3u;
-            f = h.f * f32(i32(lo | (hi << 4u)) - 32);
+            f = h.f * f32(scale_q3k(h.at + 96u, 2u * j + g / 4u));
         }
         case 3u: {
             let v = word_at(h.at + 4u * g);

@@ -11,28 +11,6 @@
 
 const Q8K_WORDS: u32 = 81u;
 
-// Q4_K's (and Q5_K's) 6-bit scale (x) and min (y) of sub-block j, from the 12 bytes at
-// `s`.
-fn scale_min_k4(s: u32, j: u32) -> vec2<i32> {
-    if (j < 4u) {
-        return vec2<i32>(i32(byte_at(s + j) & 63u), i32(byte_at(s + j + 4u) & 63u));
-    }
-    let sc = (byte_at(s + j + 4u) & 0xFu) | ((byte_at(s + j - 4u) >> 6u) << 4u);
-    let mn = (byte_at(s + j + 4u) >> 4u) | ((byte_at(s + j) >> 6u) << 4u);
-    return vec2<i32>(i32(sc), i32(mn));
-}
-
-// Q3_K's signed 6-bit scale s (of 16), from the 12 bytes at `at`: 4 low bits, then 2
-// high ones, less 32.
-fn scale_q3k(at: u32, s: u32) -> i32 {
-    var lo = byte_at(at + s) & 0xFu;
-    if (s >= 8u) {
-        lo = byte_at(at + s - 8u) >> 4u;
-    }
-    let hi = (byte_at(at + 8u + s % 4u) >> (2u * (s / 4u))) & 3u;
-    return i32(lo | (hi << 4u)) - 32;
-}
-
 // Super-block c of W's row o against block c of each row's 8-bit input. Each 32
 // values j (j = 0..7) are decoded once into eight words of unsigned bytes q, then, per
 // row, Σ q·a over each 16 (`dot4I8Packed`: every q is below 128) is weighted by its
@@ -85,7 +63,7 @@ fn chunk(acc: ptr<function, array<f32, 8>>, o: u32, c: u32, r0: u32, nr: u32) {
         var z = 0;
         switch FORMAT {
             case 4u, 7u: {
-                let sm = scale_min_k4(base + 4u, j);
+                let sm = vec2<i32>(scale_min_k4(base + 4u, j));
                 sc = vec2<i32>(sm.x);
                 mn = vec2<i32>(sm.y);
                 let q5 = FORMAT == Q5_K;
