@@ -1,11 +1,17 @@
 // Activations into 8-bit blocks, as the CPU path (and llama.cpp) quantizes matmul
 // inputs: per 32 values, d = amax / 127 and q = round-half-even(x * 127 / amax); d and
-// s = d * sum(q) kept at f16 precision. A block is 10 words: d, s, then the 32 q as
-// four signed bytes per word. Dispatch: (ceil(blocks / 64), rows).
+// s = d * sum(q) kept at f16 precision; a block with a NaN has d = s = NaN and q = 0
+// (every product with it NaN, as on the host). A block is 10 words: d, s, then the 32
+// q as four signed bytes per word. Dispatch: (ceil(blocks / 64), rows).
 struct P { k: u32, rows: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> aq: array<u32>;
+
+// NaN by its bits: a compiler may take `v != v` to be false.
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7FFFFFFFu) > 0x7F800000u;
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -16,16 +22,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let src = r * p.k + b * 32u;
+    let dst = (r * nb + b) * 10u;
     var amax = 0.0;
+    var nan = false;
     for (var i = 0u; i < 32u; i++) {
         amax = max(amax, abs(a[src + i]));
+        nan = nan || is_nan(a[src + i]);
+    }
+    if (nan) {
+        aq[dst] = 0x7FC00000u;
+        aq[dst + 1u] = 0x7FC00000u;
+        for (var w = 0u; w < 8u; w++) {
+            aq[dst + 2u + w] = 0u;
+        }
+        return;
     }
     let d = amax / 127.0;
     var id = 0.0;
     if (amax != 0.0) {
         id = 127.0 / amax;
     }
-    let dst = (r * nb + b) * 10u;
     var sum = 0;
     for (var w = 0u; w < 8u; w++) {
         var word = 0u;
@@ -62,8 +78,7 @@ fn q8k(@builtin(global_invocation_id) gid: vec3<u32>) {
     var nan = false;
     for (var i = 0u; i < 256u; i++) {
         let v = a[src + i];
-        // NaN by its bits: a compiler may take `v != v` to be false.
-        nan = nan || (bitcast<u32>(v) & 0x7FFFFFFFu) > 0x7F800000u;
+        nan = nan || is_nan(v);
         if (abs(v) > amax) {
             amax = abs(v);
             big = v;
