@@ -118,12 +118,19 @@ impl GpuBackend {
         // the device has them.
         if !on && self.kernels.subgroup.is_some() {
             let k = &self.kernels;
-            let kept = (k.wide, k.max_groups, k.attention_chunk);
+            let kept = (k.wide, k.max_groups, k.attention_chunk, k.head_rows);
             self.kernels = Kernels::with_subgroups(&self.gpu, false)?;
             let k = &mut self.kernels;
-            (k.wide, k.max_groups, k.attention_chunk) = kept;
+            (k.wide, k.max_groups, k.attention_chunk, k.head_rows) = kept;
         }
         Ok(self)
+    }
+
+    /// The same backend with the head run over at most `rows` picked rows a pass (by
+    /// default as many as one binding's logits hold): for tests of the pieces.
+    pub fn with_head_rows(mut self, rows: usize) -> Self {
+        self.kernels.head_rows = rows.max(1);
+        self
     }
 
     /// The same backend with attention split at every `keys` keys (`attention.wgsl`;

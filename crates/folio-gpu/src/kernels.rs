@@ -80,6 +80,9 @@ pub(crate) struct Kernels {
     /// The most workgroups one matmul dispatch has along its columns ([`MAX_GROUPS`];
     /// a test sets fewer).
     pub max_groups: u32,
+    /// The most picked rows one pass of the head takes (`step.rs`: its logits in
+    /// pieces where they would be more than one binding holds); a test sets fewer.
+    pub head_rows: usize,
     /// The subgroup size the matmuls' lanes add their sums within
     /// (`reduce_subgroup.wgsl`), or none (`reduce_workgroup.wgsl`): the same bits.
     pub subgroup: Option<u32>,
@@ -269,6 +272,7 @@ impl Kernels {
             softcap: pipeline(&elementwise, "softcap"),
             wide: !gpu.adapter().software,
             max_groups: MAX_GROUPS,
+            head_rows: usize::MAX,
             subgroup,
         }
     }

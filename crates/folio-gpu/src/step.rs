@@ -12,7 +12,7 @@
 //! soft-capped where the model says (Gemma 2). Every row of the ragged batch (prefill
 //! chunks and decode rows alike) shares each matmul.
 
-use crate::arena::Arena;
+use crate::arena::{Arena, Recorder};
 use crate::device::Gpu;
 use crate::kernels::{Input, Kernels, Q8K_WORDS, Q8_WORDS, WG};
 use crate::pool::Pool;
@@ -109,7 +109,13 @@ impl Step<'_> {
         };
         let knew = arena.buffer(gpu, "k new", fbytes(kv_len));
         let vnew = arena.buffer(gpu, "v new", fbytes(kv_len));
-        let hp = arena.buffer(gpu, "head input", fbytes(npick * d));
+        // The head's logits in pieces of `head_rows` rows where all of them would be
+        // more than one binding holds (a long prompt's logits over a large vocabulary):
+        // the first piece in the step's pass, the others in passes of their own.
+        let head_rows = ((gpu.max_binding() / 4) as usize / c.vocab)
+            .min(k.head_rows)
+            .max(1);
+        let hp = arena.buffer(gpu, "head input", fbytes(npick.min(head_rows) * d));
         let widest = d.max(qd).max(ff);
         // The 8-bit inputs the model's matmuls read (llama.cpp's arithmetic): in
         // blocks of 32, and of 256 for the K-quants.
@@ -121,22 +127,14 @@ impl Step<'_> {
         let aq = arena.buffer(
             gpu,
             "8-bit input",
-            fbytes(if q8 {
-                n.max(npick) * widest / 32 * Q8_WORDS
-            } else {
-                0
-            }),
+            fbytes(if q8 { n * widest / 32 * Q8_WORDS } else { 0 }),
         );
         let akq = arena.buffer(
             gpu,
             "8-bit input (256)",
-            fbytes(if q8k {
-                n.max(npick) * widest / 256 * Q8K_WORDS
-            } else {
-                0
-            }),
+            fbytes(if q8k { n * widest / 256 * Q8K_WORDS } else { 0 }),
         );
-        let logits = arena.buffer(gpu, "logits", fbytes(npick * c.vocab));
+        let logits = arena.buffer(gpu, "logits", fbytes(npick.min(head_rows) * c.vocab));
         let states = arena.buffer(gpu, "states", fbytes(nhid * d));
 
         // Attention split into chunks of keys where the longest row sees more than one
@@ -161,7 +159,7 @@ impl Step<'_> {
             "attention parts",
             fbytes(if chunk_keys > 0 { part_len } else { 0 }),
         );
-        let lens = [npick * c.vocab, nhid * d, kv_len, kv_len];
+        let lens = [npick.min(head_rows) * c.vocab, nhid * d, kv_len, kv_len];
         let total: usize = lens.iter().sum();
         let staging = arena.staging(gpu, fbytes(total));
 
@@ -173,45 +171,25 @@ impl Step<'_> {
                 let mut pass = encoder.begin_compute_pass(&Default::default());
                 let p = &mut pass;
                 let eps = f(c.norm_eps);
-                let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows: usize, g, out| {
-                    let params = [d as u32, rows as u32, eps];
-                    rec.dispatch(
-                        p,
-                        &k.rms_norm,
-                        &params,
-                        &[g, &x, out, idx],
-                        (rows as u32, 1),
-                    );
+                let ops = Ops {
+                    rec: &rec,
+                    k,
+                    x: &x,
+                    aq: &aq,
+                    akq: &akq,
+                    reads: (q8, q8k),
+                    llama: self.llama,
+                    eps,
+                    d,
                 };
-                // A matmul input into 8-bit blocks (in `aq`, and in blocks of 256 in
-                // `akq` where its width is whole blocks), for the matrices after it.
-                let quantize = |p: &mut wgpu::ComputePass<'_>, a, width: usize, rows: usize| {
-                    let params = [width as u32, rows as u32];
-                    if q8 {
-                        let groups = ((width as u32 / 32).div_ceil(WG), rows as u32);
-                        rec.dispatch(p, &k.quantize, &params, &[a, &aq], groups);
-                    }
-                    if q8k && width.is_multiple_of(256) {
-                        let groups = ((width as u32 / 256).div_ceil(WG), rows as u32);
-                        rec.dispatch(p, &k.quantize_k, &params, &[a, &akq], groups);
-                    }
+                let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows, g, out| {
+                    ops.norm(p, idx, rows, g, out)
                 };
-                // `a` · `m`ᵀ into `y` (added with `add`): with llama.cpp's arithmetic the
-                // quantized formats read `aq` or `akq`, which hold `a` quantized.
-                let matmul =
-                    |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows: usize, add: bool| {
-                        let (kernel, input) = k.matmul_for(m.format, self.llama);
-                        let input = match input {
-                            Input::F32 => a,
-                            Input::Q8 => &aq,
-                            Input::Q8K => &akq,
-                        };
-                        for (buf, first, n) in &m.pieces {
-                            let shape = (m.cols, *first, *n);
-                            let bufs = [buf, input, y];
-                            k.matmul(&rec, p, kernel, bufs, shape, rows, m.rows, add);
-                        }
-                    };
+                let quantize =
+                    |p: &mut wgpu::ComputePass<'_>, a, width, rows| ops.quantize(p, a, width, rows);
+                let matmul = |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows, add| {
+                    ops.matmul(p, m, a, y, rows, add)
+                };
                 // The residual: `x += a · mᵀ`, or with a post-norm `g`, `x += norm(a · mᵀ)`.
                 let residual =
                     |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, g: &Option<wgpu::Buffer>| {
@@ -328,16 +306,8 @@ impl Step<'_> {
                     quantize(p, &gate, ff, n);
                     residual(p, &l.w_down, &gate, &l.post_ffn_norm);
                 }
-                if npick > 0 {
-                    norm(p, &picked, npick, &w.out_norm, &hp);
-                    quantize(p, &hp, d, npick);
-                    matmul(p, &w.head, &hp, &logits, npick, false);
-                    if let Some(cap) = c.final_softcap {
-                        let groups = ((c.vocab as u32).div_ceil(WG), npick as u32);
-                        let params = [npick as u32, c.vocab as u32, f(cap), 0];
-                        rec.dispatch(p, &k.softcap, &params, &[&logits], groups);
-                    }
-                }
+                // The head over the first `head_rows` picked rows (the rest after it).
+                ops.head(p, (c, w), &picked, head_rows.min(npick), [&hp, &logits]);
                 if nhid > 0 {
                     norm(p, &hidden, nhid, &w.out_norm, &states);
                 }
@@ -367,15 +337,148 @@ impl Step<'_> {
         // The four parts, split off the back of one read-back (no copy of the logits; an
         // empty read-back maps one word).
         all.truncate(total);
-        let v = all.split_off(total - lens[3]);
-        let k = all.split_off(total - lens[3] - lens[2]);
+        let v_rows = all.split_off(total - lens[3]);
+        let k_rows = all.split_off(total - lens[3] - lens[2]);
         let states = all.split_off(lens[0]);
-        let logits = all;
+        let mut values = all;
+        // The other pieces of the head, each in a pass of its own (x holds every
+        // row's residual stream after the step's pass).
+        for first in (head_rows..npick).step_by(head_rows) {
+            let rows = &t.picked[first..npick.min(first + head_rows)];
+            let picked = arena.upload(gpu, "picked", bytemuck::cast_slice(rows));
+            let bytes = fbytes(rows.len() * c.vocab);
+            let staging = arena.staging(gpu, bytes);
+            let mut encoder = loop {
+                let mut encoder = gpu.device.create_command_encoder(&Default::default());
+                let rec = arena.recorder(gpu);
+                let ops = Ops {
+                    rec: &rec,
+                    k,
+                    x: &x,
+                    aq: &aq,
+                    akq: &akq,
+                    reads: (q8, q8k),
+                    llama: self.llama,
+                    eps: f(c.norm_eps),
+                    d,
+                };
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                ops.head(&mut pass, (c, w), &picked, rows.len(), [&hp, &logits]);
+                drop(pass);
+                if rec.finish().is_ok() {
+                    break encoder;
+                }
+            };
+            encoder.copy_buffer_to_buffer(&logits, 0, &staging, 0, bytes);
+            let mut piece = gpu.finish(encoder, &staging, bytes)?;
+            piece.truncate(rows.len() * c.vocab);
+            values.extend(piece);
+        }
         Ok(Output {
-            logits,
+            logits: values,
             states,
-            k,
-            v,
+            k: k_rows,
+            v: v_rows,
         })
+    }
+}
+
+/// What the step's dispatches share: the recorder, the kernels, the residual stream
+/// `x` and the matmuls' 8-bit inputs.
+struct Ops<'r, 'a> {
+    rec: &'r Recorder<'a>,
+    k: &'r Kernels,
+    x: &'r wgpu::Buffer,
+    /// `a` in 8-bit blocks of 32 and of 256 (llama.cpp's arithmetic), and which of them
+    /// the model's matmuls read.
+    aq: &'r wgpu::Buffer,
+    akq: &'r wgpu::Buffer,
+    reads: (bool, bool),
+    llama: bool,
+    /// The norms' epsilon (as bits) and the model's width.
+    eps: u32,
+    d: usize,
+}
+
+impl Ops<'_, '_> {
+    /// RMSNorm of the rows of `x` that `idx` lists, by `g`, into `out`.
+    fn norm(
+        &self,
+        p: &mut wgpu::ComputePass<'_>,
+        idx: &wgpu::Buffer,
+        rows: usize,
+        g: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) {
+        let params = [self.d as u32, rows as u32, self.eps];
+        let bufs = [g, self.x, out, idx];
+        self.rec
+            .dispatch(p, &self.k.rms_norm, &params, &bufs, (rows as u32, 1));
+    }
+
+    /// A matmul input into 8-bit blocks (in `aq`, and in blocks of 256 in `akq` where
+    /// its width is whole blocks), for the matrices after it.
+    fn quantize(&self, p: &mut wgpu::ComputePass<'_>, a: &wgpu::Buffer, width: usize, rows: usize) {
+        let params = [width as u32, rows as u32];
+        let (q8, q8k) = self.reads;
+        if q8 {
+            let groups = ((width as u32 / 32).div_ceil(WG), rows as u32);
+            self.rec
+                .dispatch(p, &self.k.quantize, &params, &[a, self.aq], groups);
+        }
+        if q8k && width.is_multiple_of(256) {
+            let groups = ((width as u32 / 256).div_ceil(WG), rows as u32);
+            self.rec
+                .dispatch(p, &self.k.quantize_k, &params, &[a, self.akq], groups);
+        }
+    }
+
+    /// `a` · `m`ᵀ into `y` (added with `add`): with llama.cpp's arithmetic the quantized
+    /// formats read `aq` or `akq`, which hold `a` quantized.
+    fn matmul(
+        &self,
+        p: &mut wgpu::ComputePass<'_>,
+        m: &Matrix,
+        a: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        rows: usize,
+        add: bool,
+    ) {
+        let (kernel, input) = self.k.matmul_for(m.format, self.llama);
+        let input = match input {
+            Input::F32 => a,
+            Input::Q8 => self.aq,
+            Input::Q8K => self.akq,
+        };
+        for (buf, first, n) in &m.pieces {
+            let shape = (m.cols, *first, *n);
+            let bufs = [buf, input, y];
+            self.k
+                .matmul(self.rec, p, kernel, bufs, shape, rows, m.rows, add);
+        }
+    }
+
+    /// The head over `rows` rows of `x` that `picked` lists: the final norm into `hp`,
+    /// the head's matmul into `logits`, the final soft-capping where the model has it.
+    fn head(
+        &self,
+        p: &mut wgpu::ComputePass<'_>,
+        (c, w): (&Config, &Weights),
+        picked: &wgpu::Buffer,
+        rows: usize,
+        [hp, logits]: [&wgpu::Buffer; 2],
+    ) {
+        if rows == 0 {
+            return;
+        }
+        self.norm(p, picked, rows, &w.out_norm, hp);
+        self.quantize(p, hp, self.d, rows);
+        self.matmul(p, &w.head, hp, logits, rows, false);
+        if let Some(cap) = c.final_softcap {
+            let groups = ((c.vocab as u32).div_ceil(WG), rows as u32);
+            let params = [rows as u32, c.vocab as u32, f(cap), 0];
+            self.rec
+                .dispatch(p, &self.k.softcap, &params, &[logits], groups);
+        }
     }
 }

@@ -264,6 +264,39 @@ fn split_attention_over_8_bit_kv_matches_the_cpu() {
     ragged_against_the_cpu(|b| b.with_attention_chunk(16), KvDtype::Q8, true);
 }
 
+/// A step whose logits would be more than one binding holds (a long prompt's, all asked,
+/// over a large vocabulary: Gemma 3's 262144 tokens passed lavapipe's 128 MiB at 129
+/// rows) takes the head in pieces, each in a pass of its own: the same bits as in one
+/// piece, here three prompts' 44 rows in pieces of 5.
+#[test]
+fn the_head_in_pieces_gives_the_same_bits() {
+    let run = |gpu: &Model| {
+        let [a, _, b, _] = prompts(gpu);
+        let prompts = [a, b, gpu.tokenizer.encode("Short one", true)];
+        let mut kv = PagedKv::with_shape(
+            gpu.pool_shape(64, 16, KvDtype::F16),
+            512,
+            &gpu.fingerprint(),
+        );
+        let mut tables: Vec<PageTable> = prompts.iter().map(|_| kv.new_table(None)).collect();
+        let mut refs: Vec<&mut PageTable> = tables.iter_mut().collect();
+        let steps: Vec<(&[u32], Logits)> = prompts.iter().map(|p| (&p[..], Logits::All)).collect();
+        step(gpu, &mut kv, &mut refs, &steps, true)
+    };
+    let Some((_, whole)) = models(|b| b) else {
+        return;
+    };
+    let Some((_, pieces)) = models(|b| b.with_head_rows(5)) else {
+        return;
+    };
+    let bits =
+        |rows: Vec<Vec<f32>>| -> Vec<u32> { rows.iter().flatten().map(|v| v.to_bits()).collect() };
+    let (a, b) = (run(&whole), run(&pieces));
+    let rows: usize = a.iter().map(|r| r.len()).sum::<usize>() / whole.config.vocab;
+    assert_eq!(rows, 44);
+    assert!(bits(a) == bits(b), "the head in pieces changed the logits");
+}
+
 /// A row's logits do not depend on what else its step runs: each prompt alone, then
 /// all in one step, give the same bits for every row (all logits asked), with the
 /// attention split every 16 keys so the longest prompt splits the step while a short
