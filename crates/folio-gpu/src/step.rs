@@ -145,15 +145,22 @@ impl Step<'_> {
             .map(|&(_, pos)| pos as u32 + 1)
             .max()
             .unwrap_or(0);
+        // Fewer, longer chunks where the chunks' partial states (`parts`) would be more
+        // than one binding holds (a long prefill over a long context on lavapipe).
         let mut chunk_keys = k.attention_chunk;
-        while n as u32 * longest.div_ceil(chunk_keys) > 65535 {
+        let part_bytes =
+            |chunks: u32| (n * c.n_heads * chunks as usize * (c.head_dim + 2) * 4) as u64;
+        while longest > chunk_keys
+            && (n as u32 * longest.div_ceil(chunk_keys) > 65535
+                || part_bytes(longest.div_ceil(chunk_keys)) > gpu.max_binding())
+        {
             chunk_keys *= 2;
         }
         let (chunk_keys, chunks) = match longest.div_ceil(chunk_keys) {
             0 | 1 => (0, 1),
             more => (chunk_keys, more),
         };
-        let part_len = n * c.n_heads * chunks as usize * (c.head_dim + 2);
+        let part_len = part_bytes(chunks) as usize / 4;
         let parts = arena.buffer(
             gpu,
             "attention parts",
