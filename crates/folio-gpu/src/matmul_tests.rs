@@ -74,6 +74,13 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     out
 }
 
+/// A device, lavapipe included; `None`, the reason printed, where there is none.
+fn gpu_or_skip() -> Option<Gpu> {
+    Gpu::open(true)
+        .inspect_err(|e| eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)"))
+        .ok()
+}
+
 /// The dispatches `record` makes, recorded as a step records them (again where the
 /// arena's parameter buffer was too small), then `outputs` copied back to back into one
 /// staging buffer and read back, as words.
@@ -172,12 +179,8 @@ fn nan_blocks_alike(words: Vec<u32>, len: usize, scales: usize) -> Vec<u32> {
 /// adapter divides as IEEE does (lavapipe).
 #[test]
 fn eight_bit_blocks_of_32_are_the_hosts() {
-    let gpu = match Gpu::open(true) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
-            return;
-        }
+    let Some(gpu) = gpu_or_skip() else {
+        return;
     };
     let k = Kernels::new(&gpu).unwrap();
     let mut rng = Rng(11);
@@ -232,12 +235,8 @@ fn eight_bit_blocks_of_32_are_the_hosts() {
 
 #[test]
 fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
-    let gpu = match Gpu::open(true) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
-            return;
-        }
+    let Some(gpu) = gpu_or_skip() else {
+        return;
     };
     let mut k = Kernels::new(&gpu).unwrap();
     let mut plain = Kernels::with_subgroups(&gpu, false).unwrap();
@@ -346,12 +345,8 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
 
 #[test]
 fn block_kernels_give_the_widened_kernels_bits() {
-    let gpu = match Gpu::open(true) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
-            return;
-        }
+    let Some(gpu) = gpu_or_skip() else {
+        return;
     };
     let mut k = Kernels::new(&gpu).unwrap();
     let mut plain = Kernels::with_subgroups(&gpu, false).unwrap();

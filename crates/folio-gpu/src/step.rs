@@ -170,6 +170,17 @@ impl Step<'_> {
         let total: usize = lens.iter().sum();
         let staging = arena.staging(gpu, fbytes(total));
 
+        let eps = f(c.norm_eps);
+        let ops = Ops {
+            k,
+            x: &x,
+            aq: &aq,
+            akq: &akq,
+            reads: (q8, q8k),
+            llama: self.llama,
+            eps,
+            d,
+        };
         // Recorded again where the arena's parameter buffer was too small for it.
         let mut encoder = loop {
             let mut encoder = gpu.device.create_command_encoder(&Default::default());
@@ -177,25 +188,14 @@ impl Step<'_> {
             {
                 let mut pass = encoder.begin_compute_pass(&Default::default());
                 let p = &mut pass;
-                let eps = f(c.norm_eps);
-                let ops = Ops {
-                    rec: &rec,
-                    k,
-                    x: &x,
-                    aq: &aq,
-                    akq: &akq,
-                    reads: (q8, q8k),
-                    llama: self.llama,
-                    eps,
-                    d,
-                };
                 let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows, g, out| {
-                    ops.norm(p, idx, rows, g, out)
+                    ops.norm(&rec, p, idx, rows, g, out)
                 };
-                let quantize =
-                    |p: &mut wgpu::ComputePass<'_>, a, width, rows| ops.quantize(p, a, width, rows);
+                let quantize = |p: &mut wgpu::ComputePass<'_>, a, width, rows| {
+                    ops.quantize(&rec, p, a, width, rows)
+                };
                 let matmul = |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows, add| {
-                    ops.matmul(p, m, a, y, rows, add)
+                    ops.matmul(&rec, p, m, a, y, rows, add)
                 };
                 // The residual: `x += a · mᵀ`, or with a post-norm `g`, `x += norm(a · mᵀ)`.
                 let residual =
@@ -314,7 +314,14 @@ impl Step<'_> {
                     residual(p, &l.w_down, &gate, &l.post_ffn_norm);
                 }
                 // The head over the first `head_rows` picked rows (the rest after it).
-                ops.head(p, (c, w), &picked, head_rows.min(npick), [&hp, &logits]);
+                ops.head(
+                    &rec,
+                    p,
+                    (c, w),
+                    &picked,
+                    head_rows.min(npick),
+                    [&hp, &logits],
+                );
                 if nhid > 0 {
                     norm(p, &hidden, nhid, &w.out_norm, &states);
                 }
@@ -358,19 +365,8 @@ impl Step<'_> {
             let mut encoder = loop {
                 let mut encoder = gpu.device.create_command_encoder(&Default::default());
                 let rec = arena.recorder(gpu);
-                let ops = Ops {
-                    rec: &rec,
-                    k,
-                    x: &x,
-                    aq: &aq,
-                    akq: &akq,
-                    reads: (q8, q8k),
-                    llama: self.llama,
-                    eps: f(c.norm_eps),
-                    d,
-                };
                 let mut pass = encoder.begin_compute_pass(&Default::default());
-                ops.head(&mut pass, (c, w), &picked, rows.len(), [&hp, &logits]);
+                ops.head(&rec, &mut pass, (c, w), &picked, rows.len(), [&hp, &logits]);
                 drop(pass);
                 if rec.finish().is_ok() {
                     break encoder;
@@ -390,10 +386,9 @@ impl Step<'_> {
     }
 }
 
-/// What the step's dispatches share: the recorder, the kernels, the residual stream
-/// `x` and the matmuls' 8-bit inputs.
-struct Ops<'r, 'a> {
-    rec: &'r Recorder<'a>,
+/// What the step's dispatches share (each recorded through a pass's recorder): the
+/// kernels, the residual stream `x` and the matmuls' 8-bit inputs.
+struct Ops<'r> {
     k: &'r Kernels,
     x: &'r wgpu::Buffer,
     /// `a` in 8-bit blocks of 32 and of 256 (llama.cpp's arithmetic), and which of them
@@ -407,10 +402,11 @@ struct Ops<'r, 'a> {
     d: usize,
 }
 
-impl Ops<'_, '_> {
+impl Ops<'_> {
     /// RMSNorm of the rows of `x` that `idx` lists, by `g`, into `out`.
     fn norm(
         &self,
+        rec: &Recorder<'_>,
         p: &mut wgpu::ComputePass<'_>,
         idx: &wgpu::Buffer,
         rows: usize,
@@ -419,31 +415,37 @@ impl Ops<'_, '_> {
     ) {
         let params = [self.d as u32, rows as u32, self.eps];
         let bufs = [g, self.x, out, idx];
-        self.rec
-            .dispatch(p, &self.k.rms_norm, &params, &bufs, (rows as u32, 1));
+        rec.dispatch(p, &self.k.rms_norm, &params, &bufs, (rows as u32, 1));
     }
 
     /// A matmul input into 8-bit blocks (in `aq`, and in blocks of 256 in `akq` where
     /// its width is whole blocks), for the matrices after it.
-    fn quantize(&self, p: &mut wgpu::ComputePass<'_>, a: &wgpu::Buffer, width: usize, rows: usize) {
+    fn quantize(
+        &self,
+        rec: &Recorder<'_>,
+        p: &mut wgpu::ComputePass<'_>,
+        a: &wgpu::Buffer,
+        width: usize,
+        rows: usize,
+    ) {
         let params = [width as u32, rows as u32];
         let (q8, q8k) = self.reads;
         if q8 {
             let groups = ((width as u32 / 32).div_ceil(WG), rows as u32);
-            self.rec
-                .dispatch(p, &self.k.quantize, &params, &[a, self.aq], groups);
+            rec.dispatch(p, &self.k.quantize, &params, &[a, self.aq], groups);
         }
         if q8k && width.is_multiple_of(256) {
             let groups = ((width as u32 / 256).div_ceil(WG), rows as u32);
-            self.rec
-                .dispatch(p, &self.k.quantize_k, &params, &[a, self.akq], groups);
+            rec.dispatch(p, &self.k.quantize_k, &params, &[a, self.akq], groups);
         }
     }
 
     /// `a` · `m`ᵀ into `y` (added with `add`): with llama.cpp's arithmetic the quantized
     /// formats read `aq` or `akq`, which hold `a` quantized.
+    #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
+        rec: &Recorder<'_>,
         p: &mut wgpu::ComputePass<'_>,
         m: &Matrix,
         a: &wgpu::Buffer,
@@ -461,7 +463,7 @@ impl Ops<'_, '_> {
             let shape = (m.cols, *first, *n);
             let bufs = [buf, input, y];
             self.k
-                .matmul(self.rec, p, kernel, bufs, shape, rows, m.rows, add);
+                .matmul(rec, p, kernel, bufs, shape, rows, m.rows, add);
         }
     }
 
@@ -469,6 +471,7 @@ impl Ops<'_, '_> {
     /// the head's matmul into `logits`, the final soft-capping where the model has it.
     fn head(
         &self,
+        rec: &Recorder<'_>,
         p: &mut wgpu::ComputePass<'_>,
         (c, w): (&Config, &Weights),
         picked: &wgpu::Buffer,
@@ -478,14 +481,13 @@ impl Ops<'_, '_> {
         if rows == 0 {
             return;
         }
-        self.norm(p, picked, rows, &w.out_norm, hp);
-        self.quantize(p, hp, self.d, rows);
-        self.matmul(p, &w.head, hp, logits, rows, false);
+        self.norm(rec, p, picked, rows, &w.out_norm, hp);
+        self.quantize(rec, p, hp, self.d, rows);
+        self.matmul(rec, p, &w.head, hp, logits, rows, false);
         if let Some(cap) = c.final_softcap {
             let groups = ((c.vocab as u32).div_ceil(WG), rows as u32);
             let params = [rows as u32, c.vocab as u32, f(cap), 0];
-            self.rec
-                .dispatch(p, &self.k.softcap, &params, &[logits], groups);
+            rec.dispatch(p, &self.k.softcap, &params, &[logits], groups);
         }
     }
 }

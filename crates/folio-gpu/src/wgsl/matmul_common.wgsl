@@ -71,6 +71,33 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
 }
 
+// The rounds of a column's pairwise sums that go through workgroup memory: lane l
+// takes lane l + s's for s = lanes / 2, ..., down to `stop` (1: all of them); the
+// lanes' values after them (`column_sums`, in `reduce_workgroup.wgsl` or
+// `reduce_subgroup.wgsl`, does the rest). No round, no barrier, where lanes <= stop.
+fn memory_rounds(acc: array<f32, 8>, li: u32, lane: u32, nr: u32, stop: u32) -> array<f32, 8> {
+    var sums = acc;
+    if (p.lanes <= stop) {
+        return sums;
+    }
+    for (var i = 0u; i < TR; i++) {
+        part[i * 64u + li] = acc[i];
+    }
+    workgroupBarrier();
+    for (var s = p.lanes / 2u; s >= stop; s /= 2u) {
+        if (lane < s) {
+            for (var i = 0u; i < nr; i++) {
+                part[i * 64u + li] += part[i * 64u + li + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < nr; i++) {
+        sums[i] = part[i * 64u + li];
+    }
+    return sums;
+}
+
 // Byte `i` of `w`, and what it holds as a signed byte and (with the next) an f16.
 fn byte_at(i: u32) -> u32 {
     return (w[i >> 2u] >> (8u * (i & 3u))) & 0xFFu;

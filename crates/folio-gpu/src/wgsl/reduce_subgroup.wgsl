@@ -10,24 +10,7 @@
 override SG: u32 = 32u;
 
 fn column_sums(acc: array<f32, 8>, li: u32, lane: u32, nr: u32) -> array<f32, 8> {
-    var sums = acc;
-    if (p.lanes > SG) {
-        for (var i = 0u; i < TR; i++) {
-            part[i * 64u + li] = acc[i];
-        }
-        workgroupBarrier();
-        for (var s = p.lanes / 2u; s >= SG; s /= 2u) {
-            if (lane < s) {
-                for (var i = 0u; i < nr; i++) {
-                    part[i * 64u + li] += part[i * 64u + li + s];
-                }
-            }
-            workgroupBarrier();
-        }
-        for (var i = 0u; i < nr; i++) {
-            sums[i] = part[i * 64u + li];
-        }
-    }
+    var sums = memory_rounds(acc, li, lane, nr, SG);
     for (var s = min(p.lanes, SG) / 2u; s > 0u; s /= 2u) {
         for (var i = 0u; i < nr; i++) {
             sums[i] += subgroupShuffleXor(sums[i], s);
