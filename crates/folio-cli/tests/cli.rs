@@ -702,25 +702,24 @@ fn run_prints_what_an_inferlet_emits_and_matches_generate() {
 /// Without any adapter, `gpu` is an error naming the flag (and the rest is skipped).
 #[test]
 fn the_device_flag_picks_the_backend_or_says_why_not() {
-    let run_with = |device: &str, kv: &str| {
-        folio_with(
-            &[
-                "generate",
-                "The capital of France is",
-                "--temperature",
-                "0",
-                "--max-tokens",
-                "4",
-                "--json",
-                "--kv-dtype",
-                kv,
-                "--device",
-                device,
-            ],
-            None,
-            &[("FOLIO_LOG", "info")],
-        )
+    let run_with_flags = |device: &str, kv: &str, extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "The capital of France is",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "4",
+            "--json",
+            "--kv-dtype",
+            kv,
+            "--device",
+            device,
+        ];
+        args.extend(extra);
+        folio_with(&args, None, &[("FOLIO_LOG", "info")])
     };
+    let run_with = |device: &str, kv: &str| run_with_flags(device, kv, &[]);
     let run = |device: &str| run_with(device, "f16");
     let cpu = json(&run("cpu"));
     let auto = run("auto");
@@ -746,21 +745,8 @@ fn the_device_flag_picks_the_backend_or_says_why_not() {
     // has them: lavapipe does) and in workgroup memory (`--gpu-no-subgroups`): the same
     // bits, so the same text; the log names the split and the sums.
     let wide = |extra: &[&str]| {
-        let mut args = vec![
-            "generate",
-            "The capital of France is",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "4",
-            "--json",
-            "--device",
-            "gpu",
-            "--gpu-split",
-            "wide",
-        ];
-        args.extend(extra);
-        let out = folio_with(&args, None, &[("FOLIO_LOG", "info")]);
+        let flags = [&["--gpu-split", "wide"], extra].concat();
+        let out = run_with_flags("gpu", "f16", &flags);
         let log = String::from_utf8_lossy(&out.stderr).to_string();
         assert!(log.contains("matmuls wide, lane sums in"), "{log}");
         (json(&out)["text"].clone(), log)
