@@ -145,6 +145,7 @@ impl Kernels {
 
     /// [`Kernels::new`], or (`subgroups` false) with the sums added in workgroup
     /// memory whatever the device has.
+    ///
     /// A probe or compile that fails with subgroups falls back to workgroup memory,
     /// with a warning.
     pub fn with_subgroups(gpu: &Gpu, subgroups: bool) -> Result<Self, GpuError> {

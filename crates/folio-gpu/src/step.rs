@@ -1,7 +1,9 @@
 //! One forward step on the device: the batch's rows through every layer in one
 //! compute pass (wgpu orders the dispatches), then one copy of what comes back (the
 //! requested logits, the requested hidden states; every new row's K and V only for
-//! storage that holds no rows on the device).
+//! storage that holds no rows on the device). Where the requested logits would be more
+//! than one binding holds, the head runs over them in pieces, each after the first in
+//! a pass and a copy of its own.
 //!
 //! Per layer: RMSNorm → Q, K, V matmuls (+ biases) → (per-head Q/K norms) → RoPE
 //! (the host's tables, the local one on a local layer) → K/V into the pool and the
