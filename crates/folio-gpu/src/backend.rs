@@ -310,6 +310,12 @@ impl Backend for GpuBackend {
         ]
     }
 
+    /// A dispatch's grid holds 65535 workgroups along an axis, and the step's kernels
+    /// lay rows along one.
+    fn max_step_rows(&self) -> Option<usize> {
+        Some(65535)
+    }
+
     /// The device pool for `kv`, allocated now: a pool larger than the device binds,
     /// or than its memory holds, is an error when the engine starts.
     fn prepare(

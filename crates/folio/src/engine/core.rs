@@ -108,8 +108,19 @@ impl Core {
             }
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // No step larger than the backend takes (a GPU's dispatch grid).
+        let max_batch_tokens = match model.max_step_rows() {
+            Some(rows) if rows < cfg.max_batch_tokens => {
+                tracing::info!(
+                    "max_batch_tokens {} lowered to {rows}: the most rows the backend's step takes",
+                    cfg.max_batch_tokens
+                );
+                rows.max(1)
+            }
+            _ => cfg.max_batch_tokens,
+        };
         let sched = Scheduler::new(SchedulerConfig {
-            max_batch_tokens: cfg.max_batch_tokens,
+            max_batch_tokens,
             window,
             grammar_checks: cfg.grammar_checks,
             spare_core: cores > model.threads(),

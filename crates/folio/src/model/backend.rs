@@ -105,6 +105,12 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// The most token rows one step may hold, where the backend has a limit (a GPU's
+    /// dispatch grid): the engine plans no larger step. None by default.
+    fn max_step_rows(&self) -> Option<usize> {
+        None
+    }
+
     /// The backend's own figures ([`BackendFigure`]); none by default.
     fn figures(&self) -> Vec<BackendFigure> {
         Vec::new()

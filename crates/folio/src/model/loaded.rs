@@ -305,6 +305,12 @@ impl Model {
         self.backend.step(&self.config, batch, kv, out)
     }
 
+    /// The most token rows one step may hold on this model's backend, if it has a limit
+    /// ([`Backend::max_step_rows`]).
+    pub fn max_step_rows(&self) -> Option<usize> {
+        self.backend.max_step_rows()
+    }
+
     /// Makes the backend ready for `kv`, a pool of pages of `page_size` slots, before
     /// its first step ([`Backend::prepare`]: a GPU allocates its copy of the pool).
     pub fn prepare(&self, kv: &mut dyn KvStorage, page_size: usize) -> Result<(), StepError> {

@@ -117,6 +117,8 @@ impl KvStorage for Device {
 /// A backend with K/V memory of its own around the CPU backend.
 struct Mirror {
     inner: Box<dyn Backend>,
+    /// The most rows its steps take (`Backend::max_step_rows`), if limited.
+    max_rows: Option<usize>,
     device: Mutex<Option<Device>>,
     steps: Arc<AtomicUsize>,
 }
@@ -181,10 +183,18 @@ impl Backend for Mirror {
     fn as_cpu_mut(&mut self) -> Option<&mut CpuBackend> {
         self.inner.as_cpu_mut()
     }
+    fn max_step_rows(&self) -> Option<usize> {
+        self.max_rows
+    }
 }
 
 /// The default model on the mirror, and its step counter.
 fn mirrored() -> (Model, Arc<AtomicUsize>) {
+    mirrored_with(None)
+}
+
+/// [`mirrored`], its steps limited to `max_rows` rows.
+fn mirrored_with(max_rows: Option<usize>) -> (Model, Arc<AtomicUsize>) {
     let steps = Arc::new(AtomicUsize::new(0));
     let counter = steps.clone();
     let m = Model::load(&common::model_path(), 2)
@@ -192,6 +202,7 @@ fn mirrored() -> (Model, Arc<AtomicUsize>) {
         .with_backend(|inner| {
             Box::new(Mirror {
                 inner,
+                max_rows,
                 device: Mutex::new(None),
                 steps: counter,
             })
@@ -250,6 +261,45 @@ fn a_second_backend_gives_the_cpu_backends_logits_and_kv_bit_for_bit() {
         }
     }
     assert_eq!(steps.load(Relaxed), 8, "every step ran on the mirror");
+}
+
+/// A backend whose steps take at most 8 rows (as a GPU's take at most 65535): the
+/// engine plans no larger step, whatever `max_batch_tokens` says, and the greedy text
+/// is the unlimited CPU engine's.
+#[test]
+fn the_engine_plans_no_step_larger_than_the_backend_takes() {
+    let cfg = || EngineConfig {
+        kv_pages: 24,
+        page_size: 16,
+        max_batch_tokens: 64,
+        snapshot_dir: None,
+        ..Default::default()
+    };
+    let (mirror, _) = mirrored_with(Some(8));
+    let engines = [
+        Engine::new(Model::load(&common::model_path(), 2).unwrap(), cfg()).unwrap(),
+        Engine::new(mirror, cfg()).unwrap(),
+    ];
+    let mut texts = Vec::new();
+    for e in &engines {
+        let mut r = Request::new(Prompt::Text(
+            "Name three rivers of Europe and say where each one ends.".into(),
+        ));
+        r.max_tokens = 6;
+        texts.push(e.submit(r).unwrap().collect_all().unwrap()[0].text.clone());
+    }
+    assert_eq!(texts[0], texts[1]);
+    // Steps by rows: STEP_TOKEN_BOUNDS are 1, 8, 16, ...: the mirror's all at most 8.
+    let steps = |e: &Engine| e.stats().unwrap().step_tokens;
+    assert!(
+        steps(&engines[0])[2..].iter().any(|&n| n > 0),
+        "the CPU's prompt in one step"
+    );
+    assert!(
+        steps(&engines[1])[2..].iter().all(|&n| n == 0),
+        "{:?}",
+        steps(&engines[1])
+    );
 }
 
 #[test]
