@@ -19,7 +19,7 @@ use crate::device::Gpu;
 use crate::error::GpuError;
 use crate::kernels::Kernels;
 use crate::pool::{Pool, Uploads};
-use crate::step::Step;
+use crate::step::{self, Step};
 use crate::table::{StepTable, TableError};
 use crate::weights::{self, Weights};
 use folio::gguf::Gguf;
@@ -42,6 +42,9 @@ pub struct GpuBackend {
     /// Matmul inputs rounded to 8 bits as llama.cpp (and the CPU backend) round them;
     /// off by default: f32 inputs put the GPU nearer the exact model.
     llama: bool,
+    /// Which 8-bit inputs the matmuls read with that arithmetic
+    /// (`step::eight_bit_inputs`, set with it).
+    inputs: (bool, bool),
 }
 
 impl GpuBackend {
@@ -73,6 +76,7 @@ impl GpuBackend {
             arena: Mutex::new(Arena::default()),
             uploads: Uploads::default(),
             llama: false,
+            inputs: (false, false),
         })
     }
 
@@ -98,6 +102,7 @@ impl GpuBackend {
     /// 8-bit blocks, as the CPU backend's `Model::llama_arithmetic`), or without.
     pub fn with_llama_arithmetic(mut self, on: bool) -> Self {
         self.llama = on;
+        self.inputs = step::eight_bit_inputs(&self.kernels, &self.weights, on);
         self
     }
 
@@ -271,7 +276,7 @@ impl Backend for GpuBackend {
         let live = pools.owned.iter().filter_map(Weak::upgrade);
         let kv: u64 = live
             .chain(pools.shared.clone())
-            .flat_map(|p| p.k.iter().chain(&p.v).map(|b| b.size()).collect::<Vec<_>>())
+            .map(|p| p.k.iter().chain(&p.v).map(|b| b.size()).sum::<u64>())
             .sum();
         drop(pools);
         let u = self.uploads.get();
@@ -370,6 +375,7 @@ impl Backend for GpuBackend {
             pool: &pool,
             table: &table,
             llama: self.llama,
+            inputs: self.inputs,
             write_back: !holds,
         };
         let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());

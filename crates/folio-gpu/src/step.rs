@@ -44,6 +44,8 @@ pub(crate) struct Step<'a> {
     pub table: &'a StepTable,
     /// Matmul inputs rounded to 8 bits (llama.cpp's arithmetic), else f32.
     pub llama: bool,
+    /// Which 8-bit inputs the model's matmuls read then ([`eight_bit_inputs`]).
+    pub inputs: (bool, bool),
     /// Every new row's K and V comes back (for storage that holds none on the device).
     pub write_back: bool,
 }
@@ -119,13 +121,7 @@ impl Step<'_> {
             .max(1);
         let hp = arena.buffer(gpu, "head input", fbytes(npick.min(head_rows) * d));
         let widest = d.max(qd).max(ff);
-        // The 8-bit inputs the model's matmuls read (llama.cpp's arithmetic): in
-        // blocks of 32, and of 256 for the K-quants.
-        let reads = |input| {
-            w.matrices()
-                .any(|m| k.matmul_for(m.format, self.llama).1 == input)
-        };
-        let (q8, q8k) = (reads(Input::Q8), reads(Input::Q8K));
+        let (q8, q8k) = self.inputs;
         let aq = arena.buffer(
             gpu,
             "8-bit input",
@@ -386,6 +382,17 @@ impl Step<'_> {
             v: v_rows,
         })
     }
+}
+
+/// Whether the matmuls of `w` read 8-bit inputs in blocks of 32, and in blocks of 256
+/// (the K-quants), with llama.cpp's arithmetic (`llama`) or not: what a step quantizes
+/// its matmul inputs into. Known once the weights and the arithmetic are.
+pub(crate) fn eight_bit_inputs(k: &Kernels, w: &Weights, llama: bool) -> (bool, bool) {
+    let reads = |input| {
+        w.matrices()
+            .any(|m| k.matmul_for(m.format, llama).1 == input)
+    };
+    (reads(Input::Q8), reads(Input::Q8K))
 }
 
 /// What the step's dispatches share (each recorded through a pass's recorder): the

@@ -263,22 +263,26 @@ fn a_second_backend_gives_the_cpu_backends_logits_and_kv_bit_for_bit() {
     assert_eq!(steps.load(Relaxed), 8, "every step ran on the mirror");
 }
 
-/// A backend whose steps take at most 8 rows (as a GPU's take at most 65535): the
-/// engine plans no larger step, whatever `max_batch_tokens` says, and the greedy text
-/// is the unlimited CPU engine's.
-#[test]
-fn the_engine_plans_no_step_larger_than_the_backend_takes() {
-    let cfg = || EngineConfig {
+/// A pool of 24 pages of 16 (small enough to preempt) and steps of up to 64 rows.
+fn small_pool() -> EngineConfig {
+    EngineConfig {
         kv_pages: 24,
         page_size: 16,
         max_batch_tokens: 64,
         snapshot_dir: None,
         ..Default::default()
-    };
+    }
+}
+
+/// A backend whose steps take at most 8 rows (as a GPU's take at most 65535): the
+/// engine plans no larger step, whatever `max_batch_tokens` says, and the greedy text
+/// is the unlimited CPU engine's.
+#[test]
+fn the_engine_plans_no_step_larger_than_the_backend_takes() {
     let (mirror, _) = mirrored_with(Some(8));
     let engines = [
-        Engine::new(Model::load(&common::model_path(), 2).unwrap(), cfg()).unwrap(),
-        Engine::new(mirror, cfg()).unwrap(),
+        Engine::new(Model::load(&common::model_path(), 2).unwrap(), small_pool()).unwrap(),
+        Engine::new(mirror, small_pool()).unwrap(),
     ];
     let mut texts = Vec::new();
     for e in &engines {
@@ -304,17 +308,10 @@ fn the_engine_plans_no_step_larger_than_the_backend_takes() {
 
 #[test]
 fn the_engine_runs_on_a_second_backend_unchanged() {
-    let cfg = || EngineConfig {
-        kv_pages: 24,
-        page_size: 16,
-        max_batch_tokens: 64,
-        snapshot_dir: None,
-        ..Default::default()
-    };
     let (mirror, steps) = mirrored();
     let engines = [
-        Engine::new(Model::load(&common::model_path(), 2).unwrap(), cfg()).unwrap(),
-        Engine::new(mirror, cfg()).unwrap(),
+        Engine::new(Model::load(&common::model_path(), 2).unwrap(), small_pool()).unwrap(),
+        Engine::new(mirror, small_pool()).unwrap(),
     ];
     // Sampled with n = 3 (the prompt's pages forked, the partial page copied on
     // write), twice (the second round from the prefix cache), in a pool small enough
