@@ -73,6 +73,11 @@ pub struct ModelArgs {
     /// subgroups (the same bits; for measuring what subgroups are worth).
     #[arg(long)]
     pub gpu_no_subgroups: bool,
+    /// Run each GPU matrix in a dispatch of its own, not Q, K and V (and gate and up)
+    /// of one format in one (the same bits; for measuring what fewer dispatches are
+    /// worth).
+    #[arg(long)]
+    pub gpu_no_fusion: bool,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,8 +247,8 @@ impl ModelArgs {
     pub fn load_from(&self, path: &Path) -> Result<Model> {
         let loading = || format!("loading {}", path.display());
         let Some(gpu) = self.gpu()? else {
-            if self.gpu_split != SplitArg::Auto || self.gpu_no_subgroups {
-                tracing::warn!("--gpu-split and --gpu-no-subgroups: the forward pass runs on the CPU, so they change nothing");
+            if self.gpu_split != SplitArg::Auto || self.gpu_no_subgroups || self.gpu_no_fusion {
+                tracing::warn!("--gpu-split, --gpu-no-subgroups and --gpu-no-fusion: the forward pass runs on the CPU, so they change nothing");
             }
             let m = Model::load(path, self.threads).with_context(loading)?;
             return Ok(self.arithmetic(m));
@@ -252,6 +257,7 @@ impl ModelArgs {
         let onto = |g: &folio::gguf::Gguf, c: &folio::model::Config| {
             let mut b = folio_gpu::GpuBackend::load_from(gpu, g, c)?
                 .with_llama_arithmetic(llama)
+                .with_fused_matmuls(!self.gpu_no_fusion)
                 .with_subgroups(!self.gpu_no_subgroups)?;
             if self.gpu_split != SplitArg::Auto {
                 b = b.with_wide_matmuls(self.gpu_split == SplitArg::Wide);

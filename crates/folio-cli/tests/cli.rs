@@ -698,7 +698,8 @@ fn run_prints_what_an_inferlet_emits_and_matches_generate() {
 /// (lavapipe, as in CI) or there is none, saying why at `FOLIO_LOG=info`; `gpu` runs on
 /// lavapipe, and its greedy answer is the CPU's on this prompt, over f16 and over 8-bit
 /// K/V (`--kv-dtype q8_0`); `--gpu-split wide` gives the same text with and without
-/// `--gpu-no-subgroups`; and a K/V pool larger than lavapipe binds is refused at start.
+/// `--gpu-no-subgroups` and `--gpu-no-fusion`; and a K/V pool larger than lavapipe
+/// binds is refused at start.
 /// Without any adapter, `gpu` is an error naming the flag (and the rest is skipped).
 #[test]
 fn the_device_flag_picks_the_backend_or_says_why_not() {
@@ -742,19 +743,20 @@ fn the_device_flag_picks_the_backend_or_says_why_not() {
     assert!(log.contains("the forward pass runs on the GPU"), "{log}");
     assert_eq!(json(&gpu)["text"], json(&cpu)["text"], "{log}");
     // `--gpu-split wide`, its lanes' sums added within subgroups (where the adapter
-    // has them: lavapipe does) and in workgroup memory (`--gpu-no-subgroups`): the same
-    // bits, so the same text; the log names the split and the sums.
+    // has them: lavapipe does) and in workgroup memory (`--gpu-no-subgroups`), Q, K
+    // and V in one dispatch and (`--gpu-no-fusion`) in one each: the same bits, so the
+    // same text; the log names the split, the dispatches and the sums.
     let wide = |extra: &[&str]| {
         let flags = [&["--gpu-split", "wide"], extra].concat();
         let out = run_with_flags("gpu", "f16", &flags);
         let log = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(log.contains("matmuls wide, lane sums in"), "{log}");
+        assert!(log.contains("matmuls wide"), "{log}");
         (json(&out)["text"].clone(), log)
     };
     let (in_subgroups, log) = wide(&[]);
-    let (in_memory, memory_log) = wide(&["--gpu-no-subgroups"]);
+    let (in_memory, memory_log) = wide(&["--gpu-no-subgroups", "--gpu-no-fusion"]);
     assert!(
-        memory_log.contains("lane sums in workgroup memory"),
+        memory_log.contains("one matrix a dispatch, lane sums in workgroup memory"),
         "{memory_log}"
     );
     eprintln!(

@@ -204,6 +204,11 @@ impl Recorder<'_> {
         pass.dispatch_workgroups(groups.0, groups.1, 1);
     }
 
+    /// Dispatches recorded so far.
+    pub fn dispatches(&self) -> usize {
+        self.state.borrow().next
+    }
+
     /// Writes the step's parameters; `Err` where the step had more dispatches than
     /// the parameter buffer holds: record it again (the next recorder holds them).
     pub fn finish(self) -> Result<(), ()> {

@@ -114,6 +114,14 @@ impl GpuBackend {
         self
     }
 
+    /// The same backend with each matrix of several parts (Q, K and V; gate and up) in
+    /// one dispatch (the default), or (`on` false) one dispatch per part: the same bits
+    /// (`matmul_common.wgsl`); for measuring what fewer dispatches are worth.
+    pub fn with_fused_matmuls(mut self, on: bool) -> Self {
+        self.kernels.fused = on;
+        self
+    }
+
     /// The same backend with the matmuls' lane sums added within subgroups where the
     /// device has them (the default), or (`on` false) in workgroup memory: the same
     /// bits either way (`reduce_subgroup.wgsl`); for measuring what subgroups are worth.
@@ -123,10 +131,22 @@ impl GpuBackend {
         // the device has them.
         if !on && self.kernels.subgroup.is_some() {
             let k = &self.kernels;
-            let kept = (k.wide, k.max_groups, k.attention_chunk, k.head_rows);
+            let kept = (
+                k.wide,
+                k.fused,
+                k.max_groups,
+                k.attention_chunk,
+                k.head_rows,
+            );
             self.kernels = Kernels::with_subgroups(&self.gpu, false)?;
             let k = &mut self.kernels;
-            (k.wide, k.max_groups, k.attention_chunk, k.head_rows) = kept;
+            (
+                k.wide,
+                k.fused,
+                k.max_groups,
+                k.attention_chunk,
+                k.head_rows,
+            ) = kept;
         }
         Ok(self)
     }
@@ -235,12 +255,17 @@ impl Backend for GpuBackend {
         let a = self.gpu.adapter();
         let kind = if a.software { ", software" } else { "" };
         let split = if self.kernels.wide { "wide" } else { "narrow" };
+        let fused = if self.kernels.fused {
+            ""
+        } else {
+            ", one matrix a dispatch"
+        };
         let sums = match self.kernels.subgroup {
             Some(size) => format!("in subgroups of {size}"),
             None => "in workgroup memory".into(),
         };
         format!(
-            "gpu {} ({}{kind}) wgpu/vulkan, matmuls {split}, lane sums {sums}",
+            "gpu {} ({}{kind}) wgpu/vulkan, matmuls {split}{fused}, lane sums {sums}",
             a.name,
             a.driver.trim()
         )

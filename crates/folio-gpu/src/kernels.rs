@@ -77,6 +77,10 @@ pub(crate) struct Kernels {
     /// workgroup's barriers and gathers cost more than whole rows per lane). Wide on a
     /// hardware adapter, narrow on a software one; the tests run both.
     pub wide: bool,
+    /// A matrix of several parts (Q, K and V; gate and up: `Matrix::parts`) in one
+    /// dispatch, or (off, for measuring what that saves) one dispatch per part: the
+    /// same bits.
+    pub fused: bool,
     /// The most workgroups one matmul dispatch has along its columns ([`MAX_GROUPS`];
     /// a test sets fewer).
     pub max_groups: u32,
@@ -272,6 +276,7 @@ impl Kernels {
             bias: pipeline(&elementwise, "bias"),
             softcap: pipeline(&elementwise, "softcap"),
             wide: !gpu.adapter().software,
+            fused: true,
             max_groups: MAX_GROUPS,
             head_rows: usize::MAX,
             subgroup,
@@ -299,47 +304,83 @@ impl Kernels {
         }
     }
 
-    /// Records a matmul `kernel` over rows `first..first + n` of a matrix with `k`
-    /// inputs (`w` holds those rows): `y[r, first + o] (+)= a[r] · W[first + o]` for
-    /// `rows` rows of `a`, y's rows `stride` wide. The work split is
-    /// `matmul_common.wgsl`'s: as many lanes per output as the input has chunks (of
-    /// the kernel's 32 or 256; a power of two, at most [`WG`]), or one lane per output
-    /// where `wide` is off.
+    /// Records a matmul `kernel` over rows `first + o` (`o` in `piece`) of a matrix with
+    /// `k` inputs (`w` holds its rows from `first`): `y[r, first + o] (+)= a[r] · W[first +
+    /// o]` for `rows` rows of `a`, into the output of the part that row is in ([`Outputs`]).
+    /// The work split is `matmul_common.wgsl`'s: as many lanes per output as the input
+    /// has chunks (of the kernel's 32 or 256; a power of two, at most [`WG`]), or one
+    /// lane per output where `wide` is off. Which rows one dispatch takes changes no
+    /// output's bits.
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
         rec: &Recorder<'_>,
         pass: &mut wgpu::ComputePass<'_>,
         kernel: &Kernel,
-        [w, a, y]: [&wgpu::Buffer; 3],
-        (k, first, n): (usize, usize, usize),
+        [w, a]: [&wgpu::Buffer; 2],
+        out: &Outputs<'_>,
+        (k, first, piece): (usize, usize, std::ops::Range<usize>),
         rows: usize,
-        stride: usize,
         add: bool,
     ) {
         let lanes = match self.wide {
             true => (k as u32 / kernel.chunk).next_power_of_two().min(WG),
             false => 1,
         };
-        let columns = (n as u32).div_ceil(WG / lanes);
+        let columns = (piece.len() as u32).div_ceil(WG / lanes);
         let step = self.max_groups;
+        let [(y, stride), (y1, stride1), (y2, stride2)] = out.parts;
+        let [s1, s2] = out.starts.map(|s| s.min(u32::MAX as usize) as u32);
         for g0 in (0..columns).step_by(step as usize) {
             // Workgroup x takes column group g0 + x (`matmul_common.wgsl`).
             let params = [
                 k as u32,
-                n as u32,
+                piece.end as u32,
                 rows as u32,
                 add as u32,
                 stride as u32,
                 first as u32,
                 lanes,
                 g0,
+                piece.start as u32,
+                s1,
+                s2,
+                stride1 as u32,
+                stride2 as u32,
             ];
             let groups = (
                 (columns - g0).min(step),
                 (rows as u32).div_ceil(MATMUL_ROWS),
             );
-            rec.dispatch(pass, kernel, &params, &[w, a, y], groups);
+            rec.dispatch(pass, kernel, &params, &[w, a, y, y1, y2], groups);
+        }
+    }
+}
+
+/// Where a matmul's outputs go: each part of the matrix (`Matrix::parts`: the rows of
+/// up to three matrices one after another) into its own buffer, rows `stride` wide.
+pub(crate) struct Outputs<'b> {
+    /// Each part's buffer and row stride (a matrix of fewer parts repeats the first).
+    pub parts: [(&'b wgpu::Buffer, usize); 3],
+    /// The matrix rows where parts 1 and 2 start (`usize::MAX` where it has none).
+    pub starts: [usize; 2],
+}
+
+impl<'b> Outputs<'b> {
+    /// The parts of rows `sizes` (at most three), each into its `(buffer, stride)`.
+    pub fn parts(sizes: &[usize], outs: &[(&'b wgpu::Buffer, usize)]) -> Self {
+        assert!(
+            sizes.len() == outs.len() && (1..=3).contains(&sizes.len()),
+            "one output per part, up to three"
+        );
+        let part = |i: usize| outs.get(i).copied().unwrap_or(outs[0]);
+        let start = |i: usize| match i < sizes.len() {
+            true => sizes[..i].iter().sum(),
+            false => usize::MAX,
+        };
+        Outputs {
+            parts: [part(0), part(1), part(2)],
+            starts: [start(1), start(2)],
         }
     }
 }

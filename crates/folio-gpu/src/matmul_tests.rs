@@ -11,7 +11,7 @@
 
 use crate::arena::{Arena, Recorder};
 use crate::device::Gpu;
-use crate::kernels::{Input, Kernel, Kernels, Q8K_WORDS, Q8_WORDS};
+use crate::kernels::{Input, Kernel, Kernels, Outputs, Q8K_WORDS, Q8_WORDS};
 use crate::weights::{Format, Matrix};
 use folio::gguf::GgmlType;
 use folio::internals::{self as cpu, BlockQ8, BlockQ8K};
@@ -114,9 +114,18 @@ fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usi
     let a = gpu.upload("a", bytemuck::cast_slice(a));
     let y = gpu.scratch("y", (rows * m.rows * 4) as u64);
     let record = |rec: &Recorder<'_>, pass: &mut wgpu::ComputePass<'_>| {
-        let bufs = [&m.pieces[0].0, &a, &y];
-        let shape = (m.cols, 0, m.rows);
-        k.matmul(rec, pass, kernel, bufs, shape, rows, m.rows, false);
+        let out = Outputs::parts(&m.parts, &[(&y, m.rows)]);
+        let shape = (m.cols, 0, 0..m.rows);
+        k.matmul(
+            rec,
+            pass,
+            kernel,
+            [&m.pieces[0].0, &a],
+            &out,
+            shape,
+            rows,
+            false,
+        );
     };
     let words = record_and_read(gpu, record, &[&y]);
     words.into_iter().map(f32::from_bits).collect()
@@ -135,9 +144,18 @@ fn run_q8k(gpu: &Gpu, k: &Kernels, m: &Matrix, a: &[f32], rows: usize) -> (Vec<f
         let params = [m.cols as u32, rows as u32];
         let groups = ((m.cols as u32 / 256).div_ceil(64), rows as u32);
         rec.dispatch(pass, &k.quantize_k, &params, &[&a, &aq], groups);
-        let bufs = [&m.pieces[0].0, &aq, &y];
-        let shape = (m.cols, 0, m.rows);
-        k.matmul(rec, pass, kernel, bufs, shape, rows, m.rows, false);
+        let out = Outputs::parts(&m.parts, &[(&y, m.rows)]);
+        let shape = (m.cols, 0, 0..m.rows);
+        k.matmul(
+            rec,
+            pass,
+            kernel,
+            [&m.pieces[0].0, &aq],
+            &out,
+            shape,
+            rows,
+            false,
+        );
     };
     let mut words = record_and_read(gpu, record, &[&y, &aq]);
     let q = words.split_off(rows * m.rows);
@@ -277,6 +295,7 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
                 rows: n,
                 cols,
                 bytes: bytes.len(),
+                parts: vec![n],
             };
             let mut host = cpu::QMatrix::new_for(isa, ty, n, cols, &bytes).unwrap();
             host.lay_out_for(isa, true);
@@ -402,6 +421,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
                 rows: n,
                 cols,
                 bytes: data.len(),
+                parts: vec![n],
             };
             let blocks = matrix(format, &bytes);
             let widened = matrix(Format::F32, bytemuck::cast_slice(&wide));
@@ -429,6 +449,113 @@ fn block_kernels_give_the_widened_kernels_bits() {
                         "{case}: output {i}"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// A matrix of three parts (Q, K and V's rows one after another, `Matrix::parts`) in
+/// one dispatch, and in one dispatch per part (`Kernels::fused` off: each a range of
+/// the matrix's rows), gives each part's output the bits of that part multiplied as a
+/// matrix of its own, into its own buffer at its own stride, added onto what the buffer
+/// held where asked: both splits, 1 and 9 rows, and dispatches of 3 workgroups.
+#[test]
+fn a_matrix_of_parts_gives_each_part_its_own_bits() {
+    let Some(gpu) = gpu_or_skip() else {
+        return;
+    };
+    let mut k = Kernels::new(&gpu).unwrap();
+    let default_groups = k.max_groups;
+    let mut rng = Rng(11);
+    let (ty, cols, sizes) = (GgmlType::Q4_K, 512, [70usize, 24, 40]);
+    let rows_of: usize = sizes.iter().sum();
+    let bytes = random_blocks(&mut rng, ty, rows_of, cols);
+    let rb = bytes.len() / rows_of;
+    let matrix = |data: &[u8], parts: Vec<usize>| {
+        let n = parts.iter().sum();
+        Matrix {
+            pieces: vec![(gpu.upload("w", data), 0, n)],
+            format: Format::Q4K,
+            rows: n,
+            cols,
+            bytes: data.len(),
+            parts,
+        }
+    };
+    let whole = matrix(&bytes, sizes.to_vec());
+    let mut at = 0;
+    let alone: Vec<Matrix> = sizes
+        .iter()
+        .map(|&n| (matrix(&bytes[at * rb..(at + n) * rb], vec![n]), at += n).0)
+        .collect();
+    for (wide, max_groups, add) in [
+        (false, default_groups, false),
+        (true, default_groups, true),
+        (true, 3, false),
+        (false, 3, true),
+    ] {
+        (k.wide, k.max_groups) = (wide, max_groups);
+        let kernel = k.f32_inputs(Format::Q4K);
+        for rows in [1, 9] {
+            let case = format!("{rows} rows, wide {wide}, {max_groups} groups, add {add}");
+            let a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+            let a = gpu.upload("a", bytemuck::cast_slice(&a));
+            // Each part's output starts as random values (added onto with `add`).
+            let start: Vec<Vec<f32>> = sizes
+                .iter()
+                .map(|&n| (0..rows * n).map(|_| rng.f32()).collect())
+                .collect();
+            let outputs = || -> Vec<wgpu::Buffer> {
+                start
+                    .iter()
+                    .map(|s| gpu.upload("y", bytemuck::cast_slice(s)))
+                    .collect()
+            };
+            // Each part as a matrix of its own.
+            let ys = outputs();
+            let want = record_and_read(
+                &gpu,
+                |rec, pass| {
+                    for (m, y) in alone.iter().zip(&ys) {
+                        let out = Outputs::parts(&m.parts, &[(y, m.rows)]);
+                        let shape = (cols, 0, 0..m.rows);
+                        k.matmul(
+                            rec,
+                            pass,
+                            kernel,
+                            [&m.pieces[0].0, &a],
+                            &out,
+                            shape,
+                            rows,
+                            add,
+                        );
+                    }
+                },
+                &ys.iter().collect::<Vec<_>>(),
+            );
+            // The parts in one dispatch, then in one dispatch each.
+            for one_each in [false, true] {
+                let ys = outputs();
+                let outs: Vec<(&wgpu::Buffer, usize)> = ys.iter().zip(sizes).collect();
+                let out = Outputs::parts(&whole.parts, &outs);
+                // Each dispatch's rows of the matrix.
+                let ends = match one_each {
+                    false => &[rows_of][..],
+                    true => &[70, 94, rows_of],
+                };
+                let got = record_and_read(
+                    &gpu,
+                    |rec, pass| {
+                        for (i, &end) in ends.iter().enumerate() {
+                            let start = if i == 0 { 0 } else { ends[i - 1] };
+                            let shape = (cols, 0, start..end);
+                            let w = [&whole.pieces[0].0, &a];
+                            k.matmul(rec, pass, kernel, w, &out, shape, rows, add);
+                        }
+                    },
+                    &ys.iter().collect::<Vec<_>>(),
+                );
+                assert!(got == want, "{case}, one dispatch a part {one_each}");
             }
         }
     }

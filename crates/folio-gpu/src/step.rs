@@ -16,7 +16,7 @@
 
 use crate::arena::{Arena, Recorder};
 use crate::device::Gpu;
-use crate::kernels::{Input, Kernels, Q8K_WORDS, Q8_WORDS, WG};
+use crate::kernels::{Input, Kernels, Outputs, Q8K_WORDS, Q8_WORDS, WG};
 use crate::pool::Pool;
 use crate::table::StepTable;
 use crate::weights::{Matrix, Weights};
@@ -180,7 +180,7 @@ impl Step<'_> {
             d,
         };
         // Recorded again where the arena's parameter buffer was too small for it.
-        let mut encoder = loop {
+        let (mut encoder, dispatches) = loop {
             let mut encoder = gpu.device.create_command_encoder(&Default::default());
             let rec = arena.recorder(gpu);
             {
@@ -192,16 +192,25 @@ impl Step<'_> {
                 let quantize = |p: &mut wgpu::ComputePass<'_>, a, width, rows| {
                     ops.quantize(&rec, p, a, width, rows)
                 };
-                let matmul = |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, rows, add| {
-                    ops.matmul(&rec, p, m, a, y, rows, add)
+                let matmul = |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, width, add| {
+                    ops.matmul(&rec, p, m, a, &[(y, width)], n, add)
+                };
+                // Matrices of several parts (`Matrix::parts`), each part into its output.
+                let matmuls = |p: &mut wgpu::ComputePass<'_>, ms: &[Matrix], a, outs: &[_]| {
+                    let mut at = 0;
+                    for m in ms {
+                        let outs = &outs[at..at + m.parts.len()];
+                        ops.matmul(&rec, p, m, a, outs, n, false);
+                        at += m.parts.len();
+                    }
                 };
                 // The residual: `x += a · mᵀ`, or with a post-norm `g`, `x += norm(a · mᵀ)`.
                 let residual =
                     |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, g: &Option<wgpu::Buffer>| {
                         let Some(g) = g else {
-                            return matmul(p, m, a, &x, n, true);
+                            return matmul(p, m, a, &x, d, true);
                         };
-                        matmul(p, m, a, &o, n, false);
+                        matmul(p, m, a, &o, d, false);
                         let params = [d as u32, n as u32, eps, 0];
                         rec.dispatch(p, &k.norm_add, &params, &[g, &o, &x], (n as u32, 1));
                     };
@@ -215,9 +224,7 @@ impl Step<'_> {
                 for (li, l) in w.layers.iter().enumerate() {
                     norm(p, &ident, n, &l.attn_norm, &h);
                     quantize(p, &h, d, n);
-                    matmul(p, &l.wq, &h, &q, n, false);
-                    matmul(p, &l.wk, &h, &kb, n, false);
-                    matmul(p, &l.wv, &h, &vb, n, false);
+                    matmuls(p, &l.qkv, &h, &[(&q, qd), (&kb, kvd), (&vb, kvd)]);
                     if let Some(biases) = &l.biases {
                         for (b, y, width) in [
                             (&biases[0], &q, qd),
@@ -303,8 +310,7 @@ impl Step<'_> {
                     residual(p, &l.wo, &att, &l.post_attn_norm);
                     norm(p, &ident, n, &l.ffn_norm, &h);
                     quantize(p, &h, d, n);
-                    matmul(p, &l.w_gate, &h, &gate, n, false);
-                    matmul(p, &l.w_up, &h, &up, n, false);
+                    matmuls(p, &l.gate_up, &h, &[(&gate, ff), (&up, ff)]);
                     let groups = ((ff as u32).div_ceil(WG), n as u32);
                     let params = [n as u32, ff as u32, gelu as u32, 0];
                     rec.dispatch(p, &k.glu, &params, &[&gate, &up], groups);
@@ -324,8 +330,9 @@ impl Step<'_> {
                     norm(p, &hidden, nhid, &w.out_norm, &states);
                 }
             }
+            let dispatches = rec.dispatches();
             match rec.finish() {
-                Ok(()) => break encoder,
+                Ok(()) => break (encoder, dispatches),
                 Err(()) => continue,
             }
         };
@@ -342,6 +349,7 @@ impl Step<'_> {
         // on a GPU the difference is the device's time and the copies.
         tracing::debug!(
             rows = n,
+            dispatches,
             record_us = recorded.as_micros() as u64,
             step_us = started.elapsed().as_micros() as u64,
             "gpu: step"
@@ -449,8 +457,10 @@ impl Ops<'_> {
         }
     }
 
-    /// `a` · `m`ᵀ into `y` (added with `add`): with llama.cpp's arithmetic the quantized
-    /// formats read `aq` or `akq`, which hold `a` quantized.
+    /// `a` · `m`ᵀ into `outs` (each part of `m` into its `(buffer, row width)`; added
+    /// with `add`): with llama.cpp's arithmetic the quantized formats read `aq` or
+    /// `akq`, which hold `a` quantized. A matrix of several parts is one dispatch (a
+    /// piece), or one per part where the kernels are not `fused`.
     #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
@@ -458,7 +468,7 @@ impl Ops<'_> {
         p: &mut wgpu::ComputePass<'_>,
         m: &Matrix,
         a: &wgpu::Buffer,
-        y: &wgpu::Buffer,
+        outs: &[(&wgpu::Buffer, usize)],
         rows: usize,
         add: bool,
     ) {
@@ -468,11 +478,23 @@ impl Ops<'_> {
             Input::Q8 => self.aq,
             Input::Q8K => self.akq,
         };
-        for (buf, first, n) in &m.pieces {
-            let shape = (m.cols, *first, *n);
-            let bufs = [buf, input, y];
-            self.k
-                .matmul(rec, p, kernel, bufs, shape, rows, m.rows, add);
+        let out = Outputs::parts(&m.parts, outs);
+        // The matrix rows each dispatch takes: all, or each part's.
+        let mut at = 0;
+        let ranges: Vec<std::ops::Range<usize>> = match self.k.fused {
+            true => std::iter::once(0..m.rows).collect(),
+            false => m.parts.iter().map(|&n| (at..at + n, at += n).0).collect(),
+        };
+        for range in ranges {
+            for (buf, first, n) in &m.pieces {
+                // The range's rows in this piece, from its first.
+                let piece = range.start.max(*first) - first..range.end.min(first + n) - first;
+                if !piece.is_empty() {
+                    let shape = (m.cols, *first, piece);
+                    self.k
+                        .matmul(rec, p, kernel, [buf, input], &out, shape, rows, add);
+                }
+            }
         }
     }
 
@@ -492,7 +514,7 @@ impl Ops<'_> {
         }
         self.norm(rec, p, picked, rows, &w.out_norm, hp);
         self.quantize(rec, p, hp, self.d, rows);
-        self.matmul(rec, p, &w.head, hp, logits, rows, false);
+        self.matmul(rec, p, &w.head, hp, &[(logits, c.vocab)], rows, false);
         if let Some(cap) = c.final_softcap {
             let groups = ((c.vocab as u32).div_ceil(WG), rows as u32);
             let params = [rows as u32, c.vocab as u32, f(cap), 0];

@@ -10,6 +10,7 @@ use crate::device::Gpu;
 use crate::error::GpuError;
 use folio::gguf::{GgmlType, Gguf, TensorInfo};
 use folio::model::{dequantize, Config};
+use std::borrow::Cow;
 
 /// How a matrix's words are read by the matmul kernel. The discriminants are the
 /// formats' numbers in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
@@ -59,7 +60,10 @@ impl Format {
 
 /// A matrix of `rows` outputs × `cols` inputs on the device, in pieces of whole rows
 /// (one, unless the matrix is larger than one binding holds: a tied head of a large
-/// vocabulary on a device that binds 128 MiB).
+/// vocabulary on a device that binds 128 MiB). It may be the rows of up to three of the
+/// model's matrices one after another, its parts (Q, K and V, or gate and up, where
+/// they have one format): one dispatch computes them all, each into its own output
+/// (`kernels::Outputs`).
 pub(crate) struct Matrix {
     /// Each piece's buffer, its first row and its rows.
     pub pieces: Vec<(wgpu::Buffer, usize, usize)>,
@@ -67,14 +71,15 @@ pub(crate) struct Matrix {
     pub rows: usize,
     pub cols: usize,
     pub bytes: usize,
+    /// Each part's rows, in order (one part: the whole matrix).
+    pub parts: Vec<usize>,
 }
 
 /// One block's weights.
 pub(crate) struct Layer {
     pub attn_norm: wgpu::Buffer,
-    pub wq: Matrix,
-    pub wk: Matrix,
-    pub wv: Matrix,
+    /// Q, K and V in order, those next to each other in one format in one matrix.
+    pub qkv: Vec<Matrix>,
     /// Q, K and V biases (Qwen2), each its matrix's rows long.
     pub biases: Option<[wgpu::Buffer; 3]>,
     /// Per-head RMSNorm weights of Q and K (Qwen3, Gemma 3), `head_dim` long.
@@ -83,8 +88,8 @@ pub(crate) struct Layer {
     /// The norm of the attention's output before the residual (Gemma's post-norms).
     pub post_attn_norm: Option<wgpu::Buffer>,
     pub ffn_norm: wgpu::Buffer,
-    pub w_gate: Matrix,
-    pub w_up: Matrix,
+    /// Gate and up, in one matrix where they have one format.
+    pub gate_up: Vec<Matrix>,
     pub w_down: Matrix,
     /// The norm of the feed-forward's output before the residual.
     pub post_ffn_norm: Option<wgpu::Buffer>,
@@ -120,10 +125,11 @@ pub(crate) struct Weights {
 impl Weights {
     /// Every matrix: each layer's, then the head.
     pub fn matrices(&self) -> impl Iterator<Item = &Matrix> {
-        let per_layer = self
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let per_layer = self.layers.iter().flat_map(|l| {
+            (l.qkv.iter().chain([&l.wo]))
+                .chain(l.gate_up.iter())
+                .chain([&l.w_down])
+        });
         per_layer.chain([&self.head])
     }
 
@@ -167,26 +173,37 @@ pub(crate) fn load(gpu: &Gpu, g: &Gguf, c: &Config) -> Result<Weights, GpuError>
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
-        let mut m = |name: &str, cols: usize, parts: &[usize]| {
-            matrices(gpu, g, &n(name), cols, parts, &mut widened)
+        let mut rows = |name: &str, cols: usize, parts: &[usize]| {
+            decode(g, &n(name), cols, parts, &mut widened)
         };
-        let [wq, wk, wv] = match g.tensor(&n("attn_qkv.weight")) {
-            Some(_) => three(m("attn_qkv.weight", d, &[qd, kv, kv])?),
+        let qkv = match g.tensor(&n("attn_qkv.weight")) {
+            Some(_) => rows("attn_qkv.weight", d, &[qd, kv, kv])?,
             None => [
-                one(m("attn_q.weight", d, &[qd])?),
-                one(m("attn_k.weight", d, &[kv])?),
-                one(m("attn_v.weight", d, &[kv])?),
-            ],
+                rows("attn_q.weight", d, &[qd])?,
+                rows("attn_k.weight", d, &[kv])?,
+                rows("attn_v.weight", d, &[kv])?,
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
         };
-        let [w_gate, w_up] = match g.tensor(&n("ffn_gate.weight")) {
+        let gate_up = match g.tensor(&n("ffn_gate.weight")) {
             Some(_) => [
-                one(m("ffn_gate.weight", d, &[f])?),
-                one(m("ffn_up.weight", d, &[f])?),
-            ],
-            None => two(m("ffn_up.weight", d, &[f, f])?),
+                rows("ffn_gate.weight", d, &[f])?,
+                rows("ffn_up.weight", d, &[f])?,
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+            None => rows("ffn_up.weight", d, &[f, f])?,
         };
-        let wo = one(m("attn_output.weight", qd, &[d])?);
-        let w_down = one(m("ffn_down.weight", f, &[d])?);
+        let wo = rows("attn_output.weight", qd, &[d])?;
+        let w_down = rows("ffn_down.weight", f, &[d])?;
+        let up = |name: &str, parts| upload(gpu, &n(name), d, parts);
+        let qkv = up("attn_qkv", qkv)?;
+        let gate_up = up("ffn_gate_up", gate_up)?;
+        let wo = one(upload(gpu, &n("attn_output.weight"), qd, wo)?);
+        let w_down = one(upload(gpu, &n("ffn_down.weight"), f, w_down)?);
         let v = |name: &str, len: usize| vector(gpu, g, &n(name), len);
         let biases = match c.qkv_bias {
             true => Some([
@@ -206,16 +223,13 @@ pub(crate) fn load(gpu: &Gpu, g: &Gguf, c: &Config) -> Result<Weights, GpuError>
         let post = |name: &str| c.post_norms.then(|| v(name, d)).transpose();
         layers.push(Layer {
             attn_norm: v("attn_norm.weight", d)?,
-            wq,
-            wk,
-            wv,
+            qkv,
             biases,
             qk_norm,
             wo,
             post_attn_norm: post("post_attention_norm.weight")?,
             ffn_norm: v("ffn_norm.weight", d)?,
-            w_gate,
-            w_up,
+            gate_up,
             w_down,
             post_ffn_norm: post("post_ffw_norm.weight")?,
         });
@@ -225,7 +239,8 @@ pub(crate) fn load(gpu: &Gpu, g: &Gguf, c: &Config) -> Result<Weights, GpuError>
     } else {
         "token_embd.weight"
     };
-    let head = one(matrices(gpu, g, head_name, d, &[c.vocab], &mut widened)?);
+    let head = decode(g, head_name, d, &[c.vocab], &mut widened)?;
+    let head = one(upload(gpu, head_name, d, head)?);
     let t = tensor(g, "token_embd.weight", d, c.vocab)?;
     let row_bytes = row_bytes(t, d)?;
     if dequantize(t.ty, 1, d, &g.tensor_bytes(t)[..row_bytes]).is_none() {
@@ -254,14 +269,6 @@ pub(crate) fn load(gpu: &Gpu, g: &Gguf, c: &Config) -> Result<Weights, GpuError>
 
 fn one(mut v: Vec<Matrix>) -> Matrix {
     v.remove(0)
-}
-
-fn two(v: Vec<Matrix>) -> [Matrix; 2] {
-    v.try_into().ok().expect("two parts asked for")
-}
-
-fn three(v: Vec<Matrix>) -> [Matrix; 3] {
-    v.try_into().ok().expect("three parts asked for")
 }
 
 fn unsupported_type(t: &TensorInfo) -> GpuError {
@@ -297,16 +304,23 @@ fn row_bytes(t: &TensorInfo, cols: usize) -> Result<usize, GpuError> {
         .ok_or_else(|| unsupported_type(t))
 }
 
+/// Some of a matrix's rows as the kernels read them.
+struct Rows<'a> {
+    format: Format,
+    data: Cow<'a, [u8]>,
+    rows: usize,
+}
+
 /// The matrix `name` of `cols` columns split into consecutive row ranges of `parts`
-/// rows each (one part: the whole matrix), uploaded.
-fn matrices(
-    gpu: &Gpu,
-    g: &Gguf,
+/// rows each (one part: the whole matrix), in a format the kernels read (widened to
+/// f32 where they read none of its type).
+fn decode<'a>(
+    g: &'a Gguf,
     name: &str,
     cols: usize,
     parts: &[usize],
     widened: &mut usize,
-) -> Result<Vec<Matrix>, GpuError> {
+) -> Result<Vec<Rows<'a>>, GpuError> {
     let t = tensor(g, name, cols, parts.iter().sum())?;
     let rb = row_bytes(t, cols)?;
     let bytes = g.tensor_bytes(t);
@@ -315,7 +329,7 @@ fn matrices(
     for &rows in parts {
         let part = &bytes[at * rb..(at + rows) * rb];
         at += rows;
-        let (format, data): (Format, std::borrow::Cow<[u8]>) = match t.ty {
+        let (format, data): (Format, Cow<[u8]>) = match t.ty {
             GgmlType::Q4_0 if cols.is_multiple_of(32) => (Format::Q4_0, part.into()),
             GgmlType::Q4_1 if cols.is_multiple_of(32) => (Format::Q4_1, part.into()),
             GgmlType::Q5_0 if cols.is_multiple_of(32) => (Format::Q5_0, part.into()),
@@ -336,33 +350,70 @@ fn matrices(
                 (Format::F32, bytemuck::cast_slice(&v).to_vec().into())
             }
         };
-        // Pieces of whole rows, each within one binding.
-        let row = data.len() / rows.max(1);
-        let per = (gpu.max_binding() as usize / row.max(1)).min(rows.max(1));
-        if per == 0 {
-            return Err(GpuError::TooLarge {
-                what: format!("a row of matrix {name}"),
-                bytes: row as u64,
-                limit: gpu.max_binding(),
-            });
-        }
-        let pieces = (0..rows)
-            .step_by(per)
-            .map(|first| {
-                let n = per.min(rows - first);
-                let bytes = &data[first * row..(first + n) * row];
-                (gpu.upload(name, bytes), first, n)
-            })
-            .collect();
-        out.push(Matrix {
-            pieces,
-            format,
-            rows,
-            cols,
-            bytes: data.len(),
-        });
+        out.push(Rows { format, data, rows });
     }
     Ok(out)
+}
+
+/// `parts` uploaded, those next to each other in one format (up to three) as one
+/// matrix of several parts ([`Matrix::parts`]).
+fn upload(gpu: &Gpu, name: &str, cols: usize, parts: Vec<Rows>) -> Result<Vec<Matrix>, GpuError> {
+    let mut groups: Vec<Vec<Rows>> = Vec::new();
+    for part in parts {
+        match groups.last_mut() {
+            Some(last) if last[0].format == part.format && last.len() < 3 => last.push(part),
+            _ => groups.push(vec![part]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|group| {
+            let sizes: Vec<usize> = group.iter().map(|p| p.rows).collect();
+            let format = group[0].format;
+            let data: Cow<[u8]> = match group.len() {
+                1 => group.into_iter().next().expect("one part").data,
+                _ => group.iter().flat_map(|p| p.data.iter().copied()).collect(),
+            };
+            pieces(gpu, name, (format, &data), cols, sizes)
+        })
+        .collect()
+}
+
+/// A matrix of `parts` (their rows) in `format`, its bytes `data`, uploaded in pieces
+/// of whole rows, each within one binding.
+fn pieces(
+    gpu: &Gpu,
+    name: &str,
+    (format, data): (Format, &[u8]),
+    cols: usize,
+    parts: Vec<usize>,
+) -> Result<Matrix, GpuError> {
+    let rows: usize = parts.iter().sum();
+    let row = data.len() / rows.max(1);
+    let per = (gpu.max_binding() as usize / row.max(1)).min(rows.max(1));
+    if per == 0 {
+        return Err(GpuError::TooLarge {
+            what: format!("a row of matrix {name}"),
+            bytes: row as u64,
+            limit: gpu.max_binding(),
+        });
+    }
+    let pieces = (0..rows)
+        .step_by(per)
+        .map(|first| {
+            let n = per.min(rows - first);
+            let bytes = &data[first * row..(first + n) * row];
+            (gpu.upload(name, bytes), first, n)
+        })
+        .collect();
+    Ok(Matrix {
+        pieces,
+        format,
+        rows,
+        cols,
+        bytes: data.len(),
+        parts,
+    })
 }
 
 /// The vector `name` of `len` floats, uploaded.

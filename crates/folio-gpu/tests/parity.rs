@@ -270,31 +270,54 @@ fn split_attention_over_8_bit_kv_matches_the_cpu() {
 /// piece, here three prompts' 44 rows in pieces of 5.
 #[test]
 fn the_head_in_pieces_gives_the_same_bits() {
-    let run = |gpu: &Model| {
-        let [a, _, b, _] = prompts(gpu);
-        let prompts = [a, b, gpu.tokenizer.encode("Short one", true)];
-        let mut kv = PagedKv::with_shape(
-            gpu.pool_shape(64, 16, KvDtype::F16),
-            512,
-            &gpu.fingerprint(),
-        );
-        let mut tables: Vec<PageTable> = prompts.iter().map(|_| kv.new_table(None)).collect();
-        let mut refs: Vec<&mut PageTable> = tables.iter_mut().collect();
-        let steps: Vec<(&[u32], Logits)> = prompts.iter().map(|p| (&p[..], Logits::All)).collect();
-        step(gpu, &mut kv, &mut refs, &steps, true)
-    };
     let Some((_, whole)) = models(|b| b) else {
         return;
     };
     let Some((_, pieces)) = models(|b| b.with_head_rows(5)) else {
         return;
     };
-    let bits =
-        |rows: Vec<Vec<f32>>| -> Vec<u32> { rows.iter().flatten().map(|v| v.to_bits()).collect() };
-    let (a, b) = (run(&whole), run(&pieces));
+    let (a, b) = (three_prompts(&whole), three_prompts(&pieces));
     let rows: usize = a.iter().map(|r| r.len()).sum::<usize>() / whole.config.vocab;
     assert_eq!(rows, 44);
-    assert!(bits(a) == bits(b), "the head in pieces changed the logits");
+    assert!(
+        bits(&a) == bits(&b),
+        "the head in pieces changed the logits"
+    );
+}
+
+/// Three prompts (44 tokens) in one step, every row's logits.
+fn three_prompts(gpu: &Model) -> Vec<Vec<f32>> {
+    let [a, _, b, _] = prompts(gpu);
+    let prompts = [a, b, gpu.tokenizer.encode("Short one", true)];
+    let mut kv = PagedKv::with_shape(
+        gpu.pool_shape(64, 16, KvDtype::F16),
+        512,
+        &gpu.fingerprint(),
+    );
+    let mut tables: Vec<PageTable> = prompts.iter().map(|_| kv.new_table(None)).collect();
+    let mut refs: Vec<&mut PageTable> = tables.iter_mut().collect();
+    let steps: Vec<(&[u32], Logits)> = prompts.iter().map(|p| (&p[..], Logits::All)).collect();
+    step(gpu, &mut kv, &mut refs, &steps, true)
+}
+
+/// Every value's bits, row after row.
+fn bits(rows: &[Vec<f32>]) -> Vec<u32> {
+    rows.iter().flatten().map(|v| v.to_bits()).collect()
+}
+
+/// Q, K and V in one dispatch, and gate and up in another (the default: each pair of
+/// matrices in one format is one matrix of parts), give the logits of one dispatch a
+/// matrix bit for bit: three prompts in one step. (Both splits, and dispatches in
+/// several pieces, at the kernel: `a_matrix_of_parts_gives_each_part_its_own_bits`.)
+#[test]
+fn matrices_in_one_dispatch_give_the_same_bits() {
+    let (Some((_, fused)), Some((_, apart))) =
+        (models(|b| b), models(|b| b.with_fused_matmuls(false)))
+    else {
+        return;
+    };
+    let (a, b) = (three_prompts(&fused), three_prompts(&apart));
+    assert!(bits(&a) == bits(&b), "{}", apart.backend().describe());
 }
 
 /// A row's logits do not depend on what else its step runs: each prompt alone, then

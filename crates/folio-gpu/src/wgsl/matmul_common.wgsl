@@ -1,8 +1,8 @@
 // What every matmul kernel shares (a reduction, `reduce_workgroup.wgsl` or
 // `reduce_subgroup.wgsl`, and the kernel's file are appended to this one): the
 // parameters, the weight format, the work split and the store.
-// y[r, at + o] (+)= Σ_c a[r, c] · W[o, c] over the rows of `a`, W's n rows (a piece of
-// a matrix starting at its row `at`; y's rows are `stride` wide).
+// y[r, at + o] (+)= Σ_c a[r, c] · W[o, c] over the rows of `a`, W's rows o0 <= o < n
+// (W a piece of a matrix starting at its row `at`; y's rows are `stride` wide).
 //
 // The work split: `lanes` invocations (a power of two, up to 64; one on a software
 // adapter, `Kernels::wide`) share one output column, each taking every lanes-th chunk
@@ -17,11 +17,22 @@
 // depend only on k, CHUNK and lanes, not on the format: a matrix in its blocks and the
 // same matrix widened to f32 give the same bits. Dispatch: (groups of columns, ceil(rows / TR)),
 // the first in several dispatches where it is large (`Kernels::matmul`): workgroup x
-// of a dispatch takes column group g0 + x.
-struct P { k: u32, n: u32, rows: u32, add: u32, stride: u32, at: u32, lanes: u32, g0: u32 }
+// of a dispatch takes column group g0 + x, and its columns from o0 of the piece.
+//
+// A matrix may be several matrices' rows one after another (Q, K and V; gate and up:
+// `weights.rs`), its parts, each with its own output: rows before s1 go to y, those
+// from s1 to y1 and from s2 to y2, each at its own stride. One dispatch computes them
+// all (one barrier, not three, on a GPU); each column's sums are what they would be in
+// a matrix of its own.
+struct P {
+    k: u32, n: u32, rows: u32, add: u32, stride: u32, at: u32, lanes: u32, g0: u32,
+    o0: u32, s1: u32, s2: u32, stride1: u32, stride2: u32,
+}
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y1: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y2: array<f32>;
 
 // The weight format (a pipeline constant: the compiler drops the other decodings).
 override FORMAT: u32 = 0u;
@@ -49,7 +60,7 @@ var<workgroup> part: array<f32, 512>;
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let lane = li % p.lanes;
-    let o = (p.g0 + wg.x) * (64u / p.lanes) + li / p.lanes;
+    let o = p.o0 + (p.g0 + wg.x) * (64u / p.lanes) + li / p.lanes;
     let r0 = wg.y * TR;
     let nr = min(TR, p.rows - r0);
     var acc: array<f32, 8>;
@@ -61,13 +72,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let sums = column_sums(acc, li, lane, nr);
     if (lane == 0u && o < p.n) {
         for (var i = 0u; i < nr; i++) {
-            let yi = (r0 + i) * p.stride + p.at + o;
-            if (p.add != 0u) {
-                y[yi] += sums[i];
-            } else {
-                y[yi] = sums[i];
-            }
+            store(r0 + i, p.at + o, sums[i]);
         }
+    }
+}
+
+// Row r's output of the matrix's row `o` (into its part's output), added with `add`.
+fn store(r: u32, o: u32, v: f32) {
+    let add = p.add != 0u;
+    if (o < p.s1) {
+        let i = r * p.stride + o;
+        if (add) { y[i] += v; } else { y[i] = v; }
+    } else if (o < p.s2) {
+        let i = r * p.stride1 + o - p.s1;
+        if (add) { y1[i] += v; } else { y1[i] = v; }
+    } else {
+        let i = r * p.stride2 + o - p.s2;
+        if (add) { y2[i] += v; } else { y2[i] = v; }
     }
 }
 
