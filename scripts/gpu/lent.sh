@@ -2,7 +2,13 @@
 # Issue 42's figures on a lent GPU machine, in one call (DEVELOPERS.md, `device`): what
 # the machine offers (probe.sh), then, where Vulkan runs there, `folio bench` on the GPU
 # with a Llama 3.2 1B-shape Q4_K_M model made there (random weights, as
-# scripts/shape_models.sh makes here: only speed means anything on it), batch 1 to 32.
+# scripts/shape_models.sh makes here: only speed means anything on it), batch 1 to 32,
+# and 2 CPU threads on the same file (the batch-32 target is 10x them); then batch 1 on
+# a Llama 3.1 8B shape written straight in Q4_K (make_shape_model.py --q4_k: seconds,
+# no llama-quantize), where the weights, not the dispatches, take the step; then what
+# fusing Q/K/V and subgroup sums are worth, and the host's time per step. The figures
+# come in that order, the most wanted first: each part runs only while the call's
+# budget (LENT_BUDGET, 540 s: a device call runs 600 at most) has time left.
 #
 #   scripts/gpu/lent.sh --prepare   # here: builds what the lent machine needs into
 #                                   # target/lent and target/vkprobe (~40 MB)
@@ -12,7 +18,9 @@
 # comes from here: a stripped folio (gzipped), llama.cpp's llama-quantize and its libraries, the
 # gguf Python package, Llama 3's vocabulary and the shape script. It has Python 3 with
 # numpy. LENT_BENCH overrides the bench's arguments (a short run where the GPU is slow),
-# LENT_BENCH1 those of the batch-1 run without subgroups.
+# LENT_BENCH1 those of the batch-1 runs (the 8B shape's, and without fusion or
+# subgroups); LENT_8B=0 leaves the 8B shape out; LENT_PYTHON names a Python with numpy
+# (python3 by default: the lent machine's has it).
 set -u
 cd "$(dirname "$0")/../.."
 lent=target/lent
@@ -46,9 +54,10 @@ scripts/gpu/probe.sh
 export LD_LIBRARY_PATH=$PWD/target/vkprobe/lib:$PWD/$lent/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 model=/tmp/llama-1b-q4_k_m.gguf
+py=${LENT_PYTHON:-python3}
 if [ ! -f "$model" ]; then
     t0=$(date +%s)
-    PYTHONPATH=$lent/py python3 "$lent/make_shape_model.py" llama-1b \
+    PYTHONPATH=$lent/py "$py" "$lent/make_shape_model.py" llama-1b \
         "$lent/ggml-vocab-llama-bpe.gguf" /tmp/llama-1b-f16.gguf || exit 1
     "$lent/llama-quantize" /tmp/llama-1b-f16.gguf "$model" Q4_K_M "$(nproc)" >/tmp/quantize.log 2>&1 ||
         { tail -5 /tmp/quantize.log; exit 1; }
@@ -78,19 +87,48 @@ torch.cuda.synchronize()
 dt = (time.perf_counter() - t) / 10
 print(f"device bandwidth (copy, read + write): {2 * n / dt / 1e9:.0f} GB/s")
 PY
+budget=${LENT_BUDGET:-540}
+# `timeout` of at most $1 seconds and what the budget has left; nothing (and a line
+# saying so) where it has under 20 s left.
+within() {
+    local t=$1 left=$((budget - SECONDS))
+    shift
+    if [ "$left" -lt 20 ]; then
+        echo "lent.sh: out of time ($SECONDS s), skipped: $*"
+        return 0
+    fi
+    timeout $((t < left ? t : left)) "$@"
+}
 bench=${LENT_BENCH:---pp 512 --tg 128 --reps 3 --batch-figures}
-echo "== folio bench --device gpu $bench"
-FOLIO_LOG=info timeout 300 "$lent/folio" bench --model "$model" --device gpu --no-llama $bench
+one=${LENT_BENCH1:---pp 128 --tg 64 --reps 2}
+echo "== folio bench --device gpu $bench (at ${SECONDS} s)"
+FOLIO_LOG=info within 240 "$lent/folio" bench --model "$model" --device gpu --no-llama $bench
+echo "== the same model on 2 CPU threads, batch 1 to 32 (at ${SECONDS} s)"
+within 120 "$lent/folio" bench --model "$model" --device cpu --threads 2 --no-llama \
+    --pp 64 --tg 16 --reps 1 --batch-figures
+big=/tmp/llama-8b-q4_k.gguf
+if [ "${LENT_8B:-1}" != 0 ] && [ ! -f "$big" ]; then
+    t0=$(date +%s)
+    PYTHONPATH=$lent/py within 90 "$py" "$lent/make_shape_model.py" llama-8b \
+        "$lent/ggml-vocab-llama-bpe.gguf" "$big" --q4_k && echo "lent.sh: made $big in $(($(date +%s) - t0)) s"
+fi
+if [ -f "$big" ]; then
+    echo "== the 8B shape (Q4_K), batch 1: folio bench --device gpu $one (at ${SECONDS} s)"
+    within 150 "$lent/folio" bench --model "$big" --device gpu --no-llama $one
+    echo "== the same, one matrix a dispatch (what fusing Q/K/V and gate/up is worth)"
+    within 120 "$lent/folio" bench --model "$big" --device gpu --no-llama --gpu-no-fusion $one
+fi
+echo "== the 1B shape at batch 1, one matrix a dispatch (at ${SECONDS} s)"
+within 90 "$lent/folio" bench --model "$model" --device gpu --no-llama --gpu-no-fusion $one
 echo "== the same at batch 1, the matmuls' lane sums in workgroup memory (what subgroups are worth)"
-timeout 120 "$lent/folio" bench --model "$model" --device gpu --no-llama --gpu-no-subgroups \
-    ${LENT_BENCH1:---pp 512 --tg 64 --reps 2}
+within 90 "$lent/folio" bench --model "$model" --device gpu --no-llama --gpu-no-subgroups $one
 echo "== host time per decode step (median over 32 steps: recording, and the whole step)"
-FOLIO_LOG=folio_gpu=debug timeout 120 "$lent/folio" generate --model "$model" --device gpu \
+FOLIO_LOG=folio_gpu=debug within 90 "$lent/folio" generate --model "$model" --device gpu \
     --temperature 0 --max-tokens 33 "The history of the printing press" 2>&1 >/dev/null |
     grep "gpu: step rows=1 " | tail -32 | python3 -c '
 import re, statistics, sys
-rows = [tuple(map(int, re.findall(r"(?:record|step)_us=(\d+)", l))) for l in sys.stdin]
-print("record_us", statistics.median(r for r, _ in rows), "step_us",
-      statistics.median(s for _, s in rows), "steps", len(rows))'
-echo "== folio bench --device cpu --threads 2 --pp 64 --tg 16 --reps 1 (this machine's CPU)"
-timeout 120 "$lent/folio" bench --model "$model" --device cpu --threads 2 --no-llama --pp 64 --tg 16 --reps 1
+rows = [tuple(map(int, re.findall(r"(?:dispatches|record_us|step_us)=(\d+)", l))) for l in sys.stdin]
+if rows:
+    print("dispatches", rows[-1][0], "record_us", statistics.median(r for _, r, _ in rows),
+          "step_us", statistics.median(s for _, _, s in rows), "steps", len(rows))'
+echo "lent.sh: done in ${SECONDS} s"
