@@ -51,7 +51,6 @@ pub(crate) struct Kernels {
     /// Activations into 8-bit blocks of 32 ([`Input::Q8`]) and of 256 ([`Input::Q8K`]).
     pub quantize: Kernel,
     pub quantize_k: Kernel,
-    pub rope: Kernel,
     pub kv_store: Kernel,
     pub attention: Kernel,
     /// K/V store and attention over an 8-bit pool.
@@ -231,15 +230,16 @@ impl Kernels {
         let norm = module("norm", include_str!("wgsl/norm.wgsl"));
         let quantize = module("quantize", include_str!("wgsl/quantize.wgsl"));
         let elementwise = module("elementwise", include_str!("wgsl/elementwise.wgsl"));
-        // The 8-bit K/V rotation comes first in both kernels that need it.
+        // The 8-bit K/V rotation and RoPE come first in both kernels that need them.
         let wht = include_str!("wgsl/wht.wgsl");
+        let rope = include_str!("wgsl/rope.wgsl");
         let kv_store = module(
             "kv_store",
-            &[wht, include_str!("wgsl/kv_store.wgsl")].concat(),
+            &[wht, rope, include_str!("wgsl/kv_store.wgsl")].concat(),
         );
         let attention = module(
             "attention",
-            &[wht, include_str!("wgsl/attention.wgsl")].concat(),
+            &[wht, rope, include_str!("wgsl/attention.wgsl")].concat(),
         );
         let f32_inputs = Format::ALL
             .iter()
@@ -262,7 +262,6 @@ impl Kernels {
             f32_inputs,
             quantize: pipeline(&quantize, "main"),
             quantize_k: pipeline(&quantize, "q8k"),
-            rope: pipeline(&module("rope", include_str!("wgsl/rope.wgsl")), "main"),
             kv_store: pipeline(&kv_store, "main"),
             attention: pipeline(&attention, "main"),
             kv_store_q8: pipeline(&kv_store, "q8"),

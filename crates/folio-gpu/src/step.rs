@@ -5,14 +5,15 @@
 //! than one binding holds, the head runs over them in pieces, each after the first in
 //! a pass and a copy of its own.
 //!
-//! Per layer: RMSNorm → Q, K, V matmuls (+ biases) → (per-head Q/K norms) → RoPE
-//! (the host's tables, the local one on a local layer) → K/V into the pool and the
-//! step's copy → paged attention over each row's own pages → output matmul added to
-//! the residual (normed first where the model has post-norms) → RMSNorm → gate, up →
-//! SiLU or GELU gate → down added to the residual (likewise). Then the final norm of
-//! the picked rows and the head. Attention scores and the final logits are
-//! soft-capped where the model says (Gemma 2). Every row of the ragged batch (prefill
-//! chunks and decode rows alike) shares each matmul.
+//! Per layer: RMSNorm → Q, K, V matmuls (one dispatch where they share a format; +
+//! biases) → (per-head Q/K norms) → K, rotated by RoPE (the host's tables, the local
+//! one on a local layer), and V into the pool and the step's copy → paged attention
+//! over each row's own pages, Q rotated as it is loaded → output matmul added to the
+//! residual (normed first where the model has post-norms) → RMSNorm → gate and up
+//! (likewise one dispatch) → SiLU or GELU gate → down added to the residual
+//! (likewise). Then the final norm of the picked rows and the head. Attention scores
+//! and the final logits are soft-capped where the model says (Gemma 2). Every row of
+//! the ragged batch (prefill chunks and decode rows alike) shares each matmul.
 
 use crate::arena::{Arena, Recorder};
 use crate::device::Gpu;
@@ -242,26 +243,23 @@ impl Step<'_> {
                             rec.dispatch(p, &k.norm_in_place, &params, &[g, y], (rows, 1));
                         }
                     }
+                    // RoPE is applied as K is stored and Q loaded (`rope.wgsl`).
                     let rope = match &rope_local {
                         Some(r) if c.layers[li].local_rope => r,
                         _ => &rope,
                     };
-                    let style = c.rope_of(li).style;
-                    let heads = (c.n_heads + c.n_kv_heads) * half;
-                    let params = [
-                        n,
-                        c.n_heads,
-                        c.n_kv_heads,
-                        c.head_dim,
-                        half,
-                        (style == folio::model::RopeStyle::Adjacent) as usize,
-                    ]
-                    .map(|v| v as u32);
-                    let groups = ((heads as u32).div_ceil(WG), n as u32);
-                    rec.dispatch(p, &k.rope, &params, &[rope, &q, &kb], groups);
+                    let adjacent = c.rope_of(li).style == folio::model::RopeStyle::Adjacent;
                     let back = self.write_back as u32;
                     let params = [
-                        n as u32, kvd as u32, li as u32, hd, rotate, inv_sqrt, back, 0,
+                        n as u32,
+                        kvd as u32,
+                        li as u32,
+                        hd,
+                        rotate,
+                        inv_sqrt,
+                        back,
+                        half as u32,
+                        adjacent as u32,
                     ];
                     let stores = [
                         &slots,
@@ -271,6 +269,7 @@ impl Step<'_> {
                         &self.pool.v[li],
                         &knew,
                         &vnew,
+                        rope,
                     ];
                     if self.pool.q8 {
                         let groups = (((n * kvd / c.head_dim) as u32).div_ceil(WG), 1);
@@ -295,8 +294,18 @@ impl Step<'_> {
                         inv_sqrt,
                         chunk_keys,
                         chunks,
+                        half as u32,
+                        adjacent as u32,
                     ];
-                    let bufs = [&att, &parts, &tab, &q, &self.pool.k[li], &self.pool.v[li]];
+                    let bufs = [
+                        &att,
+                        &parts,
+                        &tab,
+                        &q,
+                        &self.pool.k[li],
+                        &self.pool.v[li],
+                        rope,
+                    ];
                     let (attention, combine) = match self.pool.q8 {
                         true => (&k.attention_q8, &k.combine_q8),
                         false => (&k.attention, &k.combine),

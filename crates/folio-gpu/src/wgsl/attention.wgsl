@@ -1,4 +1,5 @@
-// Paged attention: one workgroup per (head, row, chunk of keys). The row's keys are
+// Paged attention: one workgroup per (head, row, chunk of keys). The query is rotated
+// by RoPE as it is loaded (`rope.wgsl`; `half` pairs, `adjacent`). The row's keys are
 // positions first..=pos of its own sequence, found through the step's page table (CSR,
 // `tab`):
 //   tab[2r], tab[2r + 1]           row r's position and sequence
@@ -25,7 +26,7 @@ struct P {
     rows: u32, n_heads: u32, n_kv_heads: u32, head_dim: u32,
     page_size: u32, kv_dim: u32, scale: f32, window: u32,
     seqs: u32, cap: f32, rotate: u32, norm: f32,
-    chunk_keys: u32, chunks: u32, pad0: u32, pad1: u32,
+    chunk_keys: u32, chunks: u32, half: u32, adjacent: u32,
 }
 @group(0) @binding(0) var<uniform> p: P;
 // The outputs first: `combine` binds only them.
@@ -35,6 +36,7 @@ struct P {
 @group(0) @binding(4) var<storage, read> q: array<f32>;
 @group(0) @binding(5) var<storage, read> kpool: array<u32>;
 @group(0) @binding(6) var<storage, read> vpool: array<u32>;
+@group(0) @binding(7) var<storage, read> rope_tab: array<f32>;
 
 // 8-bit K/V (a pipeline constant).
 override KV_Q8: bool = false;
@@ -133,9 +135,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         info[1] = pos + 1u;
         info[2] = tab[p.seqs + 3u * s];
     }
-    let qd = p.n_heads * p.head_dim;
+    let head = r * p.n_heads * p.head_dim + h * p.head_dim;
+    let adjacent = p.adjacent != 0u;
     for (var i = t; i < p.head_dim; i += 64u) {
-        qs[i] = q[r * qd + h * p.head_dim + i];
+        let other = q[head + rope_other(i, p.half, adjacent)];
+        qs[i] = rope_at(q[head + i], other, r, i, p.half, adjacent);
     }
     var first = workgroupUniformLoad(&info[0]);
     var n = workgroupUniformLoad(&info[1]);

@@ -1,5 +1,5 @@
-// Each new row's K and V into its slot of the device pool (two f16 per word, as the
-// host's f16 pool rounds them), and, where `back` (a host storage that holds no rows
+// Each new row's K (rotated by RoPE here: `rope.wgsl`) and V into its slot of the
+// device pool (two f16 per word, as the host's f16 pool rounds them), and, where `back` (a host storage that holds no rows
 // on the device), into this step's copy of the new rows (layer by layer) that goes
 // back to it: the f16 values the pool holds, widened to f32, so the host stores the
 // device's bits. Dispatch: (ceil(kv_dim / 2 / 64), rows).
@@ -11,7 +11,10 @@
 // away from zero, clamped to ±127. The step's copy for the host (where `back`) is the
 // f32 rows themselves: the host quantizes them again. Dispatch: (ceil(rows · kv heads
 // / 64), 1).
-struct P { rows: u32, kv_dim: u32, layer: u32, head_dim: u32, rotate: u32, norm: f32, back: u32, pad1: u32 }
+struct P {
+    rows: u32, kv_dim: u32, layer: u32, head_dim: u32, rotate: u32, norm: f32, back: u32,
+    half: u32, adjacent: u32,
+}
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> slots: array<u32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
@@ -20,6 +23,16 @@ struct P { rows: u32, kv_dim: u32, layer: u32, head_dim: u32, rotate: u32, norm:
 @group(0) @binding(5) var<storage, read_write> vpool: array<u32>;
 @group(0) @binding(6) var<storage, read_write> knew: array<f32>;
 @group(0) @binding(7) var<storage, read_write> vnew: array<f32>;
+@group(0) @binding(8) var<storage, read> rope_tab: array<f32>;
+
+// Value e of row r's K (kv_dim wide) rotated by RoPE.
+fn k_at(r: u32, e: u32) -> f32 {
+    let head = r * p.kv_dim + e / p.head_dim * p.head_dim;
+    let i = e % p.head_dim;
+    let adjacent = p.adjacent != 0u;
+    let other = k[head + rope_other(i, p.half, adjacent)];
+    return rope_at(k[head + i], other, r, i, p.half, adjacent);
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -31,7 +44,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let src = r * p.kv_dim + 2u * e;
     let dst = slots[r] * half + e;
-    let kh = pack2x16float(vec2<f32>(k[src], k[src + 1u]));
+    let kh = pack2x16float(vec2<f32>(k_at(r, 2u * e), k_at(r, 2u * e + 1u)));
     let vh = pack2x16float(vec2<f32>(v[src], v[src + 1u]));
     kpool[dst] = kh;
     vpool[dst] = vh;
@@ -82,21 +95,26 @@ fn q8(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (r >= p.rows) {
         return;
     }
-    let src = r * p.kv_dim + h * p.head_dim;
     let stride = p.kv_dim / 4u + heads;
     let dst = slots[r] * stride + h * (p.head_dim / 4u);
     let scale = slots[r] * stride + p.kv_dim / 4u + h;
     let out = (p.layer * p.rows + r) * p.kv_dim + h * p.head_dim;
-    store_q8(false, src, dst, scale, out);
-    store_q8(true, src, dst, scale, out);
+    store_q8(false, r, h, dst, scale, out);
+    store_q8(true, r, h, dst, scale, out);
 }
 
-// One head row of K (or, `is_v`, of V) at `src`: to the host's copy at `out`, and
+// Head h of row r's K (RoPE applied) or, `is_v`, V: to the host's copy at `out`, and
 // rotated and quantized into its pool slot (values from word `dst`, scale at word
 // `scale`).
-fn store_q8(is_v: bool, src: u32, dst: u32, scale: u32, out: u32) {
+fn store_q8(is_v: bool, r: u32, h: u32, dst: u32, scale: u32, out: u32) {
+    let src = r * p.kv_dim + h * p.head_dim;
     for (var e = 0u; e < p.head_dim; e++) {
-        let x = select(k[src + e], v[src + e], is_v);
+        var x = 0.0;
+        if (is_v) {
+            x = v[src + e];
+        } else {
+            x = k_at(r, h * p.head_dim + e);
+        }
         wht[e] = x;
         if (p.back == 0u) {
             continue;

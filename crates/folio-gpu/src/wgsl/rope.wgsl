@@ -1,40 +1,40 @@
-// RoPE on every head of Q and K, from the host's (cos, sin) table of each row (the
-// same table the CPU path uses: every scaling type is the host's). Pair j of a head is
-// (2j, 2j + 1) (adjacent) or (j, j + half) (halves). Dispatch: (ceil(heads * half / 64), rows).
-struct P { rows: u32, n_heads: u32, n_kv_heads: u32, head_dim: u32, half: u32, adjacent: u32, pad0: u32, pad1: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> tab: array<f32>;
-@group(0) @binding(2) var<storage, read_write> q: array<f32>;
-@group(0) @binding(3) var<storage, read_write> k: array<f32>;
+// RoPE, applied where Q and K are read (`kv_store.wgsl` as it stores K, `attention.wgsl`
+// as it loads Q), not by a dispatch of its own: value i of a head row at step row r,
+// from the host's (cos, sin) table of each row (`rope_tab`, bound by the kernel that
+// includes this; `half` pairs a row: the same table the CPU path uses, so every scaling
+// type is the host's). Pair j of a head is (2j, 2j + 1) (adjacent) or (j, j + half)
+// (halves); values from 2 half on are not rotated. Each value is what the host's
+// rotation of the pair (x0, x1) gives: x0 c - x1 s and x0 s + x1 c.
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    let r = gid.y;
-    if (r >= p.rows || i >= (p.n_heads + p.n_kv_heads) * p.half) {
-        return;
+// The other value of value i's pair (i itself where i is not rotated).
+fn rope_other(i: u32, half: u32, adjacent: bool) -> u32 {
+    if (i >= 2u * half) {
+        return i;
     }
-    let h = i / p.half;
-    let j = i % p.half;
-    var a = j;
-    var b = j + p.half;
-    if (p.adjacent != 0u) {
-        a = 2u * j;
-        b = 2u * j + 1u;
+    if (adjacent) {
+        return i ^ 1u;
     }
-    let c = tab[(r * p.half + j) * 2u];
-    let s = tab[(r * p.half + j) * 2u + 1u];
-    if (h < p.n_heads) {
-        let base = (r * p.n_heads + h) * p.head_dim;
-        let x0 = q[base + a];
-        let x1 = q[base + b];
-        q[base + a] = x0 * c - x1 * s;
-        q[base + b] = x0 * s + x1 * c;
-    } else {
-        let base = (r * p.n_kv_heads + h - p.n_heads) * p.head_dim;
-        let x0 = k[base + a];
-        let x1 = k[base + b];
-        k[base + a] = x0 * c - x1 * s;
-        k[base + b] = x0 * s + x1 * c;
+    if (i < half) {
+        return i + half;
     }
+    return i - half;
+}
+
+// Value i (x) of a head row at step row r, rotated with the other value of its pair (y).
+fn rope_at(x: f32, y: f32, r: u32, i: u32, half: u32, adjacent: bool) -> f32 {
+    if (i >= 2u * half) {
+        return x;
+    }
+    var j = i % half;
+    var first = i < half;
+    if (adjacent) {
+        j = i / 2u;
+        first = (i & 1u) == 0u;
+    }
+    let c = rope_tab[(r * half + j) * 2u];
+    let s = rope_tab[(r * half + j) * 2u + 1u];
+    if (first) {
+        return x * c - y * s;
+    }
+    return y * s + x * c;
 }
