@@ -14,7 +14,7 @@ usage: make_shape_model.py SHAPE VOCAB_GGUF OUT_GGUF [--q4_k]
          scripts/setup.sh puts in models/vocab/.
 Tensors are written in F16 (norms in F32), N(0, 0.02) with a fixed seed. With --q4_k
 every matrix is written straight in random Q4_K blocks (no llama-quantize: an 8B shape
-in seconds, as a lent GPU machine's minutes need): random scales, mins and values, d and
+in half a minute, as a lent GPU machine's minutes need): random scales, mins and values, d and
 dmin fixed so a weight has mean ~0 and deviation ~0.02.
 """
 import sys
