@@ -6,7 +6,7 @@
 use crate::arena::Recorder;
 use crate::device::Gpu;
 use crate::error::GpuError;
-use crate::weights::Format;
+use crate::weights::{Format, Matrix};
 
 /// A kernel: its pipeline and bind group layout (inferred from the shader).
 pub(crate) struct Kernel {
@@ -352,6 +352,28 @@ impl Kernels {
                 (rows as u32).div_ceil(MATMUL_ROWS),
             );
             rec.dispatch(pass, kernel, &params, &[w, a, y, y1, y2], groups);
+        }
+    }
+
+    /// Records `m` · `a`ᵀ with `kernel` into `out` (added with `add`): each piece of
+    /// the matrix in one dispatch, or (where not `fused`) each part of it in one per
+    /// piece it lies in ([`Matrix::dispatches`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matrix(
+        &self,
+        rec: &Recorder<'_>,
+        pass: &mut wgpu::ComputePass<'_>,
+        kernel: &Kernel,
+        m: &Matrix,
+        a: &wgpu::Buffer,
+        out: &Outputs<'_>,
+        rows: usize,
+        add: bool,
+    ) {
+        for (piece, range) in m.dispatches(self.fused) {
+            let (buf, first, _) = &m.pieces[piece];
+            let shape = (m.cols, *first, range);
+            self.matmul(rec, pass, kernel, [buf, a], out, shape, rows, add);
         }
     }
 }

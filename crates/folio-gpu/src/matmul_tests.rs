@@ -454,11 +454,13 @@ fn block_kernels_give_the_widened_kernels_bits() {
     }
 }
 
-/// A matrix of three parts (Q, K and V's rows one after another, `Matrix::parts`) in
-/// one dispatch, and in one dispatch per part (`Kernels::fused` off: each a range of
-/// the matrix's rows), gives each part's output the bits of that part multiplied as a
-/// matrix of its own, into its own buffer at its own stride, added onto what the buffer
-/// held where asked: both splits, 1 and 9 rows, and dispatches of 3 workgroups.
+/// A matrix of three parts (Q, K and V's rows one after another, `Matrix::parts`), in
+/// one piece and in pieces of 50 rows that straddle the parts' ends (as a matrix larger
+/// than a binding goes up), each piece in one dispatch or (`Kernels::fused` off) each
+/// part in one per piece (`Kernels::matrix`), gives each part's output the bits of
+/// that part multiplied as a matrix of its own, into its own buffer at its own stride,
+/// added onto what the buffer held where asked: both splits, 1 and 9 rows, and
+/// dispatches of 3 workgroups.
 #[test]
 fn a_matrix_of_parts_gives_each_part_its_own_bits() {
     let Some(gpu) = gpu_or_skip() else {
@@ -471,22 +473,34 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
     let rows_of: usize = sizes.iter().sum();
     let bytes = random_blocks(&mut rng, ty, rows_of, cols);
     let rb = bytes.len() / rows_of;
-    let matrix = |data: &[u8], parts: Vec<usize>| {
-        let n = parts.iter().sum();
+    // Rows `first..first + n` of `bytes` as a matrix of `parts` in pieces of `per` rows.
+    let matrix = |first: usize, parts: Vec<usize>, per: usize| {
+        let n: usize = parts.iter().sum();
+        let pieces = (0..n)
+            .step_by(per)
+            .map(|at| {
+                let m = per.min(n - at);
+                let data = &bytes[(first + at) * rb..(first + at + m) * rb];
+                (gpu.upload("w", data), at, m)
+            })
+            .collect();
         Matrix {
-            pieces: vec![(gpu.upload("w", data), 0, n)],
+            pieces,
             format: Format::Q4K,
             rows: n,
             cols,
-            bytes: data.len(),
+            bytes: n * rb,
             parts,
         }
     };
-    let whole = matrix(&bytes, sizes.to_vec());
+    let wholes = [
+        matrix(0, sizes.to_vec(), rows_of),
+        matrix(0, sizes.to_vec(), 50),
+    ];
     let mut at = 0;
     let alone: Vec<Matrix> = sizes
         .iter()
-        .map(|&n| (matrix(&bytes[at * rb..(at + n) * rb], vec![n]), at += n).0)
+        .map(|&n| (matrix(at, vec![n], n), at += n).0)
         .collect();
     for (wide, max_groups, add) in [
         (false, default_groups, false),
@@ -495,7 +509,6 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
         (false, 3, true),
     ] {
         (k.wide, k.max_groups) = (wide, max_groups);
-        let kernel = k.f32_inputs(Format::Q4K);
         for rows in [1, 9] {
             let case = format!("{rows} rows, wide {wide}, {max_groups} groups, add {add}");
             let a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
@@ -518,45 +531,29 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
                 |rec, pass| {
                     for (m, y) in alone.iter().zip(&ys) {
                         let out = Outputs::parts(&m.parts, &[(y, m.rows)]);
-                        let shape = (cols, 0, 0..m.rows);
-                        k.matmul(
-                            rec,
-                            pass,
-                            kernel,
-                            [&m.pieces[0].0, &a],
-                            &out,
-                            shape,
-                            rows,
-                            add,
-                        );
+                        let kernel = k.f32_inputs(Format::Q4K);
+                        k.matrix(rec, pass, kernel, m, &a, &out, rows, add);
                     }
                 },
                 &ys.iter().collect::<Vec<_>>(),
             );
-            // The parts in one dispatch, then in one dispatch each.
-            for one_each in [false, true] {
+            for (whole, fused) in wholes.iter().flat_map(|w| [(w, true), (w, false)]) {
+                k.fused = fused;
                 let ys = outputs();
                 let outs: Vec<(&wgpu::Buffer, usize)> = ys.iter().zip(sizes).collect();
                 let out = Outputs::parts(&whole.parts, &outs);
-                // Each dispatch's rows of the matrix.
-                let ends = match one_each {
-                    false => &[rows_of][..],
-                    true => &[70, 94, rows_of],
-                };
                 let got = record_and_read(
                     &gpu,
                     |rec, pass| {
-                        for (i, &end) in ends.iter().enumerate() {
-                            let start = if i == 0 { 0 } else { ends[i - 1] };
-                            let shape = (cols, 0, start..end);
-                            let w = [&whole.pieces[0].0, &a];
-                            k.matmul(rec, pass, kernel, w, &out, shape, rows, add);
-                        }
+                        let kernel = k.f32_inputs(Format::Q4K);
+                        k.matrix(rec, pass, kernel, whole, &a, &out, rows, add)
                     },
                     &ys.iter().collect::<Vec<_>>(),
                 );
-                assert!(got == want, "{case}, one dispatch a part {one_each}");
+                let pieces = whole.pieces.len();
+                assert!(got == want, "{case}, {pieces} pieces, fused {fused}");
             }
+            k.fused = true;
         }
     }
 }

@@ -488,23 +488,7 @@ impl Ops<'_> {
             Input::Q8K => self.akq,
         };
         let out = Outputs::parts(&m.parts, outs);
-        // The matrix rows each dispatch takes: all, or each part's.
-        let mut at = 0;
-        let ranges: Vec<std::ops::Range<usize>> = match self.k.fused {
-            true => std::iter::once(0..m.rows).collect(),
-            false => m.parts.iter().map(|&n| (at..at + n, at += n).0).collect(),
-        };
-        for range in ranges {
-            for (buf, first, n) in &m.pieces {
-                // The range's rows in this piece, from its first.
-                let piece = range.start.max(*first) - first..range.end.min(first + n) - first;
-                if !piece.is_empty() {
-                    let shape = (m.cols, *first, piece);
-                    self.k
-                        .matmul(rec, p, kernel, [buf, input], &out, shape, rows, add);
-                }
-            }
-        }
+        self.k.matrix(rec, p, kernel, m, input, &out, rows, add);
     }
 
     /// The head over `rows` rows of `x` that `picked` lists: the final norm into `hp`,

@@ -75,6 +75,45 @@ pub(crate) struct Matrix {
     pub parts: Vec<usize>,
 }
 
+impl Matrix {
+    /// The dispatches that compute the matrix: each piece's index and its rows (from the
+    /// piece's first) one dispatch takes. `fused`: each piece whole; otherwise each
+    /// part's rows in each piece they lie in, part by part (one dispatch a part where
+    /// the matrix is one piece).
+    pub fn dispatches(&self, fused: bool) -> Vec<(usize, std::ops::Range<usize>)> {
+        let pieces = self.pieces.iter().map(|&(_, first, n)| (first, n));
+        dispatches(self.rows, &self.parts, pieces, fused)
+    }
+}
+
+/// [`Matrix::dispatches`] of a matrix of `rows` in `parts` and `pieces` (each one's first
+/// row and rows).
+fn dispatches(
+    rows: usize,
+    parts: &[usize],
+    pieces: impl Iterator<Item = (usize, usize)> + Clone,
+    fused: bool,
+) -> Vec<(usize, std::ops::Range<usize>)> {
+    let mut at = 0;
+    let ranges: Vec<std::ops::Range<usize>> = match fused {
+        true => std::iter::once(0..rows).collect(),
+        false => parts.iter().map(|&n| (at..at + n, at += n).0).collect(),
+    };
+    let mut out = Vec::new();
+    for range in ranges {
+        for (i, (first, n)) in pieces.clone().enumerate() {
+            // The range's rows in this piece, if any, from the piece's first.
+            if range.start < first + n && range.end > first {
+                out.push((
+                    i,
+                    range.start.max(first) - first..range.end.min(first + n) - first,
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// One block's weights.
 pub(crate) struct Layer {
     pub attn_norm: wgpu::Buffer,
@@ -200,8 +239,8 @@ pub(crate) fn load(gpu: &Gpu, g: &Gguf, c: &Config) -> Result<Weights, GpuError>
         let wo = rows("attn_output.weight", qd, &[d])?;
         let w_down = rows("ffn_down.weight", f, &[d])?;
         let up = |name: &str, parts| upload(gpu, &n(name), d, parts);
-        let qkv = up("attn_qkv", qkv)?;
-        let gate_up = up("ffn_gate_up", gate_up)?;
+        let qkv = up("attn_q/k/v", qkv)?;
+        let gate_up = up("ffn_gate/up", gate_up)?;
         let wo = one(upload(gpu, &n("attn_output.weight"), qd, wo)?);
         let w_down = one(upload(gpu, &n("ffn_down.weight"), f, w_down)?);
         let v = |name: &str, len: usize| vector(gpu, g, &n(name), len);
@@ -372,7 +411,12 @@ fn upload(gpu: &Gpu, name: &str, cols: usize, parts: Vec<Rows>) -> Result<Vec<Ma
             let format = group[0].format;
             let data: Cow<[u8]> = match group.len() {
                 1 => group.into_iter().next().expect("one part").data,
-                _ => group.iter().flat_map(|p| p.data.iter().copied()).collect(),
+                _ => group
+                    .iter()
+                    .map(|p| &p.data[..])
+                    .collect::<Vec<_>>()
+                    .concat()
+                    .into(),
             };
             pieces(gpu, name, (format, &data), cols, sizes)
         })
@@ -435,7 +479,40 @@ fn vector(gpu: &Gpu, g: &Gguf, name: &str, len: usize) -> Result<wgpu::Buffer, G
 
 #[cfg(test)]
 mod tests {
-    use super::Format;
+    use super::{dispatches, Format};
+
+    /// A matrix of parts in pieces (as one larger than a binding goes up): fused, each
+    /// piece whole; otherwise each part in each piece it lies in, none past a piece's
+    /// ends (a part that ends before a piece starts, or starts after it ends, has no
+    /// dispatch there).
+    #[test]
+    fn a_matrix_is_dispatched_by_pieces_or_by_parts_within_them() {
+        let pieces = [(0, 1000), (1000, 1000), (2000, 1000), (3000, 72)];
+        let parts = [2048, 512, 512];
+        let by = |fused| dispatches(3072, &parts, pieces.iter().copied(), fused);
+        assert_eq!(
+            by(true),
+            vec![(0, 0..1000), (1, 0..1000), (2, 0..1000), (3, 0..72)]
+        );
+        assert_eq!(
+            by(false),
+            vec![
+                (0, 0..1000),
+                (1, 0..1000),
+                (2, 0..48),
+                (2, 48..560),
+                (2, 560..1000),
+                (3, 0..72)
+            ]
+        );
+        // One piece: one dispatch, or one a part.
+        let one = |fused| dispatches(3072, &parts, [(0, 3072)].into_iter(), fused);
+        assert_eq!(one(true), vec![(0, 0..3072)]);
+        assert_eq!(
+            one(false),
+            vec![(0, 0..2048), (0, 2048..2560), (0, 2560..3072)]
+        );
+    }
 
     /// The kernels keep one pipeline per format at index `wgsl()`, built in `ALL`'s order.
     #[test]

@@ -307,8 +307,8 @@ fn bits(rows: &[Vec<f32>]) -> Vec<u32> {
 
 /// Q, K and V in one dispatch, and gate and up in another (the default: each pair of
 /// matrices in one format is one matrix of parts), give the logits of one dispatch a
-/// matrix bit for bit: three prompts in one step. (Both splits, and dispatches in
-/// several pieces, at the kernel: `a_matrix_of_parts_gives_each_part_its_own_bits`.)
+/// matrix bit for bit: three prompts in one step. (Both splits, and a matrix in
+/// pieces that straddle its parts: `a_matrix_of_parts_gives_each_part_its_own_bits`.)
 #[test]
 fn matrices_in_one_dispatch_give_the_same_bits() {
     let (Some((_, fused)), Some((_, apart))) =
