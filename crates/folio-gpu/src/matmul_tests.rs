@@ -115,17 +115,7 @@ fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usi
     let y = gpu.scratch("y", (rows * m.rows * 4) as u64);
     let record = |rec: &Recorder<'_>, pass: &mut wgpu::ComputePass<'_>| {
         let out = Outputs::parts(&m.parts, &[(&y, m.rows)]);
-        let shape = (m.cols, 0, 0..m.rows);
-        k.matmul(
-            rec,
-            pass,
-            kernel,
-            [&m.pieces[0].0, &a],
-            &out,
-            shape,
-            rows,
-            false,
-        );
+        k.matrix(rec, pass, kernel, m, &a, &out, rows, false);
     };
     let words = record_and_read(gpu, record, &[&y]);
     words.into_iter().map(f32::from_bits).collect()
@@ -145,17 +135,7 @@ fn run_q8k(gpu: &Gpu, k: &Kernels, m: &Matrix, a: &[f32], rows: usize) -> (Vec<f
         let groups = ((m.cols as u32 / 256).div_ceil(64), rows as u32);
         rec.dispatch(pass, &k.quantize_k, &params, &[&a, &aq], groups);
         let out = Outputs::parts(&m.parts, &[(&y, m.rows)]);
-        let shape = (m.cols, 0, 0..m.rows);
-        k.matmul(
-            rec,
-            pass,
-            kernel,
-            [&m.pieces[0].0, &aq],
-            &out,
-            shape,
-            rows,
-            false,
-        );
+        k.matrix(rec, pass, kernel, m, &aq, &out, rows, false);
     };
     let mut words = record_and_read(gpu, record, &[&y, &aq]);
     let q = words.split_off(rows * m.rows);
