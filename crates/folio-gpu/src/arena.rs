@@ -80,10 +80,29 @@ impl Arena {
         }
     }
 
+    /// An encoder holding one compute pass of the dispatches `record` makes through
+    /// the recorder it is given, and how many there are: recorded again where the
+    /// parameter buffer was too small for them (as every backend's first step is).
+    pub fn record(
+        &mut self,
+        gpu: &Gpu,
+        record: impl Fn(&Recorder<'_>, &mut wgpu::ComputePass<'_>),
+    ) -> (wgpu::CommandEncoder, usize) {
+        loop {
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            let rec = self.recorder(gpu);
+            record(&rec, &mut encoder.begin_compute_pass(&Default::default()));
+            let dispatches = rec.dispatches();
+            if rec.finish().is_ok() {
+                return (encoder, dispatches);
+            }
+        }
+    }
+
     /// A recorder for one step. The parameter buffer holds as many dispatches as the
     /// largest step so far (64 at first): a step with more is recorded again
-    /// (`Recorder::finish`), as every backend's first step is.
-    pub fn recorder<'a>(&'a mut self, gpu: &'a Gpu) -> Recorder<'a> {
+    /// (`Recorder::finish`, [`Arena::record`]).
+    fn recorder<'a>(&'a mut self, gpu: &'a Gpu) -> Recorder<'a> {
         if self.slots < self.wanted.max(64) {
             let slots = self.wanted.max(64).next_power_of_two();
             self.params = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -205,13 +224,13 @@ impl Recorder<'_> {
     }
 
     /// Dispatches recorded so far.
-    pub fn dispatches(&self) -> usize {
+    fn dispatches(&self) -> usize {
         self.state.borrow().next
     }
 
     /// Writes the step's parameters; `Err` where the step had more dispatches than
     /// the parameter buffer holds: record it again (the next recorder holds them).
-    pub fn finish(self) -> Result<(), ()> {
+    fn finish(self) -> Result<(), ()> {
         let st = self.state.into_inner();
         st.arena.wanted = st.arena.wanted.max(st.next);
         if st.next > st.arena.slots {

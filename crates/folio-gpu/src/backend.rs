@@ -108,9 +108,9 @@ impl GpuBackend {
 
     /// The same backend with the matmuls' work split for a GPU (many lanes an output)
     /// or for a software adapter (one): by default the adapter's kind picks
-    /// (`Kernels::wide`). The results differ in their last bits (another order of sums).
+    /// (`Settings::wide`). The results differ in their last bits (another order of sums).
     pub fn with_wide_matmuls(mut self, on: bool) -> Self {
-        self.kernels.wide = on;
+        self.kernels.set.wide = on;
         self
     }
 
@@ -118,7 +118,7 @@ impl GpuBackend {
     /// one dispatch (the default), or (`on` false) one dispatch per part: the same bits
     /// (`matmul_common.wgsl`); for measuring what fewer dispatches are worth.
     pub fn with_fused_matmuls(mut self, on: bool) -> Self {
-        self.kernels.fused = on;
+        self.kernels.set.fused = on;
         self
     }
 
@@ -130,23 +130,9 @@ impl GpuBackend {
         // Only turning them off changes anything: the kernels already use them where
         // the device has them.
         if !on && self.kernels.subgroup.is_some() {
-            let k = &self.kernels;
-            let kept = (
-                k.wide,
-                k.fused,
-                k.max_groups,
-                k.attention_chunk,
-                k.head_rows,
-            );
+            let set = self.kernels.set;
             self.kernels = Kernels::with_subgroups(&self.gpu, false)?;
-            let k = &mut self.kernels;
-            (
-                k.wide,
-                k.fused,
-                k.max_groups,
-                k.attention_chunk,
-                k.head_rows,
-            ) = kept;
+            self.kernels.set = set;
         }
         Ok(self)
     }
@@ -154,14 +140,14 @@ impl GpuBackend {
     /// The same backend with the head run over at most `rows` picked rows a pass (by
     /// default as many as one binding's logits hold): for tests of the pieces.
     pub fn with_head_rows(mut self, rows: usize) -> Self {
-        self.kernels.head_rows = rows.max(1);
+        self.kernels.set.head_rows = rows.max(1);
         self
     }
 
     /// The same backend with attention split at every `keys` keys (`attention.wgsl`;
     /// 256 by default): for tests of the split, and tuning.
     pub fn with_attention_chunk(mut self, keys: u32) -> Self {
-        self.kernels.attention_chunk = keys.max(1);
+        self.kernels.set.attention_chunk = keys.max(1);
         self
     }
 
@@ -254,8 +240,12 @@ impl Backend for GpuBackend {
     fn describe(&self) -> String {
         let a = self.gpu.adapter();
         let kind = if a.software { ", software" } else { "" };
-        let split = if self.kernels.wide { "wide" } else { "narrow" };
-        let fused = if self.kernels.fused {
+        let split = if self.kernels.set.wide {
+            "wide"
+        } else {
+            "narrow"
+        };
+        let fused = if self.kernels.set.fused {
             ""
         } else {
             ", one matrix a dispatch"

@@ -59,9 +59,6 @@ pub(crate) struct Kernels {
     /// The chunks of a split attention combined (f16 and 8-bit K/V).
     pub combine: Kernel,
     pub combine_q8: Kernel,
-    /// Keys per chunk where a row's attention is split ([`ATTENTION_CHUNK`]; fewer in a
-    /// test of the split).
-    pub attention_chunk: u32,
     /// The gated activation (SiLU or GELU).
     pub glu: Kernel,
     /// Per-head RMSNorm in place (Q/K norms) and a post-norm added to the residual.
@@ -70,6 +67,17 @@ pub(crate) struct Kernels {
     pub bias: Kernel,
     /// Final-logit soft-capping.
     pub softcap: Kernel,
+    /// How the step records its dispatches (kept when the kernels are compiled again).
+    pub set: Settings,
+    /// The subgroup size the matmuls' lanes add their sums within
+    /// (`reduce_subgroup.wgsl`), or none (`reduce_workgroup.wgsl`): the same bits.
+    pub subgroup: Option<u32>,
+}
+
+/// How a step records its dispatches, set by the backend's `with_*` options and the
+/// adapter's kind; none of it is compiled into a pipeline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
     /// The matmuls' work split: many lanes share an output column (what a GPU wants:
     /// neighbouring invocations read neighbouring weights), or one lane computes it
     /// (what lavapipe runs fastest: its lanes are SIMD lanes of one CPU core, where a
@@ -86,9 +94,9 @@ pub(crate) struct Kernels {
     /// The most picked rows one pass of the head takes (`step.rs`: its logits in
     /// pieces where they would be more than one binding holds); a test sets fewer.
     pub head_rows: usize,
-    /// The subgroup size the matmuls' lanes add their sums within
-    /// (`reduce_subgroup.wgsl`), or none (`reduce_workgroup.wgsl`): the same bits.
-    pub subgroup: Option<u32>,
+    /// Keys per chunk where a row's attention is split ([`ATTENTION_CHUNK`]; fewer in a
+    /// test of the split).
+    pub attention_chunk: u32,
 }
 
 /// Workgroup width of every kernel.
@@ -268,16 +276,18 @@ impl Kernels {
             attention_q8: pipeline_with(&attention, "main", &[("KV_Q8", 1.0)]),
             combine: pipeline(&attention, "combine"),
             combine_q8: pipeline_with(&attention, "combine", &[("KV_Q8", 1.0)]),
-            attention_chunk: ATTENTION_CHUNK,
             glu: pipeline(&elementwise, "glu"),
             norm_in_place: pipeline(&norm, "in_place"),
             norm_add: pipeline(&norm, "add"),
             bias: pipeline(&elementwise, "bias"),
             softcap: pipeline(&elementwise, "softcap"),
-            wide: !gpu.adapter().software,
-            fused: true,
-            max_groups: MAX_GROUPS,
-            head_rows: usize::MAX,
+            set: Settings {
+                wide: !gpu.adapter().software,
+                fused: true,
+                max_groups: MAX_GROUPS,
+                head_rows: usize::MAX,
+                attention_chunk: ATTENTION_CHUNK,
+            },
             subgroup,
         }
     }
@@ -322,12 +332,12 @@ impl Kernels {
         rows: usize,
         add: bool,
     ) {
-        let lanes = match self.wide {
+        let lanes = match self.set.wide {
             true => (k as u32 / kernel.chunk).next_power_of_two().min(WG),
             false => 1,
         };
         let columns = (piece.len() as u32).div_ceil(WG / lanes);
-        let step = self.max_groups;
+        let step = self.set.max_groups;
         let [(y, stride), (y1, stride1), (y2, stride2)] = out.parts;
         let [s1, s2] = out.starts.map(|s| s.min(u32::MAX as usize) as u32);
         for g0 in (0..columns).step_by(step as usize) {
@@ -370,7 +380,7 @@ impl Kernels {
         rows: usize,
         add: bool,
     ) {
-        for (piece, range) in m.dispatches(self.fused) {
+        for (piece, range) in m.dispatches(self.set.fused) {
             let (buf, first, _) = &m.pieces[piece];
             let shape = (m.cols, *first, range);
             self.matmul(rec, pass, kernel, [buf, a], out, shape, rows, add);

@@ -89,15 +89,7 @@ fn record_and_read(
     record: impl Fn(&Recorder<'_>, &mut wgpu::ComputePass<'_>),
     outputs: &[&wgpu::Buffer],
 ) -> Vec<u32> {
-    let mut arena = Arena::default();
-    let mut encoder = loop {
-        let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        let rec = arena.recorder(gpu);
-        record(&rec, &mut encoder.begin_compute_pass(&Default::default()));
-        if rec.finish().is_ok() {
-            break encoder;
-        }
-    };
+    let (mut encoder, _) = Arena::default().record(gpu, record);
     let bytes: u64 = outputs.iter().map(|b| b.size()).sum();
     let staging = gpu.staging(bytes);
     let mut at = 0;
@@ -255,16 +247,16 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
     // (an idle lane of four), four (several columns in one of lavapipe's subgroups of
     // 8), eight (one a lane when wide), and dispatches of 3 workgroups.
     for (wide, cols, max_groups) in [
-        (false, 256, k.max_groups),
-        (true, 256, k.max_groups),
-        (true, 768, k.max_groups),
-        (true, 1024, k.max_groups),
-        (false, 2048, k.max_groups),
-        (true, 2048, k.max_groups),
+        (false, 256, k.set.max_groups),
+        (true, 256, k.set.max_groups),
+        (true, 768, k.set.max_groups),
+        (true, 1024, k.set.max_groups),
+        (false, 2048, k.set.max_groups),
+        (true, 2048, k.set.max_groups),
         (true, 2048, 3),
     ] {
-        (k.wide, k.max_groups) = (wide, max_groups);
-        (plain.wide, plain.max_groups) = (wide, max_groups);
+        (k.set.wide, k.set.max_groups) = (wide, max_groups);
+        (plain.set.wide, plain.set.max_groups) = (wide, max_groups);
         let n = 70;
         for (ty, format) in formats {
             let bytes = random_blocks(&mut rng, ty, n, cols);
@@ -351,7 +343,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
     let mut plain = Kernels::with_subgroups(&gpu, false).unwrap();
     eprintln!("subgroups: {:?}", k.subgroup);
     assert_eq!(plain.subgroup, None);
-    let default_groups = k.max_groups;
+    let default_groups = k.set.max_groups;
     let mut rng = Rng(42);
     let formats = [
         (GgmlType::Q4_0, Format::Q4_0),
@@ -385,8 +377,8 @@ fn block_kernels_give_the_widened_kernels_bits() {
         (true, 3000, 4096, default_groups),
     ];
     for (wide, n, cols, max_groups) in shapes {
-        (k.wide, k.max_groups) = (wide, max_groups);
-        (plain.wide, plain.max_groups) = (wide, max_groups);
+        (k.set.wide, k.set.max_groups) = (wide, max_groups);
+        (plain.set.wide, plain.set.max_groups) = (wide, max_groups);
         for (ty, format) in formats {
             if !(cols as u64).is_multiple_of(ty.block_layout().0)
                 || (n > 70 && ty != GgmlType::Q4_0)
@@ -412,7 +404,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 let case = format!(
                     "{ty}, {n} x {cols}, {rows} rows, wide {}, {max_groups} groups",
-                    k.wide
+                    k.set.wide
                 );
                 assert!(bits(&got) == bits(&want), "{case}");
                 let in_memory = run(&gpu, &plain, plain.f32_inputs(format), &blocks, &a, rows);
@@ -436,7 +428,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
 
 /// A matrix of three parts (Q, K and V's rows one after another, `Matrix::parts`), in
 /// one piece and in pieces of 50 rows that straddle the parts' ends (as a matrix larger
-/// than a binding goes up), each piece in one dispatch or (`Kernels::fused` off) each
+/// than a binding goes up), each piece in one dispatch or (`Settings::fused` off) each
 /// part in one per piece (`Kernels::matrix`), gives each part's output the bits of
 /// that part multiplied as a matrix of its own, into its own buffer at its own stride,
 /// added onto what the buffer held where asked: both splits, 1 and 9 rows, and
@@ -447,7 +439,7 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
         return;
     };
     let mut k = Kernels::new(&gpu).unwrap();
-    let default_groups = k.max_groups;
+    let default_groups = k.set.max_groups;
     let mut rng = Rng(11);
     let (ty, cols, sizes) = (GgmlType::Q4_K, 512, [70usize, 24, 40]);
     let rows_of: usize = sizes.iter().sum();
@@ -488,7 +480,7 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
         (true, 3, false),
         (false, 3, true),
     ] {
-        (k.wide, k.max_groups) = (wide, max_groups);
+        (k.set.wide, k.set.max_groups) = (wide, max_groups);
         for rows in [1, 9] {
             let case = format!("{rows} rows, wide {wide}, {max_groups} groups, add {add}");
             let a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
@@ -518,7 +510,7 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
                 &ys.iter().collect::<Vec<_>>(),
             );
             for (whole, fused) in wholes.iter().flat_map(|w| [(w, true), (w, false)]) {
-                k.fused = fused;
+                k.set.fused = fused;
                 let ys = outputs();
                 let outs: Vec<(&wgpu::Buffer, usize)> = ys.iter().zip(sizes).collect();
                 let out = Outputs::parts(&whole.parts, &outs);
@@ -533,7 +525,7 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
                 let pieces = whole.pieces.len();
                 assert!(got == want, "{case}, {pieces} pieces, fused {fused}");
             }
-            k.fused = true;
+            k.set.fused = true;
         }
     }
 }

@@ -118,7 +118,7 @@ impl Step<'_> {
         // more than one binding holds (a long prompt's logits over a large vocabulary):
         // the first piece in the step's pass, the others in passes of their own.
         let head_rows = ((gpu.max_binding() / 4) as usize / c.vocab)
-            .min(k.head_rows)
+            .min(k.set.head_rows)
             .max(1);
         let hp = arena.buffer(gpu, "head input", fbytes(npick.min(head_rows) * d));
         let widest = d.max(qd).max(ff);
@@ -146,7 +146,7 @@ impl Step<'_> {
             .unwrap_or(0);
         // Fewer, longer chunks where the chunks' partial states (`parts`) would be more
         // than one binding holds (a long prefill over a long context on lavapipe).
-        let mut chunk_keys = k.attention_chunk;
+        let mut chunk_keys = k.set.attention_chunk;
         let part_bytes =
             |chunks: u32| (n * c.n_heads * chunks as usize * (c.head_dim + 2) * 4) as u64;
         while longest > chunk_keys
@@ -180,171 +180,159 @@ impl Step<'_> {
             eps,
             d,
         };
-        // Recorded again where the arena's parameter buffer was too small for it.
-        let (mut encoder, dispatches) = loop {
-            let mut encoder = gpu.device.create_command_encoder(&Default::default());
-            let rec = arena.recorder(gpu);
-            {
-                let mut pass = encoder.begin_compute_pass(&Default::default());
-                let p = &mut pass;
-                let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows, g, out| {
-                    ops.norm(&rec, p, idx, rows, g, out)
-                };
-                let quantize = |p: &mut wgpu::ComputePass<'_>, a, width, rows| {
-                    ops.quantize(&rec, p, a, width, rows)
-                };
-                let matmul = |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, width, add| {
-                    ops.matmul(&rec, p, m, a, &[(y, width)], n, add)
-                };
-                // Matrices of several parts (`Matrix::parts`), each part into its output.
-                let matmuls = |p: &mut wgpu::ComputePass<'_>, ms: &[Matrix], a, outs: &[_]| {
-                    let mut at = 0;
-                    for m in ms {
-                        let outs = &outs[at..at + m.parts.len()];
-                        ops.matmul(&rec, p, m, a, outs, n, false);
-                        at += m.parts.len();
-                    }
-                };
-                // The residual: `x += a · mᵀ`, or with a post-norm `g`, `x += norm(a · mᵀ)`.
-                let residual =
-                    |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, g: &Option<wgpu::Buffer>| {
-                        let Some(g) = g else {
-                            return matmul(p, m, a, &x, d, true);
-                        };
-                        matmul(p, m, a, &o, d, false);
-                        let params = [d as u32, n as u32, eps, 0];
-                        rec.dispatch(p, &k.norm_add, &params, &[g, &o, &x], (n as u32, 1));
-                    };
-                let scale = c.q_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());
-                // 8-bit K/V rotates head rows where head_dim is a power of two, as the
-                // host does (`folio::kernels::rotate_heads`).
-                let rotate = c.head_dim.is_power_of_two() as u32;
-                let inv_sqrt = f(1.0 / (c.head_dim as f32).sqrt());
-                let hd = c.head_dim as u32;
-                let gelu = c.activation == folio::model::Activation::GeGlu;
-                for (li, l) in w.layers.iter().enumerate() {
-                    norm(p, &ident, n, &l.attn_norm, &h);
-                    quantize(p, &h, d, n);
-                    matmuls(p, &l.qkv, &h, &[(&q, qd), (&kb, kvd), (&vb, kvd)]);
-                    if let Some(biases) = &l.biases {
-                        for (b, y, width) in [
-                            (&biases[0], &q, qd),
-                            (&biases[1], &kb, kvd),
-                            (&biases[2], &vb, kvd),
-                        ] {
-                            let groups = ((width as u32).div_ceil(WG), n as u32);
-                            rec.dispatch(p, &k.bias, &[n as u32, width as u32], &[y, b], groups);
-                        }
-                    }
-                    if let Some([gq, gk]) = &l.qk_norm {
-                        for (g, y, heads) in [(gq, &q, c.n_heads), (gk, &kb, c.n_kv_heads)] {
-                            let rows = (n * heads) as u32;
-                            let params = [c.head_dim as u32, rows, eps, 0];
-                            rec.dispatch(p, &k.norm_in_place, &params, &[g, y], (rows, 1));
-                        }
-                    }
-                    // RoPE is applied as K is stored and Q loaded (`rope.wgsl`).
-                    let rope = match &rope_local {
-                        Some(r) if c.layers[li].local_rope => r,
-                        _ => &rope,
-                    };
-                    let adjacent = c.rope_of(li).style == folio::model::RopeStyle::Adjacent;
-                    let back = self.write_back as u32;
-                    let params = [
-                        n as u32,
-                        kvd as u32,
-                        li as u32,
-                        hd,
-                        rotate,
-                        inv_sqrt,
-                        back,
-                        half as u32,
-                        adjacent as u32,
-                    ];
-                    let stores = [
-                        &slots,
-                        &kb,
-                        &vb,
-                        &self.pool.k[li],
-                        &self.pool.v[li],
-                        &knew,
-                        &vnew,
-                        rope,
-                    ];
-                    if self.pool.q8 {
-                        let groups = (((n * kvd / c.head_dim) as u32).div_ceil(WG), 1);
-                        rec.dispatch(p, &k.kv_store_q8, &params, &stores, groups);
-                    } else {
-                        let groups = ((kvd as u32 / 2).div_ceil(WG), n as u32);
-                        rec.dispatch(p, &k.kv_store, &params, &stores, groups);
-                    }
-                    let window = c.layers[li].window.unwrap_or(0) as u32;
-                    let params = [
-                        n as u32,
-                        c.n_heads as u32,
-                        c.n_kv_heads as u32,
-                        c.head_dim as u32,
-                        t.page_size as u32,
-                        kvd as u32,
-                        f(scale),
-                        window,
-                        t.seqs_at,
-                        f(c.attn_softcap.unwrap_or(0.0)),
-                        rotate,
-                        inv_sqrt,
-                        chunk_keys,
-                        chunks,
-                        half as u32,
-                        adjacent as u32,
-                    ];
-                    let bufs = [
-                        &att,
-                        &parts,
-                        &tab,
-                        &q,
-                        &self.pool.k[li],
-                        &self.pool.v[li],
-                        rope,
-                    ];
-                    let (attention, combine) = match self.pool.q8 {
-                        true => (&k.attention_q8, &k.combine_q8),
-                        false => (&k.attention, &k.combine),
-                    };
-                    let heads = c.n_heads as u32;
-                    rec.dispatch(p, attention, &params, &bufs, (heads, n as u32 * chunks));
-                    if chunk_keys > 0 {
-                        rec.dispatch(p, combine, &params, &bufs[..2], (heads, n as u32));
-                    }
-                    quantize(p, &att, qd, n);
-                    residual(p, &l.wo, &att, &l.post_attn_norm);
-                    norm(p, &ident, n, &l.ffn_norm, &h);
-                    quantize(p, &h, d, n);
-                    matmuls(p, &l.gate_up, &h, &[(&gate, ff), (&up, ff)]);
-                    let groups = ((ff as u32).div_ceil(WG), n as u32);
-                    let params = [n as u32, ff as u32, gelu as u32, 0];
-                    rec.dispatch(p, &k.glu, &params, &[&gate, &up], groups);
-                    quantize(p, &gate, ff, n);
-                    residual(p, &l.w_down, &gate, &l.post_ffn_norm);
+        let (mut encoder, dispatches) = arena.record(gpu, |rec, p| {
+            let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows, g, out| {
+                ops.norm(rec, p, idx, rows, g, out)
+            };
+            let quantize = |p: &mut wgpu::ComputePass<'_>, a, width, rows| {
+                ops.quantize(rec, p, a, width, rows)
+            };
+            let matmul = |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, width, add| {
+                ops.matmul(rec, p, m, a, &[(y, width)], n, add)
+            };
+            // Matrices of several parts (`Matrix::parts`), each part into its output.
+            let matmuls = |p: &mut wgpu::ComputePass<'_>, ms: &[Matrix], a, outs: &[_]| {
+                let mut at = 0;
+                for m in ms {
+                    let outs = &outs[at..at + m.parts.len()];
+                    ops.matmul(rec, p, m, a, outs, n, false);
+                    at += m.parts.len();
                 }
-                // The head over the first `head_rows` picked rows (the rest after it).
-                ops.head(
-                    &rec,
-                    p,
-                    (c, w),
-                    &picked,
-                    head_rows.min(npick),
-                    [&hp, &logits],
-                );
-                if nhid > 0 {
-                    norm(p, &hidden, nhid, &w.out_norm, &states);
+            };
+            // The residual: `x += a · mᵀ`, or with a post-norm `g`, `x += norm(a · mᵀ)`.
+            let residual =
+                |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, g: &Option<wgpu::Buffer>| {
+                    let Some(g) = g else {
+                        return matmul(p, m, a, &x, d, true);
+                    };
+                    matmul(p, m, a, &o, d, false);
+                    let params = [d as u32, n as u32, eps, 0];
+                    rec.dispatch(p, &k.norm_add, &params, &[g, &o, &x], (n as u32, 1));
+                };
+            let scale = c.q_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt());
+            // 8-bit K/V rotates head rows where head_dim is a power of two, as the
+            // host does (`folio::kernels::rotate_heads`).
+            let rotate = c.head_dim.is_power_of_two() as u32;
+            let inv_sqrt = f(1.0 / (c.head_dim as f32).sqrt());
+            let hd = c.head_dim as u32;
+            let gelu = c.activation == folio::model::Activation::GeGlu;
+            for (li, l) in w.layers.iter().enumerate() {
+                norm(p, &ident, n, &l.attn_norm, &h);
+                quantize(p, &h, d, n);
+                matmuls(p, &l.qkv, &h, &[(&q, qd), (&kb, kvd), (&vb, kvd)]);
+                if let Some(biases) = &l.biases {
+                    for (b, y, width) in [
+                        (&biases[0], &q, qd),
+                        (&biases[1], &kb, kvd),
+                        (&biases[2], &vb, kvd),
+                    ] {
+                        let groups = ((width as u32).div_ceil(WG), n as u32);
+                        rec.dispatch(p, &k.bias, &[n as u32, width as u32], &[y, b], groups);
+                    }
                 }
+                if let Some([gq, gk]) = &l.qk_norm {
+                    for (g, y, heads) in [(gq, &q, c.n_heads), (gk, &kb, c.n_kv_heads)] {
+                        let rows = (n * heads) as u32;
+                        let params = [c.head_dim as u32, rows, eps, 0];
+                        rec.dispatch(p, &k.norm_in_place, &params, &[g, y], (rows, 1));
+                    }
+                }
+                // RoPE is applied as K is stored and Q loaded (`rope.wgsl`).
+                let rope = match &rope_local {
+                    Some(r) if c.layers[li].local_rope => r,
+                    _ => &rope,
+                };
+                let adjacent = c.rope_of(li).style == folio::model::RopeStyle::Adjacent;
+                let back = self.write_back as u32;
+                let params = [
+                    n as u32,
+                    kvd as u32,
+                    li as u32,
+                    hd,
+                    rotate,
+                    inv_sqrt,
+                    back,
+                    half as u32,
+                    adjacent as u32,
+                ];
+                let stores = [
+                    &slots,
+                    &kb,
+                    &vb,
+                    &self.pool.k[li],
+                    &self.pool.v[li],
+                    &knew,
+                    &vnew,
+                    rope,
+                ];
+                if self.pool.q8 {
+                    let groups = (((n * kvd / c.head_dim) as u32).div_ceil(WG), 1);
+                    rec.dispatch(p, &k.kv_store_q8, &params, &stores, groups);
+                } else {
+                    let groups = ((kvd as u32 / 2).div_ceil(WG), n as u32);
+                    rec.dispatch(p, &k.kv_store, &params, &stores, groups);
+                }
+                let window = c.layers[li].window.unwrap_or(0) as u32;
+                let params = [
+                    n as u32,
+                    c.n_heads as u32,
+                    c.n_kv_heads as u32,
+                    c.head_dim as u32,
+                    t.page_size as u32,
+                    kvd as u32,
+                    f(scale),
+                    window,
+                    t.seqs_at,
+                    f(c.attn_softcap.unwrap_or(0.0)),
+                    rotate,
+                    inv_sqrt,
+                    chunk_keys,
+                    chunks,
+                    half as u32,
+                    adjacent as u32,
+                ];
+                let bufs = [
+                    &att,
+                    &parts,
+                    &tab,
+                    &q,
+                    &self.pool.k[li],
+                    &self.pool.v[li],
+                    rope,
+                ];
+                let (attention, combine) = match self.pool.q8 {
+                    true => (&k.attention_q8, &k.combine_q8),
+                    false => (&k.attention, &k.combine),
+                };
+                let heads = c.n_heads as u32;
+                rec.dispatch(p, attention, &params, &bufs, (heads, n as u32 * chunks));
+                if chunk_keys > 0 {
+                    rec.dispatch(p, combine, &params, &bufs[..2], (heads, n as u32));
+                }
+                quantize(p, &att, qd, n);
+                residual(p, &l.wo, &att, &l.post_attn_norm);
+                norm(p, &ident, n, &l.ffn_norm, &h);
+                quantize(p, &h, d, n);
+                matmuls(p, &l.gate_up, &h, &[(&gate, ff), (&up, ff)]);
+                let groups = ((ff as u32).div_ceil(WG), n as u32);
+                let params = [n as u32, ff as u32, gelu as u32, 0];
+                rec.dispatch(p, &k.glu, &params, &[&gate, &up], groups);
+                quantize(p, &gate, ff, n);
+                residual(p, &l.w_down, &gate, &l.post_ffn_norm);
             }
-            let dispatches = rec.dispatches();
-            match rec.finish() {
-                Ok(()) => break (encoder, dispatches),
-                Err(()) => continue,
+            // The head over the first `head_rows` picked rows (the rest after it).
+            ops.head(
+                rec,
+                p,
+                (c, w),
+                &picked,
+                head_rows.min(npick),
+                [&hp, &logits],
+            );
+            if nhid > 0 {
+                norm(p, &hidden, nhid, &w.out_norm, &states);
             }
-        };
+        });
         let mut at = 0;
         for (buf, len) in [&logits, &states, &knew, &vnew].into_iter().zip(lens) {
             if len > 0 {
@@ -377,16 +365,9 @@ impl Step<'_> {
             let picked = arena.upload(gpu, "picked", bytemuck::cast_slice(rows));
             let bytes = fbytes(rows.len() * c.vocab);
             let staging = arena.staging(gpu, bytes);
-            let mut encoder = loop {
-                let mut encoder = gpu.device.create_command_encoder(&Default::default());
-                let rec = arena.recorder(gpu);
-                let mut pass = encoder.begin_compute_pass(&Default::default());
-                ops.head(&rec, &mut pass, (c, w), &picked, rows.len(), [&hp, &logits]);
-                drop(pass);
-                if rec.finish().is_ok() {
-                    break encoder;
-                }
-            };
+            let (mut encoder, _) = arena.record(gpu, |rec, p| {
+                ops.head(rec, p, (c, w), &picked, rows.len(), [&hp, &logits]);
+            });
             encoder.copy_buffer_to_buffer(&logits, 0, &staging, 0, bytes);
             let mut piece = gpu.finish(encoder, &staging, bytes)?;
             piece.truncate(rows.len() * c.vocab);

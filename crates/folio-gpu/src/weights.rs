@@ -11,6 +11,7 @@ use crate::error::GpuError;
 use folio::gguf::{GgmlType, Gguf, TensorInfo};
 use folio::model::{dequantize, Config};
 use std::borrow::Cow;
+use std::ops::Range;
 
 /// How a matrix's words are read by the matmul kernel. The discriminants are the
 /// formats' numbers in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
@@ -80,7 +81,7 @@ impl Matrix {
     /// piece's first) one dispatch takes. `fused`: each piece whole; otherwise each
     /// part's rows in each piece they lie in, part by part (one dispatch a part where
     /// the matrix is one piece).
-    pub fn dispatches(&self, fused: bool) -> Vec<(usize, std::ops::Range<usize>)> {
+    pub fn dispatches(&self, fused: bool) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
         let pieces = self.pieces.iter().map(|&(_, first, n)| (first, n));
         dispatches(self.rows, &self.parts, pieces, fused)
     }
@@ -88,30 +89,28 @@ impl Matrix {
 
 /// [`Matrix::dispatches`] of a matrix of `rows` in `parts` and `pieces` (each one's first
 /// row and rows).
-fn dispatches(
+fn dispatches<'a>(
     rows: usize,
-    parts: &[usize],
-    pieces: impl Iterator<Item = (usize, usize)> + Clone,
+    parts: &'a [usize],
+    pieces: impl Iterator<Item = (usize, usize)> + Clone + 'a,
     fused: bool,
-) -> Vec<(usize, std::ops::Range<usize>)> {
-    let mut at = 0;
-    let ranges: Vec<std::ops::Range<usize>> = match fused {
-        true => std::iter::once(0..rows).collect(),
-        false => parts.iter().map(|&n| (at..at + n, at += n).0).collect(),
-    };
-    let mut out = Vec::new();
-    for range in ranges {
-        for (i, (first, n)) in pieces.clone().enumerate() {
-            // The range's rows in this piece, if any, from the piece's first.
-            if range.start < first + n && range.end > first {
-                out.push((
-                    i,
-                    range.start.max(first) - first..range.end.min(first + n) - first,
-                ));
-            }
-        }
-    }
-    out
+) -> impl Iterator<Item = (usize, Range<usize>)> + 'a {
+    let whole = fused.then_some(0..rows);
+    let each = parts.iter().scan(0, |at, &n| {
+        *at += n;
+        Some(*at - n..*at)
+    });
+    let ranges = whole.into_iter().chain(each.filter(move |_| !fused));
+    ranges.flat_map(move |range| {
+        // The range's rows in each piece it reaches, from the piece's first.
+        pieces
+            .clone()
+            .enumerate()
+            .filter_map(move |(i, (first, n))| {
+                let (start, end) = (range.start.max(first), range.end.min(first + n));
+                (start < end).then(|| (i, start - first..end - first))
+            })
+    })
 }
 
 /// One block's weights.
@@ -489,7 +488,8 @@ mod tests {
     fn a_matrix_is_dispatched_by_pieces_or_by_parts_within_them() {
         let pieces = [(0, 1000), (1000, 1000), (2000, 1000), (3000, 72)];
         let parts = [2048, 512, 512];
-        let by = |fused| dispatches(3072, &parts, pieces.iter().copied(), fused);
+        let by =
+            |fused| dispatches(3072, &parts, pieces.iter().copied(), fused).collect::<Vec<_>>();
         assert_eq!(
             by(true),
             vec![(0, 0..1000), (1, 0..1000), (2, 0..1000), (3, 0..72)]
@@ -506,7 +506,8 @@ mod tests {
             ]
         );
         // One piece: one dispatch, or one a part.
-        let one = |fused| dispatches(3072, &parts, [(0, 3072)].into_iter(), fused);
+        let one =
+            |fused| dispatches(3072, &parts, [(0, 3072)].into_iter(), fused).collect::<Vec<_>>();
         assert_eq!(one(true), vec![(0, 0..3072)]);
         assert_eq!(
             one(false),

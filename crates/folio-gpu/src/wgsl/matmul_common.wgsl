@@ -5,7 +5,7 @@
 // (W a piece of a matrix starting at its row `at`; y's rows are `stride` wide).
 //
 // The work split: `lanes` invocations (a power of two, up to 64; one on a software
-// adapter, `Kernels::wide`) share one output column, each taking every lanes-th chunk
+// adapter, `Settings::wide`) share one output column, each taking every lanes-th chunk
 // of CHUNK inputs (lane l: chunks l, l + lanes, ...), so neighbouring invocations read
 // neighbouring weight bytes; a workgroup of 64 holds 64 / lanes columns. A chunk is 32
 // inputs, or a K-quant's super-block of 256 where the kernel reads 8-bit inputs in
