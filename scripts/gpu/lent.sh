@@ -3,10 +3,12 @@
 # the machine offers (probe.sh), then, where Vulkan runs there, `folio bench` on the GPU
 # with a Llama 3.2 1B-shape Q4_K_M model made there (random weights, as
 # scripts/shape_models.sh makes here: only speed means anything on it), batch 1 to 32,
-# and 2 CPU threads on the same file (the batch-32 target is 10x them); then batch 1 on
-# a Llama 3.1 8B shape written straight in Q4_K (make_shape_model.py --q4_k: half a
-# minute, no llama-quantize), where the weights, not the dispatches, take the step; then what
-# fusing Q/K/V and subgroup sums are worth, and the host's time per step. The figures
+# and its profile (`--gpu-profile`: each kind of dispatch's device time, each matmul's
+# weight GB/s, the host's time a step); 2 CPU threads on the same file (the batch-32
+# target is 10x them); then batch 1 on a Llama 3.1 8B shape written straight in Q4_K
+# (make_shape_model.py --q4_k: half a minute, no llama-quantize), where the weights,
+# not the dispatches, take the step, and its profile; then what fusing Q/K/V and
+# subgroup sums are worth, and the 1B shape's profile at batch 1 to 32. The figures
 # come in that order, the most wanted first: each part runs only while the call's
 # budget (LENT_BUDGET, 540 s: a device call runs 600 at most) has time left.
 #
@@ -64,11 +66,22 @@ if [ ! -f "$model" ]; then
     rm -f /tmp/llama-1b-f16.gguf
     echo "lent.sh: made $model in $(($(date +%s) - t0)) s"
 fi
-# A driver the probe needed the EGL entry for: wgpu takes the same ICD file.
-if ! "$lent/folio" generate --model "$model" --device gpu --max-tokens 1 x >/dev/null 2>&1 &&
-    [ -f /tmp/nvidia_egl_icd.json ]; then
-    export VK_DRIVER_FILES=/tmp/nvidia_egl_icd.json VK_ICD_FILENAMES=/tmp/nvidia_egl_icd.json
-    echo "lent.sh: the GPU through the driver's EGL entry"
+# The GPU through the loader's own search, else through the first ICD file it runs
+# with: the driver's own under /usr/local/nvidia (which the device tool's notes name
+# where the loader finds no driver), then the driver's EGL entry (probe.sh writes it).
+on_gpu() {
+    FOLIO_LOG=info "$lent/folio" generate --model "$model" --device gpu --max-tokens 1 x 2>&1 |
+        grep "runs on the GPU" | grep -qv software
+}
+if ! on_gpu; then
+    for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /tmp/nvidia_egl_icd.json; do
+        [ -f "$icd" ] || continue
+        export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd
+        egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+        [ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
+        on_gpu && { echo "lent.sh: the GPU through $icd"; break; }
+        unset VK_DRIVER_FILES VK_ICD_FILENAMES __EGL_VENDOR_LIBRARY_FILENAMES
+    done
 fi
 # The device's memory bandwidth, measured (the batch-1 decode roofline is the weights
 # read per token over it): a 2 GiB device-to-device copy with the machine's torch.
@@ -112,6 +125,11 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then
     echo "== the bench failed (exit $rc): again with $safe"
     FOLIO_LOG=info within 240 "$lent/folio" bench --model "$model" --device gpu --no-llama $bench $safe
 fi
+# Where the device's time goes, dispatch by dispatch (a prefill and 16 decode steps):
+# each matmul's weight GB/s, and what the rest and the host take.
+echo "== the 1B shape profiled: folio generate --gpu-profile (at ${SECONDS} s)"
+within 60 "$lent/folio" generate --model "$model" --device gpu $safe --gpu-profile \
+    --temperature 0 --max-tokens 17 "The history of the printing press" >/dev/null
 echo "== the same model on 2 CPU threads, batch 1 to 32 (at ${SECONDS} s)"
 within 120 "$lent/folio" bench --model "$model" --device cpu --threads 2 --no-llama \
     --pp 64 --tg 16 --reps 1 --batch-figures
@@ -127,6 +145,9 @@ fi
 if [ -f "$big" ]; then
     echo "== the 8B shape (Q4_K), batch 1: folio bench --device gpu $one (at ${SECONDS} s)"
     within 150 "$lent/folio" bench --model "$big" --device gpu --no-llama $one $safe
+    echo "== the 8B shape profiled (at ${SECONDS} s)"
+    within 60 "$lent/folio" generate --model "$big" --device gpu $safe --gpu-profile \
+        --temperature 0 --max-tokens 17 "The history of the printing press" >/dev/null
     if [ -z "$safe" ]; then
         echo "== the same, one matrix a dispatch (what fusing Q/K/V and gate/up is worth)"
         within 120 "$lent/folio" bench --model "$big" --device gpu --no-llama --gpu-no-fusion $one
@@ -139,15 +160,8 @@ if [ -z "$safe" ]; then
     echo "== the same at batch 1, the matmuls' lane sums in workgroup memory (what subgroups are worth)"
     within 90 "$lent/folio" bench --model "$model" --device gpu --no-llama --gpu-no-subgroups $one
 fi
-echo "== host time per decode step (median over 32 steps: recording, and the whole step)"
-FOLIO_LOG=folio_gpu=debug within 90 "$lent/folio" generate --model "$model" --device gpu $safe \
-    --temperature 0 --max-tokens 33 "The history of the printing press" 2>&1 >/dev/null |
-    grep "gpu: step rows=1 " | tail -32 | python3 -c '
-import re, statistics, sys
-rows = [tuple(map(int, re.findall(r"(?:dispatches|record_us|step_us)=(\d+)", l))) for l in sys.stdin]
-if rows:
-    print("dispatches", rows[-1][0], "record_us", statistics.median(r for _, r, _ in rows),
-          "step_us", statistics.median(s for _, _, s in rows), "steps", len(rows))
-else:
-    print("host time per step: no steps logged (out of time, or the run failed)")'
+# Where the device's time goes: 32 rows a step (batch 32), and every size up to it.
+echo "== the 1B shape profiled at batch 1 to 32 (at ${SECONDS} s)"
+within 120 "$lent/folio" bench --model "$model" --device gpu --no-llama $safe --gpu-profile \
+    --pp 64 --tg 16 --reps 1 --batch-figures
 echo "lent.sh: done in ${SECONDS} s"

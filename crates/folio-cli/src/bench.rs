@@ -117,7 +117,7 @@ pub fn run(mut a: Args) -> Result<()> {
     // Load time from a warm page cache, as llama.cpp's rounds find the file.
     warm_page_cache(&a.model.path()?);
     let began = std::time::Instant::now();
-    let model = a.model.load()?;
+    let (model, profile) = a.model.load_profiled()?;
     let load_s = began.elapsed().as_secs_f64();
     // After the load: what the weights and the tokenizer hold, before any pool.
     let loaded = folio::machine::resident_memory();
@@ -312,6 +312,7 @@ pub fn run(mut a: Args) -> Result<()> {
             },
         )?;
     }
+    crate::opts::print_profile(&a.model, profile.as_ref());
     if let Some(path) = &a.json {
         report.write(path, crate::report::machine(threads, bw))?;
     }

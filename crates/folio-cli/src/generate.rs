@@ -126,7 +126,7 @@ pub fn run(a: Args) -> Result<()> {
             s
         }
     };
-    let model = a.model.load()?;
+    let (model, profile) = a.model.load_profiled()?;
     let text = if a.chat {
         model
             .tokenizer
@@ -192,6 +192,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.stats {
         eprintln!("{}", stats_line(&result));
     }
+    crate::opts::print_profile(&a.model, profile.as_ref());
     match error {
         Some(e) => Err(e),
         None => Ok(()),

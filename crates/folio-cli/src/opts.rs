@@ -78,6 +78,12 @@ pub struct ModelArgs {
     /// worth).
     #[arg(long)]
     pub gpu_no_fusion: bool,
+    /// Time each GPU step dispatch by dispatch (timestamps between dispatches, which
+    /// cost some time of their own) and print where the device's time went, by step
+    /// size and kind of dispatch, with each matmul's weight GB/s: `bench` and
+    /// `generate` print it at the end.
+    #[arg(long)]
+    pub gpu_profile: bool,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,27 +247,48 @@ impl ModelArgs {
         self.load_from(&self.path()?)
     }
 
+    /// [`Self::load`], and the GPU's profile where `--gpu-profile` asks for one and
+    /// the model runs on the GPU.
+    pub fn load_profiled(&self) -> Result<(Model, Option<folio_gpu::Profile>)> {
+        self.load_with(&self.path()?)
+    }
+
     /// The model at `path` on the device `--device` asks for (see the flag), with the
     /// arithmetic the flags ask for. On the GPU the CPU's weights are never packed; a
     /// model the GPU path does not run is loaded onto the CPU, with a warning.
     pub fn load_from(&self, path: &Path) -> Result<Model> {
+        let (model, profile) = self.load_with(path)?;
+        if profile.is_some() {
+            tracing::warn!("--gpu-profile: only bench and generate print the profile");
+        }
+        Ok(model)
+    }
+
+    fn load_with(&self, path: &Path) -> Result<(Model, Option<folio_gpu::Profile>)> {
         let loading = || format!("loading {}", path.display());
         let Some(gpu) = self.gpu()? else {
-            if self.gpu_split != SplitArg::Auto || self.gpu_no_subgroups || self.gpu_no_fusion {
-                tracing::warn!("--gpu-split, --gpu-no-subgroups and --gpu-no-fusion: the forward pass runs on the CPU, so they change nothing");
+            if self.gpu_split != SplitArg::Auto
+                || self.gpu_no_subgroups
+                || self.gpu_no_fusion
+                || self.gpu_profile
+            {
+                tracing::warn!("--gpu-split, --gpu-no-subgroups, --gpu-no-fusion and --gpu-profile: the forward pass runs on the CPU, so they change nothing");
             }
             let m = Model::load(path, self.threads).with_context(loading)?;
-            return Ok(self.arithmetic(m));
+            return Ok((self.arithmetic(m), None));
         };
+        let mut profile = None;
         let llama = self.llama_arithmetic;
         let onto = |g: &folio::gguf::Gguf, c: &folio::model::Config| {
             let mut b = folio_gpu::GpuBackend::load_from(gpu, g, c)?
                 .with_llama_arithmetic(llama)
                 .with_fused_matmuls(!self.gpu_no_fusion)
-                .with_subgroups(!self.gpu_no_subgroups)?;
+                .with_subgroups(!self.gpu_no_subgroups)?
+                .with_profile(self.gpu_profile);
             if self.gpu_split != SplitArg::Auto {
                 b = b.with_wide_matmuls(self.gpu_split == SplitArg::Wide);
             }
+            profile = b.profile();
             Ok::<Box<dyn folio::model::Backend>, folio_gpu::GpuError>(Box::new(b))
         };
         let (m, placed) = Model::load_onto(path, self.threads, onto).with_context(loading)?;
@@ -271,7 +298,7 @@ impl ModelArgs {
             }
             Err(e) => tracing::warn!("{e}: running on the CPU"),
         }
-        Ok(self.arithmetic(m))
+        Ok((self.arithmetic(m), profile))
     }
 
     /// The GPU `--device` asks for: `None` for the CPU (`auto` without a hardware
@@ -379,4 +406,15 @@ pub fn flag_error(e: &folio::EngineError) -> Option<String> {
         other => other,
     };
     Some(format!("{flag}: {reason}"))
+}
+
+/// The GPU's profile (`--gpu-profile`) on stderr, or why there is none.
+pub fn print_profile(args: &ModelArgs, profile: Option<&folio_gpu::Profile>) {
+    match profile {
+        Some(p) => eprint!("\n{}", p.report()),
+        None if args.gpu_profile => {
+            eprintln!("(--gpu-profile: no profile; the log says why: FOLIO_LOG=warn)")
+        }
+        None => {}
+    }
 }

@@ -738,10 +738,18 @@ fn the_device_flag_picks_the_backend_or_says_why_not() {
     }
     assert!(log.contains("the forward pass runs on the GPU"), "{log}");
     assert_eq!(json(&gpu)["text"], cpu["text"], "{log}");
-    let (cpu, gpu) = (run_with("cpu", "q8_0"), run_with("gpu", "q8_0"));
+    // Profiled too (`--gpu-profile`): the same text, and the profile on stderr.
+    let cpu = run_with("cpu", "q8_0");
+    let gpu = run_with_flags("gpu", "q8_0", &["--gpu-profile"]);
     let log = String::from_utf8_lossy(&gpu.stderr).to_string();
     assert!(log.contains("the forward pass runs on the GPU"), "{log}");
     assert_eq!(json(&gpu)["text"], json(&cpu)["text"], "{log}");
+    assert!(
+        log.contains("gpu profile, steps of 1 row: ")
+            && log.contains("| attention_q8 ")
+            && log.contains("| matmul ffn_down q4_1 "),
+        "{log}"
+    );
     // `--gpu-split wide`, its lanes' sums added within subgroups (where the adapter
     // has them: lavapipe does) and in workgroup memory (`--gpu-no-subgroups`), Q, K
     // and V in one dispatch and (`--gpu-no-fusion`) in one each: the same bits, so the

@@ -14,9 +14,12 @@
 //! parameters go to slot `i` of the parameter buffer, written once before the step is
 //! submitted ([`Recorder::finish`]). Steps run one at a time (the backend's lock) and
 //! each waits for its results, so a step's buffers are free when the next records.
+//! Where steps are profiled the arena keeps the stamps' query set (`profile.rs`): the
+//! recorder writes a stamp as the pass begins and one after each dispatch.
 
 use crate::device::Gpu;
 use crate::kernels::Kernel;
+use crate::profile::{Timer, STAMPS};
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -37,6 +40,17 @@ pub(crate) struct Arena {
     slots: usize,
     wanted: usize,
     bound: Vec<Option<Bound>>,
+    /// Where steps are profiled: their stamps' query set (`profile.rs`).
+    timer: Option<Timer>,
+}
+
+/// A recorded pass: its encoder, its dispatches and, where the arena times them, what
+/// each dispatch is and the buffer their stamps were resolved into (one before the
+/// first, one after each: `kinds.len() + 1` of 8 bytes).
+pub(crate) struct Recorded {
+    pub encoder: wgpu::CommandEncoder,
+    pub dispatches: usize,
+    pub stamps: Option<(Vec<(String, u64)>, wgpu::Buffer)>,
 }
 
 /// Words of one dispatch's parameters (the largest kernel's take 12).
@@ -80,22 +94,51 @@ impl Arena {
         }
     }
 
+    /// Steps timed dispatch by dispatch (where `on`; the device writes timestamps in a
+    /// pass: `Gpu::timestamps`), or not.
+    pub fn time(&mut self, gpu: &Gpu, on: bool) {
+        match on {
+            true if self.timer.is_none() => self.timer = Some(Timer::new(&gpu.device)),
+            true => {}
+            false => self.timer = None,
+        }
+    }
+
     /// An encoder holding one compute pass of the dispatches `record` makes through
     /// the recorder it is given, and how many there are: recorded again where the
     /// parameter buffer was too small for them (as every backend's first step is).
+    /// Where steps are timed, a stamp before the first dispatch and after each, and
+    /// what each is ([`Recorded::stamps`]).
     pub fn record(
         &mut self,
         gpu: &Gpu,
         record: impl Fn(&Recorder<'_>, &mut wgpu::ComputePass<'_>),
-    ) -> (wgpu::CommandEncoder, usize) {
+    ) -> Recorded {
         loop {
             let mut encoder = gpu.device.create_command_encoder(&Default::default());
             let rec = self.recorder(gpu);
-            record(&rec, &mut encoder.begin_compute_pass(&Default::default()));
-            let dispatches = rec.dispatches();
-            if rec.finish().is_ok() {
-                return (encoder, dispatches);
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                if let Some(set) = &rec.stamps {
+                    pass.write_timestamp(set, 0);
+                }
+                record(&rec, &mut pass);
             }
+            let dispatches = rec.dispatches();
+            let set = rec.stamps.clone();
+            let Ok(kinds) = rec.finish() else {
+                continue;
+            };
+            let stamps = set.zip(self.timer.as_ref()).map(|(set, timer)| {
+                let n = kinds.len() as u32 + 1;
+                encoder.resolve_query_set(&set, 0..n, &timer.resolved, 0);
+                (kinds, timer.resolved.clone())
+            });
+            return Recorded {
+                encoder,
+                dispatches,
+                stamps,
+            };
         }
     }
 
@@ -117,10 +160,12 @@ impl Arena {
         Recorder {
             gpu,
             params,
+            stamps: self.timer.as_ref().map(|t| t.set.clone()),
             state: RefCell::new(State {
                 arena: self,
                 words: Vec::new(),
                 next: 0,
+                kinds: Vec::new(),
             }),
         }
     }
@@ -138,12 +183,16 @@ struct State<'a> {
     /// The step's parameters so far, slot by slot.
     words: Vec<u32>,
     next: usize,
+    /// Where the step is timed: each stamped dispatch's kind and weight bytes.
+    kinds: Vec<(String, u64)>,
 }
 
 /// Records one step's dispatches into a compute pass through the arena's cache.
 pub(crate) struct Recorder<'a> {
     gpu: &'a Gpu,
     params: wgpu::Buffer,
+    /// Where the step is timed, the query set its stamps go to.
+    stamps: Option<wgpu::QuerySet>,
     state: RefCell<State<'a>>,
 }
 
@@ -157,6 +206,21 @@ impl Recorder<'_> {
         params: &[u32],
         buffers: &[&wgpu::Buffer],
         groups: (u32, u32),
+    ) {
+        let what = || (kernel.name.to_string(), 0);
+        self.dispatch_as(pass, kernel, params, buffers, groups, what)
+    }
+
+    /// [`Recorder::dispatch`], where a timed step calls it `what` says (a kind and the
+    /// weight bytes it reads; asked only where the step is timed).
+    pub fn dispatch_as(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        kernel: &Kernel,
+        params: &[u32],
+        buffers: &[&wgpu::Buffer],
+        groups: (u32, u32),
+        what: impl FnOnce() -> (String, u64),
     ) {
         if groups.0 == 0 || groups.1 == 0 {
             return;
@@ -221,6 +285,13 @@ impl Recorder<'_> {
         pass.set_pipeline(kernel.pipeline());
         pass.set_bind_group(0, group, &[]);
         pass.dispatch_workgroups(groups.0, groups.1, 1);
+        // Stamp 0 is the pass's start: dispatch i's is i + 1 (none past the set's).
+        if let Some(set) = &self.stamps {
+            if st.kinds.len() + 1 < STAMPS as usize {
+                st.kinds.push(what());
+                pass.write_timestamp(set, st.kinds.len() as u32);
+            }
+        }
     }
 
     /// Dispatches recorded so far.
@@ -228,9 +299,10 @@ impl Recorder<'_> {
         self.state.borrow().next
     }
 
-    /// Writes the step's parameters; `Err` where the step had more dispatches than
-    /// the parameter buffer holds: record it again (the next recorder holds them).
-    fn finish(self) -> Result<(), ()> {
+    /// Writes the step's parameters and hands back what each stamped dispatch is; `Err`
+    /// where the step had more dispatches than the parameter buffer holds: record it
+    /// again (the next recorder holds them).
+    fn finish(self) -> Result<Vec<(String, u64)>, ()> {
         let st = self.state.into_inner();
         st.arena.wanted = st.arena.wanted.max(st.next);
         if st.next > st.arena.slots {
@@ -243,6 +315,6 @@ impl Recorder<'_> {
                 .queue
                 .write_buffer(&self.params, 0, bytemuck::cast_slice(&words));
         }
-        Ok(())
+        Ok(st.kinds)
     }
 }

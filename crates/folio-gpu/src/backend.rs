@@ -19,6 +19,7 @@ use crate::device::Gpu;
 use crate::error::GpuError;
 use crate::kernels::Kernels;
 use crate::pool::{Pool, Uploads};
+use crate::profile::Profile;
 use crate::step::{self, Step};
 use crate::table::{StepTable, TableError};
 use crate::weights::{self, Weights};
@@ -45,6 +46,8 @@ pub struct GpuBackend {
     /// Which 8-bit inputs the matmuls read with that arithmetic
     /// (`step::eight_bit_inputs`, set with it).
     inputs: (bool, bool),
+    /// Where steps are profiled dispatch by dispatch (`profile.rs`).
+    profile: Option<Profile>,
 }
 
 impl GpuBackend {
@@ -77,6 +80,7 @@ impl GpuBackend {
             uploads: Uploads::default(),
             llama: false,
             inputs: (false, false),
+            profile: None,
         })
     }
 
@@ -149,6 +153,26 @@ impl GpuBackend {
     pub fn with_attention_chunk(mut self, keys: u32) -> Self {
         self.kernels.set.attention_chunk = keys.max(1);
         self
+    }
+
+    /// The same backend with each step timed dispatch by dispatch into a [`Profile`]
+    /// (`on`; [`GpuBackend::profile`] reads it), or not. The timestamps take some
+    /// device time of their own. A device that writes no timestamps inside a compute
+    /// pass profiles nothing (with a warning; `profile` is then `None`).
+    pub fn with_profile(mut self, on: bool) -> Self {
+        if on && !self.gpu.timestamps {
+            tracing::warn!(
+                "gpu: no profile: {} writes no timestamps inside a compute pass",
+                self.gpu.adapter().name
+            );
+        }
+        self.profile = (on && self.gpu.timestamps).then(Profile::default);
+        self
+    }
+
+    /// The steps' profile, where they are profiled ([`GpuBackend::with_profile`]).
+    pub fn profile(&self) -> Option<Profile> {
+        self.profile.clone()
     }
 
     /// The adapter the backend runs on.
@@ -392,6 +416,7 @@ impl Backend for GpuBackend {
             llama: self.llama,
             inputs: self.inputs,
             write_back: !holds,
+            profile: self.profile.as_ref(),
         };
         let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
         let got = match self.gpu.scoped(|| step.run(batch, &mut arena)) {

@@ -27,6 +27,9 @@ pub struct Gpu {
     /// one fixed size (a power of two up to 64; `kernels.rs` checks how they are laid
     /// out before using them).
     pub(crate) subgroup: Option<u32>,
+    /// The device writes timestamps between dispatches (what `--gpu-profile` reads:
+    /// `profile.rs`).
+    pub(crate) timestamps: bool,
     /// Why the device can no longer be used (lost), once it is so.
     lost: Arc<Mutex<Option<String>>>,
 }
@@ -118,16 +121,28 @@ impl Gpu {
             };
             pollster::block_on(adapter.request_device(&desc))
         };
-        // A device refused with subgroups is asked for again without them.
-        let with_subgroups = subgroup.and_then(|_| {
-            request(wgpu::Features::SUBGROUP)
-                .inspect_err(|e| tracing::warn!("gpu: a device with subgroups refused: {e}"))
+        // Timestamps between dispatches, where the adapter writes them: asked for
+        // always (they cost nothing until a profile writes them).
+        let stamps =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let mut timestamps = adapter.features().contains(stamps);
+        let mut extras = wgpu::Features::empty();
+        extras.set(wgpu::Features::SUBGROUP, subgroup.is_some());
+        extras.set(stamps, timestamps);
+        // A device refused with subgroups or timestamps is asked for again without
+        // them.
+        let with_extras = (!extras.is_empty()).then(|| {
+            request(extras)
+                .inspect_err(|e| {
+                    tracing::warn!("gpu: a device with subgroups or timestamps refused: {e}")
+                })
                 .ok()
         });
-        let (device, queue) = match with_subgroups {
+        let (device, queue) = match with_extras.flatten() {
             Some(got) => got,
             None => {
                 subgroup = None;
+                timestamps = false;
                 request(wgpu::Features::empty()).map_err(|e| GpuError::Device(e.to_string()))?
             }
         };
@@ -148,6 +163,7 @@ impl Gpu {
             info,
             limits,
             subgroup,
+            timestamps,
             lost,
         })
     }

@@ -10,6 +10,8 @@ use crate::weights::{Format, Matrix};
 
 /// A kernel: its pipeline and bind group layout (inferred from the shader).
 pub(crate) struct Kernel {
+    /// What a profile calls its dispatches (`profile.rs`; a matmul's add their matrix).
+    pub name: &'static str,
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     /// A matmul's inputs per chunk (`CHUNK` in `matmul_common.wgsl`): 32, or 256 for
@@ -18,9 +20,10 @@ pub(crate) struct Kernel {
 }
 
 impl Kernel {
-    fn new(pipeline: wgpu::ComputePipeline) -> Self {
+    fn new(name: &'static str, pipeline: wgpu::ComputePipeline) -> Self {
         let layout = pipeline.get_bind_group_layout(0);
         Kernel {
+            name,
             pipeline,
             layout,
             chunk: 32,
@@ -191,8 +194,9 @@ impl Kernels {
                     source: wgpu::ShaderSource::Wgsl(src.into()),
                 })
         };
-        let pipeline_with = |m: &wgpu::ShaderModule, entry: &str, constants: &[(&str, f64)]| {
+        let pipeline_with = |name, m: &wgpu::ShaderModule, entry: &str, constants: &[_]| {
             Kernel::new(
+                name,
                 gpu.device
                     .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                         label: Some(entry),
@@ -207,7 +211,8 @@ impl Kernels {
                     }),
             )
         };
-        let pipeline = |m: &wgpu::ShaderModule, entry: &str| pipeline_with(m, entry, &[]);
+        let pipeline =
+            |name, m: &wgpu::ShaderModule, entry: &str| pipeline_with(name, m, entry, &[]);
         // The matmul kernels' files follow their common part and its reduction; every
         // matmul pipeline gets the subgroup size where the reduction takes one (naga
         // reads subgroup operations on a device with the feature, without WGSL's
@@ -232,7 +237,7 @@ impl Kernels {
             constants.extend(chunk.map(|c| ("CHUNK", c)));
             Kernel {
                 chunk: chunk.map_or(32, |c| c as u32),
-                ..pipeline_with(m, "main", &constants)
+                ..pipeline_with("matmul", m, "main", &constants)
             }
         };
         let norm = module("norm", include_str!("wgsl/norm.wgsl"));
@@ -254,7 +259,7 @@ impl Kernels {
             .map(|&f| matmul_pipeline(&matmul_f32_inputs, f, None))
             .collect();
         Kernels {
-            rms_norm: pipeline(&norm, "picked"),
+            rms_norm: pipeline("rms_norm", &norm, "picked"),
             q8_inputs: Format::ALL
                 .iter()
                 .map(|&f| {
@@ -268,19 +273,19 @@ impl Kernels {
                 })
                 .collect(),
             f32_inputs,
-            quantize: pipeline(&quantize, "main"),
-            quantize_k: pipeline(&quantize, "q8k"),
-            kv_store: pipeline(&kv_store, "main"),
-            attention: pipeline(&attention, "main"),
-            kv_store_q8: pipeline(&kv_store, "q8"),
-            attention_q8: pipeline_with(&attention, "main", &[("KV_Q8", 1.0)]),
-            combine: pipeline(&attention, "combine"),
-            combine_q8: pipeline_with(&attention, "combine", &[("KV_Q8", 1.0)]),
-            glu: pipeline(&elementwise, "glu"),
-            norm_in_place: pipeline(&norm, "in_place"),
-            norm_add: pipeline(&norm, "add"),
-            bias: pipeline(&elementwise, "bias"),
-            softcap: pipeline(&elementwise, "softcap"),
+            quantize: pipeline("quantize", &quantize, "main"),
+            quantize_k: pipeline("quantize_k", &quantize, "q8k"),
+            kv_store: pipeline("kv_store", &kv_store, "main"),
+            attention: pipeline("attention", &attention, "main"),
+            kv_store_q8: pipeline("kv_store_q8", &kv_store, "q8"),
+            attention_q8: pipeline_with("attention_q8", &attention, "main", &[("KV_Q8", 1.0)]),
+            combine: pipeline("combine", &attention, "combine"),
+            combine_q8: pipeline_with("combine_q8", &attention, "combine", &[("KV_Q8", 1.0)]),
+            glu: pipeline("glu", &elementwise, "glu"),
+            norm_in_place: pipeline("norm_in_place", &norm, "in_place"),
+            norm_add: pipeline("norm_add", &norm, "add"),
+            bias: pipeline("bias", &elementwise, "bias"),
+            softcap: pipeline("softcap", &elementwise, "softcap"),
             set: Settings {
                 wide: !gpu.adapter().software,
                 fused: true,
@@ -313,61 +318,14 @@ impl Kernels {
         }
     }
 
-    /// Records a matmul `kernel` over rows `first + o` (`o` in `piece`) of a matrix with
-    /// `k` inputs (`w` holds its rows from `first`): `y[r, first + o] (+)= a[r] · W[first +
-    /// o]` for `rows` rows of `a`, into the output of the part that row is in ([`Outputs`]).
-    /// The work split is `matmul_common.wgsl`'s: as many lanes per output as the input
-    /// has chunks (of the kernel's 32 or 256; a power of two, at most [`WG`]), or one
-    /// lane per output where `wide` is off. Which rows one dispatch takes changes no
-    /// output's bits.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul(
-        &self,
-        rec: &Recorder<'_>,
-        pass: &mut wgpu::ComputePass<'_>,
-        kernel: &Kernel,
-        [w, a]: [&wgpu::Buffer; 2],
-        out: &Outputs<'_>,
-        (k, first, piece): (usize, usize, std::ops::Range<usize>),
-        rows: usize,
-        add: bool,
-    ) {
-        let lanes = match self.set.wide {
-            true => (k as u32 / kernel.chunk).next_power_of_two().min(WG),
-            false => 1,
-        };
-        let columns = (piece.len() as u32).div_ceil(WG / lanes);
-        let step = self.set.max_groups;
-        let [(y, stride), (y1, stride1), (y2, stride2)] = out.parts;
-        let [s1, s2] = out.starts.map(|s| s.min(u32::MAX as usize) as u32);
-        for g0 in (0..columns).step_by(step as usize) {
-            // Workgroup x takes column group g0 + x (`matmul_common.wgsl`).
-            let params = [
-                k as u32,
-                piece.end as u32,
-                rows as u32,
-                add as u32,
-                stride as u32,
-                first as u32,
-                lanes,
-                g0,
-                piece.start as u32,
-                s1,
-                s2,
-                stride1 as u32,
-                stride2 as u32,
-            ];
-            let groups = (
-                (columns - g0).min(step),
-                (rows as u32).div_ceil(MATMUL_ROWS),
-            );
-            rec.dispatch(pass, kernel, &params, &[w, a, y, y1, y2], groups);
-        }
-    }
-
-    /// Records `m` · `a`ᵀ with `kernel` into `out` (added with `add`): each piece of
-    /// the matrix in one dispatch, or (where not `fused`) each part of it in one per
-    /// piece it lies in ([`Matrix::dispatches`]).
+    /// Records `m` · `a`ᵀ with the matmul `kernel` into `out` (added with `add`) for
+    /// `rows` rows of `a`: `y[r, o] (+)= a[r] · W[o]`, into the output of the part row
+    /// `o` is in ([`Outputs`]). Each piece of the matrix is one dispatch, or (where not
+    /// `fused`) each part of it one per piece it lies in ([`Matrix::dispatches`]), and
+    /// a dispatch of more column groups than [`MAX_GROUPS`] several. The work split is
+    /// `matmul_common.wgsl`'s: as many lanes per output as the input has chunks (of the
+    /// kernel's 32 or 256; a power of two, at most [`WG`]), or one lane per output where
+    /// `wide` is off. Which rows one dispatch takes changes no output's bits.
     #[allow(clippy::too_many_arguments)]
     pub fn matrix(
         &self,
@@ -380,10 +338,48 @@ impl Kernels {
         rows: usize,
         add: bool,
     ) {
+        let k = m.cols;
+        let lanes = match self.set.wide {
+            true => (k as u32 / kernel.chunk).next_power_of_two().min(WG),
+            false => 1,
+        };
+        let step = self.set.max_groups;
+        let [(y, stride), (y1, stride1), (y2, stride2)] = out.parts;
+        let [s1, s2] = out.starts.map(|s| s.min(u32::MAX as usize) as u32);
+        let row_bytes = (m.bytes / m.rows.max(1)) as u64;
         for (piece, range) in m.dispatches(self.set.fused) {
-            let (buf, first, _) = &m.pieces[piece];
-            let shape = (m.cols, *first, range);
-            self.matmul(rec, pass, kernel, [buf, a], out, shape, rows, add);
+            let (w, first, _) = &m.pieces[piece];
+            let columns = (range.len() as u32).div_ceil(WG / lanes);
+            for g0 in (0..columns).step_by(step as usize) {
+                // Workgroup x takes column group g0 + x (`matmul_common.wgsl`).
+                let params = [
+                    k as u32,
+                    range.end as u32,
+                    rows as u32,
+                    add as u32,
+                    stride as u32,
+                    *first as u32,
+                    lanes,
+                    g0,
+                    range.start as u32,
+                    s1,
+                    s2,
+                    stride1 as u32,
+                    stride2 as u32,
+                ];
+                let groups = (
+                    (columns - g0).min(step),
+                    (rows as u32).div_ceil(MATMUL_ROWS),
+                );
+                // What a profile calls it, and the weights it reads.
+                let what = || {
+                    let per = u64::from(WG / lanes);
+                    let end = (u64::from(g0 + groups.0) * per).min(range.len() as u64);
+                    let name = format!("matmul {} {}", m.role, m.format.name());
+                    (name, (end - u64::from(g0) * per) * row_bytes)
+                };
+                rec.dispatch_as(pass, kernel, &params, &[w, a, y, y1, y2], groups, what);
+            }
         }
     }
 }

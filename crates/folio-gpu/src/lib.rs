@@ -11,7 +11,8 @@
 //!   the pool as the host storage reaches it, to read back K/V a step left there.
 //! - `table`: a batch as the kernels read it (the CSR page tables).
 //! - `kernels` (+ `wgsl/`): the compute kernels; `step`: one step's dispatches;
-//!   `arena`: the step's buffers and bind groups, kept across steps.
+//!   `arena`: the step's buffers and bind groups, kept across steps; `profile`: a
+//!   step's device time dispatch by dispatch (`--gpu-profile`).
 //! - `backend`: [`GpuBackend`], the [`folio::model::Backend`].
 //!
 //! Nothing here needs a GPU to build or test: without an adapter [`Gpu::open`] is
@@ -26,6 +27,7 @@ mod kernels;
 #[cfg(test)]
 mod matmul_tests;
 mod pool;
+mod profile;
 mod step;
 mod table;
 mod weights;
@@ -34,3 +36,4 @@ pub use backend::GpuBackend;
 pub use device::{adapters, gpu_device_present, AdapterSummary, Gpu};
 pub use error::GpuError;
 pub use pool::{UploadStats, Uploads};
+pub use profile::{DispatchTimes, Profile, StepTimes};

@@ -89,7 +89,7 @@ fn record_and_read(
     record: impl Fn(&Recorder<'_>, &mut wgpu::ComputePass<'_>),
     outputs: &[&wgpu::Buffer],
 ) -> Vec<u32> {
-    let (mut encoder, _) = Arena::default().record(gpu, record);
+    let mut encoder = Arena::default().record(gpu, record).encoder;
     let bytes: u64 = outputs.iter().map(|b| b.size()).sum();
     let staging = gpu.staging(bytes);
     let mut at = 0;
@@ -262,6 +262,7 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
             let bytes = random_blocks(&mut rng, ty, n, cols);
             let widened = dequantize(ty, n, cols, &bytes).unwrap();
             let m = Matrix {
+                role: "test".into(),
                 pieces: vec![(gpu.upload("w", &bytes), 0, n)],
                 format,
                 rows: n,
@@ -388,6 +389,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
             let bytes = random_blocks(&mut rng, ty, n, cols);
             let wide = dequantize(ty, n, cols, &bytes).unwrap();
             let matrix = |format, data: &[u8]| Matrix {
+                role: "test".into(),
                 pieces: vec![(gpu.upload("w", data), 0, n)],
                 format,
                 rows: n,
@@ -457,6 +459,7 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
             })
             .collect();
         Matrix {
+            role: "test".into(),
             pieces,
             format: Format::Q4K,
             rows: n,

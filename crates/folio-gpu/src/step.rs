@@ -19,6 +19,7 @@ use crate::arena::{Arena, Recorder};
 use crate::device::Gpu;
 use crate::kernels::{Input, Kernels, Outputs, Q8K_WORDS, Q8_WORDS, WG};
 use crate::pool::Pool;
+use crate::profile::{Profile, Stamped};
 use crate::table::StepTable;
 use crate::weights::{Matrix, Weights};
 use folio::model::Config;
@@ -49,6 +50,8 @@ pub(crate) struct Step<'a> {
     pub inputs: (bool, bool),
     /// Every new row's K and V comes back (for storage that holds none on the device).
     pub write_back: bool,
+    /// Where steps are profiled, the profile this one's dispatch times go to.
+    pub profile: Option<&'a Profile>,
 }
 
 fn f(x: f32) -> u32 {
@@ -167,7 +170,6 @@ impl Step<'_> {
         );
         let lens = [npick.min(head_rows) * c.vocab, nhid * d, kv_len, kv_len];
         let total: usize = lens.iter().sum();
-        let staging = arena.staging(gpu, fbytes(total));
 
         let eps = f(c.norm_eps);
         let ops = Ops {
@@ -180,7 +182,8 @@ impl Step<'_> {
             eps,
             d,
         };
-        let (mut encoder, dispatches) = arena.record(gpu, |rec, p| {
+        arena.time(gpu, self.profile.is_some());
+        let recorded = arena.record(gpu, |rec, p| {
             let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows, g, out| {
                 ops.norm(rec, p, idx, rows, g, out)
             };
@@ -333,6 +336,13 @@ impl Step<'_> {
                 norm(p, &hidden, nhid, &w.out_norm, &states);
             }
         });
+        let (mut encoder, dispatches) = (recorded.encoder, recorded.dispatches);
+        // A timed step's stamps come back after its results (two words each).
+        let stamp_words = recorded
+            .stamps
+            .as_ref()
+            .map_or(0, |(k, _)| 2 * (k.len() + 1));
+        let staging = arena.staging(gpu, fbytes(total + stamp_words));
         let mut at = 0;
         for (buf, len) in [&logits, &states, &knew, &vnew].into_iter().zip(lens) {
             if len > 0 {
@@ -340,17 +350,36 @@ impl Step<'_> {
             }
             at += len;
         }
-        let recorded = started.elapsed();
-        let mut all = gpu.finish(encoder, &staging, fbytes(total))?;
+        if let Some((_, stamps)) = &recorded.stamps {
+            let bytes = fbytes(stamp_words);
+            encoder.copy_buffer_to_buffer(stamps, 0, &staging, fbytes(total), bytes);
+        }
+        let recorded_at = started.elapsed();
+        let mut all = gpu.finish(encoder, &staging, fbytes(total + stamp_words))?;
         // Host time to lay out and record the step, and the step through its results:
         // on a GPU the difference is the device's time and the copies.
         tracing::debug!(
             rows = n,
             dispatches,
-            record_us = recorded.as_micros() as u64,
+            record_us = recorded_at.as_micros() as u64,
             step_us = started.elapsed().as_micros() as u64,
             "gpu: step"
         );
+        if let (Some(profile), Some((kinds, _))) = (self.profile, &recorded.stamps) {
+            let words = &all[total..total + stamp_words];
+            let ticks: Vec<u64> = words
+                .chunks_exact(2)
+                .map(|w| u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32))
+                .collect();
+            profile.add(Stamped {
+                rows: n,
+                kinds,
+                ticks: &ticks,
+                period_ns: gpu.queue.get_timestamp_period(),
+                host: started.elapsed(),
+                record: recorded_at,
+            });
+        }
         // The four parts, split off the back of one read-back (no copy of the logits; an
         // empty read-back maps one word).
         all.truncate(total);
@@ -365,9 +394,11 @@ impl Step<'_> {
             let picked = arena.upload(gpu, "picked", bytemuck::cast_slice(rows));
             let bytes = fbytes(rows.len() * c.vocab);
             let staging = arena.staging(gpu, bytes);
-            let (mut encoder, _) = arena.record(gpu, |rec, p| {
-                ops.head(rec, p, (c, w), &picked, rows.len(), [&hp, &logits]);
-            });
+            let mut encoder = arena
+                .record(gpu, |rec, p| {
+                    ops.head(rec, p, (c, w), &picked, rows.len(), [&hp, &logits]);
+                })
+                .encoder;
             encoder.copy_buffer_to_buffer(&logits, 0, &staging, 0, bytes);
             let mut piece = gpu.finish(encoder, &staging, bytes)?;
             piece.truncate(rows.len() * c.vocab);

@@ -53,6 +53,26 @@ impl Format {
         Format::Bf16,
     ];
 
+    /// GGUF's name for it (`q4_k`; `f32` for a matrix widened on the host).
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Q4_0 => "q4_0",
+            Format::Q4_1 => "q4_1",
+            Format::Q5_0 => "q5_0",
+            Format::Q8_0 => "q8_0",
+            Format::Q4K => "q4_k",
+            Format::Q6K => "q6_k",
+            Format::F32 => "f32",
+            Format::Q5K => "q5_k",
+            Format::F16 => "f16",
+            Format::Q5_1 => "q5_1",
+            Format::Iq4Nl => "iq4_nl",
+            Format::Q2K => "q2_k",
+            Format::Q3K => "q3_k",
+            Format::Bf16 => "bf16",
+        }
+    }
+
     /// The format's number in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
     pub fn wgsl(self) -> u32 {
         self as u32
@@ -66,6 +86,9 @@ impl Format {
 /// they have one format): one dispatch computes them all, each into its own output
 /// (`kernels::Outputs`).
 pub(crate) struct Matrix {
+    /// What it is in every layer (`attn_q/k/v`, `ffn_down`, `output`): what a profile
+    /// calls it.
+    pub role: String,
     /// Each piece's buffer, its first row and its rows.
     pub pieces: Vec<(wgpu::Buffer, usize, usize)>,
     pub format: Format,
@@ -278,7 +301,10 @@ pub(crate) fn load(gpu: &Gpu, g: &Gguf, c: &Config) -> Result<Weights, GpuError>
         "token_embd.weight"
     };
     let head = decode(g, head_name, d, &[c.vocab], &mut widened)?;
-    let head = one(upload(gpu, head_name, d, head)?);
+    let mut head = one(upload(gpu, head_name, d, head)?);
+    if head_name == "token_embd.weight" {
+        head.role = "output (token_embd)".into();
+    }
     let t = tensor(g, "token_embd.weight", d, c.vocab)?;
     let row_bytes = row_bytes(t, d)?;
     if dequantize(t.ty, 1, d, &g.tensor_bytes(t)[..row_bytes]).is_none() {
@@ -449,7 +475,13 @@ fn pieces(
             (gpu.upload(name, bytes), first, n)
         })
         .collect();
+    // "blk.3.ffn_down.weight" is "ffn_down".
+    let role = match name.strip_prefix("blk.") {
+        Some(rest) => rest.split_once('.').map_or(rest, |(_, r)| r),
+        None => name,
+    };
     Ok(Matrix {
+        role: role.trim_end_matches(".weight").to_string(),
         pieces,
         format,
         rows,

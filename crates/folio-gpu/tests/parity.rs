@@ -40,7 +40,7 @@ fn model_path() -> PathBuf {
 /// The CPU model and the same model on the GPU, or `None` (with the reason printed)
 /// where this machine has no Vulkan adapter; `tune` sets the GPU backend's options
 /// beyond llama.cpp's arithmetic (the matmuls' split, the attention's chunks).
-fn models(tune: fn(GpuBackend) -> GpuBackend) -> Option<(Model, Model)> {
+fn models(tune: impl FnOnce(GpuBackend) -> GpuBackend) -> Option<(Model, Model)> {
     let gpu = match Gpu::open(true) {
         Ok(g) => g,
         Err(e) => {
@@ -318,6 +318,51 @@ fn matrices_in_one_dispatch_give_the_same_bits() {
     };
     let (a, b) = (three_prompts(&fused), three_prompts(&apart));
     assert!(bits(&a) == bits(&b), "{}", apart.backend().describe());
+}
+
+/// A profiled step (`with_profile`: a timestamp before the first dispatch and after
+/// each) gives the same bits, and its profile counts each of its dispatches once, by
+/// kind, with each matmul's weight bytes: three prompts (44 rows) in one step.
+#[test]
+fn a_profile_times_every_dispatch_and_changes_no_bit() {
+    let mut profile = None;
+    let profiled = models(|b| {
+        let b = b.with_profile(true);
+        profile = b.profile();
+        b
+    });
+    let (Some((_, plain)), Some((_, profiled))) = (models(|b| b), profiled) else {
+        return;
+    };
+    let Some(profile) = profile else {
+        eprintln!("skipped: the adapter writes no timestamps inside a compute pass");
+        return;
+    };
+    let (a, b) = (three_prompts(&plain), three_prompts(&profiled));
+    assert!(bits(&a) == bits(&b), "a profile changed the logits");
+    assert_eq!(profile.sizes(), [44]);
+    let t = profile.steps(44).expect("the step profiled");
+    eprintln!("{}", profile.report());
+    let kind = |what: &str| {
+        let k = t.kinds.iter().find(|k| k.what == what);
+        k.unwrap_or_else(|| panic!("no {what} in {t:?}")).clone()
+    };
+    let c = &plain.config;
+    let layers = c.n_layers as u64;
+    assert_eq!(t.steps, 1);
+    assert_eq!(t.dispatches, t.kinds.iter().map(|k| k.count).sum::<u64>());
+    assert_eq!(t.device_ticks, t.kinds.iter().map(|k| k.ticks).sum::<u64>());
+    assert_eq!(kind("attention").count, layers);
+    // The layers' two norms and the final one.
+    assert_eq!(kind("rms_norm").count, 2 * layers + 1);
+    // Q4_1: 20 bytes a block of 32 weights.
+    let q4_1 = |rows: usize, cols: usize| (rows * cols / 32 * 20) as u64;
+    let down = kind("matmul ffn_down q4_1");
+    assert_eq!(down.count, layers);
+    assert_eq!(down.bytes, layers * q4_1(c.dim, c.ffn_dim));
+    let gate_up = kind("matmul ffn_gate/up q4_1");
+    assert_eq!(gate_up.bytes, layers * q4_1(2 * c.ffn_dim, c.dim));
+    assert!(kind("attention").ticks > 0);
 }
 
 /// A row's logits do not depend on what else its step runs: each prompt alone, then
