@@ -222,8 +222,9 @@ impl Kernels {
             None => include_str!("wgsl/reduce_workgroup.wgsl"),
         };
         let common = include_str!("wgsl/matmul_common.wgsl");
+        let act = include_str!("wgsl/act.wgsl");
         let matmul_module =
-            |name: &str, kernel: &str| module(name, &[common, reduce, kernel].concat());
+            |name: &str, kernel: &str| module(name, &[common, reduce, act, kernel].concat());
         let matmul = matmul_module("matmul", include_str!("wgsl/matmul.wgsl"));
         let matmul_k = matmul_module("matmul_k", include_str!("wgsl/matmul_k.wgsl"));
         let matmul_f32_inputs = matmul_module(
@@ -242,7 +243,10 @@ impl Kernels {
         };
         let norm = module("norm", include_str!("wgsl/norm.wgsl"));
         let quantize = module("quantize", include_str!("wgsl/quantize.wgsl"));
-        let elementwise = module("elementwise", include_str!("wgsl/elementwise.wgsl"));
+        let elementwise = module(
+            "elementwise",
+            &[act, include_str!("wgsl/elementwise.wgsl")].concat(),
+        );
         // The 8-bit K/V rotation and RoPE come first in both kernels that need them.
         let wht = include_str!("wgsl/wht.wgsl");
         let rope = include_str!("wgsl/rope.wgsl");
@@ -325,7 +329,8 @@ impl Kernels {
     /// a dispatch of more column groups than [`MAX_GROUPS`] several. The work split is
     /// `matmul_common.wgsl`'s: as many lanes per output as the input has chunks (of the
     /// kernel's 32 or 256; a power of two, at most [`WG`]), or one lane per output where
-    /// `wide` is off. Which rows one dispatch takes changes no output's bits.
+    /// `wide` is off. Which rows one dispatch takes changes no output's bits. Gated
+    /// ([`Outputs::gated`]), one dispatch over gate's rows writes act(gate) * up.
     #[allow(clippy::too_many_arguments)]
     pub fn matrix(
         &self,
@@ -347,7 +352,17 @@ impl Kernels {
         let [(y, stride), (y1, stride1), (y2, stride2)] = out.parts;
         let [s1, s2] = out.starts.map(|s| s.min(u32::MAX as usize) as u32);
         let row_bytes = (m.bytes / m.rows.max(1)) as u64;
-        for (piece, range) in m.dispatches(self.set.fused) {
+        // Gated: one dispatch over gate's rows, each column's up row s1 on (a matrix
+        // of gate's and up's rows in one piece: `Outputs::gated`).
+        let gated = out.glu != 0;
+        if gated {
+            assert!(
+                m.parts == [s1 as usize; 2] && m.pieces.len() == 1,
+                "gated: a matrix of gate's and up's rows in one piece"
+            );
+        }
+        let each = m.dispatches(self.set.fused).filter(|_| !gated);
+        for (piece, range) in gated.then_some((0, 0..s1 as usize)).into_iter().chain(each) {
             let (w, first, _) = &m.pieces[piece];
             let columns = (range.len() as u32).div_ceil(WG / lanes);
             for g0 in (0..columns).step_by(step as usize) {
@@ -366,6 +381,7 @@ impl Kernels {
                     s2,
                     stride1 as u32,
                     stride2 as u32,
+                    out.glu,
                 ];
                 let groups = (
                     (columns - g0).min(step),
@@ -375,8 +391,11 @@ impl Kernels {
                 let what = || {
                     let per = u64::from(WG / lanes);
                     let end = (u64::from(g0 + groups.0) * per).min(range.len() as u64);
-                    let name = format!("matmul {} {}", m.role, m.format.name());
-                    (name, (end - u64::from(g0) * per) * row_bytes)
+                    let gate = if gated { " gated" } else { "" };
+                    let name = format!("matmul {} {}{gate}", m.role, m.format.name());
+                    // Gated, each column reads a gate row and an up row.
+                    let rows = (end - u64::from(g0) * per) * (1 + u64::from(gated));
+                    (name, rows * row_bytes)
                 };
                 rec.dispatch_as(pass, kernel, &params, &[w, a, y, y1, y2], groups, what);
             }
@@ -385,12 +404,15 @@ impl Kernels {
 }
 
 /// Where a matmul's outputs go: each part of the matrix (`Matrix::parts`: the rows of
-/// up to three matrices one after another) into its own buffer, rows `stride` wide.
+/// up to three matrices one after another) into its own buffer, rows `stride` wide;
+/// or, gated, gate's and up's parts into one output through the gated activation.
 pub(crate) struct Outputs<'b> {
     /// Each part's buffer and row stride (a matrix of fewer parts repeats the first).
     pub parts: [(&'b wgpu::Buffer, usize); 3],
     /// The matrix rows where parts 1 and 2 start (`usize::MAX` where it has none).
     pub starts: [usize; 2],
+    /// 0, or gated: 1 SiLU, 2 GELU (`matmul_common.wgsl`).
+    pub glu: u32,
 }
 
 impl<'b> Outputs<'b> {
@@ -408,6 +430,17 @@ impl<'b> Outputs<'b> {
         Outputs {
             parts: [part(0), part(1), part(2)],
             starts: [start(1), start(2)],
+            glu: 0,
+        }
+    }
+
+    /// act(gate) * up into `out` (rows `stride` wide) from a matrix of gate's `ff`
+    /// rows and then up's, in one piece (SiLU, or GELU where `gelu`).
+    pub fn gated(out: (&'b wgpu::Buffer, usize), ff: usize, gelu: bool) -> Self {
+        Outputs {
+            parts: [out; 3],
+            starts: [ff, usize::MAX],
+            glu: 1 + u32::from(gelu),
         }
     }
 }

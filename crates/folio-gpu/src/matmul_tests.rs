@@ -11,7 +11,7 @@
 
 use crate::arena::{Arena, Recorder};
 use crate::device::Gpu;
-use crate::kernels::{Input, Kernel, Kernels, Outputs, Q8K_WORDS, Q8_WORDS};
+use crate::kernels::{Input, Kernel, Kernels, Outputs, Q8K_WORDS, Q8_WORDS, WG};
 use crate::weights::{Format, Matrix};
 use folio::gguf::GgmlType;
 use folio::internals::{self as cpu, BlockQ8, BlockQ8K};
@@ -529,6 +529,64 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
                 assert!(got == want, "{case}, {pieces} pieces, fused {fused}");
             }
             k.set.fused = true;
+        }
+    }
+}
+
+/// A matrix of gate's and up's rows computed gated (`Outputs::gated`: act(gate) * up
+/// in the matmul's own dispatch, `matmul_common.wgsl`) gives the bits of the two
+/// matmuls into their own buffers and then the gate kernel: SiLU and GELU, both
+/// splits, 1 and 9 rows, and dispatches of 3 workgroups.
+#[test]
+fn a_gated_matrix_gives_the_bits_of_its_matmuls_and_the_gate() {
+    let Some(gpu) = gpu_or_skip() else {
+        return;
+    };
+    let mut k = Kernels::new(&gpu).unwrap();
+    let default_groups = k.set.max_groups;
+    let mut rng = Rng(12);
+    let (ty, cols, ff) = (GgmlType::Q4_K, 512, 40);
+    let bytes = random_blocks(&mut rng, ty, 2 * ff, cols);
+    let m = Matrix {
+        role: "test".into(),
+        pieces: vec![(gpu.upload("w", &bytes), 0, 2 * ff)],
+        format: Format::Q4K,
+        rows: 2 * ff,
+        cols,
+        bytes: bytes.len(),
+        parts: vec![ff, ff],
+    };
+    for (wide, max_groups) in [(false, default_groups), (true, default_groups), (true, 3)] {
+        (k.set.wide, k.set.max_groups) = (wide, max_groups);
+        let kernel = k.f32_inputs(Format::Q4K);
+        for (rows, gelu) in [(1, false), (9, false), (1, true), (9, true)] {
+            let case = format!("{rows} rows, wide {wide}, {max_groups} groups, gelu {gelu}");
+            let a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+            let a = gpu.upload("a", bytemuck::cast_slice(&a));
+            let zeros = vec![0u8; rows * ff * 4];
+            let (gate, up) = (gpu.upload("gate", &zeros), gpu.upload("up", &zeros));
+            let want = record_and_read(
+                &gpu,
+                |rec, pass| {
+                    let out = Outputs::parts(&m.parts, &[(&gate, ff), (&up, ff)]);
+                    k.matrix(rec, pass, kernel, &m, &a, &out, rows, false);
+                    let params = [rows as u32, ff as u32, gelu as u32, 0];
+                    let groups = ((ff as u32).div_ceil(WG), rows as u32);
+                    rec.dispatch(pass, &k.glu, &params, &[&gate, &up], groups);
+                },
+                &[&gate],
+            );
+            let out = gpu.upload("out", &zeros);
+            let got = record_and_read(
+                &gpu,
+                |rec, pass| {
+                    let gated = Outputs::gated((&out, ff), ff, gelu);
+                    k.matrix(rec, pass, kernel, &m, &a, &gated, rows, false);
+                },
+                &[&out],
+            );
+            assert!(want.iter().any(|&w| w != 0), "{case}: nothing computed");
+            assert!(got == want, "{case}");
         }
     }
 }

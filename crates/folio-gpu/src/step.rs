@@ -10,8 +10,8 @@
 //! one on a local layer), and V into the pool and the step's copy → paged attention
 //! over each row's own pages, Q rotated as it is loaded → output matmul added to the
 //! residual (normed first where the model has post-norms) → RMSNorm → gate and up
-//! (likewise one dispatch) → SiLU or GELU gate → down added to the residual
-//! (likewise). Then the final norm of the picked rows and the head. Attention scores
+//! and the SiLU or GELU gate (one dispatch where gate and up share a format) → down
+//! added to the residual (likewise). Then the final norm of the picked rows and the head. Attention scores
 //! and the final logits are soft-capped where the model says (Gemma 2). Every row of
 //! the ragged batch (prefill chunks and decode rows alike) shares each matmul.
 
@@ -191,14 +191,22 @@ impl Step<'_> {
                 ops.quantize(rec, p, a, width, rows)
             };
             let matmul = |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, width, add| {
-                ops.matmul(rec, p, m, a, &[(y, width)], n, add)
+                ops.matmul(
+                    rec,
+                    p,
+                    m,
+                    a,
+                    &Outputs::parts(&m.parts, &[(y, width)]),
+                    n,
+                    add,
+                )
             };
             // Matrices of several parts (`Matrix::parts`), each part into its output.
             let matmuls = |p: &mut wgpu::ComputePass<'_>, ms: &[Matrix], a, outs: &[_]| {
                 let mut at = 0;
                 for m in ms {
-                    let outs = &outs[at..at + m.parts.len()];
-                    ops.matmul(rec, p, m, a, outs, n, false);
+                    let out = Outputs::parts(&m.parts, &outs[at..at + m.parts.len()]);
+                    ops.matmul(rec, p, m, a, &out, n, false);
                     at += m.parts.len();
                 }
             };
@@ -316,10 +324,21 @@ impl Step<'_> {
                 residual(p, &l.wo, &att, &l.post_attn_norm);
                 norm(p, &ident, n, &l.ffn_norm, &h);
                 quantize(p, &h, d, n);
-                matmuls(p, &l.gate_up, &h, &[(&gate, ff), (&up, ff)]);
-                let groups = ((ff as u32).div_ceil(WG), n as u32);
-                let params = [n as u32, ff as u32, gelu as u32, 0];
-                rec.dispatch(p, &k.glu, &params, &[&gate, &up], groups);
+                // act(gate) * up into `gate`: one dispatch where gate and up are one
+                // matrix in one piece (gated: `matmul_common.wgsl`), else their matmuls
+                // and the gate kernel (the same bits).
+                match &l.gate_up[..] {
+                    [m] if k.set.fused && m.parts.len() == 2 && m.pieces.len() == 1 => {
+                        let out = Outputs::gated((&gate, ff), ff, gelu);
+                        ops.matmul(rec, p, m, &h, &out, n, false);
+                    }
+                    _ => {
+                        matmuls(p, &l.gate_up, &h, &[(&gate, ff), (&up, ff)]);
+                        let groups = ((ff as u32).div_ceil(WG), n as u32);
+                        let params = [n as u32, ff as u32, gelu as u32, 0];
+                        rec.dispatch(p, &k.glu, &params, &[&gate, &up], groups);
+                    }
+                }
                 quantize(p, &gate, ff, n);
                 residual(p, &l.w_down, &gate, &l.post_ffn_norm);
             }
@@ -478,10 +497,10 @@ impl Ops<'_> {
         }
     }
 
-    /// `a` · `m`ᵀ into `outs` (each part of `m` into its `(buffer, row width)`; added
-    /// with `add`): with llama.cpp's arithmetic the quantized formats read `aq` or
-    /// `akq`, which hold `a` quantized. A matrix of several parts is one dispatch (a
-    /// piece), or one per part where the kernels are not `fused`.
+    /// `a` · `m`ᵀ into `out` (added with `add`): with llama.cpp's arithmetic the
+    /// quantized formats read `aq` or `akq`, which hold `a` quantized. A matrix of
+    /// several parts is one dispatch (a piece), or one per part where the kernels are
+    /// not `fused`.
     #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
@@ -489,7 +508,7 @@ impl Ops<'_> {
         p: &mut wgpu::ComputePass<'_>,
         m: &Matrix,
         a: &wgpu::Buffer,
-        outs: &[(&wgpu::Buffer, usize)],
+        out: &Outputs<'_>,
         rows: usize,
         add: bool,
     ) {
@@ -499,8 +518,7 @@ impl Ops<'_> {
             Input::Q8 => self.aq,
             Input::Q8K => self.akq,
         };
-        let out = Outputs::parts(&m.parts, outs);
-        self.k.matrix(rec, p, kernel, m, input, &out, rows, add);
+        self.k.matrix(rec, p, kernel, m, input, out, rows, add);
     }
 
     /// The head over `rows` rows of `x` that `picked` lists: the final norm into `hp`,
@@ -519,7 +537,8 @@ impl Ops<'_> {
         }
         self.norm(rec, p, picked, rows, &w.out_norm, hp);
         self.quantize(rec, p, hp, self.d, rows);
-        self.matmul(rec, p, &w.head, hp, &[(logits, c.vocab)], rows, false);
+        let out = Outputs::parts(&w.head.parts, &[(logits, c.vocab)]);
+        self.matmul(rec, p, &w.head, hp, &out, rows, false);
         if let Some(cap) = c.final_softcap {
             let groups = ((c.vocab as u32).div_ceil(WG), rows as u32);
             let params = [rows as u32, c.vocab as u32, f(cap), 0];

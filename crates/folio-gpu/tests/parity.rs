@@ -360,8 +360,10 @@ fn a_profile_times_every_dispatch_and_changes_no_bit() {
     let down = kind("matmul ffn_down q4_1");
     assert_eq!(down.count, layers);
     assert_eq!(down.bytes, layers * q4_1(c.dim, c.ffn_dim));
-    let gate_up = kind("matmul ffn_gate/up q4_1");
+    // Gate and up in one dispatch with the gate (no `glu` dispatch of its own).
+    let gate_up = kind("matmul ffn_gate/up q4_1 gated");
     assert_eq!(gate_up.bytes, layers * q4_1(2 * c.ffn_dim, c.dim));
+    assert!(t.kinds.iter().all(|k| k.what != "glu"), "{t:?}");
     assert!(kind("attention").ticks > 0);
 }
 

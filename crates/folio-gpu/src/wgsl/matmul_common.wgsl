@@ -1,6 +1,7 @@
 // What every matmul kernel shares (a reduction, `reduce_workgroup.wgsl` or
-// `reduce_subgroup.wgsl`, and the kernel's file are appended to this one): the
-// parameters, the weight format, the work split and the store.
+// `reduce_subgroup.wgsl`, the gated activations, `act.wgsl`, and the kernel's file
+// are appended to this one): the parameters, the weight format, the work split and
+// the store.
 // y[r, at + o] (+)= Σ_c a[r, c] · W[o, c] over the rows of `a`, W's rows o0 <= o < n
 // (W a piece of a matrix starting at its row `at`; y's rows are `stride` wide).
 //
@@ -24,9 +25,16 @@
 // from s1 to y1 and from s2 to y2, each at its own stride. One dispatch computes them
 // all (one barrier, not three, on a GPU); each column's sums are what they would be in
 // a matrix of its own.
+//
+// Gated (glu 1: SiLU, 2: GELU), a matrix of gate's rows and then up's (s1 of each)
+// gives y = act(gate) * up (`act.wgsl`): column o's lanes sum gate's row o and up's
+// row s1 + o, chunk by chunk in the same order and added in the same pairs as each
+// alone, so the same bits as the two matmuls and then the gate kernel, without the
+// second dispatch or gate and up's round trip through memory. Dispatched over gate's
+// rows (n = s1), one piece.
 struct P {
     k: u32, n: u32, rows: u32, add: u32, stride: u32, at: u32, lanes: u32, g0: u32,
-    o0: u32, s1: u32, s2: u32, stride1: u32, stride2: u32,
+    o0: u32, s1: u32, s2: u32, stride1: u32, stride2: u32, glu: u32,
 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
@@ -63,13 +71,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let o = p.o0 + (p.g0 + wg.x) * (64u / p.lanes) + li / p.lanes;
     let r0 = wg.y * TR;
     let nr = min(TR, p.rows - r0);
+    let gate = p.glu != 0u;
     var acc: array<f32, 8>;
+    var up: array<f32, 8>;
     if (o < p.n) {
         for (var c = lane; c < p.k / CHUNK; c += p.lanes) {
             chunk(&acc, o, c, r0, nr);
+            if (gate) {
+                chunk(&up, p.s1 + o, c, r0, nr);
+            }
         }
     }
     let sums = column_sums(acc, li, lane, nr);
+    if (gate) {
+        let ups = column_sums(up, li, lane, nr);
+        if (lane == 0u && o < p.n) {
+            for (var i = 0u; i < nr; i++) {
+                y[(r0 + i) * p.stride + p.at + o] = gated(sums[i], ups[i], p.glu == 2u);
+            }
+        }
+        return;
+    }
     if (lane == 0u && o < p.n) {
         for (var i = 0u; i < nr; i++) {
             store(r0 + i, p.at + o, sums[i]);
