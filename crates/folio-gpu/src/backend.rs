@@ -308,6 +308,7 @@ impl Backend for GpuBackend {
         let weights: u64 = self
             .weights
             .matrices()
+            .chain(self.weights.embed.as_ref())
             .flat_map(|m| &m.pieces)
             .map(|(b, _, _)| b.size())
             .sum();

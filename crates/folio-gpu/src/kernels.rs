@@ -51,6 +51,9 @@ pub(crate) struct Kernels {
     /// ([`Kernels::f32_inputs`]); F16, BF16 and widened matrices are read only so
     /// (with llama.cpp's arithmetic too).
     f32_inputs: Vec<Kernel>,
+    /// The embedding gather, one pipeline per table format
+    /// (`matmul_f32_inputs.wgsl`'s `embed`).
+    embed: Vec<Kernel>,
     /// Activations into 8-bit blocks of 32 ([`Input::Q8`]) and of 256 ([`Input::Q8K`]).
     pub quantize: Kernel,
     pub quantize_k: Kernel,
@@ -262,6 +265,13 @@ impl Kernels {
             .iter()
             .map(|&f| matmul_pipeline(&matmul_f32_inputs, f, None))
             .collect();
+        let embed = Format::ALL
+            .iter()
+            .map(|&f| {
+                let constants = [("FORMAT", f.wgsl() as f64)];
+                pipeline_with("embed", &matmul_f32_inputs, "embed", &constants)
+            })
+            .collect();
         Kernels {
             rms_norm: pipeline("rms_norm", &norm, "picked"),
             q8_inputs: Format::ALL
@@ -277,6 +287,7 @@ impl Kernels {
                 })
                 .collect(),
             f32_inputs,
+            embed,
             quantize: pipeline("quantize", &quantize, "main"),
             quantize_k: pipeline("quantize_k", &quantize, "q8k"),
             kv_store: pipeline("kv_store", &kv_store, "main"),
@@ -304,6 +315,30 @@ impl Kernels {
     /// The matmul on f32 inputs for matrices in `format`.
     pub fn f32_inputs(&self, format: Format) -> &Kernel {
         &self.f32_inputs[format.wgsl() as usize]
+    }
+
+    /// Records the embedding gather: row r of `x` (`dim` wide) is row `tokens[r]` of
+    /// the table `m` times `scale`, for `rows` rows (`tokens` padded to a multiple of
+    /// four words); each piece of the table is one dispatch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed(
+        &self,
+        rec: &Recorder<'_>,
+        pass: &mut wgpu::ComputePass<'_>,
+        m: &Matrix,
+        tokens: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        rows: usize,
+        scale: f32,
+    ) {
+        let kernel = &self.embed[m.format.wgsl() as usize];
+        let groups = ((m.cols as u32 / 32).div_ceil(WG), rows as u32);
+        for (w, first, n) in &m.pieces {
+            // `matmul_common.wgsl`'s P: k, n, rows, at and scale; the rest unread.
+            let (k, n, at, s) = (m.cols as u32, *n as u32, *first as u32, scale.to_bits());
+            let params = [k, n, rows as u32, 0, 0, at, 0, 0, 0, 0, 0, 0, 0, 0, s];
+            rec.dispatch(pass, kernel, &params, &[w, tokens, x], groups);
+        }
     }
 
     /// The matmul on 8-bit inputs for matrices in `format`, where it has one, and the

@@ -590,3 +590,77 @@ fn a_gated_matrix_gives_the_bits_of_its_matmuls_and_the_gate() {
         }
     }
 }
+
+/// The embedding gather (`Kernels::embed`) gives each token's row of the host's
+/// `dequantize` times the scale, bit for bit, for every format the kernels decode
+/// (and f32): a table of 37 rows in pieces of 10 (one dispatch each, as a table
+/// larger than a binding goes up), seven tokens with a repeat, scales 1 and 2.5.
+#[test]
+fn the_embedding_gather_gives_the_hosts_rows() {
+    let Some(gpu) = gpu_or_skip() else {
+        return;
+    };
+    let k = Kernels::new(&gpu).unwrap();
+    let mut rng = Rng(13);
+    let (n, cols, per) = (37, 256, 10);
+    let tokens = [5u32, 0, 36, 12, 12, 30, 7];
+    let mut padded = tokens.to_vec();
+    padded.resize(tokens.len().next_multiple_of(4), 0);
+    let ids = gpu.upload("tokens", bytemuck::cast_slice(&padded));
+    let formats = [
+        (GgmlType::Q4_0, Format::Q4_0),
+        (GgmlType::Q4_1, Format::Q4_1),
+        (GgmlType::Q5_0, Format::Q5_0),
+        (GgmlType::Q8_0, Format::Q8_0),
+        (GgmlType::Q4_K, Format::Q4K),
+        (GgmlType::Q6_K, Format::Q6K),
+        (GgmlType::Q5_K, Format::Q5K),
+        (GgmlType::F16, Format::F16),
+        (GgmlType::Q5_1, Format::Q5_1),
+        (GgmlType::IQ4_NL, Format::Iq4Nl),
+        (GgmlType::Q2_K, Format::Q2K),
+        (GgmlType::Q3_K, Format::Q3K),
+        (GgmlType::BF16, Format::Bf16),
+        (GgmlType::F32, Format::F32),
+    ];
+    for (ty, format) in formats {
+        let bytes = match ty {
+            GgmlType::F32 => {
+                let v: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+                bytemuck::cast_slice(&v).to_vec()
+            }
+            _ => random_blocks(&mut rng, ty, n, cols),
+        };
+        let rb = bytes.len() / n;
+        let table = Matrix {
+            role: "test".into(),
+            pieces: (0..n)
+                .step_by(per)
+                .map(|at| {
+                    let m = per.min(n - at);
+                    (gpu.upload("w", &bytes[at * rb..(at + m) * rb]), at, m)
+                })
+                .collect(),
+            format,
+            rows: n,
+            cols,
+            bytes: bytes.len(),
+            parts: vec![n],
+        };
+        let host = dequantize(ty, n, cols, &bytes).unwrap();
+        for scale in [1.0f32, 2.5] {
+            let x = gpu.upload("x", &vec![0u8; tokens.len() * cols * 4]);
+            let got = record_and_read(
+                &gpu,
+                |rec, pass| k.embed(rec, pass, &table, &ids, &x, tokens.len(), scale),
+                &[&x],
+            );
+            let want: Vec<u32> = tokens
+                .iter()
+                .flat_map(|&t| &host[t as usize * cols..(t as usize + 1) * cols])
+                .map(|v| (v * scale).to_bits())
+                .collect();
+            assert!(got == want, "{ty:?}, scale {scale}");
+        }
+    }
+}

@@ -5,7 +5,8 @@
 //! than one binding holds, the head runs over them in pieces, each after the first in
 //! a pass and a copy of its own.
 //!
-//! Per layer: RMSNorm → Q, K, V matmuls (one dispatch where they share a format; +
+//! First each row's embedding, gathered from the table on the device. Per layer:
+//! RMSNorm → Q, K, V matmuls (one dispatch where they share a format; +
 //! biases) → (per-head Q/K norms) → K, rotated by RoPE (the host's tables, the local
 //! one on a local layer), and V into the pool and the step's copy → paged attention
 //! over each row's own pages, Q rotated as it is loaded → output matmul added to the
@@ -66,15 +67,16 @@ impl Step<'_> {
         let n = t.rows.len();
         let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let (npick, nhid) = (t.picked.len(), t.hidden.len());
-        // The residual stream starts as each row's embedding.
-        let mut x = Vec::with_capacity(n * d);
-        for tok in batch.seqs.iter().flat_map(|s| s.tokens.iter()) {
-            let mut row = w.embed.row(*tok);
-            if let Some(s) = c.embed_scale {
-                row.iter_mut().for_each(|v| *v *= s);
-            }
-            x.extend(row);
-        }
+        // The residual stream starts as each row's embedding, gathered on the device
+        // from the step's tokens (padded to whole vec4s: `Kernels::embed`).
+        let mut tokens: Vec<u32> = batch
+            .seqs
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        tokens.resize(n.next_multiple_of(4), 0);
+        let tokens = arena.upload(gpu, "tokens", bytemuck::cast_slice(&tokens));
+        let x = arena.buffer(gpu, "x", (n * d * 4) as u64);
         // RoPE tables, the CPU path's own: the global one, and the local layers' own
         // where the model has one (Gemma 3; the same dimensions, `weights::check`).
         let half = c.rope.dims / 2;
@@ -91,7 +93,6 @@ impl Step<'_> {
         let rope_local = c.rope_local.as_ref().map(table);
         let ident: Vec<u32> = (0..n as u32).collect();
         let fbytes = |len: usize| (len * 4) as u64;
-        let x = arena.upload(gpu, "x", bytemuck::cast_slice(&x));
         let rope = arena.upload(gpu, "rope", bytemuck::cast_slice(&rope));
         let rope_local =
             rope_local.map(|r| arena.upload(gpu, "local rope", bytemuck::cast_slice(&r)));
@@ -227,6 +228,15 @@ impl Step<'_> {
             let inv_sqrt = f(1.0 / (c.head_dim as f32).sqrt());
             let hd = c.head_dim as u32;
             let gelu = c.activation == folio::model::Activation::GeGlu;
+            k.embed(
+                rec,
+                p,
+                w.table(),
+                &tokens,
+                &x,
+                n,
+                c.embed_scale.unwrap_or(1.0),
+            );
             for (li, l) in w.layers.iter().enumerate() {
                 norm(p, &ident, n, &l.attn_norm, &h);
                 quantize(p, &h, d, n);

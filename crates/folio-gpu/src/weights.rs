@@ -3,8 +3,8 @@
 //! them: their blocks are decoded in the matmul kernel. A matrix the kernels cannot
 //! read so (rows not whole blocks) is dequantized on the host and goes up as f32 (four
 //! bytes a weight: correct, but not the memory or bandwidth of its format). Norms and
-//! biases go up as f32. The embedding stays on the host in its stored form: a step looks up
-//! only its own tokens' rows.
+//! biases go up as f32. The embedding table goes up like any matrix (a tied model's
+//! is the head's): a step gathers its own tokens' rows on the device.
 
 use crate::device::Gpu;
 use crate::error::GpuError;
@@ -156,29 +156,14 @@ pub(crate) struct Layer {
     pub post_ffn_norm: Option<wgpu::Buffer>,
 }
 
-/// The embedding table on the host, rows as stored.
-pub(crate) struct Embedding {
-    ty: GgmlType,
-    row_bytes: usize,
-    dim: usize,
-    bytes: Vec<u8>,
-}
-
-impl Embedding {
-    /// Token `t`'s row as floats.
-    pub fn row(&self, t: u32) -> Vec<f32> {
-        let at = t as usize * self.row_bytes;
-        dequantize(self.ty, 1, self.dim, &self.bytes[at..at + self.row_bytes])
-            .expect("the type was checked at load")
-    }
-}
-
 /// Every weight of the model.
 pub(crate) struct Weights {
     pub layers: Vec<Layer>,
     pub out_norm: wgpu::Buffer,
     pub head: Matrix,
-    pub embed: Embedding,
+    /// The embedding table where the model does not tie it to the head (a tied
+    /// model's table is the head's matrix: [`Weights::table`]).
+    pub embed: Option<Matrix>,
     /// Matrices that went up as f32 because the kernels do not read their type.
     pub widened: usize,
 }
@@ -197,6 +182,11 @@ impl Weights {
     /// Bytes of weights one decode step reads.
     pub fn bytes_per_token(&self) -> usize {
         self.matrices().map(|m| m.bytes).sum()
+    }
+
+    /// The embedding table (`Kernels::embed` gathers a step's rows from it).
+    pub fn table(&self) -> &Matrix {
+        self.embed.as_ref().unwrap_or(&self.head)
     }
 }
 
@@ -302,19 +292,17 @@ pub(crate) fn load(gpu: &Gpu, g: &Gguf, c: &Config) -> Result<Weights, GpuError>
     };
     let head = decode(g, head_name, d, &[c.vocab], &mut widened)?;
     let mut head = one(upload(gpu, head_name, d, head)?);
-    if head_name == "token_embd.weight" {
+    let tied = head_name == "token_embd.weight";
+    if tied {
         head.role = "output (token_embd)".into();
     }
-    let t = tensor(g, "token_embd.weight", d, c.vocab)?;
-    let row_bytes = row_bytes(t, d)?;
-    if dequantize(t.ty, 1, d, &g.tensor_bytes(t)[..row_bytes]).is_none() {
-        return Err(unsupported_type(t));
-    }
-    let embed = Embedding {
-        ty: t.ty,
-        row_bytes,
-        dim: d,
-        bytes: g.tensor_bytes(t).to_vec(),
+    // A table of its own where the model has a head of its own.
+    let embed = match tied {
+        true => None,
+        false => {
+            let rows = decode(g, "token_embd.weight", d, &[c.vocab], &mut widened)?;
+            Some(one(upload(gpu, "token_embd.weight", d, rows)?))
+        }
     };
     if widened > 0 {
         tracing::info!(

@@ -35,6 +35,8 @@
 struct P {
     k: u32, n: u32, rows: u32, add: u32, stride: u32, at: u32, lanes: u32, g0: u32,
     o0: u32, s1: u32, s2: u32, stride1: u32, stride2: u32, glu: u32,
+    // The embedding gather's scale (`matmul_f32_inputs.wgsl`'s `embed`), as bits.
+    scale: u32,
 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
