@@ -15,6 +15,7 @@
 #   scripts/gpu/lent.sh --prepare   # here: builds what the lent machine needs into
 #                                   # target/lent and target/vkprobe (~40 MB)
 #   scripts/gpu/lent.sh             # there, with carry ["target/lent", "target/vkprobe"]
+#                                   # and timeout_s 600; the whole log in $OUT/lent.log
 #
 # The lent machine has no Rust toolchain and reaches nothing outside, so everything
 # comes from here: a stripped folio (gzipped), llama.cpp's llama-quantize and its libraries, the
@@ -49,6 +50,11 @@ if [ "${1:-}" = --prepare ]; then
     cp models/vocab/ggml-vocab-llama-bpe.gguf scripts/make_shape_model.py "$lent/"
     du -sh "$lent" target/vkprobe
     exit 0
+fi
+# The device tool brings back what $OUT holds, and the call's reply only the last
+# 12,000 characters of the output: the whole log goes to $OUT/lent.log too.
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    exec > >(tee -a "$OUT/lent.log") 2>&1
 fi
 [ -f "$lent/folio.gz" ] || { echo "lent.sh: run scripts/gpu/lent.sh --prepare first and carry $lent" >&2; exit 1; }
 [ -x "$lent/folio" ] || { gunzip -k "$lent/folio.gz" && chmod +x "$lent/folio"; }
