@@ -74,6 +74,53 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     out
 }
 
+/// Every quantized and half-width format the kernels decode, as GGUF stores it.
+const FORMATS: [(GgmlType, Format); 13] = [
+    (GgmlType::Q4_0, Format::Q4_0),
+    (GgmlType::Q4_1, Format::Q4_1),
+    (GgmlType::Q5_0, Format::Q5_0),
+    (GgmlType::Q8_0, Format::Q8_0),
+    (GgmlType::Q4_K, Format::Q4K),
+    (GgmlType::Q6_K, Format::Q6K),
+    (GgmlType::Q5_K, Format::Q5K),
+    (GgmlType::F16, Format::F16),
+    (GgmlType::Q5_1, Format::Q5_1),
+    (GgmlType::IQ4_NL, Format::Iq4Nl),
+    (GgmlType::Q2_K, Format::Q2K),
+    (GgmlType::Q3_K, Format::Q3K),
+    (GgmlType::BF16, Format::Bf16),
+];
+
+/// `bytes` (rows of `cols` in `format`) as a matrix of `parts` uploaded in pieces of
+/// `per` rows (as a matrix larger than a binding goes up).
+fn test_matrix(
+    gpu: &Gpu,
+    format: Format,
+    bytes: &[u8],
+    cols: usize,
+    parts: Vec<usize>,
+    per: usize,
+) -> Matrix {
+    let rows: usize = parts.iter().sum();
+    let rb = bytes.len() / rows.max(1);
+    let pieces = (0..rows)
+        .step_by(per.max(1))
+        .map(|at| {
+            let m = per.min(rows - at);
+            (gpu.upload("w", &bytes[at * rb..(at + m) * rb]), at, m)
+        })
+        .collect();
+    Matrix {
+        role: "test".into(),
+        pieces,
+        format,
+        rows,
+        cols,
+        bytes: bytes.len(),
+        parts,
+    }
+}
+
 /// A device, lavapipe included; `None`, the reason printed, where there is none.
 fn gpu_or_skip() -> Option<Gpu> {
     Gpu::open(true)
@@ -261,15 +308,7 @@ fn k_quants_on_8_bit_inputs_take_the_cpus_blocks_and_sums() {
         for (ty, format) in formats {
             let bytes = random_blocks(&mut rng, ty, n, cols);
             let widened = dequantize(ty, n, cols, &bytes).unwrap();
-            let m = Matrix {
-                role: "test".into(),
-                pieces: vec![(gpu.upload("w", &bytes), 0, n)],
-                format,
-                rows: n,
-                cols,
-                bytes: bytes.len(),
-                parts: vec![n],
-            };
+            let m = test_matrix(&gpu, format, &bytes, cols, vec![n], n);
             let mut host = cpu::QMatrix::new_for(isa, ty, n, cols, &bytes).unwrap();
             host.lay_out_for(isa, true);
             for rows in [1, 3, 9] {
@@ -346,21 +385,6 @@ fn block_kernels_give_the_widened_kernels_bits() {
     assert_eq!(plain.subgroup, None);
     let default_groups = k.set.max_groups;
     let mut rng = Rng(42);
-    let formats = [
-        (GgmlType::Q4_0, Format::Q4_0),
-        (GgmlType::Q4_1, Format::Q4_1),
-        (GgmlType::Q5_0, Format::Q5_0),
-        (GgmlType::Q8_0, Format::Q8_0),
-        (GgmlType::Q4_K, Format::Q4K),
-        (GgmlType::Q6_K, Format::Q6K),
-        (GgmlType::Q5_K, Format::Q5K),
-        (GgmlType::F16, Format::F16),
-        (GgmlType::Q5_1, Format::Q5_1),
-        (GgmlType::IQ4_NL, Format::Iq4Nl),
-        (GgmlType::Q2_K, Format::Q2K),
-        (GgmlType::Q3_K, Format::Q3K),
-        (GgmlType::BF16, Format::Bf16),
-    ];
     // (wide split, outputs, inputs, most workgroups a dispatch): both splits; inputs
     // of 2 and 4 chunks (several columns in one of lavapipe's subgroups of 8), 16 (one
     // a lane when wide), 18 (a non-power-of-two: idle lanes) and 128 (two a lane); dispatches of 3 workgroups (many dispatches a matmul); and 3000
@@ -380,7 +404,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
     for (wide, n, cols, max_groups) in shapes {
         (k.set.wide, k.set.max_groups) = (wide, max_groups);
         (plain.set.wide, plain.set.max_groups) = (wide, max_groups);
-        for (ty, format) in formats {
+        for (ty, format) in FORMATS {
             if !(cols as u64).is_multiple_of(ty.block_layout().0)
                 || (n > 70 && ty != GgmlType::Q4_0)
             {
@@ -388,15 +412,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
             }
             let bytes = random_blocks(&mut rng, ty, n, cols);
             let wide = dequantize(ty, n, cols, &bytes).unwrap();
-            let matrix = |format, data: &[u8]| Matrix {
-                role: "test".into(),
-                pieces: vec![(gpu.upload("w", data), 0, n)],
-                format,
-                rows: n,
-                cols,
-                bytes: data.len(),
-                parts: vec![n],
-            };
+            let matrix = |format, data: &[u8]| test_matrix(&gpu, format, data, cols, vec![n], n);
             let blocks = matrix(format, &bytes);
             let widened = matrix(Format::F32, bytemuck::cast_slice(&wide));
             for rows in [1, 3, 9] {
@@ -450,23 +466,8 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
     // Rows `first..first + n` of `bytes` as a matrix of `parts` in pieces of `per` rows.
     let matrix = |first: usize, parts: Vec<usize>, per: usize| {
         let n: usize = parts.iter().sum();
-        let pieces = (0..n)
-            .step_by(per)
-            .map(|at| {
-                let m = per.min(n - at);
-                let data = &bytes[(first + at) * rb..(first + at + m) * rb];
-                (gpu.upload("w", data), at, m)
-            })
-            .collect();
-        Matrix {
-            role: "test".into(),
-            pieces,
-            format: Format::Q4K,
-            rows: n,
-            cols,
-            bytes: n * rb,
-            parts,
-        }
+        let data = &bytes[first * rb..(first + n) * rb];
+        test_matrix(&gpu, Format::Q4K, data, cols, parts, per)
     };
     let wholes = [
         matrix(0, sizes.to_vec(), rows_of),
@@ -547,15 +548,7 @@ fn a_gated_matrix_gives_the_bits_of_its_matmuls_and_the_gate() {
     let mut rng = Rng(12);
     let (ty, cols, ff) = (GgmlType::Q4_K, 512, 40);
     let bytes = random_blocks(&mut rng, ty, 2 * ff, cols);
-    let m = Matrix {
-        role: "test".into(),
-        pieces: vec![(gpu.upload("w", &bytes), 0, 2 * ff)],
-        format: Format::Q4K,
-        rows: 2 * ff,
-        cols,
-        bytes: bytes.len(),
-        parts: vec![ff, ff],
-    };
+    let m = test_matrix(&gpu, Format::Q4K, &bytes, cols, vec![ff, ff], 2 * ff);
     for (wide, max_groups) in [(false, default_groups), (true, default_groups), (true, 3)] {
         (k.set.wide, k.set.max_groups) = (wide, max_groups);
         let kernel = k.f32_inputs(Format::Q4K);
@@ -607,23 +600,7 @@ fn the_embedding_gather_gives_the_hosts_rows() {
     let mut padded = tokens.to_vec();
     padded.resize(tokens.len().next_multiple_of(4), 0);
     let ids = gpu.upload("tokens", bytemuck::cast_slice(&padded));
-    let formats = [
-        (GgmlType::Q4_0, Format::Q4_0),
-        (GgmlType::Q4_1, Format::Q4_1),
-        (GgmlType::Q5_0, Format::Q5_0),
-        (GgmlType::Q8_0, Format::Q8_0),
-        (GgmlType::Q4_K, Format::Q4K),
-        (GgmlType::Q6_K, Format::Q6K),
-        (GgmlType::Q5_K, Format::Q5K),
-        (GgmlType::F16, Format::F16),
-        (GgmlType::Q5_1, Format::Q5_1),
-        (GgmlType::IQ4_NL, Format::Iq4Nl),
-        (GgmlType::Q2_K, Format::Q2K),
-        (GgmlType::Q3_K, Format::Q3K),
-        (GgmlType::BF16, Format::Bf16),
-        (GgmlType::F32, Format::F32),
-    ];
-    for (ty, format) in formats {
+    for (ty, format) in FORMATS.into_iter().chain([(GgmlType::F32, Format::F32)]) {
         let bytes = match ty {
             GgmlType::F32 => {
                 let v: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
@@ -631,22 +608,7 @@ fn the_embedding_gather_gives_the_hosts_rows() {
             }
             _ => random_blocks(&mut rng, ty, n, cols),
         };
-        let rb = bytes.len() / n;
-        let table = Matrix {
-            role: "test".into(),
-            pieces: (0..n)
-                .step_by(per)
-                .map(|at| {
-                    let m = per.min(n - at);
-                    (gpu.upload("w", &bytes[at * rb..(at + m) * rb]), at, m)
-                })
-                .collect(),
-            format,
-            rows: n,
-            cols,
-            bytes: bytes.len(),
-            parts: vec![n],
-        };
+        let table = test_matrix(&gpu, format, &bytes, cols, vec![n], per);
         let host = dequantize(ty, n, cols, &bytes).unwrap();
         for scale in [1.0f32, 2.5] {
             let x = gpu.upload("x", &vec![0u8; tokens.len() * cols * 4]);
