@@ -55,6 +55,9 @@ fi
 # 12,000 characters of the output: the whole log goes to $OUT/lent.log too.
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     exec > >(tee -a "$OUT/lent.log") 2>&1
+    tee_pid=$!
+    # At the end, the log's last lines written before the call returns.
+    trap 'exec >&- 2>&-; wait "$tee_pid"' EXIT
 fi
 [ -f "$lent/folio.gz" ] || { echo "lent.sh: run scripts/gpu/lent.sh --prepare first and carry $lent" >&2; exit 1; }
 [ -x "$lent/folio" ] || { gunzip -k "$lent/folio.gz" && chmod +x "$lent/folio"; }
@@ -76,7 +79,8 @@ fi
 # with: the driver's own under /usr/local/nvidia (which the device tool's notes name
 # where the loader finds no driver), then the driver's EGL entry (probe.sh writes it).
 on_gpu() {
-    FOLIO_LOG=info "$lent/folio" generate --model "$model" --device gpu --max-tokens 1 x 2>&1 |
+    FOLIO_LOG=info timeout -k 5 60 "$lent/folio" generate --model "$model" --device gpu \
+        --max-tokens 1 x 2>&1 |
         grep "runs on the GPU" | grep -qv software
 }
 if ! on_gpu; then

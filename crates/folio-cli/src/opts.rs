@@ -80,8 +80,9 @@ pub struct ModelArgs {
     pub gpu_no_fusion: bool,
     /// Time each GPU step dispatch by dispatch (timestamps between dispatches, which
     /// cost some time of their own) and print where the device's time went, by step
-    /// size and kind of dispatch, with each matmul's weight GB/s: `bench` and
-    /// `generate` print it at the end.
+    /// size and kind of dispatch, with each matmul's weight GB/s: `bench` (its main
+    /// model: the single-sequence and batch figures) and `generate` print it at the
+    /// end; other commands ignore it.
     #[arg(long)]
     pub gpu_profile: bool,
 }
@@ -250,45 +251,43 @@ impl ModelArgs {
     /// [`Self::load`], and the GPU's profile where `--gpu-profile` asks for one and
     /// the model runs on the GPU.
     pub fn load_profiled(&self) -> Result<(Model, Option<folio_gpu::Profile>)> {
-        self.load_with(&self.path()?)
+        self.load_with(&self.path()?, self.gpu_profile)
     }
 
     /// The model at `path` on the device `--device` asks for (see the flag), with the
     /// arithmetic the flags ask for. On the GPU the CPU's weights are never packed; a
     /// model the GPU path does not run is loaded onto the CPU, with a warning.
     pub fn load_from(&self, path: &Path) -> Result<Model> {
-        let (model, profile) = self.load_with(path)?;
-        if profile.is_some() {
-            tracing::warn!("--gpu-profile: only bench and generate print the profile");
-        }
-        Ok(model)
+        Ok(self.load_with(path, false)?.0)
     }
 
-    fn load_with(&self, path: &Path) -> Result<(Model, Option<folio_gpu::Profile>)> {
+    /// The model at `path`, and the GPU's profile where `profile` asks for one and the
+    /// model runs on the GPU.
+    fn load_with(&self, path: &Path, profile: bool) -> Result<(Model, Option<folio_gpu::Profile>)> {
         let loading = || format!("loading {}", path.display());
         let Some(gpu) = self.gpu()? else {
             if self.gpu_split != SplitArg::Auto
                 || self.gpu_no_subgroups
                 || self.gpu_no_fusion
-                || self.gpu_profile
+                || profile
             {
                 tracing::warn!("--gpu-split, --gpu-no-subgroups, --gpu-no-fusion and --gpu-profile: the forward pass runs on the CPU, so they change nothing");
             }
             let m = Model::load(path, self.threads).with_context(loading)?;
             return Ok((self.arithmetic(m), None));
         };
-        let mut profile = None;
+        let mut profiled = None;
         let llama = self.llama_arithmetic;
         let onto = |g: &folio::gguf::Gguf, c: &folio::model::Config| {
             let mut b = folio_gpu::GpuBackend::load_from(gpu, g, c)?
                 .with_llama_arithmetic(llama)
                 .with_fused_matmuls(!self.gpu_no_fusion)
                 .with_subgroups(!self.gpu_no_subgroups)?
-                .with_profile(self.gpu_profile);
+                .with_profile(profile);
             if self.gpu_split != SplitArg::Auto {
                 b = b.with_wide_matmuls(self.gpu_split == SplitArg::Wide);
             }
-            profile = b.profile();
+            profiled = b.profile();
             Ok::<Box<dyn folio::model::Backend>, folio_gpu::GpuError>(Box::new(b))
         };
         let (m, placed) = Model::load_onto(path, self.threads, onto).with_context(loading)?;
@@ -298,7 +297,7 @@ impl ModelArgs {
             }
             Err(e) => tracing::warn!("{e}: running on the CPU"),
         }
-        Ok((self.arithmetic(m), profile))
+        Ok((self.arithmetic(m), profiled))
     }
 
     /// The GPU `--device` asks for: `None` for the CPU (`auto` without a hardware

@@ -40,8 +40,10 @@ pub(crate) struct Arena {
     slots: usize,
     wanted: usize,
     bound: Vec<Option<Bound>>,
-    /// Where steps are profiled: their stamps' query set (`profile.rs`).
+    /// Where steps have been profiled: their stamps' query set (`profile.rs`), and
+    /// whether the passes recorded now are timed.
     timer: Option<Timer>,
+    timing: bool,
 }
 
 /// A recorded pass: its encoder, its dispatches and, where the arena times them, what
@@ -53,7 +55,7 @@ pub(crate) struct Recorded {
     pub stamps: Option<(Vec<(String, u64)>, wgpu::Buffer)>,
 }
 
-/// Words of one dispatch's parameters (the largest kernel's take 12).
+/// Words of one dispatch's parameters (the largest kernel's, attention's, take 16).
 const PARAM_WORDS: usize = 16;
 
 impl Arena {
@@ -94,14 +96,13 @@ impl Arena {
         }
     }
 
-    /// Steps timed dispatch by dispatch (where `on`; the device writes timestamps in a
-    /// pass: `Gpu::timestamps`), or not.
+    /// The passes recorded from now on timed dispatch by dispatch (where `on`; the
+    /// device writes timestamps in a pass: `Gpu::timestamps`), or not.
     pub fn time(&mut self, gpu: &Gpu, on: bool) {
-        match on {
-            true if self.timer.is_none() => self.timer = Some(Timer::new(&gpu.device)),
-            true => {}
-            false => self.timer = None,
+        if on && self.timer.is_none() {
+            self.timer = Some(Timer::new(&gpu.device));
         }
+        self.timing = on;
     }
 
     /// An encoder holding one compute pass of the dispatches `record` makes through
@@ -129,7 +130,10 @@ impl Arena {
             let Ok(kinds) = rec.finish() else {
                 continue;
             };
-            let stamps = set.zip(self.timer.as_ref()).map(|(set, timer)| {
+            // A pass of more dispatches than the set holds stamps: not timed.
+            let whole = kinds.len() == dispatches;
+            let stamps = set.zip(self.timer.as_ref()).filter(|_| whole);
+            let stamps = stamps.map(|(set, timer)| {
                 let n = kinds.len() as u32 + 1;
                 encoder.resolve_query_set(&set, 0..n, &timer.resolved, 0);
                 (kinds, timer.resolved.clone())
@@ -160,7 +164,9 @@ impl Arena {
         Recorder {
             gpu,
             params,
-            stamps: self.timer.as_ref().map(|t| t.set.clone()),
+            stamps: (self.timer.as_ref())
+                .filter(|_| self.timing)
+                .map(|t| t.set.clone()),
             state: RefCell::new(State {
                 arena: self,
                 words: Vec::new(),

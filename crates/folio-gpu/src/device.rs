@@ -14,6 +14,7 @@
 //! later step is then an error ([`Gpu::lost`]), never a panic.
 
 use crate::error::GpuError;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A device and its queue (a clone is another handle on the same device).
@@ -32,7 +33,12 @@ pub struct Gpu {
     pub(crate) timestamps: bool,
     /// Why the device can no longer be used (lost), once it is so.
     lost: Arc<Mutex<Option<String>>>,
+    /// Bytes [`Gpu::upload`] wrote since the queue last submitted them.
+    unflushed: Arc<AtomicU64>,
 }
+
+/// Bytes uploaded between two submissions while a model loads (`Gpu::upload`).
+const UPLOAD_FLUSH: u64 = 256 << 20;
 
 /// What an adapter is, for logs and for the choice between hardware and software.
 #[derive(Debug, Clone)]
@@ -126,19 +132,27 @@ impl Gpu {
         let stamps =
             wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         let mut timestamps = adapter.features().contains(stamps);
-        let mut extras = wgpu::Features::empty();
-        extras.set(wgpu::Features::SUBGROUP, subgroup.is_some());
-        extras.set(stamps, timestamps);
-        // A device refused with subgroups or timestamps is asked for again without
-        // them.
-        let with_extras = (!extras.is_empty()).then(|| {
-            request(extras)
-                .inspect_err(|e| {
-                    tracing::warn!("gpu: a device with subgroups or timestamps refused: {e}")
-                })
-                .ok()
-        });
-        let (device, queue) = match with_extras.flatten() {
+        // A device refused with subgroups and timestamps is asked for again with each
+        // alone (subgroups first), then with neither.
+        let tries = [(true, true), (true, false), (false, true)];
+        let can = |&(sg, ts): &(bool, bool)| {
+            (sg || ts) && (!sg || subgroup.is_some()) && (!ts || timestamps)
+        };
+        let mut got = None;
+        for (with_subgroups, with_stamps) in tries.into_iter().filter(can) {
+            let mut features = wgpu::Features::empty();
+            features.set(wgpu::Features::SUBGROUP, with_subgroups);
+            features.set(stamps, with_stamps);
+            match request(features) {
+                Ok(device) => {
+                    (subgroup, timestamps) = (subgroup.filter(|_| with_subgroups), with_stamps);
+                    got = Some(device);
+                    break;
+                }
+                Err(e) => tracing::warn!("gpu: a device with {features:?} refused: {e}"),
+            }
+        }
+        let (device, queue) = match got {
             Some(got) => got,
             None => {
                 subgroup = None;
@@ -165,6 +179,7 @@ impl Gpu {
             subgroup,
             timestamps,
             lost,
+            unflushed: Arc::default(),
         })
     }
 
@@ -233,9 +248,20 @@ impl Gpu {
     /// A storage buffer holding `bytes` (rounded up to whole words; never empty).
     /// Written through the queue, not mapped at creation: wgpu's mapped-at-creation
     /// helper panics on a lost device, where this gives a scoped error.
+    ///
+    /// The queue keeps a host copy of what is written until it submits: every
+    /// [`UPLOAD_FLUSH`] bytes uploaded it submits and waits, so loading a model holds
+    /// that much of such copies, not the whole model's.
     pub(crate) fn upload(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
         let buf = self.scratch(label, bytes.len() as u64);
         self.write_words(&buf, bytes);
+        let len = bytes.len() as u64;
+        if self.unflushed.fetch_add(len, Ordering::Relaxed) + len >= UPLOAD_FLUSH {
+            self.unflushed.store(0, Ordering::Relaxed);
+            self.queue.submit([]);
+            // A failed wait (a lost device) shows in the caller's error scope.
+            let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        }
         buf
     }
 

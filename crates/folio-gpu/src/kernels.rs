@@ -318,8 +318,8 @@ impl Kernels {
     }
 
     /// Records the embedding gather: row r of `x` (`dim` wide) is row `tokens[r]` of
-    /// the table `m` times `scale`, for `rows` rows (`tokens` padded to a multiple of
-    /// four words); each piece of the table is one dispatch.
+    /// the table `m` times `scale`, for `rows` rows (`tokens` as f32 values, padded to
+    /// a multiple of four); each piece of the table is one dispatch.
     #[allow(clippy::too_many_arguments)]
     pub fn embed(
         &self,
@@ -392,8 +392,8 @@ impl Kernels {
         let gated = out.glu != 0;
         if gated {
             assert!(
-                m.parts == [s1 as usize; 2] && m.pieces.len() == 1,
-                "gated: a matrix of gate's and up's rows in one piece"
+                m.parts == [s1 as usize; 2] && m.pieces.len() == 1 && !add,
+                "gated: a matrix of gate's and up's rows in one piece, not added"
             );
         }
         let each = m.dispatches(self.set.fused).filter(|_| !gated);

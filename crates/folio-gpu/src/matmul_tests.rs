@@ -537,50 +537,63 @@ fn a_matrix_of_parts_gives_each_part_its_own_bits() {
 /// A matrix of gate's and up's rows computed gated (`Outputs::gated`: act(gate) * up
 /// in the matmul's own dispatch, `matmul_common.wgsl`) gives the bits of the two
 /// matmuls into their own buffers and then the gate kernel: SiLU and GELU, both
-/// splits, 1 and 9 rows, and dispatches of 3 workgroups.
+/// splits, the lanes' sums within subgroups and in workgroup memory, 1 and 9 rows,
+/// and dispatches of 3 workgroups.
 #[test]
 fn a_gated_matrix_gives_the_bits_of_its_matmuls_and_the_gate() {
     let Some(gpu) = gpu_or_skip() else {
         return;
     };
-    let mut k = Kernels::new(&gpu).unwrap();
-    let default_groups = k.set.max_groups;
     let mut rng = Rng(12);
     let (ty, cols, ff) = (GgmlType::Q4_K, 512, 40);
     let bytes = random_blocks(&mut rng, ty, 2 * ff, cols);
     let m = test_matrix(&gpu, Format::Q4K, &bytes, cols, vec![ff, ff], 2 * ff);
-    for (wide, max_groups) in [(false, default_groups), (true, default_groups), (true, 3)] {
-        (k.set.wide, k.set.max_groups) = (wide, max_groups);
-        let kernel = k.f32_inputs(Format::Q4K);
-        for (rows, gelu) in [(1, false), (9, false), (1, true), (9, true)] {
-            let case = format!("{rows} rows, wide {wide}, {max_groups} groups, gelu {gelu}");
-            let a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
-            let a = gpu.upload("a", bytemuck::cast_slice(&a));
-            let zeros = vec![0u8; rows * ff * 4];
-            let (gate, up) = (gpu.upload("gate", &zeros), gpu.upload("up", &zeros));
-            let want = record_and_read(
-                &gpu,
-                |rec, pass| {
-                    let out = Outputs::parts(&m.parts, &[(&gate, ff), (&up, ff)]);
-                    k.matrix(rec, pass, kernel, &m, &a, &out, rows, false);
-                    let params = [rows as u32, ff as u32, gelu as u32, 0];
-                    let groups = ((ff as u32).div_ceil(WG), rows as u32);
-                    rec.dispatch(pass, &k.glu, &params, &[&gate, &up], groups);
-                },
-                &[&gate],
-            );
-            let out = gpu.upload("out", &zeros);
-            let got = record_and_read(
-                &gpu,
-                |rec, pass| {
-                    let gated = Outputs::gated((&out, ff), ff, gelu);
-                    k.matrix(rec, pass, kernel, &m, &a, &gated, rows, false);
-                },
-                &[&out],
-            );
-            assert!(want.iter().any(|&w| w != 0), "{case}: nothing computed");
-            assert!(got == want, "{case}");
+    // The lanes' sums within subgroups (where the device has them) and in workgroup
+    // memory.
+    for mut k in [true, false].map(|sg| Kernels::with_subgroups(&gpu, sg).unwrap()) {
+        let default_groups = k.set.max_groups;
+        for (wide, max_groups) in [(false, default_groups), (true, default_groups), (true, 3)] {
+            (k.set.wide, k.set.max_groups) = (wide, max_groups);
+            gated_case(&gpu, &k, &m, &mut rng);
         }
+    }
+}
+
+/// [`a_gated_matrix_gives_the_bits_of_its_matmuls_and_the_gate`] with the kernels `k`.
+fn gated_case(gpu: &Gpu, k: &Kernels, m: &Matrix, rng: &mut Rng) {
+    let (cols, ff) = (m.cols, m.parts[0]);
+    let (wide, max_groups, sums) = (k.set.wide, k.set.max_groups, k.subgroup);
+    let kernel = k.f32_inputs(Format::Q4K);
+    for (rows, gelu) in [(1, false), (9, false), (1, true), (9, true)] {
+        let case = format!(
+            "{rows} rows, wide {wide}, {max_groups} groups, subgroups {sums:?}, gelu {gelu}"
+        );
+        let a: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+        let a = gpu.upload("a", bytemuck::cast_slice(&a));
+        let zeros = vec![0u8; rows * ff * 4];
+        let (gate, up) = (gpu.upload("gate", &zeros), gpu.upload("up", &zeros));
+        let want = record_and_read(
+            gpu,
+            |rec, pass| {
+                let out = Outputs::parts(&m.parts, &[(&gate, ff), (&up, ff)]);
+                k.matrix(rec, pass, kernel, m, &a, &out, rows, false);
+                let params = [rows as u32, ff as u32, gelu as u32, 0];
+                let groups = ((ff as u32).div_ceil(WG), rows as u32);
+                rec.dispatch(pass, &k.glu, &params, &[&gate, &up], groups);
+            },
+            &[&gate],
+        );
+        let out = gpu.upload("out", &zeros);
+        let got = record_and_read(
+            gpu,
+            |rec, pass| {
+                let gated = Outputs::gated((&out, ff), ff, gelu);
+                k.matrix(rec, pass, kernel, m, &a, &gated, rows, false);
+            },
+            &[&out],
+        );
+        assert!(want.iter().any(|&w| w != 0), "{case}: nothing computed");
+        assert!(got == want, "{case}");
     }
 }
 
@@ -597,8 +610,8 @@ fn the_embedding_gather_gives_the_hosts_rows() {
     let mut rng = Rng(13);
     let (n, cols, per) = (37, 256, 10);
     let tokens = [5u32, 0, 36, 12, 12, 30, 7];
-    let mut padded = tokens.to_vec();
-    padded.resize(tokens.len().next_multiple_of(4), 0);
+    let mut padded: Vec<f32> = tokens.iter().map(|&t| t as f32).collect();
+    padded.resize(tokens.len().next_multiple_of(4), 0.0);
     let ids = gpu.upload("tokens", bytemuck::cast_slice(&padded));
     for (ty, format) in FORMATS.into_iter().chain([(GgmlType::F32, Format::F32)]) {
         let bytes = match ty {

@@ -14,7 +14,10 @@
 //! recording the dispatches is a part.
 //!
 //! The stamps take some device time of their own: a profiled run's speed is not the
-//! bench's. A step of more dispatches than a query set holds (4095) is left out.
+//! bench's. A step of more dispatches than a query set holds (4095) is left out; a
+//! step whose head runs in further passes (all the logits of a long prompt over a
+//! large vocabulary, more than one binding holds) has only its first pass timed, and
+//! its host time counts them all. Figures are means over a size's steps.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -240,9 +243,26 @@ mod tests {
         );
         assert_eq!(p.sizes(), [1]);
         assert!(p.steps(2).is_none());
+        // Another size is summed apart.
+        p.add(Stamped {
+            rows: 7,
+            kinds: &one[..1],
+            ticks: &[5, 9],
+            period_ns: 2.0,
+            host: ms,
+            record: ms,
+        });
+        assert_eq!(p.sizes(), [1, 7]);
+        let seven = p.steps(7).expect("profiled");
+        assert_eq!(
+            (seven.steps, seven.dispatches, seven.device_ticks),
+            (1, 1, 4)
+        );
+        assert_eq!(p.steps(1).expect("profiled").device_ticks, 24);
         // 18 ticks of 2 ns over 2 steps: 18 ns a step; 1000 bytes in 18 ns.
         let report = p.report();
         assert!(report.contains("2 steps; a step 0 µs"), "{report}");
+        assert!(report.contains("steps of 7 rows: 1 step;"), "{report}");
         let down = report
             .lines()
             .find(|l| l.contains("ffn_down"))

@@ -11,7 +11,8 @@
 //! one on a local layer), and V into the pool and the step's copy → paged attention
 //! over each row's own pages, Q rotated as it is loaded → output matmul added to the
 //! residual (normed first where the model has post-norms) → RMSNorm → gate and up
-//! and the SiLU or GELU gate (one dispatch where gate and up share a format) → down
+//! and the SiLU or GELU gate (one dispatch where gate and up are one matrix in one
+//! piece: they share a format and fit a binding) → down
 //! added to the residual (likewise). Then the final norm of the picked rows and the head. Attention scores
 //! and the final logits are soft-capped where the model says (Gemma 2). Every row of
 //! the ragged batch (prefill chunks and decode rows alike) shares each matmul.
@@ -68,13 +69,14 @@ impl Step<'_> {
         let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let (npick, nhid) = (t.picked.len(), t.hidden.len());
         // The residual stream starts as each row's embedding, gathered on the device
-        // from the step's tokens (padded to whole vec4s: `Kernels::embed`).
-        let mut tokens: Vec<u32> = batch
+        // from the step's tokens (as f32 values, padded to whole vec4s:
+        // `Kernels::embed`).
+        let mut tokens: Vec<f32> = batch
             .seqs
             .iter()
-            .flat_map(|s| s.tokens.iter().copied())
+            .flat_map(|s| s.tokens.iter().map(|&t| t as f32))
             .collect();
-        tokens.resize(n.next_multiple_of(4), 0);
+        tokens.resize(n.next_multiple_of(4), 0.0);
         let tokens = arena.upload(gpu, "tokens", bytemuck::cast_slice(&tokens));
         let x = arena.buffer(gpu, "x", (n * d * 4) as u64);
         // RoPE tables, the CPU path's own: the global one, and the local layers' own
@@ -394,21 +396,11 @@ impl Step<'_> {
             step_us = started.elapsed().as_micros() as u64,
             "gpu: step"
         );
-        if let (Some(profile), Some((kinds, _))) = (self.profile, &recorded.stamps) {
-            let words = &all[total..total + stamp_words];
-            let ticks: Vec<u64> = words
-                .chunks_exact(2)
-                .map(|w| u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32))
-                .collect();
-            profile.add(Stamped {
-                rows: n,
-                kinds,
-                ticks: &ticks,
-                period_ns: gpu.queue.get_timestamp_period(),
-                host: started.elapsed(),
-                record: recorded_at,
-            });
-        }
+        // A timed step's stamps: as the device counts, low word first.
+        let ticks: Vec<u64> = all[total..total + stamp_words]
+            .chunks_exact(2)
+            .map(|w| u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32))
+            .collect();
         // The four parts, split off the back of one read-back (no copy of the logits; an
         // empty read-back maps one word).
         all.truncate(total);
@@ -417,7 +409,9 @@ impl Step<'_> {
         let states = all.split_off(lens[0]);
         let mut values = all;
         // The other pieces of the head, each in a pass of its own (x holds every
-        // row's residual stream after the step's pass).
+        // row's residual stream after the step's pass). Not timed: a profile holds
+        // the step's own pass, and its host time counts these too.
+        arena.time(gpu, false);
         for first in (head_rows..npick).step_by(head_rows) {
             let rows = &t.picked[first..npick.min(first + head_rows)];
             let picked = arena.upload(gpu, "picked", bytemuck::cast_slice(rows));
@@ -432,6 +426,16 @@ impl Step<'_> {
             let mut piece = gpu.finish(encoder, &staging, bytes)?;
             piece.truncate(rows.len() * c.vocab);
             values.extend(piece);
+        }
+        if let (Some(profile), Some((kinds, _))) = (self.profile, &recorded.stamps) {
+            profile.add(Stamped {
+                rows: n,
+                kinds,
+                ticks: &ticks,
+                period_ns: gpu.queue.get_timestamp_period(),
+                host: started.elapsed(),
+                record: recorded_at,
+            });
         }
         Ok(Output {
             logits: values,

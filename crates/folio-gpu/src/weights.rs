@@ -212,6 +212,10 @@ pub(crate) fn check(c: &Config) -> Result<(), GpuError> {
     {
         return no("a matmul input width not a multiple of 32");
     }
+    // The embedding gather reads a step's tokens as f32 values (`Kernels::embed`).
+    if c.vocab > 1 << 24 {
+        return no("a vocabulary of more than 2^24 tokens");
+    }
     Ok(())
 }
 

@@ -350,7 +350,14 @@ fn a_profile_times_every_dispatch_and_changes_no_bit() {
     let c = &plain.config;
     let layers = c.n_layers as u64;
     assert_eq!(t.steps, 1);
+    // Every dispatch the step records, once: the embedding gather; per layer two norms,
+    // four 8-bit quantizations (llama.cpp's arithmetic), Q/K/V, the K/V store,
+    // attention, the output, gate/up gated and down; the head's norm, quantization
+    // and matmul.
+    assert_eq!(t.dispatches, 12 * layers + 4, "{t:?}");
     assert_eq!(t.dispatches, t.kinds.iter().map(|k| k.count).sum::<u64>());
+    assert_eq!(kind("quantize").count, 4 * layers + 1);
+    assert_eq!(kind("embed").count, 1);
     assert_eq!(t.device_ticks, t.kinds.iter().map(|k| k.ticks).sum::<u64>());
     assert_eq!(kind("attention").count, layers);
     // The layers' two norms and the final one.

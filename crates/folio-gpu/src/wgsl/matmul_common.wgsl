@@ -17,7 +17,7 @@
 // within them: the same pairs, so the same bits). Chunks, their order and the pairing
 // depend only on k, CHUNK and lanes, not on the format: a matrix in its blocks and the
 // same matrix widened to f32 give the same bits. Dispatch: (groups of columns, ceil(rows / TR)),
-// the first in several dispatches where it is large (`Kernels::matmul`): workgroup x
+// the first in several dispatches where it is large (`Kernels::matrix`): workgroup x
 // of a dispatch takes column group g0 + x, and its columns from o0 of the piece.
 //
 // A matrix may be several matrices' rows one after another (Q, K and V; gate and up:

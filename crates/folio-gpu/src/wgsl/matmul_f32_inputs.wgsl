@@ -218,10 +218,12 @@ fn chunk(acc: ptr<function, array<f32, 8>>, o: u32, c: u32, r0: u32, nr: u32) {
 // The embedding gather (entry point `embed`): y[r] = W[tokens[r]] * scale for the rows
 // whose token is one of this piece's rows (W holds the table's rows from `at`, `n` of
 // them; a table in several pieces is one dispatch each), decoded as the matmul decodes
-// them: the host's `dequantize` bit for bit (`matmul_tests.rs`). The step's tokens are
-// the words of `a` (an entry point binds only what it reads, in order), `scale` the
-// model's embedding scale as bits (1 where it has none: the same bits as none). One
-// invocation a chunk of 32 values of a row. Dispatch: (ceil(k / 32 / 64), rows).
+// them: the host's `dequantize` bit for bit (`matmul_tests.rs`, on lavapipe: a GPU's
+// compiler may fuse a decoding's multiply and subtract). The step's tokens are the
+// values of `a` (an entry point binds only what it reads, in order), as f32 (exact
+// below 2^24: `weights::check`); `scale` is the model's embedding scale as bits (1
+// where it has none: the same bits as none). One invocation a chunk of 32 values of
+// a row. Dispatch: (ceil(k / 32 / 64), rows).
 @compute @workgroup_size(64)
 fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
@@ -229,7 +231,7 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (c >= p.k / 32u || r >= p.rows) {
         return;
     }
-    let t = bitcast<u32>(a[r / 4u][r % 4u]);
+    let t = u32(a[r / 4u][r % 4u]);
     if (t < p.at || t - p.at >= p.n) {
         return;
     }
