@@ -322,7 +322,8 @@ fn matrices_in_one_dispatch_give_the_same_bits() {
 
 /// A profiled step (`with_profile`: a timestamp before the first dispatch and after
 /// each) gives the same bits, and its profile counts each of its dispatches once, by
-/// kind, with each matmul's weight bytes: three prompts (44 rows) in one step.
+/// kind, with each matmul's weight bytes: three prompts (44 rows) in one step; and
+/// so with the head in pieces after the step's own pass.
 #[test]
 fn a_profile_times_every_dispatch_and_changes_no_bit() {
     let mut profile = None;
@@ -372,6 +373,20 @@ fn a_profile_times_every_dispatch_and_changes_no_bit() {
     assert_eq!(gate_up.bytes, layers * q4_1(2 * c.ffn_dim, c.dim));
     assert!(t.kinds.iter().all(|k| k.what != "glu"), "{t:?}");
     assert!(kind("attention").ticks > 0);
+    // The head in pieces of 5 rows (passes after the step's own, not timed): the same
+    // bits, and the step's own pass profiled as before.
+    let mut in_pieces = None;
+    let pieces = models(|b| {
+        let b = b.with_head_rows(5).with_profile(true);
+        in_pieces = b.profile();
+        b
+    });
+    let (Some((_, pieces)), Some(in_pieces)) = (pieces, in_pieces) else {
+        panic!("a second profiled backend");
+    };
+    assert!(bits(&three_prompts(&pieces)) == bits(&a), "the head in pieces, profiled");
+    let t = in_pieces.steps(44).expect("the step profiled");
+    assert_eq!((t.steps, t.dispatches), (1, 12 * layers + 4), "{t:?}");
 }
 
 /// A row's logits do not depend on what else its step runs: each prompt alone, then
