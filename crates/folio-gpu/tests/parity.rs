@@ -384,7 +384,10 @@ fn a_profile_times_every_dispatch_and_changes_no_bit() {
     let (Some((_, pieces)), Some(in_pieces)) = (pieces, in_pieces) else {
         panic!("a second profiled backend");
     };
-    assert!(bits(&three_prompts(&pieces)) == bits(&a), "the head in pieces, profiled");
+    assert!(
+        bits(&three_prompts(&pieces)) == bits(&a),
+        "the head in pieces, profiled"
+    );
     let t = in_pieces.steps(44).expect("the step profiled");
     assert_eq!((t.steps, t.dispatches), (1, 12 * layers + 4), "{t:?}");
 }
