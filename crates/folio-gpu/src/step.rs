@@ -6,16 +6,16 @@
 //! a pass and a copy of its own.
 //!
 //! First each row's embedding, gathered from the table on the device. Per layer:
-//! RMSNorm → Q, K, V matmuls (one dispatch where they share a format; +
-//! biases) → (per-head Q/K norms) → K, rotated by RoPE (the host's tables, the local
-//! one on a local layer), and V into the pool and the step's copy → paged attention
-//! over each row's own pages, Q rotated as it is loaded → output matmul added to the
-//! residual (normed first where the model has post-norms) → RMSNorm → gate and up
-//! and the SiLU or GELU gate (one dispatch where gate and up are one matrix in one
-//! piece: they share a format and fit a binding) → down
-//! added to the residual (likewise). Then the final norm of the picked rows and the head. Attention scores
-//! and the final logits are soft-capped where the model says (Gemma 2). Every row of
-//! the ragged batch (prefill chunks and decode rows alike) shares each matmul.
+//! RMSNorm → Q, K, V matmuls (one dispatch where they share a format; + biases) →
+//! (per-head Q/K norms) → K, rotated by RoPE (the host's tables, the local one on a
+//! local layer), and V into the pool and the step's copy → paged attention over each
+//! row's own pages, Q rotated as it is loaded → output matmul added to the residual
+//! (normed first where the model has post-norms) → RMSNorm → gate and up and the SiLU
+//! or GELU gate (one dispatch where gate and up are one matrix in one piece: they
+//! share a format and fit a binding) → down added to the residual (likewise). Then
+//! the final norm of the picked rows and the head. Attention scores and the final
+//! logits are soft-capped where the model says (Gemma 2). Every row of the ragged
+//! batch (prefill chunks and decode rows alike) shares each matmul.
 
 use crate::arena::{Arena, Recorder};
 use crate::device::Gpu;
@@ -194,15 +194,8 @@ impl Step<'_> {
                 ops.quantize(rec, p, a, width, rows)
             };
             let matmul = |p: &mut wgpu::ComputePass<'_>, m: &Matrix, a, y, width, add| {
-                ops.matmul(
-                    rec,
-                    p,
-                    m,
-                    a,
-                    &Outputs::parts(&m.parts, &[(y, width)]),
-                    n,
-                    add,
-                )
+                let out = Outputs::parts(&m.parts, &[(y, width)]);
+                ops.matmul(rec, p, m, a, &out, n, add)
             };
             // Matrices of several parts (`Matrix::parts`), each part into its output.
             let matmuls = |p: &mut wgpu::ComputePass<'_>, ms: &[Matrix], a, outs: &[_]| {
