@@ -387,8 +387,8 @@ impl Kernels {
         let [(y, stride), (y1, stride1), (y2, stride2)] = out.parts;
         let [s1, s2] = out.starts.map(|s| s.min(u32::MAX as usize) as u32);
         let row_bytes = (m.bytes / m.rows.max(1)) as u64;
-        // Gated: one dispatch over gate's rows, each column's up row s1 on (a matrix
-        // of gate's and up's rows in one piece: `Outputs::gated`).
+        // Gated: the dispatch of gate's rows alone, each column's up row s1 on (a
+        // matrix of gate's and up's rows in one piece: `Outputs::gated`).
         let gated = out.glu != 0;
         if gated {
             assert!(
@@ -396,8 +396,8 @@ impl Kernels {
                 "gated: a matrix of gate's and up's rows in one piece, not added"
             );
         }
-        let each = m.dispatches(self.set.fused).filter(|_| !gated);
-        for (piece, range) in gated.then_some((0, 0..s1 as usize)).into_iter().chain(each) {
+        let dispatches = m.dispatches(self.set.fused && !gated);
+        for (piece, range) in dispatches.take(if gated { 1 } else { usize::MAX }) {
             let (w, first, _) = &m.pieces[piece];
             let columns = (range.len() as u32).div_ceil(WG / lanes);
             for g0 in (0..columns).step_by(step as usize) {

@@ -74,22 +74,11 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     out
 }
 
-/// Every quantized and half-width format the kernels decode, as GGUF stores it.
-const FORMATS: [(GgmlType, Format); 13] = [
-    (GgmlType::Q4_0, Format::Q4_0),
-    (GgmlType::Q4_1, Format::Q4_1),
-    (GgmlType::Q5_0, Format::Q5_0),
-    (GgmlType::Q8_0, Format::Q8_0),
-    (GgmlType::Q4_K, Format::Q4K),
-    (GgmlType::Q6_K, Format::Q6K),
-    (GgmlType::Q5_K, Format::Q5K),
-    (GgmlType::F16, Format::F16),
-    (GgmlType::Q5_1, Format::Q5_1),
-    (GgmlType::IQ4_NL, Format::Iq4Nl),
-    (GgmlType::Q2_K, Format::Q2K),
-    (GgmlType::Q3_K, Format::Q3K),
-    (GgmlType::BF16, Format::Bf16),
-];
+/// Every quantized and half-width format the kernels decode, with its GGUF type.
+fn formats() -> impl Iterator<Item = (GgmlType, Format)> {
+    let stored = Format::ALL.into_iter().filter(|&f| f != Format::F32);
+    stored.map(|f| (f.ggml(), f))
+}
 
 /// `bytes` (rows of `cols` in `format`) as a matrix of `parts` uploaded in pieces of
 /// `per` rows (as a matrix larger than a binding goes up).
@@ -404,7 +393,7 @@ fn block_kernels_give_the_widened_kernels_bits() {
     for (wide, n, cols, max_groups) in shapes {
         (k.set.wide, k.set.max_groups) = (wide, max_groups);
         (plain.set.wide, plain.set.max_groups) = (wide, max_groups);
-        for (ty, format) in FORMATS {
+        for (ty, format) in formats() {
             if !(cols as u64).is_multiple_of(ty.block_layout().0)
                 || (n > 70 && ty != GgmlType::Q4_0)
             {
@@ -613,7 +602,7 @@ fn the_embedding_gather_gives_the_hosts_rows() {
     let mut padded: Vec<f32> = tokens.iter().map(|&t| t as f32).collect();
     padded.resize(tokens.len().next_multiple_of(4), 0.0);
     let ids = gpu.upload("tokens", bytemuck::cast_slice(&padded));
-    for (ty, format) in FORMATS.into_iter().chain([(GgmlType::F32, Format::F32)]) {
+    for (ty, format) in formats().chain([(GgmlType::F32, Format::F32)]) {
         let bytes = match ty {
             GgmlType::F32 => {
                 let v: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();

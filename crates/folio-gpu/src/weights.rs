@@ -53,24 +53,29 @@ impl Format {
         Format::Bf16,
     ];
 
-    /// GGUF's name for it (`q4_k`; `f32` for a matrix widened on the host).
-    pub fn name(self) -> &'static str {
+    /// The GGUF type whose blocks it reads (F32: also a matrix widened on the host).
+    pub fn ggml(self) -> GgmlType {
         match self {
-            Format::Q4_0 => "q4_0",
-            Format::Q4_1 => "q4_1",
-            Format::Q5_0 => "q5_0",
-            Format::Q8_0 => "q8_0",
-            Format::Q4K => "q4_k",
-            Format::Q6K => "q6_k",
-            Format::F32 => "f32",
-            Format::Q5K => "q5_k",
-            Format::F16 => "f16",
-            Format::Q5_1 => "q5_1",
-            Format::Iq4Nl => "iq4_nl",
-            Format::Q2K => "q2_k",
-            Format::Q3K => "q3_k",
-            Format::Bf16 => "bf16",
+            Format::Q4_0 => GgmlType::Q4_0,
+            Format::Q4_1 => GgmlType::Q4_1,
+            Format::Q5_0 => GgmlType::Q5_0,
+            Format::Q8_0 => GgmlType::Q8_0,
+            Format::Q4K => GgmlType::Q4_K,
+            Format::Q6K => GgmlType::Q6_K,
+            Format::F32 => GgmlType::F32,
+            Format::Q5K => GgmlType::Q5_K,
+            Format::F16 => GgmlType::F16,
+            Format::Q5_1 => GgmlType::Q5_1,
+            Format::Iq4Nl => GgmlType::IQ4_NL,
+            Format::Q2K => GgmlType::Q2_K,
+            Format::Q3K => GgmlType::Q3_K,
+            Format::Bf16 => GgmlType::BF16,
         }
+    }
+
+    /// GGUF's name for it, lower case (`q4_k`; `f32` for a matrix widened on the host).
+    pub fn name(self) -> String {
+        self.ggml().to_string().to_lowercase()
     }
 
     /// The format's number in `matmul_f32_inputs.wgsl` (its `FORMAT` constant).
@@ -385,22 +390,15 @@ fn decode<'a>(
     for &rows in parts {
         let part = &bytes[at * rb..(at + rows) * rb];
         at += rows;
-        let (format, data): (Format, Cow<[u8]>) = match t.ty {
-            GgmlType::Q4_0 if cols.is_multiple_of(32) => (Format::Q4_0, part.into()),
-            GgmlType::Q4_1 if cols.is_multiple_of(32) => (Format::Q4_1, part.into()),
-            GgmlType::Q5_0 if cols.is_multiple_of(32) => (Format::Q5_0, part.into()),
-            GgmlType::Q8_0 if cols.is_multiple_of(32) => (Format::Q8_0, part.into()),
-            GgmlType::Q4_K if cols.is_multiple_of(256) => (Format::Q4K, part.into()),
-            GgmlType::Q6_K if cols.is_multiple_of(256) => (Format::Q6K, part.into()),
-            GgmlType::Q5_K if cols.is_multiple_of(256) => (Format::Q5K, part.into()),
-            GgmlType::Q5_1 if cols.is_multiple_of(32) => (Format::Q5_1, part.into()),
-            GgmlType::IQ4_NL if cols.is_multiple_of(32) => (Format::Iq4Nl, part.into()),
-            GgmlType::Q2_K if cols.is_multiple_of(256) => (Format::Q2K, part.into()),
-            GgmlType::Q3_K if cols.is_multiple_of(256) => (Format::Q3K, part.into()),
-            GgmlType::F32 => (Format::F32, part.into()),
-            GgmlType::F16 if cols.is_multiple_of(32) => (Format::F16, part.into()),
-            GgmlType::BF16 if cols.is_multiple_of(32) => (Format::Bf16, part.into()),
-            _ => {
+        // The kernels read a type in its blocks where a row is whole chunks of 32 (a
+        // K-quant's, of 256); anything else goes up widened to f32.
+        let block = t.ty.block_layout().0.max(32) as usize;
+        let read = Format::ALL
+            .into_iter()
+            .find(|f| f.ggml() == t.ty && (t.ty == GgmlType::F32 || cols.is_multiple_of(block)));
+        let (format, data): (Format, Cow<[u8]>) = match read {
+            Some(format) => (format, part.into()),
+            None => {
                 let v = dequantize(t.ty, rows, cols, part).ok_or_else(|| unsupported_type(t))?;
                 *widened += 1;
                 (Format::F32, bytemuck::cast_slice(&v).to_vec().into())
