@@ -22,7 +22,7 @@ use crate::pool::{Pool, Uploads};
 use crate::profile::Profile;
 use crate::step::{self, Step};
 use crate::table::{StepTable, TableError};
-use crate::weights::{self, Weights};
+use crate::weights::{self, Format, Weights};
 use folio::gguf::Gguf;
 use folio::kv::{DevicePages, KvRows, KvStorage};
 use folio::model::{Backend, BackendFigure, Config, Model, StepError, StepLogits};
@@ -63,7 +63,15 @@ impl GpuBackend {
     pub fn load_from(gpu: Gpu, g: &Gguf, config: &Config) -> Result<Self, GpuError> {
         weights::check(config)?;
         let weights = gpu.scoped_as(|| weights::load(&gpu, g, config), GpuError::Device)?;
-        let kernels = Kernels::new(&gpu)?;
+        // The kernels of the weights' formats only (the table's is the head's or its own).
+        let has = |f: &Format| {
+            weights
+                .matrices()
+                .chain([weights.table()])
+                .any(|m| m.format == *f)
+        };
+        let formats: Vec<Format> = Format::ALL.into_iter().filter(has).collect();
+        let kernels = Kernels::for_formats(&gpu, true, &formats)?;
         tracing::info!(
             adapter = %gpu.adapter().name,
             widened = weights.widened,
@@ -135,7 +143,7 @@ impl GpuBackend {
         // the device has them.
         if !on && self.kernels.subgroup.is_some() {
             let set = self.kernels.set;
-            self.kernels = Kernels::with_subgroups(&self.gpu, false)?;
+            self.kernels = Kernels::for_formats(&self.gpu, false, &self.kernels.formats())?;
             self.kernels.set = set;
         }
         Ok(self)

@@ -1,7 +1,7 @@
-//! The compute kernels (WGSL, in `wgsl/`), compiled once per device, and
-//! [`Kernels::dispatch`], which binds a kernel's uniform parameters and buffers in
-//! binding order and records one dispatch. Each kernel's file says what it computes
-//! and how it is dispatched.
+//! The compute kernels (WGSL, in `wgsl/`), compiled for a device and the weight
+//! formats a backend's matrices have, and [`Kernels::dispatch`], which binds a kernel's
+//! uniform parameters and buffers in binding order and records one dispatch. Each
+//! kernel's file says what it computes and how it is dispatched.
 
 use crate::arena::Recorder;
 use crate::device::Gpu;
@@ -43,17 +43,10 @@ impl Kernel {
 pub(crate) struct Kernels {
     /// RMSNorm of picked rows into another buffer (`norm.wgsl`).
     pub rms_norm: Kernel,
-    /// The matmuls on 8-bit inputs (llama.cpp's arithmetic), by format number: the
-    /// formats in blocks of 32 ([`Q8_INPUT_FORMATS`]) on blocks of 32 inputs, the
-    /// K-quants ([`Q8K_INPUT_FORMATS`]) on blocks of 256.
-    q8_inputs: Vec<Option<(Kernel, Input)>>,
-    /// The matmul on f32 inputs (the default), one pipeline per weight format
-    /// ([`Kernels::f32_inputs`]); F16, BF16 and widened matrices are read only so
-    /// (with llama.cpp's arithmetic too).
-    f32_inputs: Vec<Kernel>,
-    /// The embedding gather, one pipeline per table format
-    /// (`matmul_f32_inputs.wgsl`'s `embed`).
-    embed: Vec<Kernel>,
+    /// The kernels of each weight format compiled, by format number; `None` for the
+    /// formats the weights do not have (a backend compiles its weights' formats only:
+    /// each is three pipelines, and on lavapipe a pipeline took 30 ms to compile).
+    formats: Vec<Option<FormatKernels>>,
     /// Activations into 8-bit blocks of 32 ([`Input::Q8`]) and of 256 ([`Input::Q8K`]).
     pub quantize: Kernel,
     pub quantize_k: Kernel,
@@ -78,6 +71,20 @@ pub(crate) struct Kernels {
     /// The subgroup size the matmuls' lanes add their sums within
     /// (`reduce_subgroup.wgsl`), or none (`reduce_workgroup.wgsl`): the same bits.
     pub subgroup: Option<u32>,
+}
+
+/// The kernels one weight format has.
+struct FormatKernels {
+    /// The matmul on f32 inputs (the default); F16, BF16 and widened matrices are read
+    /// only so (with llama.cpp's arithmetic too).
+    f32_inputs: Kernel,
+    /// The matmul on 8-bit inputs (llama.cpp's arithmetic) where the format has one:
+    /// the formats in blocks of 32 ([`Q8_INPUT_FORMATS`]) on blocks of 32 inputs, the
+    /// K-quants ([`Q8K_INPUT_FORMATS`]) on blocks of 256.
+    q8_inputs: Option<(Kernel, Input)>,
+    /// The embedding gather from a table in this format (`matmul_f32_inputs.wgsl`'s
+    /// `embed`).
+    embed: Kernel,
 }
 
 /// How a step records its dispatches, set by the backend's `with_*` options and the
@@ -153,22 +160,31 @@ pub(crate) const Q8K_INPUT_FORMATS: [Format; 5] = [
 ];
 
 impl Kernels {
-    /// Every kernel compiled for `gpu`, the matmuls' sums added within subgroups where
-    /// the device has them in order; a shader or pipeline the device refuses is
-    /// [`GpuError::Device`].
+    /// Every kernel compiled for `gpu`, for every weight format, the matmuls' sums
+    /// added within subgroups where the device has them in order; a shader or pipeline
+    /// the device refuses is [`GpuError::Device`].
+    #[cfg(test)]
     pub fn new(gpu: &Gpu) -> Result<Self, GpuError> {
         Self::with_subgroups(gpu, true)
     }
 
     /// [`Kernels::new`], or (`subgroups` false) with the sums added in workgroup
     /// memory whatever the device has.
+    #[cfg(test)]
+    pub fn with_subgroups(gpu: &Gpu, subgroups: bool) -> Result<Self, GpuError> {
+        Self::for_formats(gpu, subgroups, &Format::ALL)
+    }
+
+    /// The kernels for weights in `formats` (their matmuls and embedding gathers; the
+    /// others' are not compiled), with the sums added within subgroups where
+    /// `subgroups` and the device has them in order, else in workgroup memory.
     ///
     /// A probe or compile that fails with subgroups falls back to workgroup memory,
     /// with a warning.
-    pub fn with_subgroups(gpu: &Gpu, subgroups: bool) -> Result<Self, GpuError> {
+    pub fn for_formats(gpu: &Gpu, subgroups: bool, formats: &[Format]) -> Result<Self, GpuError> {
         let compile = |subgroup| {
             gpu.scoped_as(
-                || Ok(Self::compile(gpu, subgroup)),
+                || Ok(Self::compile(gpu, subgroup, formats)),
                 |e| GpuError::Device(format!("compiling the kernels: {e}")),
             )
         };
@@ -189,7 +205,7 @@ impl Kernels {
         })
     }
 
-    fn compile(gpu: &Gpu, subgroup: Option<u32>) -> Self {
+    fn compile(gpu: &Gpu, subgroup: Option<u32>, formats: &[Format]) -> Self {
         let module = |name: &str, src: &str| {
             gpu.device
                 .create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -261,33 +277,28 @@ impl Kernels {
             "attention",
             &[wht, rope, include_str!("wgsl/attention.wgsl")].concat(),
         );
-        let f32_inputs = Format::ALL
-            .iter()
-            .map(|&f| matmul_pipeline(&matmul_f32_inputs, f, None))
-            .collect();
-        let embed = Format::ALL
-            .iter()
-            .map(|&f| {
-                let constants = [("FORMAT", f.wgsl() as f64)];
-                pipeline_with("embed", &matmul_f32_inputs, "embed", &constants)
-            })
-            .collect();
+        let format_kernels = |f: Format| FormatKernels {
+            f32_inputs: matmul_pipeline(&matmul_f32_inputs, f, None),
+            q8_inputs: if Q8_INPUT_FORMATS.contains(&f) {
+                Some((matmul_pipeline(&matmul, f, None), Input::Q8))
+            } else if Q8K_INPUT_FORMATS.contains(&f) {
+                Some((matmul_pipeline(&matmul_k, f, Some(256.0)), Input::Q8K))
+            } else {
+                None
+            },
+            embed: pipeline_with(
+                "embed",
+                &matmul_f32_inputs,
+                "embed",
+                &[("FORMAT", f.wgsl() as f64)],
+            ),
+        };
         Kernels {
             rms_norm: pipeline("rms_norm", &norm, "picked"),
-            q8_inputs: Format::ALL
+            formats: Format::ALL
                 .iter()
-                .map(|&f| {
-                    if Q8_INPUT_FORMATS.contains(&f) {
-                        Some((matmul_pipeline(&matmul, f, None), Input::Q8))
-                    } else if Q8K_INPUT_FORMATS.contains(&f) {
-                        Some((matmul_pipeline(&matmul_k, f, Some(256.0)), Input::Q8K))
-                    } else {
-                        None
-                    }
-                })
+                .map(|f| formats.contains(f).then(|| format_kernels(*f)))
                 .collect(),
-            f32_inputs,
-            embed,
             quantize: pipeline("quantize", &quantize, "main"),
             quantize_k: pipeline("quantize_k", &quantize, "q8k"),
             kv_store: pipeline("kv_store", &kv_store, "main"),
@@ -312,9 +323,22 @@ impl Kernels {
         }
     }
 
+    /// The formats compiled for (what [`Kernels::for_formats`] was given).
+    pub fn formats(&self) -> Vec<Format> {
+        let compiled = |f: &&Format| self.formats[f.wgsl() as usize].is_some();
+        Format::ALL.iter().filter(compiled).copied().collect()
+    }
+
+    /// The kernels of `format`, which the kernels were compiled for: a backend's are
+    /// for every format its weights have.
+    fn of(&self, format: Format) -> &FormatKernels {
+        let k = self.formats[format.wgsl() as usize].as_ref();
+        k.unwrap_or_else(|| panic!("no kernels compiled for {format:?} weights"))
+    }
+
     /// The matmul on f32 inputs for matrices in `format`.
     pub fn f32_inputs(&self, format: Format) -> &Kernel {
-        &self.f32_inputs[format.wgsl() as usize]
+        &self.of(format).f32_inputs
     }
 
     /// Records the embedding gather: row r of `x` (`dim` wide) is row `tokens[r]` of
@@ -331,7 +355,7 @@ impl Kernels {
         rows: usize,
         scale: f32,
     ) {
-        let kernel = &self.embed[m.format.wgsl() as usize];
+        let kernel = &self.of(m.format).embed;
         let groups = ((m.cols as u32 / 32).div_ceil(WG), rows as u32);
         for (w, first, n) in &m.pieces {
             // `matmul_common.wgsl`'s P: k, n, rows, at and scale; the rest unread.
@@ -344,7 +368,7 @@ impl Kernels {
     /// The matmul on 8-bit inputs for matrices in `format`, where it has one, and the
     /// blocks it reads.
     pub fn q8_inputs(&self, format: Format) -> Option<(&Kernel, Input)> {
-        let (kernel, input) = self.q8_inputs[format.wgsl() as usize].as_ref()?;
+        let (kernel, input) = self.of(format).q8_inputs.as_ref()?;
         Some((kernel, *input))
     }
 

@@ -628,3 +628,28 @@ fn the_embedding_gather_gives_the_hosts_rows() {
         }
     }
 }
+
+/// Kernels for some formats compile those formats' pipelines only (a backend's are its
+/// weights' formats), with or without subgroups; their matmuls on 8-bit inputs as for
+/// every format. Asking for a format not compiled panics, naming it.
+#[test]
+fn kernels_compile_the_formats_asked_for_only() {
+    let Some(gpu) = gpu_or_skip() else {
+        return;
+    };
+    let all = Kernels::new(&gpu).unwrap();
+    assert_eq!(all.formats(), Format::ALL);
+    let some = [Format::Q4_1, Format::Q6K];
+    for subgroups in [true, false] {
+        let k = Kernels::for_formats(&gpu, subgroups, &some).unwrap();
+        assert_eq!(k.formats(), some);
+        for f in some {
+            let (q8, all_q8) = (k.q8_inputs(f), all.q8_inputs(f));
+            assert_eq!(q8.map(|q| q.1), all_q8.map(|q| q.1), "{f:?}");
+        }
+        let ask = std::panic::AssertUnwindSafe(|| k.f32_inputs(Format::Q8_0).name);
+        let missing = std::panic::catch_unwind(ask);
+        let message = *missing.unwrap_err().downcast::<String>().unwrap();
+        assert!(message.contains("Q8_0"), "{message}");
+    }
+}
