@@ -7,6 +7,10 @@
 # built with componentize-js, installed here too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's start, in seconds from this script's: CI must stay well under 30 minutes
+# on 2 cores, and these say where its time goes.
+phase() { echo "test.sh: $* (at ${SECONDS} s)"; }
+phase "set-up"
 scripts/setup.sh
 scripts/fetch_gemma.sh
 # The web page's test drives Debian's headless Chromium through chromedriver.
@@ -26,6 +30,7 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
     echo "installing mesa-vulkan-drivers (lavapipe: the GPU backend's tests on the CPU)"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
 fi
+phase "fmt and clippy"
 cargo fmt --all -- --check
 # In the release profile: its build scripts and proc-macros are the test build's.
 cargo clippy --release --all-targets --quiet -- -D warnings
@@ -34,6 +39,7 @@ cargo clippy --release --all-targets --quiet -- -D warnings
 # target/inferlet-js from npm): the inferlets tests upload and run them. The first of
 # each language installs its compiler; the rest are built two at a time (each build
 # keeps one core busy).
+phase "the example inferlets"
 py="best_of_n agent json_extract chat hostile beam lookup score snapshot"
 js="best_of_n json_extract agent chat beam lookup hostile snapshot"
 scripts/build_inferlet.sh examples/inferlets/generate.py target/inferlets/generate.wasm
@@ -49,4 +55,6 @@ fi
     for g in $py; do echo "examples/inferlets/$g.py target/inferlets/$g.wasm"; done
     for g in $js; do echo "examples/inferlets/$g.js target/inferlets/${g}_js.wasm"; done
 } | xargs -P 2 -L 1 scripts/build_inferlet.sh
+phase "cargo test"
 cargo test --workspace --release --lib --bins --tests 2>&1
+phase "done"

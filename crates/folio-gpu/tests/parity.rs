@@ -37,10 +37,10 @@ fn model_path() -> PathBuf {
         })
 }
 
-/// The CPU model and the same model on the GPU, or `None` (with the reason printed)
-/// where this machine has no Vulkan adapter; `tune` sets the GPU backend's options
-/// beyond llama.cpp's arithmetic (the matmuls' split, the attention's chunks).
-fn models(tune: impl FnOnce(GpuBackend) -> GpuBackend) -> Option<(Model, Model)> {
+/// The model on the GPU with llama.cpp's arithmetic (8-bit matmul inputs), or `None`
+/// (with the reason printed) where this machine has no Vulkan adapter; `tune` sets the
+/// GPU backend's options beyond it (the matmuls' split, the attention's chunks).
+fn gpu_model(tune: impl FnOnce(GpuBackend) -> GpuBackend) -> Option<Model> {
     let gpu = match Gpu::open(true) {
         Ok(g) => g,
         Err(e) => {
@@ -49,11 +49,6 @@ fn models(tune: impl FnOnce(GpuBackend) -> GpuBackend) -> Option<(Model, Model)>
         }
     };
     let path = model_path();
-    // Both with llama.cpp's arithmetic (8-bit matmul inputs), the nearest the two
-    // come: the GPU's default f32 inputs are nearer the exact model than either
-    // (`fidelity.rs`), and so, on a near tie, may pick another greedy token than the
-    // CPU.
-    let cpu = Model::load(&path, 2).unwrap().llama_arithmetic();
     let on_gpu = Model::load(&path, 2).unwrap();
     let backend = GpuBackend::load(gpu, &path, &on_gpu.config)
         .unwrap()
@@ -61,6 +56,15 @@ fn models(tune: impl FnOnce(GpuBackend) -> GpuBackend) -> Option<(Model, Model)>
     let backend = tune(backend);
     let on_gpu = on_gpu.with_backend(|_cpu| Box::new(backend));
     eprintln!("gpu backend: {}", on_gpu.backend().describe());
+    Some(on_gpu)
+}
+
+/// The CPU model and [`gpu_model`], both with llama.cpp's arithmetic, the nearest the
+/// two come: the GPU's default f32 inputs are nearer the exact model than either
+/// (`fidelity.rs`), and so, on a near tie, may pick another greedy token than the CPU.
+fn models(tune: impl FnOnce(GpuBackend) -> GpuBackend) -> Option<(Model, Model)> {
+    let on_gpu = gpu_model(tune)?;
+    let cpu = Model::load(&model_path(), 2).unwrap().llama_arithmetic();
     Some((cpu, on_gpu))
 }
 
@@ -270,19 +274,22 @@ fn split_attention_over_8_bit_kv_matches_the_cpu() {
 /// piece, here three prompts' 44 rows in pieces of 5.
 #[test]
 fn the_head_in_pieces_gives_the_same_bits() {
-    let Some((_, whole)) = models(|b| b) else {
+    let (Some(whole), Some(pieces)) = (plain_bits(), gpu_model(|b| b.with_head_rows(5))) else {
         return;
     };
-    let Some((_, pieces)) = models(|b| b.with_head_rows(5)) else {
-        return;
-    };
-    let (a, b) = (three_prompts(&whole), three_prompts(&pieces));
-    let rows: usize = a.iter().map(|r| r.len()).sum::<usize>() / whole.config.vocab;
+    let b = three_prompts(&pieces);
+    let rows: usize = b.iter().map(|r| r.len()).sum::<usize>() / pieces.config.vocab;
     assert_eq!(rows, 44);
-    assert!(
-        bits(&a) == bits(&b),
-        "the head in pieces changed the logits"
-    );
+    assert!(whole == bits(&b), "the head in pieces changed the logits");
+}
+
+/// [`three_prompts`]' bits on the default backend (llama.cpp's arithmetic, matrices in
+/// one dispatch, the head whole, no profile): the reference the tests that vary one of
+/// these compare with, computed once for all of them.
+fn plain_bits() -> Option<&'static [u32]> {
+    static PLAIN: std::sync::OnceLock<Option<Vec<u32>>> = std::sync::OnceLock::new();
+    let plain = PLAIN.get_or_init(|| gpu_model(|b| b).map(|m| bits(&three_prompts(&m))));
+    plain.as_deref()
 }
 
 /// Three prompts (44 tokens) in one step, every row's logits.
@@ -311,13 +318,12 @@ fn bits(rows: &[Vec<f32>]) -> Vec<u32> {
 /// pieces that straddle its parts: `a_matrix_of_parts_gives_each_part_its_own_bits`.)
 #[test]
 fn matrices_in_one_dispatch_give_the_same_bits() {
-    let (Some((_, fused)), Some((_, apart))) =
-        (models(|b| b), models(|b| b.with_fused_matmuls(false)))
+    let (Some(fused), Some(apart)) = (plain_bits(), gpu_model(|b| b.with_fused_matmuls(false)))
     else {
         return;
     };
-    let (a, b) = (three_prompts(&fused), three_prompts(&apart));
-    assert!(bits(&a) == bits(&b), "{}", apart.backend().describe());
+    let b = three_prompts(&apart);
+    assert!(fused == bits(&b), "{}", apart.backend().describe());
 }
 
 /// A profiled step (`with_profile`: a timestamp before the first dispatch and after
@@ -327,20 +333,22 @@ fn matrices_in_one_dispatch_give_the_same_bits() {
 #[test]
 fn a_profile_times_every_dispatch_and_changes_no_bit() {
     let mut profile = None;
-    let profiled = models(|b| {
+    let profiled = gpu_model(|b| {
         let b = b.with_profile(true);
         profile = b.profile();
         b
     });
-    let (Some((_, plain)), Some((_, profiled))) = (models(|b| b), profiled) else {
+    let (Some(a), Some(profiled)) = (plain_bits(), profiled) else {
         return;
     };
     let Some(profile) = profile else {
         eprintln!("skipped: the adapter writes no timestamps inside a compute pass");
         return;
     };
-    let (a, b) = (three_prompts(&plain), three_prompts(&profiled));
-    assert!(bits(&a) == bits(&b), "a profile changed the logits");
+    assert!(
+        a == bits(&three_prompts(&profiled)),
+        "a profile changed the logits"
+    );
     assert_eq!(profile.sizes(), [44]);
     let t = profile.steps(44).expect("the step profiled");
     eprintln!("{}", profile.report());
@@ -348,7 +356,7 @@ fn a_profile_times_every_dispatch_and_changes_no_bit() {
         let k = t.kinds.iter().find(|k| k.what == what);
         k.unwrap_or_else(|| panic!("no {what} in {t:?}")).clone()
     };
-    let c = &plain.config;
+    let c = &profiled.config;
     let layers = c.n_layers as u64;
     assert_eq!(t.steps, 1);
     // Every dispatch the step records, once: the embedding gather; per layer two norms,
@@ -376,16 +384,16 @@ fn a_profile_times_every_dispatch_and_changes_no_bit() {
     // The head in pieces of 5 rows (passes after the step's own, not timed): the same
     // bits, and the step's own pass profiled as before.
     let mut in_pieces = None;
-    let pieces = models(|b| {
+    let pieces = gpu_model(|b| {
         let b = b.with_head_rows(5).with_profile(true);
         in_pieces = b.profile();
         b
     });
-    let (Some((_, pieces)), Some(in_pieces)) = (pieces, in_pieces) else {
+    let (Some(pieces), Some(in_pieces)) = (pieces, in_pieces) else {
         panic!("a second profiled backend");
     };
     assert!(
-        bits(&three_prompts(&pieces)) == bits(&a),
+        bits(&three_prompts(&pieces)) == a,
         "the head in pieces, profiled"
     );
     let t = in_pieces.steps(44).expect("the step profiled");
@@ -404,7 +412,7 @@ fn a_rows_logits_are_the_same_bits_whatever_else_the_step_runs() {
             false => |b: GpuBackend| b.with_attention_chunk(16),
             true => |b: GpuBackend| b.with_attention_chunk(16).with_wide_matmuls(true),
         };
-        let Some((_, gpu)) = models(tune) else {
+        let Some(gpu) = gpu_model(tune) else {
             return;
         };
         // 16 tokens (one chunk: alone, no split), 26 (two), 2.
