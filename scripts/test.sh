@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 # Each phase's start, in seconds from this script's: CI must stay well under 30 minutes
 # on 2 cores, and these say where its time goes.
 phase() { echo "test.sh: $* (at ${SECONDS} s)"; }
+trap 'echo "test.sh: exit $? (at ${SECONDS} s)"' EXIT
 phase "set-up"
 scripts/setup.sh
 scripts/fetch_gemma.sh
@@ -57,4 +58,3 @@ fi
 } | xargs -P 2 -L 1 scripts/build_inferlet.sh
 phase "cargo test"
 cargo test --workspace --release --lib --bins --tests 2>&1
-phase "done"

@@ -45,7 +45,7 @@ pub(crate) struct Kernels {
     pub rms_norm: Kernel,
     /// The kernels of each weight format compiled, by format number; `None` for the
     /// formats the weights do not have (a backend compiles its weights' formats only:
-    /// each is three pipelines, and on lavapipe a pipeline took 30 ms to compile).
+    /// each is two or three pipelines, and on lavapipe one took about 35 ms to compile).
     formats: Vec<Option<FormatKernels>>,
     /// Activations into 8-bit blocks of 32 ([`Input::Q8`]) and of 256 ([`Input::Q8K`]).
     pub quantize: Kernel,

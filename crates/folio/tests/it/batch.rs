@@ -1,7 +1,8 @@
 //! The batched forward step over many sequences: a sequence's logits are the same bits
 //! alone or in any batch, prefilled whole or in chunks, cold or from the prefix cache,
-//! at any page size and thread count, on every kernel path the CPU runs; paged
-//! attention equals dense-gather attention.
+//! at any page size and thread count, on every kernel path the CPU runs (AVX-VNNI's
+//! through AVX2's, whose bits it gives: see `paths`); paged attention equals
+//! dense-gather attention.
 
 use crate::common;
 
@@ -28,8 +29,10 @@ fn tiny(threads: usize, isa: Isa) -> (tempfile::TempDir, Model) {
 /// Every kernel path the CPU runs but AVX-VNNI's; those it lacks are named (skipped,
 /// not silent). The AVX-VNNI path runs the AVX2 path's attention and layouts, and its
 /// matmuls give the AVX2 path's bits for every format, a row alone or in a batch
-/// (`kernels::tests_vnni`, natively or under the SIGILL emulator): what holds here on
-/// AVX2 holds on it bit for bit, so these model-sized runs leave it out.
+/// (`kernels::tests_vnni`), as a whole forward pass does, prefill and decode, over f16
+/// and 8-bit K/V (`model::tests_avxvnni`; both natively or under the SIGILL emulator):
+/// what holds here on AVX2 holds on it bit for bit, so these model-sized runs leave it
+/// out.
 fn paths() -> Vec<Isa> {
     let run = runnable_isas();
     for missing in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512]
@@ -46,8 +49,9 @@ fn paths() -> Vec<Isa> {
 }
 
 /// The 8-bit K/V variants run on the scalar path and the machine's own one only: the
-/// f16 tests above already cover every ISA's matmuls, and the 8-bit attention kernels'
-/// SIMD forms are held to their scalar twins on random data in `kernels::tests`.
+/// f16 tests above already cover every ISA's matmuls (AVX-VNNI's through AVX2's: see
+/// [`paths`]), and the 8-bit attention kernels' SIMD forms are held to their scalar
+/// twins on random data in `kernels::tests`.
 fn q8_paths(scalar: bool) -> Vec<Isa> {
     let best = isa();
     let mut out = vec![best];
