@@ -22,7 +22,7 @@ use crate::pool::{Pool, Uploads};
 use crate::profile::Profile;
 use crate::step::{self, Step};
 use crate::table::{StepTable, TableError};
-use crate::weights::{self, Format, Weights};
+use crate::weights::{self, Weights};
 use folio::gguf::Gguf;
 use folio::kv::{DevicePages, KvRows, KvStorage};
 use folio::model::{Backend, BackendFigure, Config, Model, StepError, StepLogits};
@@ -63,15 +63,7 @@ impl GpuBackend {
     pub fn load_from(gpu: Gpu, g: &Gguf, config: &Config) -> Result<Self, GpuError> {
         weights::check(config)?;
         let weights = gpu.scoped_as(|| weights::load(&gpu, g, config), GpuError::Device)?;
-        // The kernels of the weights' formats only (the table's is the head's or its own).
-        let has = |f: &Format| {
-            weights
-                .matrices()
-                .chain([weights.table()])
-                .any(|m| m.format == *f)
-        };
-        let formats: Vec<Format> = Format::ALL.into_iter().filter(has).collect();
-        let kernels = Kernels::for_formats(&gpu, true, &formats)?;
+        let kernels = Kernels::for_formats(&gpu, true, &weights.formats())?;
         tracing::info!(
             adapter = %gpu.adapter().name,
             widened = weights.widened,

@@ -193,6 +193,17 @@ impl Weights {
     pub fn table(&self) -> &Matrix {
         self.embed.as_ref().unwrap_or(&self.head)
     }
+
+    /// The formats its matrices and table are in (`Kernels::for_formats` compiles
+    /// theirs only), in the order of [`Format::ALL`].
+    pub fn formats(&self) -> Vec<Format> {
+        let has = |f: &Format| {
+            self.matrices()
+                .chain([self.table()])
+                .any(|m| m.format == *f)
+        };
+        Format::ALL.into_iter().filter(has).collect()
+    }
 }
 
 /// What the GPU path runs: the llama family's layer (RMSNorm, RoPE, GQA, a SiLU- or
