@@ -236,6 +236,74 @@ fn damaged_cut_short_foreign_and_unfinished_files_are_skipped_and_removed() {
     e.check_invariants().unwrap();
 }
 
+/// Makes a FIFO at `path` (coreutils' `mkfifo`).
+fn mkfifo(path: &Path) {
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+/// `f()` on a thread: its value, or a failure naming `what` if it takes longer than a
+/// minute (a FIFO's open waits for a writer for ever: this test must fail, not hang).
+fn within_a_minute<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{what} did not finish within a minute"))
+}
+
+/// A FIFO (or a directory) named as a page, found at start or put in a page's place
+/// after it, is skipped: the start does not wait on it (the hostile probe of
+/// 2026-12-07 found the start blocked for ever in a FIFO's open, and SIGTERM unheard),
+/// and a prompt whose page it took is served from the pages before it and computed
+/// from there, with the cold run's bits.
+#[test]
+fn fifos_and_directories_named_as_pages_are_skipped_without_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("kv");
+    let p = prompt(6, 83);
+    let cold = run(&engine(dir.path(), 256, None), p.clone());
+    run(&engine(dir.path(), 256, Some((&disk, 1 << 30))), p.clone());
+    let pool = std::fs::read_dir(&disk)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path())
+        .find(|d| d.is_dir())
+        .expect("the pool's directory");
+    let pages = chain(&pool);
+    assert!(pages.len() >= 20, "the prompt's pages");
+    // At start: a FIFO in page 5's place, and a FIFO and a directory under other names.
+    std::fs::remove_file(&pages[5]).unwrap();
+    mkfifo(&pages[5]);
+    mkfifo(&pool.join(format!("{:032x}.page", 7)));
+    std::fs::create_dir(pool.join(format!("{:032x}.page", 9))).unwrap();
+    let root = dir.path().to_path_buf();
+    let d = disk.clone();
+    let e = within_a_minute("the start", move || engine(&root, 256, Some((&d, 1 << 30))));
+    assert!(
+        !pages[5].exists(),
+        "a FIFO in a page's place is removed at start"
+    );
+    let st = e.stats().unwrap().disk.unwrap();
+    assert_eq!(st.skipped, 3, "the FIFOs and the directory: {st:?}");
+    // After start: a FIFO in page 10's place, which the index still lists.
+    std::fs::remove_file(&pages[10]).unwrap();
+    mkfifo(&pages[10]);
+    let e2 = e.clone();
+    let again = within_a_minute("the prompt", move || run(&e2, p));
+    assert_eq!(
+        again.usage.cached_tokens,
+        5 * PAGE,
+        "the pages before the first FIFO are read back"
+    );
+    assert_eq!(bits(&again), bits(&cold), "the same bits as the cold run");
+    e.check_invariants().unwrap();
+}
+
 #[test]
 fn the_disk_stays_under_its_size_evicting_the_least_recently_used() {
     let dir = tempfile::tempdir().unwrap();

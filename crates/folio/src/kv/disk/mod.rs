@@ -158,9 +158,14 @@ impl Shared {
     }
 
     fn skip(&self, path: &Path, why: &dyn std::fmt::Display) {
-        tracing::warn!("kv disk: skipped {}: {why}; removed", path.display());
         self.counters.skipped.fetch_add(1, Ordering::Relaxed);
-        let _ = fs::remove_file(path);
+        match fs::remove_file(path) {
+            Ok(()) => tracing::warn!("kv disk: skipped {}: {why}; removed", path.display()),
+            Err(e) => tracing::warn!(
+                "kv disk: skipped {}: {why}; not removed: {e}",
+                path.display()
+            ),
+        }
     }
 
     /// Writes one page whole under a temporary name, then renames it into place.
@@ -367,9 +372,10 @@ impl DiskTier {
             self.prefetches.remove(0);
         }
         let paths: Vec<PathBuf> = hashes.iter().map(|&h| self.shared.path(h)).collect();
+        let most = self.shared.expect.file_len();
         let spawned = std::thread::Builder::new()
             .name("folio-kv-read".into())
-            .spawn(move || paths.into_iter().map(|p| fs::read(p).ok()).collect());
+            .spawn(move || paths.into_iter().map(|p| read_page(&p, most)).collect());
         match spawned {
             Ok(reader) => {
                 self.shared
@@ -417,10 +423,11 @@ impl DiskTier {
             .iter()
             .map(|&h| self.shared.path(h))
             .collect();
+        let most = self.shared.expect.file_len();
         std::thread::scope(|s| {
             s.spawn(move || {
                 for p in paths {
-                    if tx.send(fs::read(p).ok()).is_err() {
+                    if tx.send(read_page(&p, most)).is_err() {
                         break;
                     }
                 }
@@ -489,7 +496,7 @@ impl Drop for DiskTier {
 
 /// The page hash a file's header claims, and its modification time.
 fn read_header(path: &Path, e: &Expect) -> Result<(PageHash, SystemTime), String> {
-    let mut f = fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut f = open_page(path).map_err(|e| e.to_string())?;
     let meta = f.metadata().map_err(|e| e.to_string())?;
     let mut head = Vec::with_capacity(file::HEADER);
     (&mut f)
@@ -498,6 +505,33 @@ fn read_header(path: &Path, e: &Expect) -> Result<(PageHash, SystemTime), String
         .map_err(|e| e.to_string())?;
     let h = file::check_header(e, &head, meta.len()).map_err(|b: Bad| b.to_string())?;
     Ok((h, meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+}
+
+/// Opens `path` for reading as a page file. Only a regular file is one: a symbolic
+/// link is not followed, and a FIFO or a device is opened without blocking (a FIFO's
+/// open waits for a writer for ever) and then refused.
+fn open_page(path: &Path) -> std::io::Result<fs::File> {
+    let mut o = fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK);
+    }
+    let f = o.open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
+}
+
+/// The bytes of the page file at `path`, at most `most` and one (a longer file is no
+/// page, and its check says so), or `None` where it cannot be read.
+fn read_page(path: &Path, most: u64) -> Option<Vec<u8>> {
+    let f = open_page(path).ok()?;
+    let mut data = Vec::with_capacity(usize::try_from(most).unwrap_or(0));
+    f.take(most.saturating_add(1)).read_to_end(&mut data).ok()?;
+    Some(data)
 }
 
 /// Takes an advisory lock on `dir`, held while the returned file is open (the OS
