@@ -32,6 +32,8 @@ struct Shared {
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
     /// The model's grammar table, built when first asked for (`grammar::lazy`).
     grammars: crate::grammar::LazyGrammars,
+    /// The element type of the pool's K/V (part of [`Engine::fingerprint`]).
+    kv_dtype: crate::kv::KvDtype,
 }
 
 impl Drop for Shared {
@@ -72,6 +74,7 @@ impl Engine {
                 next_id: AtomicU64::new(1),
                 thread: std::sync::Mutex::new(Some(thread)),
                 grammars: crate::grammar::LazyGrammars::new(),
+                kv_dtype: config.kv_dtype,
             }),
         })
     }
@@ -89,11 +92,20 @@ impl Engine {
         self.shared.grammars.table(&m.tokenizer, m.config.vocab)
     }
 
-    /// The served model's fingerprint (file, RoPE set, backend): what the server's
-    /// `system_fingerprint` is made of (it changes when the weights or the
-    /// arithmetic behind the answers do).
+    /// What the answers come from: the model's fingerprint (file, RoPE set, backend)
+    /// and, where the K/V is stored in other than f16 (whose answers the model's
+    /// fingerprint alone names), its element type. The server's `system_fingerprint`
+    /// is made of it, so it changes when the weights, the arithmetic or the stored
+    /// K/V behind the answers do.
     pub fn fingerprint(&self) -> [u8; 16] {
-        self.shared.model.fingerprint()
+        let model = self.shared.model.fingerprint();
+        match self.shared.kv_dtype {
+            crate::kv::KvDtype::F16 => model,
+            other => {
+                let all = [&model[..], b"kv:", other.name().as_bytes()].concat();
+                xxhash_rust::xxh3::xxh3_128(&all).to_le_bytes()
+            }
+        }
     }
 
     /// The most tokens one sequence holds (prompt and generated).
@@ -711,6 +723,16 @@ impl Context {
         let id = self.id;
         self.engine
             .call(move |c| c.contexts.truncate(&mut c.kv, id, n))?
+    }
+
+    /// Tokens a generation into this context may sample after a prompt of `prompt`
+    /// tokens, within the contexts' share of the pool (where a generation stops as
+    /// at the window), now; an error where the prompt and one token do not fit. A
+    /// caller that must not be cut short (an explicit token limit) checks it first.
+    pub fn room(&self, prompt: usize) -> Result<usize, EngineError> {
+        let id = self.id;
+        self.engine
+            .call(move |c| c.context_room_tokens(id, prompt))?
     }
 
     /// Counters: seq_len, page_size, committed and working pages.

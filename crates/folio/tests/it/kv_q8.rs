@@ -134,3 +134,26 @@ fn q8_snapshots_restore_and_a_file_of_another_dtype_is_refused() {
         "{skipped:?}"
     );
 }
+
+/// The engine's fingerprint (the server's `system_fingerprint`) names the K/V type when
+/// it is not f16: 8-bit K/V gives other answers (the hostile probe of 2026-12-07 found
+/// both under one fingerprint). f16's is the model's, as before; f32's differs too.
+#[test]
+fn the_engines_fingerprint_changes_with_the_kv_type() {
+    use folio::engine::{Engine, EngineConfig};
+    let fp = |kv_dtype| {
+        let (_d, m) = tiny();
+        let cfg = EngineConfig {
+            kv_pages: 64,
+            kv_dtype,
+            ..Default::default()
+        };
+        Engine::new(m, cfg).unwrap().fingerprint()
+    };
+    let (_d, m) = tiny();
+    let (f16, q8, f32) = (fp(KvDtype::F16), fp(KvDtype::Q8), fp(KvDtype::F32));
+    assert_eq!(f16, m.fingerprint(), "f16's is the model's");
+    assert_ne!(q8, f16);
+    assert_ne!(f32, f16);
+    assert_ne!(q8, f32);
+}
