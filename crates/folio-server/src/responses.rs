@@ -75,6 +75,15 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
     let text = job.prompt_texts[0].clone();
     let ids = std::mem::take(&mut job.prompts[0]);
     let tok = &engine.model().tokenizer;
+    // A response neither kept nor continuing one needs no context: it runs as a chat
+    // completion does, outside the contexts' share of the pool (in a context it would
+    // stop where other clients' contexts leave no room, as if at max_output_tokens).
+    if !asked.store && fork.is_none() {
+        job.prompts[0] = ids;
+        let run = Run::start(&st, &engine, &job, deadline).map_err(renamed)?;
+        let prompt_len = job.prompts[0].len();
+        return answer(&st, run, job, asked, history, text, prompt_len, None).await;
+    }
     let (ctx, before, salt, parent) = match fork {
         Some(f) => {
             let (before, delta) = match text.strip_prefix(f.held.as_str()) {
@@ -129,13 +138,55 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
         },
     };
     let (st2, e2) = (st.clone(), entry.clone());
+    let asked_max = asked.chat.contains_key("max_completion_tokens");
     let run = blocking(move || {
+        // A context's generation stops where the contexts' share of the pool leaves no
+        // room; an asked max_output_tokens that does not fit is refused, not cut.
+        let room = e2.ctx.room(job.prompts[0].len())?;
+        if asked_max && room < job.req.max_tokens {
+            let mut err = ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "contexts and snapshots leave this stored response room for {room} output tokens and max_output_tokens asks for {}: delete stored responses or contexts, ask for fewer, or set store to false",
+                    job.req.max_tokens
+                ),
+            );
+            err.param = Some("max_output_tokens".into());
+            err.retry_after = Some(5);
+            return Err(err);
+        }
         let mut run = Run::start_context(&st2, &e2.ctx, &job, false, deadline)?;
         run.hold(e2);
         Ok((run, job))
     })
     .await;
     let (run, job) = run.map_err(renamed)?;
+    answer(
+        &st,
+        run,
+        job,
+        asked,
+        history,
+        text,
+        prompt_len,
+        Some(pending),
+    )
+    .await
+}
+
+/// Answers a started response, whole or streamed, and keeps it where it is stored
+/// (`pending`: its context, registered).
+#[allow(clippy::too_many_arguments)]
+async fn answer(
+    st: &Arc<AppState>,
+    run: Run,
+    job: crate::params::Job,
+    asked: Asked,
+    history: Vec<Value>,
+    text: String,
+    prompt_len: usize,
+    pending: Option<Pending>,
+) -> Result<Response, ApiError> {
     let (run, first) = first_event(run).await.map_err(renamed)?;
     let l = st.ready()?;
     let head = crate::answer::Head::new("resp", &st.config.model_name, &l.system_fingerprint);
@@ -158,7 +209,7 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
         store,
         echo,
     };
-    let keep = store.then(|| {
+    let keep = pending.filter(|_| store).map(|pending| {
         let mut messages = history;
         messages.extend(input);
         keeper(pending, shape.id.clone(), messages, text, prompt_len)

@@ -7,6 +7,7 @@
 
 use crate::client::{eventually, get, ok, open_stream, post, request};
 use crate::server::{small_engine, start};
+use folio::EngineConfig;
 use folio_server::ServeConfig;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -400,4 +401,65 @@ fn a_continuation_with_other_instructions_answers_as_the_whole_conversation() {
         );
         assert!(cached(&chained) > 0, "{what}: {chained}");
     }
+}
+
+/// Other clients' contexts near the contexts' share of the pool: a response not
+/// stored runs as a chat completion does (the same text, every token asked for),
+/// and a stored one whose max_output_tokens does not fit is refused with 429, not
+/// cut short and answered as if at max_output_tokens (the hostile probe of
+/// 2026-12-07: 11 tokens of 120, `incomplete`, reason `max_output_tokens`).
+#[test]
+fn other_clients_contexts_never_cut_a_response_short() {
+    let cfg = EngineConfig {
+        kv_pages: 48,
+        context_pages: Some(24),
+        ..small_engine()
+    };
+    let s = start(ServeConfig::default(), cfg);
+    let a = s.addr;
+    let theirs = ok(a, "/v1/contexts", json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let tokens: Vec<u32> = (0..328).map(|i| 100 + i % 500).collect();
+    ok(
+        a,
+        &format!("/v1/contexts/{theirs}/append"),
+        json!({"tokens": tokens}),
+    );
+    let q = "Write a long story about a dragon";
+    let r = ok(
+        a,
+        "/v1/responses",
+        json!({"input": q, "max_output_tokens": 60, "temperature": 0, "store": false}),
+    );
+    let c = ok(
+        a,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": q}], "max_tokens": 60,
+            "temperature": 0}),
+    );
+    assert_eq!(
+        text(&r),
+        c["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    assert_eq!(r["usage"]["output_tokens"], c["usage"]["completion_tokens"]);
+    assert!(r["usage"]["output_tokens"].as_u64().unwrap() > 20, "{r}");
+    let e = post(
+        a,
+        "/v1/responses",
+        &json!({"input": q, "max_output_tokens": 60, "temperature": 0}),
+    )
+    .error(429);
+    assert_eq!(e["param"], "max_output_tokens", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("room for"), "{e}");
+    assert_eq!(contexts(a), 1, "nothing kept of the refused one");
+    // One that fits is stored.
+    let r = ok(
+        a,
+        "/v1/responses",
+        json!({"input": q, "max_output_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(r["usage"]["output_tokens"], 4, "{r}");
+    assert_eq!(contexts(a), 2);
 }
