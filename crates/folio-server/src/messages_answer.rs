@@ -78,8 +78,67 @@ fn stop(job: &Job, finish: Option<FinishReason>, calls: usize) -> (&'static str,
 
 /// A `tool_use` block of call `k` of message `id`.
 fn tool_use(id: &str, k: usize, name: &str, arguments: &str) -> Value {
-    let input: Value = serde_json::from_str(arguments).unwrap_or_else(|_| json!({}));
+    let input = partial_input(arguments);
     json!({"type": "tool_use", "id": format!("toolu_{id}_{k}"), "name": name, "input": input})
+}
+
+/// Cuts of a call's arguments tried by [`partial_input`], from the end back.
+const CUTS: usize = 256;
+
+/// A call's `input`: its arguments as written where they are an object, else, cut
+/// short (`max_tokens`), what Anthropic's SDKs make of the same text streamed as
+/// `input_json_delta`s: the longest prefix that parses as an object once its open
+/// string, arrays and objects are closed (`{"a":1000` is `{"a": 1000}`), found among
+/// the last [`CUTS`] cuts; `{}` where none does (nothing of the object was written).
+fn partial_input(arguments: &str) -> Value {
+    if let Ok(v @ Value::Object(_)) = serde_json::from_str(arguments) {
+        return v;
+    }
+    (0..=arguments.len())
+        .rev()
+        .filter(|&i| arguments.is_char_boundary(i))
+        .take(CUTS)
+        .filter_map(|i| closed(&arguments[..i]))
+        .find_map(|c| match serde_json::from_str(&c) {
+            Ok(v @ Value::Object(_)) => Some(v),
+            _ => None,
+        })
+        .unwrap_or_else(|| json!({}))
+}
+
+/// `head` with its open string, arrays and objects closed, in order; `None` where
+/// it ends inside an escape or closes more than it opened.
+fn closed(head: &str) -> Option<String> {
+    let (mut open, mut in_string, mut escaped) = (Vec::new(), false, false);
+    for c in head.chars() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' => open.push('}'),
+            '[' => open.push(']'),
+            '}' | ']' => {
+                open.pop()?;
+            }
+            _ => {}
+        }
+    }
+    if escaped {
+        return None;
+    }
+    let mut out = head.to_string();
+    if in_string {
+        out.push('"');
+    }
+    out.extend(open.iter().rev());
+    Some(out)
 }
 
 /// The message of a run that is not streamed.
@@ -296,5 +355,28 @@ pub fn envelope(e: &ApiError) -> Envelope {
     Envelope {
         kind: "error",
         error: ErrorFields { kind, message },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::partial_input;
+    use serde_json::json;
+
+    #[test]
+    fn cut_arguments_give_the_object_written_so_far() {
+        assert_eq!(partial_input(r#"{"a": 1}"#), json!({"a": 1}));
+        assert_eq!(partial_input(r#"{"a":1000"#), json!({"a": 1000}));
+        assert_eq!(partial_input(r#"{"a":"he\"l"#), json!({"a": "he\"l"}));
+        assert_eq!(
+            partial_input(r#"{"a":[1,{"b":"x"#),
+            json!({"a": [1, {"b": "x"}]})
+        );
+        assert_eq!(partial_input(r#"{"a":1,"b"#), json!({"a": 1}));
+        assert_eq!(partial_input(r#"{"a":1,"b":"#), json!({"a": 1}));
+        assert_eq!(partial_input(r#"{"a":"\u00"#), json!({"a": ""}));
+        assert_eq!(partial_input(r#"{"a":tr"#), json!({}));
+        assert_eq!(partial_input(""), json!({}));
+        assert_eq!(partial_input("[1, 2]"), json!({}));
     }
 }

@@ -2,7 +2,7 @@
 //! envelope (its SDK reads no other), and `count_tokens` counts whatever `max_tokens`
 //! says (what would be generated plays no part in a count).
 
-use crate::client::{post, request};
+use crate::client::{open_stream, post, request};
 use crate::server::{small_engine, start};
 use folio_server::ServeConfig;
 use serde_json::{json, Value};
@@ -49,4 +49,40 @@ fn malformed_bodies_get_anthropics_envelope_and_counts_ignore_max_tokens() {
     );
     assert_eq!(r.status, 400);
     anthropic_error(400, &r.json());
+}
+
+/// A forced tool call cut short by `max_tokens`: the whole answer's `input` is what
+/// the streamed `input_json_delta`s join to, closed (what Anthropic's SDKs make of
+/// them), never an object the model did not write (the hostile probe of 2026-12-07
+/// found `{}` whole and `{"a":1000` streamed).
+#[test]
+fn a_tool_call_cut_short_gives_the_same_input_whole_and_streamed() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let body = json!({"model": "m", "max_tokens": 10, "temperature": 0,
+        "messages": [{"role": "user", "content": "call f"}],
+        "tools": [{"name": "f", "input_schema": {"type": "object",
+            "properties": {"a": {"type": "integer"}}, "required": ["a"]}}],
+        "tool_choice": {"type": "tool", "name": "f"}});
+    let whole = post(a, "/v1/messages", &body).json();
+    assert_eq!(whole["stop_reason"], "max_tokens", "{whole}");
+    let block = &whole["content"][0];
+    assert_eq!(block["type"], "tool_use", "{whole}");
+    let mut body = body;
+    body["stream"] = json!(true);
+    let mut o = open_stream(a, "/v1/messages", &body);
+    let mut partial = String::new();
+    while let Some(e) = o.next_event() {
+        let c: Value = serde_json::from_str(&e).unwrap();
+        if c["type"] == "message_stop" {
+            break;
+        }
+        if let Some(p) = c["delta"]["partial_json"].as_str() {
+            partial.push_str(p);
+        }
+    }
+    let closed: Value = serde_json::from_str(&format!("{partial}}}"))
+        .unwrap_or_else(|e| panic!("{partial:?} and a brace: {e}"));
+    assert_eq!(block["input"], closed, "{whole}");
+    assert_ne!(block["input"], json!({}), "{whole}");
 }
