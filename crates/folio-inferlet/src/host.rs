@@ -43,6 +43,10 @@ pub struct RunReport {
     pub elapsed: Duration,
     /// Of which instantiation.
     pub instantiate: Duration,
+    /// The token counts of the run's generations, summed: prompt tokens (those read
+    /// from the prefix cache or a fork among them) and tokens generated. Scoring
+    /// calls (`score`, `next-logprobs`) are not generations and are not counted.
+    pub usage: folio::Usage,
 }
 
 /// Shared by the host and its ticker thread.
@@ -270,6 +274,7 @@ impl Host {
             live: Vec::new(),
             emitted_bytes: 0,
             host_calls: 0,
+            usage: folio::Usage::default(),
             stop: None,
         };
         let mut store = Store::new(&self.wasm, state);
@@ -290,7 +295,7 @@ impl Host {
             .instantiate(&mut store)
             .map(|inst| (inst, started.elapsed()))
             .and_then(|(inst, took)| inst.call_run(&mut store, input).map(|r| (r, took)));
-        let host_calls = store.data().host_calls;
+        let (host_calls, usage) = (store.data().host_calls, store.data().usage);
         let stop = store.data_mut().stop.take();
         // Dropping the store drops the resource table: every context still held.
         drop(store);
@@ -300,6 +305,7 @@ impl Host {
                 host_calls,
                 elapsed,
                 instantiate,
+                usage,
             }),
             (Ok((Err(msg), _)), _) => Err(InferletError::Program(msg)),
             (Err(_), Some(Stop::TimedOut)) => Err(InferletError::TimedOut(run_time)),

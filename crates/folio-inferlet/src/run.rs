@@ -59,6 +59,8 @@ pub struct RunState {
     pub(crate) live: Vec<u32>,
     pub(crate) emitted_bytes: usize,
     pub(crate) host_calls: u64,
+    /// The token counts of the run's finished generations, summed.
+    pub(crate) usage: folio::Usage,
     pub(crate) stop: Option<Stop>,
 }
 

@@ -140,6 +140,8 @@ fn usage(r: &RunReport) -> serde_json::Value {
         "host_calls": r.host_calls,
         "elapsed_ms": r.elapsed.as_secs_f64() * 1e3,
         "instantiate_ms": r.instantiate.as_secs_f64() * 1e3,
+        "prompt_tokens": r.usage.prompt_tokens,
+        "completion_tokens": r.usage.completion_tokens,
     })
 }
 
@@ -290,11 +292,16 @@ pub async fn chat(st: &AppState, name: &str, body: &[u8]) -> Result<Response, Ap
     }
     let stream = input.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
     let model = format!("inferlet:{name}");
-    let id = format!("chatcmpl-inferlet-{}", crate::clock::unix_now());
-    let created = crate::clock::unix_now();
+    // An id no other answer of this server has (as every answer's).
+    let head = crate::answer::Head::new("chatcmpl", &model, "");
+    let (id, created) = (head.id, head.created);
+    let include_usage = input
+        .pointer("/stream_options/include_usage")
+        .and_then(serde_json::Value::as_bool)
+        == Some(true);
     let mut started = start(st, name, &input, None)?;
     if stream {
-        return Ok(chat_stream(id, model, created, started));
+        return Ok(chat_stream(id, model, created, started, include_usage));
     }
     let (mut text, mut json) = (String::new(), Vec::new());
     while let Some(c) = started.rx.recv().await {
@@ -303,7 +310,7 @@ pub async fn chat(st: &AppState, name: &str, body: &[u8]) -> Result<Response, Ap
             Chunk::Json(v) => json.push(v.to_string()),
         }
     }
-    started.outcome().await?;
+    let report = started.outcome().await?;
     if text.is_empty() {
         text = json.join("\n");
     }
@@ -317,15 +324,32 @@ pub async fn chat(st: &AppState, name: &str, body: &[u8]) -> Result<Response, Ap
             "message": {"role": "assistant", "content": text},
             "finish_reason": "stop",
         }],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "usage": chat_usage(&report.usage),
     }))
     .into_response())
+}
+
+/// A run's token counts as a chat completion's `usage`: its generations' prompt
+/// tokens (with those read from the cache) and generated tokens (`RunReport::usage`).
+fn chat_usage(u: &folio::Usage) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
 }
 
 /// The streamed form of [`chat`]: a role chunk, a content chunk per text chunk (a
 /// JSON chunk as its text), a finish chunk, `[DONE]`; an error midway is the error
 /// envelope.
-fn chat_stream(id: String, model: String, created: u64, started: Started) -> Response {
+fn chat_stream(
+    id: String,
+    model: String,
+    created: u64,
+    started: Started,
+    include_usage: bool,
+) -> Response {
     let chunk = move |delta: serde_json::Value, finish: Option<&str>| {
         serde_json::json!({
             "id": id,
@@ -354,11 +378,19 @@ fn chat_stream(id: String, model: String, created: u64, started: Started) -> Res
                 let f = frame(&chunk(serde_json::json!({"content": content}), None));
                 return Some((Ok(f), (Some(started), None)));
             }
-            let last = match started.outcome().await {
-                Ok(_) => chunk(serde_json::json!({}), Some("stop")),
-                Err(e) => serde_json::to_value(e.body()).unwrap_or_default(),
+            let (last, report) = match started.outcome().await {
+                Ok(r) => (chunk(serde_json::json!({}), Some("stop")), Some(r)),
+                Err(e) => (serde_json::to_value(e.body()).unwrap_or_default(), None),
             };
             let mut out = format!("data: {last}\n\n").into_bytes();
+            // OpenAI's usage chunk, asked for by `stream_options.include_usage`: no
+            // choices, the run's token counts.
+            if let Some(r) = report.filter(|_| include_usage) {
+                let mut u = chunk(serde_json::json!({}), None);
+                u["choices"] = serde_json::json!([]);
+                u["usage"] = chat_usage(&r.usage);
+                out.extend_from_slice(format!("data: {u}\n\n").as_bytes());
+            }
             out.extend_from_slice(b"data: [DONE]\n\n");
             Some((Ok(Bytes::from(out)), (None, None)))
         }

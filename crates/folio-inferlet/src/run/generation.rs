@@ -85,7 +85,16 @@ impl RunState {
                     runs[i].prompt = lp;
                     String::new()
                 }
-                Event::Done { text, finish, .. } => {
+                Event::Done {
+                    text,
+                    finish,
+                    usage,
+                    ..
+                } => {
+                    let u = &mut self.usage;
+                    u.prompt_tokens += usage.prompt_tokens;
+                    u.cached_tokens += usage.cached_tokens;
+                    u.completion_tokens += usage.completion_tokens;
                     let r = &mut runs[i];
                     r.out.text.push_str(&text);
                     r.out.finish = match finish {

@@ -189,21 +189,43 @@ fn an_inferlet_answers_chat_completions_as_an_openai_model() {
     let content = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(!content.is_empty(), "{v}");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
-    // Streamed: a role chunk, content pieces that join to the same text, a finish.
+    // The usage is the run's: its generation's prompt and generated tokens (the
+    // hostile probe of 2026-12-07 found 0/0/0), and every answer's id is its own.
+    let u = &v["usage"];
+    let (p, c) = (
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["completion_tokens"].as_u64().unwrap(),
+    );
+    assert!(p > 10 && (1..=16).contains(&c), "{v}");
+    assert_eq!(u["total_tokens"].as_u64(), Some(p + c), "{v}");
+    let again = client::ok(
+        a,
+        "/v1/chat/completions",
+        json!({"model": "inferlet:chat", "messages": msgs, "max_tokens": 16}),
+    );
+    assert_ne!(again["id"], v["id"], "two answers, two ids");
+    // Streamed: a role chunk, content pieces that join to the same text, a finish,
+    // and the usage chunk asked for.
     let mut o = client::open_stream(
         a,
         "/v1/chat/completions",
-        &json!({"model": "inferlet:chat", "messages": msgs, "max_tokens": 16, "stream": true}),
+        &json!({"model": "inferlet:chat", "messages": msgs, "max_tokens": 16, "stream": true,
+            "stream_options": {"include_usage": true}}),
     );
     assert_eq!(o.status, 200);
     let mut text = String::new();
     let mut finish = None;
+    let mut usage = None;
     while let Some(e) = o.next_event() {
         if e == "[DONE]" {
             break;
         }
         let c: Value = serde_json::from_str(&e).unwrap();
         assert_eq!(c["object"], "chat.completion.chunk", "{c}");
+        if c["choices"] == json!([]) {
+            usage = Some(c["usage"].clone());
+            continue;
+        }
         text.push_str(c["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
         if let Some(f) = c["choices"][0]["finish_reason"].as_str() {
             finish = Some(f.to_string());
@@ -211,6 +233,11 @@ fn an_inferlet_answers_chat_completions_as_an_openai_model() {
     }
     assert_eq!(text, content, "streamed and whole answers agree");
     assert_eq!(finish.as_deref(), Some("stop"));
+    let usage = usage.expect("the usage chunk");
+    assert_eq!(
+        usage["completion_tokens"], u["completion_tokens"],
+        "{usage}"
+    );
     // An unknown program is a 404, as an unknown model would be.
     client::post(
         a,
