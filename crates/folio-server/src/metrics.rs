@@ -80,7 +80,6 @@ const PER_TOKEN: &[f64] = &[
 /// The request figures the server counts itself.
 pub struct Metrics {
     pub prompt_tokens: AtomicU64,
-    pub generation_tokens: AtomicU64,
     pub prefix_queries: AtomicU64,
     pub prefix_hits: AtomicU64,
     /// Samples ended by each reason: stop, length.
@@ -104,7 +103,6 @@ impl Default for Metrics {
     fn default() -> Self {
         Self {
             prompt_tokens: AtomicU64::new(0),
-            generation_tokens: AtomicU64::new(0),
             prefix_queries: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
             finished: [AtomicU64::new(0), AtomicU64::new(0)],
@@ -153,13 +151,6 @@ impl Metrics {
             "prompt_tokens_total",
             "Prompt tokens of finished requests.",
             get(&self.prompt_tokens),
-        );
-        counter(
-            out,
-            l,
-            "generation_tokens_total",
-            "Tokens generated.",
-            get(&self.generation_tokens),
         );
         counter(
             out,
@@ -575,6 +566,13 @@ fn render_engine(out: &mut String, l: &str, s: &EngineStats) {
         "prefilled_tokens_total",
         "Prompt tokens computed.",
         s.prefilled_tokens,
+    );
+    counter(
+        out,
+        l,
+        "generation_tokens_total",
+        "Tokens generated, counted as the steps sample them (as vLLM's): a request cancelled midway counts what it generated.",
+        s.generated_tokens,
     );
     counter(out, l, "engine_steps_total", "Forward steps run.", s.steps);
     render_spec(out, l, s);

@@ -226,8 +226,6 @@ impl Run {
                 ..
             } => {
                 m.finished(*finish);
-                m.generation_tokens
-                    .fetch_add(usage.completion_tokens as u64, Ordering::Relaxed);
                 if *index == 0 {
                     m.queue.observe(*queued);
                     let p = usage.prompt_tokens as u64;

@@ -42,8 +42,11 @@ fn hanging_up_a_stream_cancels_it_and_frees_its_pages() {
         metric(s.addr, "folio:requests_cancelled_total", "model_name"),
         1.0
     );
+    // Counted as the steps sample them (as vLLM's; the hostile probe of 2026-12-07
+    // found a cancelled stream's tokens missing): at least the two chunks it saw,
+    // and no more than it asked for.
     let gen = metric(s.addr, "folio:generation_tokens_total", "model_name");
-    assert_eq!(gen, 0.0, "a cancelled request never finished");
+    assert!((2.0..900.0).contains(&gen), "{gen}");
 }
 
 #[test]
