@@ -190,7 +190,7 @@ pub fn run(a: Args) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let served = rt.block_on(async move {
+    rt.block_on(async move {
         survive_file_size_limit();
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
@@ -226,17 +226,8 @@ pub fn run(a: Args) -> Result<()> {
         folio_server::serve(listener, config, load, ready, shutdown_signal()).await?;
         eprintln!("folio: stopped");
         Ok(())
-    });
-    // Dropping the runtime would wait for every blocking task without end, a model
-    // still loading among them: a signal during a long load (or a load stuck on a
-    // file) printed "stopped" and the process stayed. Requests were drained within
-    // `--shutdown-timeout` above; what blocking work is left gets this long.
-    rt.shutdown_timeout(SHUTDOWN_WAIT);
-    served
+    })
 }
-
-/// How long a stopped server waits for blocking tasks still running (a model loading).
-const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Reads the weights once with a progress bar (the mmap then finds them in the page
 /// cache), then builds the engine.

@@ -106,7 +106,21 @@ where
     tokio::spawn(async move {
         let config = st.config.clone();
         let load = move || load().and_then(|e| with_extras(e, &config));
-        match tokio::task::spawn_blocking(load).await {
+        // On a thread of its own, not the runtime's blocking pool: a runtime waits for
+        // its blocking tasks when it is dropped, so a stop during a long load (or a
+        // load stuck on a file) printed "stopped" and the process stayed until the
+        // load ended. A thread of its own ends with the process.
+        let (tx, rx) = oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("folio-load".into())
+            .spawn(move || {
+                let _ = tx.send(load());
+            });
+        if let Err(e) = spawned {
+            let _ = failed.send(LoadError::Loader(format!("cannot start the loader: {e}")));
+            return;
+        }
+        match rx.await {
             Ok(Ok(loaded)) => {
                 let _ = st.loaded.set(loaded);
                 on_ready();
@@ -114,8 +128,8 @@ where
             Ok(Err(e)) => {
                 let _ = failed.send(LoadError::Loader(e));
             }
-            Err(e) => {
-                let _ = failed.send(LoadError::Stopped(e));
+            Err(_) => {
+                let _ = failed.send(LoadError::Stopped);
             }
         }
     })

@@ -25,8 +25,8 @@ pub enum LoadError {
     #[error("{0}")]
     Loader(String),
     /// The loader's thread ended without returning (it panicked).
-    #[error("the loader stopped: {0}")]
-    Stopped(tokio::task::JoinError),
+    #[error("the loader stopped without a model or a reason (it panicked)")]
+    Stopped,
 }
 
 impl From<LoadError> for ServeError {
