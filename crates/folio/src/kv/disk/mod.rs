@@ -96,7 +96,8 @@ pub struct DiskOpened {
     pub dir: PathBuf,
     pub pages: usize,
     pub bytes: u64,
-    /// Files removed as unusable (each logged) and unfinished writes removed.
+    /// Files skipped as unusable (each logged, and removed where it could be: a
+    /// directory named as a page stays) and unfinished writes removed.
     pub skipped: usize,
     pub unfinished: usize,
 }
@@ -304,7 +305,7 @@ impl DiskTier {
                             // The LRU order a restart rebuilds: files' modification times.
                             let now = SystemTime::now();
                             for h in hashes {
-                                if let Ok(f) = fs::File::options().write(true).open(w.path(h)) {
+                                if let Ok(f) = open_page(&w.path(h), true) {
                                     let _ = f.set_modified(now);
                                 }
                             }
@@ -496,7 +497,7 @@ impl Drop for DiskTier {
 
 /// The page hash a file's header claims, and its modification time.
 fn read_header(path: &Path, e: &Expect) -> Result<(PageHash, SystemTime), String> {
-    let mut f = open_page(path).map_err(|e| e.to_string())?;
+    let mut f = open_page(path, false).map_err(|e| e.to_string())?;
     let meta = f.metadata().map_err(|e| e.to_string())?;
     let mut head = Vec::with_capacity(file::HEADER);
     (&mut f)
@@ -507,12 +508,13 @@ fn read_header(path: &Path, e: &Expect) -> Result<(PageHash, SystemTime), String
     Ok((h, meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
 }
 
-/// Opens `path` for reading as a page file. Only a regular file is one: a symbolic
-/// link is not followed, and a FIFO or a device is opened without blocking (a FIFO's
-/// open waits for a writer for ever) and then refused.
-fn open_page(path: &Path) -> std::io::Result<fs::File> {
+/// Opens `path` as a page file, for reading or (`write`) for its modification time.
+/// Only a regular file is one: a symbolic link is not followed, and a FIFO or a
+/// device is opened without blocking (a FIFO's open waits for the other end for
+/// ever; for writing, one without a reader is an error at once) and then refused.
+fn open_page(path: &Path, write: bool) -> std::io::Result<fs::File> {
     let mut o = fs::OpenOptions::new();
-    o.read(true);
+    o.read(!write).write(write);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -520,15 +522,35 @@ fn open_page(path: &Path) -> std::io::Result<fs::File> {
     }
     let f = o.open(path)?;
     if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
     }
     Ok(f)
 }
 
 /// The bytes of the page file at `path`, at most `most` and one (a longer file is no
-/// page, and its check says so), or `None` where it cannot be read.
+/// page, and its check says so), or `None` where it cannot be read. A file that is
+/// not a regular one (a FIFO, a directory, a link) is logged and removed here: the
+/// caller takes `None` for a file the writer evicted meanwhile, a plain miss.
 fn read_page(path: &Path, most: u64) -> Option<Vec<u8>> {
-    let f = open_page(path).ok()?;
+    let f = match open_page(path, false) {
+        Ok(f) => f,
+        Err(e) => {
+            let irregular = e.kind() == std::io::ErrorKind::InvalidInput
+                || e.raw_os_error() == Some(libc::ELOOP);
+            if irregular {
+                let removed = fs::remove_file(path).map_err(|e| e.to_string());
+                tracing::warn!(
+                    "kv disk: skipped {}: {e}; {}",
+                    path.display(),
+                    removed.map_or_else(|e| format!("not removed: {e}"), |()| "removed".into())
+                );
+            }
+            return None;
+        }
+    };
     let mut data = Vec::with_capacity(usize::try_from(most).unwrap_or(0));
     f.take(most.saturating_add(1)).read_to_end(&mut data).ok()?;
     Some(data)
