@@ -314,7 +314,11 @@ impl RunState {
         req.sampling.temperature = 0.0;
         req.logprobs = Some(k);
         req.prompt_logprobs = scored.then_some(k);
-        let (_, probs, prompt) = match self.generation(ctx, req, false, false)? {
+        // A scoring pass is not a generation: the run's usage leaves it out.
+        let usage = self.usage;
+        let scored_pass = self.generation(ctx, req, false, false);
+        self.usage = usage;
+        let (_, probs, prompt) = match scored_pass? {
             Ok(g) => g,
             Err(e) => return Ok(Err(e)),
         };

@@ -351,13 +351,19 @@ fn chat_stream(
     include_usage: bool,
 ) -> Response {
     let chunk = move |delta: serde_json::Value, finish: Option<&str>| {
-        serde_json::json!({
+        let mut c = serde_json::json!({
             "id": id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        })
+        });
+        // As OpenAI's (and folio's own chat stream): with the usage chunk asked for,
+        // every other chunk says `"usage": null`.
+        if include_usage {
+            c["usage"] = serde_json::Value::Null;
+        }
+        c
     };
     let first = frame(&chunk(
         serde_json::json!({"role": "assistant", "content": ""}),

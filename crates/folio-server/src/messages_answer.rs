@@ -107,7 +107,8 @@ fn partial_input(arguments: &str) -> Value {
 }
 
 /// `head` with its open string, arrays and objects closed, in order; `None` where
-/// it ends inside an escape or closes more than it opened.
+/// it ends just after a string's backslash or closes more than it opened (a cut
+/// `\u` escape is closed as it is, and the parser refuses it).
 fn closed(head: &str) -> Option<String> {
     let (mut open, mut in_string, mut escaped) = (Vec::new(), false, false);
     for c in head.chars() {

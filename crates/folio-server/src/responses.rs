@@ -2,7 +2,8 @@
 //! A request is read into chat messages (`responses_input.rs`), checked and
 //! tokenized on the chat path, and generated into a context, so that the response can
 //! be kept (`store`, default true) as that context: the conversation's tokens with
-//! the reply in them (`responses_store.rs`).
+//! the reply in them (`responses_store.rs`). One neither kept nor continuing another
+//! runs as a chat completion, in no context.
 //!
 //! `previous_response_id` continues a stored response by forking its context (O(1):
 //! the pages are shared) and appending only what the conversation adds: the
@@ -124,6 +125,24 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
         }
     };
     let prompt_len = before + job.prompts[0].len();
+    // A context's generation stops where the contexts' share of the pool leaves no
+    // room: an asked max_output_tokens that does not fit is refused before any work
+    // (and before the registry makes room for it), not cut short.
+    let wanted = asked
+        .chat
+        .contains_key("max_completion_tokens")
+        .then_some(job.req.max_tokens);
+    let (new_tokens, continuing) = (job.prompts[0].len(), asked.previous.is_some());
+    let ctx = blocking(move || {
+        if let Some(want) = wanted {
+            let room = ctx.room(new_tokens)?;
+            if room < want {
+                return Err(no_room(room, want, continuing));
+            }
+        }
+        Ok(ctx)
+    })
+    .await?;
     let mut entry = Entry::new(ctx, salt, parent, false);
     entry.evictable = true;
     let entry = Arc::new(entry);
@@ -138,23 +157,7 @@ pub async fn create(State(st): St, JsonBody(r): JsonBody<Value>) -> Result<Respo
         },
     };
     let (st2, e2) = (st.clone(), entry.clone());
-    let asked_max = asked.chat.contains_key("max_completion_tokens");
     let run = blocking(move || {
-        // A context's generation stops where the contexts' share of the pool leaves no
-        // room; an asked max_output_tokens that does not fit is refused, not cut.
-        let room = e2.ctx.room(job.prompts[0].len())?;
-        if asked_max && room < job.req.max_tokens {
-            let mut err = ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "contexts and snapshots leave this stored response room for {room} output tokens and max_output_tokens asks for {}: delete stored responses or contexts, ask for fewer, or set store to false",
-                    job.req.max_tokens
-                ),
-            );
-            err.param = Some("max_output_tokens".into());
-            err.retry_after = Some(5);
-            return Err(err);
-        }
         let mut run = Run::start_context(&st2, &e2.ctx, &job, false, deadline)?;
         run.hold(e2);
         Ok((run, job))
@@ -223,6 +226,21 @@ async fn answer(
         keep(&object);
     }
     Ok(Json(object).into_response())
+}
+
+/// The 429 of a response whose context has room for `room` output tokens, where
+/// max_output_tokens asks for `want`.
+fn no_room(room: usize, want: usize, continuing: bool) -> ApiError {
+    let mut message = format!(
+        "contexts and snapshots leave room for {room} output tokens in this response's context and max_output_tokens asks for {want}: delete stored responses, contexts or snapshots, or ask for fewer"
+    );
+    if !continuing {
+        message.push_str(", or set store to false (a response not stored needs no room)");
+    }
+    let mut err = ApiError::new(axum::http::StatusCode::TOO_MANY_REQUESTS, message);
+    err.param = Some("max_output_tokens".into());
+    err.retry_after = Some(5);
+    err
 }
 
 /// A new response id: `resp_` and 128 random bits. The id is what reads a stored

@@ -35,6 +35,10 @@ fn score_gives_each_token_the_logprob_greedy_decoding_gave_it() {
         .collect();
     let r = run(a, "score", json!({"prompt": prompt, "text": text}));
     assert_eq!(r.status, 200, "{}", r.text());
+    // Scoring is no generation: the run's token counts leave it out.
+    let usage = &r.json()["usage"];
+    assert_eq!(usage["prompt_tokens"], 0, "{usage}");
+    assert_eq!(usage["completion_tokens"], 0, "{usage}");
     let s = last(&r.json());
     let tokens = s["tokens"].as_array().unwrap();
     assert_eq!(
