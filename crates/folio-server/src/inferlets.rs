@@ -332,12 +332,8 @@ pub async fn chat(st: &AppState, name: &str, body: &[u8]) -> Result<Response, Ap
 /// A run's token counts as a chat completion's `usage`: its generations' prompt
 /// tokens (with those read from the cache) and generated tokens (`RunReport::usage`).
 fn chat_usage(u: &folio::Usage) -> serde_json::Value {
-    serde_json::json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
+    let u = crate::answer::usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens);
+    serde_json::to_value(u).unwrap_or_default()
 }
 
 /// The streamed form of [`chat`]: a role chunk, a content chunk per text chunk (a

@@ -158,6 +158,28 @@ impl Shared {
         None
     }
 
+    /// The bytes of the page file at `path`, at most a page's and one (a longer file
+    /// is no page, and its check says so), or `None` where it cannot be read. A file
+    /// that is not a regular one (a FIFO, a directory, a link) is skipped here: the
+    /// caller takes `None` for a file the writer evicted meanwhile, a plain miss.
+    fn read(&self, path: &Path) -> Option<Vec<u8>> {
+        let f = match open_page(path, false) {
+            Ok(f) => f,
+            Err(e) => {
+                let irregular = e.kind() == std::io::ErrorKind::InvalidInput
+                    || e.raw_os_error() == Some(libc::ELOOP);
+                if irregular {
+                    self.skip(path, &e);
+                }
+                return None;
+            }
+        };
+        let most = self.expect.file_len();
+        let mut data = Vec::with_capacity(usize::try_from(most).unwrap_or(0));
+        f.take(most.saturating_add(1)).read_to_end(&mut data).ok()?;
+        Some(data)
+    }
+
     fn skip(&self, path: &Path, why: &dyn std::fmt::Display) {
         self.counters.skipped.fetch_add(1, Ordering::Relaxed);
         match fs::remove_file(path) {
@@ -373,10 +395,10 @@ impl DiskTier {
             self.prefetches.remove(0);
         }
         let paths: Vec<PathBuf> = hashes.iter().map(|&h| self.shared.path(h)).collect();
-        let most = self.shared.expect.file_len();
+        let shared = self.shared.clone();
         let spawned = std::thread::Builder::new()
             .name("folio-kv-read".into())
-            .spawn(move || paths.into_iter().map(|p| read_page(&p, most)).collect());
+            .spawn(move || paths.iter().map(|p| shared.read(p)).collect());
         match spawned {
             Ok(reader) => {
                 self.shared
@@ -424,11 +446,11 @@ impl DiskTier {
             .iter()
             .map(|&h| self.shared.path(h))
             .collect();
-        let most = self.shared.expect.file_len();
+        let shared = &*self.shared;
         std::thread::scope(|s| {
             s.spawn(move || {
                 for p in paths {
-                    if tx.send(read_page(&p, most)).is_err() {
+                    if tx.send(shared.read(&p)).is_err() {
                         break;
                     }
                 }
@@ -528,32 +550,6 @@ fn open_page(path: &Path, write: bool) -> std::io::Result<fs::File> {
         ));
     }
     Ok(f)
-}
-
-/// The bytes of the page file at `path`, at most `most` and one (a longer file is no
-/// page, and its check says so), or `None` where it cannot be read. A file that is
-/// not a regular one (a FIFO, a directory, a link) is logged and removed here: the
-/// caller takes `None` for a file the writer evicted meanwhile, a plain miss.
-fn read_page(path: &Path, most: u64) -> Option<Vec<u8>> {
-    let f = match open_page(path, false) {
-        Ok(f) => f,
-        Err(e) => {
-            let irregular = e.kind() == std::io::ErrorKind::InvalidInput
-                || e.raw_os_error() == Some(libc::ELOOP);
-            if irregular {
-                let removed = fs::remove_file(path).map_err(|e| e.to_string());
-                tracing::warn!(
-                    "kv disk: skipped {}: {e}; {}",
-                    path.display(),
-                    removed.map_or_else(|e| format!("not removed: {e}"), |()| "removed".into())
-                );
-            }
-            return None;
-        }
-    };
-    let mut data = Vec::with_capacity(usize::try_from(most).unwrap_or(0));
-    f.take(most.saturating_add(1)).read_to_end(&mut data).ok()?;
-    Some(data)
 }
 
 /// Takes an advisory lock on `dir`, held while the returned file is open (the OS
