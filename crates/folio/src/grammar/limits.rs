@@ -17,11 +17,16 @@
 //!   its reserve, its request fails, before it stalls the engine's other requests.
 //!   It is charged what the engine asks per token: masks, the advance, and the
 //!   sampler's single-token questions (at most 256) up to [`CHARGED_CHECKS`].
+//!   The budget reads the wall clock (some 30 ns) until a charge would spend it
+//!   out; the wall clock also counts time the thread sat descheduled on a busy
+//!   machine, so the grammar is not failed then but charged the thread's CPU time
+//!   from there on (some 0.6 us a reading here), with a fresh reserve. A grammar
+//!   that really does the work fails once that reserve is spent too.
 
 use super::error::GrammarError;
 use super::GrammarSpec;
 use llguidance::api::ParserLimits;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The most options a choice may list.
 pub const MAX_CHOICES: usize = 10_000;
@@ -32,8 +37,8 @@ pub const MAX_SOURCE_BYTES: usize = 128 * 1024;
 /// times a JSON schema's whole-vocabulary mask on the default model (0.3-0.4 ms),
 /// and a victim stream's gap grows by at most about this while such a grammar runs.
 pub const STEP_BUDGET: Duration = Duration::from_millis(5);
-/// The most unspent time a grammar keeps (it starts with it): slow tokens, and a
-/// thread descheduled on a busy machine, draw on it without failing.
+/// The most unspent time a grammar keeps (it starts with it): slow tokens draw on it
+/// without failing.
 pub const BUDGET_RESERVE: Duration = Duration::from_millis(50);
 
 /// The single-token questions per token charged to the budget: four times the
@@ -98,26 +103,59 @@ fn escape_into(s: &str, out: &mut String) {
 }
 
 /// Time a grammar may still spend in llguidance: [`BUDGET_RESERVE`] at first,
-/// [`STEP_BUDGET`] more per token, never more than the reserve.
+/// [`STEP_BUDGET`] more per token, never more than the reserve; on the wall clock
+/// until that is spent out, then on the thread's CPU time (the module docs say why).
 #[derive(Debug, Clone)]
 pub(crate) struct Budget {
     left: Duration,
+    cpu_time: bool,
+}
+
+/// Where a charged call started, on the clock its budget read then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Mark {
+    Wall(Instant),
+    Cpu(Duration),
 }
 
 impl Default for Budget {
     fn default() -> Self {
         Self {
             left: BUDGET_RESERVE,
+            cpu_time: false,
         }
     }
 }
 
 impl Budget {
-    /// Takes `spent`; false when it was more than what was left (nothing is left then).
-    pub fn spend(&mut self, spent: Duration) -> bool {
+    /// The start of a call to charge with [`Budget::charge`], on the same thread.
+    pub fn mark(&self) -> Mark {
+        match self.cpu_time {
+            false => Mark::Wall(Instant::now()),
+            true => Mark::Cpu(thread_cpu_time()),
+        }
+    }
+
+    /// Takes the time since `mark`; false when it was more than what was left.
+    pub fn charge(&mut self, mark: Mark) -> bool {
+        self.spend(match mark {
+            Mark::Wall(start) => start.elapsed(),
+            Mark::Cpu(start) => thread_cpu_time().saturating_sub(start),
+        })
+    }
+
+    /// Takes `spent`; false when it was more than what was left (nothing is left
+    /// then). The first time the wall clock's `spent` is more, the budget moves to
+    /// CPU time with a full reserve instead.
+    fn spend(&mut self, spent: Duration) -> bool {
         match self.left.checked_sub(spent) {
             Some(left) => {
                 self.left = left;
+                true
+            }
+            None if !self.cpu_time => {
+                self.cpu_time = true;
+                self.left = BUDGET_RESERVE;
                 true
             }
             None => {
@@ -131,6 +169,23 @@ impl Budget {
     pub fn refill(&mut self) {
         self.left = (self.left + STEP_BUDGET).min(BUDGET_RESERVE);
     }
+}
+
+/// The CPU time the calling thread has run.
+#[cfg(unix)]
+pub(crate) fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        t.tv_sec.max(0) as u64,
+        t.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+/// Without a thread clock, the wall clock since the first reading.
+#[cfg(not(unix))]
+pub(crate) fn thread_cpu_time() -> Duration {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed()
 }
 
 #[cfg(test)]
@@ -177,7 +232,7 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_refills_per_token_up_to_its_reserve() {
+    fn the_budget_refills_per_token_up_to_its_reserve_and_moves_to_cpu_time_once() {
         let mut b = Budget::default();
         assert!(b.spend(BUDGET_RESERVE - Duration::from_millis(1)));
         b.refill();
@@ -185,10 +240,35 @@ mod tests {
         for _ in 0..1000 {
             b.refill();
         }
-        assert!(!b.spend(BUDGET_RESERVE + Duration::from_nanos(1)));
-        // Spent out: nothing left until the next token.
+        // Past the reserve on the wall clock: CPU time from here on, a full reserve.
+        assert!(!b.cpu_time);
+        assert!(b.spend(BUDGET_RESERVE + Duration::from_nanos(1)));
+        assert!(b.cpu_time);
+        assert!(matches!(b.mark(), Mark::Cpu(_)));
+        assert!(b.spend(BUDGET_RESERVE));
+        // Spent out on CPU time: the grammar fails, and nothing is left until the
+        // next token.
+        assert!(!b.spend(Duration::from_nanos(1)));
         assert!(!b.spend(Duration::from_nanos(1)));
         b.refill();
         assert!(b.spend(STEP_BUDGET));
+        assert!(!b.spend(BUDGET_RESERVE + Duration::from_nanos(1)));
+    }
+
+    #[test]
+    fn sleeping_costs_no_cpu_time_and_working_does() {
+        let mut b = Budget {
+            left: BUDGET_RESERVE,
+            cpu_time: true,
+        };
+        let mark = b.mark();
+        std::thread::sleep(BUDGET_RESERVE * 2);
+        assert!(b.charge(mark));
+        let mark = b.mark();
+        let start = Instant::now();
+        while start.elapsed() < BUDGET_RESERVE * 2 {
+            std::hint::black_box(start.elapsed());
+        }
+        assert!(!b.charge(mark));
     }
 }

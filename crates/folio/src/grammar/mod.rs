@@ -36,7 +36,6 @@ use llguidance::{CancellationHandle, Matcher, ParserFactory};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
 
 /// What a request's output must match.
@@ -379,15 +378,14 @@ impl Grammar {
         if self.0.failed.is_some() {
             return None;
         }
-        let start = Instant::now();
+        let mark = charged.then(|| self.0.budget.mark());
         let r = f(&mut self.0.m);
-        let spent = start.elapsed();
         match r {
             Err(e) => {
                 self.0.failed = Some(GrammarError::from_llguidance(&e.to_string(), Phase::Follow));
                 None
             }
-            Ok(_) if charged && !self.0.budget.spend(spent) => {
+            Ok(_) if mark.is_some_and(|m| !self.0.budget.charge(m)) => {
                 self.0.failed = Some(GrammarError::Exceeded(format!(
                     "it spent more than {:?} of work per token, past a reserve of {:?}",
                     limits::STEP_BUDGET,
