@@ -292,7 +292,7 @@ fn f19_a_context_salt_is_held_to_the_same_1024_bytes_as_a_completion() {
 
 #[test]
 fn f7_the_ttl_never_reaps_a_context_while_it_generates() {
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_millis(500);
     let cfg = ServeConfig {
         context_ttl: ttl,
         ..ServeConfig::default()

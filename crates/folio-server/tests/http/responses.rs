@@ -339,7 +339,7 @@ fn a_stored_responses_context_is_read_only_and_its_id_unguessable() {
 #[test]
 fn a_stored_response_expires_with_its_context() {
     let cfg = ServeConfig {
-        context_ttl: std::time::Duration::from_millis(300),
+        context_ttl: std::time::Duration::from_millis(1000),
         ..ServeConfig::default()
     };
     let s = start(cfg, small_engine());
