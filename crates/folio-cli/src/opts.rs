@@ -74,8 +74,8 @@ pub struct ModelArgs {
     #[arg(long)]
     pub gpu_no_subgroups: bool,
     /// Run each GPU matrix in a dispatch of its own, not Q, K and V (and gate and up)
-    /// of one format in one (the same bits; for measuring what fewer dispatches are
-    /// worth).
+    /// of one format in one, and quantize 8-bit inputs apart from the norm before them
+    /// (the same bits; for measuring what fewer dispatches are worth).
     #[arg(long)]
     pub gpu_no_fusion: bool,
     /// Time each GPU step dispatch by dispatch (timestamps between dispatches, which

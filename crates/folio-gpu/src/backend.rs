@@ -119,8 +119,10 @@ impl GpuBackend {
     }
 
     /// The same backend with each matrix of several parts (Q, K and V; gate and up) in
-    /// one dispatch (the default), or (`on` false) one dispatch per part: the same bits
-    /// (`matmul_common.wgsl`); for measuring what fewer dispatches are worth.
+    /// one dispatch and a norm quantizing its rows for 8-bit inputs (the default), or
+    /// (`on` false) one dispatch per part and the quantizations after the norm: the
+    /// same bits (`matmul_common.wgsl`, `norm.wgsl`); for measuring what fewer
+    /// dispatches are worth.
     pub fn with_fused_matmuls(mut self, on: bool) -> Self {
         self.kernels.set.fused = on;
         self

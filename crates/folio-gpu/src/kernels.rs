@@ -41,8 +41,10 @@ impl Kernel {
 
 /// Every pipeline the step records.
 pub(crate) struct Kernels {
-    /// RMSNorm of picked rows into another buffer (`norm.wgsl`).
+    /// RMSNorm of picked rows into another buffer (`norm.wgsl`), and the same with
+    /// the normed rows quantized for the matmuls after it (`picked_quantized`).
     pub rms_norm: Kernel,
+    pub rms_norm_quantized: Kernel,
     /// The kernels of each weight format compiled, by format number; `None` for the
     /// formats the weights do not have (a backend compiles its weights' formats only:
     /// each is two or three pipelines, and on lavapipe one took about 35 ms to compile).
@@ -98,8 +100,8 @@ pub(crate) struct Settings {
     /// hardware adapter, narrow on a software one; the tests run both.
     pub wide: bool,
     /// A matrix of several parts (Q, K and V; gate and up: `Matrix::parts`) in one
-    /// dispatch, or (off, for measuring what that saves) one dispatch per part: the
-    /// same bits.
+    /// dispatch, and a norm with the 8-bit quantization of its rows in one (`step.rs`),
+    /// or (off, for measuring what that saves) one dispatch each: the same bits.
     pub fused: bool,
     /// The most workgroups one matmul dispatch has along its columns ([`MAX_GROUPS`];
     /// a test sets fewer).
@@ -123,9 +125,9 @@ const MAX_GROUPS: u32 = 65535;
 /// sees more keys splits every row's keys at multiples of it, so a long context's
 /// decode row keeps many workgroups busy, not one per head.
 const ATTENTION_CHUNK: u32 = 256;
-/// Words of one 8-bit activation block of 32 (`quantize.wgsl`).
+/// Words of one 8-bit activation block of 32 (`quantize.wgsl`'s `q8_block`).
 pub(crate) const Q8_WORDS: usize = 10;
-/// Words of one 8-bit activation block of 256 (`quantize.wgsl`'s `q8k`).
+/// Words of one 8-bit activation block of 256 (`quantize.wgsl`'s `q8k_block`).
 pub(crate) const Q8K_WORDS: usize = 81;
 
 /// What a matmul kernel reads as its input `a`: the activations, or them in 8-bit
@@ -260,8 +262,13 @@ impl Kernels {
                 ..pipeline_with("matmul", m, "main", &constants)
             }
         };
-        let norm = module("norm", include_str!("wgsl/norm.wgsl"));
-        let quantize = module("quantize", include_str!("wgsl/quantize.wgsl"));
+        // The 8-bit blocks' arithmetic comes first in both kernels that make them.
+        let blocks = include_str!("wgsl/quantize.wgsl");
+        let norm = module("norm", &[blocks, include_str!("wgsl/norm.wgsl")].concat());
+        let quantize = module(
+            "quantize",
+            &[blocks, include_str!("wgsl/quantize_rows.wgsl")].concat(),
+        );
         let elementwise = module(
             "elementwise",
             &[act, include_str!("wgsl/elementwise.wgsl")].concat(),
@@ -295,6 +302,7 @@ impl Kernels {
         };
         Kernels {
             rms_norm: pipeline("rms_norm", &norm, "picked"),
+            rms_norm_quantized: pipeline("rms_norm_quantized", &norm, "picked_quantized"),
             formats: Format::ALL
                 .iter()
                 .map(|f| formats.contains(f).then(|| format_kernels(*f)))

@@ -149,7 +149,7 @@ fn run(gpu: &Gpu, k: &Kernels, kernel: &Kernel, m: &Matrix, a: &[f32], rows: usi
     words.into_iter().map(f32::from_bits).collect()
 }
 
-/// `a` (`rows` × `m.cols`) into 8-bit blocks of 256 (`quantize.wgsl`'s `q8k`) and
+/// `a` (`rows` × `m.cols`) into 8-bit blocks of 256 (`quantize_rows.wgsl`'s `q8k`) and
 /// those · `m`ᵀ with the matrix's kernel on them, recorded as a step records: the
 /// products and the blocks' words, read back.
 fn run_q8k(gpu: &Gpu, k: &Kernels, m: &Matrix, a: &[f32], rows: usize) -> (Vec<f32>, Vec<u32>) {
@@ -198,7 +198,101 @@ fn nan_blocks_alike(words: Vec<u32>, len: usize, scales: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Activations into 8-bit blocks of 32 (`quantize.wgsl`'s `main`, what the formats in
+/// The norm with its rows quantized in the same dispatch (`norm.wgsl`'s
+/// `picked_quantized`, what a step records where its matmuls read 8-bit inputs) gives
+/// the words of the norm and then the quantize kernels: the normed rows and their
+/// blocks of 32 and of 256, bit for bit, for picked rows out of order, a row with a NaN
+/// and a row of zeros, at widths with and without whole blocks of 256 (none made
+/// there). Exact on lavapipe; elsewhere the words that differ are counted and printed
+/// (a GPU's compiler may compile the same expressions differently in two pipelines).
+#[test]
+fn a_norm_quantized_in_one_dispatch_gives_the_words_of_two() {
+    let Some(gpu) = gpu_or_skip() else {
+        return;
+    };
+    let k = Kernels::new(&gpu).unwrap();
+    let mut rng = Rng(17);
+    let eps = 1e-5f32.to_bits();
+    for (dim, rows) in [(576, 3), (768, 5), (2048, 1), (2048, 9)] {
+        let held = rows + 2;
+        let mut x: Vec<f32> = (0..held * dim).map(|_| rng.f32() * 8.0).collect();
+        x[dim + 100] = f32::NAN;
+        x[2 * dim..3 * dim].fill(0.0);
+        let g: Vec<f32> = (0..dim).map(|_| rng.f32() + 1.5).collect();
+        let idx: Vec<u32> = (0..rows).map(|r| ((r * 3 + 1) % held) as u32).collect();
+        let (x, g, idx) = (
+            gpu.upload("x", bytemuck::cast_slice(&x)),
+            gpu.upload("g", bytemuck::cast_slice(&g)),
+            gpu.upload("idx", bytemuck::cast_slice(&idx)),
+        );
+        let blocks = |words: usize, per: usize| (rows * dim / per * words * 4) as u64;
+        for quant in [1u32, 2, 3] {
+            let bufs: Vec<[wgpu::Buffer; 3]> = (0..2)
+                .map(|_| {
+                    [
+                        gpu.scratch("h", (rows * dim * 4) as u64),
+                        gpu.scratch("aq", blocks(Q8_WORDS, 32)),
+                        gpu.scratch("akq", blocks(Q8K_WORDS, 256).max(4)),
+                    ]
+                })
+                .collect();
+            let record = |rec: &Recorder<'_>, pass: &mut wgpu::ComputePass<'_>| {
+                let [h, aq, akq] = &bufs[0];
+                let params = [dim as u32, rows as u32, eps];
+                rec.dispatch(
+                    pass,
+                    &k.rms_norm,
+                    &params,
+                    &[&g, &x, h, &idx],
+                    (rows as u32, 1),
+                );
+                let params = [dim as u32, rows as u32];
+                if quant & 1 != 0 {
+                    let groups = ((dim as u32 / 32).div_ceil(WG), rows as u32);
+                    rec.dispatch(pass, &k.quantize, &params, &[h, aq], groups);
+                }
+                if quant & 2 != 0 && dim % 256 == 0 {
+                    let groups = ((dim as u32 / 256).div_ceil(WG), rows as u32);
+                    rec.dispatch(pass, &k.quantize_k, &params, &[h, akq], groups);
+                }
+                let [h, aq, akq] = &bufs[1];
+                let params = [dim as u32, rows as u32, eps, quant];
+                let bound = [&g, &x, h, &idx, aq, akq];
+                rec.dispatch(
+                    pass,
+                    &k.rms_norm_quantized,
+                    &params,
+                    &bound,
+                    (rows as u32, 1),
+                );
+            };
+            let outputs: Vec<&wgpu::Buffer> = bufs.iter().flatten().collect();
+            let words = record_and_read(&gpu, record, &outputs);
+            let (two, one) = words.split_at(words.len() / 2);
+            let case = format!("dim {dim}, {rows} rows, quant {quant}");
+            let (h, q8) = (rows * dim, (blocks(Q8_WORDS, 32) / 4) as usize);
+            let made = |w: &[u32]| w.iter().any(|&v| v != 0);
+            assert!(made(&two[..h]), "{case}: no normed values");
+            assert_eq!(
+                made(&two[h..h + q8]),
+                quant & 1 != 0,
+                "{case}: blocks of 32"
+            );
+            let whole = quant & 2 != 0 && dim % 256 == 0;
+            assert_eq!(made(&two[h + q8..]), whole, "{case}: blocks of 256");
+            let nan = |w: &[u32]| w.iter().filter(|&&v| f32::from_bits(v).is_nan()).count();
+            assert!(nan(&two[..h]) == dim, "{case}: the row with the NaN");
+            if gpu.adapter().software {
+                assert!(one == two, "{case}");
+            } else {
+                let moved = one.iter().zip(two).filter(|(a, b)| a != b).count();
+                eprintln!("{case}: {moved} words differ between one dispatch and two");
+            }
+        }
+    }
+}
+
+/// Activations into 8-bit blocks of 32 (`quantize_rows.wgsl`'s `main`, what the formats in
 /// blocks of 32 read under llama.cpp's arithmetic) are the host's `quantize_q8` words:
 /// d and s at f16 precision, each value rounded half to even, and a block with a NaN
 /// all NaN scales (so the step fails as non-finite, as on the CPU). Exact where the

@@ -190,6 +190,9 @@ impl Step<'_> {
             let norm = |p: &mut wgpu::ComputePass<'_>, idx, rows, g, out| {
                 ops.norm(rec, p, idx, rows, g, out)
             };
+            let norm_quantized = |p: &mut wgpu::ComputePass<'_>, g, out| {
+                ops.norm_quantized(rec, p, &ident, n, g, out)
+            };
             let quantize = |p: &mut wgpu::ComputePass<'_>, a, width, rows| {
                 ops.quantize(rec, p, a, width, rows)
             };
@@ -233,8 +236,7 @@ impl Step<'_> {
                 c.embed_scale.unwrap_or(1.0),
             );
             for (li, l) in w.layers.iter().enumerate() {
-                norm(p, &ident, n, &l.attn_norm, &h);
-                quantize(p, &h, d, n);
+                norm_quantized(p, &l.attn_norm, &h);
                 matmuls(p, &l.qkv, &h, &[(&q, qd), (&kb, kvd), (&vb, kvd)]);
                 if let Some(biases) = &l.biases {
                     for (b, y, width) in [
@@ -327,8 +329,7 @@ impl Step<'_> {
                 }
                 quantize(p, &att, qd, n);
                 residual(p, &l.wo, &att, &l.post_attn_norm);
-                norm(p, &ident, n, &l.ffn_norm, &h);
-                quantize(p, &h, d, n);
+                norm_quantized(p, &l.ffn_norm, &h);
                 // act(gate) * up into `gate`: one dispatch where gate and up are one
                 // matrix in one piece (gated: `matmul_common.wgsl`), else their matmuls
                 // and the gate kernel (the same bits).
@@ -482,6 +483,31 @@ impl Ops<'_> {
         rec.dispatch(p, &self.k.rms_norm, &params, &bufs, (rows as u32, 1));
     }
 
+    /// [`Ops::norm`], then `out` into the 8-bit blocks the matrices after it read
+    /// ([`Ops::quantize`]): one dispatch where the kernels are `fused` and the model's
+    /// matmuls read 8-bit inputs (`norm.wgsl`'s `picked_quantized`: the same words).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_quantized(
+        &self,
+        rec: &Recorder<'_>,
+        p: &mut wgpu::ComputePass<'_>,
+        idx: &wgpu::Buffer,
+        rows: usize,
+        g: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) {
+        let (q8, q8k) = self.reads;
+        if !self.k.set.fused || !(q8 || q8k) {
+            self.norm(rec, p, idx, rows, g, out);
+            return self.quantize(rec, p, out, self.d, rows);
+        }
+        let quant = q8 as u32 | (q8k as u32) << 1;
+        let params = [self.d as u32, rows as u32, self.eps, quant];
+        let bufs = [g, self.x, out, idx, self.aq, self.akq];
+        let kernel = &self.k.rms_norm_quantized;
+        rec.dispatch(p, kernel, &params, &bufs, (rows as u32, 1));
+    }
+
     /// A matmul input into 8-bit blocks (in `aq`, and in blocks of 256 in `akq` where
     /// its width is whole blocks), for the matrices after it.
     fn quantize(
@@ -542,8 +568,7 @@ impl Ops<'_> {
         if rows == 0 {
             return;
         }
-        self.norm(rec, p, picked, rows, &w.out_norm, hp);
-        self.quantize(rec, p, hp, self.d, rows);
+        self.norm_quantized(rec, p, picked, rows, &w.out_norm, hp);
         let out = Outputs::parts(&w.head.parts, &[(logits, c.vocab)]);
         self.matmul(rec, p, &w.head, hp, &out, rows, false);
         if let Some(cap) = c.final_softcap {
