@@ -10,7 +10,10 @@
 //! The channel is bounded ([`capacity`]): the engine thread never waits on a client,
 //! so when a run's channel is full (a streaming client that stopped reading) its
 //! requests are cancelled instead: a client that does not read stops its own
-//! request, and what one request can hold in memory is bounded.
+//! request, and what one request can hold in memory is bounded. A run answered whole
+//! is read by the server itself, which never stops; its channel holds every event its
+//! samples can send, so a reader kept waiting on a busy machine costs nothing but
+//! that wait (what it buffers is what the answer holds anyway).
 
 use crate::deadline::Deadline;
 use crate::error::ApiError;
@@ -64,7 +67,8 @@ impl Run {
         job: &Job,
         deadline: Deadline,
     ) -> Result<Run, ApiError> {
-        Self::begin(state, engine, job.choices(), deadline, |sink, ids| {
+        let cap = capacity(job.choices(), job.req.max_tokens, job.stream);
+        Self::begin(state, engine, job.choices(), cap, deadline, |sink, ids| {
             for (p, prompt) in job.prompts.iter().enumerate() {
                 let mut req = job.req.clone();
                 req.prompt = Prompt::Tokens(prompt.clone());
@@ -83,7 +87,8 @@ impl Run {
         chat: bool,
         deadline: Deadline,
     ) -> Result<Run, ApiError> {
-        Self::begin(state, ctx.engine(), 1, deadline, |sink, ids| {
+        let cap = capacity(1, job.req.max_tokens, job.stream);
+        Self::begin(state, ctx.engine(), 1, cap, deadline, |sink, ids| {
             let mut req = job.req.clone();
             req.prompt = Prompt::Tokens(job.prompts[0].clone());
             ids.push(ctx.generate_with(req, chat, sink(0))?);
@@ -98,6 +103,7 @@ impl Run {
         state: &Arc<AppState>,
         engine: &Engine,
         choices: usize,
+        capacity: usize,
         deadline: Deadline,
         submit: impl FnOnce(&dyn Fn(usize) -> Sink, &mut Vec<u64>) -> Result<(), EngineError>,
     ) -> Result<Run, ApiError> {
@@ -114,7 +120,7 @@ impl Run {
                 1,
             ));
         }
-        let (tx, rx) = channel(capacity(choices));
+        let (tx, rx) = channel(capacity);
         let overflowed = Arc::new(AtomicBool::new(false));
         let mut run = Run {
             overflowed: overflowed.clone(),
@@ -253,11 +259,21 @@ impl Run {
     }
 }
 
-/// Events a run may buffer for its client: a few steps' worth for each of its
-/// samples (one event per sample per step), so a client that reads keeps up, and one
-/// that stops reading is cut off within a few hundred tokens.
-pub fn capacity(choices: usize) -> usize {
-    256 + 8 * choices
+/// Events a run may buffer for its client. Streamed: a few steps' worth for each of
+/// its samples (one event per sample per step), so a client that reads keeps up, and
+/// one that stops reading is cut off within a few hundred tokens. Answered whole:
+/// every event its `choices` samples of at most `max_tokens` tokens can send (a
+/// token's each, the prompt's log-probabilities, the end), never fewer.
+/// (Within tokio's bound on a channel's size; a request's window and choices keep it
+/// far below.)
+pub fn capacity(choices: usize, max_tokens: usize, stream: bool) -> usize {
+    let steps = 256 + 8 * choices;
+    match stream {
+        true => steps,
+        false => steps
+            .max(choices.saturating_mul(max_tokens.saturating_add(2)))
+            .min(1 << 30),
+    }
 }
 
 impl Drop for Run {
@@ -269,5 +285,20 @@ impl Drop for Run {
             }
             self.state.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capacity;
+
+    #[test]
+    fn a_run_answered_whole_holds_every_event_and_a_stream_a_few_steps() {
+        // 16 samples of 1000 tokens: each a token event per step, then its end.
+        assert!(capacity(16, 1000, false) >= 16 * 1001);
+        assert_eq!(capacity(16, 1000, true), 256 + 8 * 16);
+        assert_eq!(capacity(1, 4, false), 264);
+        // Never past what a channel may hold.
+        let _ = tokio::sync::mpsc::channel::<u8>(capacity(usize::MAX / 16, usize::MAX, false));
     }
 }
