@@ -8,7 +8,8 @@
 # target is 10x them); then batch 1 on a Llama 3.1 8B shape written straight in Q4_K
 # (make_shape_model.py --q4_k: half a minute, no llama-quantize), where the weights,
 # not the dispatches, take the step, and its profile; then what fusing Q/K/V and
-# subgroup sums are worth, and the 1B shape's profile at batch 1 to 32. The figures
+# subgroup sums are worth, 8-bit inputs (`--llama-arithmetic`) against f32 ones, and
+# the 1B shape's profile at batch 1 to 32. The figures
 # come in that order, the most wanted first: each part runs only while the call's
 # budget (LENT_BUDGET, 540 s: a device call runs 600 at most) has time left.
 #
@@ -169,6 +170,8 @@ if [ -z "$safe" ]; then
     within 90 "$lent/folio" bench --model "$model" --device gpu --no-llama --gpu-no-fusion $one
     echo "== the same at batch 1, the matmuls' lane sums in workgroup memory (what subgroups are worth)"
     within 90 "$lent/folio" bench --model "$model" --device gpu --no-llama --gpu-no-subgroups $one
+    echo "== the same at batch 1 on 8-bit inputs (--llama-arithmetic: integer dot products, each norm quantizing its rows)"
+    within 90 "$lent/folio" bench --model "$model" --device gpu --no-llama --llama-arithmetic $one
 fi
 # Where the device's time goes: 32 rows a step (batch 32), and every size up to it.
 echo "== the 1B shape profiled at batch 1 to 32 (at ${SECONDS} s)"

@@ -280,8 +280,9 @@ impl Backend for GpuBackend {
             Some(size) => format!("in subgroups of {size}"),
             None => "in workgroup memory".into(),
         };
+        let inputs = if self.llama { ", 8-bit inputs" } else { "" };
         format!(
-            "gpu {} ({}{kind}) wgpu/vulkan, matmuls {split}{fused}, lane sums {sums}",
+            "gpu {} ({}{kind}) wgpu/vulkan, matmuls {split}{fused}{inputs}, lane sums {sums}",
             a.name,
             a.driver.trim()
         )
