@@ -347,6 +347,11 @@ impl KvArena {
         }
     }
 
+    /// The width of a slot's K (and V) row in one layer, and its head size.
+    pub fn row_shape(&self) -> (usize, usize) {
+        (self.kv_dim, self.head_dim)
+    }
+
     /// Bytes per slot across all layers, K and V.
     pub fn slot_bytes(&self) -> usize {
         self.n_layers * 2 * self.dtype().row_bytes(self.kv_dim, self.head_dim)
@@ -360,17 +365,7 @@ impl KvArena {
     /// Whether every element (and 8-bit scale) of one slot's bytes, as
     /// [`KvArena::read_slot`] gives them, is a finite number.
     pub fn slot_finite(&self, data: &[u8]) -> bool {
-        let f16 = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 != 0x7c00;
-        let w = self.dtype().row_bytes(self.kv_dim, self.head_dim);
-        data.chunks(w).all(|seg| match self.dtype() {
-            KvDtype::F16 => seg.chunks_exact(2).all(f16),
-            KvDtype::F32 => seg
-                .chunks_exact(4)
-                .all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
-            KvDtype::Q8 => seg
-                .get(self.kv_dim..)
-                .is_some_and(|d| d.chunks_exact(2).all(f16)),
-        })
+        rows_finite(self.dtype(), self.row_shape(), data)
     }
 
     /// [`KvArena::slot_bytes`] in 16-bit units (a whole number: K and V of a layer
@@ -411,6 +406,25 @@ impl KvArena {
             }
         }
     }
+}
+
+/// Whether every value in `data`, K/V rows of `dtype` as [`KvArena::read_slot`] gives
+/// them (`row_shape`: a row's width and head size), is finite: every f16 or f32
+/// element, or an 8-bit row's f16 scales (its values are bytes). Whatever reads K/V
+/// back from a file checks it so: a checksum is no authentication, and one NaN in
+/// a sequence's K/V fails every step it joins.
+pub fn rows_finite(dtype: KvDtype, (kv_dim, head_dim): (usize, usize), data: &[u8]) -> bool {
+    let f16 = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 != 0x7c00;
+    let w = dtype.row_bytes(kv_dim, head_dim);
+    data.chunks(w.max(1)).all(|seg| match dtype {
+        KvDtype::F16 => seg.chunks_exact(2).all(f16),
+        KvDtype::F32 => seg
+            .chunks_exact(4)
+            .all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
+        KvDtype::Q8 => seg
+            .get(kv_dim..)
+            .is_some_and(|d| d.chunks_exact(2).all(f16)),
+    })
 }
 
 #[cfg(test)]

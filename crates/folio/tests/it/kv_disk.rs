@@ -310,6 +310,126 @@ fn fifos_and_directories_named_as_pages_are_skipped_without_waiting() {
     e.check_invariants().unwrap();
 }
 
+/// Links and FIFOs planted in the tier's directory under the names it writes (the
+/// hostile probe of 2026-12-08): a link named `lock` is not followed and a FIFO
+/// named so does not block the start (each a clear error naming it); a link under a
+/// page's temporary name does not have the page written through it (before, a file
+/// outside the directory was overwritten), and a FIFO there does not block the writer
+/// (before, the flush and the engine's drop waited for ever). Those writes fail,
+/// counted, and what sat under the names is removed.
+#[test]
+fn planted_links_and_fifos_neither_redirect_nor_block_the_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "ORIGINAL\n").unwrap();
+    // The lock: a link (to the victim) and a FIFO.
+    for (name, plant) in [("link", true), ("fifo", false)] {
+        // The pool's directory and its lock, made by a first start.
+        let disk = dir.path().join(name);
+        drop(engine(dir.path(), 64, Some((&disk, 1 << 30))));
+        let pool = std::fs::read_dir(&disk).unwrap().flatten().next().unwrap();
+        let lock = pool.path().join("lock");
+        std::fs::remove_file(&lock).unwrap();
+        match plant {
+            true => std::os::unix::fs::symlink(&victim, &lock).unwrap(),
+            false => mkfifo(&lock),
+        }
+        let (root, d) = (dir.path().to_path_buf(), disk.clone());
+        let started = within_a_minute("the start", move || {
+            Engine::new(model(&root), config(64, Some((&d, 1 << 30)), KvDtype::F16)).err()
+        });
+        match started {
+            Some(EngineError::Disk(e)) => assert!(e.to_string().contains("lock"), "{e}"),
+            other => panic!("a {name} named lock: {other:?}"),
+        }
+    }
+    // The pages' temporary names: run once to learn the pages' hashes, then plant a
+    // link (even pages) or a FIFO (odd) under every name this process would write
+    // them to, and run again on an empty directory.
+    let disk = dir.path().join("kv");
+    let p = prompt(8, 83);
+    let e = engine(dir.path(), 256, Some((&disk, 1 << 30)));
+    run(&e, p.clone());
+    e.flush_kv_disk().unwrap();
+    let written = e.stats().unwrap().disk.unwrap().writes;
+    drop(e);
+    let pages = page_files(&disk);
+    assert!(pages.len() >= 20, "the prompt's pages");
+    let pool = pages[0].parent().unwrap().to_path_buf();
+    let planted = pages.len() as u64 * written;
+    for page in &pages {
+        std::fs::remove_file(page).unwrap();
+    }
+    // Planted after the start (which removes unfinished temporary files).
+    let plant = {
+        let victim = victim.clone();
+        move || {
+            for (i, page) in pages.iter().enumerate() {
+                let hash = page.file_stem().unwrap().to_str().unwrap();
+                for seq in 0..written {
+                    let name = format!(".{hash}.{}.{seq}.tmp", std::process::id());
+                    let tmp = page.with_file_name(name);
+                    match i % 2 {
+                        0 => std::os::unix::fs::symlink(&victim, &tmp).unwrap(),
+                        _ => mkfifo(&tmp),
+                    }
+                }
+            }
+        }
+    };
+    let (root, d) = (dir.path().to_path_buf(), disk.clone());
+    let st = within_a_minute("the run, its flush and the engine's drop", move || {
+        let e = engine(&root, 256, Some((&d, 1 << 30)));
+        plant();
+        run(&e, p);
+        e.flush_kv_disk().unwrap();
+        e.stats().unwrap().disk.unwrap()
+    });
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "ORIGINAL\n");
+    assert_eq!(st.writes, 0, "{st:?}");
+    assert_eq!(st.write_errors, written, "{st:?}");
+    // Each failed write removed what sat under its name; the names no write took stay.
+    let left = std::fs::read_dir(pool)
+        .unwrap()
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().ends_with(".tmp"))
+        .count() as u64;
+    assert_eq!(left, planted - written, "planted names left");
+}
+
+/// A page file forged with a NaN in its K/V and a checksum made to match (the
+/// checksum is no authentication; the hostile probe of 2026-12-08 made every request
+/// of a batch fail so): it is skipped and removed when read back, and the prompt is
+/// served from the pages before it and computed from there, with the cold run's bits.
+#[test]
+fn a_forged_page_holding_a_nan_is_skipped_however_its_checksum_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("kv");
+    let p = prompt(9, 83);
+    let cold = run(&engine(dir.path(), 256, None), p.clone());
+    run(&engine(dir.path(), 256, Some((&disk, 1 << 30))), p.clone());
+    let pool = std::fs::read_dir(&disk)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path())
+        .find(|d| d.is_dir())
+        .expect("the pool's directory");
+    let pages = chain(&pool);
+    // Page 4's first K value a NaN (f16), and the checksum over the rest rewritten.
+    let mut file = std::fs::read(&pages[4]).unwrap();
+    let (kv, end) = (72 + 4 * PAGE, file.len() - 8);
+    file[kv..kv + 2].copy_from_slice(&0x7E00u16.to_le_bytes());
+    let sum = xxhash_rust::xxh3::xxh3_64(&file[..end]);
+    file[end..].copy_from_slice(&sum.to_le_bytes());
+    std::fs::write(&pages[4], &file).unwrap();
+    let e = engine(dir.path(), 256, Some((&disk, 1 << 30)));
+    let again = run(&e, p);
+    assert_eq!(again.usage.cached_tokens, 4 * PAGE, "the pages before it");
+    assert_eq!(bits(&again), bits(&cold), "the same bits as the cold run");
+    assert_eq!(e.stats().unwrap().disk.unwrap().skipped, 1);
+    e.check_invariants().unwrap();
+}
+
 #[test]
 fn the_disk_stays_under_its_size_evicting_the_least_recently_used() {
     let dir = tempfile::tempdir().unwrap();

@@ -16,6 +16,8 @@
 //! file holds, and the reader checks both against the prompt it serves: a file can only
 //! give a page the prefix index itself would have given.
 
+use super::super::arena::rows_finite;
+use super::super::buf::KvDtype;
 use super::super::hash::{Hasher128, PageHash};
 
 const MAGIC: &[u8; 8] = b"FOLIOKV1";
@@ -27,11 +29,23 @@ pub(super) const HEADER: usize = 8 + 3 * 16 + 2 * 4 + 8;
 pub(super) struct Expect {
     pub root: PageHash,
     pub page_size: usize,
-    pub dtype: u32,
+    pub dtype: KvDtype,
     pub page_bytes: usize,
+    /// A slot's K (and V) row width in one layer and the head size: where an 8-bit
+    /// row's scales lie (`arena::rows_finite`).
+    pub row_shape: (usize, usize),
 }
 
 impl Expect {
+    /// The K/V type's code in a file's header.
+    fn dtype_code(&self) -> u32 {
+        match self.dtype {
+            KvDtype::F16 => 0,
+            KvDtype::F32 => 1,
+            KvDtype::Q8 => 2,
+        }
+    }
+
     /// The exact length of every page file of this pool.
     pub fn file_len(&self) -> u64 {
         (HEADER + 4 * self.page_size + self.page_bytes + 8) as u64
@@ -77,6 +91,8 @@ pub(super) enum Bad {
     Checksum,
     #[error("its hash is not its parent's and tokens' hash")]
     Hash,
+    #[error("its K/V holds a value that is not finite")]
+    NonFinite,
 }
 
 fn u128_at(b: &[u8], at: usize) -> u128 {
@@ -101,7 +117,7 @@ pub(super) fn encode(e: &Expect, page: &PageFile) -> Vec<u8> {
         out.extend_from_slice(&h.0.to_le_bytes());
     }
     out.extend_from_slice(&(e.page_size as u32).to_le_bytes());
-    out.extend_from_slice(&e.dtype.to_le_bytes());
+    out.extend_from_slice(&e.dtype_code().to_le_bytes());
     out.extend_from_slice(&(e.page_bytes as u64).to_le_bytes());
     for t in &page.tokens {
         out.extend_from_slice(&t.to_le_bytes());
@@ -126,7 +142,7 @@ pub(super) fn check_header(e: &Expect, head: &[u8], len: u64) -> Result<PageHash
     }
     let same_pool = u128_at(head, 8) == e.root.0
         && u32_at(head, 56) as usize == e.page_size
-        && u32_at(head, 60) == e.dtype
+        && u32_at(head, 60) == e.dtype_code()
         && u64_at(head, 64) == e.page_bytes as u64;
     if !same_pool {
         return Err(Bad::OtherPool);
@@ -150,11 +166,15 @@ pub(super) fn decode(e: &Expect, data: Vec<u8>) -> Result<PageRead, Bad> {
     if Hasher128::page(parent, &tokens) != hash {
         return Err(Bad::Hash);
     }
+    let kv = HEADER + 4 * e.page_size..body;
+    if !rows_finite(e.dtype, e.row_shape, &data[kv.clone()]) {
+        return Err(Bad::NonFinite);
+    }
     Ok(PageRead {
         hash,
         parent,
         tokens,
-        kv: HEADER + 4 * e.page_size..body,
+        kv,
         data,
     })
 }
@@ -167,8 +187,9 @@ mod tests {
         Expect {
             root: Hasher128::root(b"model", 4, b""),
             page_size: 4,
-            dtype: 1,
+            dtype: KvDtype::F32,
             page_bytes: 24,
+            row_shape: (4, 2),
         }
     }
 
@@ -215,7 +236,10 @@ mod tests {
                 root: Hasher128::root(b"other", 4, b""),
                 ..e
             },
-            Expect { dtype: 2, ..e },
+            Expect {
+                dtype: KvDtype::Q8,
+                ..e
+            },
         ] {
             assert_eq!(decode(&other, file.clone()), Err(Bad::OtherPool));
         }
@@ -225,5 +249,43 @@ mod tests {
             ..p
         };
         assert_eq!(decode(&e, encode(&e, &lie)), Err(Bad::Hash));
+    }
+
+    /// A file written by another hand passes the checksum (the hostile probe of
+    /// 2026-12-08 forged NaN pages): a value that is not finite is refused all the
+    /// same, in f32, f16 and 8-bit pages (there in a scale; any byte is a value).
+    #[test]
+    fn a_page_whose_checksum_holds_but_whose_values_are_not_finite_is_refused() {
+        let f32s = pool();
+        let f16s = Expect {
+            dtype: KvDtype::F16,
+            ..f32s
+        };
+        // 8-bit rows of 4 values and 2 scales: 8 bytes, three to a page.
+        let q8s = Expect {
+            dtype: KvDtype::Q8,
+            ..f32s
+        };
+        let cases: [(Expect, usize, &[u8]); 5] = [
+            (f32s, 4, &f32::NAN.to_le_bytes()),
+            (f32s, 20, &f32::INFINITY.to_le_bytes()),
+            (f16s, 6, &0x7C00u16.to_le_bytes()),
+            (q8s, 8 + 6, &0x7E00u16.to_le_bytes()),
+            (q8s, 16 + 4, &0xFC00u16.to_le_bytes()),
+        ];
+        for (e, at, value) in cases {
+            let mut p = page(&e);
+            assert!(decode(&e, encode(&e, &p)).is_ok());
+            p.bytes[at..at + value.len()].copy_from_slice(value);
+            assert_eq!(
+                decode(&e, encode(&e, &p)),
+                Err(Bad::NonFinite),
+                "{e:?} at {at}"
+            );
+        }
+        // 8-bit values are bytes, never refused: only the scales are floats.
+        let mut p = page(&q8s);
+        p.bytes[0..4].copy_from_slice(&[0x7C, 0xFF, 0x00, 0x7E]);
+        assert!(decode(&q8s, encode(&q8s, &p)).is_ok());
     }
 }

@@ -31,7 +31,7 @@ use super::hash::PageHash;
 use file::{Bad, Expect, PageFile, PageRead};
 use index::DiskIndex;
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
@@ -203,7 +203,12 @@ impl Shared {
             page.hash.0,
             std::process::id()
         ));
-        let done = fs::write(&tmp, &data).and_then(|()| fs::rename(&tmp, self.path(page.hash)));
+        // A new file, never one already there (a link planted under the name would
+        // have the page written through it, outside the directory; a FIFO would
+        // block the writer); whatever sits under the name is removed below.
+        let done = open_safely(&tmp, fs::OpenOptions::new().write(true).create_new(true))
+            .and_then(|mut f| f.write_all(&data))
+            .and_then(|()| fs::rename(&tmp, self.path(page.hash)));
         if let Err(e) = done {
             let _ = fs::remove_file(&tmp);
             let n = self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
@@ -530,13 +535,18 @@ fn read_header(path: &Path, e: &Expect) -> Result<(PageHash, SystemTime), String
     Ok((h, meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
 }
 
-/// Opens `path` as a page file, for reading or (`write`) for its modification time.
-/// Only a regular file is one: a symbolic link is not followed, and a FIFO or a
-/// device is opened without blocking (a FIFO's open waits for the other end for
-/// ever; for writing, one without a reader is an error at once) and then refused.
+/// Opens `path` as a page file, for reading or (`write`) for its modification time
+/// ([`open_safely`]).
 fn open_page(path: &Path, write: bool) -> std::io::Result<fs::File> {
-    let mut o = fs::OpenOptions::new();
-    o.read(!write).write(write);
+    open_safely(path, fs::OpenOptions::new().read(!write).write(write))
+}
+
+/// Opens `path` with `o` as the tier opens every file of its directory: only a
+/// regular file, a symbolic link not followed (a link's target may lie outside the
+/// directory), and a FIFO or a device opened without blocking (a FIFO's open waits
+/// for the other end for ever; for writing, one without a reader is an error at
+/// once) and then refused.
+fn open_safely(path: &Path, o: &mut fs::OpenOptions) -> std::io::Result<fs::File> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -556,15 +566,14 @@ fn open_page(path: &Path, write: bool) -> std::io::Result<fs::File> {
 /// releases it however the process ends).
 fn lock(dir: &Path) -> Result<fs::File, DiskError> {
     let path = dir.join("lock");
-    let f = fs::File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| DiskError::Io {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+    let f = open_safely(
+        &path,
+        fs::File::options().create(true).truncate(false).write(true),
+    )
+    .map_err(|e| DiskError::Io {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
     match f.try_lock() {
         Ok(()) => Ok(f),
         Err(fs::TryLockError::WouldBlock) => Err(DiskError::Locked(dir.to_path_buf())),

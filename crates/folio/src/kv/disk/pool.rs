@@ -2,7 +2,6 @@
 //! write-behind queue, and continuing a prefix lookup from disk into free pages.
 
 use super::{DiskConfig, DiskError, DiskOpened, DiskStats, DiskTier, Expect};
-use crate::kv::buf::KvDtype;
 use crate::kv::hash::{Hasher128, PageHash};
 use crate::kv::store::{PageEvent, PageId};
 use crate::kv::{PageTable, PagedKv};
@@ -16,12 +15,9 @@ impl PagedKv {
         let expect = Expect {
             root: self.root,
             page_size: self.page_size(),
-            dtype: match self.dtype() {
-                KvDtype::F16 => 0,
-                KvDtype::F32 => 1,
-                KvDtype::Q8 => 2,
-            },
+            dtype: self.dtype(),
             page_bytes: self.page_bytes(),
+            row_shape: self.arena.row_shape(),
         };
         let (tier, opened) = DiskTier::open(cfg, expect)?;
         self.disk = Some(tier);
