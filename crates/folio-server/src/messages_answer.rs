@@ -59,19 +59,17 @@ fn message_id(model: &str) -> String {
         .replacen('-', "_", 1)
 }
 
-/// Anthropic's stop reason (with a stop sequence: which one, where it is known).
-fn stop(job: &Job, finish: Option<FinishReason>, calls: usize) -> (&'static str, Option<String>) {
-    match finish {
-        Some(FinishReason::Length) => ("max_tokens", None),
+/// Anthropic's stop reason, with the stop sequence that ended the message (`stop`,
+/// the engine's): a stop of the grammar (structured output) is no sequence's.
+fn stop(
+    finish: Option<FinishReason>,
+    stop: Option<&str>,
+    calls: usize,
+) -> (&'static str, Option<String>) {
+    match (finish, stop) {
+        (Some(FinishReason::Length), _) => ("max_tokens", None),
         _ if calls > 0 => ("tool_use", None),
-        // The engine says a stop string ended it, not which: named when there is one.
-        Some(FinishReason::Stop) => (
-            "stop_sequence",
-            match &job.req.stop[..] {
-                [one] => Some(one.clone()),
-                _ => None,
-            },
-        ),
+        (Some(FinishReason::Stop), Some(s)) => ("stop_sequence", Some(s.to_string())),
         _ => ("end_turn", None),
     }
 }
@@ -159,7 +157,7 @@ pub async fn whole(run: Run, first: Tagged, model: &str, job: &Job) -> Result<Me
     for (k, call) in calls.iter().enumerate() {
         content.push(tool_use(&id, k, &call.name, &call.arguments));
     }
-    let (stop_reason, stop_sequence) = stop(job, c.finish, calls.len());
+    let (stop_reason, stop_sequence) = stop(c.finish, c.stop.as_deref(), calls.len());
     Ok(Message {
         id,
         kind: "message",
@@ -206,6 +204,8 @@ pub struct Stream {
     open: Open,
     next: usize,
     finish: Option<FinishReason>,
+    /// The stop string that ended the message, where one did.
+    stop: Option<String>,
     calls: usize,
 }
 
@@ -220,6 +220,7 @@ impl Stream {
             open: Open::None,
             next: 0,
             finish: None,
+            stop: None,
             calls: 0,
         }
     }
@@ -292,11 +293,14 @@ impl Chunker for Stream {
                 let p = pieces_of(&mut self.tools, &text, false);
                 self.pieces(p)
             }
-            Event::Done { text, finish, .. } => {
+            Event::Done {
+                text, finish, stop, ..
+            } => {
                 let p = pieces_of(&mut self.tools, &text, true);
                 let mut out = self.pieces(p);
                 self.close(&mut out);
                 self.finish = Some(finish);
+                self.stop = stop;
                 out
             }
             Event::PromptLogprobs(_) | Event::Error(_) => Vec::new(),
@@ -306,7 +310,7 @@ impl Chunker for Stream {
     fn end(&mut self) -> Vec<Chunk> {
         let mut out = Vec::new();
         self.close(&mut out);
-        let (reason, seq) = stop(&self.job, self.finish, self.calls);
+        let (reason, seq) = stop(self.finish, self.stop.as_deref(), self.calls);
         let delta = json!({"stop_reason": reason, "stop_sequence": seq});
         let body = json!({"delta": delta, "usage": usage(&self.counts)});
         out.push(chunk("message_delta", body));

@@ -13,6 +13,8 @@ pub struct Choice {
     pub ids: Vec<u32>,
     pub logprobs: Vec<Option<TokenLogprob>>,
     pub finish: Option<FinishReason>,
+    /// The stop string that ended it, where one did.
+    pub stop: Option<String>,
 }
 
 /// A run's token counts: prompts once each (sample 0 reports them), completions of
@@ -94,11 +96,13 @@ impl Tally {
                 index,
                 text,
                 finish,
+                stop,
                 ..
             } => {
                 let c = &mut self.choices[t.prompt * self.n + index];
                 c.text.push_str(text);
                 c.finish = Some(*finish);
+                c.stop.clone_from(stop);
             }
             Event::PromptLogprobs(lp) => self.prompt_logprobs[t.prompt] = Some(lp.clone()),
             Event::Error(_) => {}

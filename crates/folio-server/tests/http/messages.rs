@@ -86,3 +86,48 @@ fn a_tool_call_cut_short_gives_the_same_input_whole_and_streamed() {
     assert_eq!(block["input"], closed, "{whole}");
     assert_ne!(block["input"], json!({}), "{whole}");
 }
+
+/// A message ended by one of several stop sequences names it, whole and streamed, as
+/// Anthropic does (the hostile probe of 2026-12-08: with more than one listed,
+/// `stop_sequence` was null).
+#[test]
+fn the_stop_sequence_that_ended_a_message_is_named_among_several() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let body = |stops: Value| {
+        json!({"model": "m", "max_tokens": 24, "temperature": 0, "stop_sequences": stops,
+            "messages": [{"role": "user", "content": "Write a sentence about the sea."}]})
+    };
+    let free = post(a, "/v1/messages", &body(json!([]))).json();
+    let text = free["content"][0]["text"].as_str().unwrap().to_string();
+    // A word from the middle of the free answer, listed after one that never comes.
+    let word = text
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_else(|| panic!("{text:?}"))
+        .to_string();
+    let stops = json!(["zqxj never", word]);
+    let whole = post(a, "/v1/messages", &body(stops.clone())).json();
+    assert_eq!(whole["stop_reason"], "stop_sequence", "{whole}");
+    assert_eq!(whole["stop_sequence"], json!(word), "{whole}");
+    let cut = whole["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with(cut) && !cut.contains(word.as_str()),
+        "{cut:?}"
+    );
+    let mut streamed = body(stops);
+    streamed["stream"] = json!(true);
+    let mut o = open_stream(a, "/v1/messages", &streamed);
+    let mut delta = Value::Null;
+    while let Some(e) = o.next_event() {
+        let c: Value = serde_json::from_str(&e).unwrap();
+        if c["type"] == "message_delta" {
+            delta = c["delta"].clone();
+        }
+        if c["type"] == "message_stop" {
+            break;
+        }
+    }
+    assert_eq!(delta["stop_reason"], "stop_sequence", "{delta}");
+    assert_eq!(delta["stop_sequence"], json!(word), "{delta}");
+}

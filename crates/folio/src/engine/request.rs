@@ -410,11 +410,13 @@ pub enum Event {
     /// has none), when the request asked for them; once per request, before any token.
     PromptLogprobs(Vec<TokenLogprob>),
     /// A sample ended; `text` is what was still held back (empty after a stop).
-    /// `queued` is how long the request waited before it first got pages.
+    /// `queued` is how long the request waited before it first got pages. `stop` is
+    /// the stop string that ended it, where one did.
     Done {
         index: usize,
         text: String,
         finish: FinishReason,
+        stop: Option<String>,
         usage: Usage,
         queued: Duration,
     },

@@ -499,10 +499,12 @@ impl Seq {
             } else {
                 g.text.finish()
             };
+            let stop = g.text.matched().map(str::to_string);
             g.tx.send(Event::Done {
                 index: self.index,
                 text,
                 finish: why,
+                stop,
                 usage,
                 queued: self.queued.unwrap_or_default(),
             });

@@ -10,6 +10,8 @@ pub struct TextOut {
     text: String,
     emitted: usize,
     stops: Vec<String>,
+    /// The stop string that ended the text, once one did.
+    matched: Option<String>,
 }
 
 impl TextOut {
@@ -19,6 +21,7 @@ impl TextOut {
             text: String::new(),
             emitted: 0,
             stops: stops.to_vec(),
+            matched: None,
         }
     }
 
@@ -27,6 +30,12 @@ impl TextOut {
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> (String, bool) {
         self.text.push_str(&self.decoder.push(tok, id));
         if let Some(at) = find_stop(&self.text, &self.stops, self.emitted) {
+            let rest = &self.text[at..];
+            self.matched = self
+                .stops
+                .iter()
+                .find(|s| !s.is_empty() && rest.starts_with(s.as_str()))
+                .cloned();
             self.text.truncate(at);
             let delta = self.text[self.emitted.min(at)..].to_string();
             self.emitted = at;
@@ -52,6 +61,12 @@ impl TextOut {
     /// The stop strings.
     pub fn stops(&self) -> &[String] {
         &self.stops
+    }
+
+    /// The stop string that ended the text (the first listed of those found where it
+    /// ends), once one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 }
 
@@ -104,5 +119,27 @@ mod tests {
         assert_eq!(held_back("abc\n", &stops), 1);
         assert_eq!(held_back("abc", &stops), 0);
         assert_eq!(find_stop("é\n\n", &stops, 2), Some(2));
+    }
+
+    #[test]
+    fn the_stop_string_that_ended_the_text_is_named() {
+        let tok = crate::tokenizer::test_support::smollm();
+        let stops = ["zzz".to_string(), "sea".to_string(), "se".to_string()];
+        let mut out = TextOut::new(&stops);
+        let mut shown = String::new();
+        let mut stopped = false;
+        for id in tok.encode("The sea is wide", false) {
+            let (text, stop) = out.push(tok, id);
+            shown.push_str(&text);
+            if stop {
+                stopped = true;
+                break;
+            }
+        }
+        assert!(stopped);
+        assert_eq!(shown, "The ");
+        // "sea" and "se" both start there: the first listed is named.
+        assert_eq!(out.matched(), Some("sea"));
+        assert_eq!(TextOut::new(&stops).matched(), None);
     }
 }
