@@ -18,6 +18,9 @@ pub struct GenRequest {
     pub prompt: Option<PromptInput>,
     /// Chat: the conversation.
     pub messages: Option<Vec<ChatMessage>>,
+    /// Chat (vLLM's name): the last message, an assistant's, is continued (its text
+    /// the start of the answer, the turn left open) rather than answered.
+    pub continue_final_message: Option<bool>,
     pub max_tokens: Option<u64>,
     pub max_completion_tokens: Option<u64>,
     pub temperature: Option<f32>,

@@ -12,7 +12,7 @@
 //! | `model`, `metadata`, `service_tier` | accepted and ignored (one model; nothing stored) |
 //! | `max_tokens` | required, as Anthropic requires it |
 //! | `system` | a string or text blocks: the chat's system message |
-//! | `messages` | `user` / `assistant`; content a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user); `image` and `document` are a 400 (no vision) |
+//! | `messages` | `user` / `assistant`; content a string or blocks: `text`, `tool_use` (assistant), `tool_result` (user); `image` and `document` are a 400 (no vision); a last assistant turn of text is continued (a prefill: the answer is what follows it) |
 //! | `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream` | as the chat fields |
 //! | `tools`, `tool_choice` (`auto`, `any`, `tool`, `none`; `disable_parallel_tool_use`) | as OpenAI's tools and `tool_choice` (`any` = `required`) |
 //! | `thinking` | `disabled`, or `enabled` with a positive `budget_tokens`: accepted; the answer has no thinking blocks (folio does not separate a model's reasoning from its answer) |
@@ -130,8 +130,16 @@ fn to_chat(r: &Value) -> Result<Value, ApiError> {
     for (i, m) in list.iter().enumerate() {
         turn(i, m, &mut messages)?;
     }
+    // A last turn of the assistant's own text is the start of the answer, which
+    // continues it (Anthropic's prefill); the answer holds only what follows.
+    let prefill = messages
+        .last()
+        .is_some_and(|m| m["role"] == "assistant" && m.get("tool_calls").is_none());
     let mut chat = Map::new();
     chat.insert("messages".into(), Value::Array(messages));
+    if prefill {
+        chat.insert("continue_final_message".into(), Value::Bool(true));
+    }
     chat.insert("max_tokens".into(), max_tokens.clone());
     for (from, to) in [
         ("stop_sequences", "stop"),

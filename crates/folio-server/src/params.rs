@@ -25,6 +25,7 @@
 //! | `logprobs`, `top_logprobs`, `echo` | both / chat / completions | implemented |
 //! | `stream`, `stream_options.include_usage` | both | implemented (`include_obfuscation` ignored: there is no obfuscation padding to turn off) |
 //! | `response_format`, `tools`, `tool_choice`, `parallel_tool_calls` | chat | implemented |
+//! | `continue_final_message` (vLLM's) | chat | implemented: the last message, an assistant's, is continued (its end of turn left off) |
 //! | `user`, `safety_identifier` | both / chat | accepted, ignored: an end-user id for OpenAI's abuse monitoring (as llama.cpp and vLLM do) |
 //! | `prompt_cache_key` | chat | accepted, ignored: a routing hint for OpenAI's cache; folio's prefix cache needs none (`cache_salt` separates tenants) |
 //! | `metadata` | chat | accepted (an object), ignored: it only labels stored completions, and folio stores none (`store: true` is refused) |
@@ -212,7 +213,10 @@ pub fn job_cancellable(
                 tool_plan = Some(t);
                 forced = g;
             }
-            let text = render_chat(&msgs, template, true, shown.as_ref())?;
+            let text = match r.continue_final_message.unwrap_or(false) {
+                true => render_continued(&msgs, template, shown.as_ref())?,
+                false => render_chat(&msgs, template, true, shown.as_ref())?,
+            };
             let ids = tok
                 .try_encode(&text, true)
                 .map_err(folio::EngineError::from)?;
@@ -720,6 +724,37 @@ fn completion_prompts(
         return Err(ApiError::invalid("prompt", "the prompt list is empty"));
     }
     Ok((ids, texts))
+}
+
+/// Renders `msgs`, the last an assistant's, so that the answer continues it: the
+/// template's text up to the end of that message's text, its end of turn left off
+/// (as vLLM's `continue_final_message`). A 400 where the last message is not the
+/// assistant's, or where the template does not show its text as written.
+fn render_continued(
+    msgs: &[ChatMessage],
+    template: Option<&ChatTemplate>,
+    tools: Option<&serde_json::Value>,
+) -> Result<String, ApiError> {
+    let param = "continue_final_message";
+    let Some(last) = msgs.last().filter(|m| m.role == "assistant") else {
+        return Err(ApiError::invalid(
+            param,
+            "continue_final_message needs the last message to be the assistant's",
+        ));
+    };
+    let start = message_text(&last.content, msgs.len() - 1)?;
+    if start.is_empty() {
+        // Nothing to continue: an answer to what comes before.
+        return render_chat(&msgs[..msgs.len() - 1], template, true, tools);
+    }
+    let text = render_chat(msgs, template, false, tools)?;
+    match text.rfind(start.as_str()) {
+        Some(at) => Ok(text[..at + start.len()].to_string()),
+        None => Err(ApiError::invalid(
+            param,
+            "the chat template does not show the last message's text as written: it cannot be continued",
+        )),
+    }
 }
 
 /// Renders `msgs` with the model's chat template.

@@ -131,3 +131,47 @@ fn the_stop_sequence_that_ended_a_message_is_named_among_several() {
     assert_eq!(delta["stop_reason"], "stop_sequence", "{delta}");
     assert_eq!(delta["stop_sequence"], json!(word), "{delta}");
 }
+
+/// A last assistant turn is the start of the answer, which continues it (Anthropic's
+/// prefill; the hostile probe of 2026-12-08 found it answered as a new turn, the same
+/// text as without it): the prompt ends with the prefill's text and no end of turn,
+/// and the answer holds only what follows. On chat completions the same is vLLM's
+/// `continue_final_message`; without an assistant message last it is a 400.
+#[test]
+fn an_assistant_prefill_is_continued_not_answered() {
+    let s = start(ServeConfig::default(), small_engine());
+    let a = s.addr;
+    let ask = json!({"role": "user", "content": "Count from 1 to 10."});
+    let prefill = "1, 2, 3, 4, 5, 6, 7, 8,";
+    let body = json!({"model": "m", "max_tokens": 6, "temperature": 0,
+        "messages": [ask, {"role": "assistant", "content": prefill}]});
+    let whole = post(a, "/v1/messages", &body).json();
+    let text = whole["content"][0]["text"].as_str().unwrap().to_string();
+    // The same prompt by hand: the template's text up to the prefill, then greedy.
+    let chat = json!({"messages": [ask, {"role": "assistant", "content": prefill}],
+        "continue_final_message": true, "max_tokens": 6, "temperature": 0});
+    let r = post(a, "/v1/chat/completions", &chat).json();
+    assert_eq!(r["choices"][0]["message"]["content"], json!(text), "{r}");
+    eprintln!("continued: {text:?}");
+    // Without the prefill the model starts its own count; with it, it goes on.
+    let free = post(
+        a,
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 6,
+        "temperature": 0, "messages": [ask]}),
+    )
+    .json();
+    assert_ne!(free["content"][0]["text"], json!(text), "{whole}");
+    assert!(
+        text.trim_start().starts_with('9'),
+        "{text:?} does not go on from 8"
+    );
+    // Continuing needs an assistant message last.
+    let bad = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [ask],
+        "continue_final_message": true, "max_tokens": 2}),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text());
+}
