@@ -201,13 +201,19 @@ pub struct ContentPart {
 }
 
 /// `/tokenize`: llama.cpp's `content` or vLLM's `prompt`, or chat `messages`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Default)]
 pub struct TokenizeRequest {
     pub content: Option<String>,
     pub prompt: Option<String>,
     pub messages: Option<Vec<ChatMessage>>,
     /// Add the BOS the model wants (default true; false for chat messages).
     pub add_special: Option<bool>,
+    /// With `messages`: end with the template's start of the assistant's turn
+    /// (default true, as vLLM's).
+    pub add_generation_prompt: Option<bool>,
+    /// With `messages` (vLLM's): the last message, an assistant's, left open to be
+    /// continued, as chat completions' field of that name renders it.
+    pub continue_final_message: Option<bool>,
     /// Also return each token's text.
     pub with_pieces: Option<bool>,
 }

@@ -91,7 +91,7 @@ pub async fn cache_match(
                 prompt: r.prompt,
                 messages: r.messages,
                 add_special: r.add_special,
-                with_pieces: None,
+                ..Default::default()
             };
             let st2 = st.clone();
             blocking(move || {

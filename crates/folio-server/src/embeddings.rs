@@ -141,7 +141,8 @@ pub fn embed_job(r: EmbeddingsRequest, model: &Model, window: usize) -> Result<E
         if ids.is_empty() {
             return Err(ApiError::invalid("input", format!("{} is empty", which(i))));
         }
-        if ids.len() >= window {
+        // Nothing is generated after it: a whole window fits.
+        if ids.len() > window {
             let mut e = input_error(EngineError::PromptTooLong {
                 len: ids.len(),
                 window,

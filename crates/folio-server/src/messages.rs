@@ -118,6 +118,9 @@ fn to_chat(r: &Value) -> Result<Value, ApiError> {
     let max_tokens = r
         .get("max_tokens")
         .ok_or_else(|| bad("max_tokens", "required"))?;
+    if max_tokens.as_u64().is_none() {
+        return Err(bad("max_tokens", "a whole number of tokens, 1 or more"));
+    }
     thinking(r.get("thinking"))?;
     let mut messages = Vec::new();
     if let Some(s) = r.get("system") {
@@ -292,16 +295,26 @@ fn to_tools(v: &Value) -> Result<Value, ApiError> {
         .as_array()
         .ok_or_else(|| bad("tools", "a list of tools"))?;
     let mut out = Vec::new();
+    let mut names = std::collections::HashSet::new();
     for (i, t) in list.iter().enumerate() {
+        let field = format!("tools[{i}]");
         let Some(name) = t.get("name").and_then(Value::as_str) else {
-            return Err(bad(&format!("tools[{i}]"), "a tool needs a name"));
+            return Err(bad(&field, "a tool needs a name"));
         };
-        let mut f = json!({"name": name});
+        if !names.insert(name) {
+            return Err(bad(&field, format!("two tools are named {name:?}")));
+        }
+        // Anthropic's rule: a call's input is an object, so its schema is one's.
+        let schema = t.get("input_schema");
+        let Some(schema) = schema.filter(|s| s.get("type") == Some(&json!("object"))) else {
+            return Err(bad(
+                &format!("{field}.input_schema"),
+                "required: a JSON schema of type \"object\" (a call's input is an object)",
+            ));
+        };
+        let mut f = json!({"name": name, "parameters": schema});
         if let Some(d) = t.get("description") {
             f["description"] = d.clone();
-        }
-        if let Some(s) = t.get("input_schema") {
-            f["parameters"] = s.clone();
         }
         out.push(json!({"type": "function", "function": f}));
     }
@@ -392,6 +405,23 @@ mod tests {
         let role = json!({"messages": [{"role": "system", "content": "x"}]});
         assert_eq!(base(role), Some((400, "messages[0]".into())));
         assert_eq!(base(json!({"thinking": {"type": "disabled"}})), None);
+        // The fifth hostile probe: a bad max_tokens named as such; a tool without an
+        // object schema (its input would be lost), or named twice.
+        for bad_max in [json!(-1), json!("5"), json!(2.5)] {
+            let got = base(json!({"max_tokens": bad_max}));
+            assert_eq!(got, Some((400, "max_tokens".into())));
+        }
+        let tool = |t: Value| base(json!({"tools": [t]}));
+        let want = Some((400, "tools[0].input_schema".into()));
+        assert_eq!(tool(json!({"name": "f"})), want);
+        assert_eq!(
+            tool(json!({"name": "f", "input_schema": {"type": "string"}})),
+            want
+        );
+        let object = json!({"name": "f", "input_schema": {"type": "object"}});
+        assert_eq!(tool(object.clone()), None);
+        let twice = base(json!({"tools": [object.clone(), object]}));
+        assert_eq!(twice, Some((400, "tools[1]".into())));
         // An earlier turn's thinking goes to the template as reasoning_content.
         let history = json!({"messages": [{"role": "user", "content": "hi"},
             {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm"},

@@ -6,7 +6,7 @@ use crate::api::{DetokenizeRequest, TokenizeRequest};
 use crate::body::JsonBody;
 use crate::deadline::Deadline;
 use crate::error::ApiError;
-use crate::params::render_chat;
+use crate::params::{render_chat, render_continued};
 use crate::state::AppState;
 use axum::extract::State;
 use axum::http::{header, Method, StatusCode, Uri};
@@ -169,10 +169,15 @@ pub(crate) fn tokenize_request(
 ) -> Result<Vec<u32>, ApiError> {
     let add_special = r.add_special.unwrap_or(true);
     let rendered;
-    let text = match (r.content.as_ref().or(r.prompt.as_ref()), &r.messages) {
-        (Some(t), None) => t,
-        (None, Some(m)) => {
-            rendered = render_chat(m, template, true, None)?;
+    let text = match (&r.content, &r.prompt, &r.messages) {
+        (Some(t), None, None) | (None, Some(t), None) => t,
+        (None, None, Some(m)) if r.continue_final_message == Some(true) => {
+            rendered = render_continued(m, template, None)?;
+            &rendered
+        }
+        (None, None, Some(m)) => {
+            let generation_prompt = r.add_generation_prompt.unwrap_or(true);
+            rendered = render_chat(m, template, generation_prompt, None)?;
             &rendered
         }
         _ => {

@@ -730,7 +730,7 @@ fn completion_prompts(
 /// template's text up to the end of that message's text, its end of turn left off
 /// (as vLLM's `continue_final_message`). A 400 where the last message is not the
 /// assistant's, or where the template does not show its text as written.
-fn render_continued(
+pub fn render_continued(
     msgs: &[ChatMessage],
     template: Option<&ChatTemplate>,
     tools: Option<&serde_json::Value>,

@@ -275,6 +275,23 @@ fn tokenize_models_and_metrics() {
     )
     .json();
     assert!(t2["count"].as_u64().unwrap() > 3);
+    // Without the assistant's turn opened (fewer tokens), and a prefill left open;
+    // `content` and `prompt` together are a 400 (the fifth hostile probe: one was
+    // dropped unseen, as was `add_generation_prompt`).
+    let count = |body: Value| post(s.addr, "/tokenize", &body).json()["count"].clone();
+    let hi = json!({"role": "user", "content": "Hi"});
+    let bare = count(json!({"messages": [hi], "add_generation_prompt": false}));
+    assert!(
+        bare.as_u64().unwrap() < t2["count"].as_u64().unwrap(),
+        "{bare}"
+    );
+    let open = json!({"messages": [hi, {"role": "assistant", "content": "Hello"}],
+        "continue_final_message": true, "with_pieces": true});
+    let open = post(s.addr, "/tokenize", &open).json();
+    let last = open["pieces"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last, json!("Hello"), "{open}");
+    let both = post(s.addr, "/tokenize", &json!({"content": "a", "prompt": "b"}));
+    assert_eq!(both.status, 400, "{}", both.text());
     let m = get(s.addr, "/v1/models").json();
     assert_eq!(m["object"], "list");
     assert_eq!(m["data"][0]["object"], "model");

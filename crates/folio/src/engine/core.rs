@@ -351,7 +351,8 @@ impl Core {
             if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
                 return Err(crate::error::TokenizerError::UnknownId(bad).into());
             }
-            if tokens.len() >= window {
+            // Nothing is generated after it: a whole window fits.
+            if tokens.len() > window {
                 return Err(EngineError::PromptTooLong {
                     len: tokens.len(),
                     window,

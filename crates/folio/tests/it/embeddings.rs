@@ -269,6 +269,15 @@ fn bad_embeddings_are_typed_errors() {
         e.embed(vec![1; 600]),
         Err(EngineError::PromptTooLong { len: 600, .. })
     ));
+    // A whole window (512) is embedded: nothing is generated after it (the fifth
+    // hostile probe found it refused); one token more is not.
+    let big = engine(40, 64);
+    assert_eq!(big.embed(vec![1; 512]).unwrap().len(), 512);
+    assert!(matches!(
+        big.embed(vec![1; 513]),
+        Err(EngineError::PromptTooLong { len: 513, .. })
+    ));
+    drop(big);
     // 8 pages of 16 tokens hold 128: 200 tokens never fit.
     assert!(matches!(
         e.embed(vec![1; 200]),
