@@ -236,6 +236,16 @@ fn damaged_cut_short_foreign_and_unfinished_files_are_skipped_and_removed() {
     e.check_invariants().unwrap();
 }
 
+/// The one pool's directory under the tier's `disk`.
+fn pool_dir(disk: &Path) -> PathBuf {
+    std::fs::read_dir(disk)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path())
+        .find(|d| d.is_dir())
+        .expect("the pool's directory")
+}
+
 /// Makes a FIFO at `path` (coreutils' `mkfifo`).
 fn mkfifo(path: &Path) {
     let ok = std::process::Command::new("mkfifo")
@@ -268,12 +278,7 @@ fn fifos_and_directories_named_as_pages_are_skipped_without_waiting() {
     let p = prompt(6, 83);
     let cold = run(&engine(dir.path(), 256, None), p.clone());
     run(&engine(dir.path(), 256, Some((&disk, 1 << 30))), p.clone());
-    let pool = std::fs::read_dir(&disk)
-        .unwrap()
-        .flatten()
-        .map(|d| d.path())
-        .find(|d| d.is_dir())
-        .expect("the pool's directory");
+    let pool = pool_dir(&disk);
     let pages = chain(&pool);
     assert!(pages.len() >= 20, "the prompt's pages");
     // At start: a FIFO in page 5's place, and a FIFO and a directory under other names.
@@ -327,8 +332,7 @@ fn planted_links_and_fifos_neither_redirect_nor_block_the_tier() {
         // The pool's directory and its lock, made by a first start.
         let disk = dir.path().join(name);
         drop(engine(dir.path(), 64, Some((&disk, 1 << 30))));
-        let pool = std::fs::read_dir(&disk).unwrap().flatten().next().unwrap();
-        let lock = pool.path().join("lock");
+        let lock = pool_dir(&disk).join("lock");
         std::fs::remove_file(&lock).unwrap();
         match plant {
             true => std::os::unix::fs::symlink(&victim, &lock).unwrap(),
@@ -408,12 +412,7 @@ fn a_forged_page_holding_a_nan_is_skipped_however_its_checksum_reads() {
     let p = prompt(9, 83);
     let cold = run(&engine(dir.path(), 256, None), p.clone());
     run(&engine(dir.path(), 256, Some((&disk, 1 << 30))), p.clone());
-    let pool = std::fs::read_dir(&disk)
-        .unwrap()
-        .flatten()
-        .map(|d| d.path())
-        .find(|d| d.is_dir())
-        .expect("the pool's directory");
+    let pool = pool_dir(&disk);
     let pages = chain(&pool);
     // Page 4's first K value a NaN (f16), and the checksum over the rest rewritten.
     let mut file = std::fs::read(&pages[4]).unwrap();
