@@ -30,6 +30,28 @@ impl Kernel {
         }
     }
 
+    /// A kernel of its own source (`src`'s `entry`), for tests of WGSL functions.
+    #[cfg(test)]
+    pub fn standalone(gpu: &Gpu, name: &'static str, src: &str, entry: &str) -> Self {
+        let module = gpu
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let pipeline = gpu
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        Self::new(name, pipeline)
+    }
+
     pub fn pipeline(&self) -> &wgpu::ComputePipeline {
         &self.pipeline
     }
@@ -262,12 +284,14 @@ impl Kernels {
                 ..pipeline_with("matmul", m, "main", &constants)
             }
         };
-        // The 8-bit blocks' arithmetic comes first in both kernels that make them.
-        let blocks = include_str!("wgsl/quantize.wgsl");
-        let norm = module("norm", &[blocks, include_str!("wgsl/norm.wgsl")].concat());
+        // The 8-bit blocks' arithmetic (and its exact division) comes first in both
+        // kernels that make them; the division in the 8-bit K/V's store too.
+        let div = include_str!("wgsl/div.wgsl");
+        let blocks = [div, include_str!("wgsl/quantize.wgsl")].concat();
+        let norm = module("norm", &[&blocks, include_str!("wgsl/norm.wgsl")].concat());
         let quantize = module(
             "quantize",
-            &[blocks, include_str!("wgsl/quantize_rows.wgsl")].concat(),
+            &[&blocks, include_str!("wgsl/quantize_rows.wgsl")].concat(),
         );
         let elementwise = module(
             "elementwise",
@@ -278,7 +302,7 @@ impl Kernels {
         let rope = include_str!("wgsl/rope.wgsl");
         let kv_store = module(
             "kv_store",
-            &[wht, rope, include_str!("wgsl/kv_store.wgsl")].concat(),
+            &[div, wht, rope, include_str!("wgsl/kv_store.wgsl")].concat(),
         );
         let attention = module(
             "attention",

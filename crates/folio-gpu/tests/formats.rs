@@ -135,9 +135,10 @@ fn other_weight_formats_match_the_cpu() {
         // inputs on the GPU too (the K-quants on blocks of 256): the first position's
         // logits differ only in the sums' order (measured 0 to 1.1e-7; with f32
         // inputs on the GPU, 4.8e-3 to 7.6e-3 for the formats in blocks of 32 and
-        // 1.1e-3 to 1.5e-2 for the K-quants). Asserted where the adapter divides as
-        // IEEE does (lavapipe): a GPU's division may be 2.5 ulp off (WGSL), which moves
-        // an input's 8-bit value at a rounding boundary.
+        // 1.1e-3 to 1.5e-2 for the K-quants). Asserted on a software adapter
+        // (lavapipe): the blocks divide as the host does on any adapter (`div.wgsl`),
+        // but a GPU's norm may be an ulp off (WGSL lets its square root and division
+        // be), which moves an input's 8-bit value at a rounding boundary.
         let eight_bit = [
             "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_m", "q5_1", "iq4_nl", "q2_k", "q3_k",
         ];

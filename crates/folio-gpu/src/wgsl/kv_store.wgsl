@@ -8,7 +8,8 @@
 // as the host quantizes (`folio::kernels::quantize_kv_q8`): the head row rotated where
 // `rotate` (times the normalized Walsh-Hadamard matrix, the host's butterfly order,
 // `norm` = 1/sqrt(head_dim)), d = amax / 127 at f16 precision, q = round(x / d) half
-// away from zero, clamped to ±127. The step's copy for the host (where `back`) is the
+// away from zero, clamped to ±127 (d and 1 / d divided as the host divides:
+// `div.wgsl`, which comes first). The step's copy for the host (where `back`) is the
 // f32 rows themselves: the host quantizes them again. Dispatch: (ceil(rows · kv heads
 // / 64), 1).
 struct P {
@@ -66,10 +67,10 @@ fn quantize_head() -> f32 {
     for (var e = 0u; e < p.head_dim; e++) {
         amax = max(amax, abs(wht[e]));
     }
-    let d = quantizeToF16(min(amax / 127.0, 65504.0));
+    let d = quantizeToF16(min(div_exact(amax, 127.0), 65504.0));
     var inv = 0.0;
     if (d != 0.0) {
-        inv = 1.0 / d;
+        inv = div_exact(1.0, d);
     }
     for (var e = 0u; e < p.head_dim; e++) {
         let x = wht[e] * inv;

@@ -1,5 +1,5 @@
 // Activations into 8-bit blocks, as the CPU path (and llama.cpp) quantizes matmul
-// inputs, a block at a time. The module that includes this file says where the values
+// inputs, a block at a time, dividing as the host does (`div.wgsl`, which comes first). The module that includes this file says where the values
 // come from (`value(i)`, element i of the rows being quantized) and where the words go
 // (`put_q8(i, word)`, `put_q8k(i, word)`): `quantize_rows.wgsl` (rows of a buffer) and
 // `norm.wgsl` (the rows it has just normed).
@@ -36,10 +36,10 @@ fn q8_block(src: u32, dst: u32) {
         }
         return;
     }
-    let d = amax / 127.0;
+    let d = div_exact(amax, 127.0);
     var id = 0.0;
     if (amax != 0.0) {
-        id = 127.0 / amax;
+        id = div_exact(127.0, amax);
     }
     var sum = 0;
     for (var w = 0u; w < 8u; w++) {
@@ -75,7 +75,7 @@ fn q8k_block(src: u32, dst: u32) {
         put_q8k(dst, select(0u, 0x7FC00000u, nan));
         return;
     }
-    let iscale = -127.0 / big;
+    let iscale = div_exact(-127.0, big);
     for (var s = 0u; s < 16u; s++) {
         var sum = 0;
         for (var w = 0u; w < 4u; w++) {
@@ -89,5 +89,5 @@ fn q8k_block(src: u32, dst: u32) {
         }
         put_q8k(dst + 65u + s, bitcast<u32>(sum));
     }
-    put_q8k(dst, bitcast<u32>(1.0 / iscale));
+    put_q8k(dst, bitcast<u32>(div_exact(1.0, iscale)));
 }
