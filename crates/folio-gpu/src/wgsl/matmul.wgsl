@@ -100,7 +100,10 @@ fn chunk(acc: ptr<function, array<f32, 8>>, o: u32, c: u32, r0: u32, nr: u32) {
             }
         }
     }
-    for (var i = 0u; i < nr; i++) {
+    for (var i = 0u; i < TR; i++) {
+        if (i >= nr) {
+            break;
+        }
         let ab = ((r0 + i) * nb + c) * 10u;
         var isum = 0;
         var asum = 0;

@@ -63,6 +63,10 @@ const Q2_K: u32 = 11u;
 const Q3_K: u32 = 12u;
 const BF16: u32 = 13u;
 
+// Rows a workgroup takes. Loops over them run to TR and break at the workgroup's own
+// count (nr), so that a compiler can unroll them and keep the sums (`acc`) in
+// registers: indexed by a loop to nr, a GPU's compiler may put the arrays in local
+// memory (the same operations in the same order: the same bits).
 const TR: u32 = 8u;
 
 var<workgroup> part: array<f32, 512>;
@@ -88,14 +92,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (gate) {
         let ups = column_sums(up, li, lane, nr);
         if (lane == 0u && o < p.n) {
-            for (var i = 0u; i < nr; i++) {
+            for (var i = 0u; i < TR; i++) {
+                if (i >= nr) {
+                    break;
+                }
                 y[(r0 + i) * p.stride + p.at + o] = gated(sums[i], ups[i], p.glu == 2u);
             }
         }
         return;
     }
     if (lane == 0u && o < p.n) {
-        for (var i = 0u; i < nr; i++) {
+        for (var i = 0u; i < TR; i++) {
+            if (i >= nr) {
+                break;
+            }
             store(r0 + i, p.at + o, sums[i]);
         }
     }
@@ -131,13 +141,19 @@ fn memory_rounds(acc: array<f32, 8>, li: u32, lane: u32, nr: u32, stop: u32) -> 
     workgroupBarrier();
     for (var s = p.lanes / 2u; s >= stop; s /= 2u) {
         if (lane < s) {
-            for (var i = 0u; i < nr; i++) {
+            for (var i = 0u; i < TR; i++) {
+                if (i >= nr) {
+                    break;
+                }
                 part[i * 64u + li] += part[i * 64u + li + s];
             }
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < nr; i++) {
+    for (var i = 0u; i < TR; i++) {
+        if (i >= nr) {
+            break;
+        }
         sums[i] = part[i * 64u + li];
     }
     return sums;

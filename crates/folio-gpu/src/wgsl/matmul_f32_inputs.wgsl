@@ -209,7 +209,10 @@ fn chunk(acc: ptr<function, array<f32, 8>>, o: u32, c: u32, r0: u32, nr: u32) {
     let h = chunk_head(o, c);
     for (var g = 0u; g < 8u; g++) {
         let wv = group4(h, c, g);
-        for (var i = 0u; i < nr; i++) {
+        for (var i = 0u; i < TR; i++) {
+            if (i >= nr) {
+                break;
+            }
             (*acc)[i] += dot(wv, a[((r0 + i) * p.k + c * 32u) / 4u + g]);
         }
     }

@@ -106,7 +106,10 @@ fn chunk(acc: ptr<function, array<f32, 8>>, o: u32, c: u32, r0: u32, nr: u32) {
                 z = 4;
             }
         }
-        for (var i = 0u; i < nr; i++) {
+        for (var i = 0u; i < TR; i++) {
+            if (i >= nr) {
+                break;
+            }
             let ab = ((r0 + i) * nb + c) * Q8K_WORDS;
             for (var h = 0u; h < 2u; h++) {
                 var isum = 0;
@@ -135,7 +138,10 @@ fn chunk(acc: ptr<function, array<f32, 8>>, o: u32, c: u32, r0: u32, nr: u32) {
             d = half_at(base + 108u);
         }
     }
-    for (var i = 0u; i < nr; i++) {
+    for (var i = 0u; i < TR; i++) {
+        if (i >= nr) {
+            break;
+        }
         let ad = bitcast<f32>(aq[((r0 + i) * nb + c) * Q8K_WORDS]);
         if (FORMAT == Q6_K || FORMAT == Q3_K) {
             (*acc)[i] += ad * d * f32(sumi[i]);

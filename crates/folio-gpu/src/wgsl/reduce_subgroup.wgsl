@@ -12,7 +12,10 @@ override SG: u32 = 32u;
 fn column_sums(acc: array<f32, 8>, li: u32, lane: u32, nr: u32) -> array<f32, 8> {
     var sums = memory_rounds(acc, li, lane, nr, SG);
     for (var s = min(p.lanes, SG) / 2u; s > 0u; s /= 2u) {
-        for (var i = 0u; i < nr; i++) {
+        for (var i = 0u; i < TR; i++) {
+            if (i >= nr) {
+                break;
+            }
             sums[i] += subgroupShuffleXor(sums[i], s);
         }
     }
