@@ -74,8 +74,9 @@ pub struct ModelArgs {
     #[arg(long)]
     pub gpu_no_subgroups: bool,
     /// Run each GPU matrix in a dispatch of its own, not Q, K and V (and gate and up)
-    /// of one format in one, and quantize 8-bit inputs apart from the norm before them
-    /// (the same bits; for measuring what fewer dispatches are worth).
+    /// of one format in one, quantize 8-bit inputs apart from the norm before them, and
+    /// give attention a workgroup a query head, not one for the heads that share a K/V
+    /// head (the same bits; for measuring what the fusions are worth).
     #[arg(long)]
     pub gpu_no_fusion: bool,
     /// Time each GPU step dispatch by dispatch (timestamps between dispatches, which
@@ -282,6 +283,7 @@ impl ModelArgs {
             let mut b = folio_gpu::GpuBackend::load_from(gpu, g, c)?
                 .with_llama_arithmetic(llama)
                 .with_fused_matmuls(!self.gpu_no_fusion)
+                .with_grouped_attention(!self.gpu_no_fusion)
                 .with_subgroups(!self.gpu_no_subgroups)?
                 .with_profile(profile);
             if self.gpu_split != SplitArg::Auto {

@@ -55,8 +55,8 @@ pub(crate) struct Recorded {
     pub stamps: Option<(Vec<(String, u64)>, wgpu::Buffer)>,
 }
 
-/// Words of one dispatch's parameters (the largest kernel's, attention's, take 16).
-const PARAM_WORDS: usize = 16;
+/// Words of one dispatch's parameters (the largest kernel's, attention's, take 17).
+const PARAM_WORDS: usize = 20;
 
 impl Arena {
     /// The storage buffer `name`, at least `bytes` long (zeroed when new; otherwise it

@@ -128,6 +128,14 @@ impl GpuBackend {
         self
     }
 
+    /// The same backend with attention's query heads that share a K/V head in one
+    /// workgroup (the default: each key's K and V read once for them all), or (`on`
+    /// false) a head a workgroup: the same bits (`attention.wgsl`); for measuring.
+    pub fn with_grouped_attention(mut self, on: bool) -> Self {
+        self.kernels.set.grouped_attention = on;
+        self
+    }
+
     /// The same backend with the matmuls' lane sums added within subgroups where the
     /// device has them (the default), or (`on` false) in workgroup memory: the same
     /// bits either way (`reduce_subgroup.wgsl`); for measuring what subgroups are worth.
@@ -276,13 +284,18 @@ impl Backend for GpuBackend {
         } else {
             ", one matrix a dispatch"
         };
+        let heads = if self.kernels.set.grouped_attention {
+            ""
+        } else {
+            ", attention a head a workgroup"
+        };
         let sums = match self.kernels.subgroup {
             Some(size) => format!("in subgroups of {size}"),
             None => "in workgroup memory".into(),
         };
         let inputs = if self.llama { ", 8-bit inputs" } else { "" };
         format!(
-            "gpu {} ({}{kind}) wgpu/vulkan, matmuls {split}{fused}{inputs}, lane sums {sums}",
+            "gpu {} ({}{kind}) wgpu/vulkan, matmuls {split}{fused}{inputs}, lane sums {sums}{heads}",
             a.name,
             a.driver.trim()
         )

@@ -134,6 +134,32 @@ pub(crate) struct Settings {
     /// Keys per chunk where a row's attention is split ([`ATTENTION_CHUNK`]; fewer in a
     /// test of the split).
     pub attention_chunk: u32,
+    /// Attention's query heads that share a K/V head in one workgroup, each key's K
+    /// and V read once for them all ([`Settings::heads_per_group`]), or (off, for
+    /// measuring) a head a workgroup: the same bits.
+    pub grouped_attention: bool,
+}
+
+/// The most query heads one attention workgroup takes (`GMAX` in `attention.wgsl`),
+/// and the most of their values its workgroup memory holds.
+const ATTENTION_HEADS: usize = 8;
+const ATTENTION_VALUES: usize = 2048;
+
+impl Settings {
+    /// Query heads per attention workgroup for `heads` query heads over `kv_heads` K/V
+    /// heads of `head_dim` values: the most consecutive ones that share a K/V head (a
+    /// divisor of `heads / kv_heads`) up to [`ATTENTION_HEADS`] and
+    /// [`ATTENTION_VALUES`]; 1 where grouping is off.
+    pub fn heads_per_group(&self, heads: usize, kv_heads: usize, head_dim: usize) -> usize {
+        let share = heads / kv_heads.max(1);
+        let fits = |g: &usize| {
+            share.is_multiple_of(*g) && *g <= ATTENTION_HEADS && g * head_dim <= ATTENTION_VALUES
+        };
+        match self.grouped_attention {
+            true => (1..=share).rev().find(fits).unwrap_or(1),
+            false => 1,
+        }
+    }
 }
 
 /// Workgroup width of every kernel.
@@ -350,6 +376,7 @@ impl Kernels {
                 max_groups: MAX_GROUPS,
                 head_rows: usize::MAX,
                 attention_chunk: ATTENTION_CHUNK,
+                grouped_attention: true,
             },
             subgroup,
         }
@@ -596,4 +623,47 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_i
         tracing::info!("gpu: subgroups not laid out in order; the matmuls add in workgroup memory");
     }
     Ok(in_order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attention's heads per workgroup: the most that share a K/V head (a divisor of
+    /// their number), up to eight and 2048 values; one where grouping is off.
+    #[test]
+    fn attention_takes_the_most_heads_that_share_a_kv_head_and_fit() {
+        let on = Settings {
+            wide: true,
+            fused: true,
+            max_groups: MAX_GROUPS,
+            head_rows: usize::MAX,
+            attention_chunk: ATTENTION_CHUNK,
+            grouped_attention: true,
+        };
+        // (heads, K/V heads, head_dim) → heads a workgroup.
+        let cases = [
+            ((32, 8, 64), 4),  // Llama 3.2 1B
+            ((9, 3, 64), 3),   // SmolLM2 135M
+            ((4, 1, 256), 4),  // Gemma 3 270M
+            ((16, 1, 256), 8), // 16 share one: eight fill the 2048 values
+            ((12, 1, 256), 6), // 8 does not divide 12, and 6 · 256 fits
+            ((28, 4, 128), 7), // Qwen 2.5 7B
+            ((48, 1, 128), 8), // more than eight share one
+            ((8, 8, 128), 1),  // no sharing
+            ((20, 2, 256), 5), // the divisors of 10: eight and ten do not
+        ];
+        for ((heads, kv, dim), want) in cases {
+            assert_eq!(
+                on.heads_per_group(heads, kv, dim),
+                want,
+                "{heads}/{kv} × {dim}"
+            );
+        }
+        let off = Settings {
+            grouped_attention: false,
+            ..on
+        };
+        assert_eq!(off.heads_per_group(32, 8, 64), 1);
+    }
 }

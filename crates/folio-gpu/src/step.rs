@@ -224,6 +224,7 @@ impl Step<'_> {
             // host does (`folio::kernels::rotate_heads`).
             let rotate = c.head_dim.is_power_of_two() as u32;
             let inv_sqrt = f(1.0 / (c.head_dim as f32).sqrt());
+            let group = k.set.heads_per_group(c.n_heads, c.n_kv_heads, c.head_dim) as u32;
             let hd = c.head_dim as u32;
             let gelu = c.activation == folio::model::Activation::GeGlu;
             k.embed(
@@ -308,6 +309,7 @@ impl Step<'_> {
                     chunks,
                     half as u32,
                     adjacent as u32,
+                    group,
                 ];
                 let bufs = [
                     &att,
@@ -323,7 +325,8 @@ impl Step<'_> {
                     false => (&k.attention, &k.combine),
                 };
                 let heads = c.n_heads as u32;
-                rec.dispatch(p, attention, &params, &bufs, (heads, n as u32 * chunks));
+                let groups = (heads / group, n as u32 * chunks);
+                rec.dispatch(p, attention, &params, &bufs, groups);
                 if chunk_keys > 0 {
                     rec.dispatch(p, combine, &params, &bufs[..2], (heads, n as u32));
                 }

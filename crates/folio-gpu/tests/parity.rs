@@ -294,13 +294,14 @@ fn plain_bits() -> Option<&'static [u32]> {
 
 /// Three prompts (44 tokens) in one step, every row's logits.
 fn three_prompts(gpu: &Model) -> Vec<Vec<f32>> {
+    three_prompts_over(gpu, KvDtype::F16)
+}
+
+/// [`three_prompts`] over a pool of `dtype`.
+fn three_prompts_over(gpu: &Model, dtype: KvDtype) -> Vec<Vec<f32>> {
     let [a, _, b, _] = prompts(gpu);
     let prompts = [a, b, gpu.tokenizer.encode("Short one", true)];
-    let mut kv = PagedKv::with_shape(
-        gpu.pool_shape(64, 16, KvDtype::F16),
-        512,
-        &gpu.fingerprint(),
-    );
+    let mut kv = PagedKv::with_shape(gpu.pool_shape(64, 16, dtype), 512, &gpu.fingerprint());
     let mut tables: Vec<PageTable> = prompts.iter().map(|_| kv.new_table(None)).collect();
     let mut refs: Vec<&mut PageTable> = tables.iter_mut().collect();
     let steps: Vec<(&[u32], Logits)> = prompts.iter().map(|p| (&p[..], Logits::All)).collect();
@@ -324,6 +325,36 @@ fn matrices_in_one_dispatch_give_the_same_bits() {
     };
     let b = three_prompts(&apart);
     assert!(fused == bits(&b), "{}", apart.backend().describe());
+}
+
+/// Attention with the query heads that share a K/V head in one workgroup (the
+/// default: SmolLM2's 9 heads over 3 K/V heads, three a workgroup) gives the logits of
+/// a workgroup a head bit for bit: three prompts in one step, over f16 and 8-bit K/V
+/// (its query rotated and its output rotated back per head), each whole and split into
+/// chunks of 8 keys (each head's state written for the combine).
+#[test]
+fn grouped_attention_gives_the_bits_of_a_head_a_workgroup() {
+    let mut seen = Vec::new();
+    for dtype in [KvDtype::F16, KvDtype::Q8] {
+        for chunk in [256, 8] {
+            let tune = |b: GpuBackend| b.with_attention_chunk(chunk);
+            let (Some(grouped), Some(apart)) = (
+                gpu_model(tune),
+                gpu_model(|b| tune(b).with_grouped_attention(false)),
+            ) else {
+                return;
+            };
+            let case = format!(
+                "{dtype:?}, chunks of {chunk}: {}",
+                apart.backend().describe()
+            );
+            let a = bits(&three_prompts_over(&grouped, dtype));
+            assert!(a == bits(&three_prompts_over(&apart, dtype)), "{case}");
+            seen.push(a);
+        }
+    }
+    // Each case ran its own arithmetic: the 8-bit pool's logits are not f16's.
+    assert!(seen[0] != seen[2] && seen[1] != seen[3]);
 }
 
 /// A profiled step (`with_profile`: a timestamp before the first dispatch and after

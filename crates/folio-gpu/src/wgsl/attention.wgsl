@@ -1,4 +1,8 @@
-// Paged attention: one workgroup per (head, row, chunk of keys). The query is rotated
+// Paged attention: one workgroup per (group of heads, row, chunk of keys). A group is
+// `group` consecutive query heads that share one K/V head (GQA; the host picks it, up
+// to GMAX, and 1 where it is asked to): each key's K and V are read once for all of
+// them, and each head's arithmetic is what it is in a workgroup of its own, in the same
+// order (the same bits). The query is rotated
 // by RoPE as it is loaded (`rope.wgsl`; `half` pairs, `adjacent`). The row's keys are
 // positions first..=pos of its own sequence, found through the step's page table (CSR,
 // `tab`):
@@ -21,12 +25,13 @@
 // chunk c and writes its state (m, l, the unnormalized sums) to `part`, and `combine`
 // (one workgroup per (head, row)) rescales the chunks' states to their largest m, adds
 // them in chunk order and divides. With `chunk_keys` = 0 one workgroup takes every key
-// and writes the output. Dispatch: (heads, rows · chunks); combine: (heads, rows).
+// and writes the output. Dispatch: (heads / group, rows · chunks); combine: (heads,
+// rows).
 struct P {
     rows: u32, n_heads: u32, n_kv_heads: u32, head_dim: u32,
     page_size: u32, kv_dim: u32, scale: f32, window: u32,
     seqs: u32, cap: f32, rotate: u32, norm: f32,
-    chunk_keys: u32, chunks: u32, half: u32, adjacent: u32,
+    chunk_keys: u32, chunks: u32, half: u32, adjacent: u32, group: u32,
 }
 @group(0) @binding(0) var<uniform> p: P;
 // The outputs first: `combine` binds only them.
@@ -41,8 +46,12 @@ struct P {
 // 8-bit K/V (a pipeline constant).
 override KV_Q8: bool = false;
 
-var<workgroup> qs: array<f32, 256>;
-var<workgroup> sc: array<f32, 64>;
+// The most heads a workgroup takes; the group's queries, head i's from i · head_dim
+// (group · head_dim at most 2048: the host's rule), and their scores of a block of
+// keys, head i's from 64 i.
+const GMAX: u32 = 8u;
+var<workgroup> qs: array<f32, 2048>;
+var<workgroup> sc: array<f32, 512>;
 var<workgroup> info: array<u32, 3>;
 
 // The pool slot of key `key` (pages from entry `first`).
@@ -68,14 +77,14 @@ fn sbyte(x: u32, b: u32) -> f32 {
     return f32(bitcast<i32>(x << (24u - 8u * b)) >> 24u);
 }
 
-// qs[0..head_dim] times H (`wht.wgsl`). Run by one invocation.
-fn rotate_qs() {
+// qs[at..at + head_dim] times H (`wht.wgsl`). Run by one invocation.
+fn rotate_qs(at: u32) {
     for (var e = 0u; e < p.head_dim; e++) {
-        wht[e] = qs[e];
+        wht[e] = qs[at + e];
     }
     rotate_wht(p.head_dim, p.norm);
     for (var e = 0u; e < p.head_dim; e++) {
-        qs[e] = wht[e];
+        qs[at + e] = wht[e];
     }
 }
 
@@ -90,7 +99,9 @@ fn write_out(h: u32, r: u32, t: u32, o: array<f32, 4>) {
     let hp = p.head_dim / 2u;
     let at = r * p.n_heads * p.head_dim + h * p.head_dim;
     if (KV_Q8 && p.rotate != 0u) {
-        // Through qs (its last readers are past a barrier).
+        // Through qs, once its last readers (the keys' loop, or the head before) are
+        // past a barrier.
+        workgroupBarrier();
         for (var c = 0u; c < 2u; c++) {
             let e = t + 64u * c;
             if (e < hp) {
@@ -100,7 +111,7 @@ fn write_out(h: u32, r: u32, t: u32, o: array<f32, 4>) {
         }
         workgroupBarrier();
         if (t == 0u) {
-            rotate_qs();
+            rotate_qs(0u);
         }
         workgroupBarrier();
         for (var i = t; i < p.head_dim; i += 64u) {
@@ -119,11 +130,13 @@ fn write_out(h: u32, r: u32, t: u32, o: array<f32, 4>) {
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let h = wg.x;
+    let g = p.group;
+    let h0 = wg.x * g;
     let r = wg.y / p.chunks;
     let chunk = wg.y % p.chunks;
-    let kvh = h / (p.n_heads / p.n_kv_heads);
+    let kvh = h0 / (p.n_heads / p.n_kv_heads);
     let hp = p.head_dim / 2u;
+    let hd = p.head_dim;
     if (t == 0u) {
         let pos = tab[2u * r];
         let s = tab[2u * r + 1u];
@@ -135,11 +148,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         info[1] = pos + 1u;
         info[2] = tab[p.seqs + 3u * s];
     }
-    let head = r * p.n_heads * p.head_dim + h * p.head_dim;
     let adjacent = p.adjacent != 0u;
-    for (var i = t; i < p.head_dim; i += 64u) {
-        let other = q[head + rope_other(i, p.half, adjacent)];
-        qs[i] = rope_at(q[head + i], other, r, i, p.half, adjacent);
+    for (var i = 0u; i < GMAX; i++) {
+        if (i >= g) {
+            break;
+        }
+        let head = r * p.n_heads * hd + (h0 + i) * hd;
+        for (var e = t; e < hd; e += 64u) {
+            let other = q[head + rope_other(e, p.half, adjacent)];
+            qs[i * hd + e] = rope_at(q[head + e], other, r, e, p.half, adjacent);
+        }
     }
     var first = workgroupUniformLoad(&info[0]);
     var n = workgroupUniformLoad(&info[1]);
@@ -150,57 +168,96 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     }
     if (KV_Q8 && p.rotate != 0u) {
         if (t == 0u) {
-            rotate_qs();
+            for (var i = 0u; i < g; i++) {
+                rotate_qs(i * hd);
+            }
         }
         workgroupBarrier();
     }
-    var m = -3.0e38;
-    var l = 0.0;
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    // Each head's running maximum and sum, and its share of the value dimensions.
+    var m: array<f32, GMAX>;
+    var l: array<f32, GMAX>;
+    var acc: array<array<f32, 4>, GMAX>;
+    for (var i = 0u; i < GMAX; i++) {
+        m[i] = -3.0e38;
+    }
     for (var k0 = first; k0 < n; k0 += 64u) {
         let key = k0 + t;
-        var s = -3.0e38;
+        var d: array<f32, GMAX>;
         if (key < n) {
             let slot = key_slot(pages, key);
             let base = key_base(slot, kvh);
-            var d = 0.0;
             if (KV_Q8) {
-                for (var e = 0u; e < p.head_dim / 4u; e++) {
+                for (var e = 0u; e < hd / 4u; e++) {
                     let w = kpool[base + e];
                     for (var b = 0u; b < 4u; b++) {
-                        d += qs[4u * e + b] * sbyte(w, b);
+                        let kb = sbyte(w, b);
+                        for (var i = 0u; i < GMAX; i++) {
+                            if (i >= g) {
+                                break;
+                            }
+                            d[i] += qs[i * hd + 4u * e + b] * kb;
+                        }
                     }
                 }
-                d *= bitcast<f32>(kpool[scale_at(slot, kvh)]);
+                let ks = bitcast<f32>(kpool[scale_at(slot, kvh)]);
+                for (var i = 0u; i < GMAX; i++) {
+                    d[i] *= ks;
+                }
             } else {
                 for (var e = 0u; e < hp; e++) {
                     let kk = unpack2x16float(kpool[base + e]);
-                    d += qs[2u * e] * kk.x + qs[2u * e + 1u] * kk.y;
+                    for (var i = 0u; i < GMAX; i++) {
+                        if (i >= g) {
+                            break;
+                        }
+                        d[i] += qs[i * hd + 2u * e] * kk.x + qs[i * hd + 2u * e + 1u] * kk.y;
+                    }
                 }
             }
-            if (p.cap > 0.0) {
-                // Soft-capping (Gemma 2), as the CPU's (and ggml's): the scale divided
-                // by the cap before tanh.
-                s = p.cap * tanh(d * (p.scale / p.cap));
-            } else {
-                s = d * p.scale;
-            }
         }
-        sc[t] = s;
+        for (var i = 0u; i < GMAX; i++) {
+            if (i >= g) {
+                break;
+            }
+            var s = -3.0e38;
+            if (key < n) {
+                if (p.cap > 0.0) {
+                    // Soft-capping (Gemma 2), as the CPU's (and ggml's): the scale
+                    // divided by the cap before tanh.
+                    s = p.cap * tanh(d[i] * (p.scale / p.cap));
+                } else {
+                    s = d[i] * p.scale;
+                }
+            }
+            sc[64u * i + t] = s;
+        }
         workgroupBarrier();
         let cnt = min(64u, n - k0);
-        var bm = m;
-        for (var j = 0u; j < cnt; j++) {
-            bm = max(bm, sc[j]);
+        var bm: array<f32, GMAX>;
+        for (var i = 0u; i < GMAX; i++) {
+            if (i >= g) {
+                break;
+            }
+            bm[i] = m[i];
+            for (var j = 0u; j < cnt; j++) {
+                bm[i] = max(bm[i], sc[64u * i + j]);
+            }
+            let corr = exp(m[i] - bm[i]);
+            l[i] *= corr;
+            for (var c = 0u; c < 4u; c++) {
+                acc[i][c] *= corr;
+            }
         }
-        let corr = exp(m - bm);
-        l *= corr;
-        for (var c = 0u; c < 4u; c++) {
-            acc[c] *= corr;
-        }
         for (var j = 0u; j < cnt; j++) {
-            let wj = exp(sc[j] - bm);
-            l += wj;
+            var wj: array<f32, GMAX>;
+            for (var i = 0u; i < GMAX; i++) {
+                if (i >= g) {
+                    break;
+                }
+                wj[i] = exp(sc[64u * i + j] - bm[i]);
+                l[i] += wj[i];
+            }
             let slot = key_slot(pages, k0 + j);
             let base = key_base(slot, kvh);
             var vs = 1.0;
@@ -217,33 +274,51 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
                     } else {
                         vv = unpack2x16float(vpool[base + e]);
                     }
-                    acc[2u * c] += wj * vv.x;
-                    acc[2u * c + 1u] += wj * vv.y;
+                    for (var i = 0u; i < GMAX; i++) {
+                        if (i >= g) {
+                            break;
+                        }
+                        acc[i][2u * c] += wj[i] * vv.x;
+                        acc[i][2u * c + 1u] += wj[i] * vv.y;
+                    }
                 }
             }
         }
-        m = bm;
+        for (var i = 0u; i < GMAX; i++) {
+            m[i] = bm[i];
+        }
         workgroupBarrier();
     }
     if (p.chunk_keys > 0u) {
-        let at = part_at(h, r, chunk);
-        if (t == 0u) {
-            part[at] = m;
-            part[at + 1u] = l;
-        }
-        for (var c = 0u; c < 2u; c++) {
-            let e = t + 64u * c;
-            if (e < hp) {
-                part[at + 2u + 2u * e] = acc[2u * c];
-                part[at + 3u + 2u * e] = acc[2u * c + 1u];
+        for (var i = 0u; i < GMAX; i++) {
+            if (i >= g) {
+                break;
+            }
+            let at = part_at(h0 + i, r, chunk);
+            if (t == 0u) {
+                part[at] = m[i];
+                part[at + 1u] = l[i];
+            }
+            for (var c = 0u; c < 2u; c++) {
+                let e = t + 64u * c;
+                if (e < hp) {
+                    part[at + 2u + 2u * e] = acc[i][2u * c];
+                    part[at + 3u + 2u * e] = acc[i][2u * c + 1u];
+                }
             }
         }
         return;
     }
-    for (var c = 0u; c < 4u; c++) {
-        acc[c] /= l;
+    for (var i = 0u; i < GMAX; i++) {
+        if (i >= g) {
+            break;
+        }
+        var o = acc[i];
+        for (var c = 0u; c < 4u; c++) {
+            o[c] /= l[i];
+        }
+        write_out(h0 + i, r, t, o);
     }
-    write_out(h, r, t, acc);
 }
 
 @compute @workgroup_size(64)
