@@ -112,9 +112,11 @@ pub async fn load(State(st): St, Path(name): Path<String>) -> Result<Response, A
     let st2 = st.clone();
     let v = blocking(move || {
         let ctx = Context::load(&engine, &name)?;
+        // The tenant salt the snapshot was saved with (a server's salts are text).
+        let salt = ctx.salt()?.and_then(|s| String::from_utf8(s).ok());
         register(
             &st2,
-            Entry::new(ctx, None, Some(format!("snapshot:{name}")), false),
+            Entry::new(ctx, salt, Some(format!("snapshot:{name}")), false),
         )
     })
     .await?;

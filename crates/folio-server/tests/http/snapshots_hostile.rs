@@ -1,6 +1,8 @@
 //! Snapshots under a hostile client (probe 2026-11-27): saves in a loop do not stall
 //! other requests (F2), a crafted snapshot file is skipped at start and cannot fail a
-//! stream beside it (F9), and snapshot files have a quota (F11a).
+//! stream beside it (F9), and snapshot files have a quota (F11a). And (probe
+//! 2026-12-08, F1) a salted context's snapshot stays in its tenant's chain across a
+//! restart.
 
 use crate::client::{context_with, get, ok, open_stream, post, tokens};
 use crate::server::start;
@@ -104,7 +106,8 @@ fn a_crafted_snapshot_with_a_token_outside_the_vocabulary_is_skipped_and_a_strea
     }
     // The forger: the last token made 0xFFFFFFF0, the checksum recomputed.
     let mut b = std::fs::read(dir.path().join("ref.snap")).unwrap();
-    let at = 44 + 4 * (n - 1);
+    // Tokens start after the 44-byte header and the salt's length (no salt).
+    let at = 48 + 4 * (n - 1);
     b[at..at + 4].copy_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
     b.truncate(b.len() - 16);
     let sum = xxhash_rust::xxh3::xxh3_128(&b).to_le_bytes();
@@ -211,5 +214,78 @@ fn a_save_over_the_snapshot_quota_is_507_and_writes_nothing() {
     assert_eq!(d.status, 200, "{}", d.text());
     ok(a, "/v1/snapshots", json!({"context": small, "name": "c"}));
     assert_eq!(files(dir.path()), vec!["a.snap", "c.snap"]);
+    assert_eq!(get(a, "/v1/kv/check").status, 200);
+}
+
+/// A snapshot of a context with a `cache_salt` keeps the salt: a load reports it, and
+/// after a restart the restored pages serve only that tenant's prompts. The hostile
+/// probe of 2026-12-08 (F1) found the pages restored unsalted: any tenant's prompt
+/// matched the salted tenant's secret prefix (its `cached_tokens` said so), and the
+/// tenant itself lost the hit.
+#[test]
+fn a_salted_contexts_snapshot_stays_in_its_tenants_chain_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = || EngineConfig {
+        kv_pages: 256,
+        max_seq_tokens: Some(1024),
+        snapshot_dir: Some(dir.path().to_path_buf()),
+        ..EngineConfig::default()
+    };
+    let secret = tokens(80, 7);
+    let matched = |a: SocketAddr, salt: Option<&str>| {
+        let mut body = json!({ "tokens": secret });
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        ok(a, "/v1/cache/match", body)["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let loaded_salt = |a: SocketAddr| {
+        let c = ok(a, "/v1/snapshots/alice-secret/load", json!({}));
+        c["cache_salt"].clone()
+    };
+    {
+        let s = start(ServeConfig::default(), cfg());
+        let a = s.addr;
+        let id = ok(a, "/v1/contexts", json!({"cache_salt": "alice"}))["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        ok(
+            a,
+            &format!("/v1/contexts/{id}/append"),
+            json!({ "tokens": secret }),
+        );
+        ok(
+            a,
+            "/v1/snapshots",
+            json!({"context": id, "name": "alice-secret"}),
+        );
+        assert_eq!(loaded_salt(a), json!("alice"));
+        let hits = [
+            matched(a, None),
+            matched(a, Some("bob")),
+            matched(a, Some("alice")),
+        ];
+        assert_eq!(hits[..2], [0, 0]);
+        assert!(hits[2] >= 64, "{hits:?}");
+        s.stop().unwrap();
+    }
+    let s = start(ServeConfig::default(), cfg());
+    let a = s.addr;
+    assert_eq!(snapshot_names(a), vec!["alice-secret"]);
+    let hits = [
+        matched(a, None),
+        matched(a, Some("bob")),
+        matched(a, Some("alice")),
+    ];
+    assert_eq!(
+        hits[..2],
+        [0, 0],
+        "another tenant sees the salted pages: {hits:?}"
+    );
+    assert!(hits[2] >= 64, "the tenant lost its pages: {hits:?}");
+    assert_eq!(loaded_salt(a), json!("alice"));
     assert_eq!(get(a, "/v1/kv/check").status, 200);
 }

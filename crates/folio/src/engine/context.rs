@@ -492,6 +492,12 @@ impl Contexts {
         })
     }
 
+    /// The context's tenant salt, if it has one.
+    pub fn salt(&self, id: u64) -> Result<Option<Vec<u8>>, EngineError> {
+        let c = self.map.get(&id).ok_or(EngineError::NoContext(id))?;
+        Ok(c.salt.clone())
+    }
+
     /// The ids of the pool pages the context holds: its table's (a sliding window's
     /// forgotten pages left out), then the spare pages it reserved.
     pub fn page_ids(&mut self, id: u64) -> Result<Vec<u32>, EngineError> {
@@ -531,9 +537,11 @@ impl Contexts {
         Ok(kv.begin_save(name, c.table.as_mut().expect("idle"))?)
     }
 
+    /// A new context sharing snapshot `name`'s pages, in its tenant's chain (the salt
+    /// the snapshot was saved with).
     pub fn load(&mut self, kv: &mut PagedKv, name: &str) -> Result<u64, EngineError> {
         let table = kv.load(name)?;
-        let id = self.new_context(kv, None);
+        let id = self.new_context(kv, table.salt().map(<[u8]>::to_vec));
         let old = self.map.get_mut(&id).expect("just made");
         let empty = old.table.replace(table).expect("fresh");
         let _ = kv.release(empty);

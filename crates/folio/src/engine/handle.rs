@@ -741,6 +741,13 @@ impl Context {
         self.engine.call(move |c| c.contexts.info(&c.kv, id))?
     }
 
+    /// Its tenant salt, if it has one (a context loaded from a snapshot has the salt
+    /// the snapshot was saved with).
+    pub fn salt(&self) -> Result<Option<Vec<u8>>, EngineError> {
+        let id = self.id;
+        self.engine.call(move |c| c.contexts.salt(id))?
+    }
+
     /// The ids of the pool pages it holds (pages shared with forks and the prefix
     /// cache included: a caller counting a group of contexts' pages counts each id
     /// once).

@@ -114,6 +114,14 @@ pub enum SnapshotError {
     /// Saving a new name would keep more snapshots than allowed: nothing was written.
     #[error("snapshot {name:?} would be one more than the {limit} snapshots allowed (--max-snapshots): delete one first, or save under an existing name. Nothing was saved")]
     TooMany { name: String, limit: usize },
+    /// The table's tenant salt is longer than a snapshot file keeps: nothing was saved.
+    #[error("a tenant salt of {bytes} bytes is longer than a snapshot keeps ({limit}): nothing was saved")]
+    SaltTooLong { bytes: usize, limit: usize },
+    /// The name's file in the snapshot directory is a snapshot of another pool (another
+    /// model, K/V type or page size, sharing the directory), which this one neither
+    /// lists nor loads: a save would destroy it unseen.
+    #[error("{path}: snapshot {name:?} there was saved by a server of another model, K/V type or page size sharing the directory; this one does not replace it: save under another name, or delete the file there. Nothing was saved")]
+    TakenByAnother { name: String, path: PathBuf },
     /// A save's pin is gone (it was ended, or its pages did not hold what it
     /// pinned): a bug of whoever drives the save.
     #[error("save {0} is not in progress, or its pinned pages came back short")]
@@ -126,7 +134,10 @@ impl SnapshotError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             SnapshotError::NotFound(_) => ErrorKind::NotFound,
-            SnapshotError::BadName(_) | SnapshotError::NotADirectory(_) => ErrorKind::Invalid,
+            SnapshotError::BadName(_)
+            | SnapshotError::NotADirectory(_)
+            | SnapshotError::SaltTooLong { .. }
+            | SnapshotError::TakenByAnother { .. } => ErrorKind::Invalid,
             SnapshotError::Kv(e) => e.kind(),
             // Full disk or quota: the server cannot store now; freeing space fixes it.
             SnapshotError::NoSpace { .. }

@@ -151,7 +151,7 @@ impl PagedKv {
                 if self.events_wanted {
                     self.remember_salt(root.0, s);
                 }
-                PageTable::new(root)
+                PageTable::new(root).with_salt(Some(s.into()))
             }
         }
     }
@@ -459,7 +459,7 @@ impl PagedKv {
 
     /// Releases every page of `t`, leaving it empty (same chain root).
     fn clear(&mut self, t: &mut PageTable) {
-        let fresh = PageTable::new(t.root);
+        let fresh = PageTable::new(t.root).with_salt(t.salt.clone());
         if let Err(e) = self.store.release_table(std::mem::replace(t, fresh)) {
             tracing::error!("releasing a table's pages: {e}");
         }

@@ -36,13 +36,17 @@
 //! ([`read_snapshot_file_id`], then [`PagedKv::reload_snapshot`]) before it forks
 //! the snapshot. Contexts already loaded from the older version keep its pages.
 //!
-//! File format (little-endian): magic `FOLIOSNP`, version u32 (2), fingerprint
+//! File format (little-endian): magic `FOLIOSNP`, version u32 (3), fingerprint
 //! [u8; 16], page_size u32, slot_halves u32, dtype u32 (0 f16, 1 f32, 2 q8_0), n_tokens
-//! u64, tokens [u32], then for every token its K/V bytes [u8; 2 · slot_halves] (every
-//! layer's K then V row as the pool stores it: f16 or f32 elements, or the 8-bit
-//! values then their scales), then xxh3-128 of everything before it. Version 1 had no
-//! dtype field (f16 or f32, told apart by slot_halves); it is still read. A file of
-//! another dtype than the pool's is [`SnapshotError::WrongDtype`], never restored.
+//! u64, salt_len u32 (u32::MAX: no salt) and the tenant salt [u8; salt_len], tokens
+//! [u32], then for every token its K/V bytes [u8; 2 · slot_halves] (every layer's K
+//! then V row as the pool stores it: f16 or f32 elements, or the 8-bit values then
+//! their scales), then xxh3-128 of everything before it. The salt is the one the
+//! saved table's chain was made with ([`PageTable::salt`]): a restored snapshot is in
+//! that tenant's chain again, never in another's. Version 2 had no salt (its files are
+//! restored unsalted), version 1 no dtype either (f16 or f32, told apart by
+//! slot_halves); both are still read. A file of another dtype than the pool's is
+//! [`SnapshotError::WrongDtype`], never restored.
 
 use super::error::KvError;
 pub use super::error::SnapshotError;
@@ -55,12 +59,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 const MAGIC: &[u8; 8] = b"FOLIOSNP";
-const VERSION: u32 = 2;
-/// Bytes before the tokens: magic, version, fingerprint, page size, slot halves, dtype,
-/// count.
+const VERSION: u32 = 3;
+/// Bytes up to the token count's end: magic, version, fingerprint, page size, slot
+/// halves, dtype, count (versions 2 and 3; the salt follows in 3).
 const HEAD: usize = 8 + 4 + 16 + 4 + 4 + 4 + 8;
 /// The same in version 1 (no dtype).
 const HEAD_V1: usize = HEAD - 4;
+/// The longest tenant salt a file may hold (the server takes 1024 bytes).
+const MAX_SALT: usize = 4096;
+/// A salt length that says there is no salt.
+const NO_SALT: u32 = u32::MAX;
 
 /// The dtype's code in a snapshot file.
 fn dtype_code(d: super::KvDtype) -> u32 {
@@ -231,12 +239,15 @@ impl SaveTicket {
         mut fetch: impl FnMut(usize, usize, &mut Vec<u8>) -> Result<(), E>,
     ) -> Result<Written, E> {
         let path = self.dir.join(format!("{}.snap", self.name));
+        check_not_anothers(&self.name, &path, &self.head)?;
         let (tmp, mut f) = create_temp(&self.dir, &self.name).map_err(|e| io_error(&path, e))?;
         // From here on a failure removes the temporary file (`Written`'s drop).
         let mut written = Written {
             file: None,
             tmp,
             path,
+            name: self.name.clone(),
+            ours: self.head[..HEAD].to_vec(),
             dir: self.dir.clone(),
             lock: self.lock.clone(),
             published: false,
@@ -273,6 +284,9 @@ pub struct Written {
     file: Option<File>,
     tmp: PathBuf,
     path: PathBuf,
+    name: String,
+    /// This pool's header (for [`check_not_anothers`]).
+    ours: Vec<u8>,
     dir: PathBuf,
     lock: SnapshotLock,
     published: bool,
@@ -295,6 +309,8 @@ impl Written {
         {
             let _held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
             self.check_still_ours()?;
+            // Checked again under the lock: another pool may have saved the name since.
+            check_not_anothers(&self.name, &self.path, &self.ours)?;
             // NOTE: rename replaces whatever is at `path` (a link included) and never
             // follows it: the snapshot's name now names the file just written.
             std::fs::rename(&self.tmp, &self.path).map_err(|e| io_error(&self.path, e))?;
@@ -331,6 +347,20 @@ impl Written {
             }
         }
         Ok(())
+    }
+}
+
+/// Refuses to replace `path` where it holds a snapshot another pool made (another
+/// model, K/V type or page size sharing the directory: this pool neither lists nor
+/// loads it, so a save would destroy it unseen). `ours`: this pool's header. Anything
+/// else there (nothing, this pool's snapshot, a file that is no snapshot) may go.
+fn check_not_anothers(name: &str, path: &Path, ours: &[u8]) -> Result<(), SnapshotError> {
+    match Header::read(path) {
+        Some(h) if !h.same_pool(ours) => Err(SnapshotError::TakenByAnother {
+            name: name.into(),
+            path: path.to_path_buf(),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -398,7 +428,15 @@ impl PagedKv {
             }
         }
         let slot_bytes = self.arena.slot_bytes();
-        let bytes = (table.len() * (4 + slot_bytes) + HEAD + 16) as u64;
+        let salt = table.salt.clone();
+        if salt.as_ref().is_some_and(|s| s.len() > MAX_SALT) {
+            return Err(SnapshotError::SaltTooLong {
+                bytes: salt.map_or(0, |s| s.len()),
+                limit: MAX_SALT,
+            });
+        }
+        let salt_bytes = 4 + salt.as_ref().map_or(0, |s| s.len());
+        let bytes = (table.len() * (4 + slot_bytes) + HEAD + salt_bytes + 16) as u64;
         if let Some(dir) = self.snapshot_dir.clone() {
             // Replacing a snapshot frees its file: only the difference counts.
             let old = self.snap.sizes.get(name).copied().unwrap_or(0);
@@ -429,7 +467,7 @@ impl PagedKv {
                     return Err(e.into());
                 }
             };
-            let mut head = Vec::with_capacity(HEAD + 4 * tokens.len());
+            let mut head = Vec::with_capacity(HEAD + salt_bytes + 4 * tokens.len());
             head.extend_from_slice(MAGIC);
             head.extend_from_slice(&VERSION.to_le_bytes());
             head.extend_from_slice(&self.fingerprint);
@@ -437,6 +475,13 @@ impl PagedKv {
             head.extend_from_slice(&(self.arena.slot_halves() as u32).to_le_bytes());
             head.extend_from_slice(&dtype_code(self.arena.dtype()).to_le_bytes());
             head.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
+            match &salt {
+                Some(s) => {
+                    head.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                    head.extend_from_slice(s);
+                }
+                None => head.extend_from_slice(&NO_SALT.to_le_bytes()),
+            }
             for tok in &tokens {
                 head.extend_from_slice(&tok.to_le_bytes());
             }
@@ -705,7 +750,7 @@ impl PagedKv {
             .max(self.arena.slot_bytes_as(super::KvDtype::F32));
         (self.max_tokens() as u64)
             .saturating_mul(4 + widest as u64)
-            .saturating_add(HEAD as u64 + 16)
+            .saturating_add((HEAD + 4 + MAX_SALT + 16) as u64)
     }
 
     /// Where snapshot `name`'s file is (with a snapshot directory), and the most bytes
@@ -838,12 +883,13 @@ impl PagedKv {
             return Err(corrupt("not a folio snapshot"));
         }
         let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4 bytes"));
-        let head = match u32_at(8) {
+        let version = u32_at(8);
+        let fixed = match version {
             1 => HEAD_V1,
-            VERSION => HEAD,
+            2 | VERSION => HEAD,
             _ => return Err(corrupt("unknown snapshot version")),
         };
-        if body.len() < head {
+        if body.len() < fixed {
             return Err(corrupt("truncated"));
         }
         if body[12..28] != self.fingerprint {
@@ -857,7 +903,7 @@ impl PagedKv {
             )));
         }
         let pool = self.arena.dtype();
-        let file = if head == HEAD {
+        let file = if version >= 2 {
             dtype_of(u32_at(36)).ok_or_else(|| corrupt("unknown K/V element type"))?
         } else {
             // Version 1: f16 or f32 (never 8-bit), whichever this pool's rows would make
@@ -887,7 +933,24 @@ impl PagedKv {
                 self.arena.slot_bytes()
             )));
         }
-        let n = u64::from_le_bytes(body[head - 8..head].try_into().expect("8 bytes")) as usize;
+        let n = u64::from_le_bytes(body[fixed - 8..fixed].try_into().expect("8 bytes")) as usize;
+        // The tenant salt (version 3), then the tokens.
+        let (salt, head) = match version {
+            VERSION => {
+                if body.len() < fixed + 4 {
+                    return Err(corrupt("truncated"));
+                }
+                match u32_at(fixed) {
+                    NO_SALT => (None, fixed + 4),
+                    len if len as usize <= MAX_SALT && body.len() >= fixed + 4 + len as usize => {
+                        let at = fixed + 4;
+                        (Some(&body[at..at + len as usize]), at + len as usize)
+                    }
+                    _ => return Err(corrupt("a tenant salt longer than the file or the limit")),
+                }
+            }
+            _ => (None, fixed),
+        };
         let slot_bytes = self.arena.slot_bytes();
         let want = n
             .checked_mul(4 + slot_bytes)
@@ -929,7 +992,7 @@ impl PagedKv {
                 "a K/V element of token {i} is not a finite number"
             )));
         }
-        let mut t = self.new_table(None);
+        let mut t = self.new_table(salt);
         let kv_at = head + 4 * n;
         for (pos, &tok) in tokens.iter().enumerate() {
             if let Err(e) = self.store.push(&mut t, tok) {
@@ -1144,11 +1207,54 @@ pub fn read_snapshot_file_id(
     Ok((b, SnapFileId::of(&meta)))
 }
 
+/// A snapshot file's header through its token count, as [`Header::read`] finds it.
+struct Header {
+    version: u32,
+    bytes: [u8; HEAD],
+    /// Where the token count ends ([`HEAD`], or [`HEAD_V1`] in version 1).
+    end: usize,
+}
+
+impl Header {
+    /// The header of the file at `path`; none where that is no regular file (a link is
+    /// not followed, a FIFO not waited on) or its start is no snapshot's.
+    fn read(path: &Path) -> Option<Self> {
+        use std::io::Read;
+        let mut f = super::disk::open_safely(path, File::options().read(true)).ok()?;
+        let mut bytes = [0u8; HEAD];
+        f.read_exact(&mut bytes[..HEAD_V1]).ok()?;
+        if &bytes[..8] != MAGIC {
+            return None;
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        let end = match version {
+            1 => HEAD_V1,
+            2 | VERSION => {
+                f.read_exact(&mut bytes[HEAD_V1..]).ok()?;
+                HEAD
+            }
+            _ => return None,
+        };
+        Some(Self {
+            version,
+            bytes,
+            end,
+        })
+    }
+
+    /// Whether a pool whose files start with `ours` (a header of this version) made
+    /// it: the same fingerprint, page size and row shape, and (from version 2) K/V
+    /// type.
+    fn same_pool(&self, ours: &[u8]) -> bool {
+        let upto = if self.version == 1 { 36 } else { 40 };
+        self.bytes[12..upto] == ours[12..upto]
+    }
+}
+
 /// The snapshot files in `dir` (other processes' included), each one's token count as
 /// its header says (not checked: the file is checked when it is restored) and its
 /// stamp. Files whose header is not a snapshot's are left out.
 pub fn list_snapshot_files(dir: &Path) -> Vec<(String, usize, FileStamp)> {
-    use std::io::Read;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -1161,28 +1267,13 @@ pub fn list_snapshot_files(dir: &Path) -> Vec<(String, usize, FileStamp)> {
         let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
             continue;
         };
-        if check_name(name).is_err() || !e.file_type().is_ok_and(|t| t.is_file()) {
+        if check_name(name).is_err() {
             continue;
         }
-        let mut head = [0u8; HEAD];
-        let Ok(mut f) = File::open(&path) else {
+        let Some(h) = Header::read(&path) else {
             continue;
         };
-        if f.read_exact(&mut head[..HEAD_V1]).is_err() || &head[..8] != MAGIC {
-            continue;
-        }
-        let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
-        let end = match version {
-            1 => HEAD_V1,
-            VERSION => {
-                if f.read_exact(&mut head[HEAD_V1..]).is_err() {
-                    continue;
-                }
-                HEAD
-            }
-            _ => continue,
-        };
-        let n = u64::from_le_bytes(head[end - 8..end].try_into().expect("8 bytes"));
+        let n = u64::from_le_bytes(h.bytes[h.end - 8..h.end].try_into().expect("8 bytes"));
         let Some(s) = stamp(&path) else {
             continue;
         };

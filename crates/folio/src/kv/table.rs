@@ -60,6 +60,9 @@ pub struct PageTable {
     pub(crate) len: usize,
     /// Chain root: model fingerprint, page size and tenant salt.
     pub(crate) root: PageHash,
+    /// The tenant salt the root was made with ([`super::PagedKv::new_table`]), kept so
+    /// that a snapshot names its chain again after a restart.
+    pub(crate) salt: Option<Arc<[u8]>>,
     /// Hashes of the committed pages after `shared_end()`, in order (the committed
     /// pages are a prefix of `pages`).
     pub(crate) hashes: Vec<PageHash>,
@@ -92,10 +95,22 @@ impl PageTable {
             own: Vec::new(),
             len: 0,
             root,
+            salt: None,
             hashes: Vec::new(),
             shared: None,
             held_from: 0,
         }
+    }
+
+    /// The same empty table, its root made with tenant salt `salt`.
+    pub(crate) fn with_salt(mut self, salt: Option<Arc<[u8]>>) -> Self {
+        self.salt = salt;
+        self
+    }
+
+    /// The tenant salt of the table's chain, if it has one.
+    pub fn salt(&self) -> Option<&[u8]> {
+        self.salt.as_deref()
     }
 
     /// A copy sharing the same fork group; the caller owns the references of the copy's
@@ -105,6 +120,7 @@ impl PageTable {
             own: self.own.clone(),
             len: self.len,
             root: self.root,
+            salt: self.salt.clone(),
             hashes: self.hashes.clone(),
             shared: self.shared.clone(),
             held_from: self.held_from,

@@ -157,3 +157,50 @@ fn the_engines_fingerprint_changes_with_the_kv_type() {
     assert_ne!(f32, f16);
     assert_ne!(q8, f32);
 }
+
+/// A save under a name whose file another pool made (here an f16 pool's, shared with
+/// an 8-bit one, which neither lists nor loads it) is refused and the file kept: the
+/// hostile probe of 2026-12-08 saw the 8-bit server replace the f16 snapshot unseen.
+/// A name that holds no snapshot file, or a file that is no snapshot, is saved over.
+#[test]
+fn a_save_never_replaces_another_pools_snapshot_file() {
+    let (_d, m) = tiny();
+    let toks = prompt(&m, 20);
+    let dir = tempfile::tempdir().unwrap();
+    let pool = |dtype| PagedKv::with_shape(m.pool_shape(12, 8, dtype), 512, &m.fingerprint());
+    let saved = |kv: &mut PagedKv, name: &str| {
+        let mut t = kv.new_table(None);
+        m.run(&mut kv.seq(&mut t), &toks, Logits::Last).unwrap();
+        let r = kv.save(name, &mut t);
+        kv.release(t).unwrap();
+        r
+    };
+    let mut f16 = pool(KvDtype::F16);
+    f16.open_snapshot_dir(dir.path()).unwrap();
+    saved(&mut f16, "shared").unwrap();
+    let file = dir.path().join("shared.snap");
+    let before = std::fs::read(&file).unwrap();
+    let mut q8 = pool(KvDtype::Q8);
+    q8.open_snapshot_dir(dir.path()).unwrap();
+    let err = saved(&mut q8, "shared").unwrap_err();
+    assert!(
+        matches!(&err, SnapshotError::TakenByAnother { name, .. } if name == "shared"),
+        "{err}"
+    );
+    assert_eq!(err.kind(), folio::ErrorKind::Invalid);
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        before,
+        "the f16 file was replaced"
+    );
+    assert!(q8.snapshot_names().is_empty());
+    // Other names are the 8-bit pool's to use, a file that is no snapshot included.
+    std::fs::write(dir.path().join("junk.snap"), b"not a snapshot").unwrap();
+    saved(&mut q8, "junk").unwrap();
+    saved(&mut q8, "mine").unwrap();
+    saved(&mut q8, "mine").unwrap();
+    assert_eq!(q8.snapshot_names(), ["junk", "mine"]);
+    // The f16 pool still restores its own.
+    let (names, _) = pool(KvDtype::F16).open_snapshot_dir(dir.path()).unwrap();
+    assert_eq!(names, ["shared"]);
+}

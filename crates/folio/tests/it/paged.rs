@@ -388,3 +388,52 @@ fn a_save_onto_a_full_disk_is_no_space_and_keeps_the_old_snapshot() {
     kv2.open_snapshot_dir(dir.path()).unwrap();
     assert_eq!(kv2.snapshot_list(), vec![("s".to_string(), 20)]);
 }
+
+/// A salted sequence's snapshot keeps its tenant salt across a restart: the restored
+/// pages serve that salt's prompts and no other's (unsalted or another salt), and a
+/// load is in that salt's chain. The hostile probe of 2026-12-08 found them restored
+/// unsalted: any tenant's prompt hit another's secret prefix. A file of version 2 (no
+/// salt field) is still restored, unsalted.
+#[test]
+fn a_snapshot_keeps_its_tenant_salt_across_a_restart() {
+    let (_d, m) = tiny();
+    let toks = prompt(&m, 40);
+    let dir = tempfile::tempdir().unwrap();
+    let mut kv = m.new_paged(12, 8, 512);
+    kv.open_snapshot_dir(dir.path()).unwrap();
+    let mut t = kv.new_table(Some(b"alice"));
+    m.run(&mut kv.seq(&mut t), &toks, Logits::Last).unwrap();
+    kv.save("alice-notes", &mut t).unwrap();
+    kv.release(t).unwrap();
+    let hits = |kv: &PagedKv| {
+        let salts: [Option<&[u8]>; 3] = [None, Some(b"bob"), Some(b"alice")];
+        salts.map(|s| kv.cached_prefix(s, &toks))
+    };
+    assert_eq!(hits(&kv), [0, 0, 40]);
+    drop(kv);
+    let mut kv2 = m.new_paged(12, 8, 512);
+    let (names, skipped) = kv2.open_snapshot_dir(dir.path()).unwrap();
+    assert_eq!((names.len(), skipped.len()), (1, 0));
+    assert_eq!(hits(&kv2), [0, 0, 40]);
+    let s = kv2.load("alice-notes").unwrap();
+    assert_eq!(s.salt(), Some(&b"alice"[..]));
+    kv2.release(s).unwrap();
+    drop(kv2);
+
+    // The same file as version 2 wrote it (no salt field): restored, unsalted.
+    let file = dir.path().join("alice-notes.snap");
+    let v3 = std::fs::read(&file).unwrap();
+    let head = 8 + 4 + 16 + 4 + 4 + 4 + 8;
+    let salt_len = u32::from_le_bytes(v3[head..head + 4].try_into().unwrap()) as usize;
+    assert_eq!(&v3[head + 4..head + 4 + salt_len], b"alice");
+    let mut v2 = v3[..head].to_vec();
+    v2[8..12].copy_from_slice(&2u32.to_le_bytes());
+    v2.extend_from_slice(&v3[head + 4 + salt_len..v3.len() - 16]);
+    let sum = xxhash_rust::xxh3::xxh3_128(&v2).to_le_bytes();
+    v2.extend_from_slice(&sum);
+    std::fs::write(&file, &v2).unwrap();
+    let mut kv3 = m.new_paged(12, 8, 512);
+    let (names, skipped) = kv3.open_snapshot_dir(dir.path()).unwrap();
+    assert_eq!((names.len(), skipped.len()), (1, 0), "{skipped:?}");
+    assert_eq!(hits(&kv3), [40, 0, 0]);
+}

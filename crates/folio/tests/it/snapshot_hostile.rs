@@ -43,9 +43,10 @@ fn with_checksum(mut body: Vec<u8>) -> Vec<u8> {
     body
 }
 
-/// A snapshot file's header (version 2: magic, version, fingerprint, page size, slot
-/// halves, K/V dtype, token count).
-const HEAD: usize = 8 + 4 + 16 + 4 + 4 + 4 + 8;
+/// An unsalted snapshot file's header (version 3: magic, version, fingerprint, page
+/// size, slot halves, K/V dtype, token count, salt length u32::MAX): where its tokens
+/// start.
+const HEAD: usize = 8 + 4 + 16 + 4 + 4 + 4 + 8 + 4;
 
 #[test]
 fn a_save_never_follows_a_link_planted_at_a_temporary_name() {

@@ -545,8 +545,8 @@ fn open_page(path: &Path, write: bool) -> std::io::Result<fs::File> {
 /// regular file, a symbolic link not followed (a link's target may lie outside the
 /// directory), and a FIFO or a device opened without blocking (a FIFO's open waits
 /// for the other end for ever; for writing, one without a reader is an error at
-/// once) and then refused.
-fn open_safely(path: &Path, o: &mut fs::OpenOptions) -> std::io::Result<fs::File> {
+/// once) and then refused. (The snapshot directory's headers are read so too.)
+pub(super) fn open_safely(path: &Path, o: &mut fs::OpenOptions) -> std::io::Result<fs::File> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
