@@ -97,11 +97,13 @@ pub enum TokenizerError {
 }
 
 impl TokenizerError {
-    /// An id outside the vocabulary is the caller's; a broken vocabulary or template
-    /// in the model file is the server's.
+    /// An id outside the vocabulary and a text over the limit are the caller's; a
+    /// broken vocabulary or template in the model file is the server's.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            TokenizerError::UnknownId(_) => ErrorKind::Invalid,
+            TokenizerError::UnknownId(_) | TokenizerError::InputTooLarge { .. } => {
+                ErrorKind::Invalid
+            }
             _ => ErrorKind::Internal,
         }
     }

@@ -1244,13 +1244,16 @@ mod tests {
         assert_fast(&t, "SentencePiece random mix", &mix);
     }
 
+    /// Text above the cap is refused, as the caller's mistake (an inferlet's guest saw
+    /// it as `internal`: the 2026-12-08 probe); shorter text is encoded.
     #[test]
     fn try_encode_refuses_text_above_the_cap_and_encodes_the_rest() {
         let t = spm();
         let big = "a".repeat(MAX_INPUT_BYTES + 1);
         match t.try_encode(&big, true) {
-            Err(TokenizerError::InputTooLarge { bytes, limit }) => {
+            Err(e @ TokenizerError::InputTooLarge { bytes, limit }) => {
                 assert_eq!((bytes, limit), (MAX_INPUT_BYTES + 1, MAX_INPUT_BYTES));
+                assert_eq!(e.kind(), crate::error::ErrorKind::Invalid);
             }
             other => panic!("{other:?}"),
         }
