@@ -51,4 +51,16 @@ def main(input):
             t = folio.elapsed_us()
             while folio.elapsed_us() - t < 20000:
                 pass
+    if attack == "long_generate":
+        # One generation of thousands of tokens (sampled: no end of text this early),
+        # whole: tokens keep coming while the caller hangs up.
+        ctx = folio.Context().append("the quick brown fox " * 10)
+        ctx.generate(max_tokens=3000, temperature=1.0, seed=1)
+        return "generated"
+    if attack == "jobs":
+        # One context named 10 000 times in one job list, each job with a grammar.
+        ctx = folio.Context().append("hi there").flush()
+        schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+        folio.generate_all([(ctx, {"max_tokens": 2, "json_schema": schema})] * 10000)
+        return "generated"
     raise ValueError(f"unknown attack {attack}")

@@ -46,6 +46,33 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
+/// The bytes of the program file at `path`, up to `limit` and one more (so that one
+/// too large is refused by its size, as an upload is): only a regular file (a link is
+/// followed to one), opened without waiting on a FIFO and never read past the bound.
+/// The 2026-12-08 probe planted a link to `/dev/zero` (read until the machine ran out
+/// of memory) and a FIFO (the start hung).
+fn read_program(path: &Path, limit: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let not_a_file = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_a_file());
+    }
+    let mut o = std::fs::File::options();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NONBLOCK);
+    }
+    let f = o.open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(not_a_file());
+    }
+    let mut bytes = Vec::new();
+    f.take(limit as u64 + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 impl Library {
     /// A library kept in memory only.
     pub fn in_memory() -> Self {
@@ -70,7 +97,7 @@ impl Library {
             if check_name(name).is_err() {
                 continue;
             }
-            let loaded = std::fs::read(&p)
+            let loaded = read_program(&p, host.limits().program_bytes)
                 .map_err(|e| io("cannot read", &p, e))
                 .and_then(|b| host.compile(&b));
             match loaded {
@@ -163,7 +190,35 @@ impl Library {
 
 #[cfg(test)]
 mod tests {
-    use super::check_name;
+    use super::{check_name, read_program};
+
+    /// A program file is read only up to its bound and one more byte, and only from a
+    /// regular file: a link to `/dev/zero` (read without end before) and a FIFO (its
+    /// open waited for ever before) are errors at once; a link to a program is read.
+    #[cfg(unix)]
+    #[test]
+    fn program_files_are_read_within_their_bound_and_only_from_regular_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let big = dir.join("big.wasm");
+        std::fs::write(&big, vec![7u8; 10_000]).unwrap();
+        assert_eq!(read_program(&big, 100).unwrap().len(), 101);
+        assert_eq!(read_program(&big, 20_000).unwrap().len(), 10_000);
+        let link = dir.join("link.wasm");
+        std::os::unix::fs::symlink(&big, &link).unwrap();
+        assert_eq!(read_program(&link, 20_000).unwrap().len(), 10_000);
+        let zero = dir.join("zero.wasm");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let fifo = dir.join("fifo.wasm");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        let t = std::time::Instant::now();
+        for bad in [&zero, &fifo] {
+            let e = read_program(bad, 1 << 20).unwrap_err();
+            assert!(e.to_string().contains("not a regular file"), "{e}");
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    }
 
     #[test]
     fn names_are_plain_file_names() {

@@ -53,9 +53,17 @@ impl RunState {
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(50));
             let (i, ev) = match rx.recv_timeout(wait) {
-                Ok(x) => x,
+                // Checked on every event too: while tokens keep coming the wait never
+                // times out (the 2026-12-08 probe: a hang-up went unseen for 16 s).
+                Ok(x) => match self.still_wanted() {
+                    Ok(()) => x,
+                    Err(stop) => {
+                        cancel_all(&runs, &self.engine);
+                        return Err(stop);
+                    }
+                },
                 Err(RecvTimeoutError::Timeout) => {
-                    if let Err(stop) = self.go_on() {
+                    if let Err(stop) = self.still_wanted() {
                         cancel_all(&runs, &self.engine);
                         return Err(stop);
                     }

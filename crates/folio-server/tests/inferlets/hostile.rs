@@ -1,7 +1,9 @@
 //! Hostile programs: a trap, an endless loop, a huge allocation, calls on a dropped
 //! and on a forged handle, too many contexts, an output flood, too many runs at
-//! once, a client that hangs up. Each gets an error (never a 500); afterwards the
-//! server still serves, no page is held, and a greedy answer is unchanged.
+//! once, a client that hangs up (between host calls and inside a long generation), a
+//! job list naming one context 10 000 times. Each gets an error (never a 500);
+//! afterwards the server still serves, no page is held, and a greedy answer is
+//! unchanged.
 
 use crate::client::{self, get};
 use crate::{assert_no_page_held, greedy, serial, shared_server, CONTEXTS};
@@ -167,5 +169,52 @@ fn a_client_hang_up_cancels_the_run() {
         "the run ended"
     );
     assert!(t.elapsed() < LIMIT, "{:?}", t.elapsed());
+    still_fine(a, &before);
+}
+
+/// A client that hangs up while the run is inside one long generation (tokens keep
+/// coming, so the wait for them never times out) cancels it: the 2026-12-08 probe saw
+/// such a run go on 16.6 s after the hang-up, to its 3000 tokens.
+#[test]
+fn a_hang_up_inside_a_long_generation_cancels_the_run() {
+    let _s = serial();
+    let a = shared_server();
+    let before = greedy(a, "Once upon a time");
+    let body = json!({"input": {"attack": "long_generate"}, "time_limit": 60});
+    // Answered whole: nothing comes back until the run ends.
+    let mut o = client::connect(a);
+    let path = "/v1/inferlets/hostile/run";
+    client::send(&mut o, "POST", path, &[], body.to_string().as_bytes());
+    std::thread::sleep(Duration::from_secs(1));
+    let running = || get(a, "/v1/inferlets").json()["running"].clone();
+    assert_eq!(
+        running(),
+        1,
+        "the generation still runs when the client hangs up"
+    );
+    drop(o);
+    let t = Instant::now();
+    assert!(
+        client::eventually(3.0, || running() == 0),
+        "the run ended after the hang-up"
+    );
+    eprintln!("the run ended {:?} after the hang-up", t.elapsed());
+    still_fine(a, &before);
+}
+
+/// A job list naming one context 10 000 times, each job with a JSON schema, ends
+/// within the run's time limit: a context named again is busy, answered without its
+/// grammar compiled (the 2026-12-08 probe: 23.5 s under a 3 s limit).
+#[test]
+fn a_job_list_naming_one_context_again_and_again_stays_within_the_time_limit() {
+    let _s = serial();
+    let a = shared_server();
+    let before = greedy(a, "Once upon a time");
+    let t = Instant::now();
+    let e = attack(a, "jobs", 400);
+    let took = t.elapsed();
+    assert!(took < LIMIT, "{took:?}");
+    assert_eq!(e["code"], "inferlet_error", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("busy"), "{e}");
     still_fine(a, &before);
 }
