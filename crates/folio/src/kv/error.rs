@@ -114,7 +114,8 @@ pub enum SnapshotError {
     /// Saving a new name would keep more snapshots than allowed: nothing was written.
     #[error("snapshot {name:?} would be one more than the {limit} snapshots allowed (--max-snapshots): delete one first, or save under an existing name. Nothing was saved")]
     TooMany { name: String, limit: usize },
-    /// The table's tenant salt is longer than a snapshot file keeps: nothing was saved.
+    /// The table's tenant salt is longer than a snapshot file keeps (with a snapshot
+    /// directory): nothing was saved.
     #[error("a tenant salt of {bytes} bytes is longer than a snapshot keeps ({limit}): nothing was saved")]
     SaltTooLong { bytes: usize, limit: usize },
     /// The name's file in the snapshot directory is a snapshot of another pool (another

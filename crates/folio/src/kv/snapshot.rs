@@ -429,15 +429,16 @@ impl PagedKv {
         }
         let slot_bytes = self.arena.slot_bytes();
         let salt = table.salt.clone();
-        if salt.as_ref().is_some_and(|s| s.len() > MAX_SALT) {
-            return Err(SnapshotError::SaltTooLong {
-                bytes: salt.map_or(0, |s| s.len()),
-                limit: MAX_SALT,
-            });
-        }
         let salt_bytes = 4 + salt.as_ref().map_or(0, |s| s.len());
         let bytes = (table.len() * (4 + slot_bytes) + HEAD + salt_bytes + 16) as u64;
         if let Some(dir) = self.snapshot_dir.clone() {
+            // A file keeps a salt of at most MAX_SALT bytes (a restore refuses more).
+            if salt_bytes - 4 > MAX_SALT {
+                return Err(SnapshotError::SaltTooLong {
+                    bytes: salt_bytes - 4,
+                    limit: MAX_SALT,
+                });
+            }
             // Replacing a snapshot frees its file: only the difference counts.
             let old = self.snap.sizes.get(name).copied().unwrap_or(0);
             let used = self.snap.bytes_used();

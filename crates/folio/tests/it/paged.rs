@@ -410,6 +410,20 @@ fn a_snapshot_keeps_its_tenant_salt_across_a_restart() {
         salts.map(|s| kv.cached_prefix(s, &toks))
     };
     assert_eq!(hits(&kv), [0, 0, 40]);
+    // A salt longer than a file keeps (4096 bytes; the server takes 1024) is refused
+    // whole where snapshots are files.
+    let long = vec![b'x'; 4097];
+    let mut t = kv.new_table(Some(&long));
+    m.run(&mut kv.seq(&mut t), &toks[..8], Logits::Last)
+        .unwrap();
+    let e = kv.save("long-salt", &mut t).unwrap_err();
+    assert!(
+        matches!(e, folio::kv::SnapshotError::SaltTooLong { bytes: 4097, .. }),
+        "{e}"
+    );
+    assert_eq!(e.kind(), folio::ErrorKind::Invalid);
+    kv.release(t).unwrap();
+    assert_eq!(kv.snapshot_names(), ["alice-notes"]);
     drop(kv);
     let mut kv2 = m.new_paged(12, 8, 512);
     let (names, skipped) = kv2.open_snapshot_dir(dir.path()).unwrap();
