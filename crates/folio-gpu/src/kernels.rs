@@ -30,8 +30,8 @@ impl Kernel {
         }
     }
 
-    /// A kernel of its own source (`src`'s `entry`), for tests of WGSL functions.
-    #[cfg(test)]
+    /// A kernel of its own source (`src`'s `entry`): a probe at load, and tests of WGSL
+    /// functions.
     pub fn standalone(gpu: &Gpu, name: &'static str, src: &str, entry: &str) -> Self {
         let module = gpu
             .device
@@ -577,27 +577,12 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_i
 ";
     let seen = gpu
         .scoped(|| {
-            let module = gpu
-                .device
-                .create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some("subgroup probe"),
-                    source: wgpu::ShaderSource::Wgsl(PROBE.into()),
-                });
-            let pipeline = gpu
-                .device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some("subgroup probe"),
-                    layout: None,
-                    module: &module,
-                    entry_point: Some("main"),
-                    compilation_options: Default::default(),
-                    cache: None,
-                });
+            let probe = Kernel::standalone(gpu, "subgroup probe", PROBE, "main");
             let bytes = u64::from(WG) * 4;
             let out = gpu.scratch("subgroup probe", bytes);
             let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
-                layout: &pipeline.get_bind_group_layout(0),
+                layout: probe.layout(),
                 entries: &[wgpu::BindGroupEntry {
                     binding: 0,
                     resource: out.as_entire_binding(),
@@ -606,7 +591,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_i
             let mut encoder = gpu.device.create_command_encoder(&Default::default());
             {
                 let mut pass = encoder.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&pipeline);
+                pass.set_pipeline(probe.pipeline());
                 pass.set_bind_group(0, &group, &[]);
                 pass.dispatch_workgroups(1, 1, 1);
             }

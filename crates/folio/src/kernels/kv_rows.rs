@@ -60,6 +60,22 @@ impl KvDtype {
     }
 }
 
+impl KvDtype {
+    /// Every element type, in the order of their codes.
+    const ALL: [KvDtype; 3] = [KvDtype::F16, KvDtype::F32, KvDtype::Q8];
+
+    /// The code K/V files (snapshots, the disk tier's pages) record the type by: 0
+    /// f16, 1 f32, 2 q8_0.
+    pub fn code(self) -> u32 {
+        Self::ALL.iter().position(|&d| d == self).expect("listed") as u32
+    }
+
+    /// The type a file's code names, if any.
+    pub fn of_code(code: u32) -> Option<Self> {
+        Self::ALL.get(code as usize).copied()
+    }
+}
+
 impl std::fmt::Display for KvDtype {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -201,5 +217,20 @@ pub fn quantize_kv_q8(x: &[f32], hd: usize, q: &mut [i8], d: &mut [u16]) {
             // `as` saturates (and maps NaN to 0): every byte stays a valid value.
             *o = (v * inv).round().clamp(-127.0, 127.0) as i8;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KvDtype;
+
+    /// Files on disk record these codes: they never change.
+    #[test]
+    fn each_element_type_keeps_its_file_code() {
+        for (d, code) in [(KvDtype::F16, 0), (KvDtype::F32, 1), (KvDtype::Q8, 2)] {
+            assert_eq!(d.code(), code);
+            assert_eq!(KvDtype::of_code(code), Some(d));
+        }
+        assert_eq!(KvDtype::of_code(3), None);
     }
 }

@@ -70,21 +70,6 @@ const MAX_SALT: usize = 4096;
 /// A salt length that says there is no salt.
 const NO_SALT: u32 = u32::MAX;
 
-/// The dtype's code in a snapshot file.
-fn dtype_code(d: super::KvDtype) -> u32 {
-    match d {
-        super::KvDtype::F16 => 0,
-        super::KvDtype::F32 => 1,
-        super::KvDtype::Q8 => 2,
-    }
-}
-
-/// The dtype of a snapshot file's code.
-fn dtype_of(code: u32) -> Option<super::KvDtype> {
-    [super::KvDtype::F16, super::KvDtype::F32, super::KvDtype::Q8]
-        .into_iter()
-        .find(|&d| dtype_code(d) == code)
-}
 /// About how many bytes of K/V one [`PagedKv::save_chunk`] copies (at least a token's).
 pub const SAVE_CHUNK_BYTES: usize = 2 << 20;
 
@@ -429,13 +414,14 @@ impl PagedKv {
         }
         let slot_bytes = self.arena.slot_bytes();
         let salt = table.salt.clone();
-        let salt_bytes = 4 + salt.as_ref().map_or(0, |s| s.len());
+        let salt_len = salt.as_ref().map_or(0, |s| s.len());
+        let salt_bytes = 4 + salt_len;
         let bytes = (table.len() * (4 + slot_bytes) + HEAD + salt_bytes + 16) as u64;
         if let Some(dir) = self.snapshot_dir.clone() {
             // A file keeps a salt of at most MAX_SALT bytes (a restore refuses more).
-            if salt_bytes - 4 > MAX_SALT {
+            if salt_len > MAX_SALT {
                 return Err(SnapshotError::SaltTooLong {
-                    bytes: salt_bytes - 4,
+                    bytes: salt_len,
                     limit: MAX_SALT,
                 });
             }
@@ -474,7 +460,7 @@ impl PagedKv {
             head.extend_from_slice(&self.fingerprint);
             head.extend_from_slice(&(self.store.page_size() as u32).to_le_bytes());
             head.extend_from_slice(&(self.arena.slot_halves() as u32).to_le_bytes());
-            head.extend_from_slice(&dtype_code(self.arena.dtype()).to_le_bytes());
+            head.extend_from_slice(&self.arena.dtype().code().to_le_bytes());
             head.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
             match &salt {
                 Some(s) => {
@@ -905,7 +891,8 @@ impl PagedKv {
         }
         let pool = self.arena.dtype();
         let file = if version >= 2 {
-            dtype_of(u32_at(36)).ok_or_else(|| corrupt("unknown K/V element type"))?
+            super::KvDtype::of_code(u32_at(36))
+                .ok_or_else(|| corrupt("unknown K/V element type"))?
         } else {
             // Version 1: f16 or f32 (never 8-bit), whichever this pool's rows would make
             // that size; a size neither makes is a shape error below (the pool's type),

@@ -37,15 +37,6 @@ pub(super) struct Expect {
 }
 
 impl Expect {
-    /// The K/V type's code in a file's header.
-    fn dtype_code(&self) -> u32 {
-        match self.dtype {
-            KvDtype::F16 => 0,
-            KvDtype::F32 => 1,
-            KvDtype::Q8 => 2,
-        }
-    }
-
     /// The exact length of every page file of this pool.
     pub fn file_len(&self) -> u64 {
         (HEADER + 4 * self.page_size + self.page_bytes + 8) as u64
@@ -117,7 +108,7 @@ pub(super) fn encode(e: &Expect, page: &PageFile) -> Vec<u8> {
         out.extend_from_slice(&h.0.to_le_bytes());
     }
     out.extend_from_slice(&(e.page_size as u32).to_le_bytes());
-    out.extend_from_slice(&e.dtype_code().to_le_bytes());
+    out.extend_from_slice(&e.dtype.code().to_le_bytes());
     out.extend_from_slice(&(e.page_bytes as u64).to_le_bytes());
     for t in &page.tokens {
         out.extend_from_slice(&t.to_le_bytes());
@@ -142,7 +133,7 @@ pub(super) fn check_header(e: &Expect, head: &[u8], len: u64) -> Result<PageHash
     }
     let same_pool = u128_at(head, 8) == e.root.0
         && u32_at(head, 56) as usize == e.page_size
-        && u32_at(head, 60) == e.dtype_code()
+        && u32_at(head, 60) == e.dtype.code()
         && u64_at(head, 64) == e.page_bytes as u64;
     if !same_pool {
         return Err(Bad::OtherPool);
